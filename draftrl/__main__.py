@@ -1,0 +1,5 @@
+import sys
+
+from draftrl.cli import main
+
+sys.exit(main())
