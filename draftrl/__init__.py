@@ -5,3 +5,5 @@ with export depending on policies and decoding.
 """
 
 __version__ = "0.1.0"
+
+import draftrl.envs  # noqa: E402,F401  registers the gymnasium ids (entry-point strings: no torch)
