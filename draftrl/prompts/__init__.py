@@ -18,9 +18,11 @@ Every record has a fixed ``split``: within each (language, task) group every thi
 reported on the other. ``max_new_tokens`` is a per-task suggestion (code_edit 160,
 summarize 96, qa_context 64, chat 128) that keeps output lengths equal across languages.
 
-Request lengths are matched across languages by content (same word ranges, Chinese passages
-sized so that one character ~ one token). SmolLM2's tokenizer is English-centric, so the same
-content costs more tokens in Italian, Spanish and above all Chinese; report per language.
+Request lengths are matched across languages by content: the same word ranges, and Chinese
+passages sized at about one character per English-equivalent token. SmolLM2's tokenizer
+(49152-token BPE) is English-centric, so the same content costs more real tokens: per-task
+medians run about 1.4-1.8x English for Italian and Spanish and 1.6-2.5x for Chinese. Report
+results per language rather than pooled.
 """
 
 from __future__ import annotations
