@@ -335,6 +335,11 @@ def verify_chain(
     :param generator: torch generator; None uses the global one.
     :param method: "correct", or "resample-from-p" (negative control only).
     """
+    if target_probs.dim() != 2 or draft_tokens.dim() != 1:
+        raise ValueError(
+            f"expected target_probs [k+1, V] and draft_tokens [k], got shapes {tuple(target_probs.shape)} and "
+            f"{tuple(draft_tokens.shape)}; use verify_chain_batch for batches."
+        )
     num_accepted, next_token, recovered = verify_chain_batch(
         target_probs.unsqueeze(0),
         draft_tokens.unsqueeze(0),
