@@ -99,8 +99,7 @@ def _run_chunk(vec: Vector, trials: int, generator: Any, method: str) -> tuple[A
             draft, draft_probs = torch.full((trials, 1), vec.proposals[0], dtype=torch.long), None
         else:
             draft, draft_probs = sampling.sample(q, generator).unsqueeze(-1), q.unsqueeze(1)
-        chain_method = "correct" if method == "correct" else "resample-from-p"
-        num_accepted, next_token, _ = sampling.verify_chain_batch(target, draft, draft_probs, generator, chain_method)
+        num_accepted, next_token, _ = sampling.verify_chain_batch(target, draft, draft_probs, generator, method)
         token = torch.where(num_accepted >= 1, draft[:, 0], next_token)
         children = draft
         agree_expected = sampling.chain_agree_expected_batch(target, draft, draft_probs)[:, 0]

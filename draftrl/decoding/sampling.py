@@ -465,6 +465,8 @@ def verify_node_sampled(
     For i in order, child x_i is accepted with probability min(1, p_i(x_i)/q(x_i)), where p_1 = p
     and p_{i+1} = norm(max(p_i - q, 0)) after each rejection; if all are rejected, the token is
     sampled from the final residual. The emitted token is distributed exactly as p (SpecInfer).
+    The children must be i.i.d. draws (with replacement): distinct children drawn without
+    replacement, or the deterministic top-c of q, are biased under this rule.
 
     :param p: [V] target distribution at the node.
     :param children: [c] child token ids drawn i.i.d. from q (duplicates possible), in order.

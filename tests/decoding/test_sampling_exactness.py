@@ -351,6 +351,10 @@ def test_tree_node_with_sampled_children_is_exact(num_children):
     # negative control: no residual update between children
     _, token, _ = verify_node_sampled_batch(p, children, q, g, method="no-residual-update")
     assert_rejected(check_frequencies(torch.bincount(token, minlength=VOCAB).tolist(), NODE_P.tolist(), TRIALS))
+    # negative control: distinct children (drawn without replacement) are not i.i.d. from q
+    distinct = torch.multinomial(q, num_children, replacement=False, generator=g)
+    _, token, _ = verify_node_sampled_batch(p, distinct, q, g)
+    assert_rejected(check_frequencies(torch.bincount(token, minlength=VOCAB).tolist(), NODE_P.tolist(), TRIALS))
 
 
 def test_tree_node_agree_expected_is_the_conditional_probability_given_the_children():
