@@ -36,8 +36,10 @@ from torch import Tensor
 
 #: Chain verification rules. "resample-from-p" is a known-wrong negative control.
 CHAIN_METHODS: tuple[str, ...] = ("correct", "resample-from-p")
-#: Tree-node rules for sampled children. "no-residual-update" is a known-wrong negative control.
-NODE_METHODS: tuple[str, ...] = ("correct", "no-residual-update")
+#: Tree-node rules for sampled children. The others are known-wrong negative controls.
+NODE_METHODS: tuple[str, ...] = ("correct", "resample-from-p", "no-residual-update")
+#: Tree-node rules for deterministic children. "resample-from-p" is a known-wrong negative control.
+DETERMINISTIC_METHODS: tuple[str, ...] = ("correct", "resample-from-p")
 
 # top-p fast path: the candidate set must hold this much more than top_p before we trust it
 # (it guards against summation-order rounding; rows that miss it fall back to a wider search).
@@ -374,20 +376,38 @@ def chain_agree_expected(target_probs: Tensor, draft_tokens: Tensor, draft_probs
 # --------------------------------------------------------------------------- tree nodes
 
 
-def verify_node_deterministic_batch(p: Tensor, children: Tensor, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
-    """Batched :func:`verify_node_deterministic`: one uniform per row.
+def verify_node_deterministic_batch(
+    p: Tensor, children: Tensor, generator: torch.Generator | None, method: str = "correct"
+) -> tuple[Tensor, Tensor]:
+    """Batched :func:`verify_node_deterministic`: one uniform per row (c + 1 for the control).
 
     :param p: [B, V] target distribution at the node.
     :param children: [B, c] distinct child token ids, proposed deterministically.
+    :param method: "correct", or "resample-from-p" (negative control: child i is accepted with
+        probability p(x_i) as if q were one-hot at it, and if all are rejected the token is
+        sampled from p instead of from p without the children: too much mass on drafted tokens).
     :return: index [B] long (position of the sampled token in children, or -1), token [B] long.
     """
-    token = _sample_rows(p.double(), generator)
-    match = children.long() == token.unsqueeze(-1)
+    _check_method(method, DETERMINISTIC_METHODS)
+    p = _normalise(p)
+    children = children.long()
+    if method == "resample-from-p":
+        u = torch.rand(children.shape, dtype=torch.float64, device=p.device, generator=generator)
+        hit = u < p.gather(-1, children)
+        first = torch.where(hit.any(dim=-1), hit.long().argmax(dim=-1), -1)
+        fallback = _sample_rows(p, generator)
+        token = torch.where(first >= 0, children.gather(-1, first.clamp(min=0).unsqueeze(-1)).squeeze(-1), fallback)
+        match = children == token.unsqueeze(-1)
+        return torch.where(match.any(dim=-1), match.long().argmax(dim=-1), -1), token
+    token = _sample_rows(p, generator)
+    match = children == token.unsqueeze(-1)
     index = torch.where(match.any(dim=-1), match.long().argmax(dim=-1), -1)
     return index, token
 
 
-def verify_node_deterministic(p: Tensor, children: Tensor, generator: torch.Generator | None) -> tuple[int, int]:
+def verify_node_deterministic(
+    p: Tensor, children: Tensor, generator: torch.Generator | None, method: str = "correct"
+) -> tuple[int, int]:
     """Verify a tree node whose children were proposed deterministically (top-k tree, n-gram trie).
 
     Samples y ~ p: exact by construction. The caller descends into the child equal to y, or stops
@@ -395,9 +415,10 @@ def verify_node_deterministic(p: Tensor, children: Tensor, generator: torch.Gene
 
     :param p: [V] target distribution at the node.
     :param children: [c] distinct child token ids.
+    :param method: "correct", or "resample-from-p" (negative control only).
     :return: (index of y in children or -1, y).
     """
-    index, token = verify_node_deterministic_batch(p.unsqueeze(0), children.unsqueeze(0), generator)
+    index, token = verify_node_deterministic_batch(p.unsqueeze(0), children.unsqueeze(0), generator, method)
     return int(index[0]), int(token[0])
 
 
@@ -417,8 +438,9 @@ def verify_node_sampled_batch(
     :param p: [B, V] target distribution at the node.
     :param children: [B, c] child token ids drawn i.i.d. from q (duplicates possible), in order.
     :param q: [B, V] the draft distribution the children were drawn from.
-    :param method: "correct", or "no-residual-update" (negative control: every child is tested
-        against the original p, and the fallback samples from norm(max(p - q, 0))).
+    :param method: "correct"; negative controls: "resample-from-p" (after the last rejection the
+        token is sampled from p instead of the residual) and "no-residual-update" (every child is
+        tested against the original p, and the fallback samples from norm(max(p - q, 0))).
     :return: index [B] long (accepted child or -1), token [B] long, agree_expected [B] float64.
     """
     _check_method(method, NODE_METHODS)
@@ -435,8 +457,6 @@ def verify_node_sampled_batch(
     u = torch.rand((batch, num_children), dtype=torch.float64, device=p.device, generator=generator)
     index = torch.full((batch,), -1, dtype=torch.long, device=p.device)
     token = torch.zeros(batch, dtype=torch.long, device=p.device)
-    reach = torch.ones(batch, dtype=torch.float64, device=p.device)  # P(all earlier children rejected)
-    agree = torch.zeros(batch, dtype=torch.float64, device=p.device)
     current = p  # p_i: p_1 = p, p_{i+1} = norm(max(p_i - q, 0)) after each rejection
     for i in range(num_children):
         x = children[:, i]
@@ -444,17 +464,32 @@ def verify_node_sampled_batch(
         hit = (index < 0) & (u[:, i] * q_x[:, i] < p_x)
         index = torch.where(hit, i, index)
         token = torch.where(hit, x, token)
-        accept = _accept_prob(p_x, q_x[:, i])
-        agree += reach * accept
-        reach = reach * (1.0 - accept)
-        if method == "correct":
+        if method != "no-residual-update":
             current = _residual(current, q)
-    final = current if method == "correct" else _residual(p, q)
-    is_child = torch.zeros_like(final, dtype=torch.bool).scatter_(-1, children, True)
-    agree += reach * torch.where(is_child, final, 0.0).sum(dim=-1)  # 0 under the correct rule
+    if method == "resample-from-p":
+        final = p
+    elif method == "no-residual-update":
+        final = _residual(p, q)
+    else:
+        final = current
     fallback = _sample_rows(final, generator)
     token = torch.where(index < 0, fallback, token)
-    return index, token, agree
+    return index, token, _agree_expected_sampled(p, children, q)
+
+
+def _agree_expected_sampled(p: Tensor, children: Tensor, q: Tensor) -> Tensor:
+    """[B] P(the emitted token is one of the children) under the CORRECT rule, whatever rule ran:
+    the monitor compares what happened with what exact sampling predicts."""
+    q_x = q.gather(-1, children)
+    reach = torch.ones(p.shape[0], dtype=torch.float64, device=p.device)  # P(all earlier children rejected)
+    agree = torch.zeros_like(reach)
+    current = p
+    for i in range(children.shape[1]):
+        accept = _accept_prob(current.gather(-1, children[:, i : i + 1]).squeeze(-1), q_x[:, i])
+        agree += reach * accept
+        reach = reach * (1.0 - accept)
+        current = _residual(current, q)
+    return agree  # the final residual is 0 on every child, so nothing more is added
 
 
 def verify_node_sampled(
@@ -471,7 +506,7 @@ def verify_node_sampled(
     :param p: [V] target distribution at the node.
     :param children: [c] child token ids drawn i.i.d. from q (duplicates possible), in order.
     :param q: [V] the draft distribution the children were drawn from.
-    :param method: "correct", or "no-residual-update" (negative control only).
+    :param method: "correct", or a negative control ("resample-from-p", "no-residual-update").
     :return: (accepted child index or -1, token, agree_expected) where agree_expected is the exact
         probability, given the children, that the emitted token is one of them.
     """

@@ -257,7 +257,9 @@ def test_unknown_methods_are_rejected():
     with pytest.raises(ValueError, match="method='wrong'"):
         verify_chain(torch.stack([P3, P3]), torch.tensor([0]), Q3[None], gen(), method="wrong")
     with pytest.raises(ValueError, match="no-residual-update"):
-        verify_node_sampled(P3, torch.tensor([0]), Q3, gen(), method="resample-from-p")
+        verify_node_sampled(P3, torch.tensor([0]), Q3, gen(), method="wrong")
+    with pytest.raises(ValueError, match="resample-from-p"):
+        verify_node_deterministic(P3, torch.tensor([0]), gen(), method="wrong")
 
 
 def test_residual_guard_returns_p_instead_of_zero_over_zero():

@@ -331,6 +331,11 @@ def test_tree_node_with_deterministic_children_is_exact():
     _, token, _ = verify_node_sampled_batch(NODE_P.expand(TRIALS, -1), children.expand(TRIALS, -1),
                                             NODE_Q.expand(TRIALS, -1), g)
     assert_rejected(check_frequencies(torch.bincount(token, minlength=VOCAB).tolist(), NODE_P.tolist(), TRIALS))
+    # negative control: the engine's --sampler resample-from-p on deterministic children
+    _, token = verify_node_deterministic_batch(
+        NODE_P.expand(TRIALS, -1), children.expand(TRIALS, -1), g, method="resample-from-p"
+    )
+    assert_rejected(check_frequencies(torch.bincount(token, minlength=VOCAB).tolist(), NODE_P.tolist(), TRIALS))
 
 
 @pytest.mark.parametrize("num_children", [2, 4])
@@ -350,6 +355,11 @@ def test_tree_node_with_sampled_children_is_exact(num_children):
     assert bool((agree == accepted.double()).all())  # the fallback never lands on a rejected child
     # negative control: no residual update between children
     _, token, _ = verify_node_sampled_batch(p, children, q, g, method="no-residual-update")
+    assert_rejected(check_frequencies(torch.bincount(token, minlength=VOCAB).tolist(), NODE_P.tolist(), TRIALS))
+    # negative control: resample from p after the last rejection; the expectation the monitor
+    # compares against stays the correct rule's
+    _, token, wrong_expected = verify_node_sampled_batch(p, children, q, g, method="resample-from-p")
+    assert torch.equal(wrong_expected, agree_expected)
     assert_rejected(check_frequencies(torch.bincount(token, minlength=VOCAB).tolist(), NODE_P.tolist(), TRIALS))
     # negative control: distinct children (drawn without replacement) are not i.i.d. from q
     distinct = torch.multinomial(q, num_children, replacement=False, generator=g)
