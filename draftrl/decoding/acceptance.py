@@ -1,0 +1,87 @@
+"""Accept the longest valid path of a verified draft tree, exactly. Pure tensors, no models.
+
+Walk from the root: at each node p is the target's distribution there (after temperature,
+top-k, top-p). Deterministic children: sample y ~ p and descend iff y is a child. Children
+drawn i.i.d. from q: recursive rejection sampling with residual updates. The walk ends with a
+*recovered* token (no child accepted) or a *bonus* token (a node with no verified children).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from draftrl.decoding.sampling import (
+    SamplingParams,
+    logits_to_probs,
+    token_stats,
+    verify_node_deterministic,
+    verify_node_sampled,
+)
+from draftrl.decoding.stats import TokenStats
+from draftrl.decoding.tree import DraftTree
+
+
+@dataclass
+class Acceptance:
+    tokens: list[int]
+    """emitted tokens: accepted draft tokens, then one recovered or bonus token"""
+    accepted: list[int]
+    """accepted node indices, root to leaf"""
+    stats: TokenStats
+    """exactness statistics, one entry per emitted token"""
+
+    def truncate(self, n: int) -> "Acceptance":
+        """The first ``n`` emitted tokens (EOS or the length limit cut the round)."""
+        return Acceptance(self.tokens[:n], self.accepted[:n], self.stats.slice(0, n))
+
+
+def accept_tree(
+    tree: DraftTree,
+    logits: torch.Tensor,  # [1 + len(tree), V]: row 0 at the root, row i + 1 at node i
+    params: SamplingParams,
+    generator: torch.Generator | None,
+    sampler: str = "correct",
+) -> Acceptance:
+    """Descend from the root while a child is accepted; see the module docstring."""
+    kids = tree.children()
+    tokens: list[int] = []
+    accepted: list[int] = []
+    rows: list[tuple] = []  # (p_token, mass_before, entropy, drafted, agree, agree_expected)
+    node = -1
+    while True:
+        p = logits_to_probs(logits[node + 1].float().cpu(), params)
+        children = kids.get(node, [])
+        if not children:
+            y = int(torch.multinomial(p, 1, generator=generator))
+            rows.append((*token_stats(p, y), False, 0.0, 0.0))
+            tokens.append(y)
+            break
+        child_tokens = torch.tensor([tree.tokens[c] for c in children])
+        if tree.deterministic:
+            index, y = verify_node_deterministic(p, child_tokens, generator, method=sampler)
+            expected = float(p[child_tokens].sum())
+        else:
+            index, y, expected = verify_node_sampled(p, child_tokens, tree.q[node], generator, method=sampler)
+        rows.append((*token_stats(p, y), True, float(bool((child_tokens == y).any())), expected))
+        tokens.append(y)
+        if index < 0:
+            break
+        node = children[index]
+        accepted.append(node)
+    return Acceptance(tokens, accepted, _stats(tokens, rows))
+
+
+def _stats(tokens: list[int], rows: list[tuple]) -> TokenStats:
+    columns = list(zip(*rows))
+    return TokenStats(
+        token=np.array(tokens, dtype=np.int64),
+        p_token=np.array(columns[0], dtype=np.float64),
+        mass_before=np.array(columns[1], dtype=np.float64),
+        entropy=np.array(columns[2], dtype=np.float64),
+        drafted=np.array(columns[3], dtype=bool),
+        agree=np.array(columns[4], dtype=np.float64),
+        agree_expected=np.array(columns[5], dtype=np.float64),
+    )

@@ -1,0 +1,284 @@
+"""The speculative decoding engine: one round at a time, exact at every temperature.
+
+Terms (vLLM's): *accepted* tokens are draft tokens the target kept; the *recovered* token is the
+one sampled from the residual after a rejection; the *bonus* token is sampled from the target at
+the deepest accepted node when no child of it was verified. A round emits
+``num_accepted + 1`` tokens (fewer only when EOS or the length limit cuts it).
+
+Invariant between rounds: ``ids`` is prompt + output; the target cache holds ``ids[:-1]``; the
+last token (the *root*) is fed at the start of the next round together with the draft tree.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+from transformers import DynamicCache
+
+from draftrl.decoding.drafters import Drafter
+from draftrl.decoding.kv import cache_argument, crop, keep_tail
+from draftrl.decoding.acceptance import accept_tree
+from draftrl.decoding.sampling import SamplingParams
+from draftrl.decoding.stats import TokenStats
+from draftrl.decoding.tree import DraftTree
+
+SAMPLERS = ("correct", "resample-from-p")
+
+
+@dataclass
+class EngineConfig:
+    """Per-request decoding settings."""
+
+    max_new_tokens: int = 128
+    """generated tokens after which the request ends"""
+    temperature: float = 0.0
+    """0 = greedy; the target and the draft use the same sampling transform"""
+    top_k: int = 0
+    """keep the k most likely tokens (0 = off)"""
+    top_p: float = 1.0
+    """nucleus mass (1 = off)"""
+    seed: int = 0
+    """seed of the sampling generator"""
+    max_depth: int = 16
+    """largest draft depth a round may ask for"""
+    max_width: int = 16
+    """largest tree width a round may ask for"""
+    max_verify_size: int = 256
+    """largest number of draft nodes the target verifies in one forward"""
+    sampler: str = "correct"
+    """'correct', or 'resample-from-p': the known-wrong correction, for negative controls only"""
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens={self.max_new_tokens} must be >= 1")
+        if self.sampler not in SAMPLERS:
+            raise ValueError(f"sampler={self.sampler!r} is unknown; choose one of {', '.join(SAMPLERS)}")
+        self.sampling  # validates temperature / top-k / top-p
+
+    @property
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)
+
+
+@dataclass
+class RoundResult:
+    """What one round did. Seconds are wall clock (CUDA synchronised before each reading)."""
+
+    tokens: list[int]
+    depth: int
+    width: int
+    verify_size: int | None
+    num_drafted: int
+    """nodes the drafter proposed"""
+    num_verified: int
+    """nodes the target verified (the selected subtree, root excluded)"""
+    num_accepted: int
+    """accepted draft tokens that were emitted"""
+    verified_depth: int
+    """deepest level among verified nodes (0 = plain target step)"""
+    draft_seconds: float
+    verify_seconds: float
+    sample_seconds: float
+    """sampling, verification walk, exactness statistics and KV bookkeeping"""
+    finished: bool
+    stop_reason: str | None
+    token_stats: TokenStats
+    draft_features: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def num_emitted(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def seconds(self) -> float:
+        return self.draft_seconds + self.verify_seconds + self.sample_seconds
+
+
+class SpeculativeDecoder:
+    """Draft/target speculative decoding with tree verification in one target forward.
+
+    ``round(depth, verify_size, width)``: the drafter proposes a tree of ``depth`` levels and
+    ``width`` nodes per level; the target verifies the ``verify_size`` best nodes in one forward
+    under a tree attention mask and the longest valid path is accepted exactly; both KV caches
+    keep only the accepted path. ``depth=0`` is a plain target step.
+    """
+
+    def __init__(
+        self,
+        target: nn.Module,
+        drafter: Drafter | None,
+        config: EngineConfig | None = None,
+        eos_token_ids: list[int] | tuple[int, ...] = (),
+    ):
+        self.target = target
+        self.drafter = drafter
+        self.config = config or EngineConfig()
+        self.eos_token_ids = set(int(t) for t in eos_token_ids)
+        self.device = next(target.parameters()).device
+        self.dtype = next(target.parameters()).dtype
+        self._cache_arg = cache_argument(target)
+        self.params = self.config.sampling
+        self.generator = torch.Generator().manual_seed(self.config.seed)
+        self.ids: list[int] = []
+        self.num_prompt_tokens = 0
+        self.finished = True
+        self._pending_draft_seconds = 0.0
+
+    # ------------------------------------------------------------------ clock
+    def clock(self) -> float:
+        """perf_counter after synchronising the device, so GPU work is counted where it happens."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+    # ------------------------------------------------------------------ request
+    @torch.inference_mode()
+    def start(self, prompt_ids: list[int], seed: int | None = None) -> float:
+        """Begin a request: prefill the target with all but the last prompt token. Returns seconds."""
+        if not prompt_ids:
+            raise ValueError("the prompt is empty; give at least one token")
+        if seed is not None:
+            self.generator.manual_seed(seed)
+        t0 = self.clock()
+        self.ids = [int(t) for t in prompt_ids]
+        self.num_prompt_tokens = len(self.ids)
+        self.cache = DynamicCache()
+        if len(self.ids) > 1:
+            self.target(
+                input_ids=torch.tensor([self.ids[:-1]], device=self.device),
+                **{self._cache_arg: self.cache},
+                use_cache=True,
+            )
+        if self.drafter is not None:
+            self.drafter.reset(self.ids)
+        self.finished = False
+        self._pending_draft_seconds = 0.0
+        return self.clock() - t0
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.ids[self.num_prompt_tokens :]
+
+    @property
+    def remaining(self) -> int:
+        return self.config.max_new_tokens - len(self.output_ids)
+
+    def rewind(self, length: int) -> None:
+        """Go back to the history ``ids[:length]`` (at least the prompt), dropping later KV entries."""
+        if not self.num_prompt_tokens <= length <= len(self.ids):
+            raise ValueError(f"rewind length {length} must lie in {self.num_prompt_tokens}..{len(self.ids)}")
+        self.ids = self.ids[:length]
+        crop(self.cache, length - 1)
+        if self.drafter is not None:
+            self.drafter.rewind(length)
+        self.finished = False
+
+    def features(self) -> dict[str, float]:
+        """Draft-side signals for the next round (before any target verification). Their cost is
+        charged to the next round's draft time."""
+        if self.drafter is None:
+            return {}
+        t0 = self.clock()
+        feats = self.drafter.features(self.ids)
+        self._pending_draft_seconds += self.clock() - t0
+        return feats
+
+    def _validate(self, depth: int, verify_size: int | None, width: int) -> None:
+        cfg = self.config
+        if self.finished:
+            raise RuntimeError("the request is finished; call start() with a new prompt")
+        if not 0 <= depth <= cfg.max_depth:
+            raise ValueError(f"depth={depth} is outside 0..EngineConfig.max_depth={cfg.max_depth}")
+        if depth > 0 and self.drafter is None:
+            raise ValueError(f"depth={depth} needs a drafter; pass one or use depth=0")
+        if not 1 <= width <= cfg.max_width:
+            raise ValueError(f"width={width} is outside 1..EngineConfig.max_width={cfg.max_width}")
+        if verify_size is not None and not 1 <= verify_size <= cfg.max_verify_size:
+            raise ValueError(
+                f"verify_size={verify_size} is outside 1..EngineConfig.max_verify_size={cfg.max_verify_size}"
+            )
+
+    # ------------------------------------------------------------------ one round
+    @torch.inference_mode()
+    def round(self, depth: int, verify_size: int | None = None, width: int = 1) -> RoundResult:
+        """Draft, verify in one target forward, accept exactly, roll both caches back."""
+        self._validate(depth, verify_size, width)
+        draft_depth = min(depth, self.remaining - 1)  # a round emits at most depth + 1 tokens
+
+        t0 = self.clock()
+        tree = DraftTree()
+        if draft_depth > 0:
+            tree = self.drafter.propose(self.ids, draft_depth, width, self.params, self.generator)
+        selected = tree.select(verify_size)
+        t1 = self.clock()
+        draft_seconds = t1 - t0 + self._pending_draft_seconds
+        self._pending_draft_seconds = 0.0
+
+        logits = self.verify_forward(selected)  # [1 + n, V]
+        t2 = self.clock()
+
+        verdict = accept_tree(selected, logits, self.params, self.generator, self.config.sampler)
+        verdict = verdict.truncate(self._emit_count(verdict.tokens))
+        emitted, stop = verdict.tokens, self._stop_reason(verdict.tokens)
+        past = len(self.ids) - 1
+        keep = verdict.accepted[: len(emitted) - 1]  # the last emitted token becomes the next root
+        keep_tail(self.cache, past + 1, [past + 1 + node for node in keep])
+        self.ids.extend(emitted)
+        if self.drafter is not None and draft_depth > 0:
+            self.drafter.commit(self.ids, [selected.source_index(node) for node in keep])
+        self.finished = stop is not None
+        t3 = self.clock()
+
+        return RoundResult(
+            tokens=emitted,
+            depth=depth,
+            width=width,
+            verify_size=verify_size,
+            num_drafted=len(tree),
+            num_verified=len(selected),
+            num_accepted=len(verdict.accepted),
+            verified_depth=max(selected.depths, default=0),
+            draft_seconds=draft_seconds,
+            verify_seconds=t2 - t1,
+            sample_seconds=t3 - t2,
+            finished=self.finished,
+            stop_reason=stop,
+            token_stats=verdict.stats,
+            draft_features=tree.features,
+        )
+
+    def verify_forward(self, tree: DraftTree) -> torch.Tensor:
+        """Target logits [1 + len(tree), V] at the root and at every node, in ONE forward under the
+        tree mask. The tree's entries stay in the cache until ``round`` compacts it or ``rewind``."""
+        past = len(self.ids) - 1
+        tokens = [self.ids[-1]] + tree.tokens
+        if tree.is_chain:
+            mask, positions = None, torch.arange(past, past + len(tokens), device=self.device)[None]
+        else:
+            mask = tree.attention_mask(past, self.dtype, self.device)
+            positions = tree.position_ids(past, self.device)
+        out = self.target(
+            input_ids=torch.tensor([tokens], device=self.device),
+            position_ids=positions,
+            attention_mask=mask,
+            **{self._cache_arg: self.cache},
+            use_cache=True,
+        )
+        return out.logits[0]
+
+    def _emit_count(self, tokens: list[int]) -> int:
+        """How many of a round's tokens to emit: up to the first EOS and within the length limit."""
+        for i, token in enumerate(tokens):
+            if token in self.eos_token_ids:
+                return min(i + 1, self.remaining)
+        return min(len(tokens), self.remaining)
+
+    def _stop_reason(self, emitted: list[int]) -> str | None:
+        if emitted and emitted[-1] in self.eos_token_ids:
+            return "eos"
+        if len(emitted) >= self.remaining:
+            return "length"
+        return None

@@ -1,0 +1,34 @@
+"""Build drafters from the short specs the CLI and configs use.
+
+``ngram`` / ``ngram:MIN:MAX`` (prompt lookup), ``layerskip:N`` (the target's first N layers),
+``none`` (plain decoding), or anything else: a draft model (local path, hub id or known name)
+that must share the target's vocabulary.
+"""
+
+from __future__ import annotations
+
+from draftrl.decoding.drafters import Drafter, LayerSkipDrafter, ModelDrafter, NgramDrafter
+from draftrl.models import LoadedModel, check_same_vocab, load_model
+
+
+def build_drafter(
+    spec: str, target: LoadedModel, *, sampled: bool = False, dtype: str = "float32", device: str = "cpu"
+) -> Drafter | None:
+    """The drafter named by ``spec`` for ``target``; ``sampled`` draws model proposals from q."""
+    kind, _, arg = spec.partition(":")
+    if kind == "none":
+        return None
+    if kind == "ngram":
+        if not arg:
+            return NgramDrafter()
+        parts = arg.split(":")
+        if len(parts) != 2 or not all(p.isdigit() for p in parts):
+            raise ValueError(f"drafter spec {spec!r} must look like ngram or ngram:MIN:MAX, e.g. ngram:1:3")
+        return NgramDrafter(min_ngram=int(parts[0]), max_ngram=int(parts[1]))
+    if kind == "layerskip":
+        if not arg.isdigit():
+            raise ValueError(f"drafter spec {spec!r} must look like layerskip:N with N an integer, e.g. layerskip:8")
+        return LayerSkipDrafter(target.model, int(arg), sampled=sampled)
+    draft = load_model(spec, dtype=dtype, device=device)
+    check_same_vocab(target.tokenizer, draft.tokenizer)
+    return ModelDrafter(draft.model, sampled=sampled, name=draft.name)

@@ -1,0 +1,43 @@
+"""KV-cache bookkeeping for speculative rounds: keep the accepted path, drop the rest.
+
+Works on transformers' ``DynamicCache`` (per-layer ``keys``/``values`` of shape
+[batch, kv_heads, seq, head_dim]). Only the tail after the committed prefix is rewritten, so a
+round costs O(tokens verified), not O(context).
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+from transformers import DynamicCache
+
+
+def cache_length(cache: DynamicCache) -> int:
+    return cache.get_seq_length()
+
+
+def keep_tail(cache: DynamicCache, prefix_len: int, tail_positions: list[int]) -> None:
+    """Keep positions ``[0, prefix_len)`` plus ``tail_positions`` (ascending, all >= prefix_len),
+    packed right after the prefix; everything else is discarded."""
+    new_len = prefix_len + len(tail_positions)
+    contiguous = tail_positions == list(range(prefix_len, new_len))
+    for layer in cache.layers:
+        if not contiguous:
+            src = torch.tensor(tail_positions, device=layer.keys.device)
+            layer.keys[:, :, prefix_len:new_len] = layer.keys.index_select(2, src)
+            layer.values[:, :, prefix_len:new_len] = layer.values.index_select(2, src)
+        layer.keys = layer.keys[:, :, :new_len]
+        layer.values = layer.values[:, :, :new_len]
+
+
+def crop(cache: DynamicCache, length: int) -> None:
+    """Drop every position from ``length`` on."""
+    if cache_length(cache) > length:
+        keep_tail(cache, length, [])
+
+
+def cache_argument(model: torch.nn.Module) -> str:
+    """The forward keyword that takes the KV cache: ``cache`` in transformers >= 5.2x,
+    ``past_key_values`` before (still accepted there, with a deprecation warning)."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"

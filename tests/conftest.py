@@ -1,0 +1,15 @@
+"""Shared fixtures. ``smollm2`` is the real embedded default model (fetched from PyPI once)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """The real SmolLM2-135M-Instruct target as a ``LoadedModel`` (CPU, float32, fast_linear on)."""
+    from draftrl.models import load_model
+
+    torch.manual_seed(0)
+    return load_model("smollm2-135m")

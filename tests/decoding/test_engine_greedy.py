@@ -1,0 +1,98 @@
+"""Greedy speculative output must equal the target's own greedy decoding, token for token.
+
+The reference is Hugging Face ``generate(do_sample=False)`` on the same model object. A few
+prompts and a few dozen tokens run in CI; the full language x drafter x depth matrix is ``slow``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from draftrl.decoding.drafters import LayerSkipDrafter, NgramDrafter
+from draftrl.decoding.engine import EngineConfig, SpeculativeDecoder
+from draftrl.decoding.generate import fixed_schedule, generate
+from draftrl.prompts import LANGUAGES, load_prompts
+
+NUM_TOKENS = 24
+
+
+def chat_ids(tokenizer, text: str) -> list[int]:
+    return list(
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+    )
+
+
+def prompts_by_language() -> dict[str, str]:
+    """One tuning prompt per language (summaries) plus Python code editing."""
+    out = {lang: load_prompts(languages=lang, tasks="summarize", split="tune")[0].prompt for lang in LANGUAGES}
+    out["code"] = load_prompts(languages="en", tasks="code_edit", split="tune")[0].prompt
+    return out
+
+
+@pytest.fixture(scope="module")
+def references(smollm2):
+    """(prompt ids, greedy continuation) per language, from HF generate."""
+    refs = {}
+    for name, text in prompts_by_language().items():
+        ids = chat_ids(smollm2.tokenizer, text)
+        out = smollm2.model.generate(
+            torch.tensor([ids]), max_new_tokens=NUM_TOKENS, do_sample=False, eos_token_id=None, pad_token_id=0
+        )
+        refs[name] = (ids, out[0, len(ids) :].tolist())
+    return refs
+
+
+def decode(model, drafter, ids, depth, width=1, verify_size=None) -> tuple[list[int], float]:
+    engine = SpeculativeDecoder(model, drafter, EngineConfig(max_new_tokens=NUM_TOKENS))
+    result = generate(engine, ids, fixed_schedule(depth, verify_size, width))
+    return result.token_ids, result.mean_tokens_per_round
+
+
+def make_drafter(kind: str, model):
+    return NgramDrafter() if kind == "ngram" else LayerSkipDrafter(model, 12)
+
+
+@pytest.mark.parametrize("depth", [0, 1, 2, 4, 8])
+def test_ngram_chain_code(smollm2, references, depth):
+    ids, ref = references["code"]
+    out, tokens_per_round = decode(smollm2.model, NgramDrafter(), ids, depth)
+    assert out == ref
+    if depth >= 2:
+        assert tokens_per_round > 1.0, "prompt lookup should accept something when editing code"
+
+
+@pytest.mark.parametrize("language", ["en", "it", "zh", "es", "code"])
+@pytest.mark.parametrize("kind", ["ngram", "layerskip"])
+def test_chain_every_language(smollm2, references, language, kind):
+    ids, ref = references[language]
+    out, _ = decode(smollm2.model, make_drafter(kind, smollm2.model), ids, depth=3)
+    assert out == ref
+
+
+@pytest.mark.parametrize("kind", ["ngram", "layerskip"])
+@pytest.mark.parametrize("depth,width,verify_size", [(3, 2, 4), (4, 3, 8), (2, 4, None)])
+def test_tree_greedy_identity(smollm2, references, kind, depth, width, verify_size):
+    ids, ref = references["code"]
+    out, _ = decode(smollm2.model, make_drafter(kind, smollm2.model), ids, depth, width, verify_size)
+    assert out == ref
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("language", ["en", "it", "zh", "es", "code"])
+@pytest.mark.parametrize("kind", ["ngram", "layerskip"])
+@pytest.mark.parametrize("depth,width,verify_size", [(1, 1, None), (2, 1, None), (4, 1, None), (8, 1, None),
+                                                     (3, 2, 4), (4, 3, 8), (6, 4, 16)])
+def test_full_matrix(smollm2, references, language, kind, depth, width, verify_size):
+    ids, ref = references[language]
+    out, _ = decode(smollm2.model, make_drafter(kind, smollm2.model), ids, depth, width, verify_size)
+    assert out == ref
+
+
+def test_width_one_tree_equals_chain(smollm2, references):
+    """W = 1 through the tree path (V below the chain length) gives the chain's tokens."""
+    ids, ref = references["en"]
+    out, _ = decode(smollm2.model, LayerSkipDrafter(smollm2.model, 12), ids, depth=4, width=1, verify_size=2)
+    assert out == ref
