@@ -349,6 +349,35 @@ def test_throughput_reward_sum_favours_short_rounds():
     assert episode("throughput", 6)[0] < 256
 
 
+def regime_policy_run(code_depth: int, chat_depth: int) -> tuple[float, float]:
+    """(ratio return, total tokens / total cost) of a policy that knows the regime, which alternates."""
+    env = AnalyticEnv(regimes=(0.9, 0.3), regime_switch=[[0, 1], [1, 0]], stochastic=False)
+    env.reset(seed=0, options={"regime": 0})
+    ret, tokens, seconds, terminated = 0.0, 0.0, 0.0, False
+    while not terminated:
+        depth = (code_depth, chat_depth)[env.regime]
+        _, reward, terminated, _, info = env.step(np.array([depth, 0]))
+        ret, tokens, seconds = ret + reward, tokens + info["tokens"], seconds + info["seconds"]
+    return ret, tokens / seconds
+
+
+def test_ratio_reward_stays_consistent_across_regimes():
+    policies = [(code, chat) for code in (10, 11, 12) for chat in range(5)]
+    runs = {p: regime_policy_run(*p) for p in policies}
+    assert max(policies, key=lambda p: runs[p][0]) == max(policies, key=lambda p: runs[p][1])
+
+
+def test_per_regime_throughput_is_not_the_ratio_of_sums_optimum():
+    # Rounds alternate between alpha 0.9 and 0.3 (c = 0.05). Per-round throughput is greedy per
+    # regime (depth 2 at 0.3); total tokens / total time is higher with depth 1 there.
+    def total_throughput(chat_depth: int) -> float:
+        tokens = expected_tokens(0.9, 12) + expected_tokens(0.3, chat_depth)
+        return tokens / (1 + 0.05 * 12 + 1 + 0.05 * chat_depth)
+
+    assert max(range(13), key=lambda d: expected_speedup(0.3, d, 0.05)) == 2
+    assert max(range(13), key=total_throughput) == 1
+
+
 def test_ratio_reward_at_the_optimal_rate_is_best_per_round():
     rho_star = expected_speedup(0.7, 6, 0.05)
     env = make_grid_env(alpha=0.7, draft_cost=0.05, reward="ratio", rho=rho_star)
