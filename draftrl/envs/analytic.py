@@ -190,9 +190,9 @@ class AnalyticEnv(gym.Env[np.ndarray, np.ndarray]):
       tokens per total time).
 
     Actions do not steer the regime process; rounds are coupled only through the token budget
-    and the history features. A short discount (PPO ``gamma`` 0 to 0.5) therefore learns the
-    regime-adaptive policy quickly, while ``gamma=0.99`` buries the per-round signal under the
-    variance of future regimes.
+    and the history features, so a short discount suits it: with SB3's PPO defaults and regimes
+    (0.9, 0.3), ``gamma=0.99`` still played one fixed depth after 60k steps, while ``gamma=0``
+    or ``0.5`` adapted depth to the regime within 10k-20k steps.
 
     ## Starting State
 
