@@ -358,6 +358,18 @@ class AnalyticEnv(gym.Env[np.ndarray, np.ndarray]):
         """Drafted tokens the target verifies: ``min(depth, verify_size)``, all when ``verify_size=0``."""
         return depth if verify_size == 0 else min(depth, verify_size)
 
+    def round_seconds(self, depth: int, verify_size: int) -> tuple[float, float]:
+        """``(draft_seconds, verify_seconds)`` of a round in target steps: ``c * depth`` and ``g(n)``.
+
+        ``g(0) = 1``: a round without speculation is one plain target step.
+        """
+        return self.draft_cost * depth, float(self._verify_cost[self.num_verified(depth, verify_size)])
+
+    @property
+    def transition(self) -> np.ndarray:
+        """Regime transition matrix, ``[K, K]``, row = this round's regime (a copy)."""
+        return self._transition.copy()
+
     # ----------------------------------------------------------------------------- episode
     def _reset_episode(self) -> None:
         self.num_emitted = 0.0
@@ -407,8 +419,7 @@ class AnalyticEnv(gym.Env[np.ndarray, np.ndarray]):
         self.num_emitted = float(self.max_new_tokens) if terminated else self.num_emitted + tokens
         self._last_num_emitted = tokens
 
-        draft_seconds = self.draft_cost * depth
-        verify_seconds = float(self._verify_cost[n])
+        draft_seconds, verify_seconds = self.round_seconds(depth, verify_size)
         seconds = draft_seconds + verify_seconds
         self.total_seconds += seconds
         if self.reward_mode == "ratio":

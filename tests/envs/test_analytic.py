@@ -136,6 +136,8 @@ def test_verify_size_caps_verified_tokens():
         assert info["num_verified"] == 6 and info["tokens"] == pytest.approx(expected_tokens(0.7, 6))
     _, info = one_round(env, 0, 2)  # no speculation verifies nothing and costs one target step
     assert info["num_verified"] == 0 and info["seconds"] == 1.0
+    assert env.unwrapped.round_seconds(6, 2) == pytest.approx((0.3, 1.2))
+    assert env.unwrapped.round_seconds(0, 9) == (0.0, 1.0)
 
 
 # ----------------------------------------------------------------------------- stochastic acceptance
@@ -296,6 +298,8 @@ def test_markov_matrix_and_forced_regime():
     obs, _ = env.reset(seed=0, options={"regime": 1})
     assert obs[FEATURE_NAMES.index("draft_confidence")] == pytest.approx(0.3)
     assert {env.step(np.array([0, 0]))[4]["regime"] for _ in range(50)} == {1}
+    transition = AnalyticEnv(regimes=(0.9, 0.5, 0.3), regime_switch=0.1).transition
+    np.testing.assert_allclose(transition, [[0.9, 0.05, 0.05], [0.05, 0.9, 0.05], [0.05, 0.05, 0.9]])
 
 
 def test_acceptance_features_track_alpha():
