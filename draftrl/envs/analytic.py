@@ -113,7 +113,7 @@ class AnalyticEnv(gym.Env[np.ndarray, np.ndarray]):
     the target verifies (``verify_size``). Each verified draft token is accepted independently
     with probability ``alpha`` until the first rejection, and the target always adds one token
     (the correction after a rejection, or the bonus token when all verified drafts pass), so a
-    round emits ``accepted + 1`` tokens, between 1 and ``depth + 1``.
+    round emits ``accepted + 1`` tokens, between 1 and ``n + 1`` for ``n`` verified drafts.
 
     Costs are in units of one plain target forward step: a draft step costs ``draft_cost`` (the
     article's ``c``), verifying ``n >= 1`` drafted tokens costs ``g(n)`` (``verify_cost``), and a
