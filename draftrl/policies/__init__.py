@@ -1,0 +1,27 @@
+"""Drafting policies behind one interface (``Policy``): PPO and the baselines it is compared with.
+
+``act(obs) -> (depth, verify_size)`` values each round, ``reset()`` at episode start,
+``observe(info)`` after each round, ``act_step(obs) -> CONTINUE/STOP`` on step-level envs.
+``evaluate_policy_on_env`` rolls any of them out on the same seeded episodes.
+"""
+
+from draftrl.policies.base import CONTINUE, STOP, Policy, env_grids
+from draftrl.policies.baselines import ConfidenceThreshold, Fixed, HFHeuristic, Oracle, UCBBandit
+from draftrl.policies.evaluate import compare, evaluate_policy_on_env, paired_difference
+from draftrl.policies.ppo import PPOPolicy
+
+__all__ = [
+    "CONTINUE",
+    "STOP",
+    "Policy",
+    "env_grids",
+    "Fixed",
+    "HFHeuristic",
+    "ConfidenceThreshold",
+    "UCBBandit",
+    "Oracle",
+    "PPOPolicy",
+    "evaluate_policy_on_env",
+    "paired_difference",
+    "compare",
+]

@@ -1,0 +1,115 @@
+"""Roll policies out on seeded episodes and measure throughput.
+
+Every policy sees the same episodes: episode ``i`` starts with ``env.reset(seed=seed + i)``, so
+the workload (prompts, traces, regimes) is the same for every policy. Throughput is total tokens
+/ total seconds over all episodes (the env's ``info["tokens"]`` and ``info["seconds"]``; seconds
+are wall clock on real engines, target steps on the analytic env).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from gymnasium import spaces
+
+from draftrl.policies.base import Policy
+
+
+def evaluate_policy_on_env(policy: Policy, env: Any, episodes: int = 20, seed: int = 0) -> dict[str, Any]:
+    """Run ``episodes`` seeded episodes of ``policy`` on ``env``.
+
+    Round-level envs (``MultiDiscrete`` actions) call ``policy.act``; step-level envs
+    (``Discrete(2)`` actions, e.g. ``draftrl/SpecDecodeDepth-v0``) call ``policy.act_step`` and
+    pass ``int(decision)`` as the action.
+
+    :param policy: built for ``env``'s grids (``Policy.for_env(env)``).
+    :param env: a draftrl env (gymnasium API).
+    :param episodes: number of episodes; episode ``i`` resets with ``seed + i``.
+    :param seed: seed of the first episode.
+    :return: ``{"policy", "throughput" (total tokens / total seconds), "episode_throughputs"
+        [episodes], "episode_tokens", "episode_seconds", "num_rounds", "mean_tokens_per_round",
+        "depth_histogram" {depth: rounds}, "verify_size_histogram" {verify_size: rounds},
+        "episodes", "seed"}``.
+    """
+    if episodes < 1:
+        raise ValueError(f"episodes={episodes!r} must be >= 1.")
+    step_level = isinstance(env.action_space, spaces.Discrete)
+    episode_tokens: list[float] = []
+    episode_seconds: list[float] = []
+    depths: Counter[int] = Counter()
+    verify_sizes: Counter[int] = Counter()
+    num_rounds = 0
+    for i in range(episodes):
+        obs, _ = env.reset(seed=seed + i)
+        policy.reset()
+        tokens = seconds = 0.0
+        done = False
+        while not done:
+            if step_level:
+                action: Any = int(policy.act_step(obs))
+                chosen = None
+            else:
+                chosen = policy.act(obs)
+                action = policy.to_action(*chosen)
+            obs, _, terminated, truncated, info = env.step(action)
+            done = terminated or truncated
+            if step_level and "tokens" not in info:
+                continue  # a draft step inside a round: nothing was emitted yet
+            tokens += float(info["tokens"])
+            seconds += float(info["seconds"])
+            num_rounds += 1
+            depth = info.get("depth", chosen[0] if chosen else None)
+            verify_size = info.get("verify_size", chosen[1] if chosen else None)
+            if depth is not None:
+                depths[int(depth)] += 1
+            if verify_size is not None:
+                verify_sizes[int(verify_size)] += 1
+            policy.observe(info)
+        episode_tokens.append(tokens)
+        episode_seconds.append(seconds)
+    total_tokens, total_seconds = sum(episode_tokens), sum(episode_seconds)
+    return {
+        "policy": policy.name,
+        "throughput": total_tokens / total_seconds if total_seconds > 0 else 0.0,
+        "episode_throughputs": [t / s if s > 0 else 0.0 for t, s in zip(episode_tokens, episode_seconds)],
+        "episode_tokens": episode_tokens,
+        "episode_seconds": episode_seconds,
+        "num_rounds": num_rounds,
+        "mean_tokens_per_round": total_tokens / num_rounds if num_rounds else 0.0,
+        "depth_histogram": dict(sorted(depths.items())),
+        "verify_size_histogram": dict(sorted(verify_sizes.items())),
+        "episodes": episodes,
+        "seed": seed,
+    }
+
+
+def paired_difference(a: Sequence[float], b: Sequence[float]) -> dict[str, float]:
+    """Mean and standard error of ``a[i] - b[i]`` over paired episodes (same seeds).
+
+    :return: ``{"mean", "se", "z"}``; ``z = mean / se`` (inf when every difference is equal and
+        nonzero, 0 when they are all 0).
+    """
+    diff = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)
+    if diff.size < 2:
+        raise ValueError(f"need at least 2 paired episodes to estimate noise, got {diff.size}.")
+    mean = float(diff.mean())
+    se = float(diff.std(ddof=1) / math.sqrt(diff.size))
+    z = mean / se if se > 0 else (0.0 if mean == 0 else math.copysign(math.inf, mean))
+    return {"mean": mean, "se": se, "z": z}
+
+
+def compare(results: dict[str, dict[str, Any]], reference: str) -> dict[str, dict[str, float]]:
+    """Throughput ratio and paired episode difference of every result against ``results[reference]``."""
+    ref = results[reference]
+    table = {}
+    for name, res in results.items():
+        row = {"throughput": res["throughput"], "ratio": res["throughput"] / ref["throughput"]}
+        if name != reference and len(res["episode_throughputs"]) >= 2:
+            diff = paired_difference(res["episode_throughputs"], ref["episode_throughputs"])
+            row.update({"diff_mean": diff["mean"], "diff_se": diff["se"]})
+        table[name] = row
+    return table

@@ -1,0 +1,198 @@
+"""Baseline policies behave as specified, on scripted rounds and on draftrl/Analytic-v0."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+import draftrl  # noqa: F401  registers the env ids
+from draftrl.envs.analytic import FEATURE_NAMES, expected_speedup
+from draftrl.policies import (
+    CONTINUE,
+    STOP,
+    ConfidenceThreshold,
+    Fixed,
+    HFHeuristic,
+    Oracle,
+    UCBBandit,
+    evaluate_policy_on_env,
+    paired_difference,
+)
+
+REGIMES = {"regimes": (0.9, 0.2), "draft_cost": 0.1, "signal_noise": 0.15, "regime_switch": 0.1}
+
+
+def grid(depths=tuple(range(13)), verify_sizes=(0,)):
+    return {"depths": depths, "verify_sizes": verify_sizes, "feature_names": FEATURE_NAMES}
+
+
+def round_info(depth: int, accepted: int) -> dict:
+    return {"tokens": accepted + 1, "accepted": accepted, "num_verified": depth, "seconds": 1.0, "depth": depth}
+
+
+# ----------------------------------------------------------------------------- Fixed
+def test_fixed_grid_covers_every_setting_and_validates():
+    env = gym.make("draftrl/Analytic-v0", depths=(0, 2, 4), verify_sizes=(0, 1))
+    settings = [p.act(np.zeros(6)) for p in Fixed.grid(env)]
+    assert settings == [(d, v) for d in (0, 2, 4) for v in (0, 1)]
+    with pytest.raises(ValueError, match="not on the env's grid"):
+        Fixed(**grid(), depth=13)
+
+
+# ----------------------------------------------------------------------------- HFHeuristic
+def test_hf_heuristic_schedule_plus_two_minus_one_floor_one():
+    policy = HFHeuristic(**grid(depths=tuple(range(31))))
+    obs = np.zeros(6, dtype=np.float32)
+    assert policy.act(obs) == (20, 0)  # transformers' num_assistant_tokens default
+    depths = []
+    for accepted_all in (True, True, False, False, True):
+        depth, _ = policy.act(obs)
+        policy.observe(round_info(depth, depth if accepted_all else 0))
+        depths.append(policy.act(obs)[0])
+    assert depths == [22, 24, 23, 22, 24]
+    for _ in range(40):  # rejections all the way down: the floor is 1
+        depth, _ = policy.act(obs)
+        policy.observe(round_info(depth, depth - 1))
+    assert policy.act(obs)[0] == 1
+    policy.observe(round_info(1, 0))
+    assert policy.act(obs)[0] == 1
+    policy.observe(round_info(1, 1))
+    assert policy.act(obs)[0] == 3
+
+
+def test_hf_heuristic_caps_at_grid_and_snaps_down():
+    policy = HFHeuristic(**grid(depths=(0, 1, 4, 8)))
+    obs = np.zeros(6, dtype=np.float32)
+    assert policy.act(obs)[0] == 8  # 20 capped at the grid's maximum
+    policy.observe(round_info(8, 3))  # 8 -> 7, snapped to 4
+    assert policy.schedule == 7 and policy.act(obs)[0] == 4
+    policy.observe(round_info(4, 4))  # 7 + 2 = 9, capped at 8
+    assert policy.act(obs)[0] == 8
+    policy.observe({"tokens": 1, "accepted": 0, "num_verified": 0, "seconds": 1.0})  # nothing verified: no change
+    assert policy.schedule == 8
+
+
+def test_hf_heuristic_counts_verified_not_drafted():
+    """With verify_size capping the chain, "all accepted" means all *verified* drafts passed."""
+    policy = HFHeuristic(**grid(depths=tuple(range(31))), initial_depth=5)
+    policy.observe({"tokens": 3, "accepted": 2, "num_verified": 2, "depth": 5, "seconds": 1.0})
+    assert policy.schedule == 7
+
+
+# ----------------------------------------------------------------------------- ConfidenceThreshold
+def test_confidence_threshold_round_level_depth():
+    policy = ConfidenceThreshold(**grid(), threshold=0.35)
+    conf = FEATURE_NAMES.index("draft_confidence")
+    obs = np.zeros(6, dtype=np.float32)
+    for c, depth in ((0.9, 9), (0.2, 0), (1.0, 12), (0.5, 1), (0.0, 0)):  # largest d with c**d > 0.35
+        obs[conf] = c
+        assert policy.act(obs) == (depth, 0)
+
+
+def test_confidence_threshold_reads_the_feature_by_name():
+    names = tuple(reversed(FEATURE_NAMES))
+    policy = ConfidenceThreshold(depths=range(13), verify_sizes=(0,), feature_names=names)
+    obs = np.zeros(6, dtype=np.float32)
+    obs[names.index("draft_confidence")] = 0.9
+    assert policy.act(obs)[0] == 9
+    with pytest.raises(ValueError, match="draft_confidence"):
+        ConfidenceThreshold(depths=range(13), verify_sizes=(0,), feature_names=("a", "b"))
+
+
+def test_confidence_threshold_step_level_product():
+    policy = ConfidenceThreshold(**grid(), threshold=0.5)
+    obs = np.zeros(6, dtype=np.float32)
+    conf = FEATURE_NAMES.index("draft_confidence")
+    decisions = []
+    for c in (0.9, 0.9, 0.9, 0.9, 0.9, 0.9, 0.9):  # 0.9**6 = 0.53 > 0.5 > 0.9**7
+        obs[conf] = c
+        decisions.append(policy.act_step(obs))
+    assert decisions == [CONTINUE] * 6 + [STOP]
+    policy.observe({"tokens": 7, "accepted": 6, "seconds": 1.0})  # a new round restarts the product
+    obs[conf] = 0.9
+    assert policy.act_step(obs) == CONTINUE
+
+
+# ----------------------------------------------------------------------------- UCBBandit
+def test_ucb_bandit_converges_to_best_arm_on_stationary_env():
+    depths = (0, 1, 3, 6, 12)
+    env = gym.make("draftrl/Analytic-v0", alpha=0.7, draft_cost=0.05, depths=depths)
+    best = max(depths, key=lambda d: expected_speedup(0.7, d, 0.05))
+    assert best == 6  # the article's grid (DESIGN.md); the runner-up, depth 3, is 6% slower
+    bandit = UCBBandit.for_env(env)
+    evaluate_policy_on_env(bandit, env, episodes=30, seed=0)  # ~2,500 rounds, statistics persist
+    assert bandit.best_arm() == (best, 0)
+    pulls = dict(zip(bandit.arms, bandit.num_pulls))
+    assert pulls[(best, 0)] == max(pulls.values())
+    assert pulls[(best, 0)] > 0.5 * sum(pulls.values())
+    values = dict(zip(bandit.arms, bandit.values()))
+    assert values[(6, 0)] == pytest.approx(expected_speedup(0.7, 6, 0.05), rel=0.05)
+
+
+def test_ucb_bandit_tries_every_arm_first_and_forgets():
+    bandit = UCBBandit(**grid(depths=(0, 2, 4)))
+    obs = np.zeros(6, dtype=np.float32)
+    played = []
+    for _ in range(3):
+        arm = bandit.act(obs)
+        played.append(arm)
+        bandit.observe({"tokens": 1.0 + arm[0], "seconds": 1.0, "accepted": arm[0]})
+    assert played == [(0, 0), (2, 0), (4, 0)]
+    assert bandit.act(obs) == (4, 0)  # no residual variance yet: greedy on the best value
+    bandit.forget()
+    assert bandit.num_pulls.sum() == 0 and bandit.act(obs) == (0, 0)
+
+
+# ----------------------------------------------------------------------------- Oracle
+def test_oracle_single_regime_is_the_article_best_depth():
+    env = gym.make("draftrl/Analytic-v0", alpha=0.7, draft_cost=0.05, depths=tuple(range(17)))
+    oracle = Oracle.for_env(env)
+    assert oracle.regime_actions == [(6, 0)]
+    assert oracle.rho == pytest.approx(2.353, abs=1e-3)
+
+
+def test_oracle_uses_the_env_hook_when_present():
+    env = gym.make("draftrl/Analytic-v0", depths=(0, 2, 4))
+    env.unwrapped.oracle_action = lambda: np.array([2, 0])
+    assert Oracle.for_env(env).act(np.zeros(6)) == (4, 0)
+
+
+def test_oracle_needs_hidden_state():
+    class Bare(gym.Env):
+        depths, verify_sizes, feature_names = (0, 1), (0,), ("x",)
+
+    with pytest.raises(TypeError, match="oracle_action"):
+        Oracle.for_env(Bare())
+
+
+def baseline_results(env: gym.Env, episodes: int, seed: int) -> dict:
+    policies = Fixed.grid(env) + [
+        HFHeuristic.for_env(env),
+        ConfidenceThreshold.for_env(env),
+        UCBBandit.for_env(env),
+        Oracle.for_env(env),
+    ]
+    return {p.name: evaluate_policy_on_env(p, env, episodes, seed) for p in policies}
+
+
+def test_oracle_beats_every_policy_on_expected_value_env():
+    """stochastic=False: every policy sees the same regime path, so the comparison is exact."""
+    env = gym.make("draftrl/Analytic-v0", **REGIMES, stochastic=False)
+    results = baseline_results(env, episodes=20, seed=3)
+    oracle = results.pop("oracle")["throughput"]
+    for name, res in results.items():
+        assert oracle >= res["throughput"], name
+
+
+def test_oracle_beats_every_policy_on_stochastic_env():
+    env = gym.make("draftrl/Analytic-v0", **REGIMES)
+    results = baseline_results(env, episodes=60, seed=11)
+    oracle = results.pop("oracle")
+    for name, res in results.items():
+        diff = paired_difference(oracle["episode_throughputs"], res["episode_throughputs"])
+        assert diff["mean"] > -2 * diff["se"], (name, diff)  # never significantly worse
+        assert oracle["throughput"] >= 0.97 * res["throughput"], name
+    best_fixed = max((r for n, r in results.items() if n.startswith("fixed")), key=lambda r: r["throughput"])
+    diff = paired_difference(oracle["episode_throughputs"], best_fixed["episode_throughputs"])
+    assert diff["mean"] > 3 * diff["se"]  # and clearly better than grid search on this workload
