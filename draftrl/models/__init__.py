@@ -1,0 +1,27 @@
+"""Load draft/target models and check that a pair shares one vocabulary. Knows nothing about RL.
+
+- :func:`load_model` -> :class:`LoadedModel` (``model``, ``tokenizer``, ``name``)
+- :func:`check_same_vocab` raises ``ValueError`` naming the first token id that differs
+- :func:`list_models` / :func:`fetch_model`: the known names and their cache
+- :func:`apply_fast_linear` / :func:`remove_fast_linear`: the faster few-token CPU layout
+"""
+
+from draftrl.models.fast_linear import apply_fast_linear, has_fast_linear, remove_fast_linear
+from draftrl.models.fetch import fetch_model
+from draftrl.models.loading import LoadedModel, load_model
+from draftrl.models.registry import DEFAULT_MODEL, ModelInfo, cache_root, list_models
+from draftrl.models.vocab import check_same_vocab
+
+__all__ = [
+    "DEFAULT_MODEL",
+    "LoadedModel",
+    "ModelInfo",
+    "apply_fast_linear",
+    "cache_root",
+    "check_same_vocab",
+    "fetch_model",
+    "has_fast_linear",
+    "list_models",
+    "load_model",
+    "remove_fast_linear",
+]

@@ -1,0 +1,109 @@
+"""Load a causal LM and its tokenizer by one short spec, ready for inference.
+
+``spec`` is a known name (``smollm2-135m``, fetched and converted once, see
+:mod:`draftrl.models.fetch`), a local directory holding a transformers causal LM, or a model-hub
+id. Every model comes back in eval mode with gradients off, because draftrl only runs inference.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from draftrl.models.fast_linear import apply_fast_linear
+from draftrl.models.fetch import fetch_model
+from draftrl.models.registry import KNOWN_MODELS
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+#: Accepted ``dtype`` strings.
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclass
+class LoadedModel:
+    """A causal LM with its tokenizer."""
+
+    model: PreTrainedModel
+    """In eval mode, ``requires_grad`` off, on the requested device."""
+    tokenizer: PreTrainedTokenizerBase
+    name: str
+    """The known name, the local directory's name, or the hub id."""
+
+
+def load_model(spec: str, *, dtype: str = "float32", device: str = "cpu", fast_linear: bool = True) -> LoadedModel:
+    """Load the causal LM named by ``spec``.
+
+    :param spec: ``smollm2-135m`` (or another name from :func:`~draftrl.models.list_models`),
+        a local directory with ``config.json``, weights and tokenizer files, or a hub id such
+        as ``HuggingFaceTB/SmolLM2-360M-Instruct`` (needs access to the hub).
+    :param dtype: ``float32``, ``bfloat16`` or ``float16``.
+    :param device: a torch device string, e.g. ``cpu`` or ``cuda:0``.
+    :param fast_linear: on CPU, compute few-token linear layers in the faster ``W @ x^T`` layout
+        (see :mod:`draftrl.models.fast_linear`); ignored on other devices.
+    :raises ValueError: bad ``dtype`` or ``device``.
+    :raises FileNotFoundError: the model could not be found or fetched; the message says what to pass instead.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch_dtype = _torch_dtype(dtype)
+    torch_device = _torch_device(device)
+    if spec in KNOWN_MODELS:
+        source, name = str(fetch_model(spec)), spec
+    else:
+        source, name = _local_or_hub(spec)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype)
+    except OSError as err:  # hub unreachable, unknown id, or files missing from a local directory
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise FileNotFoundError(
+            f"could not load model {spec!r} ({reason}); pass a local directory with a transformers causal LM, "
+            f"or one of: {', '.join(KNOWN_MODELS)}"
+        ) from err
+    model.to(torch_device)
+    model.eval()
+    model.requires_grad_(False)
+    if fast_linear and torch_device.type == "cpu":
+        apply_fast_linear(model)
+    return LoadedModel(model=model, tokenizer=tokenizer, name=name)
+
+
+def _local_or_hub(spec: str) -> tuple[str, str]:
+    """(what to pass to ``from_pretrained``, display name) for a spec that is not a known name."""
+    path = Path(spec).expanduser()
+    if path.exists():
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(
+                f"{path} has no config.json; pass a directory saved with save_pretrained "
+                f"(config.json, weights, tokenizer files), or one of: {', '.join(KNOWN_MODELS)}"
+            )
+        return str(path), path.resolve().name
+    looks_like_path = spec.startswith(("/", ".", "~")) or spec.count("/") > 1 or "\\" in spec
+    if looks_like_path:
+        raise FileNotFoundError(
+            f"model directory {spec!r} does not exist; pass an existing directory, a hub id, "
+            f"or one of: {', '.join(KNOWN_MODELS)}"
+        )
+    return spec, spec
+
+
+def _torch_dtype(dtype: str) -> torch.dtype:
+    import torch
+
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype={dtype!r} is not supported; use one of {', '.join(DTYPES)}")
+    return getattr(torch, dtype)
+
+
+def _torch_device(device: str) -> torch.device:
+    import torch
+
+    try:
+        return torch.device(device)
+    except RuntimeError:
+        raise ValueError(f"device={device!r} is not a torch device; use e.g. cpu or cuda:0") from None
