@@ -212,9 +212,44 @@ class SpeculativeDecoder:
         tree = DraftTree()
         if draft_depth > 0:
             tree = self.drafter.propose(self.ids, draft_depth, width, self.params, self.generator)
+        draft_seconds = self.clock() - t0
+        return self._verify_and_commit(tree, depth, width, verify_size, draft_seconds, commit=draft_depth > 0)
+
+    @torch.inference_mode()
+    def round_from_tree(
+        self,
+        tree: DraftTree,
+        verify_size: int | None = None,
+        *,
+        draft_seconds: float = 0.0,
+        depth: int | None = None,
+        width: int = 1,
+    ) -> RoundResult:
+        """Verify and commit a tree the caller drafted after ``ids`` with ``drafter.begin(...)``
+        (e.g. one level at a time, so that a depth policy can stop it); otherwise as :meth:`round`.
+
+        ``draft_seconds`` is the caller's drafting time, reported in ``RoundResult.draft_seconds``
+        (plus selection and any pending ``features()`` time). ``depth`` (default: the tree's depth)
+        and ``width`` are recorded in the result. Levels deeper than ``remaining - 1`` are dropped,
+        as :meth:`round` never drafts them.
+        """
+        tree_depth = max(tree.depths, default=0)
+        depth = tree_depth if depth is None else depth
+        self._validate(depth, verify_size, width)
+        if tree_depth > 0 and self.drafter is None:
+            raise ValueError("round_from_tree got a draft tree but the engine has no drafter to commit it")
+        if tree_depth > self.remaining - 1:
+            tree = tree.subset([i for i, d in enumerate(tree.depths) if d <= self.remaining - 1])
+        return self._verify_and_commit(tree, depth, width, verify_size, draft_seconds, commit=self.drafter is not None)
+
+    def _verify_and_commit(
+        self, tree: DraftTree, depth: int, width: int, verify_size: int | None, draft_seconds: float, commit: bool
+    ) -> RoundResult:
+        """The shared second half of a round: select, verify, accept, commit to both caches."""
+        t0 = self.clock()
         selected = tree.select(verify_size)
         t1 = self.clock()
-        draft_seconds = t1 - t0 + self._pending_draft_seconds
+        draft_seconds += t1 - t0 + self._pending_draft_seconds
         self._pending_draft_seconds = 0.0
 
         logits = self.verify_forward(selected)  # [1 + n, V]
@@ -227,7 +262,7 @@ class SpeculativeDecoder:
         keep = verdict.accepted[: len(emitted) - 1]  # the last emitted token becomes the next root
         keep_tail(self.cache, past + 1, [past + 1 + node for node in keep])
         self.ids.extend(emitted)
-        if self.drafter is not None and draft_depth > 0:
+        if commit:
             self.drafter.commit(self.ids, [selected.source_index(node) for node in keep])
         self.finished = stop is not None
         t3 = self.clock()

@@ -59,6 +59,12 @@ class TokenStats:
     def __len__(self) -> int:
         return int(self.token.shape[0])
 
+    def __eq__(self, other: object) -> bool:
+        """Field-wise array equality (the generated ``__eq__`` would compare arrays ambiguously)."""
+        if not isinstance(other, TokenStats):
+            return NotImplemented
+        return all(np.array_equal(getattr(self, name), getattr(other, name)) for name in _DTYPES)
+
     def slice(self, start: int, stop: int) -> "TokenStats":
         """Entries ``start:stop`` (e.g. a round cut short by EOS or the length limit)."""
         return TokenStats(**{f.name: getattr(self, f.name)[start:stop] for f in fields(self)})
