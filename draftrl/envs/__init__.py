@@ -15,3 +15,25 @@ register(
     entry_point="draftrl.envs.analytic:AnalyticEnv",
     max_episode_steps=1024,
 )
+
+# The real engine (torch + transformers, imported only when made). Rewards are wall clock, so
+# the ids are marked nondeterministic (gymnasium's checker then skips step determinism).
+register(
+    id="draftrl/SpecDecode-v0",
+    entry_point="draftrl.envs.spec_decode:SpecDecodeEnv",
+    max_episode_steps=1024,
+    nondeterministic=True,
+)
+# One step per draft level: a round is at most max(depths) + 1 steps.
+register(
+    id="draftrl/SpecDecodeDepth-v0",
+    entry_point="draftrl.envs.spec_decode_depth:SpecDecodeDepthEnv",
+    max_episode_steps=16384,
+    nondeterministic=True,
+)
+# Recorded greedy traces with seconds from a cost table: deterministic given the seed.
+register(
+    id="draftrl/TraceReplay-v0",
+    entry_point="draftrl.envs.replay:TraceReplayEnv",
+    max_episode_steps=1024,
+)

@@ -1,0 +1,165 @@
+"""``EnvConfig``: one request-level decoding workload for the real and the replayed envs.
+
+Defaults live here; YAML files in ``configs/`` override what differs under an ``env:`` section
+(``draftrl.config.load_config``), e.g. ``configs/tiny_cpu.yaml``. The same config drives
+``draftrl/SpecDecode-v0``, ``draftrl/SpecDecodeDepth-v0``, ``draftrl collect`` and
+``draftrl/TraceReplay-v0``, so a policy trained on replay meets the same spaces on the real env.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from draftrl.config import from_dict
+from draftrl.prompts import SPLITS
+
+#: Reward modes (see ``draftrl.envs.rewards``).
+REWARD_MODES: tuple[str, ...] = ("ratio", "throughput")
+
+
+@dataclass
+class EnvConfig:
+    """Workload, models, sampling, action grid and reward of a speculative-decoding env."""
+
+    # ---- workload
+    prompts: str | None = None
+    """JSONL prompt file with the ``draftrl.prompts.Prompt`` fields; None = the shipped set"""
+    languages: tuple[str, ...] | None = None
+    """keep these languages (e.g. [en, zh]); None = all"""
+    tasks: tuple[str, ...] | None = None
+    """keep these tasks (code_edit, summarize, qa_context, chat); None = all"""
+    split: str | None = "tune"
+    """tune or heldout; None = both"""
+    limit_per_group: int | None = None
+    """first n prompts of each (language, task) group; None = all"""
+    shuffle: bool = True
+    """visit prompts in a seeded random order (reshuffled every pass); False = file order"""
+    chat_template: bool = True
+    """wrap each prompt in the tokenizer's chat template (SmolLM2 is an instruct model)"""
+    max_new_tokens: int | None = None
+    """tokens per episode; None = the prompt's suggestion, capped at max_new_tokens_cap"""
+    max_new_tokens_cap: int = 256
+    """upper bound on a prompt's suggested max_new_tokens"""
+    # ---- models and sampling
+    target: str = "smollm2-135m"
+    """target model: a known name, a local directory or a hub id"""
+    drafter: str = "ngram"
+    """ngram | ngram:MIN:MAX | layerskip:N | none | draft model path (same vocabulary)"""
+    dtype: str = "float32"
+    device: str = "cpu"
+    temperature: float = 0.0
+    """0 = greedy (TraceReplay-v0 needs 0)"""
+    top_k: int = 0
+    top_p: float = 1.0
+    draft_sampling: bool = False
+    """model drafters sample proposals from q instead of taking the top children"""
+    seed: int | None = None
+    """seed of the first reset() when none is passed; None = fresh entropy (gymnasium's convention)"""
+    # ---- action grid
+    depths: tuple[int, ...] = (0, 1, 2, 3, 4, 6, 8)
+    """draft depths the policy chooses from; 0 = no speculation (a plain target step)"""
+    verify_sizes: tuple[int, ...] = (0,)
+    """draft nodes the target verifies; 0 = all drafted nodes"""
+    width: int = 1
+    """tree width: draft nodes kept per level (1 = a chain)"""
+    # ---- observation and reward
+    history: int = 4
+    """rounds of tokens-per-round history in the observation (feature names depend on it)"""
+    ema_decay: float = 0.8
+    """per-round decay of the tokens-per-round EMA and of the acceptance counts"""
+    cost_decay: float = 0.9
+    """per-sample decay of the running cost averages (verify, draft)"""
+    reward: str = "ratio"
+    """ratio: tokens - rho * seconds; throughput: tokens / seconds (see draftrl.envs.rewards)"""
+    rho: float = 0.0
+    """initial throughput estimate in tokens/s for reward=ratio; 0 = from the cost table or the first round"""
+    rho_rate: float = 0.1
+    """step of the per-episode rho update toward the last episode's tokens/s (0 keeps rho fixed)"""
+    cost_table: str | None = None
+    """JSON from draftrl calibrate: initial cost features; the seconds TraceReplay-v0 charges"""
+    cost_noise: float = 0.0
+    """TraceReplay-v0: lognormal sigma of multiplicative noise on replayed seconds (0 = none)"""
+    monitor: bool = True
+    """run the streaming exactness monitor on every emitted token (SpecDecode envs)"""
+    depth_shaping: bool = False
+    """SpecDecodeDepth-v0 with reward=ratio: pay -rho * draft seconds on every draft step"""
+
+    def __post_init__(self) -> None:
+        self.depths = _grid(self.depths, "depths", minimum=0)
+        self.verify_sizes = _grid(self.verify_sizes, "verify_sizes", minimum=0)
+        if self.languages is not None:
+            self.languages = tuple(self.languages)
+        if self.tasks is not None:
+            self.tasks = tuple(self.tasks)
+        if self.split is not None and self.split not in SPLITS:
+            raise ValueError(f"EnvConfig.split={self.split!r} is unknown; use one of {', '.join(SPLITS)} or null.")
+        if self.max_new_tokens is not None and self.max_new_tokens < 1:
+            raise ValueError(f"EnvConfig.max_new_tokens={self.max_new_tokens} must be >= 1 (or null for the prompt's).")
+        if self.max_new_tokens_cap < 1:
+            raise ValueError(f"EnvConfig.max_new_tokens_cap={self.max_new_tokens_cap} must be >= 1.")
+        if self.width < 1:
+            raise ValueError(f"EnvConfig.width={self.width} must be >= 1 (1 = chain drafting).")
+        if self.reward not in REWARD_MODES:
+            raise ValueError(f"EnvConfig.reward={self.reward!r} is unknown; use one of {', '.join(REWARD_MODES)}.")
+        if self.history < 1:
+            raise ValueError(f"EnvConfig.history={self.history} must be >= 1 round.")
+        for name in ("ema_decay", "cost_decay"):
+            value = getattr(self, name)
+            if not 0.0 <= value < 1.0:
+                raise ValueError(f"EnvConfig.{name}={value} must be in [0, 1).")
+        if not 0.0 <= self.rho_rate <= 1.0:
+            raise ValueError(f"EnvConfig.rho_rate={self.rho_rate} must be in [0, 1] (0 keeps rho fixed).")
+        if self.rho < 0:
+            raise ValueError(f"EnvConfig.rho={self.rho} must be >= 0 tokens/s (0 = estimate it).")
+        if self.cost_noise < 0:
+            raise ValueError(f"EnvConfig.cost_noise={self.cost_noise} must be >= 0 (a lognormal sigma).")
+        if self.depth_shaping and self.reward != "ratio":
+            raise ValueError(
+                f"EnvConfig.depth_shaping=true needs reward=ratio (got {self.reward!r}): only the ratio "
+                "reward splits into per-step terms that sum to the round's reward."
+            )
+        if self.temperature < 0:
+            raise ValueError(f"EnvConfig.temperature={self.temperature} must be >= 0 (0 = greedy).")
+
+    @property
+    def max_depth(self) -> int:
+        """The deepest draft the action grid can ask for."""
+        return max(self.depths)
+
+
+def _grid(values, name: str, minimum: int) -> tuple[int, ...]:
+    items = tuple(values)
+    if not items:
+        raise ValueError(f"EnvConfig.{name} is empty; give at least one value, e.g. {name}: [0].")
+    for v in items:
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < minimum:
+            raise ValueError(f"EnvConfig.{name}={list(items)} must hold integers >= {minimum}; {v!r} is not one.")
+    if len(set(items)) != len(items):
+        raise ValueError(f"EnvConfig.{name}={list(items)} repeats a value; each action index must mean one setting.")
+    return tuple(int(v) for v in items)
+
+
+def resolve_config(config: EnvConfig | dict | None, overrides: dict[str, Any]) -> EnvConfig:
+    """An :class:`EnvConfig` from a config, a mapping of its fields, or None, plus keyword overrides.
+
+    Unknown keys fail with the valid names (``gym.make("draftrl/SpecDecode-v0", depth=4)`` names
+    ``depths``).
+    """
+    if config is None:
+        config = EnvConfig()
+    elif isinstance(config, dict):
+        config = from_dict(EnvConfig, config)
+    elif not isinstance(config, EnvConfig):
+        raise TypeError(f"config must be an EnvConfig, a dict of its fields or None, got {type(config).__name__}.")
+    if overrides:
+        merged = {f.name: getattr(config, f.name) for f in dataclasses.fields(EnvConfig)}
+        for key, value in overrides.items():
+            if key not in merged:
+                return from_dict(EnvConfig, {key: value})  # raises with the closest valid key
+            merged[key] = value
+        config = EnvConfig(**merged)
+    return config

@@ -1,0 +1,105 @@
+"""Build the decoding engine an env drives, sharing loaded models within a process.
+
+Models are never pickled or copied into subprocesses: every env made in one process with the
+same ``(target, dtype, device)`` gets the same loaded model object, and each env gets its own
+:class:`~draftrl.decoding.engine.SpeculativeDecoder` (engines hold one request's KV caches, so
+they are not shared). Vectorise with ``gymnasium.vector.SyncVectorEnv`` or SB3's
+``DummyVecEnv``; ``AsyncVectorEnv`` / ``SubprocVecEnv`` would load one model per worker.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from draftrl.envs.config import EnvConfig
+
+if TYPE_CHECKING:
+    from draftrl.decoding.engine import SpeculativeDecoder
+    from draftrl.models import LoadedModel
+
+_LOADED: dict[tuple[str, str, str], "LoadedModel"] = {}
+
+
+def shared_model(spec: str, dtype: str = "float32", device: str = "cpu") -> "LoadedModel":
+    """``draftrl.models.load_model(spec)``, loaded once per process and then reused."""
+    from draftrl.models import load_model
+
+    key = (spec, dtype, device)
+    if key not in _LOADED:
+        _LOADED[key] = load_model(spec, dtype=dtype, device=device)
+    return _LOADED[key]
+
+
+def eos_token_ids(loaded: "LoadedModel") -> list[int]:
+    """End-of-sequence ids of the tokenizer and the model config."""
+    found = {loaded.tokenizer.eos_token_id, getattr(loaded.model.config, "eos_token_id", None)}
+    out: set[int] = set()
+    for item in found:
+        if isinstance(item, (list, tuple)):
+            out.update(int(t) for t in item)
+        elif item is not None:
+            out.add(int(item))
+    return sorted(out)
+
+
+def build_drafter(config: EnvConfig, target: "LoadedModel"):
+    """The config's drafter for ``target``; a separate draft model is loaded once per process."""
+    from draftrl.decoding.drafters import ModelDrafter
+    from draftrl.decoding.factory import build_drafter as build_from_spec
+    from draftrl.models import check_same_vocab
+
+    kind = config.drafter.partition(":")[0]
+    if kind in ("ngram", "layerskip", "none"):
+        return build_from_spec(config.drafter, target, sampled=config.draft_sampling, dtype=config.dtype,
+                               device=config.device)
+    draft = shared_model(config.drafter, config.dtype, config.device)
+    check_same_vocab(target.tokenizer, draft.tokenizer)
+    return ModelDrafter(draft.model, sampled=config.draft_sampling, name=draft.name)
+
+
+def build_engine(config: EnvConfig, target: "LoadedModel | None" = None) -> "tuple[SpeculativeDecoder, object]":
+    """(engine, tokenizer) for ``config``; ``target`` defaults to the shared copy of ``config.target``.
+
+    The engine's ``max_new_tokens`` is set per episode by the env.
+    """
+    from draftrl.decoding.engine import EngineConfig, SpeculativeDecoder
+
+    target = target if target is not None else shared_model(config.target, config.dtype, config.device)
+    drafter = build_drafter(config, target)
+    engine_config = EngineConfig(
+        max_new_tokens=1,
+        temperature=config.temperature,
+        top_k=config.top_k,
+        top_p=config.top_p,
+        seed=config.seed or 0,
+        max_depth=max(16, config.max_depth),
+        max_width=max(16, config.width),
+    )
+    engine = SpeculativeDecoder(target.model, drafter, engine_config, eos_token_ids=eos_token_ids(target))
+    return engine, target.tokenizer
+
+
+def check_engine(config: EnvConfig, engine: "SpeculativeDecoder") -> None:
+    """Refuse an engine whose sampling or limits contradict the env config."""
+    ec = engine.config
+    for name in ("temperature", "top_k", "top_p"):
+        if getattr(ec, name) != getattr(config, name):
+            raise ValueError(
+                f"engine {name}={getattr(ec, name)!r} differs from EnvConfig.{name}={getattr(config, name)!r}; "
+                "build the engine from the same config with draftrl.envs.engines.build_engine(config, target)."
+            )
+    if config.max_depth > ec.max_depth:
+        raise ValueError(
+            f"EnvConfig.depths reach {config.max_depth} but the engine allows max_depth={ec.max_depth}; "
+            "raise EngineConfig.max_depth or shrink the action space."
+        )
+    if config.width > ec.max_width:
+        raise ValueError(f"EnvConfig.width={config.width} exceeds EngineConfig.max_width={ec.max_width}.")
+    if max(config.verify_sizes) > ec.max_verify_size:
+        raise ValueError(
+            f"EnvConfig.verify_sizes reach {max(config.verify_sizes)} but EngineConfig.max_verify_size="
+            f"{ec.max_verify_size}; raise it or shrink the action space."
+        )
+    if config.max_depth > 0 and engine.drafter is None:
+        raise ValueError(f"EnvConfig.depths={list(config.depths)} need a drafter but the engine has none; "
+                         "use depths: [0] or a drafter.")

@@ -1,0 +1,272 @@
+"""``draftrl/SpecDecode-v0``: the real speculative decoding engine as a Gymnasium env.
+
+A step is one round of :class:`~draftrl.decoding.engine.SpeculativeDecoder`; the env turns the
+round's result into an observation (``draftrl.envs.features``) and a reward
+(``draftrl.envs.rewards``). No model code lives here: the engine does the decoding.
+"""
+
+from __future__ import annotations
+
+from typing import Any, SupportsFloat
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+from draftrl.envs.config import EnvConfig, resolve_config
+from draftrl.envs.costs import CostTable
+from draftrl.envs.engines import build_engine, check_engine
+from draftrl.envs.features import CostTracker, FeatureBuilder, RoundSummary
+from draftrl.envs.rewards import RewardModel
+from draftrl.envs.workload import Request, Workload
+
+
+class EngineEpisodes(gym.Env[np.ndarray, Any]):
+    """What the real envs share: requests, the engine, features, rewards and the monitor."""
+
+    metadata = {"render_modes": []}
+
+    def __init__(self, config: EnvConfig | dict | None = None, *, engine=None, tokenizer=None, target=None,
+                 render_mode: str | None = None, **overrides: Any):
+        self.config = config = resolve_config(config, overrides)
+        if render_mode is not None:
+            raise ValueError(f"render_mode={render_mode!r} is not supported; the speculative-decoding envs do not render.")
+        self.render_mode = render_mode
+        if engine is None:
+            engine, built_tokenizer = build_engine(config, target)
+            tokenizer = tokenizer if tokenizer is not None else built_tokenizer
+        elif tokenizer is None:
+            raise ValueError("an engine was passed without its tokenizer; pass tokenizer=loaded.tokenizer as well.")
+        check_engine(config, engine)
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.workload = Workload(config, tokenizer)
+        self.cost_table = CostTable.load(config.cost_table) if config.cost_table else None
+        self.features = FeatureBuilder(config.history, config.ema_decay,
+                                       CostTracker(self.cost_table, config.cost_decay, config.width))
+        self.feature_names: tuple[str, ...] = self.features.names
+        self.rewards = RewardModel(config.reward, config.rho, config.rho_rate, rho_prior=self._rho_prior)
+        self.monitor = None
+        self.request: Request | None = None
+        self._seeded = False
+
+    # ------------------------------------------------------------------ shared pieces
+    def _rho_prior(self) -> float | None:
+        ar = self.features.costs.ar_seconds()
+        return 1.0 / ar if ar else None
+
+    def _new_monitor(self):
+        if not self.config.monitor:
+            return None
+        from draftrl.decoding.monitor import ExactnessMonitor
+
+        return ExactnessMonitor()
+
+    def _start_request(self, seed: int | None, options: dict[str, Any] | None) -> dict[str, Any]:
+        if seed is None and not self._seeded and self.config.seed is not None:
+            seed = self.config.seed
+        super().reset(seed=seed)
+        if seed is not None or not self._seeded:
+            self._seeded = True
+            self.workload.restart(self.np_random)
+            self.features.reset_costs()
+            self.rewards.restart()
+            self.monitor = self._new_monitor()
+        self.rewards.start_episode()
+        options = options or {}
+        unknown = set(options) - {"prompt_index", "prompt_id"}
+        if unknown:
+            raise ValueError(f"reset options {sorted(unknown)} are unknown; use prompt_index or prompt_id.")
+        if "prompt_id" in options:
+            self.request = self.workload.request(self.workload.index_of(options["prompt_id"]))
+        elif "prompt_index" in options:
+            self.request = self.workload.request(int(options["prompt_index"]))
+        else:
+            self.request = self.workload.next(self.np_random)
+        sampling_seed = int(self.np_random.integers(2**31))
+        self.engine.config.max_new_tokens = self.request.max_new_tokens
+        prefill = self.engine.start(self.request.prompt_ids, seed=sampling_seed)
+        self.features.start_episode(self.request.max_new_tokens)
+        return {
+            "prompt_id": self.request.prompt.id,
+            "language": self.request.prompt.language,
+            "task": self.request.prompt.task,
+            "num_prompt_tokens": len(self.request.prompt_ids),
+            "max_new_tokens": self.request.max_new_tokens,
+            "prefill_seconds": prefill,
+            "sampling_seed": sampling_seed,
+        }
+
+    def _observation(self) -> np.ndarray:
+        engine = self.engine
+        draft = engine.features() if not engine.finished else {}
+        return self.features.observation(draft, len(engine.ids), len(engine.output_ids))
+
+    def _finish_round(self, rnd, levels: int, reward_seconds: float) -> tuple[float, dict[str, Any]]:
+        """Features, reward, monitor and info of a verified round."""
+        summary = RoundSummary(
+            num_emitted=rnd.num_emitted,
+            num_accepted=rnd.num_accepted,
+            num_verified=rnd.num_verified,
+            verified_depth=rnd.verified_depth,
+            levels=levels,
+            draft_seconds=rnd.draft_seconds,
+            verify_seconds=rnd.verify_seconds,
+            sample_seconds=rnd.sample_seconds,
+        )
+        self.features.observe_round(summary)
+        reward = self.rewards(rnd.num_emitted, reward_seconds)
+        passed = None
+        if self.monitor is not None:
+            self.monitor.update(rnd.token_stats)  # raises ExactnessViolation on a failed test
+            passed = self.monitor.passed
+        info = {
+            "tokens": rnd.num_emitted,
+            "accepted": rnd.num_accepted,
+            "seconds": rnd.seconds,
+            "draft_seconds": rnd.draft_seconds,
+            "verify_seconds": rnd.verify_seconds,
+            "sample_seconds": rnd.sample_seconds,
+            "depth": rnd.depth,
+            "verify_size": 0 if rnd.verify_size is None else rnd.verify_size,
+            "num_drafted": rnd.num_drafted,
+            "num_verified": rnd.num_verified,
+            "verified_depth": rnd.verified_depth,
+            "token_ids": list(rnd.tokens),
+            "token_stats": rnd.token_stats,
+            "exactness_passed": passed,
+            "stop_reason": rnd.stop_reason,
+            "prompt_id": self.request.prompt.id,
+        }
+        return reward, info
+
+
+class SpecDecodeEnv(EngineEpisodes):
+    """
+    ## Description
+
+    Speculative decoding on a real draft/target pair, one round per step. An episode is one
+    request drawn from a prompt set (``EnvConfig``: the shipped multilingual set by default).
+    Each round the agent picks the draft depth (0 = no speculation: one plain target step) and
+    the verification size (how many of the drafted tree's best nodes the target checks in its
+    single forward); the engine drafts, verifies and accepts exactly (Leviathan et al.; greedy
+    output equals the target's own greedy decoding), so the policy changes only the speed,
+    never the text's distribution.
+
+    ## Action Space
+
+    ``MultiDiscrete([len(depths), len(verify_sizes)])``: ``action[0]`` indexes
+    ``env.unwrapped.depths`` (default ``(0, 1, 2, 3, 4, 6, 8)``; 0 = no speculation) and
+    ``action[1]`` indexes ``env.unwrapped.verify_sizes`` (default ``(0,)``; 0 = every drafted
+    node). The tree width is fixed by ``EnvConfig.width`` (1 = chain).
+
+    ## Observation Space
+
+    ``Box(float32, shape=(25,))`` for ``history=4`` (``4 + history + 17`` in general), names in
+    ``env.unwrapped.feature_names``. Every entry is known before the target verifies the round.
+
+    | Num   | Observation            | Min | Max  | Meaning |
+    |-------|------------------------|-----|------|---------|
+    | 0     | `draft_top1_prob`      | 0   | 1    | draft's top-1 next-token probability (model drafters; else 0) |
+    | 1     | `draft_entropy`        | 0   | 20   | entropy of the draft's next-token distribution, nats (model drafters) |
+    | 2     | `ngram_match_len`      | 0   | 64   | length of the matched suffix n-gram (n-gram drafter; 0 = no match) |
+    | 3     | `ngram_num_matches`    | 0   | 1024 | earlier occurrences of that n-gram (n-gram drafter) |
+    | 4-7   | `last_tokens_1..4`     | 0   | 64   | tokens emitted 1..4 rounds ago (0 before) |
+    | 8     | `ema_tokens`           | 0   | 64   | bias-corrected EMA of tokens per round (decay ``ema_decay``) |
+    | 9-12  | `accept_rate_1..4`     | 0   | 1    | P(position i accepted given i-1 accepted and verified), Jeffreys, discounted |
+    | 13    | `context_len`          | 0   | 1024 | prompt + generated tokens / 1024 |
+    | 14    | `generated_len`        | 0   | 1    | generated tokens / the episode's max_new_tokens |
+    | 15    | `remaining_len`        | 0   | 1    | min(tokens left, 16) / 16 |
+    | 16-22 | `verify_cost_1..64`    | 0   | 1e4  | running verify seconds with n in [b, 2b) verified nodes / AR step seconds (b = 1, 2, 4, ..., 64+) |
+    | 23    | `draft_cost_round`     | 0   | 1e4  | running per-round drafter seconds (features, catch-up) / AR step seconds |
+    | 24    | `draft_cost_level`     | 0   | 1e4  | running seconds per draft level / AR step seconds |
+
+    Why these: the draft signals predict this round's acceptance (a long n-gram match or a
+    confident draft is usually accepted); the history captures the workload's current regime
+    and the shape of the acceptance-length distribution (not only its mean); the context
+    features locate the request (cost grows with context; drafting past the remaining budget is
+    waste); the cost ratios tell the policy what a deeper draft or a larger verification costs
+    on this machine, so one policy adapts to CPU (steep g(V)) and GPU (flat g(V)). Cost
+    averages persist across episodes and start from ``EnvConfig.cost_table`` when given.
+
+    ## Rewards
+
+    Wall clock, hence NOT reproducible run to run (timings vary with load). With ``tokens`` the
+    round's emitted tokens and ``seconds`` its draft + verify + sample time:
+    ``reward="ratio"`` (default) pays ``tokens - rho * seconds`` (tokens; ``rho`` a running
+    tokens/s estimate frozen within an episode, so the episode return is maximised by the
+    highest total tokens / total time); ``reward="throughput"`` pays ``tokens / seconds``
+    (Learning to Draft). See ``draftrl.envs.rewards``.
+
+    ## Starting State
+
+    The episode's prompt is prefilled; no round has run (history 0, acceptance estimates 0.5),
+    the draft signals describe the first round. ``reset(seed=...)`` draws a new prompt order and
+    restarts the cost averages, ``rho`` and the exactness monitor, so a seed fixes the prompts
+    and the sampling seeds (not the timings). ``reset(options={"prompt_id": ...})`` or
+    ``{"prompt_index": i}`` decodes a given prompt.
+
+    ## Episode End
+
+    - Termination: the target emits EOS or the request reaches its ``max_new_tokens`` (the
+      prompt's suggestion capped at ``max_new_tokens_cap``, or ``EnvConfig.max_new_tokens``).
+    - Truncation: ``max_episode_steps=1024`` rounds in ``register(...)`` (every round emits at
+      least one token, so it binds only for budgets above 1024).
+
+    ## Information
+
+    ``tokens``, ``accepted``, ``seconds``, ``draft_seconds``, ``verify_seconds``,
+    ``sample_seconds``, ``depth``, ``verify_size`` (0 = all), ``num_drafted``, ``num_verified``,
+    ``verified_depth``, ``token_ids``, ``token_stats`` (``draftrl.decoding.stats.TokenStats`` of
+    the emitted tokens), ``exactness_passed`` (the running verdict of
+    ``draftrl.decoding.monitor.ExactnessMonitor``; None with ``monitor=False``; a failed test
+    raises ``ExactnessViolation``), ``stop_reason``, ``prompt_id``. ``reset`` returns the
+    prompt's id, language, task, length, budget, prefill seconds and sampling seed.
+
+    ## Arguments
+
+    ```python
+    import gymnasium as gym
+    import draftrl
+    env = gym.make("draftrl/SpecDecode-v0", config=EnvConfig(drafter="ngram", languages=("en",)))
+    env = gym.make("draftrl/SpecDecode-v0", depths=(0, 2, 4), max_new_tokens=32)   # field overrides
+    env = SpecDecodeEnv(config, engine=engine, tokenizer=tokenizer)                # a prebuilt engine
+    ```
+
+    ``config`` (:class:`~draftrl.envs.config.EnvConfig`, a dict of its fields, or None) plus
+    keyword overrides of its fields; ``engine`` + ``tokenizer`` (a prebuilt
+    ``SpeculativeDecoder`` whose sampling matches the config) or ``target`` (a ``LoadedModel``
+    to build the engine around). Without them the target is loaded once per process and shared
+    by every env of that process: vectorise with ``SyncVectorEnv`` / ``DummyVecEnv`` (models are
+    never pickled into subprocesses).
+
+    ## Version History
+
+    - v0: initial version.
+    """
+
+    def __init__(self, config: EnvConfig | dict | None = None, *, engine=None, tokenizer=None, target=None,
+                 render_mode: str | None = None, **overrides: Any):
+        super().__init__(config, engine=engine, tokenizer=tokenizer, target=target, render_mode=render_mode,
+                         **overrides)
+        self.depths: tuple[int, ...] = self.config.depths
+        self.verify_sizes: tuple[int, ...] = self.config.verify_sizes
+        self.action_space = spaces.MultiDiscrete([len(self.depths), len(self.verify_sizes)])
+        self.observation_space = spaces.Box(self.features.low, self.features.high, dtype=np.float32)
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict]:
+        info = self._start_request(seed, options)
+        return self._observation(), info
+
+    def step(self, action) -> tuple[np.ndarray, SupportsFloat, bool, bool, dict[str, Any]]:
+        if self.request is None or self.engine.finished:
+            raise RuntimeError("step() called before reset() or after the episode ended; call reset().")
+        action = np.asarray(action)
+        if not self.action_space.contains(action.astype(self.action_space.dtype)) or action.shape != (2,):
+            raise ValueError(f"action={action!r} is outside {self.action_space}.")
+        depth = self.depths[int(action[0])]
+        verify_size = self.verify_sizes[int(action[1])]
+        levels = min(depth, self.engine.remaining - 1)
+        rnd = self.engine.round(depth, verify_size or None, self.config.width)
+        reward, info = self._finish_round(rnd, levels, rnd.seconds)
+        return self._observation(), float(reward), bool(rnd.finished), False, info

@@ -1,0 +1,169 @@
+"""``draftrl/SpecDecodeDepth-v0``: stop or continue drafting after every draft level.
+
+Learning to Draft's depth policy on the real engine: the tree is grown one level per step
+(``Drafter.begin`` / ``TreeBuilder.step``, one batched draft forward per level) and verified
+with ``SpeculativeDecoder.round_from_tree`` when the agent stops. Observations and rewards come
+from the same builder and reward model as ``draftrl/SpecDecode-v0``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, SupportsFloat
+
+import numpy as np
+from gymnasium import spaces
+
+from draftrl.envs.config import EnvConfig
+from draftrl.envs.features import LEVEL_FEATURES, feature_bounds, level_observation
+from draftrl.envs.spec_decode import EngineEpisodes
+
+#: Action values of ``SpecDecodeDepth-v0``.
+STOP, CONTINUE = 0, 1
+
+SizePolicy = Callable[[np.ndarray, Any], int]
+
+
+class SpecDecodeDepthEnv(EngineEpisodes):
+    """
+    ## Description
+
+    The real speculative decoding engine with one decision per draft level: after each level
+    the agent sees the round's draft-side state and chooses CONTINUE (draft one more level,
+    one batched draft forward) or STOP (the target verifies the tree now). A round is therefore
+    1 + (levels drafted) steps, except that the round is verified in the same step as the last
+    level when the tree reaches ``max(EnvConfig.depths)`` levels, the request's remaining budget
+    (``remaining - 1`` levels), or the drafter has nothing more to propose. STOP before any
+    level is a plain target step. The verification size is fixed (``verify_size``, 0 = every
+    drafted node) or chosen by ``size_policy(observation, tree) -> int`` at STOP.
+
+    ## Action Space
+
+    ``Discrete(2)``: 0 = STOP (verify now), 1 = CONTINUE (draft one more level).
+
+    ## Observation Space
+
+    ``Box(float32, shape=(28,))`` for ``history=4``: the 25 features of
+    ``draftrl/SpecDecode-v0`` (same order, same meaning, computed once at the start of the
+    round), then the current level's signals (``TreeBuilder.level_features``):
+
+    | Num | Observation       | Min | Max  | Meaning |
+    |-----|-------------------|-----|------|---------|
+    | 25  | `level`           | 0   | 64   | draft levels built so far this round |
+    | 26  | `level_best_prob` | 0   | 1    | exp(best cumulative draft score at that level): path probability (model) or share of matches (n-gram) |
+    | 27  | `level_num_nodes` | 0   | 1024 | nodes at that level (<= width) |
+
+    ## Rewards
+
+    Wall clock, NOT reproducible. Paid when the round is verified: the round's reward exactly
+    as in ``SpecDecode-v0`` (``ratio`` or ``throughput``); intermediate draft steps pay 0. With
+    ``EnvConfig.depth_shaping=True`` (``reward="ratio"`` only) each draft step pays
+    ``-rho * (its draft seconds)`` and the verifying step pays ``tokens - rho * (the round's
+    remaining seconds)``: the same round total, credited where the time is spent.
+
+    ## Starting State
+
+    As ``SpecDecode-v0``: the prompt is prefilled, level 0 of the first round.
+
+    ## Episode End
+
+    - Termination: EOS or ``max_new_tokens`` reached by a verified round.
+    - Truncation: ``max_episode_steps=16384`` steps in ``register(...)``.
+
+    ## Information
+
+    Draft steps: ``phase="draft"``, ``level``, ``step_seconds``. Verifying steps:
+    ``phase="verify"`` plus every key of ``SpecDecode-v0``'s info (``depth`` = levels drafted).
+
+    ## Arguments
+
+    ``config`` / overrides / ``engine`` + ``tokenizer`` / ``target`` as ``SpecDecode-v0``;
+    ``verify_size`` (int, 0 = all drafted nodes); ``size_policy`` (callable or None).
+    ``EnvConfig.verify_sizes`` is not used here.
+
+    ## Version History
+
+    - v0: initial version.
+    """
+
+    def __init__(self, config: EnvConfig | dict | None = None, *, engine=None, tokenizer=None, target=None,
+                 verify_size: int = 0, size_policy: SizePolicy | None = None,
+                 render_mode: str | None = None, **overrides: Any):
+        super().__init__(config, engine=engine, tokenizer=tokenizer, target=target, render_mode=render_mode,
+                         **overrides)
+        if verify_size < 0 or verify_size > self.engine.config.max_verify_size:
+            raise ValueError(
+                f"verify_size={verify_size} must lie in 0..{self.engine.config.max_verify_size} (0 = all drafted nodes)."
+            )
+        if self.config.max_depth > 0 and self.engine.drafter is None:
+            raise ValueError("SpecDecodeDepth-v0 needs a drafter; EnvConfig.drafter is 'none'.")
+        self.verify_size = verify_size
+        self.size_policy = size_policy
+        self.max_depth = self.config.max_depth
+        self.feature_names = self.features.names + LEVEL_FEATURES
+        self.action_space = spaces.Discrete(2)
+        low, high = feature_bounds(self.feature_names)
+        self.observation_space = spaces.Box(low, high, dtype=np.float32)
+        self._reset_round()
+
+    def _reset_round(self) -> None:
+        self._builder = None
+        self._level = 0
+        self._draft_seconds = 0.0
+        self._charged = 0.0
+        self._base_obs: np.ndarray | None = None
+
+    def _level_obs(self) -> np.ndarray:
+        if self._base_obs is None:
+            self._base_obs = self._observation()
+        feats = self._builder.level_features() if self._builder is not None else {}
+        return level_observation(self._base_obs, feats)
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict]:
+        info = self._start_request(seed, options)
+        self._reset_round()
+        return self._level_obs(), info
+
+    def step(self, action) -> tuple[np.ndarray, SupportsFloat, bool, bool, dict[str, Any]]:
+        engine = self.engine
+        if self.request is None or engine.finished:
+            raise RuntimeError("step() called before reset() or after the episode ended; call reset().")
+        if not self.action_space.contains(int(np.asarray(action))):
+            raise ValueError(f"action={action!r} is outside {self.action_space} (0 = STOP, 1 = CONTINUE).")
+        limit = min(self.max_depth, engine.remaining - 1)
+        if int(np.asarray(action)) == CONTINUE and self._level < limit:
+            t0 = engine.clock()
+            if self._builder is None:
+                self._builder = engine.drafter.begin(engine.ids, self.config.width, engine.params, engine.generator)
+            grew = self._builder.step()
+            seconds = engine.clock() - t0
+            self._draft_seconds += seconds
+            if grew:
+                self._level += 1
+                reward = 0.0
+                if self.config.depth_shaping:
+                    reward, charged = self.rewards.draft_step(seconds)
+                    self._charged += charged
+                if self._level < limit:
+                    info = {"phase": "draft", "level": self._level, "step_seconds": seconds}
+                    return self._level_obs(), float(reward), False, False, info
+                return self._verify(reward)  # the last level's shaping term is paid with the round
+        return self._verify(0.0)
+
+    def _verify(self, step_shaping: float) -> tuple[np.ndarray, SupportsFloat, bool, bool, dict[str, Any]]:
+        from draftrl.decoding.tree import DraftTree
+
+        engine = self.engine
+        tree = self._builder.tree if self._builder is not None else DraftTree()
+        if self.size_policy is not None:
+            verify_size = int(self.size_policy(self._level_obs(), tree))
+        else:
+            verify_size = self.verify_size
+        rnd = engine.round_from_tree(tree, verify_size or None, draft_seconds=self._draft_seconds,
+                                     depth=self._level, width=self.config.width)
+        reward, info = self._finish_round(rnd, self._level, rnd.seconds - self._charged)
+        info["phase"] = "verify"
+        info["level"] = self._level
+        self._reset_round()
+        obs = self._level_obs()
+        return obs, float(reward + step_shaping), bool(rnd.finished), False, info

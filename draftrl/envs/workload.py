@@ -1,0 +1,110 @@
+"""Requests for the envs: which prompt each episode decodes, tokenised, with its token budget.
+
+An episode is one request. Prompts come from ``draftrl.prompts.load_prompts`` filtered by the
+config; a seeded reset draws a fresh permutation from the env's ``np_random`` and episodes walk
+through it (reshuffled after every pass), so a seed fixes the prompt order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from draftrl.envs.config import EnvConfig
+from draftrl.prompts import Prompt, load_prompts
+
+
+@dataclass
+class Request:
+    """One episode's prompt, tokenised."""
+
+    prompt: Prompt
+    prompt_ids: list[int]
+    max_new_tokens: int
+
+
+def select_prompts(config: EnvConfig) -> list[Prompt]:
+    """The config's prompt set; an empty selection is an error that names the filters."""
+    prompts = load_prompts(
+        config.prompts,
+        languages=config.languages,
+        tasks=config.tasks,
+        split=config.split,
+        limit_per_group=config.limit_per_group,
+    )
+    if not prompts:
+        raise ValueError(
+            f"no prompt matches languages={config.languages}, tasks={config.tasks}, split={config.split!r} "
+            f"in {config.prompts or 'the shipped set'}; widen the filters."
+        )
+    return prompts
+
+
+def budget(config: EnvConfig, prompt: Prompt) -> int:
+    """Tokens to generate for ``prompt``: the config's value, else the prompt's suggestion, capped."""
+    if config.max_new_tokens is not None:
+        return config.max_new_tokens
+    return min(prompt.max_new_tokens, config.max_new_tokens_cap)
+
+
+def encode(tokenizer, text: str, chat_template: bool) -> list[int]:
+    """Token ids of a user message, wrapped in the chat template if asked."""
+    if chat_template:
+        if not getattr(tokenizer, "chat_template", None):
+            raise ValueError("EnvConfig.chat_template=true needs a tokenizer with a chat template; set it to false.")
+        ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+        return [int(t) for t in ids]
+    return [int(t) for t in tokenizer(text, add_special_tokens=False)["input_ids"]]
+
+
+class Workload:
+    """Hands out one :class:`Request` per episode in a seeded order."""
+
+    def __init__(self, config: EnvConfig, tokenizer=None, prompts: list[Prompt] | None = None):
+        """``tokenizer`` may be None when only indices are needed (trace replay)."""
+        self.config = config
+        self.tokenizer = tokenizer
+        self.prompts = prompts if prompts is not None else select_prompts(config)
+        self._ids: dict[str, list[int]] = {}
+        self._order: list[int] = list(range(len(self.prompts)))
+        self._next = 0
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+    def restart(self, rng: np.random.Generator) -> None:
+        """A new pass in a fresh order drawn from ``rng`` (file order when ``shuffle`` is off)."""
+        self._order = rng.permutation(len(self.prompts)).tolist() if self.config.shuffle else list(
+            range(len(self.prompts))
+        )
+        self._next = 0
+
+    def next_index(self, rng: np.random.Generator) -> int:
+        """Index of the next prompt; starts a new pass (reshuffled with ``rng``) after the last one."""
+        if self._next >= len(self._order):
+            self.restart(rng)
+        index = self._order[self._next]
+        self._next += 1
+        return index
+
+    def next(self, rng: np.random.Generator) -> Request:
+        """The next request (see :meth:`next_index`)."""
+        return self.request(self.next_index(rng))
+
+    def request(self, index: int) -> Request:
+        """The request for prompt number ``index`` (file order of the selection)."""
+        if not 0 <= index < len(self.prompts):
+            raise ValueError(f"prompt index {index} is outside 0..{len(self.prompts) - 1} of the selected prompts.")
+        prompt = self.prompts[index]
+        if prompt.id not in self._ids:
+            self._ids[prompt.id] = encode(self.tokenizer, prompt.prompt, self.config.chat_template)
+        return Request(prompt, self._ids[prompt.id], budget(self.config, prompt))
+
+    def index_of(self, prompt_id: str) -> int:
+        for i, prompt in enumerate(self.prompts):
+            if prompt.id == prompt_id:
+                return i
+        raise ValueError(f"prompt id {prompt_id!r} is not among the {len(self.prompts)} selected prompts.")
