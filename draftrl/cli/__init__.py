@@ -15,6 +15,8 @@ COMMANDS: list[str] = [
     "generate",
     "selftest",
     "models",
+    "calibrate",
+    "collect",
 ]
 
 
