@@ -173,7 +173,7 @@ def calibrate(args: argparse.Namespace, progress=None):
     from draftrl.decoding.factory import build_drafter
     from draftrl.decoding.sampling import SamplingParams
     from draftrl.envs.costs import CostTable, hardware_info
-    from draftrl.models import load_model
+    from draftrl.envs.engines import shared_model
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -181,7 +181,7 @@ def calibrate(args: argparse.Namespace, progress=None):
         raise ValueError(f"--repeats={args.repeats} and --levels={args.levels} must be >= 1")
     started = time.perf_counter()
     rng = np.random.default_rng(args.seed)
-    target = load_model(args.target, dtype=args.dtype, device=args.device)
+    target = shared_model(args.target, args.dtype, args.device)
     drafter = build_drafter(args.drafter, target, dtype=args.dtype, device=args.device)
     num_tokens = tuple(sorted(set(args.num_tokens) | {1}))
     contexts = tuple(args.contexts)

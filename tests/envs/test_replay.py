@@ -1,0 +1,180 @@
+"""TraceReplay-v0 against the real engine, plus ``draftrl collect`` / ``draftrl calibrate``.
+
+The central test: for the same action sequence at temperature 0, the real SpecDecode-v0 (real
+SmolLM2, n-gram drafter) and the replay emit identical tokens every round, and see identical
+observations apart from the measured-cost features; the replay steps >= 100x faster.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from gymnasium.utils.env_checker import check_env as gym_check_env
+from stable_baselines3.common.env_checker import check_env as sb3_check_env
+
+import draftrl  # noqa: F401  registers the env ids
+from draftrl.cli import main
+from draftrl.envs.config import EnvConfig
+from draftrl.envs.costs import CostTable
+from draftrl.envs.engines import build_engine
+from draftrl.envs.replay import TraceReplayEnv
+from draftrl.envs.spec_decode import SpecDecodeEnv
+from draftrl.envs.traces import Traces, collect
+
+WORKLOAD = dict(languages=("en",), tasks=("code_edit",), limit_per_group=2, max_new_tokens=20, depths=(0, 1, 2, 4))
+ROUND_KEYS = ("token_ids", "tokens", "accepted", "num_drafted", "num_verified", "verified_depth", "stop_reason",
+              "token_stats", "depth", "verify_size")
+
+
+def table() -> CostTable:
+    return CostTable(
+        num_tokens=[1, 2, 4, 8, 16], context_lens=[64, 512],
+        verify_seconds=[[0.02, 0.021, 0.024, 0.03, 0.045], [0.025, 0.026, 0.03, 0.037, 0.055]],
+        draft_widths=[1, 2, 4], draft_level_seconds=[1e-4, 1.5e-4, 2e-4], draft_base_seconds=2e-4,
+        sample_base_seconds=1e-3, sample_token_seconds=2e-4, noise=0.05,
+    )
+
+
+@pytest.fixture(scope="module", params=[1, 2], ids=["chain", "tree"])
+def recorded(request, shared_smollm2, tmp_path_factory):
+    """(config, engine, tokenizer, trace dir) for width 1 (chain) and width 2 (trees, V in {all, 1, 3})."""
+    import torch
+
+    torch.set_num_threads(1)
+    width = request.param
+    config = EnvConfig(**WORKLOAD, width=width, verify_sizes=(0,) if width == 1 else (0, 1, 3), seed=0)
+    engine, tokenizer = build_engine(config, shared_smollm2)
+    directory = tmp_path_factory.mktemp(f"traces_w{width}")
+    collect(config, engine, tokenizer).save(directory)
+    table().save(directory / "cost_table.json")
+    return config, engine, tokenizer, directory
+
+
+def test_real_and_replay_agree_round_by_round(recorded):
+    config, engine, tokenizer, directory = recorded
+    real = SpecDecodeEnv(config, engine=engine, tokenizer=tokenizer, monitor=False)
+    replay = TraceReplayEnv(directory)
+    assert replay.feature_names == real.feature_names
+    compared = [i for i, name in enumerate(real.feature_names) if not name.startswith(("verify_cost", "draft_cost"))]
+    rng = np.random.default_rng(7)
+    real_seconds, rounds, num_tokens = 0.0, 0, 0
+    for prompt in replay.traces.prompts:
+        obs_real, info_real = real.reset(options={"prompt_id": prompt.id})
+        obs_replay, info_replay = replay.reset(options={"prompt_id": prompt.id})
+        assert info_real["num_prompt_tokens"] == info_replay["num_prompt_tokens"]
+        np.testing.assert_array_equal(obs_real[compared], obs_replay[compared])
+        done = False
+        while not done:
+            action = rng.integers(real.action_space.nvec)
+            t0 = time.perf_counter()
+            obs_real, _, done_real, _, info_real = real.step(action)
+            real_seconds += time.perf_counter() - t0
+            obs_replay, _, done, _, info_replay = replay.step(action)
+            for key in ROUND_KEYS:
+                assert info_real[key] == info_replay[key], (prompt.id, rounds, key, action)
+            assert done_real == done
+            np.testing.assert_array_equal(obs_real[compared], obs_replay[compared])
+            rounds += 1
+            num_tokens += info_real["tokens"]
+    assert num_tokens == 40 and rounds < num_tokens  # n-gram drafts got accepted somewhere
+
+    replay.reset(seed=0)
+    t0, steps = time.perf_counter(), 0
+    while steps < 2000:
+        _, _, done, _, _ = replay.step(replay.action_space.sample())
+        steps += 1
+        if done:
+            replay.reset()
+    replay_rate = steps / (time.perf_counter() - t0)
+    real_rate = rounds / real_seconds
+    assert replay_rate >= 100 * real_rate, f"replay {replay_rate:.0f} steps/s vs real {real_rate:.1f} steps/s"
+
+
+def test_replay_passes_the_checkers(recorded):
+    *_, directory = recorded
+    env = gym.make("draftrl/TraceReplay-v0", traces=str(directory), cost_noise=0.1)
+    gym_check_env(env.unwrapped)
+    sb3_check_env(env.unwrapped)
+
+
+def test_replay_is_reproducible_from_the_seed(recorded):
+    *_, directory = recorded
+
+    def episode(seed):
+        env = TraceReplayEnv(directory, cost_noise=0.1, reward="throughput")
+        env.action_space.seed(0)
+        _, info = env.reset(seed=seed)
+        rewards, done = [], False
+        while not done:
+            _, reward, done, _, _ = env.step(env.action_space.sample())
+            rewards.append(reward)
+        return info["prompt_id"], rewards
+
+    assert episode(3) == episode(3)
+    assert episode(3)[1] != episode(4)[1]
+
+
+def test_replay_seconds_come_from_the_cost_table(recorded):
+    *_, directory = recorded
+    env = TraceReplayEnv(directory)
+    _, info = env.reset(seed=0)
+    _, _, _, _, step = env.step(np.array([env.depths.index(2), 0]))
+    t = table()
+    ctx = info["num_prompt_tokens"] - 1
+    assert step["verify_seconds"] == pytest.approx(t.verify(1 + step["num_verified"], ctx))
+    assert step["draft_seconds"] == pytest.approx(t.draft(2, env.config.width))
+    assert step["sample_seconds"] == pytest.approx(t.sample(step["tokens"]))
+
+
+def test_traces_roundtrip(recorded):
+    config, *_, directory = recorded
+    traces = Traces.load(directory)
+    assert traces.config == config
+    assert traces.max_depth == 4 and traces.width == config.width and len(traces) == 2
+    assert traces.cu_num_positions[-1] == len(traces.continuation) == 40
+    assert traces.cu_num_nodes[-1] == len(traces.node_tokens) > 0
+    header = json.loads((directory / "trace.json").read_text())
+    assert header["hardware"]["torch"] and header["prompts"][0]["id"] == traces.prompts[0].id
+
+
+def test_replay_refuses_what_it_cannot_replay(recorded):
+    config, *_, directory = recorded
+    with pytest.raises(ValueError, match="width"):
+        TraceReplayEnv(directory, width=config.width + 1)
+    with pytest.raises(ValueError, match="hold trees of 4 levels"):
+        TraceReplayEnv(directory, depths=(0, 8))
+    with pytest.raises(ValueError, match="temperature=0.5 must be 0"):
+        TraceReplayEnv(directory, temperature=0.5)
+    with pytest.raises(ValueError, match="drafter='layerskip:4' differs"):
+        TraceReplayEnv(directory, drafter="layerskip:4")
+    traces = Traces.load(directory)
+    with pytest.raises(ValueError, match="draftrl calibrate"):
+        TraceReplayEnv(traces)  # no cost table anywhere
+    with pytest.raises(FileNotFoundError, match="draftrl collect"):
+        TraceReplayEnv(directory / "nothing")
+
+
+def test_collect_and_calibrate_commands(shared_smollm2, tmp_path, capsys):
+    costs = tmp_path / "costs.json"
+    assert main(["calibrate", "--num-tokens", "1,2,4", "--contexts", "32,64", "--widths", "1,2", "--levels", "2",
+                 "--repeats", "1", "--threads", "1", "--json", "--out", str(costs)]) == 0
+    out, err = capsys.readouterr()
+    printed = json.loads(out)
+    assert printed["g"]["32"][0] == 1.0 and "g(2)=" in err and "hardware=" in err
+    loaded = CostTable.load(costs)
+    assert loaded.meta["threads"] == 1 and loaded.meta["hardware"]["cpu"] and loaded.verify_seconds.shape == (2, 3)
+
+    out_dir = tmp_path / "traces"
+    assert main(["collect", "--config", "configs/tiny_cpu.yaml", "--out", str(out_dir), "--cost-table", str(costs),
+                 "--set", "env.limit_per_group=1", "--set", "env.tasks=[code_edit]", "--set", "env.max_new_tokens=6"]) == 0
+    assert "prompts=1 positions=6" in capsys.readouterr().out
+    env = gym.make("draftrl/TraceReplay-v0", traces=str(out_dir))  # finds the copied cost table
+    env.reset(seed=0)
+    assert env.unwrapped.depths == (0, 1, 2, 4)  # the config recorded with the traces
+
+    assert main(["collect", "--out", str(tmp_path / "x"), "--set", "env.depht=[0]"]) == 2
+    assert "did you mean 'env.depths'" in capsys.readouterr().err

@@ -1,0 +1,108 @@
+"""SpecDecode-v0 and SpecDecodeDepth-v0 on the real SmolLM2 engine (short: chat prompts, 8 tokens)."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from gymnasium.utils.env_checker import check_env as gym_check_env
+from stable_baselines3.common.env_checker import check_env as sb3_check_env
+
+import draftrl  # noqa: F401  registers the env ids
+from draftrl.decoding.engine import EngineConfig, SpeculativeDecoder
+from draftrl.decoding.generate import fixed_schedule, generate
+from draftrl.decoding.stats import TokenStats
+from draftrl.envs.config import EnvConfig
+from draftrl.envs.spec_decode_depth import CONTINUE, STOP
+
+SHORT = dict(languages=("en",), tasks=("chat",), limit_per_group=2, max_new_tokens=8, depths=(0, 1, 3))
+
+
+@pytest.fixture(scope="module")
+def model(shared_smollm2):
+    import torch
+
+    torch.set_num_threads(1)  # other tests and engineers share the CPU
+    return shared_smollm2
+
+
+def greedy_reference(model, env) -> list[int]:
+    """The target's plain greedy continuation of the env's current prompt (depth 0 every round)."""
+    engine = SpeculativeDecoder(model.model, None, EngineConfig(max_new_tokens=env.request.max_new_tokens),
+                                eos_token_ids=sorted(env.engine.eos_token_ids))
+    return generate(engine, env.request.prompt_ids, fixed_schedule(0)).token_ids
+
+
+def test_checkers_pass(model):
+    for env_id in ("draftrl/SpecDecode-v0", "draftrl/SpecDecodeDepth-v0"):
+        env = gym.make(env_id, config=EnvConfig(**{**SHORT, "max_new_tokens": 4}))
+        gym_check_env(env.unwrapped)
+        sb3_check_env(env.unwrapped)
+
+
+def test_any_actions_keep_greedy_output_and_report_the_round(model):
+    env = gym.make("draftrl/SpecDecode-v0", config=EnvConfig(**SHORT, width=2, verify_sizes=(0, 1, 2)))
+    rng = np.random.default_rng(0)
+    env.reset(seed=0)
+    tokens, done = [], False
+    while not done:
+        action = rng.integers(env.action_space.nvec)
+        _, reward, done, truncated, info = env.step(action)
+        tokens += info["token_ids"]
+        assert info["tokens"] == len(info["token_ids"]) >= 1 and isinstance(info["token_stats"], TokenStats)
+        assert info["depth"] == env.unwrapped.depths[action[0]]
+        assert info["verify_size"] == env.unwrapped.verify_sizes[action[1]]
+        assert info["seconds"] == pytest.approx(info["draft_seconds"] + info["verify_seconds"] + info["sample_seconds"])
+        assert info["exactness_passed"] is True  # the monitor runs by default
+        assert np.isfinite(reward) and not truncated
+    assert tokens == greedy_reference(model, env.unwrapped)
+
+
+def test_throughput_reward_and_monitor_flag(model):
+    env = gym.make("draftrl/SpecDecode-v0", config=EnvConfig(**SHORT, reward="throughput", monitor=False))
+    env.reset(seed=0)
+    _, reward, _, _, info = env.step(np.array([2, 0]))
+    assert reward == pytest.approx(info["tokens"] / info["seconds"])
+    assert info["exactness_passed"] is None
+
+
+def test_seed_reproduces_prompts_and_sampled_tokens(model):
+    config = EnvConfig(**SHORT, temperature=0.8, top_k=20)
+
+    def episode(seed):
+        env = gym.make("draftrl/SpecDecode-v0", config=config)
+        _, info = env.reset(seed=seed)
+        tokens, done = [], False
+        while not done:
+            _, _, done, _, step_info = env.step(np.array([2, 0]))
+            tokens += step_info["token_ids"]
+        return info["prompt_id"], info["sampling_seed"], tokens
+
+    assert episode(5) == episode(5)
+
+
+def test_depth_env_keeps_greedy_output_and_shaping_adds_up(model):
+    env = gym.make("draftrl/SpecDecodeDepth-v0", config=EnvConfig(**SHORT, rho=20.0, rho_rate=0.0, depth_shaping=True))
+    env.reset(seed=1)
+    rng = np.random.default_rng(1)
+    tokens, round_reward, done = [], 0.0, False
+    while not done:
+        _, reward, done, _, info = env.step(int(rng.integers(2)))
+        round_reward += reward
+        if info["phase"] == "verify":
+            tokens += info["token_ids"]
+            assert round_reward == pytest.approx(info["tokens"] - 20.0 * info["seconds"], abs=1e-9)
+            round_reward = 0.0
+    assert tokens == greedy_reference(model, env.unwrapped)
+
+
+def test_depth_env_continue_drafts_one_level(model):
+    env = gym.make("draftrl/SpecDecodeDepth-v0", config=EnvConfig(**SHORT, drafter="layerskip:6"))
+    obs, _ = env.reset(seed=0)
+    names = env.unwrapped.feature_names
+    assert obs[names.index("draft_top1_prob")] > 0  # a model drafter reports its confidence
+    obs, reward, _, _, info = env.step(CONTINUE)
+    assert info["phase"] == "draft" and obs[names.index("level")] == 1 and reward == 0.0
+    assert obs[names.index("level_num_nodes")] == 1 and 0 < obs[names.index("level_best_prob")] <= 1
+    _, _, _, _, info = env.step(STOP)
+    assert info["phase"] == "verify" and info["depth"] == 1 and info["num_verified"] == 1
