@@ -17,6 +17,10 @@ COMMANDS: list[str] = [
     "models",
     "calibrate",
     "collect",
+    "train",
+    "grid",
+    "eval",
+    "demo",
 ]
 
 

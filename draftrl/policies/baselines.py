@@ -299,13 +299,11 @@ def analytic_oracle_table(base: Any, iterations: int = 50) -> tuple[list[tuple[i
     :return: ``([regime] -> (depth, verify_size), rho)`` with ``rho`` in tokens per target step.
     """
     settings = [(d, v) for d in base.depths for v in base.verify_sizes]
-    # The env tabulates g(n) privately; n = num_verified(d, v), and n = 0 costs one target step.
-    verify_cost = np.asarray(base._verify_cost)  # [max_depth + 1]
     tokens = np.array(
         [[expected_tokens(a, base.num_verified(d, v)) for d, v in settings] for a in base.alphas]
     )  # [num_regimes, num_settings]
-    cost = np.array([verify_cost[base.num_verified(d, v)] + base.draft_cost * d for d, v in settings])  # [num_settings]
-    share = _stationary(getattr(base, "_transition", None), len(base.alphas))  # [num_regimes]
+    cost = np.array([sum(base.round_seconds(d, v)) for d, v in settings])  # [num_settings], target steps
+    share = _stationary(base.transition, len(base.alphas))  # [num_regimes]
     rho = 1.0
     for _ in range(iterations):
         best = np.argmax(tokens - rho * cost, axis=1)  # [num_regimes]

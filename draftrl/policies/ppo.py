@@ -63,7 +63,7 @@ def write_manifest(
 
 def _policy_paths(path: str | Path) -> tuple[Path, Path, Path]:
     path = Path(path)
-    directory = path if path.is_dir() else path.parent
+    directory = path.parent if path.suffix == ".zip" else path
     model = path if path.suffix == ".zip" else directory / POLICY_FILE
     return model, directory / VECNORMALIZE_FILE, directory / MANIFEST_FILE
 

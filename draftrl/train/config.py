@@ -1,0 +1,166 @@
+"""``TrainConfig``: every knob of a training run, with its default, in one dataclass tree.
+
+YAML files in ``configs/`` override only what differs (``draftrl.config.load_config`` refuses
+unknown keys); ``draftrl train --set ppo.learning_rate=1.0e-3`` overrides one key. The resolved
+config is saved in ``DIR/config.json`` and in ``train_summary.json``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+#: Recipes ``draftrl train`` can run: module ``draftrl.train.<recipe>`` with ``train(cfg, out, ...)``.
+RECIPES: tuple[str, ...] = ("ppo_size", "ppo_depth", "cotrain")
+#: Baselines evaluated next to the policy and every fixed setting (``draftrl.policies``).
+BASELINES: tuple[str, ...] = ("hf_heuristic", "confidence", "ucb_bandit", "oracle")
+WANDB_MODES: tuple[str, ...] = ("offline", "online", "disabled")
+
+
+@dataclass
+class EnvSpec:
+    """Which gymnasium env to build, and with what arguments."""
+
+    id: str = "draftrl/Analytic-v0"
+    """gymnasium id, e.g. draftrl/TraceReplay-v0, draftrl/Analytic-v0, draftrl/SpecDecode-v0."""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    """keyword arguments of gymnasium.make(id, ...)."""
+    eval_kwargs: dict[str, Any] = field(default_factory=dict)
+    """overrides of kwargs for the evaluation env (e.g. the held-out trace split)."""
+
+
+@dataclass
+class PPOConfig:
+    """stable-baselines3 PPO hyperparameters (names as in ``stable_baselines3.PPO``)."""
+
+    learning_rate: float = 3.0e-4
+    """Adam step size."""
+    n_steps: int = 256
+    """rollout length per env between updates."""
+    batch_size: int = 64
+    """minibatch size; must divide n_steps * n_envs."""
+    n_epochs: int = 10
+    """optimisation passes over each rollout."""
+    gamma: float = 0.95
+    """discount; rounds are nearly independent decisions, so a short horizon learns faster."""
+    gae_lambda: float = 0.95
+    """GAE lambda."""
+    clip_range: float = 0.2
+    """PPO ratio clip."""
+    ent_coef: float = 0.01
+    """entropy bonus; keeps exploring depths early."""
+    vf_coef: float = 0.5
+    """value-loss weight."""
+    max_grad_norm: float = 0.5
+    """gradient clip."""
+    net_arch: list[int] = field(default_factory=lambda: [64, 64])
+    """hidden layers of the policy and value MLPs."""
+    n_envs: int = 4
+    """parallel envs (DummyVecEnv, one process)."""
+    normalize_obs: bool = True
+    """VecNormalize observations; the statistics are saved with the policy."""
+    normalize_reward: bool = False
+    """VecNormalize rewards (training only)."""
+    device: str = "cpu"
+    """device of the policy network; MLP policies are fastest on the CPU, wherever the models run."""
+
+
+@dataclass
+class WandbConfig:
+    """Weights & Biases logging through SB3 callbacks; offline by default (``wandb sync DIR`` uploads)."""
+
+    mode: str = "offline"
+    """offline | online | disabled; the WANDB_MODE environment variable wins."""
+    project: str = "draftrl"
+    """wandb project."""
+    entity: str | None = None
+    """wandb team or user; None = your default."""
+    group: str | None = None
+    """groups runs in the UI (e.g. one sweep)."""
+    tags: list[str] = field(default_factory=list)
+    """free-form run tags."""
+
+
+@dataclass
+class TrainConfig:
+    """One training run: env, PPO, budget, evaluation and logging."""
+
+    recipe: str = "ppo_size"
+    """ppo_size (depth and verify size per round) | ppo_depth (CONTINUE/STOP) | cotrain (both, alternating)."""
+    env: EnvSpec = field(default_factory=EnvSpec)
+    """the training env (and its evaluation variant)."""
+    ppo: PPOConfig = field(default_factory=PPOConfig)
+    """PPO hyperparameters."""
+    total_timesteps: int = 50_000
+    """env steps of the main training phase (rounds, or draft steps for ppo_depth)."""
+    seed: int = 0
+    """seeds PPO, the training envs (seed + i for env i) and torch."""
+    finetune_real_timesteps: int = 0
+    """after the main phase, continue training on finetune_env for this many steps (0 = skip)."""
+    finetune_env: EnvSpec = field(default_factory=lambda: EnvSpec(id="draftrl/SpecDecode-v0"))
+    """the real env of the fine-tuning phase; must share the training env's grids and features."""
+    depth_env: EnvSpec = field(default_factory=lambda: EnvSpec(id="draftrl/SpecDecodeDepth-v0"))
+    """step-level env of the depth policy (ppo_depth, cotrain)."""
+    cotrain_rounds: int = 2
+    """cotrain: alternations (size with depth frozen, then depth with size frozen)."""
+    eval_episodes: int = 50
+    """episodes of the final evaluation (policy, every fixed setting, baselines: the same episodes)."""
+    eval_seed: int = 1_000_000
+    """seed of the first evaluation episode; far from training seeds."""
+    baselines: list[str] = field(default_factory=lambda: list(BASELINES))
+    """baselines evaluated besides the fixed grid: hf_heuristic, confidence, ucb_bandit, oracle."""
+    checkpoint_every: int = 10_000
+    """env steps between checkpoints (taken at the next rollout boundary); --resume restarts there."""
+    torch_threads: int = 1
+    """torch intra-op threads; 1 is fastest for small MLPs and fair to shared machines."""
+    progress_bar: bool = True
+    """SB3's rich/tqdm progress bar."""
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+    """logging."""
+
+    def __post_init__(self) -> None:
+        _check_numbers(self)
+        if self.recipe not in RECIPES:
+            raise ValueError(f"recipe={self.recipe!r} is not a recipe; choose one of {RECIPES}.")
+        for name in ("total_timesteps", "eval_episodes", "checkpoint_every", "torch_threads"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)!r} must be >= 1.")
+        if self.finetune_real_timesteps < 0 or self.cotrain_rounds < 1:
+            raise ValueError(
+                f"finetune_real_timesteps={self.finetune_real_timesteps!r} must be >= 0 and "
+                f"cotrain_rounds={self.cotrain_rounds!r} >= 1."
+            )
+        unknown = [b for b in self.baselines if b not in BASELINES]
+        if unknown:
+            raise ValueError(f"baselines {unknown} unknown; choose from {BASELINES}.")
+        if self.wandb.mode not in WANDB_MODES:
+            raise ValueError(f"wandb.mode={self.wandb.mode!r} must be one of {WANDB_MODES}.")
+        ppo = self.ppo
+        if ppo.n_envs < 1 or ppo.n_steps < 2 or ppo.batch_size < 2:
+            raise ValueError(f"ppo.n_envs={ppo.n_envs}, ppo.n_steps={ppo.n_steps}, ppo.batch_size={ppo.batch_size} are too small.")
+        if (ppo.n_steps * ppo.n_envs) % ppo.batch_size:
+            raise ValueError(
+                f"ppo.batch_size={ppo.batch_size} does not divide ppo.n_steps * ppo.n_envs = {ppo.n_steps * ppo.n_envs}; "
+                "pick a divisor so that no minibatch is truncated."
+            )
+
+    @property
+    def rollout_size(self) -> int:
+        """Env steps per PPO update (computed in runtime): n_steps * n_envs."""
+        return self.ppo.n_steps * self.ppo.n_envs
+
+
+def _check_numbers(obj: Any, prefix: str = "") -> None:
+    """Reject strings where numbers belong: YAML reads ``1e-4`` as a string (write ``1.0e-4``)."""
+    hints = typing.get_type_hints(type(obj))
+    for f in dataclasses.fields(obj):
+        value, hint = getattr(obj, f.name), hints[f.name]
+        if dataclasses.is_dataclass(value):
+            _check_numbers(value, f"{prefix}{f.name}.")
+        elif hint in (float, int) and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            fix = " (YAML reads 1e-4 as text: write 1.0e-4)" if isinstance(value, str) else ""
+            raise ValueError(f"config key '{prefix}{f.name}' has value {value!r}, expected a number{fix}")
+        elif hint is int and isinstance(value, float):
+            raise ValueError(f"config key '{prefix}{f.name}' has value {value!r}, expected an integer")

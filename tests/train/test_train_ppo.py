@@ -1,0 +1,240 @@
+"""Training recipes: PPO beats grid search on the analytic regime workload; resume; configs; CLI.
+
+Every test here runs with ``WANDB_MODE=disabled`` (``.ci/run`` sets it too) except the one that
+checks the offline run directory.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from stable_baselines3.common.callbacks import BaseCallback
+
+import draftrl  # noqa: F401  registers the env ids
+from draftrl.cli import main
+from draftrl.config import load_config
+from draftrl.policies import ConfidenceThreshold, PPOPolicy, evaluate_policy_on_env, paired_difference
+from draftrl.train import ppo_size
+from draftrl.train.config import TrainConfig
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+ANALYTIC = CONFIGS / "analytic_regimes.yaml"
+
+
+@pytest.fixture(autouse=True)
+def _no_wandb(monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+
+
+def tiny(*overrides: str) -> TrainConfig:
+    """The analytic config shrunk to seconds: 1,024 steps in rollouts of 256, few eval episodes."""
+    return load_config(
+        TrainConfig,
+        ANALYTIC,
+        [
+            "total_timesteps=1024",
+            "ppo.n_steps=64",
+            "ppo.batch_size=64",
+            "checkpoint_every=256",
+            "eval_episodes=3",
+            "baselines=[hf_heuristic]",
+            "progress_bar=false",
+            *overrides,
+        ],
+    )
+
+
+# ----------------------------------------------------------------------------- the headline
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """PPO trained on the regime-switching analytic workload (alphas 0.9 / 0.2, draft_cost 0.1)."""
+    cfg = load_config(
+        TrainConfig, ANALYTIC, ["total_timesteps=12288", "eval_episodes=60", "progress_bar=false", "seed=0"]
+    )
+    out = tmp_path_factory.mktemp("analytic")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("WANDB_MODE", "disabled")
+        return out, ppo_size.train(cfg, out)
+
+
+def test_ppo_beats_every_fixed_depth_beyond_noise(trained):
+    out, summary = trained
+    evaluation = summary["evaluation"]
+    results = evaluation["results"]
+    ppo = results["ppo"]
+    fixed = {name: res for name, res in results.items() if name.startswith("fixed")}
+    assert len(fixed) == 13  # every depth 0..12 on the same 60 episodes
+    for name, res in fixed.items():
+        diff = paired_difference(ppo["episode_throughputs"], res["episode_throughputs"])
+        assert diff["mean"] > 3 * diff["se"], (name, diff)
+    best = fixed[evaluation["best_fixed"]]
+    assert ppo["throughput"] > 1.1 * best["throughput"]
+    # the oracle is the upper bound, and PPO captures most of its gain over grid search
+    oracle = results["oracle"]
+    diff = paired_difference(oracle["episode_throughputs"], ppo["episode_throughputs"])
+    assert diff["mean"] > -2 * diff["se"]
+    assert evaluation["oracle_gain_captured"] > 0.5
+    # it adapts: at least two depths, far apart, each chosen in more than 10% of the rounds
+    common = [d for d, n in ppo["depth_histogram"].items() if n > 0.1 * ppo["num_rounds"]]
+    assert len(common) >= 2 and max(common) - min(common) >= 4, ppo["depth_histogram"]
+
+
+def test_train_writes_policy_summary_and_checkpoints(trained):
+    out, summary = trained
+    for name in ("policy.zip", "vecnormalize.pkl", "policy.json", "train_summary.json", "config.json", "run_state.json"):
+        assert (out / name).is_file(), name
+    on_disk = json.loads((out / "train_summary.json").read_text())
+    assert on_disk["run_id"] == summary["run_id"]
+    assert on_disk["config"]["total_timesteps"] == 12288 and on_disk["seeds"]["train"] == 0
+    assert set(on_disk["versions"]) >= {"draftrl", "torch", "stable_baselines3", "gymnasium"}
+    assert on_disk["wall_seconds"]["training"] > 0
+    assert on_disk["num_timesteps"] == 12288
+    assert on_disk["evaluation"]["best_fixed"].startswith("fixed(")
+    steps = sorted(int(p.name.split("_")[1]) for p in (out / "checkpoints").glob("ppo_*_steps.zip"))
+    assert steps[-1] == 12288 and len(steps) >= 2
+    assert (out / "checkpoints" / "ppo_vecnormalize_12288_steps.pkl").is_file()
+    assert list((out / "logs").glob("progress_*.csv"))
+
+
+def test_ppo_policy_reads_features_by_name(trained):
+    """The saved policy acts the same on an env whose features come in another order."""
+    out, _ = trained
+    env = gym.make("draftrl/Analytic-v0", regimes=(0.9, 0.2), draft_cost=0.1, signal_noise=0.15, regime_switch=0.1)
+    policy = PPOPolicy.load(out, env)
+    order = np.array([5, 3, 0, 1, 4, 2])
+    names = tuple(env.unwrapped.feature_names[i] for i in order)
+    shuffled = PPOPolicy.load(out)
+    shuffled = PPOPolicy(shuffled.model, shuffled.manifest, names, shuffled.obs_normalizer)
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        obs = env.observation_space.sample().astype(np.float32)
+        obs[0] = rng.integers(0, 14)
+        assert policy.act(obs) == shuffled.act(obs[order])
+    with pytest.raises(ValueError, match="draft_confidence"):
+        PPOPolicy(shuffled.model, shuffled.manifest, names[1:])
+
+
+def test_ppo_policy_refuses_another_grid(trained):
+    out, _ = trained
+    with pytest.raises(ValueError, match="trained for depths"):
+        PPOPolicy.load(out, gym.make("draftrl/Analytic-v0", depths=(0, 2, 4)))
+    with pytest.raises(FileNotFoundError, match="policy.zip"):
+        PPOPolicy.load(out / "nowhere")
+    with pytest.raises(ValueError, match="'size' policy"):
+        PPOPolicy.load(out).act_step(np.zeros(6, dtype=np.float32))
+
+
+# ----------------------------------------------------------------------------- resume
+class StopAt(BaseCallback):
+    """Stops the session once ``num_timesteps`` reaches ``steps`` (a simulated interruption)."""
+
+    def __init__(self, steps: int):
+        super().__init__()
+        self.steps = steps
+
+    def _on_step(self) -> bool:
+        return self.num_timesteps < self.steps
+
+
+def test_resume_continues_the_same_run(tmp_path):
+    cfg = tiny()
+    assert ppo_size.train(cfg, tmp_path, callbacks=[StopAt(600)]) is None  # interrupted mid-rollout
+    state = json.loads((tmp_path / "run_state.json").read_text())
+    assert state["num_timesteps"] == 512 and not state["completed"]  # last checkpoint: a rollout boundary
+    assert not (tmp_path / "policy.zip").exists()
+    with pytest.raises(ValueError, match="--resume"):
+        ppo_size.train(cfg, tmp_path)  # a fresh run refuses a directory holding one
+    summary = ppo_size.train(cfg, tmp_path, resume=True)
+    assert summary["num_timesteps"] == 1024  # exactly the configured total, nothing lost or repeated
+    assert summary["run_id"] == state["run_id"] and summary["sessions"] == 2
+    assert sorted(p.name for p in (tmp_path / "logs").glob("*.csv")) == ["progress_0.csv", "progress_512.csv"]
+    fresh = ppo_size.train(cfg, tmp_path / "fresh")
+    assert fresh["num_timesteps"] == summary["num_timesteps"]
+
+
+def test_resume_refuses_a_changed_config(tmp_path):
+    ppo_size.train(tiny(), tmp_path, callbacks=[StopAt(300)])
+    with pytest.raises(ValueError, match="ppo.learning_rate"):
+        ppo_size.train(tiny("ppo.learning_rate=0.01"), tmp_path, resume=True)
+    with pytest.raises(FileNotFoundError, match="nothing to resume"):
+        ppo_size.train(tiny(), tmp_path / "empty", resume=True)
+
+
+def test_resume_can_extend_a_finished_run(tmp_path):
+    ppo_size.train(tiny(), tmp_path)
+    summary = ppo_size.train(tiny("total_timesteps=1536"), tmp_path, resume=True)
+    assert summary["num_timesteps"] == 1536 and summary["sessions"] == 2
+
+
+# ----------------------------------------------------------------------------- configs and CLI
+def test_mistyped_config_key_fails_with_one_line(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("ppo:\n  learnig_rate: 0.001\n")
+    with pytest.raises(ValueError, match=r"unknown config key 'ppo.learnig_rate'; did you mean 'ppo.learning_rate'"):
+        load_config(TrainConfig, bad)
+    assert main(["train", "--config", str(bad), "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "ppo.learnig_rate" in err
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("ppo.learning_rate=1e-4", "YAML reads 1e-4 as text"),
+        ("total_timesteps=many", "total_timesteps"),
+        ("recipe=sac", "recipe='sac'"),
+        ("ppo.batch_size=100", "does not divide"),
+        ("baselines=[oracle, magic]", "magic"),
+        ("wandb.mode=cloud", "wandb.mode"),
+    ],
+)
+def test_config_values_are_validated(override, message):
+    with pytest.raises(ValueError, match=message):
+        load_config(TrainConfig, ANALYTIC, [override])
+
+
+TRAIN_CONFIGS = ("analytic_regimes.yaml",)
+
+
+@pytest.mark.parametrize("name", TRAIN_CONFIGS)
+def test_shipped_configs_load(name):
+    cfg = load_config(TrainConfig, CONFIGS / name)
+    assert cfg.env.id.startswith("draftrl/")
+
+
+def test_cli_smoke_end_to_end(tmp_path, capsys):
+    """CleanRL-style: the real command on the analytic config for a few hundred steps."""
+    out = tmp_path / "run"
+    argv = ["train", "--config", str(ANALYTIC), "--out", str(out), "--set", "total_timesteps=256",
+            "--set", "ppo.n_steps=64", "--set", "eval_episodes=2", "--set", "progress_bar=false"]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "<- best fixed" in printed and "ppo" in printed
+    summary = json.loads((out / "train_summary.json").read_text())
+    assert summary["num_timesteps"] == 256
+    assert {"ppo", "hf_heuristic", "confidence(t=0.35)", "ucb_bandit", "oracle"} <= set(summary["evaluation"]["table"])
+    assert main(argv) == 2  # the directory now holds a run
+    assert "--resume" in capsys.readouterr().err
+
+
+def test_wandb_offline_run_directory_is_written(tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    summary = ppo_size.train(tiny("total_timesteps=256"), tmp_path / "run")
+    runs = list((tmp_path / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1 and runs[0].name.endswith(summary["run_id"])
+    assert list(runs[0].glob("run-*.wandb"))
+
+
+def test_baselines_and_ppo_share_episodes(trained):
+    out, summary = trained
+    env = gym.make("draftrl/Analytic-v0", regimes=(0.9, 0.2), draft_cost=0.1, signal_noise=0.15, regime_switch=0.1)
+    again = evaluate_policy_on_env(ConfidenceThreshold.for_env(env), env, 60, summary["evaluation"]["seed"])
+    assert again == summary["evaluation"]["results"]["confidence(t=0.35)"]
