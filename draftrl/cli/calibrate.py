@@ -224,7 +224,7 @@ def g_lines(table) -> list[str]:
     """One printed line per context length: g(V) = cost(V) / cost(1)."""
     from draftrl.envs.costs import hardware_name
 
-    hw = hardware_name(table.meta.get("hardware", {}))
+    hw = f"{hardware_name(table.meta.get('hardware', {}))}  threads={table.meta.get('threads')}"
     lines = []
     for c, row in zip(table.context_lens, table.verify_seconds):
         cells = "  ".join(f"g({int(n)})={s / row[0]:.2f}" for n, s in zip(table.num_tokens, row))

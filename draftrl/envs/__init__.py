@@ -37,3 +37,9 @@ register(
     entry_point="draftrl.envs.replay:TraceReplayEnv",
     max_episode_steps=1024,
 )
+# Per-level CONTINUE/STOP on recorded traces (SpecDecodeDepth-v0 at replay speed).
+register(
+    id="draftrl/TraceReplayDepth-v0",
+    entry_point="draftrl.envs.replay_depth:TraceReplayDepthEnv",
+    max_episode_steps=16384,
+)

@@ -189,7 +189,5 @@ def hardware_info(device: str = "cpu") -> dict:
 
 
 def hardware_name(info: dict) -> str:
-    """One short label for printed lines: the GPU if any, else the CPU and thread count."""
-    if info.get("gpu"):
-        return str(info["gpu"]).replace(" ", "_")
-    return f"{str(info.get('cpu', 'cpu')).replace(' ', '_')}x{info.get('threads')}threads"
+    """One short label for printed lines: the GPU if any, else the CPU model (spaces as _)."""
+    return str(info.get("gpu") or info.get("cpu") or "unknown").replace(" ", "_")

@@ -228,20 +228,33 @@ class TraceReplayEnv(gym.Env[np.ndarray, np.ndarray]):
         return math.exp(sigma * float(self.np_random.standard_normal()) - 0.5 * sigma * sigma)
 
     def step(self, action) -> tuple[np.ndarray, SupportsFloat, bool, bool, dict[str, Any]]:
-        if self._prompt < 0 or self._finished:
-            raise RuntimeError("step() called before reset() or after the episode ended; call reset().")
+        self._check_running()
         action = np.asarray(action)
         if action.shape != (2,) or not self.action_space.contains(action.astype(self.action_space.dtype)):
             raise ValueError(f"action={action!r} is outside {self.action_space}.")
         depth = self.depths[int(action[0])]
         verify_size = self.verify_sizes[int(action[1])]
+        levels = min(depth, self._budget - self._t - 1) if self._has_drafter else 0
+        draft_seconds = self.cost_table.draft(levels, self.config.width) * self._noise() if self._has_drafter else 0.0
+        return self._play_round(depth, verify_size, levels, draft_seconds)
+
+    def _check_running(self) -> None:
+        if self._prompt < 0 or self._finished:
+            raise RuntimeError("step() called before reset() or after the episode ended; call reset().")
+
+    def _nodes(self) -> tuple[int, int]:
+        """[lo, hi) node range of the tree recorded at the current position."""
+        pos = self._cu_pos[self._prompt] + self._t
+        return self._cu_nodes[pos], self._cu_nodes[pos + 1]
+
+    def _play_round(self, depth: int, verify_size: int, levels: int, draft_seconds: float,
+                    charged: float = 0.0) -> tuple[np.ndarray, SupportsFloat, bool, bool, dict[str, Any]]:
+        """Replay one round drafting ``levels`` levels; the reward leaves out ``charged`` seconds
+        (already paid by per-level shaping)."""
         t, cont = self._t, self._cont
         start = self._cu_pos[self._prompt]
-        remaining = self._budget - t
-        levels = min(depth, remaining - 1) if self._has_drafter else 0
-
         # the draft tree: nodes of depth <= levels are a prefix of the recorded node list
-        lo, hi = self._cu_nodes[start + t], self._cu_nodes[start + t + 1]
+        lo, hi = self._nodes()
         n = lo
         dep = self._dep
         while n < hi and dep[n] <= levels:
@@ -283,13 +296,12 @@ class TraceReplayEnv(gym.Env[np.ndarray, np.ndarray]):
             stop_reason = "eos" if eos else "length"
 
         table, ctx = self.cost_table, self._num_prompt_tokens + t - 1
-        draft_seconds = table.draft(levels, self.config.width) * self._noise() if self._has_drafter else 0.0
         verify_seconds = table.verify(1 + num_verified, ctx) * self._noise()
         sample_seconds = table.sample(num_emitted) * self._noise()
         summary = RoundSummary(num_emitted, num_accepted, num_verified, verified_depth, levels,
                                draft_seconds, verify_seconds, sample_seconds)
         self.features.observe_round(summary)
-        reward = self.rewards(num_emitted, summary.seconds)
+        reward = self.rewards(num_emitted, summary.seconds - charged)
 
         drafted = np.zeros(num_emitted, dtype=bool)
         drafted[:num_accepted] = True

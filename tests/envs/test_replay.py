@@ -22,7 +22,9 @@ from draftrl.envs.config import EnvConfig
 from draftrl.envs.costs import CostTable
 from draftrl.envs.engines import build_engine
 from draftrl.envs.replay import TraceReplayEnv
+from draftrl.envs.replay_depth import TraceReplayDepthEnv
 from draftrl.envs.spec_decode import SpecDecodeEnv
+from draftrl.envs.spec_decode_depth import SpecDecodeDepthEnv
 from draftrl.envs.traces import Traces, collect
 
 WORKLOAD = dict(languages=("en",), tasks=("code_edit",), limit_per_group=2, max_new_tokens=20, depths=(0, 1, 2, 4))
@@ -178,3 +180,32 @@ def test_collect_and_calibrate_commands(shared_smollm2, tmp_path, capsys):
 
     assert main(["collect", "--out", str(tmp_path / "x"), "--set", "env.depht=[0]"]) == 2
     assert "did you mean 'env.depths'" in capsys.readouterr().err
+
+
+def test_real_and_replay_depth_envs_agree(recorded):
+    config, engine, tokenizer, directory = recorded
+    real = SpecDecodeDepthEnv(config, engine=engine, tokenizer=tokenizer, monitor=False)
+    replay = TraceReplayDepthEnv(directory)
+    assert replay.feature_names == real.feature_names
+    compared = [i for i, name in enumerate(real.feature_names) if not name.startswith(("verify_cost", "draft_cost"))]
+    rng = np.random.default_rng(11)
+    num_tokens = 0
+    for prompt in replay.traces.prompts:
+        obs_real, _ = real.reset(options={"prompt_id": prompt.id})
+        obs_replay, _ = replay.reset(options={"prompt_id": prompt.id})
+        done = False
+        while not done:
+            np.testing.assert_array_equal(obs_real[compared], obs_replay[compared])
+            action = int(rng.random() < 0.7)  # CONTINUE more often than STOP
+            obs_real, _, done_real, _, info_real = real.step(action)
+            obs_replay, _, done, _, info_replay = replay.step(action)
+            assert info_real["phase"] == info_replay["phase"] and info_real["level"] == info_replay["level"]
+            if info_real["phase"] == "verify":
+                for key in ROUND_KEYS:
+                    assert info_real[key] == info_replay[key], (prompt.id, key)
+                num_tokens += info_real["tokens"]
+            assert done_real == done
+    assert num_tokens == 40
+    env = gym.make("draftrl/TraceReplayDepth-v0", traces=str(directory), depth_shaping=True)
+    gym_check_env(env.unwrapped)
+    sb3_check_env(env.unwrapped)
