@@ -106,3 +106,21 @@ def test_depth_env_continue_drafts_one_level(model):
     assert obs[names.index("level_num_nodes")] == 1 and 0 < obs[names.index("level_best_prob")] <= 1
     _, _, _, _, info = env.step(STOP)
     assert info["phase"] == "verify" and info["depth"] == 1 and info["num_verified"] == 1
+
+
+def test_vectorised_envs_share_one_model(model):
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    config = EnvConfig(**{**SHORT, "max_new_tokens": 3})
+    venv = DummyVecEnv([lambda: gym.make("draftrl/SpecDecode-v0", config=config) for _ in range(2)])
+    first, second = (env.unwrapped for env in venv.envs)
+    assert first.engine.target is second.engine.target is model.model  # one copy of the weights
+    assert first.engine is not second.engine  # each env owns its request state and KV cache
+    venv.seed(0)
+    assert venv.reset().shape == (2, len(first.feature_names))
+    _, rewards, _, infos = venv.step(np.array([[1, 0], [2, 0]]))
+    assert rewards.shape == (2,) and all(info["tokens"] >= 1 for info in infos)
+    sync = gym.vector.SyncVectorEnv([lambda: gym.make("draftrl/SpecDecode-v0", config=config) for _ in range(2)])
+    obs, _ = sync.reset(seed=0)
+    assert obs.shape == (2, len(first.feature_names))
+    assert sync.envs[0].unwrapped.engine.target is model.model
