@@ -44,15 +44,18 @@ def accept_tree(
     params: SamplingParams,
     generator: torch.Generator | None,
     sampler: str = "correct",
+    probs: torch.Tensor | None = None,  # [1 + len(tree), V]: logits_to_probs(logits), if already computed
 ) -> Acceptance:
     """Descend from the root while a child is accepted; see the module docstring."""
+    if params.greedy:
+        return _accept_greedy(tree, logits)
     kids = tree.children()
     tokens: list[int] = []
     accepted: list[int] = []
     rows: list[tuple] = []  # (p_token, mass_before, entropy, drafted, agree, agree_expected)
     node = -1
     while True:
-        p = logits_to_probs(logits[node + 1].float().cpu(), params)
+        p = probs[node + 1] if probs is not None else logits_to_probs(logits[node + 1].float().cpu(), params)
         children = kids.get(node, [])
         if not children:
             y = int(torch.multinomial(p, 1, generator=generator))
@@ -70,6 +73,30 @@ def accept_tree(
         if index < 0:
             break
         node = children[index]
+        accepted.append(node)
+    return Acceptance(tokens, accepted, _stats(tokens, rows))
+
+
+def _accept_greedy(tree: DraftTree, logits: torch.Tensor) -> Acceptance:
+    """Temperature 0: p is one-hot at the argmax (lowest id on ties, as ``logits_to_probs``), so
+    every rule above reduces to "descend while the argmax is a child". One argmax for all rows;
+    every statistic is then known without touching the vocabulary again."""
+    best = logits.argmax(dim=-1).tolist()
+    kids = tree.children()
+    tokens: list[int] = []
+    accepted: list[int] = []
+    rows: list[tuple] = []
+    node = -1
+    while True:
+        y = best[node + 1]
+        children = kids.get(node, [])
+        child = next((c for c in children if tree.tokens[c] == y), None)
+        agree = float(child is not None)
+        rows.append((1.0, 0.0, 0.0, bool(children), agree, agree))
+        tokens.append(y)
+        if child is None:
+            break
+        node = child
         accepted.append(node)
     return Acceptance(tokens, accepted, _stats(tokens, rows))
 

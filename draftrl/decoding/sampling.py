@@ -539,5 +539,11 @@ def token_stats(p: Tensor, token: int) -> tuple[float, float, float]:
     :return: (p(token); mass of the tokens ranked strictly before it by decreasing p, ties by
         ascending id; entropy of p in nats).
     """
-    p_token, mass_before, entropy = token_stats_batch(p.unsqueeze(0), torch.tensor([token], device=p.device))
+    token_index = torch.tensor([token], device=p.device)
+    support = torch.nonzero(p).flatten()
+    if support.numel() < p.numel() and bool((support == token).any()):
+        # top-k / top-p rows: the zero-probability tokens change none of the three values
+        token_index = torch.searchsorted(support, token_index)
+        p = p[support]
+    p_token, mass_before, entropy = token_stats_batch(p.unsqueeze(0), token_index)
     return float(p_token[0]), float(mass_before[0]), float(entropy[0])
