@@ -106,7 +106,23 @@ def measure_verify(model, stream: list[int], num_tokens, contexts, repeats: int,
     return seconds, float(np.median(spread))
 
 
-def measure_draft(drafter, ids: list[int], widths, levels: int, repeats: int, rng) -> tuple:
+def synchronised_clock(device: str):
+    """perf_counter after synchronising ``device`` (GPU work is counted where it happens)."""
+    import time
+
+    import torch
+
+    if not device.startswith("cuda"):
+        return time.perf_counter
+
+    def clock() -> float:
+        torch.cuda.synchronize(torch.device(device))
+        return time.perf_counter()
+
+    return clock
+
+
+def measure_draft(drafter, ids: list[int], widths, levels: int, repeats: int, rng, clock) -> tuple:
     """(per-round base seconds, per-level seconds [W]) of ``drafter`` after ``ids``."""
     import numpy as np
 
@@ -114,8 +130,6 @@ def measure_draft(drafter, ids: list[int], widths, levels: int, repeats: int, rn
 
     if drafter is None:
         return 0.0, np.zeros(len(widths))
-    import time
-
     drafter.reset(ids)
     drafter.features(ids)  # fill a model drafter's cache once (not a per-round cost)
     base, per_level = [], {w: [[] for _ in range(levels)] for w in widths}
@@ -123,23 +137,22 @@ def measure_draft(drafter, ids: list[int], widths, levels: int, repeats: int, rn
         for k in rng.permutation(len(widths)):
             width = widths[k]
             drafter.rewind(len(ids))  # forget the root: features() catches up one token, as after a round
-            t0 = time.perf_counter()
+            t0 = clock()
             drafter.features(ids)
-            base.append(time.perf_counter() - t0)
+            base.append(clock() - t0)
             builder = drafter.begin(ids, width, SamplingParams(), None)
             for level in range(levels):
-                t0 = time.perf_counter()
+                t0 = clock()
                 builder.step()
-                per_level[width][level].append(time.perf_counter() - t0)
+                per_level[width][level].append(clock() - t0)
             drafter.commit(ids, [])
     level_seconds = [float(np.mean([np.median(s) for s in per_level[w]])) for w in widths]
     return float(np.median(base)), np.array(level_seconds)
 
 
-def measure_sample(vocab: int, params, repeats: int) -> tuple[float, float]:
-    """(base, per-token) seconds of ``accept_tree`` on chains whose every node is accepted."""
-    import time
-
+def measure_sample(vocab: int, params, repeats: int, device: str, clock) -> tuple[float, float]:
+    """(base, per-token) seconds of ``accept_tree`` on chains whose every node is accepted
+    (logits on ``device``, as the engine's are)."""
     import numpy as np
     import torch
 
@@ -153,12 +166,13 @@ def measure_sample(vocab: int, params, repeats: int) -> tuple[float, float]:
         logits = torch.randn(1 + n, vocab, generator=generator)
         for row, token in enumerate(tokens + [0]):
             logits[row, token] += 50.0  # the next chain token (or the bonus token 0) wins
+        logits = logits.to(device)
         accept_tree(tree, logits, params, generator)
         for _ in range(repeats):
-            t0 = time.perf_counter()
+            t0 = clock()
             accept_tree(tree, logits, params, generator)
             xs.append(n + 1)
-            ys.append(time.perf_counter() - t0)
+            ys.append(clock() - t0)
     slope, intercept = np.polyfit(np.array(xs, dtype=float), np.array(ys), 1)
     return float(max(intercept, 0.0)), float(max(slope, 0.0))
 
@@ -191,9 +205,11 @@ def calibrate(args: argparse.Namespace, progress=None):
         if progress:
             progress(f"verify done in {time.perf_counter() - started:.0f}s")
         mid = contexts[len(contexts) // 2]
-        base, levels = measure_draft(drafter, stream[:mid], args.widths, args.levels, args.repeats, rng)
+        clock = synchronised_clock(args.device)
+        base, levels = measure_draft(drafter, stream[:mid], args.widths, args.levels, args.repeats, rng, clock)
         sample_base, sample_token = measure_sample(
-            target.model.config.vocab_size, SamplingParams(temperature=args.temperature), max(3, args.repeats)
+            target.model.config.vocab_size, SamplingParams(temperature=args.temperature), max(3, args.repeats),
+            args.device, clock,
         )
     meta = {
         "hardware": hardware_info(args.device),

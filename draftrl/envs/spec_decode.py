@@ -162,7 +162,7 @@ class SpecDecodeEnv(EngineEpisodes):
 
     ## Observation Space
 
-    ``Box(float32, shape=(25,))`` for ``history=4`` (``4 + history + 17`` in general), names in
+    ``Box(float32, shape=(25,))`` for ``history=4`` (``21 + history`` in general), names in
     ``env.unwrapped.feature_names``. Every entry is known before the target verifies the round.
 
     | Num   | Observation            | Min | Max  | Meaning |
