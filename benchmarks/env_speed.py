@@ -51,14 +51,13 @@ def main() -> None:
     import torch
 
     from draftrl.cli.calibrate import calibrate
-    from draftrl.cli.collect import CollectConfig
-    from draftrl.config import load_config
+    from draftrl.envs.config import load_env_config
     from draftrl.envs.costs import hardware_info, hardware_name
     from draftrl.envs.engines import build_engine
     from draftrl.envs.traces import collect
 
     torch.set_num_threads(args.threads)
-    config = load_config(CollectConfig, args.config).env
+    config = load_env_config(args.config)
     hardware = hardware_name(hardware_info(config.device))
     work = Path(tempfile.mkdtemp(prefix="env_speed_"))
     cost_table = args.cost_table

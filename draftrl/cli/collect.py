@@ -14,23 +14,13 @@ from __future__ import annotations
 import argparse
 import shutil
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
-
-from draftrl.envs.config import EnvConfig
-
-
-@dataclass
-class CollectConfig:
-    """What ``draftrl collect --config`` reads."""
-
-    env: EnvConfig = field(default_factory=EnvConfig)
-    """the workload, models and action grid (traces hold max(env.depths) levels of env.width)"""
 
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("collect", help="record greedy draft/target traces for TraceReplay-v0")
-    p.add_argument("--config", default=None, help="YAML with an env: section (default: EnvConfig defaults)")
+    p.add_argument("--config", default=None,
+                   help="YAML with an env: section (other sections are ignored; default: EnvConfig defaults)")
     p.add_argument("--out", required=True, help="directory for trace.npz, trace.json (and cost_table.json)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key, e.g. --set env.max_new_tokens=32 (repeatable)")
@@ -42,14 +32,14 @@ def add_parser(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from draftrl.config import load_config
+    from draftrl.envs.config import load_env_config
     from draftrl.envs.costs import CostTable
     from draftrl.envs.engines import build_engine
     from draftrl.envs.traces import collect
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    config = load_config(CollectConfig, args.config, args.set).env
+    config = load_env_config(args.config, args.set)
     table = CostTable.load(args.cost_table) if args.cost_table else None  # fail before decoding anything
     engine, tokenizer = build_engine(config)
 

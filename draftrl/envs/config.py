@@ -163,3 +163,30 @@ def resolve_config(config: EnvConfig | dict | None, overrides: dict[str, Any]) -
             merged[key] = value
         config = EnvConfig(**merged)
     return config
+
+
+def load_env_config(path: str | None = None, overrides: list[str] | None = None) -> EnvConfig:
+    """The ``env:`` section of a YAML config, then ``env.key=value`` overrides (``--set``).
+
+    Other top-level sections belong to other commands and are left alone, so one file (e.g.
+    ``configs/eval_tiny_cpu.yaml``) drives ``draftrl collect`` as well as the commands that own
+    its other sections; the ``env`` section itself is strict (unknown keys fail).
+    """
+    from pathlib import Path
+
+    import yaml
+
+    data: dict[str, Any] = {}
+    if path is not None:
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"config file {path} does not exist; pass a file from configs/")
+        loaded = yaml.safe_load(Path(path).read_text()) or {}
+        if not isinstance(loaded, dict) or not isinstance(loaded.get("env") or {}, dict):
+            raise ValueError(f"config file {path} must be a mapping with an env: section")
+        data = dict(loaded.get("env") or {})
+    for item in overrides or []:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip().startswith("env.") or key.count(".") != 1:
+            raise ValueError(f"--set {item!r} must look like env.key=value, e.g. env.max_new_tokens=32")
+        data[key.strip()[len("env."):]] = yaml.safe_load(raw)
+    return from_dict(EnvConfig, data, prefix="env.")

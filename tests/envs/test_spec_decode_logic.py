@@ -16,8 +16,7 @@ from gymnasium.utils.env_checker import check_env as gym_check_env
 from stable_baselines3.common.env_checker import check_env as sb3_check_env
 
 import draftrl  # noqa: F401  registers the env ids
-from draftrl.config import load_config
-from draftrl.envs.config import EnvConfig
+from draftrl.envs.config import EnvConfig, load_env_config
 from draftrl.envs.costs import CostTable
 from draftrl.envs.features import CostTracker, FeatureBuilder, RoundSummary, feature_names, verify_bucket
 from draftrl.envs.rewards import RewardModel
@@ -257,10 +256,10 @@ def test_bad_config_keys_name_the_fix(tmp_path):
         gym.make("draftrl/SpecDecode-v0", depth=(0, 1))
     path = tmp_path / "bad.yaml"
     path.write_text("env:\n  verify_size: [0]\n")
-    from draftrl.cli.collect import CollectConfig
-
     with pytest.raises(ValueError, match="unknown config key 'env.verify_size'; did you mean 'env.verify_sizes'"):
-        load_config(CollectConfig, path)
+        load_env_config(str(path))
+    with pytest.raises(ValueError, match="must look like env.key=value"):
+        load_env_config(None, ["depths=[0]"])
     with pytest.raises(ValueError, match="repeats a value"):
         EnvConfig(depths=(0, 1, 1))
     with pytest.raises(ValueError, match="reward='speed' is unknown"):
@@ -290,10 +289,9 @@ def test_engine_that_contradicts_the_config_is_refused(scripted):
 
 
 def test_tiny_cpu_config_loads():
-    from draftrl.cli.collect import CollectConfig
-
-    config = load_config(CollectConfig, "configs/tiny_cpu.yaml").env
+    config = load_env_config("configs/tiny_cpu.yaml", ["env.max_new_tokens=16"])
     assert config.target == "smollm2-135m" and config.drafter == "ngram" and 0 in config.depths
+    assert config.max_new_tokens == 16 and config.languages == ("en",)
 
 
 def test_import_stays_light():
