@@ -13,7 +13,12 @@ import argparse
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("models", help="list and fetch known models", description=__doc__)
+    parser = subparsers.add_parser(
+        "models",
+        help="list and fetch known models",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
     actions.add_parser("list", help="known model names, whether cached, and where")
     fetch = actions.add_parser("fetch", help="download and convert a known model into the cache")
@@ -34,8 +39,10 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"{args.name or DEFAULT_MODEL}: {path}", highlight=False, soft_wrap=True)
         return 0
     table = Table(box=None, header_style="bold")
-    for column in ("name", "cached", "path", "description"):
-        table.add_column(column)
+    table.add_column("name", no_wrap=True)
+    table.add_column("cached")
+    table.add_column("path", overflow="fold")  # folded, never cut: it is what people copy
+    table.add_column("description")
     for info in list_models():
         table.add_row(info.name, "yes" if info.cached else "no", str(info.path), info.description)
     console.print(table)

