@@ -1,0 +1,134 @@
+"""``EvalConfig``: the workload, the grid, the policies and the logging of ``draftrl grid`` / ``eval``.
+
+One YAML file drives both commands (and ``draftrl demo``, whose ``DemoConfig`` adds the training
+steps); ``configs/eval_tiny_cpu.yaml`` is an example. Sections:
+
+- ``env``: an :class:`~draftrl.envs.config.EnvConfig`: prompts (languages, tasks, how many per
+  group, token budget), target and drafter, sampling, and the observation settings the
+  policies see. Its ``split`` is ignored: ``draftrl grid`` always tunes on ``tune`` and
+  ``draftrl eval`` always reports on ``heldout``.
+- ``grid``: :class:`GridSettings`, the fixed settings ``draftrl grid`` times.
+- ``eval``: :class:`EvalSettings`, the policies ``draftrl eval`` compares.
+- ``wandb``: :class:`WandbSettings`; ``WANDB_MODE`` in the environment wins over ``mode``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from draftrl.envs.config import EnvConfig
+
+WANDB_MODES: tuple[str, ...] = ("offline", "online", "disabled")
+SAMPLERS: tuple[str, ...] = ("correct", "resample-from-p")
+
+
+@dataclass
+class GridSettings:
+    """The fixed (depth, verify_size, width) settings timed by ``draftrl grid`` on the tune split."""
+
+    depths: tuple[int, ...] = (0, 1, 2, 3, 4, 6, 8)
+    """draft depths; 0 (plain decoding, the reference) is always added"""
+    verify_sizes: tuple[int, ...] = (0,)
+    """draft nodes the target verifies; 0 = every drafted node"""
+    widths: tuple[int, ...] = (1,)
+    """tree widths (1 = chain); cells with verify_size >= depth * width repeat "all" and are dropped"""
+    repeats: int = 3
+    """interleaved passes over the prompts; each (cell, prompt) keeps its median-time run"""
+    warmup: bool = True
+    """decode a few untimed tokens with every cell first (caches, allocator, lazy init)"""
+    limit_per_group: int | None = None
+    """prompts per (language, task) group; None = env.limit_per_group"""
+    seed: int = 0
+    """seed of the sampling seeds (one per prompt, shared by every cell) and of the cell order"""
+
+    def __post_init__(self) -> None:
+        for name in ("depths", "verify_sizes", "widths"):
+            values = tuple(int(v) for v in getattr(self, name))
+            if not values or any(v < 0 for v in values) or len(set(values)) != len(values):
+                raise ValueError(f"grid.{name}={list(values)} must be distinct integers >= 0, at least one.")
+            setattr(self, name, values)
+        if any(w < 1 for w in self.widths):
+            raise ValueError(f"grid.widths={list(self.widths)} must be >= 1 (1 = chain drafting).")
+        if self.repeats < 1:
+            raise ValueError(f"grid.repeats={self.repeats} must be >= 1 (3 or more for a stable median).")
+        if 0 not in self.depths:
+            self.depths = (0, *self.depths)  # plain decoding is the reference of every speedup
+
+
+@dataclass
+class EvalSettings:
+    """What ``draftrl eval`` compares on the held-out split."""
+
+    policies: tuple[str, ...] = ("ar", "best-grid", "heuristic", "threshold", "bandit")
+    """policy names (see ``draftrl.eval.policies.POLICY_NAMES``); ar is always added as the reference"""
+    repeats: int = 1
+    """interleaved passes over the requests; each (policy, request) keeps its median-time run"""
+    limit_per_group: int | None = None
+    """held-out prompts per (language, task) group; None = env.limit_per_group"""
+    greedy_reference: int = 2
+    """temperature 0: requests also checked against Hugging Face generate(do_sample=False)"""
+    monitor: bool = True
+    """run the streaming exactness monitor on every emitted token"""
+    sampler: str = "correct"
+    """correct, or resample-from-p (the known-wrong correction: a negative control)"""
+    power_tokens: int = 0
+    """> 0: also measure how many tokens each monitor statistic needs to catch resample-from-p"""
+    seed: int = 0
+    """seed of the envs (prompt sampling seeds) and of the policy order"""
+
+    def __post_init__(self) -> None:
+        self.policies = tuple(self.policies)
+        if self.repeats < 1:
+            raise ValueError(f"eval.repeats={self.repeats} must be >= 1.")
+        if self.greedy_reference < 0 or self.power_tokens < 0:
+            raise ValueError(
+                f"eval.greedy_reference={self.greedy_reference} and eval.power_tokens={self.power_tokens} must be >= 0."
+            )
+        if self.sampler not in SAMPLERS:
+            raise ValueError(f"eval.sampler={self.sampler!r} is unknown; choose one of {', '.join(SAMPLERS)}.")
+
+
+@dataclass
+class WandbSettings:
+    """Weights & Biases logging, offline by default (``wandb sync DIR/wandb/offline-run-*`` uploads)."""
+
+    mode: str = "offline"
+    """offline | online | disabled; the WANDB_MODE environment variable wins"""
+    project: str = "draftrl"
+    entity: str | None = None
+    group: str | None = None
+    """group of the runs; None = a name made from the command and the output directory"""
+
+    def __post_init__(self) -> None:
+        if self.mode not in WANDB_MODES:
+            raise ValueError(f"wandb.mode={self.mode!r} must be one of {', '.join(WANDB_MODES)}.")
+
+
+def _default_env() -> EnvConfig:
+    # the grid and eval pick the split themselves; shuffling is irrelevant (requests are named)
+    return EnvConfig(split=None, shuffle=False)
+
+
+@dataclass
+class EvalConfig:
+    """Everything ``draftrl grid`` and ``draftrl eval`` read."""
+
+    env: EnvConfig = field(default_factory=_default_env)
+    """workload, models, sampling and observation settings (split is set per command)"""
+    grid: GridSettings = field(default_factory=GridSettings)
+    eval: EvalSettings = field(default_factory=EvalSettings)
+    wandb: WandbSettings = field(default_factory=WandbSettings)
+    threads: int = 0
+    """torch intra-op threads (0 = torch's default)"""
+
+    def __post_init__(self) -> None:
+        if self.threads < 0:
+            raise ValueError(f"threads={self.threads} must be >= 0 (0 = torch's default).")
+
+
+def env_for_split(env: EnvConfig, split: str, limit_per_group: int | None = None, **changes) -> EnvConfig:
+    """``env`` restricted to ``split`` (and ``limit_per_group`` when given), in file order, monitor off
+    (the evaluation runs its own monitor over every policy's stream)."""
+    limit = env.limit_per_group if limit_per_group is None else limit_per_group
+    return dataclasses.replace(env, split=split, limit_per_group=limit, shuffle=False, monitor=False, **changes)

@@ -1,0 +1,137 @@
+"""Summaries of :class:`~draftrl.eval.rollout.RequestRun` lists: throughput, latency, acceptance.
+
+Terms (vLLM's, as in ``draftrl.decoding.engine``): a round emits its *accepted* draft tokens plus
+one *recovered* or *bonus* token, so **mean tokens per round (the mean acceptance length) counts
+the bonus token**: plain decoding has exactly 1.0.
+
+- ``tokens_per_second``: total emitted tokens / total charged wall-clock seconds (prefill,
+  decisions, features, monitor included) over the runs; never a mean of per-request rates.
+- ``speedup_vs_ar``: ``tokens_per_second`` / plain decoding's on the same requests (set by the
+  caller, which has the reference).
+- ``time_to_first_token_*``: prefill plus the first round, seconds.
+- ``itl_p50/p95/p99``: percentiles of inter-token latency, seconds (a round's time spread over
+  its tokens, as ``GenerationResult.inter_token_latencies``).
+- ``tokens_per_round_histogram``: ``{emitted tokens: rounds}``, the whole distribution (two
+  workloads with the same mean can differ; DESIGN.md).
+- ``acceptance_by_position``: entry i-1 is P(draft position i accepted | positions 1..i-1
+  accepted and position i verified), with its number of trials.
+- ``peak_memory_bytes``: the largest per-request peak above the request's start
+  (``draftrl.eval.memory``).
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable
+
+import numpy as np
+
+from draftrl.eval.rollout import RequestRun
+
+#: Draft positions with a conditional acceptance estimate in the summaries.
+MAX_POSITIONS = 16
+
+
+def median_runs(runs: Iterable[RequestRun]) -> list[RequestRun]:
+    """For every (policy, prompt) keep the run with the median charged time over its repeats
+    (the lower median for an even count), so one slow repeat does not move the result."""
+    groups: dict[tuple[str, str], list[RequestRun]] = defaultdict(list)
+    for run in runs:
+        groups[run.policy, run.prompt_id].append(run)
+    kept = []
+    for items in groups.values():
+        items = sorted(items, key=lambda r: r.seconds)
+        kept.append(items[(len(items) - 1) // 2])
+    return kept
+
+
+def acceptance_by_position(runs: Iterable[RequestRun], max_positions: int = MAX_POSITIONS) -> dict[str, list]:
+    """Per-position conditional acceptance ``{"rate": [...], "trials": [...]}`` (None where no trial)."""
+    trials = np.zeros(max_positions)
+    successes = np.zeros(max_positions)
+    for run in runs:
+        for verified, accepted in zip(run.round_verified_depth, run.round_accepted):
+            reach = int(min(verified, accepted + 1, max_positions))  # positions 1..reach were tried
+            trials[:reach] += 1
+            successes[: int(min(accepted, max_positions))] += 1
+    last = int(np.flatnonzero(trials)[-1]) + 1 if trials.any() else 0
+    rate = [float(s / t) if t else None for s, t in zip(successes[:last], trials[:last])]
+    return {"rate": rate, "trials": [int(t) for t in trials[:last]]}
+
+
+def summarize(runs: list[RequestRun]) -> dict:
+    """The metrics of the module docstring over ``runs`` (already reduced with :func:`median_runs`)."""
+    if not runs:
+        return {"num_requests": 0, "num_tokens": 0, "seconds": 0.0, "tokens_per_second": 0.0}
+    tokens = sum(r.num_tokens for r in runs)
+    seconds = sum(r.seconds for r in runs)
+    rounds = sum(r.num_rounds for r in runs)
+    ttft = np.array([r.time_to_first_token for r in runs])
+    itl = np.concatenate([r.inter_token_latencies() for r in runs])
+    per_round = Counter(int(t) for r in runs for t in r.round_tokens)
+    depths = Counter(int(d) for r in runs for d in r.round_depth)
+    verify = Counter(int(v) for r in runs for v in r.round_verify_size)
+    monitor = sum(r.monitor_seconds for r in runs)
+    out = {
+        "num_requests": len(runs),
+        "num_tokens": int(tokens),
+        "num_rounds": int(rounds),
+        "seconds": float(seconds),
+        "tokens_per_second": tokens / seconds if seconds > 0 else 0.0,
+        "mean_tokens_per_round": tokens / rounds if rounds else 0.0,
+        "mean_verified_per_round": float(sum(r.round_num_verified.sum() for r in runs) / rounds) if rounds else 0.0,
+        "time_to_first_token_mean": float(ttft.mean()),
+        "time_to_first_token_p50": float(np.percentile(ttft, 50)),
+        "itl_p50": float(np.percentile(itl, 50)) if itl.size else None,
+        "itl_p95": float(np.percentile(itl, 95)) if itl.size else None,
+        "itl_p99": float(np.percentile(itl, 99)) if itl.size else None,
+        "peak_memory_bytes": int(max(r.peak_memory_bytes for r in runs)),
+        "peak_memory_total_bytes": int(max(r.peak_memory_total_bytes for r in runs)),
+        "tokens_per_round_histogram": {str(k): per_round[k] for k in sorted(per_round)},
+        "depth_histogram": {str(k): depths[k] for k in sorted(depths)},
+        "verify_size_histogram": {str(k): verify[k] for k in sorted(verify)},
+        "acceptance_by_position": acceptance_by_position(runs),
+        "monitor_seconds": float(monitor),
+        "excluded_seconds": float(sum(r.excluded_seconds for r in runs)),
+    }
+    return out
+
+
+def grouped(runs: list[RequestRun], key: Callable[[RequestRun], str]) -> dict[str, list[RequestRun]]:
+    out: dict[str, list[RequestRun]] = defaultdict(list)
+    for run in runs:
+        out[key(run)].append(run)
+    return dict(sorted(out.items()))
+
+
+def summarize_with_groups(runs: list[RequestRun]) -> dict:
+    """:func:`summarize` plus ``per_language`` and ``per_task`` breakdowns."""
+    out = summarize(runs)
+    out["per_language"] = {k: summarize(v) for k, v in grouped(runs, lambda r: r.language).items()}
+    out["per_task"] = {k: summarize(v) for k, v in grouped(runs, lambda r: r.task).items()}
+    return out
+
+
+def add_speedups(summary: dict, reference: dict) -> None:
+    """Set ``speedup_vs_ar`` in ``summary`` and its per-language / per-task entries, in place."""
+    def ratio(a: dict, b: dict) -> float | None:
+        return a["tokens_per_second"] / b["tokens_per_second"] if b.get("tokens_per_second") else None
+
+    summary["speedup_vs_ar"] = ratio(summary, reference)
+    for group in ("per_language", "per_task"):
+        for name, sub in summary.get(group, {}).items():
+            ref = reference.get(group, {}).get(name)
+            sub["speedup_vs_ar"] = ratio(sub, ref) if ref else None
+
+
+def paired_speedup(runs: list[RequestRun], reference: list[RequestRun]) -> dict:
+    """Per-request time ratios (reference seconds / policy seconds) on the shared prompts:
+    median and the 10th/90th percentiles, a noise-robust companion of ``speedup_vs_ar``."""
+    ref = {r.prompt_id: r for r in reference}
+    ratios = [ref[r.prompt_id].seconds / r.seconds * (r.num_tokens / max(1, ref[r.prompt_id].num_tokens))
+              for r in runs if r.prompt_id in ref and r.seconds > 0]
+    if not ratios:
+        return {"median": None, "p10": None, "p90": None, "num_requests": 0}
+    arr = np.asarray(ratios)
+    return {"median": float(np.median(arr)), "p10": float(np.percentile(arr, 10)),
+            "p90": float(np.percentile(arr, 90)), "num_requests": len(ratios)}

@@ -1,0 +1,192 @@
+"""Decode one request under a fixed setting or a policy and keep what the metrics need.
+
+Two paths, one record (:class:`RequestRun`):
+
+- :func:`run_fixed`: ``draftrl.decoding.generate`` with a fixed ``(depth, verify_size, width)``
+  schedule (the grid search; no observation is needed, so none is built).
+- :func:`run_policy`: one episode of ``draftrl/SpecDecode-v0`` (or ``SpecDecodeDepth-v0``) on a
+  prebuilt engine: the policy sees exactly the observation it saw in training, built by the
+  envs' own feature builder.
+
+Timing (wall clock, ``engine.clock()``: the device is synchronised before each reading):
+``total_seconds`` runs from before the prefill to after the last round and includes the policy's
+decisions, the observation features and the exactness monitor, so a slow policy or monitor pays
+for itself. ``excluded_seconds`` is time a policy declares as not chargeable (the oracle's
+look-ahead); :attr:`RequestRun.seconds` subtracts it. A round's wall time runs from the end of
+the previous round (or the prefill) to the end of this one, so it includes the decision.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from draftrl.eval.memory import MemoryProbe
+
+
+@dataclass
+class RequestRun:
+    """One request decoded under one setting; arrays have one entry per round."""
+
+    policy: str
+    prompt_id: str
+    language: str
+    task: str
+    repeat: int
+    token_ids: list[int]
+    num_prompt_tokens: int
+    prefill_seconds: float
+    total_seconds: float
+    """wall clock of the whole request: prefill, decisions, features, rounds, monitor"""
+    round_seconds: np.ndarray
+    """[R] wall clock per round (decision included)"""
+    round_tokens: np.ndarray
+    """[R] emitted tokens per round (accepted + recovered/bonus)"""
+    round_accepted: np.ndarray
+    """[R] accepted draft tokens per round"""
+    round_depth: np.ndarray
+    """[R] depth asked for"""
+    round_verify_size: np.ndarray
+    """[R] verify size asked for (0 = all drafted nodes)"""
+    round_verified_depth: np.ndarray
+    """[R] deepest verified draft level (0 = plain step)"""
+    round_num_verified: np.ndarray
+    """[R] draft nodes the target verified"""
+    excluded_seconds: float = 0.0
+    """policy time not charged (oracle look-ahead)"""
+    monitor_seconds: float = 0.0
+    """time spent in ExactnessMonitor.update (included in total_seconds)"""
+    peak_memory_bytes: int = 0
+    """peak memory above the request's start (see draftrl.eval.memory)"""
+    peak_memory_total_bytes: int = 0
+    """absolute peak (RSS or CUDA allocated)"""
+    stop_reason: str | None = None
+    token_stats: list = field(default_factory=list, repr=False)
+    """the rounds' TokenStats, kept only when asked (for monitors run after timing)"""
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_rounds(self) -> int:
+        return int(self.round_tokens.shape[0])
+
+    @property
+    def seconds(self) -> float:
+        """Charged wall clock: ``total_seconds - excluded_seconds``."""
+        return self.total_seconds - self.excluded_seconds
+
+    @property
+    def time_to_first_token(self) -> float:
+        """Prefill plus the first round (its decision included)."""
+        return self.prefill_seconds + (float(self.round_seconds[0]) if self.num_rounds else 0.0)
+
+    def inter_token_latencies(self) -> np.ndarray:
+        """Seconds per emitted token after the first round: each round's time spread over its
+        tokens (the convention of ``GenerationResult.inter_token_latencies``)."""
+        if self.num_rounds < 2:
+            return np.zeros(0)
+        return np.repeat(self.round_seconds[1:] / self.round_tokens[1:], self.round_tokens[1:].astype(int))
+
+
+def _arrays(rows: list[tuple]) -> dict[str, np.ndarray]:
+    names = ("round_seconds", "round_tokens", "round_accepted", "round_depth", "round_verify_size",
+             "round_verified_depth", "round_num_verified")
+    if not rows:
+        return {n: np.zeros(0) for n in names}
+    cols = list(zip(*rows))
+    return {n: np.asarray(c, dtype=np.float64 if n == "round_seconds" else np.int64) for n, c in zip(names, cols)}
+
+
+def run_fixed(engine, request, depth: int, verify_size: int, width: int, *, seed: int, label: str,
+              repeat: int = 0, keep_stats: bool = False, device: str = "cpu") -> RequestRun:
+    """Decode ``request`` (a ``draftrl.envs.workload.Request``) with one fixed setting.
+
+    :param verify_size: 0 = verify every drafted node.
+    :param seed: sampling seed of the request (the same for every cell, so outputs match).
+    :param keep_stats: keep the rounds' ``TokenStats`` (for a monitor run after timing).
+    """
+    from draftrl.decoding.generate import fixed_schedule, generate
+
+    probe = MemoryProbe(device)
+    engine.config.max_new_tokens = request.max_new_tokens
+    depth = depth if engine.drafter is not None else 0
+    result = generate(engine, request.prompt_ids, fixed_schedule(depth, verify_size or None, width), seed=seed,
+                      on_round=lambda _: probe.sample())
+    rows = [(r.seconds, r.num_emitted, r.num_accepted, r.depth, verify_size, r.verified_depth, r.num_verified)
+            for r in result.rounds]
+    # generate's total includes the prefill and the loop; rounds' own seconds exclude the loop's
+    # few microseconds, which go to the first round so that the parts add up to the total
+    arrays = _arrays(rows)
+    if result.rounds:
+        arrays["round_seconds"][0] += result.total_seconds - result.prefill_seconds - arrays["round_seconds"].sum()
+    prompt = request.prompt
+    return RequestRun(
+        policy=label, prompt_id=prompt.id, language=prompt.language, task=prompt.task, repeat=repeat,
+        token_ids=list(result.token_ids), num_prompt_tokens=len(request.prompt_ids),
+        prefill_seconds=result.prefill_seconds, total_seconds=result.total_seconds, **arrays,
+        peak_memory_bytes=probe.peak_delta, peak_memory_total_bytes=probe.peak, stop_reason=result.stop_reason,
+        token_stats=[r.token_stats for r in result.rounds] if keep_stats else [],
+    )
+
+
+def run_policy(env, policy, prompt_id: str, *, label: str, repeat: int = 0, seed: int | None = None,
+               monitor=None, device: str = "cpu", on_round=None) -> RequestRun:
+    """One episode of ``policy`` on ``env`` (a draftrl real-engine env) for prompt ``prompt_id``.
+
+    :param seed: passed to ``env.reset`` (only the first episode of an env is seeded, so cost
+        features persist across requests as in training).
+    :param monitor: an ``ExactnessMonitor`` fed every round (timed; raises ``ExactnessViolation``).
+    :param on_round: called with each round's ``info`` (e.g. to record the policy's choices).
+    """
+    from gymnasium import spaces
+
+    base = env.unwrapped
+    step_level = isinstance(env.action_space, spaces.Discrete)
+    probe = MemoryProbe(device)
+    engine = base.engine
+    excluded = getattr(policy, "excluded_seconds", 0.0)
+    monitor_seconds = 0.0
+    rows: list[tuple] = []
+
+    t0 = engine.clock()
+    obs, info = env.reset(seed=seed, options={"prompt_id": prompt_id})
+    policy.reset()
+    prefill = float(info.get("prefill_seconds", 0.0))
+    last = t0 + prefill  # the first round's decision and features count as its own time
+    done = False
+    while not done:
+        if step_level:
+            action: Any = int(policy.act_step(obs))
+        else:
+            action = policy.to_action(*policy.act(obs))
+        obs, _, terminated, truncated, info = env.step(action)
+        done = bool(terminated or truncated)
+        if step_level and "tokens" not in info:
+            continue  # a draft step inside a round
+        policy.observe(info)
+        if monitor is not None:
+            m0 = time.perf_counter()
+            monitor.update(info["token_stats"])  # raises ExactnessViolation
+            monitor_seconds += time.perf_counter() - m0
+        probe.sample()
+        now = engine.clock()
+        rows.append((now - last, info["tokens"], info["accepted"], info["depth"], info.get("verify_size", 0),
+                     info["verified_depth"], info["num_verified"]))
+        last = now
+        if on_round is not None:
+            on_round(info)
+    total = engine.clock() - t0
+    prompt = base.request.prompt
+    return RequestRun(
+        policy=label, prompt_id=prompt.id, language=prompt.language, task=prompt.task, repeat=repeat,
+        token_ids=list(engine.output_ids), num_prompt_tokens=len(base.request.prompt_ids),
+        prefill_seconds=prefill, total_seconds=total, **_arrays(rows),
+        excluded_seconds=getattr(policy, "excluded_seconds", 0.0) - excluded,
+        monitor_seconds=monitor_seconds, peak_memory_bytes=probe.peak_delta, peak_memory_total_bytes=probe.peak,
+        stop_reason=info.get("stop_reason"),
+    )
