@@ -1,0 +1,310 @@
+"""Grid search over fixed (depth, verify_size, width) settings on the tune split, in wall clock.
+
+Every cell decodes every tune prompt with the real engine. Cells are interleaved: for each
+repeat and each prompt, all cells run back to back in an order rotated by one per prompt (so
+no cell always runs first after a slow neighbour), then the next prompt. Each (cell, prompt)
+keeps its median-time repeat; a cell's throughput is its total tokens over the sum of those
+median seconds, and its speedup is that over plain decoding's (depth 0, always in the grid).
+Each prompt gets one sampling seed shared by every cell and repeat, so at temperature 0 every
+cell must reproduce plain decoding token for token (checked), and at any temperature the
+exactness monitor checks each cell's first-repeat stream after timing (outside the clock).
+
+Outputs in ``DIR``: ``grid.json`` (below), ``grid_heatmap.png``, ``sweep.yaml`` (the same grid as
+a wandb sweep: ``wandb sweep DIR/sweep.yaml`` then ``wandb agent ID`` on every GPU), and one
+wandb run per cell plus a summary run (grouped; logged after all timing is done).
+
+``grid.json``: ``format``, ``split``, ``config`` (resolved), ``hardware``, ``prompts``,
+``repeats``, ``reference`` (the plain-decoding cell), ``cells`` {name: {``depth``,
+``verify_size``, ``width``, ``tokens_per_second``, ``speedup_vs_ar``, ``mean_tokens_per_round``,
+``num_tokens``, ``seconds``, ``noise``, ``time_to_first_token_mean``, ``itl_p50/p95/p99``,
+``per_language`` {lang: {...}}, ``per_task`` {task: {...}}}}, ``best`` (name, depth,
+verify_size, width, tokens_per_second, speedup_vs_ar), ``exactness``, ``files``,
+``wall_seconds``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from draftrl.config import to_dict
+from draftrl.eval.config import EvalConfig, GridSettings, env_for_split
+from draftrl.eval.metrics import add_speedups, grouped, median_runs, summarize_with_groups
+from draftrl.eval.rollout import RequestRun, run_fixed
+
+FORMAT = "draftrl-grid/1"
+GRID_FILE = "grid.json"
+SWEEP_FILE = "sweep.yaml"
+HEATMAP_FILE = "grid_heatmap.png"
+#: Keys of each cell's per-language / per-task entries.
+COMPACT_KEYS = ("tokens_per_second", "speedup_vs_ar", "mean_tokens_per_round", "num_tokens", "seconds",
+                "num_requests", "time_to_first_token_mean", "itl_p50", "itl_p95", "itl_p99")
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One fixed setting; ``verify_size`` 0 = verify every drafted node."""
+
+    depth: int
+    verify_size: int = 0
+    width: int = 1
+
+    @property
+    def name(self) -> str:
+        return cell_name(self.depth, self.verify_size, self.width)
+
+
+def cell_name(depth: int, verify_size: int = 0, width: int = 1) -> str:
+    """``d{depth}_v{verify_size}_w{width}``; plain decoding is always ``d0_v0_w1``."""
+    if depth == 0:
+        return "d0_v0_w1"
+    return f"d{depth}_v{verify_size}_w{width}"
+
+
+REFERENCE = cell_name(0)
+
+
+def grid_cells(settings: GridSettings) -> list[Cell]:
+    """Plain decoding first, then every distinct setting, depth-major.
+
+    Depth 0 ignores verify size and width (one cell). A verify size at or above the number of
+    drafted nodes (``depth * width``) verifies everything, like 0, so such cells are dropped.
+    """
+    cells = [Cell(0)]
+    for depth in sorted(d for d in settings.depths if d > 0):
+        for width in sorted(settings.widths):
+            for verify_size in sorted(settings.verify_sizes):
+                if verify_size >= depth * width:
+                    continue
+                cells.append(Cell(depth, verify_size, width))
+    return cells
+
+
+def compact(summary: dict) -> dict:
+    return {k: summary.get(k) for k in COMPACT_KEYS}
+
+
+def _noise(runs: list[RequestRun]) -> float | None:
+    """Median over prompts of (max - min) / median of the repeats' seconds: the timing spread."""
+    spreads = []
+    for items in grouped(runs, lambda r: r.prompt_id).values():
+        secs = np.array([r.seconds for r in items])
+        if secs.size > 1 and np.median(secs) > 0:
+            spreads.append((secs.max() - secs.min()) / np.median(secs))
+    return float(np.median(spreads)) if spreads else None
+
+
+def measure_cells(config: EvalConfig, cells: list[Cell], *, target=None, split: str = "tune",
+                  progress: Callable[[int, int, str], None] | None = None) -> tuple[list[RequestRun], dict]:
+    """Time ``cells`` (plain decoding is added if missing) on ``split``; returns (all runs, exactness).
+
+    Raises ``draftrl.eval.exactness.GreedyMismatch`` or ``ExactnessViolation`` on a failed check.
+    """
+    import torch
+
+    from draftrl.decoding.monitor import ExactnessMonitor
+    from draftrl.envs.engines import build_engine, shared_model
+    from draftrl.envs.workload import Workload
+    from draftrl.eval.exactness import check_identity, monitor_verdict
+
+    settings = config.grid
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    if all(c.depth != 0 for c in cells):
+        cells = [Cell(0), *cells]
+    env = env_for_split(config.env, split, settings.limit_per_group)
+    env.depths = tuple(sorted({0, *env.depths, *(c.depth for c in cells)}))
+    env.width = max([env.width, *(c.width for c in cells)])
+    target = target if target is not None else shared_model(env.target, env.dtype, env.device)
+    engine, tokenizer = build_engine(env, target)
+    workload = Workload(env, tokenizer)
+    requests = [workload.request(i) for i in range(len(workload))]
+    seeds = [settings.seed * 100_003 + i for i in range(len(requests))]
+    greedy = env.temperature == 0
+
+    if settings.warmup:  # untimed: a few tokens with every cell
+        first = requests[0]
+        short = type(first)(first.prompt, first.prompt_ids, min(8, first.max_new_tokens))
+        for cell in cells:
+            run_fixed(engine, short, cell.depth, cell.verify_size, cell.width, seed=0, label=cell.name,
+                      device=env.device)
+
+    runs: list[RequestRun] = []
+    first_outputs: dict[tuple[str, str], list[int]] = {}
+    monitors = {cell.name: ExactnessMonitor() for cell in cells} if config.eval.monitor and not greedy else {}
+    total, done = settings.repeats * len(requests) * len(cells), 0
+    for repeat in range(settings.repeats):
+        for i, request in enumerate(requests):
+            shift = (i + repeat * len(requests)) % len(cells)
+            for cell in cells[shift:] + cells[:shift]:
+                run = run_fixed(engine, request, cell.depth, cell.verify_size, cell.width, seed=seeds[i],
+                                label=cell.name, repeat=repeat, keep_stats=repeat == 0 and bool(monitors),
+                                device=env.device)
+                if repeat == 0:
+                    first_outputs[cell.name, request.prompt.id] = run.token_ids
+                    for stats in run.token_stats:  # outside the timed region
+                        monitors[cell.name].update(stats)
+                    run.token_stats = []
+                runs.append(run)
+                done += 1
+                if progress:
+                    progress(done, total, f"{cell.name} {request.prompt.id}")
+    identity = {"checked": False}
+    if greedy:
+        for (name, prompt_id), tokens in first_outputs.items():
+            check_identity(f"grid cell {name}", prompt_id, first_outputs[REFERENCE, prompt_id], tokens, tokenizer)
+        identity = {"checked": True, "passed": True, "requests": len(requests), "cells": len(cells),
+                    "reference": "plain decoding (depth 0) on the same engine"}
+    exactness = {
+        "passed": True,
+        "temperature": env.temperature,
+        "greedy_identity": identity,
+        "monitor": {name: monitor_verdict(m) for name, m in monitors.items()},
+    }
+    return runs, exactness
+
+
+def summarize_cells(runs: list[RequestRun], cells: list[Cell]) -> dict[str, dict]:
+    """Per-cell summaries (median repeat per prompt) with speedups against plain decoding."""
+    by_cell = grouped(median_runs(runs), lambda r: r.policy)
+    all_by_cell = grouped(runs, lambda r: r.policy)
+    ref = summarize_with_groups(by_cell[REFERENCE])
+    out = {}
+    for cell in cells:
+        if cell.name not in by_cell:
+            continue
+        s = summarize_with_groups(by_cell[cell.name])
+        add_speedups(s, ref)
+        out[cell.name] = {
+            "depth": cell.depth, "verify_size": cell.verify_size, "width": cell.width,
+            **compact(s),
+            "mean_verified_per_round": s["mean_verified_per_round"],
+            "acceptance_by_position": s["acceptance_by_position"]["rate"],
+            "noise": _noise(all_by_cell[cell.name]),
+            "per_language": {k: compact(v) for k, v in s["per_language"].items()},
+            "per_task": {k: compact(v) for k, v in s["per_task"].items()},
+        }
+    return out
+
+
+def best_cell(cells: dict[str, dict]) -> dict:
+    name = max(cells, key=lambda n: cells[n]["tokens_per_second"])
+    c = cells[name]
+    return {"name": name, "depth": c["depth"], "verify_size": c["verify_size"], "width": c["width"],
+            "tokens_per_second": c["tokens_per_second"], "speedup_vs_ar": c["speedup_vs_ar"]}
+
+
+def run_grid(config: EvalConfig, out: str | Path, *, target=None, config_path: str | None = None,
+             progress: Callable[[int, int, str], None] | None = None) -> dict:
+    """Run the grid of ``config.grid`` and write ``grid.json``, the heatmap, ``sweep.yaml`` and wandb runs."""
+    from draftrl.envs.costs import hardware_info
+    from draftrl.eval.io import write_json
+    from draftrl.eval.plots import grid_heatmap
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    cells = grid_cells(config.grid)
+    runs, exactness = measure_cells(config, cells, target=target, progress=progress)
+    table = summarize_cells(runs, cells)
+    result = {
+        "format": FORMAT,
+        "split": "tune",
+        "config": to_dict(config),
+        "hardware": hardware_info(config.env.device),
+        "prompts": sorted({r.prompt_id for r in runs}),
+        "repeats": config.grid.repeats,
+        "reference": REFERENCE,
+        "cells": table,
+        "best": best_cell(table),
+        "exactness": exactness,
+        "files": {"heatmap": HEATMAP_FILE, "sweep": SWEEP_FILE},
+        "wall_seconds": time.perf_counter() - started,
+    }
+    write_json(out / GRID_FILE, result)
+    grid_heatmap(result, out / HEATMAP_FILE)
+    write_sweep(config, out, config_path)
+    log_grid_to_wandb(config, out, result, runs)
+    return result
+
+
+def write_sweep(config: EvalConfig, out: Path, config_path: str | None) -> Path:
+    """``DIR/sweep.yaml``: the same grid as a wandb grid sweep of ``draftrl grid --cell`` runs."""
+    import yaml
+
+    settings = config.grid
+    sweep = {
+        "program": "draftrl",
+        "name": f"draftrl-grid-{out.name}",
+        "method": "grid",
+        "metric": {"name": "speedup_vs_ar", "goal": "maximize"},
+        "parameters": {
+            "depth": {"values": list(settings.depths)},
+            "verify_size": {"values": list(settings.verify_sizes)},
+            "width": {"values": list(settings.widths)},
+        },
+        # wandb passes the parameters as --depth=D --verify_size=V --width=W; every agent times
+        # its cell interleaved with plain decoding on its own machine and logs speedup_vs_ar
+        "command": ["${program}", "grid", "--config", str(config_path or "CONFIG.yaml"), "--out",
+                    str(out / "sweep_cells"), "--cell", "${args}"],
+    }
+    path = out / SWEEP_FILE
+    path.write_text(
+        "# wandb sweep of the draftrl grid: `wandb sweep " + str(path) + "`, then `wandb agent ENTITY/PROJECT/ID` on\n"
+        "# every machine. Speedups are measured against plain decoding on the agent's own machine.\n"
+        + yaml.safe_dump(sweep, sort_keys=False)
+    )
+    return path
+
+
+def log_grid_to_wandb(config: EvalConfig, out: Path, result: dict, runs: list[RequestRun]) -> None:
+    """One run per cell (grouped) and a summary run with the table and the heatmap."""
+    from draftrl.eval.wandb_log import log_images, log_table, start_run
+
+    group = config.wandb.group or f"grid-{out.resolve().name}"
+    for name, cell in result["cells"].items():
+        run = start_run(config.wandb, out, name=name, group=group, job_type="grid-cell",
+                        config={"depth": cell["depth"], "verify_size": cell["verify_size"], "width": cell["width"],
+                                "drafter": config.env.drafter, "target": config.env.target,
+                                "temperature": config.env.temperature})
+        if run is None:
+            return
+        run.summary.update({k: cell[k] for k in COMPACT_KEYS if cell.get(k) is not None})
+        run.summary["noise"] = cell["noise"]
+        run.finish()
+    run = start_run(config.wandb, out, name="grid-summary", group=group, job_type="grid-summary",
+                    config=result["config"])
+    columns = ["cell", "depth", "verify_size", "width", "tokens_per_second", "speedup_vs_ar", "mean_tokens_per_round",
+               "noise"]
+    rows = [[n, c["depth"], c["verify_size"], c["width"], c["tokens_per_second"], c["speedup_vs_ar"],
+             c["mean_tokens_per_round"], c["noise"]] for n, c in result["cells"].items()]
+    log_table(run, "grid", columns, rows)
+    log_images(run, {"speedup_heatmap": out / HEATMAP_FILE})
+    run.summary.update({"best": result["best"]["name"], "best_speedup_vs_ar": result["best"]["speedup_vs_ar"]})
+    run.finish()
+
+
+def run_cell(config: EvalConfig, out: str | Path, cell: Cell, *, target=None) -> dict:
+    """A single sweep cell, timed interleaved with plain decoding; writes ``DIR/cell_<name>.json``
+    and logs to the current wandb run (the sweep agent's)."""
+    from draftrl.eval.io import write_json
+    from draftrl.eval.wandb_log import start_run
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    cells = [Cell(0)] if cell.depth == 0 else [Cell(0), cell]
+    runs, exactness = measure_cells(config, cells, target=target)
+    table = summarize_cells(runs, cells)
+    result = {"format": FORMAT + "-cell", "cell": table[cell.name], "reference": table[REFERENCE],
+              "exactness": exactness, "config": to_dict(config)}
+    write_json(out / f"cell_{cell.name}.json", result)
+    run = start_run(config.wandb, out, name=cell.name, group=config.wandb.group or "grid-sweep", job_type="grid-cell",
+                    config={"depth": cell.depth, "verify_size": cell.verify_size, "width": cell.width})
+    if run is not None:
+        run.summary.update({k: v for k, v in table[cell.name].items() if isinstance(v, (int, float))})
+        run.finish()
+    return result
