@@ -1,0 +1,79 @@
+"""``draftrl eval``: compare drafting policies on the held-out split, with the exactness monitor on.
+
+    draftrl eval --config configs/eval_tiny_cpu.yaml --policies ar,best-grid,heuristic,threshold,bandit,oracle \
+        --grid runs/grid/grid.json --out runs/eval
+    draftrl eval --config configs/eval_tiny_cpu.yaml --policies ar,ppo:runs/ppo --out runs/eval_ppo
+
+Policies: ar, best-grid (needs --grid), fixed:D[:V[:W]], heuristic, threshold, bandit, ppo:PATH,
+oracle (temperature 0). Writes DIR/results.json, DIR/report.md and PNG plots; exits 3 with the
+evidence when an exactness check fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from draftrl.cli.grid import add_config_args, exactness_failure, load_eval_config, progress_bar
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("eval", help="compare policies on held-out requests (speed, latency, exactness)")
+    add_config_args(p)
+    p.add_argument("--policies", default=None,
+                   help="comma-separated: ar,best-grid,fixed:D[:V[:W]],heuristic,threshold,bandit,ppo:PATH,oracle "
+                        "(default: the config's eval.policies)")
+    p.add_argument("--grid", default=None, help="grid.json from draftrl grid (needed by best-grid; adds the heatmap)")
+    p.add_argument("--out", required=True, help="output directory (results.json, report.md, plots)")
+    p.add_argument("--no-monitor", action="store_true", help="turn the streaming exactness monitor off")
+    p.add_argument("--sampler", default=None, choices=["correct", "resample-from-p"],
+                   help="resample-from-p is the known-wrong correction, a negative control for the monitor")
+    p.add_argument("--power-tokens", type=int, default=None,
+                   help="also measure the tokens each monitor statistic needs to catch resample-from-p (0 = skip)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from draftrl.decoding.monitor import ExactnessViolation
+    from draftrl.eval.exactness import GreedyMismatch
+    from draftrl.eval.policies import parse_policies
+
+    config = load_eval_config(args)
+    if args.no_monitor:
+        config.eval.monitor = False
+    if args.sampler is not None:
+        config.eval.sampler = args.sampler
+    if args.power_tokens is not None:
+        config.eval.power_tokens = args.power_tokens
+    policies = args.policies if args.policies is not None else list(config.eval.policies)
+    parse_policies(policies)  # fail on a bad name before loading anything
+    from draftrl.eval.evaluate import run_eval
+
+    try:
+        with progress_bar("eval", not args.quiet) as update:
+            results = run_eval(config, args.out, policies=policies, grid_path=args.grid, config_path=args.config,
+                               progress=update)
+    except (ExactnessViolation, GreedyMismatch) as err:
+        code = exactness_failure("eval", err)
+        print(f"partial results in {args.out}/results.json", file=sys.stderr)
+        return code
+    print_policy_table(results, f"held-out evaluation ({len(results['prompts'])} requests)")
+    ex = results["exactness"]
+    print(f"exactness: {'PASSED' if ex['passed'] else 'FAILED'}  monitor_overhead="
+          f"{(ex['monitor_overhead']['fraction'] or 0) * 100:.3f}%  report: {args.out}/report.md")
+    return 0
+
+
+def print_policy_table(results: dict, title: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from draftrl.eval.report import POLICY_COLUMNS, policy_rows
+
+    table = Table(title=title)
+    for i, col in enumerate(POLICY_COLUMNS):
+        table.add_column(col, justify="left" if i == 0 else "right")
+    for row in policy_rows(results):
+        table.add_row(*row)
+    Console().print(table)

@@ -1,0 +1,282 @@
+"""Compare drafting policies on the held-out split with the real engine, interleaved per request.
+
+Every policy decodes the same held-out requests with the same sampling seeds. For each request
+all policies run back to back, in an order rotated by one per request (plain decoding always
+runs before the oracle, which reads its output), then the next request; so load on a shared
+machine spreads over all policies. Policies act through their own ``draftrl/SpecDecode-v0``
+env on a prebuilt engine (``draftrl.eval.policies``): the observation is the envs' own.
+
+Exactness runs throughout: the streaming monitor sees every emitted token of every policy
+(``--no-monitor`` turns it off), at temperature 0 every policy's output must equal plain
+decoding's token for token and plain decoding must equal Hugging Face greedy ``generate`` on a
+sample of requests. A failure stops the run with the evidence (``results.json`` is still
+written, with ``exactness.passed = false``).
+
+``results.json``: ``format``, ``split``, ``config``, ``hardware``, ``prompts``, ``reference``
+(``ar``), ``policies`` {name: {``spec``, ``tokens_per_second``, ``speedup_vs_ar``,
+``paired_speedup``, ``mean_tokens_per_round``, ``time_to_first_token_mean/p50``,
+``itl_p50/p95/p99``, ``peak_memory_bytes``, ``tokens_per_round_histogram``,
+``acceptance_by_position``, ``depth_histogram``, ``verify_size_histogram``, ``per_language``,
+``per_task``, ...}}, ``best_grid`` (when a grid was given), ``exactness`` {``passed``,
+``temperature``, ``sampler``, ``greedy_identity``, ``hf_reference``, ``monitor`` {name:
+verdict}, ``monitor_overhead``, ``power``}, ``trajectories``, ``files``, ``wall_seconds``.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from draftrl.config import to_dict
+from draftrl.eval.config import EvalConfig, env_for_split
+from draftrl.eval.metrics import add_speedups, grouped, median_runs, paired_speedup, summarize_with_groups
+from draftrl.eval.rollout import RequestRun, run_fixed, run_policy
+
+FORMAT = "draftrl-eval/1"
+RESULTS_FILE = "results.json"
+REPORT_FILE = "report.md"
+#: Target share of the run's time spent in the exactness monitor.
+MONITOR_OVERHEAD_TARGET = 0.03
+ADAPTIVE = ("heuristic", "threshold", "bandit", "ppo", "oracle")
+
+
+def _order(labels: list[str], shift: int) -> list[str]:
+    order = labels[shift % len(labels):] + labels[: shift % len(labels)]
+    if "oracle" in order and order.index("oracle") < order.index("ar"):
+        order.remove("oracle")
+        order.insert(order.index("ar") + 1, "oracle")
+    return order
+
+
+def run_eval(config: EvalConfig, out: str | Path, *, policies: list[str] | str | None = None,
+             grid_path: str | Path | None = None, target=None, config_path: str | None = None,
+             progress: Callable[[int, int, str], None] | None = None) -> dict:
+    """Evaluate ``policies`` (default ``config.eval.policies``) and write results.json, report.md, plots.
+
+    :raises ExactnessViolation / GreedyMismatch: after writing the partial results.
+    """
+    import torch
+
+    from draftrl.decoding.monitor import ExactnessMonitor, ExactnessViolation
+    from draftrl.envs.costs import hardware_info
+    from draftrl.envs.engines import build_engine, shared_model
+    from draftrl.envs.workload import Workload
+    from draftrl.eval.exactness import GreedyMismatch, TimedMonitor, check_identity, hf_greedy, monitor_verdict
+    from draftrl.eval.io import read_json, write_json
+    from draftrl.eval.policies import build_policy, parse_policies
+
+    specs = parse_policies(policies if policies is not None else list(config.eval.policies))
+    grid = read_json(grid_path, "grid result (--grid)") if grid_path else None
+    if any(s.kind == "best-grid" for s in specs) and grid is None:
+        raise ValueError("policy best-grid needs a grid search result: pass --grid DIR/grid.json "
+                         "(written by draftrl grid --config C --out DIR).")
+    settings = config.eval
+    env_cfg = env_for_split(config.env, "heldout", settings.limit_per_group)
+    if any(s.kind == "oracle" for s in specs) and env_cfg.temperature != 0:
+        raise ValueError(f"policy oracle needs temperature 0 (got {env_cfg.temperature}); drop it from --policies.")
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+
+    target = target if target is not None else shared_model(env_cfg.target, env_cfg.dtype, env_cfg.device)
+    references: dict[str, list[int]] = {}
+    built = {s.label: build_policy(s, env_cfg, target, grid=grid, references=references) for s in specs}
+    for env, _ in built.values():
+        env.unwrapped.engine.config.sampler = settings.sampler
+    labels = [s.label for s in specs]
+    prompts = [p.id for p in built["ar"][0].unwrapped.workload.prompts]
+
+    # untimed warm-up of the shared model: plain and drafted rounds on a spare engine
+    warm_engine, tokenizer = build_engine(env_cfg, target)
+    warm = Workload(env_cfg, tokenizer).request(0)
+    warm = type(warm)(warm.prompt, warm.prompt_ids, min(8, warm.max_new_tokens))
+    for depth in sorted({0, max(env_cfg.depths)}):
+        run_fixed(warm_engine, warm, depth if warm_engine.drafter is not None else 0, 0, env_cfg.width, seed=0,
+                  label="warmup", device=env_cfg.device)
+
+    monitors = {label: TimedMonitor(ExactnessMonitor()) for label in labels} if settings.monitor else {}
+    trajectories: dict[str, dict] = {}
+    traj_prompt = prompts[0]
+    adaptive = {s.label for s in specs if s.kind in ADAPTIVE}
+    runs: list[RequestRun] = []
+    seeded: set[str] = set()
+    failure: dict | None = None
+    error: Exception | None = None
+    total, done = settings.repeats * len(prompts) * len(labels), 0
+    try:
+        for repeat in range(settings.repeats):
+            for i, prompt_id in enumerate(prompts):
+                for label in _order(labels, i + repeat * len(prompts)):
+                    env, policy = built[label]
+                    record = None
+                    if repeat == 0 and prompt_id == traj_prompt and built[label][1].name in adaptive:
+                        record = trajectories.setdefault(label, {"depth": [], "verify_size": [], "tokens": []})
+                    on_round = None if record is None else (lambda info, r=record: (
+                        r["depth"].append(int(info["depth"])), r["verify_size"].append(int(info.get("verify_size", 0))),
+                        r["tokens"].append(int(info["tokens"]))))
+                    run = run_policy(env, policy, prompt_id, label=label, repeat=repeat,
+                                     seed=None if label in seeded else settings.seed, monitor=monitors.get(label),
+                                     device=env_cfg.device, on_round=on_round)
+                    seeded.add(label)
+                    runs.append(run)
+                    if label == "ar" and repeat == 0:
+                        references[prompt_id] = run.token_ids
+                    done += 1
+                    if progress:
+                        progress(done, total, f"{label} {prompt_id}")
+                if env_cfg.temperature == 0:  # every policy of this request against plain decoding
+                    for run in runs[-len(labels):]:
+                        check_identity(f"policy {run.policy}", prompt_id, references[prompt_id], run.token_ids,
+                                       tokenizer)
+        hf = {"checked": 0}
+        if env_cfg.temperature == 0 and settings.greedy_reference:
+            ar_env = built["ar"][0].unwrapped
+            for prompt_id in prompts[: settings.greedy_reference]:
+                request = ar_env.workload.request(ar_env.workload.index_of(prompt_id))
+                ref = hf_greedy(target.model, request.prompt_ids, request.max_new_tokens, sorted(ar_env.engine.eos_token_ids))
+                check_identity("plain decoding (ar) vs Hugging Face generate(do_sample=False)", prompt_id, ref,
+                               references[prompt_id], tokenizer)
+                hf["checked"] += 1
+            hf["passed"] = True
+    except (ExactnessViolation, GreedyMismatch) as err:
+        error = err
+        failure = {"error": type(err).__name__, "message": str(err),
+                   "evidence": getattr(err, "evidence", None) or getattr(err, "failures", None)}
+        hf = {"checked": 0, "skipped": "stopped at the first exactness failure"}
+
+    results = _results(config, specs, runs, grid, env_cfg, monitors, references, hf, failure)
+    results["hardware"] = hardware_info(env_cfg.device)
+    results["trajectories"] = {"prompt_id": traj_prompt, "policies": trajectories}
+    if settings.power_tokens and failure is None:
+        from draftrl.eval.exactness import monitor_power
+
+        results["exactness"]["power"] = monitor_power(target, settings.power_tokens, seed=settings.seed)
+    results["wall_seconds"] = time.perf_counter() - started
+    results["files"] = write_outputs(results, out, grid)
+    write_json(out / RESULTS_FILE, results)
+    log_eval_to_wandb(config, out, results)
+    if error is not None:
+        raise error
+    return results
+
+
+def _results(config, specs, runs, grid, env_cfg, monitors, references, hf, failure) -> dict:
+    from draftrl.eval.exactness import monitor_verdict
+
+    kept = median_runs(runs)
+    by_policy = grouped(kept, lambda r: r.policy)
+    reference = summarize_with_groups(by_policy["ar"]) if "ar" in by_policy else None
+    table = {}
+    for spec in specs:
+        if spec.label not in by_policy:
+            continue
+        s = summarize_with_groups(by_policy[spec.label])
+        if reference is not None:
+            add_speedups(s, reference)
+            s["paired_speedup"] = paired_speedup(by_policy[spec.label], by_policy["ar"])
+        s["spec"] = spec.kind + (f":{spec.arg}" if spec.arg else "")
+        table[spec.label] = s
+    monitor_seconds = sum(r.monitor_seconds for r in runs)
+    run_seconds = sum(r.total_seconds for r in runs)
+    identity = {"checked": False, "why": "temperature > 0: the monitor checks the distribution instead"}
+    if env_cfg.temperature == 0:
+        identity = {"checked": True, "passed": failure is None, "requests": len(references),
+                    "policies": [s.label for s in specs if s.label != "ar"],
+                    "reference": "plain decoding (ar, depth 0) on the same requests"}
+    verdicts = {label: monitor_verdict(m) for label, m in monitors.items()}
+    exactness = {
+        "passed": failure is None and all(v["passed"] for v in verdicts.values()),
+        "temperature": env_cfg.temperature,
+        "sampler": config.eval.sampler,
+        "greedy_identity": identity,
+        "hf_reference": hf,
+        "monitor": verdicts if monitors else {"enabled": False},
+        "monitor_overhead": {
+            "fraction": monitor_seconds / run_seconds if run_seconds > 0 else None,
+            "seconds": monitor_seconds,
+            "run_seconds": run_seconds,
+            "target": MONITOR_OVERHEAD_TARGET,
+            "note": "at temperature 0 every emitted token has p = 1 and the monitor skips it; see power.correct "
+                    "for the overhead at a temperature where it tests every token" if env_cfg.temperature == 0 else "",
+        },
+    }
+    if failure is not None:
+        exactness["failure"] = failure
+    out = {
+        "format": FORMAT,
+        "split": "heldout",
+        "config": to_dict(config),
+        "prompts": sorted({r.prompt_id for r in runs}),
+        "repeats": config.eval.repeats,
+        "reference": "ar",
+        "policies": table,
+        "exactness": exactness,
+    }
+    if grid is not None:
+        out["best_grid"] = grid["best"]
+    return out
+
+
+def write_outputs(results: dict, out: Path, grid: dict | None) -> dict[str, str]:
+    """The plots and report.md; returns {what: file name}."""
+    from draftrl.eval import plots
+    from draftrl.eval.report import render_report
+
+    files: dict[str, str] = {}
+    if grid is not None:
+        plots.grid_heatmap(grid, out / "grid_heatmap.png")
+        files["grid_heatmap"] = "grid_heatmap.png"
+    traj = results.get("trajectories", {}).get("policies", {})
+    if traj:
+        plots.policy_trajectory(traj, out / "trajectory.png", results["trajectories"]["prompt_id"])
+        files["trajectory"] = "trajectory.png"
+    hists = {name: p["tokens_per_round_histogram"] for name, p in results["policies"].items()
+             if p.get("tokens_per_round_histogram")}
+    if hists:
+        plots.acceptance_histograms(hists, out / "acceptance_hist.png")
+        files["acceptance_hist"] = "acceptance_hist.png"
+    monitor = results["exactness"]["monitor"]
+    pooled = [v["pit_histogram"] for v in monitor.values() if isinstance(v, dict) and "pit_histogram" in v]
+    pit = {"evaluation, all policies pooled": np.sum(pooled, axis=0).tolist()} if pooled else {}
+    power = results["exactness"].get("power")
+    if power:
+        for sampler in ("correct", "resample-from-p"):
+            if sampler in power:
+                pit[f"power run, sampler {sampler}"] = power[sampler]["pit_histogram"]
+    plots.pit_histogram(pit, out / "pit_hist.png", note=f"temperature {results['exactness']['temperature']:g}")
+    files["pit_hist"] = "pit_hist.png"
+    files["report"] = REPORT_FILE
+    files["results"] = RESULTS_FILE
+    (out / REPORT_FILE).write_text(render_report(results, files))
+    return files
+
+
+def log_eval_to_wandb(config: EvalConfig, out: Path, results: dict) -> None:
+    """One run with a table comparing every policy, the per-language table and the plots."""
+    from draftrl.eval.wandb_log import log_images, log_table, start_run
+
+    run = start_run(config.wandb, out, name=f"eval-{out.resolve().name}", group=config.wandb.group or "eval",
+                    job_type="eval", config=results["config"])
+    if run is None:
+        return
+    columns = ["policy", "tokens_per_second", "speedup_vs_ar", "mean_tokens_per_round", "ttft_s", "itl_p50_ms",
+               "itl_p95_ms", "itl_p99_ms", "peak_memory_mb"]
+    rows = []
+    for name, p in results["policies"].items():
+        ms = lambda v: None if v is None else v * 1e3  # noqa: E731
+        rows.append([name, p["tokens_per_second"], p.get("speedup_vs_ar"), p["mean_tokens_per_round"],
+                     p["time_to_first_token_mean"], ms(p["itl_p50"]), ms(p["itl_p95"]), ms(p["itl_p99"]),
+                     p["peak_memory_bytes"] / 2**20])
+    log_table(run, "policies", columns, rows)
+    lang_rows = [[name, lang, s["tokens_per_second"], s.get("speedup_vs_ar")]
+                 for name, p in results["policies"].items() for lang, s in p["per_language"].items()]
+    log_table(run, "per_language", ["policy", "language", "tokens_per_second", "speedup_vs_ar"], lang_rows)
+    log_images(run, {k: out / v for k, v in results["files"].items() if v.endswith(".png")})
+    run.summary.update({"exactness_passed": results["exactness"]["passed"],
+                        "monitor_overhead": results["exactness"]["monitor_overhead"]["fraction"]})
+    run.finish()

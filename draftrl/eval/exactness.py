@@ -1,0 +1,212 @@
+"""Exactness checks of the evaluation: greedy token identity, monitor verdicts, monitor power.
+
+- **Greedy identity** (temperature 0): every setting's output must equal plain decoding's
+  (depth 0) token for token on every request, and plain decoding must equal Hugging Face
+  ``generate(do_sample=False)`` on a sample of requests. A mismatch raises
+  :class:`GreedyMismatch` with the first differing position and both continuations.
+- **Monitor** (any temperature): ``draftrl.decoding.monitor.ExactnessMonitor`` over each
+  setting's stream; a failed test raises ``ExactnessViolation`` (its message is the evidence).
+- **Power** on the real model: :func:`monitor_power` decodes with the known-wrong
+  ``resample-from-p`` correction and with the correct one on the same requests and records
+  after how many emitted tokens each statistic fired (or that it never did).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+
+class GreedyMismatch(RuntimeError):
+    """A greedy output differs from the target's own greedy decoding; the message shows where."""
+
+    def __init__(self, what: str, prompt_id: str, reference: list[int], output: list[int], tokenizer=None):
+        n = min(len(reference), len(output))
+        at = next((i for i in range(n) if reference[i] != output[i]), n)
+        self.evidence = {"what": what, "prompt_id": prompt_id, "position": at,
+                         "reference": reference[at: at + 8], "output": output[at: at + 8],
+                         "reference_length": len(reference), "output_length": len(output)}
+        text = ""
+        if tokenizer is not None:
+            text = (f"\n  reference continues {tokenizer.decode(reference[at: at + 8])!r}"
+                    f"\n  output continues    {tokenizer.decode(output[at: at + 8])!r}")
+        super().__init__(
+            f"greedy token identity failed: {what} on prompt {prompt_id} differs from the target's greedy decoding "
+            f"at output position {at} (reference {reference[at: at + 8]}, output {output[at: at + 8]}; lengths "
+            f"{len(reference)} vs {len(output)}){text}"
+        )
+
+
+def check_identity(what: str, prompt_id: str, reference: list[int], output: list[int], tokenizer=None) -> None:
+    if list(reference) != list(output):
+        raise GreedyMismatch(what, prompt_id, list(reference), list(output), tokenizer)
+
+
+def hf_greedy(model, prompt_ids: list[int], max_new_tokens: int, eos_token_ids: list[int]) -> list[int]:
+    """The target's own greedy continuation through Hugging Face ``generate(do_sample=False)``,
+    cut after the first EOS as the engine cuts it."""
+    import torch
+
+    device = next(model.parameters()).device
+    with torch.inference_mode():
+        out = model.generate(
+            torch.tensor([prompt_ids], device=device), attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long,
+                                                                                   device=device),
+            max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0,
+        )
+    tokens = out[0, len(prompt_ids):].tolist()
+    eos = set(eos_token_ids)
+    for i, t in enumerate(tokens):
+        if t in eos:
+            return tokens[: i + 1]
+    return tokens
+
+
+def monitor_verdict(monitor) -> dict:
+    """The compact part of ``ExactnessMonitor.report()`` a results file keeps."""
+    rep = monitor.report()
+    return {
+        "passed": rep["passed"],
+        "num_tokens": rep["num_tokens"],
+        "num_informative": rep["num_informative"],
+        "num_drafted": rep["num_drafted"],
+        "tests": {name: {k: v for k, v in test.items() if k in ("passed", "checkpoints", "p_value", "threshold",
+                                                                "failed_at_tokens", "z", "log_e_value")}
+                  for name, test in rep["tests"].items()},
+        "pit_histogram": rep["pit_histogram"],
+        "failures": rep["failures"],
+    }
+
+
+class TimedMonitor:
+    """An ``ExactnessMonitor`` whose ``update`` calls are timed (``seconds``), for its overhead."""
+
+    def __init__(self, monitor):
+        self.monitor = monitor
+        self.seconds = 0.0
+
+    def update(self, stats) -> None:
+        t0 = time.perf_counter()
+        try:
+            self.monitor.update(stats)
+        finally:
+            self.seconds += time.perf_counter() - t0
+
+    def report(self) -> dict:
+        return self.monitor.report()
+
+    @property
+    def passed(self) -> bool:
+        return self.monitor.passed
+
+
+@dataclass
+class PowerSetting:
+    """A setting where drafts are often rejected, so a wrong correction shows quickly."""
+
+    drafter: str = "self"
+    """"self": the target drafts for itself with its top-1 token (q one-hot, acceptance p(top));
+    otherwise a drafter spec (ngram, layerskip:N, a model)"""
+    temperature: float = 1.0
+    top_k: int = 0
+    depth: int = 1
+    """one draft token per round: every rejection exercises the residual"""
+    tasks: tuple[str, ...] = ("chat",)
+    """open-ended chat: flat distributions, frequent rejections"""
+    max_new_tokens: int = 96
+
+
+def power_engine(target, setting: PowerSetting):
+    """The engine of :func:`monitor_power` around ``target`` (a ``LoadedModel``)."""
+    from draftrl.decoding.drafters import ModelDrafter
+    from draftrl.decoding.engine import EngineConfig, SpeculativeDecoder
+    from draftrl.decoding.factory import build_drafter
+    from draftrl.envs.engines import eos_token_ids
+
+    device = str(next(target.model.parameters()).device)
+    drafter = (ModelDrafter(target.model, name="self") if setting.drafter == "self"
+               else build_drafter(setting.drafter, target, device=device))
+    config = EngineConfig(max_new_tokens=setting.max_new_tokens, temperature=setting.temperature, top_k=setting.top_k)
+    return SpeculativeDecoder(target.model, drafter, config, eos_token_ids=eos_token_ids(target))
+
+
+def monitor_power(target, tokens: int, setting: PowerSetting | None = None, *, samplers=("resample-from-p", "correct"),
+                  seed: int = 0, until: str = "all", progress=None) -> dict:
+    """Tokens each monitor statistic needs to catch each sampler on the real model.
+
+    Decodes tune-split prompts of ``setting.tasks`` (languages alternating) until ``tokens``
+    tokens were emitted or every statistic fired (``until="all"``) or one did (``until="first"``),
+    once per sampler, with the same request seeds.
+    The correct sampler's run also gives the monitor's overhead at a temperature where it
+    tests every token (at temperature 0 it skips them all).
+
+    :param target: the loaded target (``LoadedModel``).
+    :return: ``{"setting": ..., sampler: {"tokens", "informative", "drafted", "seconds",
+        "monitor_seconds", "monitor_overhead", "detected_at": {statistic: tokens or None},
+        "first_detection", "passed"}}``.
+    """
+    from dataclasses import asdict
+
+    from draftrl.decoding.generate import fixed_schedule, generate
+    from draftrl.decoding.monitor import TESTS, ExactnessMonitor, ExactnessViolation
+    from draftrl.envs.config import EnvConfig
+    from draftrl.envs.workload import Workload
+
+    if until not in ("all", "first"):
+        raise ValueError(f"until={until!r} must be 'all' or 'first'")
+    setting = setting or PowerSetting()
+    engine = power_engine(target, setting)
+    env = EnvConfig(split="tune", tasks=setting.tasks, shuffle=False, max_new_tokens=setting.max_new_tokens)
+    workload = Workload(env, target.tokenizer)
+    order = _round_robin_by_language(workload.prompts)
+    out: dict = {"setting": asdict(setting)}
+    for sampler in samplers:
+        engine.config.sampler = sampler
+        monitor = TimedMonitor(ExactnessMonitor())
+        decode_seconds = 0.0
+        k = 0
+        while monitor.report()["num_tokens"] < tokens:
+            request = workload.request(order[k % len(order)])
+            engine.config.max_new_tokens = request.max_new_tokens
+            t0 = time.perf_counter()
+            try:
+                generate(engine, request.prompt_ids, fixed_schedule(setting.depth), monitor=monitor, seed=seed + k)
+            except ExactnessViolation:
+                pass  # keep going: the other statistics' detection points are measured too
+            decode_seconds += time.perf_counter() - t0
+            k += 1
+            rep = monitor.report()
+            if progress:
+                progress(sampler, rep["num_tokens"])
+            failed = [not rep["tests"][name]["passed"] for name in TESTS]
+            if all(failed) or (until == "first" and any(failed)):
+                break
+        rep = monitor.report()
+        detected = {name: rep["tests"][name].get("failed_at_tokens") for name in TESTS}
+        firsts = [v for v in detected.values() if v is not None]
+        out[sampler] = {
+            "tokens": rep["num_tokens"],
+            "informative": rep["num_informative"],
+            "drafted": rep["num_drafted"],
+            "seconds": decode_seconds,
+            "monitor_seconds": monitor.seconds,
+            "monitor_overhead": monitor.seconds / decode_seconds if decode_seconds > 0 else None,
+            "detected_at": detected,
+            "first_detection": min(firsts) if firsts else None,
+            "passed": rep["passed"],
+            "pit_histogram": rep["pit_histogram"],
+        }
+    engine.config.sampler = "correct"
+    return out
+
+
+def _round_robin_by_language(prompts) -> list[int]:
+    """Prompt indices alternating languages, so a short run covers all of them."""
+    by_lang: dict[str, list[int]] = {}
+    for i, p in enumerate(prompts):
+        by_lang.setdefault(p.language, []).append(i)
+    lists = list(by_lang.values())
+    order = []
+    for j in range(max(len(v) for v in lists)):
+        order += [v[j] for v in lists if j < len(v)]
+    return order

@@ -1,0 +1,144 @@
+"""``report.md`` from a results dict: ratios first, context last (STYLE.md, benchmarks)."""
+
+from __future__ import annotations
+
+
+def _x(v) -> str:
+    return "-" if v is None else f"{v:.2f}x"
+
+
+def _ms(v) -> str:
+    return "-" if v is None else f"{v * 1e3:.1f}"
+
+
+def _f(v, spec: str = ".1f") -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def policy_rows(results: dict) -> list[list[str]]:
+    """One row per policy: the columns of the main table (also the demo's rich table)."""
+    rows = []
+    for name, p in results["policies"].items():
+        paired = p.get("paired_speedup") or {}
+        rows.append([
+            name,
+            _x(p.get("speedup_vs_ar")),
+            _x(paired.get("median")),
+            _f(p["tokens_per_second"]),
+            _f(p["mean_tokens_per_round"], ".2f"),
+            _f(p["time_to_first_token_mean"] * 1e3, ".0f"),
+            _ms(p["itl_p50"]), _ms(p["itl_p95"]), _ms(p["itl_p99"]),
+            _f(p["peak_memory_bytes"] / 2**20, ".1f"),
+        ])
+    return rows
+
+
+POLICY_COLUMNS = ["policy", "speedup vs AR", "paired median", "tokens/s", "tokens/round", "TTFT ms",
+                  "ITL p50 ms", "ITL p95 ms", "ITL p99 ms", "peak mem MiB"]
+
+
+def _table(columns: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _group_table(results: dict, group: str) -> str:
+    names = list(results["policies"])
+    keys = sorted({k for p in results["policies"].values() for k in p.get(group, {})})
+    rows = []
+    for key in keys:
+        row = [key]
+        for name in names:
+            sub = results["policies"][name].get(group, {}).get(key)
+            row.append("-" if sub is None else f"{_x(sub.get('speedup_vs_ar'))} ({sub['tokens_per_second']:.1f}/s)")
+        rows.append(row)
+    return _table([group.replace("per_", "")] + names, rows)
+
+
+def exactness_lines(ex: dict) -> list[str]:
+    lines = [f"**Verdict: {'PASSED' if ex['passed'] else 'FAILED'}** (temperature {ex['temperature']:g}, "
+             f"sampler `{ex['sampler']}`)", ""]
+    gi = ex.get("greedy_identity", {})
+    if gi.get("checked"):
+        lines.append(f"- Greedy token identity with plain decoding: {'passed' if gi.get('passed') else 'FAILED'} on "
+                     f"{gi.get('requests')} requests x {len(gi.get('policies', []))} policies.")
+    else:
+        lines.append(f"- Greedy token identity: not applicable ({gi.get('why', '')}).")
+    hf = ex.get("hf_reference", {})
+    if hf.get("checked"):
+        lines.append(f"- Plain decoding vs Hugging Face `generate(do_sample=False)`: passed on {hf['checked']} requests.")
+    mon = ex.get("monitor", {})
+    if mon.get("enabled") is False:
+        lines.append("- Streaming monitor: off (`--no-monitor`).")
+    else:
+        for name, v in mon.items():
+            lines.append(f"- Monitor on `{name}`: {'passed' if v['passed'] else 'FAILED'} "
+                         f"({v['num_tokens']} tokens, {v['num_informative']} informative, {v['num_drafted']} drafted).")
+    ov = ex.get("monitor_overhead", {})
+    if ov.get("fraction") is not None:
+        lines.append(f"- Monitor overhead: {ov['fraction'] * 100:.3f}% of the run's time "
+                     f"(target < {ov['target'] * 100:.0f}%). {ov.get('note', '')}".rstrip())
+    power = ex.get("power")
+    if power:
+        s = power["setting"]
+        lines += ["", f"Monitor power on the real model (drafter `{s['drafter']}`, temperature {s['temperature']:g}, "
+                  f"depth {s['depth']}, tasks {', '.join(s['tasks'])}): emitted tokens until each statistic fired.", ""]
+        samplers = [k for k in power if k != "setting"]
+        stats = list(next(iter(power[k] for k in samplers))["detected_at"])
+        rows = []
+        for sampler in samplers:
+            r = power[sampler]
+            rows.append([f"`{sampler}`", str(r["tokens"]), *[str(r["detected_at"][k] or "never") for k in stats],
+                         "-" if r.get("monitor_overhead") is None else f"{r['monitor_overhead'] * 100:.2f}%"])
+        lines.append(_table(["sampler", "tokens run"] + stats + ["monitor overhead"], rows))
+    if ex.get("failure"):
+        lines += ["", "```", ex["failure"]["message"], "```"]
+    return lines
+
+
+def render_report(results: dict, files: dict[str, str]) -> str:
+    """The markdown report of an evaluation."""
+    cfg = results["config"]
+    env = cfg["env"]
+    hw = results.get("hardware", {})
+    best = results.get("best_grid")
+    lines = [
+        "# draftrl evaluation",
+        "",
+        f"Held-out split, {len(results['prompts'])} requests, every policy on the same requests, interleaved per "
+        f"request ({results['repeats']} pass{'es' if results['repeats'] > 1 else ''}; median-time pass kept). "
+        f"Speedups are throughput ratios over plain decoding (`ar`) measured in the same run; "
+        f"\"paired median\" is the median over requests of the per-request ratio.",
+        "",
+        _table(POLICY_COLUMNS, policy_rows(results)),
+        "",
+    ]
+    if best:
+        lines += [f"`best-grid` = depth {best['depth']}, verify size {best['verify_size'] or 'all'}, width "
+                  f"{best['width']} (tune split: {_x(best['speedup_vs_ar'])}).", ""]
+    lines += ["## Exactness", "", *exactness_lines(results["exactness"]), ""]
+    lines += ["## Per language", "", _group_table(results, "per_language"), "",
+              "## Per task", "", _group_table(results, "per_task"), ""]
+    lines += ["## Acceptance", "", "Mean tokens per round counts the bonus token (plain decoding = 1.00). "
+              "Per-position conditional acceptance: P(position i accepted | 1..i-1 accepted, i verified).", ""]
+    rows = []
+    for name, p in results["policies"].items():
+        rate = p["acceptance_by_position"]["rate"][:8]
+        rows.append([name, f"{p['mean_tokens_per_round']:.2f}", " ".join("-" if r is None else f"{r:.2f}" for r in rate)
+                     or "-", " ".join(f"{k}:{v}" for k, v in p["depth_histogram"].items())])
+    lines += [_table(["policy", "tokens/round", "acceptance by position 1..8", "depth: rounds"], rows), ""]
+    plots = [(k, v) for k, v in files.items() if v.endswith(".png")]
+    if plots:
+        lines += ["## Plots", ""] + [f"![{k}]({v})" for k, v in plots] + [""]
+    lines += [
+        "## Context",
+        "",
+        f"target `{env['target']}`, drafter `{env['drafter']}`, temperature {env['temperature']:g}, "
+        f"languages {env['languages'] or 'all'}, tasks {env['tasks'] or 'all'}, "
+        f"max_new_tokens {env['max_new_tokens'] or 'per prompt'}; hardware: {hw.get('gpu') or hw.get('cpu')}, "
+        f"{hw.get('threads')} torch threads, torch {hw.get('torch')}. Wall time {results.get('wall_seconds', 0):.0f} s. "
+        "Absolute tokens/s depend on the machine and its load; compare the ratios.",
+        "",
+    ]
+    return "\n".join(lines)
