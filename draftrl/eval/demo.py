@@ -1,0 +1,245 @@
+"""``draftrl demo``: the whole pipeline on the embedded CPU default, end to end.
+
+Steps, each through the owning package's public Python API, each writing under ``DIR``:
+
+1. **model**: fetch and load the embedded default target (``draftrl.models``);
+2. **calibrate**: measure verify / draft / sample costs -> ``DIR/cost_table.json``
+   (``draftrl.cli.calibrate.calibrate``);
+3. **collect**: greedy traces of the tune prompts -> ``DIR/traces/`` (``draftrl.envs.traces.collect``);
+4. **train**: PPO on ``draftrl/TraceReplay-v0`` over those traces -> ``DIR/ppo_size/`` (and more
+   recipes when configured) (``draftrl.train.<recipe>.train``);
+5. **grid**: fixed settings on the tune split, wall clock -> ``DIR/grid/`` (``draftrl.eval.grid``);
+6. **eval**: plain decoding, best fixed, heuristic, threshold, bandit, PPO and the oracle bound
+   on the held-out split, exactness checks on -> ``DIR/eval/`` (``draftrl.eval.evaluate``).
+
+``DIR/demo_summary.json`` records each step's seconds and the final table. The default
+(``DemoConfig()``) runs in about 15 minutes on 2 quiet CPU cores; ``DemoConfig.quick()`` in a few.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from draftrl.envs.config import EnvConfig
+from draftrl.eval.config import EvalConfig, EvalSettings, GridSettings
+
+STEPS: tuple[str, ...] = ("model", "calibrate", "collect", "train", "grid", "eval")
+#: Subdirectories and files the demo writes (``--force`` removes only these).
+OUTPUTS: tuple[str, ...] = ("cost_table.json", "traces", "grid", "eval", "demo_summary.json")
+
+
+@dataclass
+class CalibrateSettings:
+    """``draftrl calibrate`` options for the demo's cost table."""
+
+    num_tokens: tuple[int, ...] = (1, 2, 3, 4, 5, 7, 9)
+    """tokens per target forward (a depth-d chain round feeds d + 1)"""
+    contexts: tuple[int, ...] = (128, 512)
+    widths: tuple[int, ...] = (1,)
+    levels: int = 4
+    repeats: int = 3
+
+
+@dataclass
+class TrainSettings:
+    """PPO training on replayed traces (``draftrl.train``)."""
+
+    recipes: tuple[str, ...] = ("ppo_size",)
+    """recipes to train, each into DIR/<recipe>/ and evaluated as ppo:DIR/<recipe>"""
+    total_timesteps: int = 20_000
+    """replayed rounds; a replayed round takes microseconds"""
+    eval_episodes: int = 16
+    """episodes of the recipe's own replayed evaluation"""
+    overrides: tuple[str, ...] = ("ppo.n_envs=4", "ppo.n_steps=256", "ppo.batch_size=256", "checkpoint_every=10000")
+    """more TrainConfig overrides, as for draftrl train --set"""
+
+
+def _demo_env() -> EnvConfig:
+    return EnvConfig(
+        split=None,
+        shuffle=False,
+        languages=("en", "it", "zh", "es"),
+        tasks=("code_edit", "chat"),  # copy-heavy vs open-ended: where adapting the depth matters
+        limit_per_group=1,  # 8 requests per split
+        max_new_tokens=48,
+        depths=(0, 1, 2, 3, 4, 6),
+        verify_sizes=(0,),
+    )
+
+
+@dataclass
+class DemoConfig(EvalConfig):
+    """The demo: an :class:`EvalConfig` (workload, grid, policies) plus calibration and training."""
+
+    env: EnvConfig = field(default_factory=_demo_env)
+    grid: GridSettings = field(default_factory=lambda: GridSettings(depths=(0, 1, 2, 4, 6), repeats=2))
+    eval: EvalSettings = field(default_factory=lambda: EvalSettings(
+        policies=("ar", "best-grid", "heuristic", "threshold", "bandit", "oracle"), power_tokens=300))
+    calibrate: CalibrateSettings = field(default_factory=CalibrateSettings)
+    train: TrainSettings = field(default_factory=TrainSettings)
+    threads: int = 1
+    """one torch thread: fastest per core for a 135M model on a shared machine"""
+
+    @classmethod
+    def quick(cls) -> "DemoConfig":
+        """A few minutes: 4 requests per split, 24 tokens, 3 grid cells, 5k training rounds, no power run."""
+        cfg = cls()
+        cfg.env = dataclasses.replace(cfg.env, languages=("en", "zh"), max_new_tokens=24)
+        cfg.grid = GridSettings(depths=(0, 2, 4), repeats=1)
+        cfg.eval = dataclasses.replace(cfg.eval, power_tokens=0, greedy_reference=1)
+        cfg.calibrate = CalibrateSettings(num_tokens=(1, 3, 5), contexts=(256,), repeats=2)
+        cfg.train = dataclasses.replace(cfg.train, total_timesteps=4096, eval_episodes=4)
+        return cfg
+
+
+def _calibrate(config: DemoConfig, out: Path, target_name: str):
+    from draftrl.cli.calibrate import calibrate
+
+    c = config.calibrate
+    args = argparse.Namespace(
+        target=target_name, drafter=config.env.drafter, device=config.env.device, dtype=config.env.dtype,
+        num_tokens=tuple(c.num_tokens), contexts=tuple(c.contexts), widths=tuple(c.widths), levels=c.levels,
+        repeats=c.repeats, threads=config.threads, temperature=config.env.temperature, seed=0,
+    )
+    table = calibrate(args)
+    table.save(out / "cost_table.json")
+    return table
+
+
+def _collect(config: DemoConfig, out: Path, target) -> Path:
+    from draftrl.envs.engines import build_engine
+    from draftrl.envs.traces import collect
+
+    env = dataclasses.replace(config.env, split="tune", monitor=False)
+    engine, tokenizer = build_engine(env, target)
+    traces = collect(env, engine, tokenizer)
+    trace_dir = traces.save(out / "traces")
+    shutil.copyfile(out / "cost_table.json", Path(trace_dir) / "cost_table.json")
+    return Path(trace_dir)
+
+
+def _train(config: DemoConfig, out: Path, trace_dir: Path) -> dict[str, Path]:
+    import importlib
+    import os
+
+    from draftrl.config import load_config
+    from draftrl.train.config import TrainConfig
+
+    dirs = {}
+    for recipe in config.train.recipes:
+        overrides = [
+            f"recipe={recipe}",
+            "env.id=draftrl/TraceReplay-v0",
+            f"total_timesteps={config.train.total_timesteps}",
+            f"eval_episodes={config.train.eval_episodes}",
+            "progress_bar=false",
+            f"wandb.mode={os.environ.get('WANDB_MODE', config.wandb.mode)}",
+            f"wandb.project={config.wandb.project}",
+            *config.train.overrides,
+        ]
+        cfg = load_config(TrainConfig, None, overrides)
+        cfg.env.kwargs = {"traces": str(trace_dir), "depths": list(config.env.depths),
+                          "verify_sizes": list(config.env.verify_sizes)}
+        run_dir = out / recipe
+        importlib.import_module(f"draftrl.train.{recipe}").train(cfg, run_dir)
+        dirs[recipe] = run_dir
+    return dirs
+
+
+def run_demo(config: DemoConfig, out: str | Path, *, force: bool = False,
+             step_started: Callable[[int, str], None] | None = None,
+             step_done: Callable[[int, str, float, str], None] | None = None,
+             progress: Callable[[int, int, str], None] | None = None) -> dict:
+    """Run :data:`STEPS` into ``out``; returns the summary (also ``out/demo_summary.json``).
+
+    :param force: remove the demo's own outputs (:data:`OUTPUTS` and the recipes' run
+        directories) in ``out`` first; without it an existing demo in ``out`` is an error.
+    :param step_started: ``(index, step)`` before each step; ``step_done(index, step, seconds, note)`` after.
+    :param progress: ``(done, total, label)`` inside the grid and eval steps.
+    """
+    import torch
+
+    from draftrl.eval.evaluate import run_eval
+    from draftrl.eval.grid import run_grid
+    from draftrl.eval.io import write_json
+    from draftrl.models import DEFAULT_MODEL, fetch_model
+    from draftrl.envs.engines import shared_model
+
+    out = Path(out)
+    owned = [out / name for name in (*OUTPUTS, *config.train.recipes)]
+    present = [p for p in owned if p.exists()]
+    if present and not force:
+        raise ValueError(f"{out} already holds a demo ({', '.join(p.name for p in present)}); pass --force to replace "
+                         f"it or --out NEW_DIR.")
+    for p in present:
+        shutil.rmtree(p) if p.is_dir() else p.unlink()
+    out.mkdir(parents=True, exist_ok=True)
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    summary: dict = {"steps": {}, "out": str(out)}
+    timer = {"t": 0.0}
+
+    def begin(i: int) -> None:
+        timer["t"] = time.perf_counter()
+        if step_started:
+            step_started(i, STEPS[i])
+
+    def end(i: int, note: str) -> None:
+        seconds = time.perf_counter() - timer["t"]
+        summary["steps"][STEPS[i]] = {"seconds": seconds, "note": note}
+        if step_done:
+            step_done(i, STEPS[i], seconds, note)
+
+    started = time.perf_counter()
+    begin(0)
+    target_name = config.env.target
+    if target_name == "smollm2-135m" or target_name == DEFAULT_MODEL:
+        fetch_model(target_name, quiet=True)
+    target = shared_model(target_name, config.env.dtype, config.env.device)
+    end(0, target.name)
+
+    begin(1)
+    table = _calibrate(config, out, target_name)
+    g = table.g(max(table.num_tokens))
+    end(1, f"g({int(max(table.num_tokens))}) = {g:.2f} plain steps")
+
+    begin(2)
+    trace_dir = _collect(config, out, target)
+    end(2, f"{trace_dir}")
+
+    begin(3)
+    policy_dirs = _train(config, out, trace_dir)
+    end(3, ", ".join(str(p) for p in policy_dirs.values()))
+
+    begin(4)
+    grid = run_grid(config, out / "grid", target=target, progress=progress)
+    best = grid["best"]
+    end(4, f"best fixed: depth {best['depth']} ({best['speedup_vs_ar']:.2f}x on tune)")
+
+    begin(5)
+    policies = list(config.eval.policies)
+    ppo = [f"ppo:{d}" for d in policy_dirs.values()]
+    if "oracle" in policies:  # keep the upper bound last in the table
+        policies.remove("oracle")
+        policies += ppo + ["oracle"]
+    else:
+        policies += ppo
+    results = run_eval(config, out / "eval", policies=policies, grid_path=out / "grid" / "grid.json", target=target,
+                       progress=progress)
+    end(5, f"exactness {'passed' if results['exactness']['passed'] else 'FAILED'}")
+
+    summary["wall_seconds"] = time.perf_counter() - started
+    summary["report"] = str(out / "eval" / "report.md")
+    summary["results"] = str(out / "eval" / "results.json")
+    summary["policies"] = {name: {"speedup_vs_ar": p.get("speedup_vs_ar"), "tokens_per_second": p["tokens_per_second"]}
+                           for name, p in results["policies"].items()}
+    summary["exactness_passed"] = results["exactness"]["passed"]
+    write_json(out / "demo_summary.json", summary)
+    summary["results_dict"] = results
+    return summary
