@@ -1,0 +1,172 @@
+"""Evaluation pieces without a model: policy names, metrics, grid cells, sweep file, plots, report."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import yaml
+
+from draftrl.cli import main
+from draftrl.config import load_config
+from draftrl.eval.config import EvalConfig, GridSettings
+from draftrl.eval.grid import REFERENCE, Cell, grid_cells, write_sweep
+from draftrl.eval.metrics import acceptance_by_position, add_speedups, median_runs, summarize_with_groups
+from draftrl.eval.policies import POLICY_NAMES, parse_policies
+from draftrl.eval.rollout import RequestRun
+
+from eval_helpers import CONFIGS, assert_png, fake_results
+
+
+@pytest.fixture(autouse=True)
+def _no_wandb(monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+
+
+# ----------------------------------------------------------------------------- policy names
+def test_parse_policies_puts_the_reference_first():
+    specs = parse_policies("heuristic, best-grid,fixed:4:0:2,ppo:runs/a,oracle")
+    assert [s.label for s in specs] == ["ar", "heuristic", "best-grid", "fixed:4:0:2", "ppo", "oracle"]
+    assert parse_policies(["bandit", "ar"])[0].label == "ar"
+
+
+def test_two_ppo_policies_are_named_after_their_directories():
+    labels = [s.label for s in parse_policies("ppo:runs/size,ppo:runs/depth/policy.zip")]
+    assert labels == ["ar", "ppo[size]", "ppo[depth]"]
+
+
+@pytest.mark.parametrize("bad", ["foo", "ppo", "fixed:x", "heuristic:3", "ar,ar"])
+def test_bad_policy_name_is_one_line_naming_the_valid_ones(bad):
+    with pytest.raises(ValueError) as err:
+        parse_policies(bad)
+    message = str(err.value)
+    assert "\n" not in message
+    if bad != "ar,ar":
+        assert bad.split(",")[0] in message
+        for name in POLICY_NAMES:
+            assert name in message
+
+
+def test_cli_bad_policy_exits_2_with_one_line(tmp_path, capsys):
+    code = main(["eval", "--policies", "ar,warp-drive", "--out", str(tmp_path / "e"), "--quiet"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert len(err.splitlines()) == 1
+    assert "warp-drive" in err and "heuristic" in err and "ppo:PATH" in err
+    assert not (tmp_path / "e").exists()
+
+
+def test_best_grid_without_grid_names_the_fix(tmp_path):
+    from draftrl.eval.evaluate import run_eval
+
+    with pytest.raises(ValueError, match="--grid"):
+        run_eval(EvalConfig(), tmp_path, policies="ar,best-grid")
+
+
+# ----------------------------------------------------------------------------- config files
+@pytest.mark.parametrize("name", ["eval_tiny_cpu.yaml", "eval_cpu.yaml"])
+def test_shipped_eval_configs_load(name):
+    config = load_config(EvalConfig, CONFIGS / name)
+    assert 0 in config.grid.depths
+    parse_policies(list(config.eval.policies))
+
+
+@pytest.mark.parametrize("name", ["demo_cpu.yaml", "demo_quick_cpu.yaml"])
+def test_shipped_demo_configs_match_the_builtin_defaults(name):
+    from draftrl.config import to_dict
+    from draftrl.eval.demo import DemoConfig
+
+    config = load_config(DemoConfig, CONFIGS / name)
+    builtin = DemoConfig.quick() if "quick" in name else DemoConfig()
+    assert to_dict(config) == to_dict(builtin)
+
+
+def test_unknown_config_key_is_refused():
+    with pytest.raises(ValueError, match="grid.repeat"):
+        load_config(EvalConfig, None, ["grid.repeat=3"])
+
+
+# ----------------------------------------------------------------------------- grid cells and sweep
+def test_grid_cells_always_include_plain_decoding_and_drop_duplicates():
+    cells = grid_cells(GridSettings(depths=(2, 4), verify_sizes=(0, 2, 4), widths=(1, 2)))
+    names = [c.name for c in cells]
+    assert names[0] == REFERENCE
+    assert "d2_v2_w1" not in names  # verifying 2 of 2 drafted nodes is "all"
+    assert {"d2_v0_w1", "d2_v2_w2", "d4_v2_w1", "d4_v0_w2", "d4_v4_w2"} <= set(names)
+    assert len(names) == len(set(names))
+    assert Cell(0, 5, 3).name == REFERENCE
+
+
+def test_sweep_file_runs_the_grid_cell_command(tmp_path):
+    config = load_config(EvalConfig, CONFIGS / "eval_tiny_cpu.yaml")
+    path = write_sweep(config, tmp_path, "configs/eval_tiny_cpu.yaml")
+    sweep = yaml.safe_load(path.read_text())
+    assert sweep["method"] == "grid" and sweep["program"] == "draftrl"
+    assert set(sweep["parameters"]) == {"depth", "verify_size", "width"}
+    assert sweep["parameters"]["depth"]["values"] == list(config.grid.depths)
+    assert sweep["command"][:2] == ["${program}", "grid"] and "--cell" in sweep["command"]
+    assert sweep["command"][-1] == "${args}"
+    # the flags wandb passes parse
+    from draftrl.cli import build_parser
+
+    args = build_parser().parse_args(["grid", "--out", "x", "--cell", "--depth=4", "--verify_size=2", "--width=1"])
+    assert (args.depth, args.verify_size, args.width, args.cell) == (4, 2, 1, True)
+
+
+# ----------------------------------------------------------------------------- metrics
+def _run(policy, prompt, seconds, tokens_per_round, accepted, verified, language="en", task="chat"):
+    r = len(tokens_per_round)
+    return RequestRun(
+        policy=policy, prompt_id=prompt, language=language, task=task, repeat=0,
+        token_ids=list(range(int(sum(tokens_per_round)))), num_prompt_tokens=10, prefill_seconds=0.1,
+        total_seconds=seconds, round_seconds=np.full(r, (seconds - 0.1) / r), round_tokens=np.array(tokens_per_round),
+        round_accepted=np.array(accepted), round_depth=np.array(verified), round_verify_size=np.zeros(r, int),
+        round_verified_depth=np.array(verified), round_num_verified=np.array(verified),
+    )
+
+
+def test_acceptance_by_position_is_conditional():
+    # rounds: depth 3 accepting 3, 1 and 0 tokens
+    run = _run("p", "a", 1.0, [4, 2, 1], [3, 1, 0], [3, 3, 3])
+    acc = acceptance_by_position([run])
+    # position 1: 3 trials, 2 accepted; position 2: 2 trials, 1 accepted; position 3: 1 trial, 1 accepted
+    assert acc["trials"] == [3, 2, 1]
+    assert acc["rate"] == pytest.approx([2 / 3, 1 / 2, 1.0])
+
+
+def test_summaries_speedups_and_medians():
+    ar = [_run("ar", "a", 2.0, [1] * 10, [0] * 10, [0] * 10, "en"), _run("ar", "b", 2.0, [1] * 10, [0] * 10, [0] * 10, "zh")]
+    fast = [_run("x", "a", 1.0, [2] * 5, [1] * 5, [2] * 5, "en"), _run("x", "b", 2.0, [1] * 10, [0] * 10, [1] * 10, "zh")]
+    slow_repeat = _run("x", "a", 9.0, [2] * 5, [1] * 5, [2] * 5, "en")
+    slow_repeat.repeat = 1
+    kept = median_runs(ar + fast + [slow_repeat])
+    assert sorted(r.seconds for r in kept if r.policy == "x") == [1.0, 2.0]  # lower median of (1, 9)
+    ref = summarize_with_groups(ar)
+    s = summarize_with_groups([r for r in kept if r.policy == "x"])
+    add_speedups(s, ref)
+    assert s["tokens_per_second"] == pytest.approx(20 / 3.0)
+    assert s["speedup_vs_ar"] == pytest.approx((20 / 3.0) / (20 / 4.0))
+    assert s["per_language"]["en"]["speedup_vs_ar"] == pytest.approx(2.0)
+    assert s["per_language"]["zh"]["speedup_vs_ar"] == pytest.approx(1.0)
+    assert s["tokens_per_round_histogram"] == {"1": 10, "2": 5}
+    assert s["mean_tokens_per_round"] == pytest.approx(20 / 15)
+
+
+# ----------------------------------------------------------------------------- plots and report
+def test_report_and_plots_render(tmp_path):
+    from draftrl.eval.evaluate import write_outputs
+    from draftrl.eval.plots import grid_heatmap
+
+    results, grid = fake_results()
+    files = write_outputs(results, tmp_path, grid)
+    for key in ("grid_heatmap", "trajectory", "acceptance_hist", "pit_hist"):
+        assert_png(tmp_path / files[key])
+    report = (tmp_path / "report.md").read_text()
+    assert report.startswith("# draftrl evaluation")
+    assert "| policy | speedup vs AR |" in report and "## Exactness" in report and "PASSED" in report
+    assert "![pit_hist](pit_hist.png)" in report
+    for lang in ("en", "zh"):
+        assert f"| {lang} |" in report
+    assert_png(grid_heatmap(grid, tmp_path / "h.png"))
+    json.dumps(results)  # the fake is JSON-able like the real thing
