@@ -58,6 +58,17 @@ class EngineConfig:
             raise ValueError(f"sampler={self.sampler!r} is unknown; choose one of {', '.join(SAMPLERS)}")
         self.sampling  # validates temperature / top-k / top-p
 
+    def check_action(self, depth: int, verify_size: int | None, width: int) -> None:
+        """Refuse a (depth, verify_size, width) outside this config's limits, naming the fix."""
+        if not 0 <= depth <= self.max_depth:
+            raise ValueError(f"depth={depth} is outside 0..EngineConfig.max_depth={self.max_depth}")
+        if not 1 <= width <= self.max_width:
+            raise ValueError(f"width={width} is outside 1..EngineConfig.max_width={self.max_width}")
+        if verify_size is not None and not 1 <= verify_size <= self.max_verify_size:
+            raise ValueError(
+                f"verify_size={verify_size} is outside 1..EngineConfig.max_verify_size={self.max_verify_size}"
+            )
+
     @property
     def sampling(self) -> SamplingParams:
         return SamplingParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)
@@ -187,19 +198,11 @@ class SpeculativeDecoder:
         return feats
 
     def _validate(self, depth: int, verify_size: int | None, width: int) -> None:
-        cfg = self.config
         if self.finished:
             raise RuntimeError("the request is finished; call start() with a new prompt")
-        if not 0 <= depth <= cfg.max_depth:
-            raise ValueError(f"depth={depth} is outside 0..EngineConfig.max_depth={cfg.max_depth}")
+        self.config.check_action(depth, verify_size, width)
         if depth > 0 and self.drafter is None:
             raise ValueError(f"depth={depth} needs a drafter; pass one or use depth=0")
-        if not 1 <= width <= cfg.max_width:
-            raise ValueError(f"width={width} is outside 1..EngineConfig.max_width={cfg.max_width}")
-        if verify_size is not None and not 1 <= verify_size <= cfg.max_verify_size:
-            raise ValueError(
-                f"verify_size={verify_size} is outside 1..EngineConfig.max_verify_size={cfg.max_verify_size}"
-            )
 
     # ------------------------------------------------------------------ one round
     @torch.inference_mode()
