@@ -5,7 +5,7 @@
 ``evaluate_policy_on_env`` rolls any of them out on the same seeded episodes.
 """
 
-from draftrl.policies.base import CONTINUE, STOP, Policy, env_grids
+from draftrl.policies.base import CONTINUE, LEVEL_FEATURE, STOP, Policy, env_grids
 from draftrl.policies.baselines import ConfidenceThreshold, Fixed, HFHeuristic, Oracle, UCBBandit
 from draftrl.policies.evaluate import compare, evaluate_policy_on_env, paired_difference
 from draftrl.policies.ppo import PPOPolicy
@@ -13,6 +13,7 @@ from draftrl.policies.ppo import PPOPolicy
 __all__ = [
     "CONTINUE",
     "STOP",
+    "LEVEL_FEATURE",
     "Policy",
     "env_grids",
     "Fixed",

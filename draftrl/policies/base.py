@@ -13,8 +13,9 @@ Round-level envs (``draftrl/Analytic-v0``, ``draftrl/SpecDecode-v0``, ``draftrl/
     obs, reward, terminated, truncated, info = env.step(policy.to_action(depth, verify_size))
     policy.observe(info)                     # after each round: info["tokens"], ["accepted"], ["seconds"], ...
 
-Step-level envs (``draftrl/SpecDecodeDepth-v0``): ``policy.act_step(obs)`` returns ``CONTINUE``
-(draft one more token) or ``STOP`` (verify now) after each draft step.
+Step-level envs (``draftrl/SpecDecodeDepth-v0``, ``draftrl/TraceReplayDepth-v0``):
+``policy.act_step(obs)`` returns ``CONTINUE`` (draft one more level) or ``STOP`` (verify now) after
+each draft level; ``observe(info)`` follows every verifying step.
 
 Every decision may use only what is known before the target verifies the round: the observation
 and the ``info`` of rounds that already finished (DESIGN.md, exactness contract).
@@ -28,9 +29,12 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-#: ``act_step`` answers: draft another token, or stop drafting and verify.
+#: ``act_step`` answers: draft another level, or stop drafting and verify. As actions of the
+#: step-level envs' ``Discrete(2)``, ``int(CONTINUE) == 1`` and ``int(STOP) == 0``.
 CONTINUE: bool = True
 STOP: bool = False
+#: Observation feature of step-level envs: draft levels built so far this round.
+LEVEL_FEATURE = "level"
 
 P = TypeVar("P", bound="Policy")
 
@@ -41,13 +45,19 @@ def env_grids(env: Any) -> tuple[tuple[int, ...], tuple[int, ...], tuple[str, ..
     :raises TypeError: when the env does not expose the draftrl contract.
     """
     base = getattr(env, "unwrapped", env)
-    missing = [name for name in ("depths", "verify_sizes", "feature_names") if not hasattr(base, name)]
+    config = getattr(base, "config", None)  # step-level envs keep their grids in the EnvConfig
+
+    def grid(name: str) -> Any:
+        return getattr(base, name, None) if hasattr(base, name) else getattr(config, name, None)
+
+    values = {name: grid(name) for name in ("depths", "verify_sizes", "feature_names")}
+    missing = [name for name, value in values.items() if value is None]
     if missing:
         raise TypeError(
             f"{type(base).__name__} lacks {', '.join(missing)}; draftrl policies need an env that exposes "
             "depths, verify_sizes and feature_names on env.unwrapped (e.g. draftrl/Analytic-v0)."
         )
-    return tuple(base.depths), tuple(base.verify_sizes), tuple(base.feature_names)
+    return tuple(values["depths"]), tuple(values["verify_sizes"]), tuple(values["feature_names"])
 
 
 class Policy(ABC):
@@ -70,6 +80,7 @@ class Policy(ABC):
         self._feature_index = {name: i for i, name in enumerate(self.feature_names)}
         self._depth_index = {d: i for i, d in enumerate(self.depths)}
         self._verify_index = {v: i for i, v in enumerate(self.verify_sizes)}
+        self._round_depth: int | None = None  # act_step: the depth act() chose at level 0
 
     @classmethod
     def for_env(cls: type[P], env: Any, /, **kwargs: Any) -> P:
@@ -93,11 +104,18 @@ class Policy(ABC):
         """
 
     def act_step(self, observation: np.ndarray) -> bool:
-        """Per-draft-step form for ``draftrl/SpecDecodeDepth-v0``: ``CONTINUE`` or ``STOP``."""
-        raise NotImplementedError(
-            f"{type(self).__name__} has no per-step form; use act() on a round-level env, or a policy "
-            "with act_step (ConfidenceThreshold, PPOPolicy trained on SpecDecodeDepth-v0)."
-        )
+        """Per-draft-level form for step-level envs (``SpecDecodeDepth-v0``, ``TraceReplayDepth-v0``).
+
+        Called with the observation after ``level`` draft levels (the feature ``level``); answers
+        ``CONTINUE`` (draft one more level) or ``STOP`` (verify now). The default plays the
+        round-level policy: at level 0 it calls ``act`` on the round's observation and then
+        drafts that depth, so every baseline behaves the same on both kinds of env. The env's
+        fixed ``verify_size`` (or its ``size_policy``) chooses the verification size.
+        """
+        level = self.feature(observation, LEVEL_FEATURE)
+        if level <= 0 or self._round_depth is None:
+            self._round_depth = self.act(observation)[0]
+        return CONTINUE if level < self._round_depth else STOP
 
     # ------------------------------------------------------------------ helpers
     def has_feature(self, name: str) -> bool:

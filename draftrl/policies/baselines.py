@@ -20,7 +20,10 @@ from typing import Any
 import numpy as np
 
 from draftrl.envs.analytic import expected_tokens
-from draftrl.policies.base import CONTINUE, STOP, Policy, env_grids
+from draftrl.policies.base import Policy, env_grids
+
+#: Features ``ConfidenceThreshold`` can read as a per-token acceptance estimate, in order of preference.
+CONFIDENCE_FEATURES: tuple[str, ...] = ("draft_confidence", "draft_top1_prob", "accept_rate_1")
 
 
 class Fixed(Policy):
@@ -110,14 +113,16 @@ class ConfidenceThreshold(Policy):
     threshold. With a per-token acceptance estimate ``c`` (the feature ``feature``, e.g. the
     draft's confidence), the probability that ``d`` drafts all pass is ``c ** d``:
 
-    - ``act`` (round-level envs) picks the largest grid depth with ``c ** depth > threshold``
-      (depth 0 always qualifies, so ``c`` near 0 means no speculation);
-    - ``act_step`` (step-level envs) multiplies the per-step confidences of the current round and
-      answers ``CONTINUE`` while the product stays above ``threshold``; ``observe`` (called when a
-      round ends) restarts the product.
+    ``act`` picks the largest grid depth with ``c ** depth > threshold`` (depth 0 always
+    qualifies, so ``c`` near 0 means no speculation); on step-level envs ``act_step`` drafts that
+    depth (``Policy.act_step``), i.e. continues while ``c ** (level + 1) > threshold``. Which
+    feature estimates ``c`` depends on the drafter: ``draft_confidence`` on the analytic env,
+    ``draft_top1_prob`` for model drafters, ``accept_rate_1`` (the running first-position
+    acceptance) for n-gram drafters; the default picks the first of these the env provides.
 
     :param threshold: probability in (0, 1); higher = shallower drafts.
-    :param feature: name of the confidence feature in ``feature_names``.
+    :param feature: name of the confidence feature in ``feature_names``; None = the first of
+        ``CONFIDENCE_FEATURES`` present.
     :param verify_size: verify size used every round; None = ``default_verify_size()``.
     """
 
@@ -127,19 +132,20 @@ class ConfidenceThreshold(Policy):
         verify_sizes: Sequence[int],
         feature_names: Sequence[str],
         threshold: float = 0.35,
-        feature: str = "draft_confidence",
+        feature: str | None = None,
         verify_size: int | None = None,
     ):
         super().__init__(depths, verify_sizes, feature_names)
         if not 0.0 < threshold < 1.0:
             raise ValueError(f"threshold={threshold!r} must be a probability in (0, 1).")
         self.threshold = float(threshold)
+        if feature is None:
+            feature = next((f for f in CONFIDENCE_FEATURES if self.has_feature(f)), CONFIDENCE_FEATURES[0])
         self.feature_name = feature
         self.require_feature(feature)
         self.verify_size = self.default_verify_size() if verify_size is None else int(verify_size)
         self.to_action(min(self.depths), self.verify_size)
         self.name = f"confidence(t={self.threshold:g})"
-        self._product = 1.0
 
     def depth_for(self, confidence: float) -> int:
         """Largest grid depth ``d`` with ``confidence ** d > threshold`` (the smallest depth if none)."""
@@ -149,17 +155,6 @@ class ConfidenceThreshold(Policy):
 
     def act(self, observation: np.ndarray) -> tuple[int, int]:
         return self.depth_for(self.feature(observation, self.feature_name)), self.verify_size
-
-    def reset(self) -> None:
-        self._product = 1.0
-
-    def observe(self, info: Mapping[str, Any]) -> None:
-        self._product = 1.0
-
-    def act_step(self, observation: np.ndarray) -> bool:
-        self._product *= min(max(self.feature(observation, self.feature_name), 0.0), 1.0)
-        return CONTINUE if self._product > self.threshold else STOP
-
 
 class UCBBandit(Policy):
     """UCB over ``(depth, verify_size)`` arms, rewarded by observed tokens per second (BanditSpec).

@@ -107,9 +107,14 @@ class PPOPolicy(Policy):
         self.name = name
 
     @classmethod
-    def load(cls, path: str | Path, env: Any = None, name: str = "ppo") -> PPOPolicy:
+    def load(
+        cls, path: str | Path, env: Any = None, name: str = "ppo", feature_names: Sequence[str] | None = None
+    ) -> PPOPolicy:
         """Load a saved policy (a directory or its ``policy.zip``), checked against ``env``'s grids.
 
+        :param env: the env it will act on (grids checked, features gathered by name).
+        :param feature_names: instead of ``env``: the feature order of the observations it will
+            receive, without a grid check (a frozen size policy inside a depth env).
         :raises FileNotFoundError: when ``policy.zip`` or ``policy.json`` is missing.
         :raises ValueError: when ``env``'s depths or verify sizes differ from the policy's.
         """
@@ -125,7 +130,6 @@ class PPOPolicy(Policy):
         if vecnorm_path.is_file():
             with vecnorm_path.open("rb") as f:
                 normalizer = pickle.load(f)  # VecNormalize without its venv: only the statistics are used
-        feature_names = None
         if env is not None:
             depths, verify_sizes, feature_names = env_grids(env)
             if list(depths) != manifest["depths"] or list(verify_sizes) != manifest["verify_sizes"]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import pickle
 import os
 import platform
 import re
@@ -39,6 +40,7 @@ import draftrl.envs  # noqa: F401  registers the draftrl/* env ids
 from draftrl.config import to_dict
 from draftrl.policies import (
     ConfidenceThreshold,
+    env_grids,
     Fixed,
     HFHeuristic,
     Oracle,
@@ -58,22 +60,47 @@ SUMMARY_FILE = "train_summary.json"
 
 
 # ----------------------------------------------------------------------------- envs
-def make_env(spec: EnvSpec, evaluation: bool = False) -> gym.Env:
-    """``gymnasium.make(spec.id, **spec.kwargs)``; ``evaluation`` applies ``spec.eval_kwargs`` on top."""
-    kwargs = {**spec.kwargs, **(spec.eval_kwargs if evaluation else {})}
+def make_env(
+    spec: EnvSpec,
+    evaluation: bool = False,
+    extra_kwargs: dict[str, Any] | None = None,
+    wrapper: Callable[[gym.Env], gym.Env] | None = None,
+) -> gym.Env:
+    """``gymnasium.make(spec.id, **spec.kwargs)``; ``evaluation`` applies ``spec.eval_kwargs`` on top.
+
+    :param extra_kwargs: more ``gymnasium.make`` arguments that YAML cannot hold (e.g. a frozen
+        ``size_policy`` callable for the depth envs).
+    :param wrapper: applied to the made env (e.g. ``FrozenDepth`` in co-training).
+    """
+    kwargs = {**spec.kwargs, **(spec.eval_kwargs if evaluation else {}), **(extra_kwargs or {})}
     try:
-        return gym.make(spec.id, **kwargs)
+        env = gym.make(spec.id, **kwargs)
     except gym.error.NameNotFound as err:
         raise ValueError(f"env id {spec.id!r} is not registered ({err}); `import draftrl` registers draftrl/*.") from None
+    except TypeError as err:  # e.g. TraceReplay-v0 without traces
+        raise ValueError(
+            f"gymnasium.make({spec.id!r}) failed: {err}; give its arguments under env.kwargs in the config "
+            "(TraceReplay-v0 needs traces: DIR from draftrl collect, see configs/cpu_default.yaml)."
+        ) from None
+    return wrapper(env) if wrapper is not None else env
 
 
-def make_vec_env(cfg: TrainConfig, spec: EnvSpec, seed: int, normalizer: VecNormalize | None = None) -> VecEnv:
+def make_vec_env(
+    cfg: TrainConfig,
+    spec: EnvSpec,
+    seed: int,
+    normalizer: VecNormalize | None = None,
+    extra_kwargs: dict[str, Any] | None = None,
+    wrapper: Callable[[gym.Env], gym.Env] | None = None,
+) -> VecEnv:
     """``cfg.ppo.n_envs`` copies of ``spec`` in a ``DummyVecEnv``, each under SB3's ``Monitor``.
 
     With ``cfg.ppo.normalize_obs`` or ``normalize_reward`` the result is a ``VecNormalize``; pass
-    ``normalizer`` to continue its statistics (resume, fine-tuning on another env).
+    ``normalizer`` (detached from its venv) to continue its statistics (resume, next phase).
     """
-    venv: VecEnv = DummyVecEnv([lambda: Monitor(make_env(spec)) for _ in range(cfg.ppo.n_envs)])
+    venv: VecEnv = DummyVecEnv(
+        [lambda: Monitor(make_env(spec, extra_kwargs=extra_kwargs, wrapper=wrapper)) for _ in range(cfg.ppo.n_envs)]
+    )
     venv.seed(seed)
     if normalizer is not None:
         normalizer.set_venv(venv)
@@ -86,14 +113,18 @@ def make_vec_env(cfg: TrainConfig, spec: EnvSpec, seed: int, normalizer: VecNorm
     return venv
 
 
-def check_same_grids(a: gym.Env | VecEnv, b: gym.Env | VecEnv, what: str) -> None:
-    """Raise when two envs differ in action grids or observation features (a policy needs both)."""
-    def grids(env: Any) -> tuple:
-        base = env.unwrapped if hasattr(env, "unwrapped") else env.envs[0].unwrapped
-        return tuple(base.depths), tuple(base.verify_sizes), tuple(base.feature_names)
+def first_env(venv: VecEnv) -> gym.Env:
+    """The first env inside a (possibly ``VecNormalize``-wrapped) ``DummyVecEnv``, with its wrappers."""
+    while not hasattr(venv, "envs"):
+        venv = venv.venv
+    return venv.envs[0]
 
-    if grids(a) != grids(b):
-        raise ValueError(f"{what}: grids/features differ: {grids(a)} vs {grids(b)}; make both envs with the same grids.")
+
+def detached(normalizer: VecNormalize | None) -> VecNormalize | None:
+    """VecNormalize statistics without a venv, ready to wrap another one (``make_vec_env``)."""
+    if normalizer is None or normalizer.venv is None:  # None, or loaded from a checkpoint (used once)
+        return normalizer
+    return pickle.loads(pickle.dumps(normalizer))  # VecNormalize pickles without its venv
 
 
 # ----------------------------------------------------------------------------- run directory
@@ -382,17 +413,35 @@ def build_baselines(names: list[str], env: gym.Env) -> list[Policy]:
     return policies
 
 
-def evaluate_run(cfg: TrainConfig, policy_dir: Path, env_spec: EnvSpec | None = None) -> dict[str, Any]:
+def evaluate_run(
+    cfg: TrainConfig,
+    policy_dir: Path,
+    spec: EnvSpec | None = None,
+    extra_kwargs: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """Evaluate the saved policy, every fixed setting and the baselines on the same episodes.
 
-    :return: ``{"episodes", "seed", "results": {name: evaluate_policy_on_env(...)}, "best_fixed",
-        "table": {name: {"throughput", "ratio_to_best_fixed", "diff_vs_best_fixed", "se"}},
-        "oracle_gain_captured"}``; ``oracle_gain_captured`` = (policy - best fixed) / (oracle -
-        best fixed) in throughput, when an oracle ran.
+    On a step-level env (a depth policy) the fixed settings are the grid's depths, each drafted
+    to the end (``Policy.act_step``), and the env's own verify size applies.
+
+    :param spec: the env to evaluate on (its ``eval_kwargs`` apply); default ``cfg.env``.
+    :param extra_kwargs: ``gymnasium.make`` arguments YAML cannot hold (a frozen size policy).
+    :return: ``{"episodes", "seed", "env", "results": {name: evaluate_policy_on_env(...)},
+        "best_fixed", "table": {name: {"throughput", "ratio_to_best_fixed", "diff_vs_best_fixed",
+        "se"}}, "oracle_gain_captured"}``; ``oracle_gain_captured`` = (policy - best fixed) /
+        (oracle - best fixed) in throughput, when an oracle ran.
     """
-    env = make_env(env_spec or cfg.env, evaluation=True)
+    spec = spec or cfg.env
+    env = make_env(spec, evaluation=True, extra_kwargs=extra_kwargs)
+    step_level = isinstance(env.action_space, gym.spaces.Discrete)
     policies: list[Policy] = [PPOPolicy.load(policy_dir, env, name="ppo")]
-    fixed = Fixed.grid(env)
+    if step_level:
+        depths, _, _ = env_grids(env)
+        fixed = [Fixed.for_env(env, depth=d) for d in depths]
+        for policy in fixed:
+            policy.name = f"fixed(d={policy.depth})"
+    else:
+        fixed = Fixed.grid(env)
     policies += fixed + build_baselines(list(cfg.baselines), env)
     results = {p.name: evaluate_policy_on_env(p, env, cfg.eval_episodes, cfg.eval_seed) for p in policies}
     env.close()
@@ -408,7 +457,7 @@ def evaluate_run(cfg: TrainConfig, policy_dir: Path, env_spec: EnvSpec | None = 
     summary: dict[str, Any] = {
         "episodes": cfg.eval_episodes,
         "seed": cfg.eval_seed,
-        "env": {"id": (env_spec or cfg.env).id, "kwargs": {**(env_spec or cfg.env).kwargs, **(env_spec or cfg.env).eval_kwargs}},
+        "env": {"id": spec.id, "kwargs": {**spec.kwargs, **spec.eval_kwargs}},
         "best_fixed": best_fixed,
         "table": table,
         "results": results,

@@ -23,10 +23,10 @@ WANDB_MODES: tuple[str, ...] = ("offline", "online", "disabled")
 class EnvSpec:
     """Which gymnasium env to build, and with what arguments."""
 
-    id: str = "draftrl/Analytic-v0"
-    """gymnasium id, e.g. draftrl/TraceReplay-v0, draftrl/Analytic-v0, draftrl/SpecDecode-v0."""
+    id: str = "draftrl/TraceReplay-v0"
+    """gymnasium id: draftrl/TraceReplay-v0 (recorded traces), draftrl/Analytic-v0, draftrl/SpecDecode-v0, ..."""
     kwargs: dict[str, Any] = field(default_factory=dict)
-    """keyword arguments of gymnasium.make(id, ...)."""
+    """keyword arguments of gymnasium.make(id, ...), e.g. traces: DIR (TraceReplay) or EnvConfig fields."""
     eval_kwargs: dict[str, Any] = field(default_factory=dict)
     """overrides of kwargs for the evaluation env (e.g. the held-out trace split)."""
 
@@ -101,10 +101,12 @@ class TrainConfig:
     """after the main phase, continue training on finetune_env for this many steps (0 = skip)."""
     finetune_env: EnvSpec = field(default_factory=lambda: EnvSpec(id="draftrl/SpecDecode-v0"))
     """the real env of the fine-tuning phase; must share the training env's grids and features."""
-    depth_env: EnvSpec = field(default_factory=lambda: EnvSpec(id="draftrl/SpecDecodeDepth-v0"))
-    """step-level env of the depth policy (ppo_depth, cotrain)."""
+    depth_env: EnvSpec = field(default_factory=lambda: EnvSpec(id="draftrl/TraceReplayDepth-v0"))
+    """step-level env of the depth policy (ppo_depth, cotrain): TraceReplayDepth-v0 or SpecDecodeDepth-v0."""
     cotrain_rounds: int = 2
-    """cotrain: alternations (size with depth frozen, then depth with size frozen)."""
+    """cotrain: alternations, each training the depth policy (size frozen) then the size policy (depth frozen)."""
+    frozen_size_policy: str | None = None
+    """ppo_depth: a trained size-policy directory that picks the verify size at STOP; None = depth_env's verify_size."""
     eval_episodes: int = 50
     """episodes of the final evaluation (policy, every fixed setting, baselines: the same episodes)."""
     eval_seed: int = 1_000_000

@@ -100,18 +100,33 @@ def test_confidence_threshold_reads_the_feature_by_name():
         ConfidenceThreshold(depths=range(13), verify_sizes=(0,), feature_names=("a", "b"))
 
 
-def test_confidence_threshold_step_level_product():
-    policy = ConfidenceThreshold(**grid(), threshold=0.5)
-    obs = np.zeros(6, dtype=np.float32)
-    conf = FEATURE_NAMES.index("draft_confidence")
-    decisions = []
-    for c in (0.9, 0.9, 0.9, 0.9, 0.9, 0.9, 0.9):  # 0.9**6 = 0.53 > 0.5 > 0.9**7
-        obs[conf] = c
-        decisions.append(policy.act_step(obs))
-    assert decisions == [CONTINUE] * 6 + [STOP]
-    policy.observe({"tokens": 7, "accepted": 6, "seconds": 1.0})  # a new round restarts the product
-    obs[conf] = 0.9
-    assert policy.act_step(obs) == CONTINUE
+STEP_NAMES = FEATURE_NAMES + ("level",)
+
+
+def step_obs(confidence: float, level: int) -> np.ndarray:
+    obs = np.zeros(len(STEP_NAMES), dtype=np.float32)
+    obs[STEP_NAMES.index("draft_confidence")] = confidence
+    obs[STEP_NAMES.index("level")] = level
+    return obs
+
+
+def test_confidence_threshold_step_level_drafts_the_round_depth():
+    """On a step-level env it continues while c ** (level + 1) > threshold: the same rule as act()."""
+    policy = ConfidenceThreshold(depths=range(13), verify_sizes=(0,), feature_names=STEP_NAMES, threshold=0.5)
+    decisions = [policy.act_step(step_obs(0.9, level)) for level in range(8)]
+    assert decisions == [CONTINUE] * 6 + [STOP] * 2  # 0.9**6 = 0.53 > 0.5 > 0.9**7
+    assert policy.act_step(step_obs(0.2, 0)) == STOP  # a new round with low confidence: no speculation
+
+
+def test_round_policies_play_their_depth_level_by_level():
+    fixed = Fixed(depths=range(13), verify_sizes=(0,), feature_names=STEP_NAMES, depth=3)
+    assert [fixed.act_step(step_obs(0.5, level)) for level in range(5)] == [CONTINUE] * 3 + [STOP] * 2
+    hf = HFHeuristic(depths=range(13), verify_sizes=(0,), feature_names=STEP_NAMES, initial_depth=2)
+    assert [hf.act_step(step_obs(0.5, level)) for level in range(3)] == [CONTINUE, CONTINUE, STOP]
+    hf.observe(round_info(2, 2))  # all accepted: the next round drafts 4
+    assert [hf.act_step(step_obs(0.5, level)) for level in range(5)] == [CONTINUE] * 4 + [STOP]
+    with pytest.raises(ValueError, match="'level'"):
+        Fixed(**grid(), depth=3).act_step(np.zeros(6, dtype=np.float32))
 
 
 # ----------------------------------------------------------------------------- UCBBandit

@@ -198,13 +198,42 @@ def test_config_values_are_validated(override, message):
         load_config(TrainConfig, ANALYTIC, [override])
 
 
-TRAIN_CONFIGS = ("analytic_regimes.yaml",)
+TRAIN_CONFIGS = ("analytic_regimes.yaml", "cpu_default.yaml", "qwen3_8b_0.6b.yaml", "llama31_8b_32_1b.yaml")
 
 
 @pytest.mark.parametrize("name", TRAIN_CONFIGS)
 def test_shipped_configs_load(name):
+    """Every shipped config loads, and its env arguments are real EnvConfig fields (checked without models)."""
+    from draftrl.envs.config import resolve_config
+
     cfg = load_config(TrainConfig, CONFIGS / name)
     assert cfg.env.id.startswith("draftrl/")
+    if cfg.env.id == "draftrl/Analytic-v0":
+        return
+    for spec in (cfg.env, cfg.depth_env, cfg.finetune_env):
+        for kwargs in (spec.kwargs, {**spec.kwargs, **spec.eval_kwargs}):
+            resolve_config(None, {k: v for k, v in kwargs.items() if k != "traces"})
+
+
+@pytest.mark.parametrize("name, target, drafter", [
+    ("qwen3_8b_0.6b.yaml", "Qwen/Qwen3-8B", "Qwen/Qwen3-0.6B"),
+    ("llama31_8b_32_1b.yaml", "meta-llama/Llama-3.1-8B-Instruct", "meta-llama/Llama-3.2-1B-Instruct"),
+])
+def test_gpu_configs_name_same_tokenizer_pairs_on_cuda(name, target, drafter):
+    cfg = load_config(TrainConfig, CONFIGS / name)
+    for spec in (cfg.env, cfg.depth_env):
+        kw = spec.kwargs
+        assert (kw["target"], kw["drafter"], kw["device"], kw["dtype"]) == (target, drafter, "cuda", "bfloat16")
+    assert cfg.ppo.device == "cpu"  # the policy MLP stays on the CPU while the models use the GPU
+    assert cfg.env.eval_kwargs == {"split": "heldout"}
+
+
+def test_trace_replay_without_traces_says_how_to_record_them(tmp_path):
+    cfg = load_config(TrainConfig, None, ["progress_bar=false"])
+    assert cfg.env.id == "draftrl/TraceReplay-v0"  # the default
+    with pytest.raises(ValueError, match="draftrl collect"):
+        ppo_size.train(cfg, tmp_path / "run")
+    assert not (tmp_path / "run").exists()  # nothing written: the same command works once traces exist
 
 
 def test_cli_smoke_end_to_end(tmp_path, capsys):

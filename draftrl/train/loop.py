@@ -1,0 +1,212 @@
+"""The PPO training loop every recipe runs: phases, checkpoints, resume, saving, the summary.
+
+A recipe describes its training as ``Phase``s (an env factory and the step count to train up
+to); ``learn_phases`` trains one PPO model through them with one step counter, taking
+checkpoints at rollout boundaries and resuming from the newest one; ``finish_run`` saves the
+policy, evaluates it against every fixed setting and writes ``train_summary.json``.
+"""
+
+from __future__ import annotations
+
+import pickle
+import shutil
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from stable_baselines3 import PPO
+from stable_baselines3.common.callbacks import BaseCallback
+from stable_baselines3.common.vec_env import VecEnv, VecNormalize
+
+from draftrl.config import to_dict
+from draftrl.policies import env_grids
+from draftrl.policies.ppo import VECNORMALIZE_FILE, write_manifest
+from draftrl.train.common import (
+    STATE_FILE,
+    SUMMARY_FILE,
+    RolloutCheckpoint,
+    Stopwatch,
+    ThroughputCallback,
+    detached,
+    evaluate_run,
+    first_env,
+    format_table,
+    latest_checkpoint,
+    make_logger,
+    save_policy,
+    versions,
+    write_json,
+)
+from draftrl.train.config import EnvSpec, TrainConfig
+
+#: ``(seed, normalizer or None) -> VecEnv``: builds a phase's training envs.
+VenvFactory = Callable[[int, "VecNormalize | None"], VecEnv]
+
+
+@dataclass
+class Phase:
+    """One stretch of training: ``make_venv``'s envs until the model has taken ``until`` steps."""
+
+    name: str
+    make_venv: VenvFactory
+    until: int
+
+
+def build_ppo(cfg: TrainConfig, venv: VecEnv) -> PPO:
+    """A fresh SB3 PPO ("MlpPolicy") with ``cfg.ppo``'s hyperparameters, seeded with ``cfg.seed``."""
+    p = cfg.ppo
+    return PPO(
+        "MlpPolicy",
+        venv,
+        learning_rate=p.learning_rate,
+        n_steps=p.n_steps,
+        batch_size=p.batch_size,
+        n_epochs=p.n_epochs,
+        gamma=p.gamma,
+        gae_lambda=p.gae_lambda,
+        clip_range=p.clip_range,
+        ent_coef=p.ent_coef,
+        vf_coef=p.vf_coef,
+        max_grad_norm=p.max_grad_norm,
+        policy_kwargs={"net_arch": list(p.net_arch)},
+        seed=cfg.seed,
+        device=p.device,
+        verbose=0,
+    )
+
+
+def load_normalizer(path: Path | None) -> VecNormalize | None:
+    """VecNormalize statistics saved by SB3 (without a venv), or None."""
+    if path is None or not Path(path).is_file():
+        return None
+    with Path(path).open("rb") as f:
+        return pickle.load(f)
+
+
+def learn_phases(
+    cfg: TrainConfig,
+    phases: Sequence[Phase],
+    directory: Path,
+    *,
+    resume: bool,
+    wandb_run: Any,
+    on_save: Callable[[int], None],
+    callbacks: Sequence[BaseCallback] = (),
+    start_from: Path | None = None,
+) -> PPO | None:
+    """Train one PPO model through ``phases``; returns it, or None if a callback stopped the session.
+
+    :param directory: where ``checkpoints/`` and ``logs/`` go.
+    :param resume: continue from the newest checkpoint in ``directory/checkpoints`` (if any).
+    :param on_save: called with the step count after each checkpoint (the recipe records its state).
+    :param start_from: a saved policy directory to continue training from when there is no
+        checkpoint (co-training's later rounds), else a fresh PPO.
+    """
+    checkpoint = latest_checkpoint(directory) if resume else None
+    model: PPO | None = None
+    grids: tuple | None = None
+    if checkpoint is not None:
+        model_path, vecnorm_path, num_timesteps = checkpoint
+        normalizer = load_normalizer(vecnorm_path)
+    elif start_from is not None:
+        model_path, num_timesteps = start_from / "policy.zip", 0
+        normalizer = load_normalizer(start_from / "vecnormalize.pkl")
+    else:
+        model_path, num_timesteps, normalizer = None, 0, None
+
+    for phase in phases:
+        if num_timesteps >= phase.until:
+            continue
+        # Different env seeds per session, so a resumed run does not replay the same episodes.
+        venv = phase.make_venv(cfg.seed + num_timesteps, detached(normalizer))
+        phase_grids = env_grids(first_env(venv))
+        if grids is not None and phase_grids != grids:
+            raise ValueError(
+                f"phase {phase.name!r} offers grids/features {phase_grids}, the policy was trained on {grids}; "
+                "make every phase's env with the same depths, verify_sizes and features."
+            )
+        grids = phase_grids
+        if model is None:
+            if model_path is not None:
+                model = PPO.load(model_path, env=venv, device=cfg.ppo.device)
+                if checkpoint is None:
+                    model.num_timesteps = 0  # a new phase of co-training counts its own steps
+            else:
+                model = build_ppo(cfg, venv)
+        else:
+            model.set_env(venv)
+        model.set_logger(make_logger(directory, model.num_timesteps, wandb_run))
+        saver = RolloutCheckpoint(cfg.checkpoint_every, directory / "checkpoints", on_save=on_save)
+        model.learn(
+            total_timesteps=phase.until - model.num_timesteps,
+            callback=[saver, ThroughputCallback(), *callbacks],
+            reset_num_timesteps=False,
+            progress_bar=cfg.progress_bar,
+        )
+        num_timesteps = model.num_timesteps
+        normalizer = model.get_vec_normalize_env()
+        if num_timesteps < phase.until:  # a callback stopped the session: resume from the last checkpoint
+            return None
+        saver.save()  # end of phase: weights, statistics and step count agree
+        venv.close()
+
+    if model is None:  # every phase was already done: the newest checkpoint is the result
+        assert checkpoint is not None, "no phase ran and there is no checkpoint"
+        model = PPO.load(checkpoint[0], device=cfg.ppo.device)
+        model.draftrl_normalizer_file = checkpoint[1]  # save_trained copies it
+    return model
+
+
+def save_trained(model: PPO, directory: Path, *, kind: str, env_id: str, grids_env: Any, extra: dict[str, Any]) -> None:
+    """``policy.zip``, ``vecnormalize.pkl`` and the manifest ``policy.json`` in ``directory``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    save_policy(model, directory)
+    normalizer_file = getattr(model, "draftrl_normalizer_file", None)
+    if normalizer_file is not None:
+        shutil.copyfile(normalizer_file, directory / VECNORMALIZE_FILE)
+    depths, verify_sizes, feature_names = env_grids(grids_env)
+    write_manifest(
+        directory, kind=kind, env_id=env_id, depths=depths, verify_sizes=verify_sizes,
+        feature_names=feature_names, extra={"num_timesteps": model.num_timesteps, **extra},
+    )
+
+
+def finish_run(
+    cfg: TrainConfig,
+    out: Path,
+    state: dict[str, Any],
+    clock: Stopwatch,
+    num_timesteps: int,
+    *,
+    eval_spec: EnvSpec,
+    eval_kwargs: dict[str, Any] | None = None,
+    wandb_run: Any = None,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Mark the run complete, evaluate the policy in ``out`` and write ``train_summary.json``."""
+    state.update(completed=True, num_timesteps=num_timesteps, wall_seconds=clock.elapsed())
+    write_json(out / STATE_FILE, state)
+    train_seconds = clock.elapsed()
+    eval_clock = Stopwatch()
+    evaluation = evaluate_run(cfg, out, eval_spec, eval_kwargs)
+    summary = {
+        "run_id": state["run_id"],
+        "recipe": cfg.recipe,
+        "config": to_dict(cfg),
+        "seeds": {"train": cfg.seed, "train_envs": [cfg.seed + i for i in range(cfg.ppo.n_envs)], "eval": cfg.eval_seed},
+        "versions": versions(),
+        "num_timesteps": num_timesteps,
+        "sessions": state["sessions"],
+        "wall_seconds": {"training": train_seconds, "evaluation": eval_clock.elapsed()},
+        **(extra or {}),
+        "evaluation": evaluation,
+    }
+    write_json(out / SUMMARY_FILE, summary)
+    print(format_table(evaluation))
+    if wandb_run is not None:
+        wandb_run.summary.update({f"eval/{name}": row["throughput"] for name, row in evaluation["table"].items()})
+        wandb_run.summary["eval/best_fixed"] = evaluation["best_fixed"]
+        if evaluation.get("oracle_gain_captured") is not None:
+            wandb_run.summary["eval/oracle_gain_captured"] = evaluation["oracle_gain_captured"]
+    return summary
