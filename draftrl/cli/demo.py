@@ -111,7 +111,7 @@ def print_summary(summary: dict) -> None:
         table.add_column(col, justify="left" if i == 0 else "right")
     for row in policy_rows(results):
         table.add_row(display_name(row[0]), *row[1:])
-    console = Console()
+    console = Console(width=None if sys.stdout.isatty() else 160)  # pipes and logs get the full table
     console.print(table)
     ex = results["exactness"]
     verdict = "[bold green]PASSED[/]" if ex["passed"] else "[bold red]FAILED[/]"

@@ -76,4 +76,4 @@ def print_policy_table(results: dict, title: str) -> None:
         table.add_column(col, justify="left" if i == 0 else "right")
     for row in policy_rows(results):
         table.add_row(*row)
-    Console().print(table)
+    Console(width=None if sys.stdout.isatty() else 160).print(table)  # pipes and logs get the full table

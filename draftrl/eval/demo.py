@@ -19,6 +19,7 @@ Steps, each through the owning package's public Python API, each writing under `
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import shutil
 import time
@@ -31,7 +32,15 @@ from draftrl.eval.config import EvalConfig, EvalSettings, GridSettings
 
 STEPS: tuple[str, ...] = ("model", "calibrate", "collect", "train", "grid", "eval")
 #: Subdirectories and files the demo writes (``--force`` removes only these).
-OUTPUTS: tuple[str, ...] = ("cost_table.json", "traces", "grid", "eval", "demo_summary.json")
+OUTPUTS: tuple[str, ...] = ("cost_table.json", "traces", "grid", "eval", "logs", "demo_summary.json")
+
+
+@contextlib.contextmanager
+def _logged(path: Path):
+    """Send a step's own prints (tables, progress, wandb) to ``path`` instead of the terminal."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as f, contextlib.redirect_stdout(f), contextlib.redirect_stderr(f):
+        yield
 
 
 @dataclass
@@ -139,6 +148,7 @@ def _train(config: DemoConfig, out: Path, trace_dir: Path) -> dict[str, Path]:
             f"total_timesteps={config.train.total_timesteps}",
             f"eval_episodes={config.train.eval_episodes}",
             "progress_bar=false",
+            "baselines=[hf_heuristic,confidence,ucb_bandit]",  # replayed traces have no oracle
             f"wandb.mode={os.environ.get('WANDB_MODE', config.wandb.mode)}",
             f"wandb.project={config.wandb.project}",
             *config.train.overrides,
@@ -199,23 +209,27 @@ def run_demo(config: DemoConfig, out: str | Path, *, force: bool = False,
     started = time.perf_counter()
     begin(0)
     target_name = config.env.target
-    if target_name == "smollm2-135m" or target_name == DEFAULT_MODEL:
-        fetch_model(target_name, quiet=True)
-    target = shared_model(target_name, config.env.dtype, config.env.device)
+    with _logged(out / "logs" / "model.log"):
+        if target_name == DEFAULT_MODEL:
+            fetch_model(target_name, quiet=True)
+        target = shared_model(target_name, config.env.dtype, config.env.device)
     end(0, target.name)
 
     begin(1)
-    table = _calibrate(config, out, target_name)
+    with _logged(out / "logs" / "calibrate.log"):
+        table = _calibrate(config, out, target_name)
     g = table.g(max(table.num_tokens))
     end(1, f"g({int(max(table.num_tokens))}) = {g:.2f} plain steps")
 
     begin(2)
-    trace_dir = _collect(config, out, target)
+    with _logged(out / "logs" / "collect.log"):
+        trace_dir = _collect(config, out, target)
     end(2, f"{trace_dir}")
 
     begin(3)
-    policy_dirs = _train(config, out, trace_dir)
-    end(3, ", ".join(str(p) for p in policy_dirs.values()))
+    with _logged(out / "logs" / "train.log"):
+        policy_dirs = _train(config, out, trace_dir)
+    end(3, ", ".join(f"{p} (log: {out / 'logs' / 'train.log'})" for p in policy_dirs.values()))
 
     begin(4)
     grid = run_grid(config, out / "grid", target=target, progress=progress)

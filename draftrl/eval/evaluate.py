@@ -119,9 +119,14 @@ def run_eval(config: EvalConfig, out: str | Path, *, policies: list[str] | str |
                     on_round = None if record is None else (lambda info, r=record: (
                         r["depth"].append(int(info["depth"])), r["verify_size"].append(int(info.get("verify_size", 0))),
                         r["tokens"].append(int(info["tokens"]))))
-                    run = run_policy(env, policy, prompt_id, label=label, repeat=repeat,
-                                     seed=None if label in seeded else settings.seed, monitor=monitors.get(label),
-                                     device=env_cfg.device, on_round=on_round)
+                    try:
+                        run = run_policy(env, policy, prompt_id, label=label, repeat=repeat,
+                                         seed=None if label in seeded else settings.seed, monitor=monitors.get(label),
+                                         device=env_cfg.device, on_round=on_round)
+                    except ExactnessViolation as err:  # say whose stream failed
+                        err.policy, err.prompt_id = label, prompt_id
+                        err.args = (f"policy {label} on request {prompt_id} (pass {repeat + 1}): {err}",)
+                        raise
                     seeded.add(label)
                     runs.append(run)
                     if label == "ar" and repeat == 0:

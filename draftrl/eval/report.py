@@ -34,7 +34,11 @@ def policy_rows(results: dict) -> list[list[str]]:
 
 
 POLICY_COLUMNS = ["policy", "speedup vs AR", "paired median", "tokens/s", "tokens/round", "TTFT ms",
-                  "ITL p50 ms", "ITL p95 ms", "ITL p99 ms", "peak mem MiB"]
+                  "ITL p50 ms", "ITL p95 ms", "ITL p99 ms", "peak mem +MiB"]
+
+
+def _names(values) -> str:
+    return ", ".join(values) if values else "all"
 
 
 def _table(columns: list[str], rows: list[list[str]]) -> str:
@@ -71,6 +75,11 @@ def exactness_lines(ex: dict) -> list[str]:
     mon = ex.get("monitor", {})
     if mon.get("enabled") is False:
         lines.append("- Streaming monitor: off (`--no-monitor`).")
+    elif mon and all(v["passed"] for v in mon.values()):
+        tokens = sum(v["num_tokens"] for v in mon.values())
+        informative = sum(v["num_informative"] for v in mon.values())
+        lines.append(f"- Streaming monitor: passed on all {len(mon)} policies ({tokens} tokens, {informative} "
+                     f"informative, i.e. with p(x) < 1).")
     else:
         for name, v in mon.items():
             lines.append(f"- Monitor on `{name}`: {'passed' if v['passed'] else 'FAILED'} "
@@ -135,10 +144,11 @@ def render_report(results: dict, files: dict[str, str]) -> str:
         "## Context",
         "",
         f"target `{env['target']}`, drafter `{env['drafter']}`, temperature {env['temperature']:g}, "
-        f"languages {env['languages'] or 'all'}, tasks {env['tasks'] or 'all'}, "
+        f"languages {_names(env['languages'])}, tasks {_names(env['tasks'])}, "
         f"max_new_tokens {env['max_new_tokens'] or 'per prompt'}; hardware: {hw.get('gpu') or hw.get('cpu')}, "
         f"{hw.get('threads')} torch threads, torch {hw.get('torch')}. Wall time {results.get('wall_seconds', 0):.0f} s. "
-        "Absolute tokens/s depend on the machine and its load; compare the ratios.",
+        "Absolute tokens/s depend on the machine and its load; compare the ratios. Peak memory is the largest "
+        "increase over a request's start (process RSS on CPU, the CUDA allocator's peak on GPU).",
         "",
     ]
     return "\n".join(lines)

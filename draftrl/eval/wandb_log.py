@@ -15,7 +15,7 @@ from draftrl.eval.config import WandbSettings
 
 
 def wandb_mode(settings: WandbSettings) -> str:
-    return os.environ.get("WANDB_MODE", settings.mode)
+    return os.environ.get("WANDB_MODE") or settings.mode
 
 
 def start_run(settings: WandbSettings, out: Path, *, name: str, group: str, job_type: str,
@@ -37,6 +37,7 @@ def start_run(settings: WandbSettings, out: Path, *, name: str, group: str, job_
         dir=os.environ.get("WANDB_DIR", str(out)),
         config=config or {},
         reinit="create_new",
+        settings=wandb.Settings(silent=True),  # one run per grid cell: keep the terminal readable
     )
 
 

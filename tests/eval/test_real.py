@@ -1,0 +1,139 @@
+"""Grid and eval on the real SmolLM2 model, kept short: 2 prompts per split, 16 tokens.
+
+They check the files and their documented keys, the report and plots, greedy identity against
+plain decoding and HF generate, and that a PPO policy directory runs through SpecDecode-v0.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from draftrl.config import load_config
+from draftrl.eval.config import EvalConfig
+
+from eval_helpers import CONFIGS, assert_png
+
+OVERRIDES = [
+    "env.languages=[en]",  # 2 prompts per split (code_edit, chat)
+    "env.max_new_tokens=16",
+    "grid.depths=[0,3]",
+    "grid.repeats=1",
+    "eval.greedy_reference=1",
+    "threads=1",
+]
+
+
+@pytest.fixture(autouse=True)
+def _no_wandb(monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+
+
+@pytest.fixture(scope="module")
+def config() -> EvalConfig:
+    return load_config(EvalConfig, CONFIGS / "eval_tiny_cpu.yaml", OVERRIDES)
+
+
+@pytest.fixture(scope="module")
+def grid_dir(smollm2, config, tmp_path_factory):
+    from draftrl.eval.grid import run_grid
+
+    out = tmp_path_factory.mktemp("grid")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("WANDB_MODE", "disabled")
+        run_grid(config, out, target=smollm2, config_path="configs/eval_tiny_cpu.yaml")
+    return out
+
+
+@pytest.fixture(scope="module")
+def untrained_ppo(smollm2, config, tmp_path_factory):
+    """A PPO policy directory (policy.zip + policy.json) for SpecDecode-v0, weights untrained."""
+    from stable_baselines3 import PPO
+
+    from draftrl.envs.spec_decode import SpecDecodeEnv
+    from draftrl.eval.config import env_for_split
+    from draftrl.policies.ppo import write_manifest
+
+    out = tmp_path_factory.mktemp("ppo")
+    env = SpecDecodeEnv(env_for_split(config.env, "heldout"), target=smollm2)
+    model = PPO("MlpPolicy", env, n_steps=8, batch_size=8, seed=0, device="cpu")
+    model.save(out / "policy.zip")
+    base = env.unwrapped
+    write_manifest(out, kind="size", env_id="draftrl/SpecDecode-v0", depths=base.depths,
+                   verify_sizes=base.verify_sizes, feature_names=base.feature_names)
+    return out
+
+
+def test_grid_writes_the_documented_files(grid_dir, config):
+    grid = json.loads((grid_dir / "grid.json").read_text())
+    assert grid["split"] == "tune" and grid["reference"] == "d0_v0_w1"
+    assert set(grid["cells"]) == {"d0_v0_w1", "d3_v0_w1"}
+    for cell in grid["cells"].values():
+        for key in ("depth", "verify_size", "width", "tokens_per_second", "speedup_vs_ar", "mean_tokens_per_round",
+                    "per_language", "per_task", "noise"):
+            assert key in cell
+        assert cell["tokens_per_second"] > 0
+        assert set(cell["per_language"]) == {"en"} and set(cell["per_task"]) == {"code_edit", "chat"}
+    assert grid["cells"]["d0_v0_w1"]["speedup_vs_ar"] == pytest.approx(1.0)
+    assert grid["cells"]["d0_v0_w1"]["mean_tokens_per_round"] == pytest.approx(1.0)
+    assert grid["best"]["name"] in grid["cells"]
+    assert grid["exactness"]["passed"] and grid["exactness"]["greedy_identity"]["checked"]
+    assert_png(grid_dir / "grid_heatmap.png")
+    sweep = yaml.safe_load((grid_dir / "sweep.yaml").read_text())
+    assert sweep["method"] == "grid" and sweep["parameters"]["depth"]["values"] == [0, 3]
+
+
+def test_eval_writes_results_report_and_plots(smollm2, config, grid_dir, untrained_ppo, tmp_path):
+    from draftrl.eval.evaluate import run_eval
+
+    policies = f"ar,best-grid,heuristic,threshold,bandit,ppo:{untrained_ppo},oracle"
+    results = run_eval(config, tmp_path, policies=policies, grid_path=grid_dir / "grid.json", target=smollm2)
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved["policies"].keys() == results["policies"].keys()
+    assert list(saved["policies"]) == ["ar", "best-grid", "heuristic", "threshold", "bandit", "ppo", "oracle"]
+    for name, p in saved["policies"].items():
+        for key in ("tokens_per_second", "speedup_vs_ar", "time_to_first_token_mean", "itl_p50", "itl_p95", "itl_p99",
+                    "peak_memory_bytes", "tokens_per_round_histogram", "acceptance_by_position", "per_language",
+                    "per_task", "mean_tokens_per_round"):
+            assert key in p, (name, key)
+        assert p["tokens_per_second"] > 0
+        assert set(p["per_language"]) == {"en"} and set(p["per_task"]) == {"code_edit", "chat"}
+        assert p["num_tokens"] == saved["policies"]["ar"]["num_tokens"]  # greedy: the same output
+    assert saved["policies"]["ar"]["speedup_vs_ar"] == pytest.approx(1.0)
+    assert saved["policies"]["ar"]["tokens_per_round_histogram"] == {"1": saved["policies"]["ar"]["num_rounds"]}
+    # the oracle never drafts a token that is rejected
+    assert all(r in (None, 1.0) for r in saved["policies"]["oracle"]["acceptance_by_position"]["rate"])
+    ex = saved["exactness"]
+    assert ex["passed"] is True
+    assert ex["greedy_identity"]["checked"] and ex["greedy_identity"]["passed"]
+    assert ex["hf_reference"]["checked"] == 1 and ex["hf_reference"]["passed"]
+    assert 0 <= ex["monitor_overhead"]["fraction"] < 0.03
+    assert set(ex["monitor"]) == set(saved["policies"])
+    assert saved["best_grid"]["name"] in json.loads((grid_dir / "grid.json").read_text())["cells"]
+    report = (tmp_path / "report.md").read_text()
+    assert "| ppo |" in report and "| oracle |" in report and "Verdict: PASSED" in report
+    for png in ("grid_heatmap.png", "trajectory.png", "acceptance_hist.png", "pit_hist.png"):
+        assert_png(tmp_path / png)
+    assert set(saved["trajectories"]["policies"]) == {"heuristic", "threshold", "bandit", "ppo", "oracle"}
+
+
+def test_eval_cli_fails_loudly_on_an_exactness_violation(monkeypatch, tmp_path, capsys):
+    """The CLI path of a violation: exit 3, the evidence on stderr (the real detection is tested
+    in test_monitor_real.py)."""
+    from draftrl.cli import main
+    from draftrl.decoding.monitor import ExactnessViolation
+
+    failure = {"statistic": "agreement", "what": "log_e_value", "value": 9.1, "p_value": 1e-4, "threshold": 2.5e-4,
+               "rule": "time-uniform e-process", "num_tokens": 201, "num_informative": 200,
+               "hint": "drafted tokens are emitted more often than the exact rule allows"}
+
+    def fake_run_eval(*args, **kwargs):
+        raise ExactnessViolation([failure], 201)
+
+    monkeypatch.setattr("draftrl.eval.evaluate.run_eval", fake_run_eval)
+    code = main(["eval", "--policies", "ar,heuristic", "--out", str(tmp_path), "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 3
+    assert "EXACTNESS VIOLATION" in err and "agreement" in err and "201" in err
