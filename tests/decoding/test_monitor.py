@@ -1,10 +1,12 @@
 """Exactness monitor on simulated streams: exact samplers stay quiet, wrong ones are caught.
 
 Streams are simulated in numpy: per position a random target p over 50 tokens and a draft q
-correlated with it (:func:`target_and_draft`). Chain speculative decoding is simulated round by round
-(depth 4, stop at the first rejection, bonus token after a fully accepted chain), so drafted,
-recovered and bonus tokens appear in realistic proportions. ``benchmarks/monitor_power.py``
-reuses these samplers to measure detection delays.
+correlated with it (:func:`target_and_draft`). Chain speculative decoding is simulated round by
+round (depth 4, stop at the first rejection, bonus token after a fully accepted chain), so
+drafted, recovered and bonus tokens appear in realistic proportions. Wrong samplers: resampling
+from p after a rejection (DESIGN.md), sampling at temperature 0.8 (or 1.25) while reporting p,
+and always accepting a greedy draft d when p(d) > 0.5. ``benchmarks/monitor_power.py`` reuses
+these samplers to measure detection delays.
 """
 
 from __future__ import annotations
@@ -20,11 +22,11 @@ from draftrl.decoding.stats import TokenStats
 
 VOCAB = 50
 DEPTH = 4
-TEMPERATURE_BUG = 0.8  # the buggy sampler draws from p^(1/0.8) but reports p
+TEMPERATURE_BUG = {"temperature": 0.8, "temperature_hot": 1.25}  # samples p^(1/T), reports p
 ACCEPT_THRESHOLD_BUG = 0.5  # the buggy sampler always accepts a greedy draft d when p(d) > 0.5
 
-SAMPLERS = ("exact", "exact_greedy_draft", "resample_from_p", "temperature", "threshold_accept")
-WRONG_SAMPLERS = ("resample_from_p", "temperature", "threshold_accept")
+SAMPLERS = ("exact", "exact_greedy_draft", "resample_from_p", "temperature", "threshold_accept", "temperature_hot")
+WRONG_SAMPLERS = SAMPLERS[2:]
 
 
 def _sample(probs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -75,8 +77,8 @@ def simulate_rounds(
         rows = rng.integers(0, bank[0].shape[0], size=(r, g + 1))
         p, q = bank[0][rows], bank[1][rows]
     p_run = p  # the distribution the sampler really uses
-    if sampler == "temperature":
-        p_run = p ** (1.0 / TEMPERATURE_BUG)
+    if sampler in TEMPERATURE_BUG:
+        p_run = p ** (1.0 / TEMPERATURE_BUG[sampler])
         p_run /= p_run.sum(axis=-1, keepdims=True)
     y = _sample(p_run, rng)  # [R, depth + 1] a plain target draw per slot
     if sampler in ("exact_greedy_draft", "threshold_accept"):
