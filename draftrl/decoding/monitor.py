@@ -47,9 +47,12 @@ whole stream however long): ``alpha`` is split equally (Bonferroni) over the fou
 informative tokens (200, 400, 800, ...), on exactly the first n_k informative tokens even when
 a round straddles a checkpoint, with alpha spending: checkpoint k (k = 0, 1, ...) gets
 alpha_k = (alpha / 4) * 6 / (pi^2 (k + 1)^2), which sums to alpha / 4 over an unbounded stream.
-``agreement`` is time-uniform (Ville), checked after every token at no extra cost. Nothing is
-raised before ``min_tokens`` informative tokens. ``check_every`` only delays evaluation; it
-never changes what is tested, so the rate does not depend on it.
+``agreement`` is time-uniform (Ville), checked after every token at no extra cost. Apart from
+impossible tokens nothing is raised before ``min_tokens`` informative tokens. ``check_every``
+only delays evaluation; it never changes what is tested, so the rate does not depend on it.
+Measured with the simulator of tests/decoding/test_monitor.py (3000 exact streams of 3200
+tokens, alpha = 0.05): P(any raise) = 0.027; pit_chi2 0.009, pit_ks 0.009, entropy 0.004, agreement
+0.006, each against a share of 0.0125.
 
 Cost: per ``update`` a few dozen vectorised numpy calls on the round's arrays (no per-token
 Python); at a checkpoint one sort of the stored PIT values (geometric checkpoints make that
@@ -211,7 +214,14 @@ class ExactnessMonitor:
             raise ExactnessViolation(new, self._num_tokens)
 
     def report(self) -> dict:
-        """JSON-able summary: counts, each test's latest value, p-value and threshold, the PIT histogram."""
+        """JSON-able summary: counts, each test's latest value, p-value and threshold, the PIT histogram.
+
+        Per test: ``passed``, ``failed_at_tokens`` (emitted tokens when the evidence was complete),
+        the last checkpoint's ``statistic``, ``p_value`` and spent ``threshold``; ``current``
+        holds the values on all tokens so far with *nominal* p-values (not alpha-spent: for
+        reading, not for deciding). ``agreement`` carries D, its variance, the normal z (for
+        reading) and the e-process's log value and log threshold.
+        """
         cfg = self.config
         self._evaluate()
         out = {
