@@ -33,9 +33,22 @@ def greedy_reference(model, env) -> list[int]:
     return generate(engine, env.request.prompt_ids, fixed_schedule(0)).token_ids
 
 
-def test_checkers_pass(model):
+@pytest.fixture
+def tiny_prompts(tmp_path):
+    """Two few-token prompts without the chat template: checkers reset many times, prefill is cheap."""
+    path = tmp_path / "tiny.jsonl"
+    lines = [
+        '{"id": "a", "language": "en", "task": "chat", "split": "tune", "prompt": "1, 2, 3, 1, 2,", "max_new_tokens": 4}',
+        '{"id": "b", "language": "en", "task": "chat", "split": "tune", "prompt": "The sea is", "max_new_tokens": 4}',
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def test_checkers_pass(model, tiny_prompts):
+    config = EnvConfig(prompts=tiny_prompts, chat_template=False, depths=(0, 1, 3))
     for env_id in ("draftrl/SpecDecode-v0", "draftrl/SpecDecodeDepth-v0"):
-        env = gym.make(env_id, config=EnvConfig(**{**SHORT, "max_new_tokens": 4}))
+        env = gym.make(env_id, config=config)
         gym_check_env(env.unwrapped)
         sb3_check_env(env.unwrapped)
 
