@@ -92,8 +92,11 @@ def run(args: argparse.Namespace) -> int:
 def display_name(name: str) -> str:
     if name in LABELS:
         return LABELS[name]
-    if name.startswith("ppo"):
-        return "PPO" + name[3:]
+    if name.startswith("ppo[") and name.endswith("]"):
+        return "PPO " + {"ppo_size": "size (depth+verify/round)", "ppo_depth": "depth (stop/continue/level)"}.get(
+            name[4:-1], name[4:-1])
+    if name == "ppo":
+        return "PPO"
     return name
 
 

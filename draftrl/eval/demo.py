@@ -59,8 +59,9 @@ class CalibrateSettings:
 class TrainSettings:
     """PPO training on replayed traces (``draftrl.train``)."""
 
-    recipes: tuple[str, ...] = ("ppo_size",)
-    """recipes to train, each into DIR/<recipe>/ and evaluated as ppo:DIR/<recipe>"""
+    recipes: tuple[str, ...] = ("ppo_size", "ppo_depth")
+    """recipes to train, each into DIR/<recipe>/ and evaluated as ppo:DIR/<recipe>: ppo_size picks
+    (depth, verify_size) per round; ppo_depth says CONTINUE/STOP after each draft level"""
     total_timesteps: int = 20_000
     """replayed rounds; a replayed round takes microseconds"""
     eval_episodes: int = 16
@@ -103,7 +104,7 @@ class DemoConfig(EvalConfig):
         cfg.grid = GridSettings(depths=(0, 2, 4), repeats=1)
         cfg.eval = dataclasses.replace(cfg.eval, power_tokens=0, greedy_reference=1)
         cfg.calibrate = CalibrateSettings(num_tokens=(1, 3, 5), contexts=(256,), repeats=2)
-        cfg.train = dataclasses.replace(cfg.train, total_timesteps=4096, eval_episodes=4)
+        cfg.train = dataclasses.replace(cfg.train, recipes=("ppo_size",), total_timesteps=4096, eval_episodes=4)
         return cfg
 
 
@@ -154,8 +155,11 @@ def _train(config: DemoConfig, out: Path, trace_dir: Path) -> dict[str, Path]:
             *config.train.overrides,
         ]
         cfg = load_config(TrainConfig, None, overrides)
-        cfg.env.kwargs = {"traces": str(trace_dir), "depths": list(config.env.depths),
-                          "verify_sizes": list(config.env.verify_sizes)}
+        replay = {"traces": str(trace_dir), "depths": list(config.env.depths),
+                  "verify_sizes": list(config.env.verify_sizes)}
+        cfg.env.kwargs = dict(replay)  # size policies (ppo_size, cotrain) on TraceReplay-v0
+        cfg.depth_env.id = "draftrl/TraceReplayDepth-v0"  # depth policies on its step-level twin
+        cfg.depth_env.kwargs = {k: v for k, v in replay.items() if k != "verify_sizes"}
         run_dir = out / recipe
         importlib.import_module(f"draftrl.train.{recipe}").train(cfg, run_dir)
         dirs[recipe] = run_dir

@@ -97,6 +97,12 @@ def confidence_feature(drafter: str) -> str:
     return "accept_rate_1" if drafter.partition(":")[0] in ("ngram", "none") else "draft_top1_prob"
 
 
+def _run_config(path: str) -> dict:
+    """The ``config.json`` of a ``draftrl train`` run directory ({} when absent)."""
+    run_config = _policy_dir(path) / "config.json"
+    return json.loads(run_config.read_text()) if run_config.is_file() else {}
+
+
 def ppo_env_config(path: str, base: EnvConfig) -> tuple[EnvConfig, str]:
     """The eval env config for a PPO policy: ``base`` with the policy's grids and the observation
     settings it was trained with (history, decays, width, cost table); and the env kind.
@@ -113,10 +119,9 @@ def ppo_env_config(path: str, base: EnvConfig) -> tuple[EnvConfig, str]:
                                 "draftrl train (policy.zip + policy.json).")
     manifest = json.loads(manifest_path.read_text())
     trained: dict[str, Any] = {}
-    run_config = directory / "config.json"
+    cfg = _run_config(path)
     trace_dir = None
-    if run_config.is_file():
-        cfg = json.loads(run_config.read_text())
+    if cfg:
         kwargs = dict(cfg.get("env", {}).get("kwargs", {}))
         if manifest.get("kind") == "depth" and cfg.get("depth_env"):
             kwargs = dict(cfg["depth_env"].get("kwargs", {}))
@@ -177,7 +182,13 @@ def build_policy(spec: PolicySpec, base: EnvConfig, target, *, grid: dict | None
     if env_kind == "depth":
         from draftrl.envs.spec_decode_depth import SpecDecodeDepthEnv
 
-        env = SpecDecodeDepthEnv(cfg, engine=engine, tokenizer=tokenizer)
+        run = _run_config(spec.arg)
+        verify_size = int(run.get("depth_env", {}).get("kwargs", {}).get("verify_size", 0))
+        env = SpecDecodeDepthEnv(cfg, engine=engine, tokenizer=tokenizer, verify_size=verify_size)
+        if run.get("frozen_size_policy"):  # the size policy it was trained with picks the verify size
+            sizer = PPOPolicy.load(run["frozen_size_policy"], feature_names=env.unwrapped.feature_names,
+                                   name="ppo_size")
+            env.unwrapped.size_policy = lambda observation, tree: sizer.act(observation)[1]
     else:
         env = SpecDecodeEnv(cfg, engine=engine, tokenizer=tokenizer)
 
@@ -189,6 +200,8 @@ def build_policy(spec: PolicySpec, base: EnvConfig, target, *, grid: dict | None
         policy = ConfidenceThreshold.for_env(env, feature=confidence_feature(cfg.drafter))
     elif kind == "bandit":
         policy = UCBBandit.for_env(env)
+    elif kind == "ppo" and env_kind == "depth":  # the depth env has no (depth, verify_size) grid to check
+        policy = PPOPolicy.load(spec.arg, feature_names=env.unwrapped.feature_names, name=spec.label)
     elif kind == "ppo":
         policy = PPOPolicy.load(spec.arg, env, name=spec.label)
     elif kind == "oracle":

@@ -170,3 +170,18 @@ def test_report_and_plots_render(tmp_path):
         assert f"| {lang} |" in report
     assert_png(grid_heatmap(grid, tmp_path / "h.png"))
     json.dumps(results)  # the fake is JSON-able like the real thing
+
+
+def test_grid_logs_one_offline_wandb_run_per_cell_and_a_summary(tmp_path, monkeypatch):
+    from draftrl.eval.grid import log_grid_to_wandb
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.delenv("WANDB_DIR", raising=False)
+    _, grid = fake_results()
+    for cell in grid["cells"].values():
+        cell.update({"tokens_per_second": 10.0, "mean_tokens_per_round": 1.5, "noise": 0.1})
+    grid["config"] = {"env": {"drafter": "ngram"}}
+    config = EvalConfig()
+    log_grid_to_wandb(config, tmp_path, grid, [])
+    runs = sorted((tmp_path / "wandb").glob("offline-run-*"))
+    assert len(runs) == len(grid["cells"]) + 1
