@@ -18,6 +18,7 @@ COMMANDS: list[str] = [
     "calibrate",
     "collect",
     "train",
+    "export",
     "grid",
     "eval",
     "demo",

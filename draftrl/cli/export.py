@@ -1,0 +1,87 @@
+"""``draftrl export``: a trained policy for serving: its network, or an engine config derived from it.
+
+Example::
+
+    draftrl export runs/replay/policy.zip --format onnx --out policy.onnx          # + policy.onnx.json
+    draftrl export runs/replay --format torchscript --out policy.pt                # + policy.pt.json
+    draftrl export runs/replay/policy.zip --format vllm --out vllm.json
+    draftrl export runs/replay/policy.zip --format sglang --out sglang.json        # + sglang.json.adaptive.json
+
+onnx / torchscript write the policy network alone plus a manifest (feature order, normalisation,
+grids, training config, versions) and check the export against SB3 before writing the manifest.
+vllm / sglang write static speculation settings derived from the policy's depth distribution and
+the cost model (see draftrl/export/engine_config.py and docs/export.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    from draftrl.export import FORMATS
+
+    parser = subparsers.add_parser(
+        "export",
+        help="export a trained policy: network to ONNX/TorchScript, or a vLLM/SGLang config",
+        description=__doc__.split("\n\n")[0] if __doc__ else None,
+    )
+    parser.add_argument("policy", help="run directory of draftrl train, its policy.zip, or a checkpoint zip")
+    parser.add_argument("--format", required=True, choices=FORMATS)
+    parser.add_argument("--out", required=True, help="file to write (the manifest goes to OUT.json)")
+    parser.add_argument("--check-observations", type=int, default=4096,
+                        help="onnx/torchscript: observations the export is checked on against SB3 (0 = skip)")
+    parser.add_argument("--saturation-tokens", type=float, default=256,
+                        help="vllm/sglang: tokens per target forward at which the serving GPU turns compute-bound")
+    parser.add_argument("--max-batch-size", type=int, default=512, help="vllm/sglang: largest batch size tabulated")
+    parser.add_argument("--min-share", type=float, default=0.05,
+                        help="sglang: depths the policy uses in at least this share of rounds become candidate steps")
+    parser.add_argument("--episodes", type=int, default=20,
+                        help="vllm/sglang: rollout episodes when the run has no evaluation to read the depths from")
+    parser.add_argument("--method", default=None, help="vllm: speculative method (default: from the training drafter)")
+    parser.add_argument("--algorithm", default=None,
+                        help="sglang: speculative algorithm, e.g. EAGLE3 (default: from the training drafter)")
+    parser.add_argument("--onnx", default=None, help="vllm: the exported .onnx the custom_class proposer should load")
+    parser.set_defaults(func=run)
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    try:
+        if args.format in ("onnx", "torchscript"):
+            from draftrl.export.network import export
+
+            manifest_file, manifest = export(args.policy, out, args.format, check_observations=args.check_observations)
+            check = manifest["check"] or {}
+            print(
+                f"agreement_with_sb3={check.get('action_agreement', float('nan')):.4f}  "
+                f"max_abs_logit_diff={check.get('max_abs_logit_diff', float('nan')):.2e}  "
+                f"observations={check.get('num_observations', 0)}  features={len(manifest['feature_names'])}  "
+                f"out={out}  manifest={manifest_file}"
+            )
+            return 0
+        from draftrl.export import engine_config as ec
+
+        derivation = ec.derive(args.policy, saturation_tokens=args.saturation_tokens,
+                               max_batch_size=args.max_batch_size, min_share=args.min_share, episodes=args.episodes)
+        if args.format == "vllm":
+            config = ec.vllm_config(derivation, method=args.method, onnx=args.onnx)
+        else:
+            adaptive_file = out.with_name(out.name + ".adaptive.json")
+            config = ec.sglang_config(derivation, algorithm=args.algorithm, adaptive_file=str(adaptive_file))
+        ec.check_finite(config)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(config, indent=2) + "\n")
+        if args.format == "sglang":
+            adaptive_file.write_text(json.dumps(config["adaptive_config"], indent=2) + "\n")
+        table = " ".join(f"{s}-{e}:{k}" for s, e, k in derivation["depth_by_batch"])
+        print(f"k1={derivation['k1']}  depth_by_batch={table}  alpha={derivation['cost_model']['alpha']:.3f}  out={out}")
+        return 0
+    except ImportError as err:  # a missing optional dependency: one line with the install command
+        print(f"draftrl export: error: {err}", file=sys.stderr)
+        return 2

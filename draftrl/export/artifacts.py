@@ -1,0 +1,127 @@
+"""Find the files of a trained policy from whatever path the user points at.
+
+``draftrl train --out DIR`` writes (``draftrl.train.common``):
+
+- ``DIR/policy.zip``: the SB3 PPO model; ``DIR/vecnormalize.pkl``: VecNormalize statistics (when
+  training normalised observations); ``DIR/policy.json``: kind, env id, grids, feature names;
+- ``DIR/config.json``: the resolved ``TrainConfig``; ``DIR/train_summary.json``: config, versions
+  and the final evaluation (the policy's depth histogram among it);
+- ``DIR/checkpoints/ppo_<steps>_steps.zip`` + ``ppo_vecnormalize_<steps>_steps.pkl``.
+
+``resolve(path)`` accepts ``DIR``, ``DIR/policy.zip`` or a checkpoint zip and pairs the model
+with the statistics saved *with it* (a checkpoint's own VecNormalize file, never the final one).
+Only json and pathlib are used here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+POLICY_FILE = "policy.zip"
+VECNORMALIZE_FILE = "vecnormalize.pkl"
+POLICY_MANIFEST_FILE = "policy.json"
+CONFIG_FILE = "config.json"
+SUMMARY_FILE = "train_summary.json"
+_CHECKPOINT = re.compile(r"(?P<prefix>.+)_(?P<steps>\d+)_steps\.zip")
+
+
+@dataclass
+class TrainedPolicy:
+    """A trained policy's files and what they say."""
+
+    model_path: Path
+    """the SB3 PPO zip"""
+    vecnormalize_path: Path | None
+    """VecNormalize statistics saved with this model; None when training did not normalise"""
+    policy_manifest: dict[str, Any]
+    """``policy.json``: kind, env_id, depths, verify_sizes, feature_names, ..."""
+    train_config: dict[str, Any] | None
+    """the resolved TrainConfig (``config.json``, else the summary's copy); None if neither exists"""
+    summary: dict[str, Any] | None
+    """``train_summary.json``; None for a checkpoint (its evaluation describes the final policy)"""
+    run_dir: Path
+    is_checkpoint: bool
+
+    @property
+    def kind(self) -> str:
+        return str(self.policy_manifest["kind"])
+
+    @property
+    def env_id(self) -> str:
+        return str(self.policy_manifest.get("env_id", ""))
+
+    @property
+    def feature_names(self) -> list[str]:
+        return list(self.policy_manifest["feature_names"])
+
+    @property
+    def depths(self) -> list[int]:
+        return [int(d) for d in self.policy_manifest["depths"]]
+
+    @property
+    def verify_sizes(self) -> list[int]:
+        return [int(v) for v in self.policy_manifest["verify_sizes"]]
+
+    def evaluation(self, name: str = "ppo") -> dict[str, Any] | None:
+        """The summary's evaluation of this policy (``evaluate_policy_on_env``'s dict), if any."""
+        if self.summary is None:
+            return None
+        return (self.summary.get("evaluation") or {}).get("results", {}).get(name)
+
+    def sha256(self) -> str:
+        return hashlib.sha256(self.model_path.read_bytes()).hexdigest()
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def resolve(path: str | Path) -> TrainedPolicy:
+    """The trained policy at ``path`` (a run directory, its ``policy.zip``, or a checkpoint zip).
+
+    :raises FileNotFoundError: naming the missing file and what writes it.
+    """
+    path = Path(path)
+    if path.is_dir():
+        model = path / POLICY_FILE
+    elif path.suffix == ".zip" or path.exists():
+        model = path
+    else:
+        model = path  # reported below
+    if not model.is_file():
+        raise FileNotFoundError(
+            f"{model} does not exist; point at a run directory written by `draftrl train --out DIR`, "
+            f"its {POLICY_FILE}, or a checkpoint zip."
+        )
+    match = _CHECKPOINT.fullmatch(model.name)
+    is_checkpoint = match is not None and model.parent.name == "checkpoints"
+    if is_checkpoint:
+        run_dir = model.parent.parent
+        vecnorm = model.with_name(f"{match['prefix']}_vecnormalize_{match['steps']}_steps.pkl")
+    else:
+        run_dir = model.parent
+        vecnorm = model.with_name(VECNORMALIZE_FILE)
+    manifest = _read_json(run_dir / POLICY_MANIFEST_FILE)
+    if manifest is None:
+        raise FileNotFoundError(
+            f"{run_dir / POLICY_MANIFEST_FILE} does not exist; it holds the policy's grids and feature names and "
+            "`draftrl train` writes it when a run completes (finish the run with --resume)."
+        )
+    summary = _read_json(run_dir / SUMMARY_FILE)
+    config = _read_json(run_dir / CONFIG_FILE)
+    if config is None and summary is not None:
+        config = summary.get("config")
+    return TrainedPolicy(
+        model_path=model,
+        vecnormalize_path=vecnorm if vecnorm.is_file() else None,
+        policy_manifest=manifest,
+        train_config=config,
+        summary=None if is_checkpoint else summary,
+        run_dir=run_dir,
+        is_checkpoint=is_checkpoint,
+    )

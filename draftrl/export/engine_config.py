@@ -1,0 +1,409 @@
+"""Static speculation configs for engines without a per-round hook: vLLM and SGLang.
+
+A serving engine that cannot ask a policy every round gets the policy summarised:
+
+1. **Depth at batch size 1** (``k1``): the median of the depths the policy chose, per round,
+   in the run's final evaluation (``train_summary.json``; or a fresh rollout when the summary is
+   missing). The histogram, mean and mode are recorded too.
+2. **Depth at batch size B** (``k(B)``), from the cost model of DESIGN.md: with acceptance
+   ``alpha``, a draft level costing ``c`` target steps and verification of ``n`` drafts costing
+   ``g_B(n)`` target steps, a round of depth ``d`` yields ``E(alpha, d) / (g_B(d) + c d)`` tokens
+   per step (``d = 0``: 1). Larger batches make verification relatively dearer: a forward over
+   ``T`` tokens costs ``max(1, T / S)`` units (flat while memory-bound, linear once ``T`` passes
+   the saturation size ``S``), so ``g_B(n) = max(g(n), max(1, B (n + 1) / S) / max(1, B / S))``
+   with ``g`` the training hardware's batch-1 verification cost. ``k*(B)`` is the best depth of
+   every depth ``0..max(depths)`` under that model (made non-increasing in B); the rule is
+
+       k(B) = k1 * k*(B) / k*(1), snapped down to the policy's grid and non-increasing in B:
+
+   the policy decides batch 1, the cost model decides by which factor larger batches go
+   shallower (to 0 once ``k*(B) = 0``: speculation off).
+   ``alpha`` is fitted to the policy's own evaluation (mean tokens per round given its depth
+   histogram, i.i.d. acceptance); ``c`` and ``g`` come from the training env (the analytic env's
+   ``draft_cost`` / ``verify_cost``, or the cost table); ``S`` is an input (``--saturation-tokens``,
+   default 256 tokens: calibrate it on the serving GPU).
+3. **Engine keys**: vLLM ``speculative_config`` (``num_speculative_tokens = k1`` and
+   ``num_speculative_tokens_per_batch_size = [[start_bs, end_bs, k], ...]``, vLLM's dynamic
+   speculative decoding table), plus a ``custom_class`` variant that runs the policy itself
+   (``draftrl.export.vllm_proposer``); SGLang server arguments (``speculative_num_steps``,
+   ``speculative_eagle_topk``, ``speculative_num_draft_tokens``) and an adaptive config
+   (``speculative_adaptive_config``: per-batch-size tiers of ``candidate_steps``: the depths the
+   policy uses in at least ``min_share`` of rounds, plus ``k(B)``, under a ceiling that follows
+   the same rule from the deepest of them).
+
+The same factor applied to the grid's maximum depth (``policy_cap_by_batch``)
+caps the policy itself when it runs inside vLLM (``draftrl.export.vllm_proposer``).
+
+Neither engine runs here (no GPU); the keys follow the engines' documentation (see docs/export.md).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from draftrl.export.artifacts import TrainedPolicy, resolve
+from draftrl.export.features import env_spec, features_entry
+
+FORMAT = "draftrl-engine-config/1"
+#: vLLM release whose custom_class proposer interface and config keys the vLLM outputs target.
+VLLM_VERSION = "0.22.1"
+#: SGLang release family whose adaptive speculation keys (speculative_adaptive_config) the outputs target.
+SGLANG_VERSION = "main as of 2026 (speculative_adaptive, speculative_adaptive_config)"
+PROPOSER_CLASS = "draftrl.export.vllm_proposer.DraftrlPolicyProposer"
+#: Batch sizes the SGLang tiers and the vLLM table are evaluated on (up to ``max_batch_size``).
+DEFAULT_MAX_BATCH = 512
+DEFAULT_SATURATION_TOKENS = 256
+RULE = (
+    "k(B) = k1 * k*(B) / k*(1) snapped down to the policy's depth grid, non-increasing in B; "
+    "k1 = median per-round depth of the policy; k*(B) = argmax over d = 0..max depth of "
+    "E(alpha, d) / (g_B(d) + c d), with g_B(n) = max(g(n), max(1, B (n+1) / S) / max(1, B / S))"
+)
+
+
+# ----------------------------------------------------------------------------- the policy's depths
+def depth_statistics(trained: TrainedPolicy, episodes: int = 20, seed: int = 0) -> dict[str, Any]:
+    """The policy's per-round depth histogram and mean tokens per round.
+
+    From the run's final evaluation when the summary has one, else from ``episodes`` fresh
+    episodes of the training env (``PPOPolicy`` with SB3; the env is made as training made it).
+    """
+    evaluation = trained.evaluation()
+    source = "train_summary.json evaluation"
+    if not evaluation or not evaluation.get("depth_histogram"):
+        evaluation = _rollout(trained, episodes, seed)
+        source = f"rollout of {episodes} episodes of {trained.env_id}"
+    hist = {int(k): int(v) for k, v in evaluation["depth_histogram"].items() if int(v) > 0}
+    vhist = {int(k): int(v) for k, v in (evaluation.get("verify_size_histogram") or {}).items() if int(v) > 0}
+    return {
+        "source": source,
+        "depth_histogram": dict(sorted(hist.items())),
+        "verify_size_histogram": dict(sorted(vhist.items())),
+        "num_rounds": int(sum(hist.values())),
+        "mean_tokens_per_round": float(evaluation["mean_tokens_per_round"]),
+    }
+
+
+def _rollout(trained: TrainedPolicy, episodes: int, seed: int) -> dict[str, Any]:
+    import gymnasium as gym
+
+    import draftrl.envs  # noqa: F401  registers the env ids
+    from draftrl.export.network import load_sb3
+    from draftrl.policies import PPOPolicy, env_grids, evaluate_policy_on_env
+
+    spec = env_spec(trained.train_config, trained.env_id)
+    env = gym.make(trained.env_id, **{**(spec.get("kwargs") or {}), **(spec.get("eval_kwargs") or {})})
+    try:
+        model, normalizer = load_sb3(trained)  # a checkpoint's own statistics, not the final ones
+        policy = PPOPolicy(model, trained.policy_manifest, env_grids(env)[2], normalizer)
+        return evaluate_policy_on_env(policy, env, episodes=episodes, seed=seed)
+    finally:
+        env.close()
+
+
+def weighted_median(hist: Mapping[int, int]) -> int:
+    """The smallest depth with at least half of the rounds at or below it."""
+    total = sum(hist.values())
+    running = 0
+    for depth in sorted(hist):
+        running += hist[depth]
+        if 2 * running >= total:
+            return int(depth)
+    return 0
+
+
+# ----------------------------------------------------------------------------- cost model
+def expected_tokens(alpha: float, n: int) -> float:
+    """E = 1 + alpha + ... + alpha^n: tokens of a round verifying ``n`` i.i.d. drafts."""
+    return float(sum(alpha**i for i in range(n + 1)))
+
+
+def num_verified(depth: int, verify_size: int) -> int:
+    return depth if verify_size == 0 else min(depth, verify_size)
+
+
+def fit_alpha(hist: Mapping[int, int], mean_tokens: float, verify_size: int = 0) -> float:
+    """The i.i.d. acceptance that reproduces ``mean_tokens`` per round under the depth histogram."""
+    total = sum(hist.values())
+
+    def mean(alpha: float) -> float:
+        return sum(w * expected_tokens(alpha, num_verified(d, verify_size)) for d, w in hist.items()) / total
+
+    if total == 0 or mean(1.0) <= 1.0 or mean_tokens <= 1.0:
+        return 0.0
+    if mean_tokens >= mean(1.0):
+        return 1.0
+    low, high = 0.0, 1.0
+    for _ in range(60):
+        mid = (low + high) / 2
+        low, high = (mid, high) if mean(mid) < mean_tokens else (low, mid)
+    return (low + high) / 2
+
+
+def training_costs(trained: TrainedPolicy, max_depth: int) -> dict[str, Any]:
+    """``{"draft_cost": c, "verify_cost": [g(0)=1, g(1), ..., g(max_depth)], "source"}`` of the training env."""
+    kwargs = env_spec(trained.train_config, trained.env_id).get("kwargs") or {}
+    if trained.env_id == "draftrl/Analytic-v0":
+        c = float(kwargs.get("draft_cost", 0.05))
+        v = kwargs.get("verify_cost", 1.0)
+        if isinstance(v, Mapping):
+            g = [1.0] + [float(v.get(n, v.get(str(n), 1.0))) for n in range(1, max_depth + 1)]
+        else:
+            g = [1.0] + [float(v)] * max_depth
+        return {"draft_cost": c, "verify_cost": g, "source": "analytic env (draft_cost, verify_cost)"}
+    entry = features_entry(trained.train_config, trained.env_id, trained.feature_names, trained.run_dir)
+    table = entry.get("cost_table")
+    if table:
+        from draftrl.envs.costs import CostTable
+
+        t = CostTable.from_dict(table)
+        ctx = float(np.median(t.context_lens))
+        ar = t.verify(1, ctx)
+        g = [1.0] + [t.verify(n + 1, ctx) / ar for n in range(1, max_depth + 1)]
+        c = t.draft_level(int(entry.get("width") or 1)) / ar
+        return {"draft_cost": c, "verify_cost": g, "source": f"cost table at context {ctx:.0f}"}
+    return {"draft_cost": 0.05, "verify_cost": [1.0] * (max_depth + 1),
+            "source": "defaults (no cost table in the training config): c = 0.05, g = 1"}
+
+
+def verify_cost_at_batch(g: list[float], n: int, batch: int, saturation: float) -> float:
+    """``g_B(n)``: verification of ``n`` drafts per sequence at batch ``B``, in batch-B plain steps."""
+    if n <= 0:
+        return 1.0
+    roofline = max(1.0, batch * (n + 1) / saturation) / max(1.0, batch / saturation)
+    return max(g[min(n, len(g) - 1)], roofline)
+
+
+def best_depth(depths: list[int], alpha: float, c: float, g: list[float], batch: int, saturation: float,
+               verify_size: int = 0) -> int:
+    """``k*(B)``: the grid depth with the most modelled tokens per step at batch ``B``."""
+    def rate(d: int) -> float:
+        if d == 0:
+            return 1.0
+        n = num_verified(d, verify_size)
+        return expected_tokens(alpha, n) / (verify_cost_at_batch(g, n, batch, saturation) + c * d)
+
+    return max(sorted(depths), key=rate)  # max() keeps the first (shallowest) of equal rates
+
+
+def depth_scale(max_depth: int, alpha: float, c: float, g: list[float], saturation: float, max_batch: int,
+                verify_size: int = 0) -> tuple[list[float], list[int]]:
+    """``([k*(B) / k*(1) for B = 1..max_batch], [k*(B)])``, ``k*`` over every depth ``0..max_depth``.
+
+    ``k*`` is made non-increasing in B. When the model says "do not speculate" already at batch 1
+    (``k*(1) = 0``) while the policy does, the factor is 1 while a round of the deepest depth
+    stays memory-bound (``B (max_depth + 1) <= S``) and 0 beyond.
+    """
+    grid = list(range(max_depth + 1))
+    k_star, previous = [], max_depth
+    for b in range(1, max_batch + 1):
+        previous = min(previous, best_depth(grid, alpha, c, g, b, saturation, verify_size))
+        k_star.append(previous)
+    if k_star[0] == 0:
+        return [1.0 if b * (max_depth + 1) <= saturation else 0.0 for b in range(1, max_batch + 1)], k_star
+    return [k / k_star[0] for k in k_star], k_star
+
+
+def depth_by_batch(k_top: int, depths: list[int], scale: list[float]) -> list[int]:
+    """``[k(1), ..., k(max_batch)]``: ``k_top * scale(B)`` snapped down to the grid, non-increasing."""
+    grid = sorted(depths)
+    out, previous = [], k_top
+    for f in scale:
+        k = k_top * f + 1e-9
+        previous = min(previous, max([d for d in grid if d <= k], default=0))
+        out.append(previous)
+    return out
+
+
+def runs(values: list[int]) -> list[list[int]]:
+    """``[[start_bs, end_bs, k], ...]`` (1-based, inclusive) of equal consecutive values."""
+    table: list[list[int]] = []
+    for batch, k in enumerate(values, start=1):
+        if table and table[-1][2] == k:
+            table[-1][1] = batch
+        else:
+            table.append([batch, batch, int(k)])
+    return table
+
+
+def derive(
+    policy: str | Path,
+    *,
+    saturation_tokens: float = DEFAULT_SATURATION_TOKENS,
+    max_batch_size: int = DEFAULT_MAX_BATCH,
+    min_share: float = 0.05,
+    episodes: int = 20,
+) -> dict[str, Any]:
+    """The engine-independent part: depth statistics, cost model and ``k(B)`` for every batch size."""
+    if saturation_tokens <= 0 or max_batch_size < 1 or not 0 <= min_share < 1:
+        raise ValueError(
+            f"saturation_tokens={saturation_tokens} must be > 0, max_batch_size={max_batch_size} >= 1 and "
+            f"min_share={min_share} in [0, 1)."
+        )
+    trained = resolve(policy)
+    if trained.kind != "size":
+        raise ValueError(f"engine configs summarise size policies (depth per round); this is a {trained.kind!r} policy.")
+    stats = depth_statistics(trained, episodes)
+    hist = stats["depth_histogram"]
+    depths = trained.depths
+    vhist = stats["verify_size_histogram"]
+    verify_size = max(vhist, key=vhist.get) if vhist else 0
+    k1 = weighted_median(hist)
+    alpha = fit_alpha(hist, stats["mean_tokens_per_round"], verify_size)
+    costs = training_costs(trained, max(depths))
+    scale, k_star = depth_scale(max(depths), alpha, costs["draft_cost"], costs["verify_cost"], saturation_tokens,
+                                max_batch_size, verify_size)
+    total = max(1, stats["num_rounds"])
+    common = sorted(d for d, n in hist.items() if n >= min_share * total)
+    deepest = max(common + [k1])
+    features = features_entry(trained.train_config, trained.env_id, trained.feature_names, trained.run_dir)
+    return {
+        "policy": str(trained.model_path),
+        "env_id": trained.env_id,
+        "drafter": features.get("drafter"),
+        "width": int(features.get("width") or 1),
+        "depths": depths,
+        "verify_size": verify_size,
+        **stats,
+        "depth_mean": sum(d * n for d, n in hist.items()) / total,
+        "depth_mode": max(hist, key=hist.get) if hist else 0,
+        "k1": k1,
+        "common_depths": common,
+        "min_share": min_share,
+        "cost_model": {"alpha": alpha, **costs, "saturation_tokens": saturation_tokens},
+        "rule": RULE,
+        "k_star_by_batch": runs(k_star),
+        "depth_by_batch": runs(depth_by_batch(k1, depths, scale)),
+        "deepest_common_by_batch": runs(depth_by_batch(deepest, depths, scale)),
+        "policy_cap_by_batch": runs(depth_by_batch(max(depths), depths, scale)),
+        "best_fixed_in_training": ((trained.summary or {}).get("evaluation") or {}).get("best_fixed"),
+    }
+
+
+# ----------------------------------------------------------------------------- vLLM
+def _vllm_method(drafter: str | None, method: str | None) -> tuple[str, dict[str, Any]]:
+    if method:
+        return method, {}
+    kind, _, arg = (drafter or "ngram").partition(":")
+    if kind == "ngram":
+        low, high = (arg.split(":") if arg else ("1", "3"))
+        return "ngram", {"prompt_lookup_min": int(low), "prompt_lookup_max": int(high)}
+    if kind in ("none", "layerskip"):
+        return "ngram", {"prompt_lookup_min": 1, "prompt_lookup_max": 3}
+    return "draft_model", {"model": drafter}
+
+
+def vllm_config(derivation: dict[str, Any], *, method: str | None = None, onnx: str | None = None) -> dict[str, Any]:
+    """vLLM ``speculative_config`` (static + per-batch-size table) and the ``custom_class`` variant."""
+    k1 = derivation["k1"]
+    table = derivation["depth_by_batch"]
+    name, extra = _vllm_method(derivation["drafter"], method)
+    notes = [
+        f"num_speculative_tokens_per_batch_size is vLLM's dynamic speculative decoding table ([start_bs, end_bs, K]); "
+        "vLLM documents it as tested with EAGLE, EAGLE-3 and DFlash and disables it under data parallelism.",
+        "The custom_class variant runs the policy itself every step (draftrl.export.vllm_proposer, n-gram drafts); "
+        "export the network with draftrl export --format onnx and point DRAFTRL_POLICY at it.",
+        f"Not run here: no GPU and no vLLM on the machine that wrote this file; keys follow vLLM {VLLM_VERSION} docs.",
+    ]
+    if k1 == 0:
+        speculative = None
+        notes.insert(0, "The policy's median depth is 0 (it mostly does not speculate): run without speculation.")
+    else:
+        speculative = {"method": name, **extra, "num_speculative_tokens": k1,
+                       "num_speculative_tokens_per_batch_size": table}
+    return {
+        "format": FORMAT,
+        "engine": "vllm",
+        "engine_version": VLLM_VERSION,
+        "speculative_config": speculative,
+        "custom_class_speculative_config": {
+            "method": "custom_class",
+            "model": PROPOSER_CLASS,
+            "num_speculative_tokens": max(1, max(derivation["depths"])),
+        },
+        "custom_class_env": {
+            "DRAFTRL_POLICY": onnx or "<policy.onnx written by draftrl export --format onnx>",
+            "DRAFTRL_ENGINE_CONFIG": "<this file: derivation.policy_cap_by_batch caps the policy per batch size>",
+        },
+        "derivation": derivation,
+        "notes": notes,
+    }
+
+
+# ----------------------------------------------------------------------------- SGLang
+def _sglang_algorithm(drafter: str | None, algorithm: str | None) -> str:
+    if algorithm:
+        return algorithm.upper()
+    kind = (drafter or "ngram").partition(":")[0]
+    return {"ngram": "NGRAM", "none": "NGRAM", "layerskip": "NGRAM"}.get(kind, "STANDALONE")
+
+
+def sglang_config(derivation: dict[str, Any], *, algorithm: str | None = None,
+                  adaptive_file: str | None = None) -> dict[str, Any]:
+    """SGLang server arguments and adaptive tiers (``speculative_adaptive_config`` JSON)."""
+    k1 = derivation["k1"]
+    width = derivation["width"]
+    algo = _sglang_algorithm(derivation["drafter"], algorithm)
+    verify_size = derivation["verify_size"]
+    draft_tokens = (verify_size if verify_size else width * k1) + 1
+    tiers: dict[str, Any] = {"strategy": "ema"}
+    k_table, ceiling_table = derivation["depth_by_batch"], derivation["deepest_common_by_batch"]
+    previous: list[int] | None = None
+    for start in sorted({s for s, _, _ in k_table} | {s for s, _, _ in ceiling_table}):
+        k = next(k for s, e, k in k_table if s <= start <= e)
+        ceiling = next(k for s, e, k in ceiling_table if s <= start <= e)
+        candidates = sorted({d for d in derivation["common_depths"] if d <= ceiling} | {k})
+        if candidates != previous:  # a tier only where the candidates change
+            tiers[str(start)] = {"candidate_steps": candidates}
+        previous = candidates
+    adaptive_ok = algo in ("EAGLE", "EAGLE3") and width == 1
+    notes = [
+        "SGLang's adaptive mode picks among each tier's candidate_steps from an EMA of accepted lengths; it "
+        "reproduces the policy's depth support per batch size, not its per-round decisions.",
+        f"Not run here: no GPU and no SGLang on the machine that wrote this file; keys follow SGLang {SGLANG_VERSION}.",
+    ]
+    if not adaptive_ok:
+        notes.insert(0, f"SGLang's adaptive speculation supports EAGLE/EAGLE3 with topk 1 only (algorithm={algo}, "
+                        f"topk={width}): speculative_adaptive is off; pass --algorithm EAGLE3 with an EAGLE-3 draft.")
+    if k1 == 0:
+        notes.insert(0, "The policy's median depth is 0 (it mostly does not speculate): run without speculation.")
+    server_args = None if k1 == 0 else {
+        "speculative_algorithm": algo,
+        "speculative_num_steps": k1,
+        "speculative_eagle_topk": width,
+        "speculative_num_draft_tokens": draft_tokens,
+        "speculative_adaptive": adaptive_ok,
+        "speculative_adaptive_config": adaptive_file if adaptive_ok else None,
+    }
+    launch = []
+    for key, value in (server_args or {}).items():
+        if value is None or value is False:
+            continue
+        flag = "--" + key.replace("_", "-")
+        launch += [flag] if value is True else [flag, str(value)]
+    return {
+        "format": FORMAT,
+        "engine": "sglang",
+        "engine_version": SGLANG_VERSION,
+        "server_args": server_args,
+        "adaptive_config": tiers,
+        "launch_args": launch,
+        "derivation": derivation,
+        "notes": notes,
+    }
+
+
+def check_finite(obj: Any) -> None:
+    """Refuse NaN/inf anywhere in a config (engines reject them, JSON cannot hold them)."""
+    if isinstance(obj, dict):
+        for v in obj.values():
+            check_finite(v)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            check_finite(v)
+    elif isinstance(obj, float) and not math.isfinite(obj):
+        raise ValueError(f"a derived value is {obj}; the policy's evaluation is degenerate.")

@@ -1,0 +1,175 @@
+"""The training env's observation settings, and its ``FeatureBuilder`` rebuilt from them.
+
+A deployed policy must see the features it was trained on, computed the same way. The envs that
+wrap the engine (``SpecDecode-v0``, ``TraceReplay-v0`` and their depth variants) build every
+observation with :class:`draftrl.envs.features.FeatureBuilder`; this module records that
+builder's settings in the export manifest (``features_entry``) and rebuilds the very same class
+from them at run time (``make_feature_builder``), so no feature is re-implemented here.
+
+``draftrl/Analytic-v0`` has no engine-side builder: its features (regime acceptance statistics,
+a synthetic ``draft_confidence``) come from the analytic model itself, and no engine measures
+them. Its policies export and run through the controller, but cannot drive an engine.
+
+Import direction: this module uses ``draftrl.envs`` (the feature builder, ``EnvConfig``, cost
+tables, trace headers), a layer below ``policies``; it imports no model code.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+from draftrl.config import to_dict
+from draftrl.envs.config import EnvConfig, resolve_config
+from draftrl.envs.costs import CostTable
+from draftrl.envs.features import CostTracker, FeatureBuilder, feature_names
+
+#: Env ids whose observations ``FeatureBuilder`` builds (plus ``level`` features for depth envs).
+BUILDER_ENVS: tuple[str, ...] = (
+    "draftrl/SpecDecode-v0",
+    "draftrl/SpecDecodeDepth-v0",
+    "draftrl/TraceReplay-v0",
+    "draftrl/TraceReplayDepth-v0",
+)
+BUILDER = "draftrl.envs.features.FeatureBuilder"
+#: gymnasium.make arguments of the engine envs that are not EnvConfig fields.
+_NON_CONFIG_KWARGS = ("config", "traces", "cost_table", "engine", "tokenizer", "target", "render_mode", "size_policy")
+
+
+def env_spec(train_config: dict[str, Any] | None, env_id: str) -> dict[str, Any]:
+    """The ``{"id", "kwargs", "eval_kwargs"}`` entry of the training config that made ``env_id``."""
+    if not train_config:
+        return {"id": env_id, "kwargs": {}, "eval_kwargs": {}}
+    for key in ("env", "depth_env", "finetune_env"):
+        spec = train_config.get(key)
+        if isinstance(spec, dict) and spec.get("id") == env_id:
+            return spec
+    return {"id": env_id, "kwargs": {}, "eval_kwargs": {}}
+
+
+def _find(path: str | Path | None, run_dir: Path | None) -> Path | None:
+    """``path`` as given (relative to the working directory), else relative to the run directory
+    or one of its parents (training usually ran from the repository root)."""
+    if not path:
+        return None
+    path = Path(path)
+    candidates = [path]
+    if run_dir is not None and not path.is_absolute():
+        candidates += [run_dir / path] + [parent / path for parent in run_dir.resolve().parents]
+    return next((c for c in candidates if c.exists()), None)
+
+
+def _resolve_env_config(env_id: str, kwargs: dict[str, Any],
+                        run_dir: Path | None) -> tuple[EnvConfig, CostTable | None, str]:
+    """(EnvConfig, cost table or None, where they came from) as ``gymnasium.make(env_id, **kwargs)`` resolves them."""
+    overrides = {k: v for k, v in kwargs.items() if k not in _NON_CONFIG_KWARGS}
+    base = kwargs.get("config")
+    source = "train config"
+    trace_dir = None
+    if env_id.startswith("draftrl/TraceReplay") and base is None:
+        trace_dir = _find(kwargs.get("traces"), run_dir)
+        if trace_dir is not None and (trace_dir / "trace.json").is_file():
+            from draftrl.envs.traces import Traces
+
+            base = to_dict(Traces.load(trace_dir).config)
+            source = f"traces {trace_dir}"
+        else:
+            source = f"EnvConfig defaults + train-config overrides (traces {kwargs.get('traces')} not found)"
+            warnings.warn(
+                f"the training traces {kwargs.get('traces')!r} were not found from here or the run directory; the "
+                "manifest records EnvConfig defaults for the feature builder and no cost table (cost features then "
+                "start unknown). Export where the traces are to record the training settings.", stacklevel=3)
+    config = resolve_config(base, overrides)
+    table_path = _find(kwargs.get("cost_table") or config.cost_table, run_dir)
+    if table_path is None and trace_dir is not None and (trace_dir / "cost_table.json").is_file():
+        table_path = trace_dir / "cost_table.json"
+    table = CostTable.load(table_path) if table_path is not None else None
+    return config, table, source
+
+
+def features_entry(train_config: dict[str, Any] | None, env_id: str, names: list[str],
+                   run_dir: str | Path | None = None) -> dict[str, Any]:
+    """The manifest's ``features`` section for a policy trained on ``env_id`` reading ``names``.
+
+    :return: ``{"builder": BUILDER, "history", "ema_decay", "cost_decay", "width", "drafter",
+        "temperature", "max_depth", "max_new_tokens" (the training budget), "cost_table" (the
+        table's JSON or None), "source"}`` for the
+        engine envs; ``{"builder": None, "reason": ...}`` otherwise.
+    """
+    if env_id not in BUILDER_ENVS:
+        return {
+            "builder": None,
+            "reason": f"{env_id} computes its features inside the env (no engine measures them); "
+            "the policy runs through the controller but cannot drive an engine.",
+        }
+    spec = env_spec(train_config, env_id)
+    config, table, source = _resolve_env_config(env_id, dict(spec.get("kwargs") or {}),
+                                                Path(run_dir) if run_dir is not None else None)
+    expected = list(feature_names(config.history))
+    if names[: len(expected)] != expected:
+        raise ValueError(
+            f"the policy reads features {names} but {BUILDER} with history={config.history} builds {expected}; "
+            "the training config does not describe this policy (was the run directory mixed up?)."
+        )
+    return {
+        "builder": BUILDER,
+        "history": config.history,
+        "ema_decay": config.ema_decay,
+        "cost_decay": config.cost_decay,
+        "width": config.width,
+        "drafter": config.drafter,
+        "temperature": config.temperature,
+        "max_depth": config.max_depth,
+        "max_new_tokens": config.max_new_tokens or config.max_new_tokens_cap,
+        "cost_table": table.to_dict() if table is not None else None,
+        "source": source,
+    }
+
+
+def make_feature_builder(entry: dict[str, Any], names: list[str] | tuple[str, ...]) -> FeatureBuilder:
+    """The training env's ``FeatureBuilder``, from a manifest's ``features`` section.
+
+    :raises ValueError: for policies whose features no engine can build (e.g. ``Analytic-v0``) or
+        whose feature list the rebuilt builder does not reproduce.
+    """
+    if not entry or entry.get("builder") != BUILDER:
+        reason = (entry or {}).get("reason", "the manifest names no feature builder")
+        raise ValueError(
+            f"this policy cannot drive an engine: {reason} Train it on draftrl/TraceReplay-v0 or "
+            "draftrl/SpecDecode-v0 (whose observations draftrl.envs.features.FeatureBuilder builds)."
+        )
+    table = CostTable.from_dict(entry["cost_table"]) if entry.get("cost_table") else None
+    builder = FeatureBuilder(
+        int(entry["history"]), float(entry["ema_decay"]),
+        CostTracker(table, float(entry["cost_decay"]), int(entry["width"])),
+    )
+    if list(builder.names) != list(names):
+        raise ValueError(
+            f"the policy reads {list(names)} but the rebuilt FeatureBuilder builds {list(builder.names)}; "
+            "step-level (depth) policies need a per-level driver, which draftrl generate does not have."
+        )
+    return builder
+
+
+def ngram_drafter(spec: str) -> Any:
+    """draftrl's ``NgramDrafter`` from a drafter spec (``ngram`` or ``ngram:MIN:MAX``).
+
+    The adapters that run inside other engines (transformers, vLLM) draft with it, so their
+    proposals and n-gram features are the ones the policy was trained on.
+
+    :raises ValueError: for other drafters, whose features only draftrl's engine measures.
+    """
+    from draftrl.decoding.drafters import NgramDrafter
+
+    kind, _, arg = spec.partition(":")
+    if kind != "ngram":
+        raise ValueError(
+            f"the policy was trained with drafter {spec!r}; outside draftrl's engine the adapters compute only n-gram "
+            "draft features. Train on traces collected with drafter=ngram, or drive draftrl's engine "
+            "(draftrl generate --policy), which measures every drafter's features."
+        )
+    if not arg:
+        return NgramDrafter()
+    low, high = arg.split(":")
+    return NgramDrafter(min_ngram=int(low), max_ngram=int(high))

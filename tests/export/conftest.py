@@ -1,0 +1,114 @@
+"""Two small trained policies for the export tests, trained once per session in seconds.
+
+- ``analytic_run``: PPO on the analytic regime workload (``configs/analytic_regimes.yaml``
+  shrunk to 2,048 steps): 6 features, 13 depths, VecNormalize on.
+- ``replay_run``: PPO on ``TraceReplay-v0`` over greedy traces of the real SmolLM2 + n-gram
+  drafter (2 prompts, 24 tokens, depths 0/1/2/4, a hand-made cost table): the 25
+  ``FeatureBuilder`` features, so it can drive draftrl's engine and transformers.
+
+Each is exported to ONNX and TorchScript (``*_exports``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from draftrl.config import from_dict, load_config
+from draftrl.train import ppo_size
+from draftrl.train.config import TrainConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+REPLAY_WORKLOAD = dict(languages=("en",), tasks=("code_edit",), limit_per_group=2, max_new_tokens=24,
+                       depths=(0, 1, 2, 4), seed=0)
+
+
+def cost_table():
+    from draftrl.envs.costs import CostTable
+
+    return CostTable(
+        num_tokens=[1, 2, 4, 8, 16], context_lens=[64, 512],
+        verify_seconds=[[0.02, 0.021, 0.024, 0.03, 0.045], [0.025, 0.026, 0.03, 0.037, 0.055]],
+        draft_widths=[1, 2, 4], draft_level_seconds=[1e-4, 1.5e-4, 2e-4], draft_base_seconds=2e-4,
+        sample_base_seconds=1e-3, sample_token_seconds=2e-4, noise=0.05,
+    )
+
+
+@pytest.fixture(scope="session")
+def analytic_run(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("analytic") / "run"
+    cfg = load_config(TrainConfig, ROOT / "configs" / "analytic_regimes.yaml", [
+        "total_timesteps=2048", "ppo.n_steps=64", "checkpoint_every=1024", "eval_episodes=3",
+        "baselines=[]", "progress_bar=false",
+    ])
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("WANDB_MODE", "disabled")
+        ppo_size.train(cfg, out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def replay_config():
+    """The EnvConfig the replay traces were recorded with (the policy's features' settings)."""
+    from draftrl.envs.config import EnvConfig
+
+    return EnvConfig(**REPLAY_WORKLOAD)
+
+
+@pytest.fixture(scope="session")
+def shared_target(smollm2):
+    """The session's SmolLM2, registered as the envs' per-process shared copy."""
+    from draftrl.envs import engines
+
+    engines._LOADED[("smollm2-135m", "float32", "cpu")] = smollm2
+    return smollm2
+
+
+@pytest.fixture(scope="session")
+def replay_traces(shared_target, replay_config, tmp_path_factory) -> Path:
+    import torch
+
+    from draftrl.envs.engines import build_engine
+    from draftrl.envs.traces import collect
+
+    torch.set_num_threads(1)
+    config = replay_config
+    engine, tokenizer = build_engine(config, shared_target)
+    directory = tmp_path_factory.mktemp("traces")
+    collect(config, engine, tokenizer).save(directory)
+    cost_table().save(directory / "cost_table.json")
+    return directory
+
+
+@pytest.fixture(scope="session")
+def replay_run(replay_traces, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("replay") / "run"
+    cfg = from_dict(TrainConfig, {
+        "env": {"id": "draftrl/TraceReplay-v0", "kwargs": {"traces": str(replay_traces)}},
+        "total_timesteps": 768, "ppo": {"n_steps": 64, "batch_size": 64}, "checkpoint_every": 256,
+        "eval_episodes": 2, "baselines": [], "progress_bar": False,
+    })
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("WANDB_MODE", "disabled")
+        ppo_size.train(cfg, out)
+    return out
+
+
+def _export(run: Path, directory: Path) -> dict[str, Path]:
+    from draftrl.export.network import export
+
+    files = {"onnx": directory / "policy.onnx", "torchscript": directory / "policy.pt"}
+    for backend, file in files.items():
+        export(run, file, backend, check_observations=512)
+    return files
+
+
+@pytest.fixture(scope="session")
+def analytic_exports(analytic_run, tmp_path_factory) -> dict[str, Path]:
+    return _export(analytic_run, tmp_path_factory.mktemp("analytic_export"))
+
+
+@pytest.fixture(scope="session")
+def replay_exports(replay_run, tmp_path_factory) -> dict[str, Path]:
+    return _export(replay_run, tmp_path_factory.mktemp("replay_export"))

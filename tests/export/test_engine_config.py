@@ -1,0 +1,125 @@
+"""Engine configs derived from a policy (vLLM, SGLang): the cost-model rule and the files' keys."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from draftrl.cli import main
+from draftrl.export import engine_config as ec
+
+
+# ----------------------------------------------------------------------------- the cost model
+def test_cost_model_reproduces_the_design_vectors():
+    g = [1.0] * 17
+    assert ec.expected_tokens(0.7, 6) == pytest.approx(3.058819, abs=1e-6)
+    assert ec.best_depth(list(range(1, 17)), 0.7, 0.05, g, batch=1, saturation=1e9) == 6
+    assert ec.best_depth(list(range(1, 17)), 0.7, 0.20, g, batch=1, saturation=1e9) == 3
+    assert ec.best_depth(list(range(0, 17)), 0.0, 0.05, g, batch=1, saturation=1e9) == 0  # alpha 0: no speculation
+
+
+def test_larger_batches_never_speculate_deeper():
+    scale, k_star = ec.depth_scale(12, 0.8, 0.05, [1.0] * 13, saturation=256, max_batch=512)
+    assert k_star[0] == ec.best_depth(list(range(13)), 0.8, 0.05, [1.0] * 13, 1, 256)
+    assert all(a >= b for a, b in zip(k_star, k_star[1:])) and k_star[-1] == 0
+    table = ec.depth_by_batch(6, [0, 1, 2, 4, 6, 8], scale)
+    assert table[0] == 6 and table[-1] == 0 and all(a >= b for a, b in zip(table, table[1:]))
+    assert set(table) <= {0, 1, 2, 4, 6, 8}
+    # memory-bound batches (B (n + 1) <= S) cost nothing extra: the batch-1 depth holds
+    assert ec.verify_cost_at_batch([1.0] * 13, 6, batch=16, saturation=256) == 1.0
+    assert ec.verify_cost_at_batch([1.0] * 13, 6, batch=256, saturation=256) == 7.0
+
+
+def test_alpha_is_fitted_to_the_policys_own_tokens_per_round():
+    hist = {0: 5, 2: 10, 6: 30}
+    mean = sum(n * ec.expected_tokens(0.6, d) for d, n in hist.items()) / sum(hist.values())
+    assert ec.fit_alpha(hist, mean) == pytest.approx(0.6, abs=1e-9)
+    assert ec.fit_alpha(hist, 1.0) == 0.0 and ec.fit_alpha({0: 3}, 1.0) == 0.0
+    assert ec.weighted_median({0: 11, 5: 8, 10: 2}) == 0 and ec.weighted_median({0: 9, 5: 10, 10: 2}) == 5
+    assert ec.runs([3, 3, 2, 0, 0]) == [[1, 2, 3], [3, 3, 2], [4, 5, 0]]
+
+
+# ----------------------------------------------------------------------------- files
+def check_table(table, max_batch, k_max):
+    assert table[0][0] == 1 and table[-1][1] == max_batch
+    for (s0, e0, k0), (s1, e1, k1) in zip(table, table[1:]):
+        assert s1 == e0 + 1 and k1 < k0  # contiguous, strictly shallower from range to range
+    for start, end, k in table:
+        assert isinstance(k, int) and 0 <= k <= k_max and start <= end
+
+
+def test_vllm_config_has_the_expected_keys(analytic_run, tmp_path):
+    out = tmp_path / "vllm.json"
+    assert main(["export", str(analytic_run), "--format", "vllm", "--out", str(out), "--onnx", "policy.onnx"]) == 0
+    config = json.loads(out.read_text())
+    assert config["format"] == ec.FORMAT and config["engine"] == "vllm" and config["engine_version"] == ec.VLLM_VERSION
+    summary = json.loads((analytic_run / "train_summary.json").read_text())
+    derivation = config["derivation"]
+    assert derivation["depth_histogram"] == summary["evaluation"]["results"]["ppo"]["depth_histogram"]
+    assert 0.0 <= derivation["cost_model"]["alpha"] <= 1.0 and derivation["cost_model"]["draft_cost"] == 0.1
+    assert derivation["rule"] == ec.RULE
+    spec = config["speculative_config"]
+    if derivation["k1"] == 0:
+        assert spec is None
+    else:
+        k = spec["num_speculative_tokens"]
+        assert isinstance(k, int) and 1 <= k <= 12 and k == derivation["k1"]
+        assert spec["method"] == "ngram" and spec["prompt_lookup_min"] <= spec["prompt_lookup_max"]
+        check_table(spec["num_speculative_tokens_per_batch_size"], 512, k)
+        assert spec["num_speculative_tokens_per_batch_size"][0][2] == k
+    custom = config["custom_class_speculative_config"]
+    assert custom == {"method": "custom_class", "model": ec.PROPOSER_CLASS, "num_speculative_tokens": 12}
+    assert config["custom_class_env"]["DRAFTRL_POLICY"] == "policy.onnx"
+    check_table(derivation["policy_cap_by_batch"], 512, 12)
+    assert derivation["policy_cap_by_batch"][0][2] == 12
+
+
+def test_sglang_config_has_the_expected_keys(analytic_run, tmp_path):
+    out = tmp_path / "sglang.json"
+    assert main(["export", str(analytic_run), "--format", "sglang", "--out", str(out), "--algorithm", "eagle3",
+                 "--max-batch-size", "256"]) == 0
+    config = json.loads(out.read_text())
+    assert config["engine"] == "sglang"
+    derivation = config["derivation"]
+    args = config["server_args"]
+    if derivation["k1"] == 0:
+        assert args is None
+        return
+    assert args["speculative_algorithm"] == "EAGLE3" and args["speculative_num_steps"] == derivation["k1"]
+    assert args["speculative_eagle_topk"] == 1 and args["speculative_num_draft_tokens"] == derivation["k1"] + 1
+    assert args["speculative_adaptive"] is True
+    adaptive = json.loads((tmp_path / "sglang.json.adaptive.json").read_text())
+    assert adaptive == config["adaptive_config"] and args["speculative_adaptive_config"].endswith(".adaptive.json")
+    tiers = {k: v for k, v in adaptive.items() if k.isdigit()}
+    assert adaptive["strategy"] == "ema" and "1" in tiers
+    for tier in tiers.values():
+        steps = tier["candidate_steps"]
+        assert steps == sorted(set(steps)) and all(isinstance(s, int) and 0 <= s <= 12 for s in steps)
+    assert derivation["k1"] in tiers["1"]["candidate_steps"]
+    assert "--speculative-adaptive" in config["launch_args"] and "--speculative-num-steps" in config["launch_args"]
+    # the n-gram default: SGLang's adaptive mode needs EAGLE, so it is switched off and the file says why
+    main(["export", str(analytic_run), "--format", "sglang", "--out", str(tmp_path / "ngram.json")])
+    ngram = json.loads((tmp_path / "ngram.json").read_text())
+    assert ngram["server_args"]["speculative_algorithm"] == "NGRAM"
+    assert ngram["server_args"]["speculative_adaptive"] is False and "EAGLE" in ngram["notes"][0]
+
+
+def test_replay_policy_configs_follow_its_drafter(replay_run, tmp_path):
+    derivation = ec.derive(replay_run)
+    assert derivation["drafter"] == "ngram" and derivation["cost_model"]["source"].startswith("cost table")
+    config = ec.vllm_config(derivation)
+    if config["speculative_config"] is not None:
+        assert config["speculative_config"]["method"] == "ngram"
+        assert config["speculative_config"]["prompt_lookup_max"] == 3
+
+
+def test_checkpoint_depths_come_from_a_rollout(analytic_run):
+    derivation = ec.derive(analytic_run / "checkpoints" / "ppo_1024_steps.zip", episodes=2)
+    assert derivation["source"].startswith("rollout of 2 episodes")
+    assert derivation["num_rounds"] > 0 and sum(derivation["depth_histogram"].values()) == derivation["num_rounds"]
+
+
+def test_bad_arguments_are_refused(analytic_run):
+    with pytest.raises(ValueError, match="saturation_tokens"):
+        ec.derive(analytic_run, saturation_tokens=0)
