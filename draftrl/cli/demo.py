@@ -132,7 +132,10 @@ def print_summary(summary: dict) -> None:
                       f"quiet on the correct sampler over {power['correct']['tokens']}")
     console.print(f"exactness: {verdict} ({'; '.join(checks)})")
     if overhead is not None:
-        console.print(f"monitor overhead: {overhead * 100:.2f}% of decoding time (target < 3%)")
+        where = ("at temperature 1, every token tested" if "correct" in power
+                 else "at temperature 0 the monitor has nothing to test; eval.power_tokens > 0 measures it at "
+                      "temperature 1" if ex["temperature"] == 0 else f"at temperature {ex['temperature']:g}")
+        console.print(f"monitor overhead: {overhead * 100:.2f}% of decoding time (target < 3%; {where})")
     steps = ", ".join(f"{k} {v['seconds']:.0f}s" for k, v in summary["steps"].items())
     console.print(f"time: {summary['wall_seconds'] / 60:.1f} min ({steps})")
     out = summary["out"]

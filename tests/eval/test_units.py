@@ -185,3 +185,26 @@ def test_grid_logs_one_offline_wandb_run_per_cell_and_a_summary(tmp_path, monkey
     log_grid_to_wandb(config, tmp_path, grid, [])
     runs = sorted((tmp_path / "wandb").glob("offline-run-*"))
     assert len(runs) == len(grid["cells"]) + 1
+
+
+# ----------------------------------------------------------------------------- demo
+def test_demo_table_prints_every_policy_and_the_verdict(capsys):
+    from draftrl.cli.demo import print_summary
+
+    results, _ = fake_results()
+    results["policies"]["oracle"] = results["policies"]["ppo"]
+    summary = {"results_dict": results, "steps": {"grid": {"seconds": 60.0}}, "wall_seconds": 300.0, "out": "runs/demo",
+               "report": "runs/demo/eval/report.md", "results": "runs/demo/eval/results.json"}
+    print_summary(summary)
+    out = capsys.readouterr().out
+    for text in ("plain decoding", "HF heuristic", "PPO", "oracle (upper bound)", "1.30x", "PASSED",
+                 "runs/demo/eval/report.md", "monitor overhead"):
+        assert text in out, text
+
+
+def test_demo_refuses_to_overwrite_without_force(tmp_path, capsys):
+    (tmp_path / "grid").mkdir()
+    code = main(["demo", "--quick", "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 2 and "--force" in err
+    assert (tmp_path / "grid").is_dir()
