@@ -22,7 +22,8 @@ Everything a runtime needs besides the network, and everything a reader needs to
     versions          draftrl, torch, stable_baselines3, onnx, onnxruntime, numpy, python, opset
     check             export-time comparison with SB3 (observations, max |logit difference|, agreement)
 
-Only json and numpy are imported here: the runtime controller reads manifests too.
+ONNX exports also carry this manifest in their metadata (key ``draftrl.manifest``). Only json and
+numpy are imported here: the runtime controller reads manifests too.
 """
 
 from __future__ import annotations

@@ -252,8 +252,24 @@ def export(
         else:
             torch.jit.save(torch.jit.trace(net, example), str(out))
     manifest["check"] = check_export(out, manifest, model, check_observations, seed)
+    if backend == "onnx":
+        _embed_manifest(out, manifest)
     manifest_file = write_manifest(out, manifest)
     return manifest_file, manifest
+
+
+def _embed_manifest(out: Path, manifest: dict[str, Any]) -> None:
+    """Copy the manifest into the ONNX file's metadata (``draftrl.manifest``): the network stays
+    self-describing if it travels without its JSON. The graph is not touched."""
+    import json
+
+    onnx = require("onnx")
+    proto = onnx.load(str(out))
+    del proto.metadata_props[:]
+    for key, value in (("draftrl.format", FORMAT), ("draftrl.manifest", json.dumps(manifest))):
+        entry = proto.metadata_props.add()
+        entry.key, entry.value = key, value
+    onnx.save(proto, str(out))
 
 
 def _export_onnx(net: nn.Module, example: torch.Tensor, out: Path, output_names: list[str]) -> None:

@@ -122,6 +122,10 @@ def test_manifest_describes_the_policy(analytic_run, analytic_exports):
     assert manifest["check"]["action_agreement"] == 1.0 and manifest["check"]["num_observations"] == 512
     assert manifest["evaluation"]["depth_histogram"]
     assert manifest["features"]["builder"] is None  # analytic features: no engine can build them
+    import onnxruntime
+
+    embedded = onnxruntime.InferenceSession(str(analytic_exports["onnx"])).get_modelmeta().custom_metadata_map
+    assert json.loads(embedded["draftrl.manifest"]) == manifest  # the network carries its manifest too
 
 
 def test_replay_manifest_carries_the_feature_builder(replay_exports, replay_traces):
