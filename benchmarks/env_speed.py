@@ -1,6 +1,6 @@
 """Steps per second of each env on this machine, and how much faster trace replay is than the real env.
 
-Real and depth envs run SmolLM2 + n-gram on ``configs/tiny_cpu.yaml``; the replay env replays
+Real envs (round and per-level) run SmolLM2 + n-gram on ``configs/tiny_cpu.yaml``; the replay envs replay
 traces of the same config (recorded here unless ``--traces`` is given, with a quick cost table
 unless ``--cost-table`` is given); the analytic env needs no model. Each env gets a warm-up
 episode, then random actions for ``--seconds`` of wall clock. One line per env, ratio first:
@@ -78,6 +78,8 @@ def main() -> None:
                                                        args.seconds),
         "draftrl/TraceReplay-v0": steps_per_second(
             gym.make("draftrl/TraceReplay-v0", traces=traces, cost_table=cost_table), args.seconds),
+        "draftrl/TraceReplayDepth-v0": steps_per_second(
+            gym.make("draftrl/TraceReplayDepth-v0", traces=traces, cost_table=cost_table), args.seconds),
         "draftrl/Analytic-v0": steps_per_second(gym.make("draftrl/Analytic-v0"), args.seconds),
     }
     real = rates["draftrl/SpecDecode-v0"]
