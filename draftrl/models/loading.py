@@ -39,7 +39,8 @@ def load_model(spec: str, *, dtype: str = "float32", device: str = "cpu", fast_l
 
     :param spec: ``smollm2-135m`` (or another name from :func:`~draftrl.models.list_models`),
         a local directory with ``config.json``, weights and tokenizer files, or a hub id such
-        as ``HuggingFaceTB/SmolLM2-360M-Instruct`` (needs access to the hub).
+        as ``HuggingFaceTB/SmolLM2-360M-Instruct`` (needs access to the hub). A known name wins
+        over a directory of the same name; write ``./smollm2-135m`` for the directory.
     :param dtype: ``float32``, ``bfloat16`` or ``float16``.
     :param device: a torch device string, e.g. ``cpu`` or ``cuda:0``.
     :param fast_linear: on CPU, compute few-token linear layers in the faster ``W @ x^T`` layout
