@@ -64,7 +64,7 @@ def run_eval(config: EvalConfig, out: str | Path, *, policies: list[str] | str |
     from draftrl.envs.costs import hardware_info
     from draftrl.envs.engines import build_engine, shared_model
     from draftrl.envs.workload import Workload
-    from draftrl.eval.exactness import GreedyMismatch, TimedMonitor, check_identity, hf_greedy, monitor_verdict
+    from draftrl.eval.exactness import GreedyMismatch, TimedMonitor, check_identity, hf_greedy
     from draftrl.eval.io import read_json, write_json
     from draftrl.eval.policies import build_policy, parse_policies
 
