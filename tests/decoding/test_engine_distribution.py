@@ -121,6 +121,7 @@ def test_deterministic_tree_children(engine, params):
     assert chisquare_joint(bad, expected) < P_VALUE, "the wrong correction must be caught"
 
 
+@pytest.mark.slow
 def test_deterministic_children_treated_as_sampled_is_caught(engine):
     """Negative control of issue 3: RRS with the draft's softmax on top-k (deterministic) children."""
     params = CASES[0]
@@ -156,7 +157,7 @@ def sampled_setup(engine):
     return params, q, logits, star
 
 
-@pytest.mark.parametrize("width", [1, 3])
+@pytest.mark.parametrize("width", [pytest.param(1, marks=pytest.mark.slow), 3])
 @pytest.mark.parametrize(
     "sampler", ["correct", "resample-from-p", pytest.param("no-residual-update", marks=pytest.mark.slow)]
 )
