@@ -147,6 +147,15 @@ class ConfidenceThreshold(Policy):
         self.to_action(min(self.depths), self.verify_size)
         self.name = f"confidence(t={self.threshold:g})"
 
+    @classmethod
+    def for_env(cls, env: Any, /, **kwargs: Any) -> ConfidenceThreshold:
+        """As ``Policy.for_env``; without ``feature``, n-gram drafters (no draft probabilities) read
+        ``accept_rate_1``."""
+        drafter = getattr(getattr(env.unwrapped, "config", None), "drafter", None)
+        if "feature" not in kwargs and isinstance(drafter, str) and drafter.partition(":")[0] in ("ngram", "none"):
+            kwargs["feature"] = "accept_rate_1"
+        return super().for_env(env, **kwargs)
+
     def depth_for(self, confidence: float) -> int:
         """Largest grid depth ``d`` with ``confidence ** d > threshold`` (the smallest depth if none)."""
         c = min(max(confidence, 0.0), 1.0)

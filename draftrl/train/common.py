@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
-import pickle
 import os
+import pickle
 import platform
 import re
 import secrets
@@ -40,13 +40,13 @@ import draftrl.envs  # noqa: F401  registers the draftrl/* env ids
 from draftrl.config import to_dict
 from draftrl.policies import (
     ConfidenceThreshold,
-    env_grids,
     Fixed,
     HFHeuristic,
     Oracle,
     Policy,
     PPOPolicy,
     UCBBandit,
+    env_grids,
     evaluate_policy_on_env,
     paired_difference,
 )

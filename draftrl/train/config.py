@@ -43,14 +43,15 @@ class PPOConfig:
     """minibatch size; must divide n_steps * n_envs."""
     n_epochs: int = 10
     """optimisation passes over each rollout."""
-    gamma: float = 0.95
-    """discount; rounds are nearly independent decisions, so a short horizon learns faster."""
+    gamma: float = 0.5
+    """discount; with the envs' ratio reward the throughput-best action is (nearly) myopic, so a short
+    horizon cuts the return's variance (on traces 0.95 barely learned in 20k steps, 0.5 beat grid search)."""
     gae_lambda: float = 0.95
     """GAE lambda."""
     clip_range: float = 0.2
     """PPO ratio clip."""
-    ent_coef: float = 0.01
-    """entropy bonus; keeps exploring depths early."""
+    ent_coef: float = 0.0
+    """entropy bonus; 0 (SB3's default): 0.01 kept the trace policy near uniform for 20k steps."""
     vf_coef: float = 0.5
     """value-loss weight."""
     max_grad_norm: float = 0.5

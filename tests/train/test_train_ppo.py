@@ -267,3 +267,21 @@ def test_baselines_and_ppo_share_episodes(trained):
     env = gym.make("draftrl/Analytic-v0", regimes=(0.9, 0.2), draft_cost=0.1, signal_noise=0.15, regime_switch=0.1)
     again = evaluate_policy_on_env(ConfidenceThreshold.for_env(env), env, 60, summary["evaluation"]["seed"])
     assert again == summary["evaluation"]["results"]["confidence(t=0.35)"]
+
+
+def test_finetune_phase_continues_the_same_policy(tmp_path):
+    """finetune_real_timesteps: more steps on a second env (here another analytic workload)."""
+    cfg = tiny("total_timesteps=512", "finetune_real_timesteps=512", "finetune_env.id=draftrl/Analytic-v0",
+               "finetune_env.kwargs={regimes: [0.8, 0.3], draft_cost: 0.1}")
+    summary = ppo_size.train(cfg, tmp_path)
+    assert summary["num_timesteps"] == 1024
+    steps = sorted(int(p.name.split("_")[1]) for p in (tmp_path / "checkpoints").glob("ppo_*_steps.zip"))
+    assert 512 in steps and steps[-1] == 1024
+    assert summary["evaluation"]["env"]["kwargs"]["regimes"] == [0.9, 0.2]  # evaluated on the main workload
+
+
+def test_finetune_env_must_share_grids(tmp_path):
+    cfg = tiny("total_timesteps=256", "finetune_real_timesteps=256", "finetune_env.id=draftrl/Analytic-v0",
+               "finetune_env.kwargs={depths: [0, 2, 4]}")
+    with pytest.raises(ValueError, match="phase 'finetune'"):
+        ppo_size.train(cfg, tmp_path)
