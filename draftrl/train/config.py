@@ -32,6 +32,22 @@ class EnvSpec:
 
 
 @dataclass
+class DepthEnvSpec(EnvSpec):
+    """The step-level env of depth policies (a section of its own so that its id defaults right)."""
+
+    id: str = "draftrl/TraceReplayDepth-v0"
+    """draftrl/TraceReplayDepth-v0 (recorded traces) or draftrl/SpecDecodeDepth-v0 (real engine)."""
+
+
+@dataclass
+class FinetuneEnvSpec(EnvSpec):
+    """The real-engine env of the fine-tuning phase."""
+
+    id: str = "draftrl/SpecDecode-v0"
+    """draftrl/SpecDecode-v0 (size policies) or draftrl/SpecDecodeDepth-v0 (depth policies)."""
+
+
+@dataclass
 class PPOConfig:
     """stable-baselines3 PPO hyperparameters (names as in ``stable_baselines3.PPO``)."""
 
@@ -100,9 +116,9 @@ class TrainConfig:
     """seeds PPO, the training envs (seed + i for env i) and torch."""
     finetune_real_timesteps: int = 0
     """after the main phase, continue training on finetune_env for this many steps (0 = skip)."""
-    finetune_env: EnvSpec = field(default_factory=lambda: EnvSpec(id="draftrl/SpecDecode-v0"))
+    finetune_env: FinetuneEnvSpec = field(default_factory=FinetuneEnvSpec)
     """the real env of the fine-tuning phase; must share the training env's grids and features."""
-    depth_env: EnvSpec = field(default_factory=lambda: EnvSpec(id="draftrl/TraceReplayDepth-v0"))
+    depth_env: DepthEnvSpec = field(default_factory=DepthEnvSpec)
     """step-level env of the depth policy (ppo_depth, cotrain): TraceReplayDepth-v0 or SpecDecodeDepth-v0."""
     cotrain_rounds: int = 2
     """cotrain: alternations, each training the depth policy (size frozen) then the size policy (depth frozen)."""

@@ -142,7 +142,7 @@ def train(
                         write_json(out / STATE_FILE, state)
 
                     model = learn_phases(
-                        cfg, [Phase(f"{rnd}_{kind}", make, cfg.total_timesteps)], phase_dir,
+                        cfg, [Phase(f"{rnd}_{kind}", make, cfg.total_timesteps)], phase_dir, kind=kind,
                         resume=resume, wandb_run=wandb_run, on_save=record_state, callbacks=callbacks,
                         start_from=previous,
                     )

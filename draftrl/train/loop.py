@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gymnasium import spaces
 from stable_baselines3 import PPO
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.vec_env import VecEnv, VecNormalize
@@ -89,6 +90,7 @@ def learn_phases(
     phases: Sequence[Phase],
     directory: Path,
     *,
+    kind: str,
     resume: bool,
     wandb_run: Any,
     on_save: Callable[[int], None],
@@ -98,6 +100,7 @@ def learn_phases(
     """Train one PPO model through ``phases``; returns it, or None if a callback stopped the session.
 
     :param directory: where ``checkpoints/`` and ``logs/`` go.
+    :param kind: ``"size"`` (the envs must have ``MultiDiscrete`` actions) or ``"depth"`` (``Discrete(2)``).
     :param resume: continue from the newest checkpoint in ``directory/checkpoints`` (if any).
     :param on_save: called with the step count after each checkpoint (the recipe records its state).
     :param start_from: a saved policy directory to continue training from when there is no
@@ -127,6 +130,7 @@ def learn_phases(
                 "make every phase's env with the same depths, verify_sizes and features."
             )
         grids = phase_grids
+        _check_kind(kind, venv, phase.name)
         if model is None:
             if model_path is not None:
                 model = PPO.load(model_path, env=venv, device=cfg.ppo.device)
@@ -156,6 +160,17 @@ def learn_phases(
         model = PPO.load(checkpoint[0], device=cfg.ppo.device)
         model.draftrl_normalizer_file = checkpoint[1]  # save_trained copies it
     return model
+
+
+def _check_kind(kind: str, venv: VecEnv, phase: str) -> None:
+    step_level = isinstance(venv.action_space, spaces.Discrete)
+    if step_level != (kind == "depth"):
+        want = "a step-level env (Discrete(2): STOP/CONTINUE)" if kind == "depth" else "a round-level env (MultiDiscrete)"
+        name = type(first_env(venv).unwrapped).__name__
+        raise ValueError(
+            f"phase {phase!r}: a {kind} policy needs {want}, but {name} has {venv.action_space} actions; "
+            "check the env id in the config section this recipe trains on (env, depth_env or finetune_env)."
+        )
 
 
 def save_trained(model: PPO, directory: Path, *, kind: str, env_id: str, grids_env: Any, extra: dict[str, Any]) -> None:

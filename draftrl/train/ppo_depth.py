@@ -77,7 +77,8 @@ def train(
                                                                         extra_kwargs=hook), until))
     try:
         model = learn_phases(
-            cfg, phases, out, resume=resume, wandb_run=wandb_run, on_save=record_state, callbacks=callbacks
+            cfg, phases, out, kind="depth", resume=resume, wandb_run=wandb_run, on_save=record_state,
+            callbacks=callbacks,
         )
         if model is None:
             return None

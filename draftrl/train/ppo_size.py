@@ -59,7 +59,8 @@ def train(
 
     try:
         model = learn_phases(
-            cfg, phases, out, resume=resume, wandb_run=wandb_run, on_save=record_state, callbacks=callbacks
+            cfg, phases, out, kind="size", resume=resume, wandb_run=wandb_run, on_save=record_state,
+            callbacks=callbacks,
         )
         if model is None:
             return None

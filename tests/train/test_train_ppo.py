@@ -285,3 +285,15 @@ def test_finetune_env_must_share_grids(tmp_path):
                "finetune_env.kwargs={depths: [0, 2, 4]}")
     with pytest.raises(ValueError, match="phase 'finetune'"):
         ppo_size.train(cfg, tmp_path)
+
+
+def test_env_sections_keep_their_own_default_ids():
+    """A section given in YAML without an id keeps that section's default env, not env's."""
+    cfg = load_config(TrainConfig, CONFIGS / "cpu_default.yaml")
+    assert (cfg.env.id, cfg.depth_env.id, cfg.finetune_env.id) == (
+        "draftrl/TraceReplay-v0", "draftrl/TraceReplayDepth-v0", "draftrl/SpecDecode-v0")
+
+
+def test_recipe_refuses_an_env_of_the_other_kind(tmp_path):
+    with pytest.raises(ValueError, match="round-level env"):
+        ppo_size.train(tiny("env.id=tests/AnalyticDepth-v0"), tmp_path)
