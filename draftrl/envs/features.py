@@ -107,6 +107,20 @@ class RoundSummary:
     def seconds(self) -> float:
         return self.draft_seconds + self.verify_seconds + self.sample_seconds
 
+    @classmethod
+    def from_round(cls, rnd, levels: int) -> "RoundSummary":
+        """The summary of an engine ``RoundResult`` that drafted ``levels`` levels."""
+        return cls(
+            num_emitted=rnd.num_emitted,
+            num_accepted=rnd.num_accepted,
+            num_verified=rnd.num_verified,
+            verified_depth=rnd.verified_depth,
+            levels=levels,
+            draft_seconds=rnd.draft_seconds,
+            verify_seconds=rnd.verify_seconds,
+            sample_seconds=rnd.sample_seconds,
+        )
+
 
 def verify_bucket(num_verified: int) -> int:
     """0 for a plain step, else 1 + floor(log2(n)) capped at ``len(VERIFY_BUCKETS)``."""

@@ -104,16 +104,7 @@ class EngineEpisodes(gym.Env[np.ndarray, Any]):
 
     def _finish_round(self, rnd, levels: int, reward_seconds: float) -> tuple[float, dict[str, Any]]:
         """Features, reward, monitor and info of a verified round."""
-        summary = RoundSummary(
-            num_emitted=rnd.num_emitted,
-            num_accepted=rnd.num_accepted,
-            num_verified=rnd.num_verified,
-            verified_depth=rnd.verified_depth,
-            levels=levels,
-            draft_seconds=rnd.draft_seconds,
-            verify_seconds=rnd.verify_seconds,
-            sample_seconds=rnd.sample_seconds,
-        )
+        summary = RoundSummary.from_round(rnd, levels)
         self.features.observe_round(summary)
         reward = self.rewards(rnd.num_emitted, reward_seconds)
         passed = None

@@ -81,16 +81,7 @@ class PolicySchedule:
         """Feed a finished round (``RoundResult``) to the history and cost features."""
         levels = self._levels if self._levels is not None else rnd.depth
         self._levels = None
-        self.features.observe_round(RoundSummary(
-            num_emitted=rnd.num_emitted,
-            num_accepted=rnd.num_accepted,
-            num_verified=rnd.num_verified,
-            verified_depth=rnd.verified_depth,
-            levels=levels,
-            draft_seconds=rnd.draft_seconds,
-            verify_seconds=rnd.verify_seconds,
-            sample_seconds=rnd.sample_seconds,
-        ))
+        self.features.observe_round(RoundSummary.from_round(rnd, levels))
 
 
 def generate_with_policy(engine: Any, prompt_ids: list[int], controller: Any, monitor: Any = None,

@@ -16,10 +16,7 @@ from draftrl.decoding.stats import TokenStats
 from draftrl.decoding.drafters import TreeBuilder
 from draftrl.decoding.tree import DraftTree
 
-#: seconds the scripted engine charges
-PLAIN_STEP = 0.010
-PER_NODE = 0.001
-PER_LEVEL = 0.002
+from scripted_costs import PER_LEVEL, PER_NODE, PLAIN_STEP  # seconds the scripted engine charges
 
 
 class ScriptedTokenizer:
@@ -85,6 +82,7 @@ class ScriptedEngine:
         return self.now
 
     def start(self, prompt_ids, seed=None) -> float:
+        self.now = 0.0  # each request restarts the fake clock, so float sums repeat exactly
         self.ids = list(prompt_ids)
         self.num_prompt_tokens = len(self.ids)
         self.finished = False

@@ -11,7 +11,7 @@ import sys
 import gymnasium as gym
 import numpy as np
 import pytest
-from conftest import PER_LEVEL, PER_NODE, PLAIN_STEP
+from scripted_costs import PER_LEVEL, PER_NODE, PLAIN_STEP
 from gymnasium.utils.env_checker import check_env as gym_check_env
 from stable_baselines3.common.env_checker import check_env as sb3_check_env
 
