@@ -92,6 +92,7 @@ def make_vec_env(
     normalizer: VecNormalize | None = None,
     extra_kwargs: dict[str, Any] | None = None,
     wrapper: Callable[[gym.Env], gym.Env] | None = None,
+    kind: str = "size",
 ) -> VecEnv:
     """``cfg.ppo.n_envs`` copies of ``spec`` in a ``DummyVecEnv``, each under SB3's ``Monitor``.
 
@@ -108,7 +109,7 @@ def make_vec_env(
         return normalizer
     if cfg.ppo.normalize_obs or cfg.ppo.normalize_reward:
         venv = VecNormalize(
-            venv, norm_obs=cfg.ppo.normalize_obs, norm_reward=cfg.ppo.normalize_reward, gamma=cfg.ppo.gamma
+            venv, norm_obs=cfg.ppo.normalize_obs, norm_reward=cfg.ppo.normalize_reward, gamma=cfg.ppo.gamma_for(kind)
         )
     return venv
 

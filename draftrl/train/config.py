@@ -8,6 +8,7 @@ config is saved in ``DIR/config.json`` and in ``train_summary.json``.
 from __future__ import annotations
 
 import dataclasses
+import types
 import typing
 from dataclasses import dataclass, field
 from typing import Any
@@ -59,9 +60,8 @@ class PPOConfig:
     """minibatch size; must divide n_steps * n_envs."""
     n_epochs: int = 10
     """optimisation passes over each rollout."""
-    gamma: float = 0.5
-    """discount; with the envs' ratio reward the throughput-best action is (nearly) myopic, so a short
-    horizon cuts the return's variance (on traces 0.95 barely learned in 20k steps, 0.5 beat grid search)."""
+    gamma: float | None = None
+    """discount; None = per policy kind (gamma_for): 0.5 for size policies, 0.99 for depth policies."""
     gae_lambda: float = 0.95
     """GAE lambda."""
     clip_range: float = 0.2
@@ -82,6 +82,20 @@ class PPOConfig:
     """VecNormalize rewards (training only)."""
     device: str = "cpu"
     """device of the policy network; MLP policies are fastest on the CPU, wherever the models run."""
+
+    def gamma_for(self, kind: str) -> float:
+        """The discount of a ``"size"`` or ``"depth"`` policy: ``gamma`` if set, else the kind's default.
+
+        Size policies act once per round, and with the envs' ratio reward the throughput-best
+        action is (nearly) myopic, so a short horizon (0.5) cuts the return's variance: on traces,
+        0.95 left the policy near uniform after 20k steps while 0.5 beat grid search. Depth
+        policies act once per draft level and only a round's verifying step pays, up to
+        ``max(depths) + 1`` steps after the first decision, so they need a long one (0.99; 0.95
+        lost to grid search on traces, 0.99 beat it).
+        """
+        if self.gamma is not None:
+            return self.gamma
+        return 0.99 if kind == "depth" else 0.5
 
 
 @dataclass
@@ -178,8 +192,16 @@ def _check_numbers(obj: Any, prefix: str = "") -> None:
         value, hint = getattr(obj, f.name), hints[f.name]
         if dataclasses.is_dataclass(value):
             _check_numbers(value, f"{prefix}{f.name}.")
-        elif hint in (float, int) and (isinstance(value, bool) or not isinstance(value, (int, float))):
+        elif _numeric(hint) and value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
             fix = " (YAML reads 1e-4 as text: write 1.0e-4)" if isinstance(value, str) else ""
             raise ValueError(f"config key '{prefix}{f.name}' has value {value!r}, expected a number{fix}")
         elif hint is int and isinstance(value, float):
             raise ValueError(f"config key '{prefix}{f.name}' has value {value!r}, expected an integer")
+
+
+def _numeric(hint: Any) -> bool:
+    """``float``, ``int`` or an optional one."""
+    if hint in (float, int):
+        return True
+    union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+    return union and any(arg in (float, int) for arg in typing.get_args(hint))

@@ -129,11 +129,13 @@ def train(
                 if not done:
                     hook = {"size_policy": size_hook(size_dir, cfg.depth_env)} if size_dir else None
                     if kind == "depth":
-                        make = lambda seed, norm, hook=hook: make_vec_env(cfg, cfg.depth_env, seed, norm, extra_kwargs=hook)  # noqa: E731
+                        make = lambda seed, norm, hook=hook: make_vec_env(  # noqa: E731
+                            cfg, cfg.depth_env, seed, norm, extra_kwargs=hook, kind="depth")
                         grids_env = make_env(cfg.depth_env)
                     else:
                         wrap = _frozen_depth_wrapper(depth_dir)
-                        make = lambda seed, norm, wrap=wrap: make_vec_env(cfg, cfg.depth_env, seed, norm, wrapper=wrap)  # noqa: E731
+                        make = lambda seed, norm, wrap=wrap: make_vec_env(  # noqa: E731
+                            cfg, cfg.depth_env, seed, norm, wrapper=wrap)
                         grids_env = make_env(cfg.depth_env, wrapper=wrap)
                     previous = depth_dir if kind == "depth" else size_dir
 

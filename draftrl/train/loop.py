@@ -54,8 +54,8 @@ class Phase:
     until: int
 
 
-def build_ppo(cfg: TrainConfig, venv: VecEnv) -> PPO:
-    """A fresh SB3 PPO ("MlpPolicy") with ``cfg.ppo``'s hyperparameters, seeded with ``cfg.seed``."""
+def build_ppo(cfg: TrainConfig, venv: VecEnv, kind: str = "size") -> PPO:
+    """A fresh SB3 PPO ("MlpPolicy") with ``cfg.ppo``'s hyperparameters for a ``kind`` policy, seeded with ``cfg.seed``."""
     p = cfg.ppo
     return PPO(
         "MlpPolicy",
@@ -64,7 +64,7 @@ def build_ppo(cfg: TrainConfig, venv: VecEnv) -> PPO:
         n_steps=p.n_steps,
         batch_size=p.batch_size,
         n_epochs=p.n_epochs,
-        gamma=p.gamma,
+        gamma=p.gamma_for(kind),
         gae_lambda=p.gae_lambda,
         clip_range=p.clip_range,
         ent_coef=p.ent_coef,
@@ -137,7 +137,7 @@ def learn_phases(
                 if checkpoint is None:
                     model.num_timesteps = 0  # a new phase of co-training counts its own steps
             else:
-                model = build_ppo(cfg, venv)
+                model = build_ppo(cfg, venv, kind)
         else:
             model.set_env(venv)
         model.set_logger(make_logger(directory, model.num_timesteps, wandb_run))

@@ -67,14 +67,14 @@ def train(
     if size_policy is None and cfg.frozen_size_policy:
         size_policy = size_hook(cfg.frozen_size_policy, cfg.depth_env)
     hook = {"size_policy": size_policy} if size_policy is not None else None
-    phases = [
-        Phase("main", lambda seed, norm: make_vec_env(cfg, cfg.depth_env, seed, norm, extra_kwargs=hook),
-              cfg.total_timesteps)
-    ]
+
+    def depth_envs(spec: EnvSpec) -> Callable[..., Any]:
+        return lambda seed, norm: make_vec_env(cfg, spec, seed, norm, extra_kwargs=hook, kind="depth")
+
+    phases = [Phase("main", depth_envs(cfg.depth_env), cfg.total_timesteps)]
     if cfg.finetune_real_timesteps:  # e.g. finetune_env.id: draftrl/SpecDecodeDepth-v0
         until = cfg.total_timesteps + cfg.finetune_real_timesteps
-        phases.append(Phase("finetune", lambda seed, norm: make_vec_env(cfg, cfg.finetune_env, seed, norm,
-                                                                        extra_kwargs=hook), until))
+        phases.append(Phase("finetune", depth_envs(cfg.finetune_env), until))
     try:
         model = learn_phases(
             cfg, phases, out, kind="depth", resume=resume, wandb_run=wandb_run, on_save=record_state,

@@ -297,3 +297,15 @@ def test_env_sections_keep_their_own_default_ids():
 def test_recipe_refuses_an_env_of_the_other_kind(tmp_path):
     with pytest.raises(ValueError, match="round-level env"):
         ppo_size.train(tiny("env.id=tests/AnalyticDepth-v0"), tmp_path)
+
+
+def test_gamma_defaults_per_policy_kind(tmp_path):
+    cfg = load_config(TrainConfig, ANALYTIC)
+    assert (cfg.ppo.gamma_for("size"), cfg.ppo.gamma_for("depth")) == (0.5, 0.99)
+    assert load_config(TrainConfig, ANALYTIC, ["ppo.gamma=0.9"]).ppo.gamma_for("depth") == 0.9
+    with pytest.raises(ValueError, match="1.0e-4"):
+        load_config(TrainConfig, ANALYTIC, ["ppo.gamma=9e-1"])
+    summary = ppo_size.train(tiny("total_timesteps=256"), tmp_path)
+    from stable_baselines3 import PPO
+
+    assert PPO.load(tmp_path / "policy.zip").gamma == 0.5 and summary["config"]["ppo"]["gamma"] is None
