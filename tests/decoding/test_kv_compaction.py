@@ -1,0 +1,44 @@
+"""After tree rounds, both KV caches must equal a fresh prefill of the accepted text."""
+
+from __future__ import annotations
+
+import torch
+
+from draftrl.decoding.drafters import ModelDrafter
+from draftrl.decoding.engine import EngineConfig, SpeculativeDecoder
+from draftrl.decoding.kv import cache_length
+from draftrl.decoding.tree import DraftTree
+
+
+def test_caches_equal_fresh_prefill_after_tree_rounds(smollm2):
+    model, tok = smollm2.model, smollm2.tokenizer
+    ids = tok("def mean(xs):\n    return sum(xs) / len(xs)\n\ndef", add_special_tokens=False)["input_ids"]
+    drafter = ModelDrafter(model)  # a real second KV cache that also needs compaction
+    engine = SpeculativeDecoder(model, drafter, EngineConfig(max_new_tokens=40, temperature=0.8, top_k=8, seed=3))
+    engine.start(ids)
+    accepted = 0
+    for depth, width, verify_size in [(3, 2, 4), (4, 3, 6), (2, 2, None), (5, 1, None)]:
+        rnd = engine.round(depth, verify_size, width)
+        accepted += rnd.num_accepted
+    assert accepted > 0, "the test must exercise accepted paths, not only rejections"
+    history = engine.ids
+    assert cache_length(engine.cache) == len(history) - 1
+    with torch.inference_mode():
+        fresh = model(torch.tensor([history])).logits[0, -1]
+        cached = engine.verify_forward(DraftTree())[0]
+        engine.rewind(len(history))
+        draft_cached = drafter.root_logits(history)
+    torch.testing.assert_close(cached, fresh, atol=2e-4, rtol=1e-4)
+    torch.testing.assert_close(draft_cached, fresh, atol=2e-4, rtol=1e-4)  # the draft is the same model
+
+
+def test_rewind_restores_an_earlier_state(smollm2):
+    model, tok = smollm2.model, smollm2.tokenizer
+    ids = tok("One, two, three, four,", add_special_tokens=False)["input_ids"]
+    engine = SpeculativeDecoder(model, ModelDrafter(model), EngineConfig(max_new_tokens=20))
+    engine.start(ids)
+    engine.round(3, None, 2)
+    mark = len(engine.ids)
+    first = engine.round(3, None, 2).tokens
+    engine.rewind(mark)
+    assert engine.round(3, None, 2).tokens == first  # greedy: same state, same round
