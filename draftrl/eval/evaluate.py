@@ -247,13 +247,15 @@ def write_outputs(results: dict, out: Path, grid: dict | None) -> dict[str, str]
         files["acceptance_hist"] = "acceptance_hist.png"
     monitor = results["exactness"]["monitor"]
     pooled = [v["pit_histogram"] for v in monitor.values() if isinstance(v, dict) and "pit_histogram" in v]
-    pit = {"evaluation, all policies pooled": np.sum(pooled, axis=0).tolist()} if pooled else {}
+    temperature = results["exactness"]["temperature"]
+    pit = {f"evaluation (temperature {temperature:g}), all policies": np.sum(pooled, axis=0).tolist()} if pooled else {}
     power = results["exactness"].get("power")
     if power:
         for sampler in ("correct", "resample-from-p"):
             if sampler in power:
-                pit[f"power run, sampler {sampler}"] = power[sampler]["pit_histogram"]
-    plots.pit_histogram(pit, out / "pit_hist.png", note=f"temperature {results['exactness']['temperature']:g}")
+                pit[f"power run (temperature {power['setting']['temperature']:g}), {sampler}"] = \
+                    power[sampler]["pit_histogram"]
+    plots.pit_histogram(pit, out / "pit_hist.png")
     files["pit_hist"] = "pit_hist.png"
     files["report"] = REPORT_FILE
     files["results"] = RESULTS_FILE

@@ -73,8 +73,10 @@ def grid_heatmap(grid: dict, path: str | Path, title: str | None = None) -> Path
     fig.colorbar(im, ax=axes[0].tolist(), label="speedup vs plain decoding (x)", shrink=0.9)
     drafter = grid.get("config", {}).get("env", {}).get("drafter", "?")
     hw = grid.get("hardware", {})
+    spreads = [c["noise"] for c in cells.values() if c.get("noise") is not None]
+    noise = f" (timing spread between repeats ~{np.median(spreads):.0%})" if spreads else ""
     caption = title or (f"{grid.get('split', 'tune')} split, {len(grid.get('prompts', []))} prompts, median of "
-                        f"{grid.get('repeats', '?')} interleaved repeats; drafter {drafter}; "
+                        f"{grid.get('repeats', '?')} interleaved repeats{noise}; drafter {drafter}; "
                         f"{hw.get('gpu') or hw.get('cpu') or ''}, {hw.get('threads', '?')} threads. Box = best cell.")
     import textwrap
 
