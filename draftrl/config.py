@@ -50,6 +50,11 @@ def _coerce(value: Any, annotation: Any, where: str) -> Any:
         return tuple(items) if origin is tuple else items
     if annotation is float and isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value)
+    if annotation is float and isinstance(value, str):  # YAML 1.1 reads 1e-4 (no dot) as a string
+        try:
+            return float(value)
+        except ValueError:
+            raise ValueError(f"config key '{where}' has value {value!r}, expected float") from None
     if annotation in (int, str, bool) and not isinstance(value, annotation) or (
         annotation is int and isinstance(value, bool)
     ):
@@ -57,17 +62,32 @@ def _coerce(value: Any, annotation: Any, where: str) -> Any:
     return value
 
 
-def from_dict(cls: type[T], data: dict[str, Any], prefix: str = "") -> T:
-    """Build ``cls`` from a mapping, refusing keys that ``cls`` does not declare."""
+def from_dict(cls: type[T], data: dict[str, Any], prefix: str = "", base: T | None = None) -> T:
+    """Build ``cls`` from a mapping, refusing keys that ``cls`` does not declare.
+
+    Keys the mapping leaves out keep their values in ``base`` (default: ``cls()``'s), so a nested
+    section keeps the defaults its parent's ``default_factory`` gave it."""
     types_ = _field_types(cls)
+    defaults = {f.name: f for f in dataclasses.fields(cls)}
     kwargs = {}
     for key, value in data.items():
         if key not in types_:
             close = difflib.get_close_matches(key, types_, n=1)
             hint = f"; did you mean '{prefix}{close[0]}'?" if close else f"; valid keys: {', '.join(types_)}"
             raise ValueError(f"unknown config key '{prefix}{key}'{hint}")
-        kwargs[key] = _coerce(value, types_[key], f"{prefix}{key}")
-    return cls(**kwargs)
+        annotation = types_[key]
+        if dataclasses.is_dataclass(annotation) and isinstance(annotation, type) and isinstance(value, dict):
+            nested_base = getattr(base, key) if base is not None else _field_default(defaults[key])
+            kwargs[key] = from_dict(annotation, value, prefix=f"{prefix}{key}.", base=nested_base)
+        else:
+            kwargs[key] = _coerce(value, annotation, f"{prefix}{key}")
+    return dataclasses.replace(base, **kwargs) if base is not None else cls(**kwargs)
+
+
+def _field_default(f: dataclasses.Field) -> Any:
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return None if f.default is dataclasses.MISSING else f.default
 
 
 def to_dict(obj: Any) -> dict[str, Any]:
