@@ -1,0 +1,226 @@
+"""Shared plumbing for the decoding benchmarks: prompts, an interleaved timer, and the context line.
+
+Every comparison on a shared, noisy CPU must be *interleaved*: for each repeat and each prompt,
+all methods run back to back in a fresh random order, so a burst of load from another process
+hits every method alike. A method's time on a prompt is the median over repeats; its throughput
+is sum(tokens) / sum(median seconds) over prompts, and ratios between methods are taken on those.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+from dataclasses import dataclass, field, replace
+from typing import Callable
+
+import torch
+
+from draftrl.envs.costs import hardware_info, hardware_name
+from draftrl.envs.engines import eos_token_ids
+from draftrl.envs.workload import encode
+from draftrl.models.fast_linear import FastLinear
+from draftrl.prompts import load_prompts
+
+
+@dataclass
+class Request:
+    id: str
+    language: str
+    task: str
+    ids: list[int]
+    """prompt token ids, chat template applied"""
+    max_new_tokens: int
+
+
+@dataclass
+class Run:
+    """One timed request of one method."""
+
+    tokens: list[int]
+    seconds: float
+    rounds: int
+    """what the script counts per request: speculative rounds, or target forwards (prefill included)"""
+    forward_seconds: float = 0.0
+    """time inside the model's forward (prefill included), when a ForwardTimer is given"""
+
+
+@dataclass
+class Timings:
+    runs: dict[tuple[str, int], list[Run]] = field(default_factory=dict)
+
+    def median_seconds(self, method: str, item: int) -> float:
+        return statistics.median(r.seconds for r in self.runs[(method, item)])
+
+    def tokens(self, method: str, item: int) -> list[int]:
+        return self.runs[(method, item)][0].tokens
+
+    def throughput(self, method: str, items: list[int]) -> float:
+        """tokens / second over ``items``: total tokens over the sum of per-request median times."""
+        num = sum(len(self.tokens(method, i)) for i in items)
+        return num / sum(self.median_seconds(method, i) for i in items)
+
+    def overhead_share(self, method: str, items: list[int]) -> float:
+        """Share of wall time spent outside the model's forward (Python, sampling, drafting, KV work)."""
+        runs = [r for i in items for r in self.runs[(method, i)]]
+        return 1.0 - sum(r.forward_seconds for r in runs) / sum(r.seconds for r in runs)
+
+    def tokens_per_round(self, method: str, items: list[int]) -> float:
+        num = sum(len(self.tokens(method, i)) for i in items)
+        return num / max(1, sum(self.runs[(method, i)][0].rounds for i in items))
+
+
+def requests(tokenizer, languages, tasks, num_prompts: int, max_new_tokens: int | None, split: str = "heldout"):
+    """``num_prompts`` prompts per (language, task), chat template applied, with their budgets."""
+    out = []
+    for p in load_prompts(languages=languages, tasks=tasks, split=split, limit_per_group=num_prompts):
+        ids = encode(tokenizer, p.prompt, chat_template=bool(getattr(tokenizer, "chat_template", None)))
+        out.append(Request(p.id, p.language, p.task, ids, max_new_tokens or p.max_new_tokens))
+    return out
+
+
+def grouped_requests(tokenizer, languages: list[str], task: str, num_prompts: int, max_new_tokens: int | None,
+                     code: bool = True) -> tuple[list[Request], dict[str, list[int]]]:
+    """``task`` prompts per language plus a ``code`` group (English code_edit: Python snippets);
+    returns the requests and group name -> request indices, with ``all`` last."""
+    reqs = requests(tokenizer, languages, task, num_prompts, max_new_tokens)
+    groups = {lang: [i for i, r in enumerate(reqs) if r.language == lang] for lang in languages}
+    if code:
+        extra = requests(tokenizer, "en", "code_edit", num_prompts, max_new_tokens)
+        groups["code"] = list(range(len(reqs), len(reqs) + len(extra)))
+        reqs += extra
+    groups["all"] = list(range(len(reqs)))
+    return reqs, groups
+
+
+def clock(device: str) -> float:
+    """perf_counter after a CUDA synchronise when timing on a GPU."""
+    if device.startswith("cuda"):
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+class ForwardTimer:
+    """Counts and times every forward of ``model`` (hooks; a shallow copy of the model, such as a
+    layer-skip draft, shares the hooks, so use it only when the target alone runs forwards)."""
+
+    def __init__(self, model: torch.nn.Module, device: str = "cpu"):
+        self.device, self.count, self.seconds, self._start = device, 0, 0.0, 0.0
+        model.register_forward_pre_hook(self._pre)
+        model.register_forward_hook(self._post)
+
+    def _pre(self, *_):
+        self.count += 1
+        self._start = clock(self.device)
+
+    def _post(self, *_):
+        self.seconds += clock(self.device) - self._start
+
+    def reset(self) -> None:
+        self.count, self.seconds = 0, 0.0
+
+
+def interleave(
+    methods: dict[str, Callable[[Request], tuple[list[int], int]]],
+    reqs: list[Request],
+    repeats: int,
+    device: str = "cpu",
+    seed: int = 0,
+    progress: bool = True,
+    timer: ForwardTimer | None = None,
+) -> Timings:
+    """Run every method on every request ``repeats`` times, round-robin in a random order per
+    (repeat, request), after one untimed warm-up pass over the first request.
+
+    A method maps a request to (generated tokens, rounds or forwards, as the script counts). With a
+    ``timer``, each run also records the seconds spent inside the model's forward."""
+    rng = random.Random(seed)
+    names = list(methods)
+    warm = replace(reqs[0], max_new_tokens=min(8, reqs[0].max_new_tokens))
+    for name in names:  # warm-up, a short request each: allocator, kernels, lazy imports
+        methods[name](warm)
+    timings = Timings({(name, i): [] for name in names for i in range(len(reqs))})
+    for repeat in range(repeats):
+        for i, req in enumerate(reqs):
+            order = names[:]
+            rng.shuffle(order)
+            for name in order:
+                if timer is not None:
+                    timer.reset()
+                start = clock(device)
+                tokens, rounds = methods[name](req)
+                seconds = clock(device) - start
+                inside = timer.seconds if timer is not None else 0.0
+                timings.runs[(name, i)].append(Run(list(tokens), seconds, rounds, inside))
+        if progress:
+            print(f"# repeat {repeat + 1}/{repeats} done", flush=True)
+    return timings
+
+
+def engine_method(model, drafter, eos: list[int], depth: int, verify_size: int | None = None, width: int = 1):
+    """A method for :func:`interleave`: draftrl's engine with a fixed (depth, verify_size, width)
+    schedule; returns (tokens, speculative rounds). ``drafter=None`` with depth 0 is plain decoding."""
+    from draftrl.decoding.engine import EngineConfig, SpeculativeDecoder
+    from draftrl.decoding.generate import fixed_schedule, generate
+
+    config = EngineConfig(max_depth=max(depth, 1), max_width=max(width, 1), max_verify_size=max(verify_size or 1, 1))
+    engine = SpeculativeDecoder(model, drafter, config, eos)
+
+    def run(req: Request) -> tuple[list[int], int]:
+        engine.config.max_new_tokens = req.max_new_tokens
+        result = generate(engine, req.ids, fixed_schedule(depth, verify_size, width))
+        return result.token_ids, result.num_rounds
+
+    return run
+
+
+class _PaddedFastLinear(FastLinear):
+    """FastLinear that also runs one-row inputs as ``W @ [x; 0]^T`` (two columns).
+
+    Benchmark-only: on some CPU/BLAS pairs (MKL on AMD EPYC here) the one-row GEMV path that
+    ``F.linear`` takes is slower than the two-column GEMM, so a 1-token forward costs more than a
+    2-token one and plain decoding looks worse than it could be. ``padded_ar`` uses this to give
+    speedups against the best plain decoding, not only against the shipped one."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., in_features]
+        if x.device.type != "cpu" or x.numel() != self.in_features:
+            return super().forward(x)
+        rows = x.reshape(1, self.in_features)
+        out = torch.mm(self.weight, torch.cat([rows, torch.zeros_like(rows)]).T)[:, :1].T  # [1, out]
+        if self.bias is not None:
+            out = out + self.bias
+        return out.reshape(*x.shape[:-1], self.out_features)
+
+
+def padded(model: torch.nn.Module, run: Callable):
+    """``run`` with one-row linears padded to two columns (see :class:`_PaddedFastLinear`), restored after."""
+
+    def wrapped(req: Request):
+        swapped = [m for m in model.modules() if type(m) is FastLinear]
+        for m in swapped:
+            m.__class__ = _PaddedFastLinear
+        try:
+            return run(req)
+        finally:
+            for m in swapped:
+                m.__class__ = FastLinear
+
+    return wrapped
+
+
+def first_mismatch(a: list[int], b: list[int]) -> int | None:
+    """Index of the first differing token (length difference counts), or None if equal."""
+    for k, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return k
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def context(device: str, model: str) -> str:
+    """The trailing context of every printed line: model, hardware, threads."""
+    info = hardware_info(device)
+    return f"model={model}  device={device}  cpu={hardware_name(info)}  threads={info['threads']}  torch={info['torch']}"
+
+
+__all__ = ["ForwardTimer", "Request", "engine_method", "Run", "Timings", "clock", "context", "eos_token_ids", "first_mismatch", "grouped_requests", "interleave",
+           "padded", "requests"]

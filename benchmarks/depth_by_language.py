@@ -1,0 +1,100 @@
+"""Speedup over plain decoding of n-gram and layer-skip drafting at depths 1, 2, 4, 8, per language and for code.
+
+Groups: one natural-language task (``--task``, chat by default) in each of ``--languages``, plus
+``code`` = the English code_edit prompts (Python snippets to modify). Greedy, width 1 (chains),
+draftrl's engine for every method (plain decoding = depth 0 on the same engine), all methods
+interleaved per prompt (see ``_bench.py``). One line per (group, drafter, depth), ratios first.
+
+Two plain-decoding baselines: ``ar`` is the engine as shipped (depth 0); ``ar_pad`` also runs
+one-row linears as a two-column product (``_bench.padded``), because on this machine's CPU/BLAS
+a 1-token forward is slower than a 2-token one, which flatters every drafted round against
+``ar``. ``speedup_vs_autoregressive`` is against ``ar``; ``vs_padded_ar`` against ``ar_pad``.
+
+Why ``layerskip:28`` by default: a layer-skip draft is the target's first N of 30 layers plus the
+final norm and the (tied, 28M-parameter) LM head, so one draft step costs about
+(28.3M + 3.5M * N) / 134M of a target step: 0.95 at N=28, 0.74 at N=20, 0.42 at N=8. SmolLM2-135M
+was not trained for early exit; teacher-forced on its own greedy output (8 tune prompts, 4
+languages, chat + code, 32 tokens each) the truncated model's argmax agreed with the full model's
+50% of the time at N=28, 31% at 26, 24% at 24, 13% at 22 and <= 4% at N <= 20. N=28 is the only
+depth where drafts are right often enough for the depth sweep to say anything; the cost model
+(S = E / (1 + c * depth), c ~ 0.95) still predicts < 1x at every depth, so expect layer-skip to
+lose to plain decoding and report it as measured. Pass ``--drafters ngram,layerskip:20`` etc.
+
+    python benchmarks/depth_by_language.py --threads 1
+    python benchmarks/depth_by_language.py --quick --threads 1
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from _bench import context, engine_method, eos_token_ids, first_mismatch, grouped_requests, interleave, padded
+from draftrl.decoding.factory import build_drafter
+from draftrl.models import load_model
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--languages", default="en,it,zh,es")
+    parser.add_argument("--task", default="chat", choices=["chat", "summarize"], help="natural-language task")
+    parser.add_argument("--no-code", action="store_true", help="leave out the code_edit group")
+    parser.add_argument("--drafters", default="ngram,layerskip:28")
+    parser.add_argument("--depths", default="1,2,4,8")
+    parser.add_argument("--num-prompts", type=int, default=1, help="per group")
+    parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default; 1 on a loaded CPU)")
+    parser.add_argument("--quick", action="store_true", help="24 tokens (explicit flags still win)")
+    args = parser.parse_args()
+    if args.quick:
+        parser.set_defaults(max_new_tokens=24)
+        args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    loaded = load_model(args.model, device=args.device)
+    eos = eos_token_ids(loaded)
+    depths = [int(d) for d in args.depths.split(",")]
+    drafters = args.drafters.split(",")
+    reqs, groups = grouped_requests(loaded.tokenizer, args.languages.split(","), args.task, args.num_prompts,
+                                    args.max_new_tokens, code=not args.no_code)
+
+    methods = {"ar": engine_method(loaded.model, None, eos, 0),
+               "ar_pad": padded(loaded.model, engine_method(loaded.model, None, eos, 0))}
+    for spec in drafters:
+        for d in depths:  # one drafter object per method: model drafters keep their own KV cache
+            methods[f"{spec}@{d}"] = engine_method(loaded.model, build_drafter(spec, loaded, device=args.device), eos, d)
+    print(f"# {len(reqs)} prompts x {len(methods)} methods x {args.repeats} repeats, interleaved", flush=True)
+    t = interleave(methods, reqs, args.repeats, args.device)
+
+    where = f"task={args.task}  max_new_tokens={args.max_new_tokens}  repeats={args.repeats}  " + context(
+        args.device, loaded.name)
+    best = {}
+    for group, items in groups.items():
+        ar, ar_pad = t.throughput("ar", items), t.throughput("ar_pad", items)
+        bad = sum(first_mismatch(t.tokens("ar", i), t.tokens("ar_pad", i)) is not None for i in items)
+        print(f"group={group:<4s} padded_ar_vs_ar={ar_pad / ar:.2f}x  greedy_mismatches={bad}/{len(items)}  {where}")
+        for spec in drafters:
+            for d in depths:
+                name = f"{spec}@{d}"
+                speedup = t.throughput(name, items) / ar
+                bad = sum(first_mismatch(t.tokens("ar", i), t.tokens(name, i)) is not None for i in items)
+                print(f"group={group:<4s} speedup_vs_autoregressive={speedup:.2f}x  "
+                      f"vs_padded_ar={t.throughput(name, items) / ar_pad:.2f}x  "
+                      f"mean_tokens_per_round={t.tokens_per_round(name, items):.2f}  drafter={spec} depth={d}  "
+                      f"tok_s={t.throughput(name, items):.2f} ar_tok_s={ar:.2f}  greedy_mismatches={bad}/{len(items)}  "
+                      f"prompts={len(items)}  {where}")
+                if speedup > best.get((group, spec), (0.0,))[0]:
+                    best[(group, spec)] = (speedup, t.tokens_per_round(name, items), d)
+    print("# best depth per group and drafter")
+    for (group, spec), (speedup, tpr, d) in best.items():
+        print(f"speedup_vs_autoregressive={speedup:.2f}x  mean_tokens_per_round={tpr:.2f}  drafter={spec} "
+              f"depth={d}  group={group}  {where}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,166 @@
+"""Tree grid: speedup over plain decoding across depth x verify_size, n-gram trie and layer-skip, per language and code.
+
+Every cell (depth, V) gets the smallest width in 1..``--max-width`` with depth * width >= V, so
+that the tree can hold V nodes (cells no width can fill are skipped). Width 1 is a chain: its V
+best nodes are its first V levels. Cells with width > 1 are trees verified in one target forward
+under a tree mask. All cells, for both drafters, and plain decoding (depth 0 on the same engine)
+run interleaved per prompt in one process (see ``_bench.py``), greedy.
+
+Prints one line per cell (pooled over prompts, with per-group speedups), the best cell per group
+and drafter, and ``tree_vs_chain``: the best tree cell's throughput over the best chain cell's,
+measured side by side. ``vs_padded_ar`` divides by plain decoding with one-row linears run as a
+two-column product (see ``depth_by_language.py`` and ``_bench.padded``). Writes a heatmap PNG of speedup over (depth, V), one row per drafter and
+one column per group. Layer-skip uses 28 of 30 layers (see ``depth_by_language.py`` for why).
+
+    python benchmarks/tree_grid.py --threads 1
+    python benchmarks/tree_grid.py --quick --threads 1 --out tree_grid.png
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+import torch
+
+from _bench import context, engine_method, eos_token_ids, first_mismatch, grouped_requests, interleave, padded
+from draftrl.decoding.factory import build_drafter
+from draftrl.models import load_model
+
+
+def cells(depths: list[int], sizes: list[int], max_width: int) -> list[tuple[int, int, int]]:
+    """(depth, verify_size, width) for every fillable cell, width the smallest that fills V."""
+    out = []
+    for d in depths:
+        for v in sizes:
+            width = next((w for w in range(1, max_width + 1) if d * w >= v), None)
+            if width is not None:
+                out.append((d, v, width))
+    return out
+
+
+def heatmap(path: str, speedup: dict, widths: dict, drafters: list[str], groups: list[str], depths: list[int],
+            sizes: list[int], title: str) -> None:
+    """speedup[(drafter, group, depth, V)] as one annotated panel per (drafter, group); widths[(depth, V)]."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(drafters), len(groups), figsize=(2.6 * len(groups) + 1, 2.4 * len(drafters) + 0.8),
+                             squeeze=False)
+    values = [v for v in speedup.values() if np.isfinite(v)]
+    vmax = max(2.0, max(values))
+    norm = matplotlib.colors.TwoSlopeNorm(vmin=min(0.2, min(values)), vcenter=1.0, vmax=vmax)
+    for r, spec in enumerate(drafters):
+        for c, group in enumerate(groups):
+            ax = axes[r][c]
+            grid = np.full((len(depths), len(sizes)), np.nan)
+            for (s, g, d, v), x in speedup.items():
+                if s == spec and g == group:
+                    grid[depths.index(d), sizes.index(v)] = x
+            image = ax.imshow(grid, cmap="RdBu", norm=norm, origin="lower", aspect="auto")
+            for i in range(len(depths)):
+                for j in range(len(sizes)):
+                    if np.isfinite(grid[i, j]):
+                        w = widths[(depths[i], sizes[j])]
+                        ax.text(j, i, f"{grid[i, j]:.2f}" + (f"\nw{w}" if w > 1 else ""), ha="center", va="center",
+                                fontsize=6.5)
+            ax.set_xticks(range(len(sizes)), sizes, fontsize=7)
+            ax.set_yticks(range(len(depths)), depths, fontsize=7)
+            ax.set_title(f"{spec} / {group}", fontsize=8)
+            if r == len(drafters) - 1:
+                ax.set_xlabel("verify_size V", fontsize=7)
+            if c == 0:
+                ax.set_ylabel("depth", fontsize=7)
+    fig.colorbar(image, ax=axes, shrink=0.8, label="speedup vs autoregressive")
+    fig.suptitle(title, fontsize=8)
+    fig.savefig(path, dpi=130)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--languages", default="en,it,zh,es")
+    parser.add_argument("--task", default="chat", choices=["chat", "summarize"], help="natural-language task")
+    parser.add_argument("--drafters", default="ngram,layerskip:28")
+    parser.add_argument("--depths", default="1,2,4,8")
+    parser.add_argument("--verify-sizes", default="1,2,4,8,16,32")
+    parser.add_argument("--max-width", type=int, default=4)
+    parser.add_argument("--num-prompts", type=int, default=1, help="per group")
+    parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default; 1 on a loaded CPU)")
+    parser.add_argument("--out", default="tree_grid.png", help="heatmap PNG")
+    parser.add_argument("--quick", action="store_true",
+                        help="depths 1,2,4, V up to 8, 16 tokens, 1 repeat (explicit flags still win)")
+    args = parser.parse_args()
+    if args.quick:
+        parser.set_defaults(depths="1,2,4", verify_sizes="1,2,4,8", max_new_tokens=16, repeats=1)
+        args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    loaded = load_model(args.model, device=args.device)
+    eos = eos_token_ids(loaded)
+    depths = [int(d) for d in args.depths.split(",")]
+    sizes = [int(v) for v in args.verify_sizes.split(",")]
+    drafters = args.drafters.split(",")
+    grid = cells(depths, sizes, args.max_width)
+    reqs, groups = grouped_requests(loaded.tokenizer, args.languages.split(","), args.task, args.num_prompts,
+                                    args.max_new_tokens)
+
+    methods = {"ar": engine_method(loaded.model, None, eos, 0),
+               "ar_pad": padded(loaded.model, engine_method(loaded.model, None, eos, 0))}
+    for spec in drafters:
+        for d, v, w in grid:
+            methods[(spec, d, v, w)] = engine_method(loaded.model, build_drafter(spec, loaded, device=args.device),
+                                                     eos, d, v, w)
+    print(f"# {len(reqs)} prompts x {len(methods)} methods x {args.repeats} repeats, interleaved", flush=True)
+    t = interleave(methods, reqs, args.repeats, args.device)
+
+    where = f"task={args.task}  max_new_tokens={args.max_new_tokens}  repeats={args.repeats}  " + context(
+        args.device, loaded.name)
+    pad = {g: t.throughput("ar_pad", items) / t.throughput("ar", items) for g, items in groups.items()}
+    print(f"padded_ar_vs_ar={pad['all']:.2f}x  per_group " + " ".join(f"{g}={x:.2f}" for g, x in pad.items() if g != "all")
+          + f"  {where}")
+    speedup = {}
+    for spec in drafters:
+        for d, v, w in grid:
+            for group, items in groups.items():
+                speedup[(spec, group, d, v)] = t.throughput((spec, d, v, w), items) / t.throughput("ar", items)
+    for spec in drafters:
+        for d, v, w in grid:
+            m, items = (spec, d, v, w), groups["all"]
+            bad = sum(first_mismatch(t.tokens("ar", i), t.tokens(m, i)) is not None for i in items)
+            per_group = " ".join(f"{g}={speedup[(spec, g, d, v)]:.2f}" for g in groups if g != "all")
+            print(f"speedup_vs_autoregressive={speedup[(spec, 'all', d, v)]:.2f}x  "
+                  f"vs_padded_ar={speedup[(spec, 'all', d, v)] / pad['all']:.2f}x  "
+                  f"mean_tokens_per_round={t.tokens_per_round(m, items):.2f}  drafter={spec} depth={d} "
+                  f"verify_size={v} width={w}  per_group {per_group}  tok_s={t.throughput(m, items):.2f}  "
+                  f"greedy_mismatches={bad}/{len(items)}  {where}")
+    print("# best cell per group and drafter; tree_vs_chain = best width>1 cell / best width-1 cell")
+    for spec in drafters:
+        for group, items in groups.items():
+            def best(cands):
+                return max(cands, key=lambda c: speedup[(spec, group, c[0], c[1])], default=None)
+
+            top, chain, tree = best(grid), best([c for c in grid if c[2] == 1]), best([c for c in grid if c[2] > 1])
+            d, v, w = top
+            ratio = (speedup[(spec, group, tree[0], tree[1])] / speedup[(spec, group, chain[0], chain[1])]
+                     if tree and chain else float("nan"))
+            print(f"speedup_vs_autoregressive={speedup[(spec, group, d, v)]:.2f}x  tree_vs_chain={ratio:.2f}x  "
+                  f"vs_padded_ar={speedup[(spec, group, d, v)] / pad[group]:.2f}x  "
+                  f"mean_tokens_per_round={t.tokens_per_round((spec, d, v, w), items):.2f}  drafter={spec} depth={d} "
+                  f"verify_size={v} width={w}  best_chain=d{chain[0]}/V{chain[1]}  "
+                  f"best_tree={'d%d/V%d/w%d' % tree if tree else '-'}  group={group}  {where}")
+    title = (f"greedy speedup vs autoregressive (engine as shipped; padded 1-row AR is {pad['all']:.2f}x faster); "
+             f"wN = tree width (smallest that fills V), else a chain\n"
+             f"{context(args.device, loaded.name)}  max_new_tokens={args.max_new_tokens}  repeats={args.repeats}")
+    heatmap(args.out, speedup, {(d, v): w for d, v, w in grid}, drafters, list(groups), depths, sizes, title)
+    print(f"# heatmap written to {args.out}")
+
+
+if __name__ == "__main__":
+    main()
