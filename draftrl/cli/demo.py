@@ -139,5 +139,8 @@ def print_summary(summary: dict) -> None:
     steps = ", ".join(f"{k} {v['seconds']:.0f}s" for k, v in summary["steps"].items())
     console.print(f"time: {summary['wall_seconds'] / 60:.1f} min ({steps})")
     out = summary["out"]
+    import os
+
+    wandb_note = "" if os.environ.get("WANDB_MODE") == "disabled" else f"; wandb runs: {out}/*/wandb (wandb sync)"
     console.print(f"report: {summary['report']}\nplots:  {out}/eval/*.png, {out}/grid/grid_heatmap.png\n"
-                  f"results: {summary['results']}; wandb runs (offline): {out}/*/wandb")
+                  f"results: {summary['results']}{wandb_note}")
