@@ -121,7 +121,7 @@ def test_eval_writes_results_report_and_plots(smollm2, config, grid_dir, untrain
 
 def test_eval_cli_fails_loudly_on_an_exactness_violation(monkeypatch, tmp_path, capsys):
     """The CLI path of a violation: exit 3, the evidence on stderr (the real detection is tested
-    in test_monitor_real.py)."""
+    in test_eval_monitor_real.py)."""
     from draftrl.cli import main
     from draftrl.decoding.monitor import ExactnessViolation
 
