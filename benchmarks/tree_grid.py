@@ -123,8 +123,9 @@ def main() -> None:
     where = f"task={args.task}  max_new_tokens={args.max_new_tokens}  repeats={args.repeats}  " + context(
         args.device, loaded.name)
     pad = {g: t.throughput("ar_pad", items) / t.throughput("ar", items) for g, items in groups.items()}
+    bad = sum(first_mismatch(t.tokens("ar", i), t.tokens("ar_pad", i)) is not None for i in groups["all"])
     print(f"padded_ar_vs_ar={pad['all']:.2f}x  per_group " + " ".join(f"{g}={x:.2f}" for g, x in pad.items() if g != "all")
-          + f"  {where}")
+          + f"  greedy_mismatches={bad}/{len(reqs)}  {where}")
     speedup = {}
     for spec in drafters:
         for d, v, w in grid:
