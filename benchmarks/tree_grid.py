@@ -47,8 +47,8 @@ def heatmap(path: str, speedup: dict, widths: dict, drafters: list[str], groups:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(len(drafters), len(groups), figsize=(2.6 * len(groups) + 1, 2.4 * len(drafters) + 0.8),
-                             squeeze=False)
+    fig, axes = plt.subplots(len(drafters), len(groups), figsize=(2.3 * len(groups) + 1.2, 2.3 * len(drafters) + 0.9),
+                             squeeze=False, layout="constrained")
     values = [v for v in speedup.values() if np.isfinite(v)]
     vmax = max(2.0, max(values))
     norm = matplotlib.colors.TwoSlopeNorm(vmin=min(0.2, min(values)), vcenter=1.0, vmax=vmax)
@@ -73,7 +73,7 @@ def heatmap(path: str, speedup: dict, widths: dict, drafters: list[str], groups:
                 ax.set_xlabel("verify_size V", fontsize=7)
             if c == 0:
                 ax.set_ylabel("depth", fontsize=7)
-    fig.colorbar(image, ax=axes, shrink=0.8, label="speedup vs autoregressive")
+    fig.colorbar(image, ax=axes, shrink=0.8, aspect=30, label="speedup vs autoregressive")
     fig.suptitle(title, fontsize=8)
     fig.savefig(path, dpi=130)
 
