@@ -185,19 +185,7 @@ class TraceReplayEnv(gym.Env[np.ndarray, np.ndarray]):
             self.features.reset_costs()
             self.rewards.restart()
         self.rewards.start_episode()
-        options = options or {}
-        unknown = set(options) - {"prompt_index", "prompt_id"}
-        if unknown:
-            raise ValueError(f"reset options {sorted(unknown)} are unknown; use prompt_index or prompt_id.")
-        if "prompt_id" in options:
-            self._prompt = self.workload.index_of(options["prompt_id"])
-        elif "prompt_index" in options:
-            self._prompt = int(options["prompt_index"])
-            if not 0 <= self._prompt < len(self.traces):
-                raise ValueError(f"prompt_index={self._prompt} is outside 0..{len(self.traces) - 1}.")
-        else:
-            self._prompt = self.workload.next_index(self.np_random)
-        p = self._prompt
+        p = self._prompt = self.workload.pick(options, self.np_random)
         self._t = 0
         self._budget = self._budgets[p]
         self._length = min(self._cu_pos[p + 1] - self._cu_pos[p], self._budget)

@@ -73,16 +73,7 @@ class EngineEpisodes(gym.Env[np.ndarray, Any]):
             self.rewards.restart()
             self.monitor = self._new_monitor()
         self.rewards.start_episode()
-        options = options or {}
-        unknown = set(options) - {"prompt_index", "prompt_id"}
-        if unknown:
-            raise ValueError(f"reset options {sorted(unknown)} are unknown; use prompt_index or prompt_id.")
-        if "prompt_id" in options:
-            self.request = self.workload.request(self.workload.index_of(options["prompt_id"]))
-        elif "prompt_index" in options:
-            self.request = self.workload.request(int(options["prompt_index"]))
-        else:
-            self.request = self.workload.next(self.np_random)
+        self.request = self.workload.request(self.workload.pick(options, self.np_random))
         sampling_seed = int(self.np_random.integers(2**31))
         self.engine.config.max_new_tokens = self.request.max_new_tokens
         prefill = self.engine.start(self.request.prompt_ids, seed=sampling_seed)

@@ -90,9 +90,20 @@ class Workload:
         self._next += 1
         return index
 
-    def next(self, rng: np.random.Generator) -> Request:
-        """The next request (see :meth:`next_index`)."""
-        return self.request(self.next_index(rng))
+    def pick(self, options: dict | None, rng: np.random.Generator) -> int:
+        """The prompt a reset asked for (``prompt_index`` or ``prompt_id``), else the next in order."""
+        options = options or {}
+        unknown = set(options) - {"prompt_index", "prompt_id"}
+        if unknown:
+            raise ValueError(f"reset options {sorted(unknown)} are unknown; use prompt_index or prompt_id.")
+        if "prompt_id" in options:
+            return self.index_of(options["prompt_id"])
+        if "prompt_index" in options:
+            index = int(options["prompt_index"])
+            if not 0 <= index < len(self.prompts):
+                raise ValueError(f"prompt_index={index} is outside 0..{len(self.prompts) - 1} of the selected prompts.")
+            return index
+        return self.next_index(rng)
 
     def request(self, index: int) -> Request:
         """The request for prompt number ``index`` (file order of the selection)."""
