@@ -12,17 +12,16 @@ from pathlib import Path
 from typing import Any, SupportsFloat
 
 import numpy as np
-from gymnasium import spaces
 
 from draftrl.envs.config import EnvConfig
 from draftrl.envs.costs import CostTable
-from draftrl.envs.features import LEVEL_FEATURES, feature_bounds, level_observation, tree_level_features
+from draftrl.envs.depth_control import DepthControl, SizePolicy
+from draftrl.envs.features import level_observation, tree_level_features
 from draftrl.envs.replay import TraceReplayEnv
-from draftrl.envs.spec_decode_depth import CONTINUE, SizePolicy
 from draftrl.envs.traces import Traces
 
 
-class TraceReplayDepthEnv(TraceReplayEnv):
+class TraceReplayDepthEnv(DepthControl, TraceReplayEnv):
     """
     ## Description
 
@@ -65,12 +64,7 @@ class TraceReplayDepthEnv(TraceReplayEnv):
         super().__init__(traces, config, cost_table=cost_table, render_mode=render_mode, **overrides)
         if verify_size < 0:
             raise ValueError(f"verify_size={verify_size} must be >= 0 (0 = all drafted nodes).")
-        self.verify_size, self.size_policy = verify_size, size_policy
-        self.max_depth = self.config.max_depth
-        self.feature_names = self.features.names + LEVEL_FEATURES
-        self.action_space = spaces.Discrete(2)
-        low, high = feature_bounds(self.feature_names)
-        self.observation_space = spaces.Box(low, high, dtype=np.float32)
+        self._init_depth_control(verify_size, size_policy)
         self._reset_round()
 
     def _reset_round(self) -> None:
@@ -98,11 +92,9 @@ class TraceReplayDepthEnv(TraceReplayEnv):
 
     def step(self, action) -> tuple[np.ndarray, SupportsFloat, bool, bool, dict[str, Any]]:
         self._check_running()
-        if not self.action_space.contains(int(np.asarray(action))):
-            raise ValueError(f"action={action!r} is outside {self.action_space} (0 = STOP, 1 = CONTINUE).")
         limit = min(self.max_depth, self._budget - self._t - 1) if self._has_drafter else 0
         step_reward = 0.0
-        if int(np.asarray(action)) == CONTINUE and self._level < limit and self._has_level(self._level + 1):
+        if self._continues(action) and self._level < limit and self._has_level(self._level + 1):
             seconds = self.cost_table.draft_level(self.config.width) * self._noise()
             self._level += 1
             self._draft_seconds += seconds
@@ -115,9 +107,7 @@ class TraceReplayDepthEnv(TraceReplayEnv):
         return self._verify(step_reward)
 
     def _verify(self, step_reward: float) -> tuple[np.ndarray, SupportsFloat, bool, bool, dict[str, Any]]:
-        verify_size = self.verify_size
-        if self.size_policy is not None:
-            verify_size = int(self.size_policy(self._level_obs(), self._tree()))
+        verify_size = self._chosen_size(self._tree)
         base = self.cost_table.draft_base_seconds * self._noise() if self._has_drafter else 0.0
         _, reward, terminated, truncated, info = self._play_round(
             self._level, verify_size, self._level, self._draft_seconds + base, charged=self._charged)

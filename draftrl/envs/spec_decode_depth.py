@@ -8,23 +8,17 @@ from the same builder and reward model as ``draftrl/SpecDecode-v0``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, SupportsFloat
 
 import numpy as np
-from gymnasium import spaces
 
 from draftrl.envs.config import EnvConfig
-from draftrl.envs.features import LEVEL_FEATURES, feature_bounds, level_observation
+from draftrl.envs.depth_control import DepthControl, SizePolicy
+from draftrl.envs.features import level_observation
 from draftrl.envs.spec_decode import EngineEpisodes
 
-#: Action values of ``SpecDecodeDepth-v0``.
-STOP, CONTINUE = 0, 1
 
-SizePolicy = Callable[[np.ndarray, Any], int]
-
-
-class SpecDecodeDepthEnv(EngineEpisodes):
+class SpecDecodeDepthEnv(DepthControl, EngineEpisodes):
     """
     ## Description
 
@@ -97,13 +91,7 @@ class SpecDecodeDepthEnv(EngineEpisodes):
             )
         if self.config.max_depth > 0 and self.engine.drafter is None:
             raise ValueError("SpecDecodeDepth-v0 needs a drafter; EnvConfig.drafter is 'none'.")
-        self.verify_size = verify_size
-        self.size_policy = size_policy
-        self.max_depth = self.config.max_depth
-        self.feature_names = self.features.names + LEVEL_FEATURES
-        self.action_space = spaces.Discrete(2)
-        low, high = feature_bounds(self.feature_names)
-        self.observation_space = spaces.Box(low, high, dtype=np.float32)
+        self._init_depth_control(verify_size, size_policy)
         self._reset_round()
 
     def _reset_round(self) -> None:
@@ -128,10 +116,8 @@ class SpecDecodeDepthEnv(EngineEpisodes):
         engine = self.engine
         if self.request is None or engine.finished:
             raise RuntimeError("step() called before reset() or after the episode ended; call reset().")
-        if not self.action_space.contains(int(np.asarray(action))):
-            raise ValueError(f"action={action!r} is outside {self.action_space} (0 = STOP, 1 = CONTINUE).")
         limit = min(self.max_depth, engine.remaining - 1)
-        if int(np.asarray(action)) == CONTINUE and self._level < limit:
+        if self._continues(action) and self._level < limit:
             t0 = engine.clock()
             if self._builder is None:
                 self._builder = engine.drafter.begin(engine.ids, self.config.width, engine.params, engine.generator)
@@ -155,10 +141,7 @@ class SpecDecodeDepthEnv(EngineEpisodes):
 
         engine = self.engine
         tree = self._builder.tree if self._builder is not None else DraftTree()
-        if self.size_policy is not None:
-            verify_size = int(self.size_policy(self._level_obs(), tree))
-        else:
-            verify_size = self.verify_size
+        verify_size = self._chosen_size(lambda: tree)
         rnd = engine.round_from_tree(tree, verify_size or None, draft_seconds=self._draft_seconds,
                                      depth=self._level, width=self.config.width)
         reward, info = self._finish_round(rnd, self._level, rnd.seconds - self._charged)

@@ -21,7 +21,8 @@ from draftrl.envs.costs import CostTable
 from draftrl.envs.features import CostTracker, FeatureBuilder, RoundSummary, feature_names, verify_bucket
 from draftrl.envs.rewards import RewardModel
 from draftrl.envs.spec_decode import SpecDecodeEnv
-from draftrl.envs.spec_decode_depth import CONTINUE, STOP, SpecDecodeDepthEnv
+from draftrl.envs.depth_control import CONTINUE, STOP
+from draftrl.envs.spec_decode_depth import SpecDecodeDepthEnv
 
 SMALL = dict(languages=("en",), tasks=("chat",), limit_per_group=3, max_new_tokens=12, depths=(0, 1, 2, 4))
 

@@ -13,7 +13,7 @@ from draftrl.decoding.engine import EngineConfig, SpeculativeDecoder
 from draftrl.decoding.generate import fixed_schedule, generate
 from draftrl.decoding.stats import TokenStats
 from draftrl.envs.config import EnvConfig
-from draftrl.envs.spec_decode_depth import CONTINUE, STOP
+from draftrl.envs.depth_control import CONTINUE, STOP
 
 SHORT = dict(languages=("en",), tasks=("chat",), limit_per_group=2, max_new_tokens=8, depths=(0, 1, 3))
 
