@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 from gymnasium import spaces
 from stable_baselines3 import PPO
 from stable_baselines3.common.callbacks import BaseCallback
@@ -34,8 +35,12 @@ from draftrl.train.common import (
     first_env,
     format_table,
     latest_checkpoint,
+    make_env,
     make_logger,
+    make_vec_env,
+    open_run,
     save_policy,
+    start_wandb,
     versions,
     write_json,
 )
@@ -225,3 +230,53 @@ def finish_run(
         if evaluation.get("oracle_gain_captured") is not None:
             wandb_run.summary["eval/oracle_gain_captured"] = evaluation["oracle_gain_captured"]
     return summary
+
+
+def run_recipe(
+    cfg: TrainConfig,
+    out: str | Path,
+    *,
+    kind: str,
+    spec: EnvSpec,
+    finetune_spec: EnvSpec,
+    resume: bool,
+    callbacks: Sequence[BaseCallback],
+    env_kwargs: dict[str, Any] | None = None,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any] | None:
+    """A whole PPO run of ``kind`` ("size" or "depth"): open, train through the phases, save, evaluate.
+
+    The main phase trains on ``spec`` up to ``cfg.total_timesteps``; ``cfg.finetune_real_timesteps``
+    more follow on ``finetune_spec`` (the real engine), counted by the same step counter.
+    ``env_kwargs`` go to every env built (training and evaluation); ``extra`` into the manifest.
+    Returns the training summary, or None when a callback stopped the session (resumable).
+    """
+    out = Path(out)
+    torch.set_num_threads(cfg.torch_threads)  # tiny MLPs: one thread is fastest, and fair on shared CPUs
+    grids_env = make_env(spec)  # the grids and features the policy is for; fails before DIR is written
+    state = open_run(cfg, out, resume)
+    clock = Stopwatch(state["wall_seconds"])
+    wandb_run = start_wandb(cfg, out, state["run_id"])
+
+    def record_state(num_timesteps: int) -> None:
+        state.update(num_timesteps=num_timesteps, wall_seconds=clock.elapsed())
+        write_json(out / STATE_FILE, state)
+
+    def envs(phase_spec: EnvSpec) -> VenvFactory:
+        return lambda seed, norm: make_vec_env(cfg, phase_spec, seed, norm, extra_kwargs=env_kwargs, kind=kind)
+
+    phases = [Phase("main", envs(spec), cfg.total_timesteps)]
+    if cfg.finetune_real_timesteps:
+        phases.append(Phase("finetune", envs(finetune_spec), cfg.total_timesteps + cfg.finetune_real_timesteps))
+    try:
+        model = learn_phases(cfg, phases, out, kind=kind, resume=resume, wandb_run=wandb_run,
+                             on_save=record_state, callbacks=callbacks)
+        if model is None:
+            return None
+        save_trained(model, out, kind=kind, env_id=spec.id, grids_env=grids_env,
+                     extra={"run_id": state["run_id"], **(extra or {})})
+        return finish_run(cfg, out, state, clock, model.num_timesteps, eval_spec=spec, eval_kwargs=env_kwargs,
+                          wandb_run=wandb_run)
+    finally:
+        if wandb_run is not None:
+            wandb_run.finish()

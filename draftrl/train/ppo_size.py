@@ -21,12 +21,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
 from stable_baselines3.common.callbacks import BaseCallback
 
-from draftrl.train.common import STATE_FILE, Stopwatch, make_env, make_vec_env, open_run, start_wandb, write_json
 from draftrl.train.config import TrainConfig
-from draftrl.train.loop import Phase, finish_run, learn_phases, save_trained
+from draftrl.train.loop import run_recipe
 
 
 def train(
@@ -41,32 +39,5 @@ def train(
         stays resumable).
     :return: the training summary, or None when the session stopped before the last phase's end.
     """
-    out = Path(out)
-    torch.set_num_threads(cfg.torch_threads)  # tiny MLPs: one thread is fastest, and fair on shared CPUs
-    grids_env = make_env(cfg.env)  # the grids and features the policy is for; fails before DIR is written
-    state = open_run(cfg, out, resume)
-    clock = Stopwatch(state["wall_seconds"])
-    wandb_run = start_wandb(cfg, out, state["run_id"])
-
-    def record_state(num_timesteps: int) -> None:
-        state.update(num_timesteps=num_timesteps, wall_seconds=clock.elapsed())
-        write_json(out / STATE_FILE, state)
-
-    phases = [Phase("main", lambda seed, norm: make_vec_env(cfg, cfg.env, seed, norm), cfg.total_timesteps)]
-    if cfg.finetune_real_timesteps:  # same policy, same step counter, now on the real engine
-        until = cfg.total_timesteps + cfg.finetune_real_timesteps
-        phases.append(Phase("finetune", lambda seed, norm: make_vec_env(cfg, cfg.finetune_env, seed, norm), until))
-
-    try:
-        model = learn_phases(
-            cfg, phases, out, kind="size", resume=resume, wandb_run=wandb_run, on_save=record_state,
-            callbacks=callbacks,
-        )
-        if model is None:
-            return None
-        save_trained(model, out, kind="size", env_id=cfg.env.id, grids_env=grids_env,
-                     extra={"run_id": state["run_id"]})
-        return finish_run(cfg, out, state, clock, model.num_timesteps, eval_spec=cfg.env, wandb_run=wandb_run)
-    finally:
-        if wandb_run is not None:
-            wandb_run.finish()
+    return run_recipe(cfg, out, kind="size", spec=cfg.env, finetune_spec=cfg.finetune_env, resume=resume,
+                      callbacks=callbacks)
