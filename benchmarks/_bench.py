@@ -19,7 +19,6 @@ import torch
 from draftrl.envs.costs import hardware_info, hardware_name
 from draftrl.envs.engines import eos_token_ids
 from draftrl.envs.workload import encode
-from draftrl.models.fast_linear import FastLinear
 from draftrl.prompts import load_prompts
 
 
@@ -174,40 +173,6 @@ def engine_method(model, drafter, eos: list[int], depth: int, verify_size: int |
     return run
 
 
-class _PaddedFastLinear(FastLinear):
-    """FastLinear that also runs one-row inputs as ``W @ [x; 0]^T`` (two columns).
-
-    Benchmark-only: on some CPU/BLAS pairs (MKL on AMD EPYC here) the one-row GEMV path that
-    ``F.linear`` takes is slower than the two-column GEMM, so a 1-token forward costs more than a
-    2-token one and plain decoding looks worse than it could be. ``padded_ar`` uses this to give
-    speedups against the best plain decoding, not only against the shipped one."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., in_features]
-        if x.device.type != "cpu" or x.numel() != self.in_features:
-            return super().forward(x)
-        rows = x.reshape(1, self.in_features)
-        out = torch.mm(self.weight, torch.cat([rows, torch.zeros_like(rows)]).T)[:, :1].T  # [1, out]
-        if self.bias is not None:
-            out = out + self.bias
-        return out.reshape(*x.shape[:-1], self.out_features)
-
-
-def padded(model: torch.nn.Module, run: Callable):
-    """``run`` with one-row linears padded to two columns (see :class:`_PaddedFastLinear`), restored after."""
-
-    def wrapped(req: Request):
-        swapped = [m for m in model.modules() if type(m) is FastLinear]
-        for m in swapped:
-            m.__class__ = _PaddedFastLinear
-        try:
-            return run(req)
-        finally:
-            for m in swapped:
-                m.__class__ = FastLinear
-
-    return wrapped
-
-
 def first_mismatch(a: list[int], b: list[int]) -> int | None:
     """Index of the first differing token (length difference counts), or None if equal."""
     for k, (x, y) in enumerate(zip(a, b)):
@@ -223,4 +188,4 @@ def context(device: str, model: str) -> str:
 
 
 __all__ = ["ForwardTimer", "Request", "engine_method", "Run", "Timings", "clock", "context", "eos_token_ids", "first_mismatch", "grouped_requests", "interleave",
-           "padded", "requests"]
+           "requests"]

@@ -8,8 +8,7 @@ run interleaved per prompt in one process (see ``_bench.py``), greedy.
 
 Prints one line per cell (pooled over prompts, with per-group speedups), the best cell per group
 and drafter, and ``tree_vs_chain``: the best tree cell's throughput over the best chain cell's,
-measured side by side. ``vs_padded_ar`` divides by plain decoding with one-row linears run as a
-two-column product (see ``depth_by_language.py`` and ``_bench.padded``). Writes a heatmap PNG of speedup over (depth, V), one row per drafter and
+measured side by side. Writes a heatmap PNG of speedup over (depth, V), one row per drafter and
 one column per group. Layer-skip uses 28 of 30 layers (see ``depth_by_language.py`` for why).
 
     python benchmarks/tree_grid.py --threads 1
@@ -23,7 +22,7 @@ import argparse
 import numpy as np
 import torch
 
-from _bench import context, engine_method, eos_token_ids, first_mismatch, grouped_requests, interleave, padded
+from _bench import context, engine_method, eos_token_ids, first_mismatch, grouped_requests, interleave
 from draftrl.decoding.factory import build_drafter
 from draftrl.models import load_model
 
@@ -111,8 +110,7 @@ def main() -> None:
     reqs, groups = grouped_requests(loaded.tokenizer, args.languages.split(","), args.task, args.num_prompts,
                                     args.max_new_tokens)
 
-    methods = {"ar": engine_method(loaded.model, None, eos, 0),
-               "ar_pad": padded(loaded.model, engine_method(loaded.model, None, eos, 0))}
+    methods = {"ar": engine_method(loaded.model, None, eos, 0)}
     for spec in drafters:
         for d, v, w in grid:
             methods[(spec, d, v, w)] = engine_method(loaded.model, build_drafter(spec, loaded, device=args.device),
@@ -122,10 +120,6 @@ def main() -> None:
 
     where = f"task={args.task}  max_new_tokens={args.max_new_tokens}  repeats={args.repeats}  " + context(
         args.device, loaded.name)
-    pad = {g: t.throughput("ar_pad", items) / t.throughput("ar", items) for g, items in groups.items()}
-    bad = sum(first_mismatch(t.tokens("ar", i), t.tokens("ar_pad", i)) is not None for i in groups["all"])
-    print(f"padded_ar_vs_ar={pad['all']:.2f}x  per_group " + " ".join(f"{g}={x:.2f}" for g, x in pad.items() if g != "all")
-          + f"  greedy_mismatches={bad}/{len(reqs)}  {where}")
     speedup = {}
     for spec in drafters:
         for d, v, w in grid:
@@ -137,7 +131,6 @@ def main() -> None:
             bad = sum(first_mismatch(t.tokens("ar", i), t.tokens(m, i)) is not None for i in items)
             per_group = " ".join(f"{g}={speedup[(spec, g, d, v)]:.2f}" for g in groups if g != "all")
             print(f"speedup_vs_autoregressive={speedup[(spec, 'all', d, v)]:.2f}x  "
-                  f"vs_padded_ar={speedup[(spec, 'all', d, v)] / pad['all']:.2f}x  "
                   f"mean_tokens_per_round={t.tokens_per_round(m, items):.2f}  drafter={spec} depth={d} "
                   f"verify_size={v} width={w}  per_group {per_group}  tok_s={t.throughput(m, items):.2f}  "
                   f"greedy_mismatches={bad}/{len(items)}  {where}")
@@ -152,11 +145,10 @@ def main() -> None:
             ratio = (speedup[(spec, group, tree[0], tree[1])] / speedup[(spec, group, chain[0], chain[1])]
                      if tree and chain else float("nan"))
             print(f"speedup_vs_autoregressive={speedup[(spec, group, d, v)]:.2f}x  tree_vs_chain={ratio:.2f}x  "
-                  f"vs_padded_ar={speedup[(spec, group, d, v)] / pad[group]:.2f}x  "
                   f"mean_tokens_per_round={t.tokens_per_round((spec, d, v, w), items):.2f}  drafter={spec} depth={d} "
                   f"verify_size={v} width={w}  best_chain=d{chain[0]}/V{chain[1]}  "
                   f"best_tree={'d%d/V%d/w%d' % tree if tree else '-'}  group={group}  {where}")
-    title = (f"greedy speedup vs autoregressive (engine as shipped; padded 1-row AR is {pad['all']:.2f}x faster); "
+    title = (f"greedy speedup vs autoregressive (same engine, depth 0); "
              f"wN = tree width (smallest that fills V), else a chain\n"
              f"{context(args.device, loaded.name)}  max_new_tokens={args.max_new_tokens}  repeats={args.repeats}")
     heatmap(args.out, speedup, {(d, v): w for d, v, w in grid}, drafters, list(groups), depths, sizes, title)
