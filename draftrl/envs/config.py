@@ -83,6 +83,10 @@ class EnvConfig:
     """JSON from draftrl calibrate: initial cost features; the seconds TraceReplay-v0 charges"""
     cost_noise: float = 0.0
     """TraceReplay-v0: lognormal sigma of multiplicative noise on replayed seconds (0 = none)"""
+    cost_jitter: float = 0.0
+    """TraceReplay-v0: lognormal sigma of a per-episode factor on the verify cost's growth
+    (cost(n) - cost(1)) and on draft seconds: other machines, so that a policy learns to read
+    the cost features instead of memorising one cost table (0 = none)"""
     monitor: bool = True
     """run the streaming exactness monitor on every emitted token (SpecDecode envs)"""
     depth_shaping: bool = False
@@ -115,8 +119,9 @@ class EnvConfig:
             raise ValueError(f"EnvConfig.rho_rate={self.rho_rate} must be in [0, 1] (0 keeps rho fixed).")
         if self.rho < 0:
             raise ValueError(f"EnvConfig.rho={self.rho} must be >= 0 tokens/s (0 = estimate it).")
-        if self.cost_noise < 0:
-            raise ValueError(f"EnvConfig.cost_noise={self.cost_noise} must be >= 0 (a lognormal sigma).")
+        for name in ("cost_noise", "cost_jitter"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"EnvConfig.{name}={getattr(self, name)} must be >= 0 (a lognormal sigma).")
         if self.depth_shaping and self.reward != "ratio":
             raise ValueError(
                 f"EnvConfig.depth_shaping=true needs reward=ratio (got {self.reward!r}): only the ratio "

@@ -135,6 +135,7 @@ class TraceReplayEnv(gym.Env[np.ndarray, np.ndarray]):
         self._has_drafter = config.drafter != "none"
         self._seeded = False
         self._prompt = -1
+        self._verify_growth = self._draft_scale = 1.0
 
     # ------------------------------------------------------------------ construction
     @staticmethod
@@ -191,6 +192,8 @@ class TraceReplayEnv(gym.Env[np.ndarray, np.ndarray]):
         self._length = min(self._cu_pos[p + 1] - self._cu_pos[p], self._budget)
         self._num_prompt_tokens = self._cu_prompt[p + 1] - self._cu_prompt[p]
         self._finished = False
+        self._verify_growth = self._noise(self.config.cost_jitter)
+        self._draft_scale = self._noise(self.config.cost_jitter)
         self.features.start_episode(self._budget)
         prompt = self.traces.prompts[p]
         info = {
@@ -209,11 +212,20 @@ class TraceReplayEnv(gym.Env[np.ndarray, np.ndarray]):
             draft = dict(zip(DRAFT_FEATURES, self._draft[self._cu_pos[self._prompt] + self._t]))
         return self.features.observation(draft, self._num_prompt_tokens + self._t, self._t)
 
-    def _noise(self) -> float:
-        sigma = self.config.cost_noise
+    def _noise(self, sigma: float | None = None) -> float:
+        """A mean-one lognormal factor of ``sigma`` (default: ``cost_noise``) from the env's RNG."""
+        sigma = self.config.cost_noise if sigma is None else sigma
         if sigma <= 0:
             return 1.0
         return math.exp(sigma * float(self.np_random.standard_normal()) - 0.5 * sigma * sigma)
+
+    def _verify_seconds(self, num_tokens: int, ctx: int) -> float:
+        """The cost table's forward over ``num_tokens``, its growth over one token scaled by this episode's jitter."""
+        seconds = self.cost_table.verify(num_tokens, ctx)
+        if self._verify_growth != 1.0:
+            one = self.cost_table.verify(1, ctx)
+            seconds = one + (seconds - one) * self._verify_growth
+        return seconds
 
     def step(self, action) -> tuple[np.ndarray, SupportsFloat, bool, bool, dict[str, Any]]:
         self._check_running()
@@ -223,7 +235,8 @@ class TraceReplayEnv(gym.Env[np.ndarray, np.ndarray]):
         depth = self.depths[int(action[0])]
         verify_size = self.verify_sizes[int(action[1])]
         levels = min(depth, self._budget - self._t - 1) if self._has_drafter else 0
-        draft_seconds = self.cost_table.draft(levels, self.config.width) * self._noise() if self._has_drafter else 0.0
+        draft_seconds = (self.cost_table.draft(levels, self.config.width) * self._draft_scale * self._noise()
+                         if self._has_drafter else 0.0)
         return self._play_round(depth, verify_size, levels, draft_seconds)
 
     def _check_running(self) -> None:
@@ -284,7 +297,7 @@ class TraceReplayEnv(gym.Env[np.ndarray, np.ndarray]):
             stop_reason = "eos" if eos else "length"
 
         table, ctx = self.cost_table, self._num_prompt_tokens + t - 1
-        verify_seconds = table.verify(1 + num_verified, ctx) * self._noise()
+        verify_seconds = self._verify_seconds(1 + num_verified, ctx) * self._noise()
         sample_seconds = table.sample(num_emitted) * self._noise()
         summary = RoundSummary(num_emitted, num_accepted, num_verified, verified_depth, levels,
                                draft_seconds, verify_seconds, sample_seconds)

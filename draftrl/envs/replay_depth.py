@@ -95,7 +95,7 @@ class TraceReplayDepthEnv(DepthControl, TraceReplayEnv):
         limit = min(self.max_depth, self._budget - self._t - 1) if self._has_drafter else 0
         step_reward = 0.0
         if self._continues(action) and self._level < limit and self._has_level(self._level + 1):
-            seconds = self.cost_table.draft_level(self.config.width) * self._noise()
+            seconds = self.cost_table.draft_level(self.config.width) * self._draft_scale * self._noise()
             self._level += 1
             self._draft_seconds += seconds
             if self.config.depth_shaping:
@@ -108,7 +108,7 @@ class TraceReplayDepthEnv(DepthControl, TraceReplayEnv):
 
     def _verify(self, step_reward: float) -> tuple[np.ndarray, SupportsFloat, bool, bool, dict[str, Any]]:
         verify_size = self._chosen_size(self._tree)
-        base = self.cost_table.draft_base_seconds * self._noise() if self._has_drafter else 0.0
+        base = self.cost_table.draft_base_seconds * self._draft_scale * self._noise() if self._has_drafter else 0.0
         _, reward, terminated, truncated, info = self._play_round(
             self._level, verify_size, self._level, self._draft_seconds + base, charged=self._charged)
         info["phase"], info["level"] = "verify", self._level

@@ -155,11 +155,15 @@ def _train(config: DemoConfig, out: Path, trace_dir: Path) -> dict[str, Path]:
             *config.train.overrides,
         ]
         cfg = load_config(TrainConfig, None, overrides)
+        # training replays other machines too (cost_jitter) so that the policy reads the cost features
+        # the real engine will measure; the training summary evaluates on the calibrated costs as measured
         replay = {"traces": str(trace_dir), "depths": list(config.env.depths),
-                  "verify_sizes": list(config.env.verify_sizes)}
-        cfg.env.kwargs = dict(replay)  # size policies (ppo_size, cotrain) on TraceReplay-v0
+                  "verify_sizes": list(config.env.verify_sizes), "cost_noise": 0.05, "cost_jitter": 0.25}
+        exact_costs = {"cost_noise": 0.0, "cost_jitter": 0.0}
+        cfg.env.kwargs, cfg.env.eval_kwargs = dict(replay), dict(exact_costs)  # size policies on TraceReplay-v0
         cfg.depth_env.id = "draftrl/TraceReplayDepth-v0"  # depth policies on its step-level twin
         cfg.depth_env.kwargs = {k: v for k, v in replay.items() if k != "verify_sizes"}
+        cfg.depth_env.eval_kwargs = dict(exact_costs)
         run_dir = out / recipe
         importlib.import_module(f"draftrl.train.{recipe}").train(cfg, run_dir)
         dirs[recipe] = run_dir

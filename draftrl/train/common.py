@@ -109,7 +109,8 @@ def make_vec_env(
         return normalizer
     if cfg.ppo.normalize_obs or cfg.ppo.normalize_reward:
         venv = VecNormalize(
-            venv, norm_obs=cfg.ppo.normalize_obs, norm_reward=cfg.ppo.normalize_reward, gamma=cfg.ppo.gamma_for(kind)
+            venv, norm_obs=cfg.ppo.normalize_obs, norm_reward=cfg.ppo.normalize_reward, gamma=cfg.ppo.gamma_for(kind),
+            epsilon=cfg.ppo.obs_epsilon,
         )
     return venv
 

@@ -78,6 +78,10 @@ class PPOConfig:
     """parallel envs (DummyVecEnv, one process)."""
     normalize_obs: bool = True
     """VecNormalize observations; the statistics are saved with the policy."""
+    obs_epsilon: float = 1.0e-2
+    """VecNormalize epsilon: normalised x = (x - mean) / sqrt(var + obs_epsilon). SB3's 1e-8 turns a
+    feature that hardly varied in training (a replayed cost ratio) into +-clip_obs as soon as the
+    real engine measures it a little differently; 1e-2 floors every feature's scale at 0.1."""
     normalize_reward: bool = False
     """VecNormalize rewards (training only)."""
     device: str = "cpu"
@@ -178,6 +182,8 @@ class TrainConfig:
                 f"ppo.batch_size={ppo.batch_size} does not divide ppo.n_steps * ppo.n_envs = {ppo.n_steps * ppo.n_envs}; "
                 "pick a divisor so that no minibatch is truncated."
             )
+        if ppo.obs_epsilon <= 0:
+            raise ValueError(f"ppo.obs_epsilon={ppo.obs_epsilon} must be > 0 (a floor on the normalising variance).")
 
     @property
     def rollout_size(self) -> int:

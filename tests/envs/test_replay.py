@@ -132,6 +132,42 @@ def test_replay_seconds_come_from_the_cost_table(recorded):
     assert step["sample_seconds"] == pytest.approx(t.sample(step["tokens"]))
 
 
+def test_cost_jitter_moves_costs_per_episode_never_tokens(recorded):
+    """Each episode plays another machine: the verify growth and draft seconds move, the plain
+    step and every token stay; the cost features follow, so a policy can learn to read them."""
+    *_, directory = recorded
+    t = table()
+
+    def episode(env, seed):
+        """(verify growth factor, draft factor, tokens, cost features) of the first round that verified drafts."""
+        _, info = env.reset(seed=seed)
+        ctx, tokens = info["num_prompt_tokens"] - 1, []
+        while True:
+            _, _, done, _, step = env.step(np.array([env.depths.index(2), 0]))
+            tokens += list(step["token_ids"])
+            if step["num_verified"] > 0 or done:
+                break
+            ctx += step["tokens"]
+        assert step["num_verified"] > 0, "no round drafted anything"
+        one = t.verify(1, ctx)
+        growth = (step["verify_seconds"] - one) / (t.verify(1 + step["num_verified"], ctx) - one)
+        return growth, step["draft_seconds"] / t.draft(2, env.config.width), tokens, env.features.costs.features()
+
+    plain = TraceReplayEnv(directory)
+    jittered = TraceReplayEnv(directory, cost_jitter=0.3)
+    base = episode(plain, 0)
+    assert base[:2] == pytest.approx((1.0, 1.0))
+    runs = [episode(jittered, seed) for seed in range(40)]
+    growths, scales = np.array([r[0] for r in runs]), np.array([r[1] for r in runs])
+    assert all(r[2] == episode(plain, seed)[2] for seed, r in enumerate(runs))
+    # mean-one lognormal(0.3): log-factors have sd 0.3, so 40 draws put it well inside 0.15..0.5
+    assert 0.15 < np.log(growths).std() < 0.5 and 0.15 < np.log(scales).std() < 0.5
+    assert abs(np.log(growths).mean() + 0.045) < 4 * 0.3 / np.sqrt(40)
+    assert len({round(r[3][-1], 9) for r in runs}) > 30  # draft_cost_level differs between episodes
+    with pytest.raises(ValueError, match="cost_jitter"):
+        TraceReplayEnv(directory, cost_jitter=-0.1)
+
+
 def test_traces_roundtrip(recorded):
     config, *_, directory = recorded
     traces = Traces.load(directory)

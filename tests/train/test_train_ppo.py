@@ -7,6 +7,7 @@ checks the offline run directory.
 from __future__ import annotations
 
 import json
+import pickle
 from pathlib import Path
 
 import gymnasium as gym
@@ -98,6 +99,8 @@ def test_train_writes_policy_summary_and_checkpoints(trained):
     assert steps[-1] == 12288 and len(steps) >= 2
     assert (out / "checkpoints" / "ppo_vecnormalize_12288_steps.pkl").is_file()
     assert list((out / "logs").glob("progress_*.csv"))
+    with (out / "vecnormalize.pkl").open("rb") as f:  # the scale floor that travels with the policy
+        assert pickle.load(f).epsilon == on_disk["config"]["ppo"]["obs_epsilon"] == 1e-2
 
 
 def test_ppo_policy_reads_features_by_name(trained):
@@ -301,6 +304,11 @@ def test_env_sections_keep_their_own_default_ids():
 def test_recipe_refuses_an_env_of_the_other_kind(tmp_path):
     with pytest.raises(ValueError, match="round-level env"):
         ppo_size.train(tiny("env.id=tests/AnalyticDepth-v0"), tmp_path)
+
+
+def test_obs_epsilon_must_be_positive():
+    with pytest.raises(ValueError, match="ppo.obs_epsilon"):
+        load_config(TrainConfig, ANALYTIC, ["ppo.obs_epsilon=0"])
 
 
 def test_gamma_defaults_per_policy_kind(tmp_path):
