@@ -1,6 +1,6 @@
 """``draftrl demo``: fetch the model, calibrate, collect traces, train PPO, grid-search, evaluate.
 
-    draftrl demo                 # about 15 minutes on 2 quiet CPU cores
+    draftrl demo                 # about 10 minutes on 2 quiet CPU cores
     draftrl demo --quick         # a few minutes
     draftrl demo --config configs/demo_cpu.yaml --out runs/demo --force
 
