@@ -88,6 +88,9 @@ class TraceReplayEnv(gym.Env[np.ndarray, np.ndarray]):
     ``cost_table.json`` stored with the traces). Prompt filters of the config are not used:
     the recorded prompts are the workload.
 
+    ``env.unwrapped.oracle_action()`` gives the coming round's hindsight-best action (the
+    ``Oracle`` baseline, the upper bound that training summaries report).
+
     ## Version History
 
     - v0: initial version.
@@ -248,10 +251,9 @@ class TraceReplayEnv(gym.Env[np.ndarray, np.ndarray]):
         pos = self._cu_pos[self._prompt] + self._t
         return self._cu_nodes[pos], self._cu_nodes[pos + 1]
 
-    def _play_round(self, depth: int, verify_size: int, levels: int, draft_seconds: float,
-                    charged: float = 0.0) -> tuple[np.ndarray, SupportsFloat, bool, bool, dict[str, Any]]:
-        """Replay one round drafting ``levels`` levels; the reward leaves out ``charged`` seconds
-        (already paid by per-level shaping)."""
+    def _walk(self, levels: int, verify_size: int) -> tuple[int, int, int, int, bool]:
+        """The coming round without playing it: (nodes drafted, nodes verified, deepest verified
+        level, draft tokens accepted, whether the node the walk stopped at had drafted children)."""
         t, cont = self._t, self._cont
         start = self._cu_pos[self._prompt]
         # the draft tree: nodes of depth <= levels are a prefix of the recorded node list
@@ -270,7 +272,6 @@ class TraceReplayEnv(gym.Env[np.ndarray, np.ndarray]):
         kids: dict[int, dict[int, int]] = {}
         for i in keep:
             kids.setdefault(self._par[i], {})[self._tok[i]] = i - lo
-        num_verified = len(keep)
         verified_depth = max((dep[i] for i in keep), default=0)
 
         # walk the selected subtree along the greedy continuation
@@ -285,6 +286,45 @@ class TraceReplayEnv(gym.Env[np.ndarray, np.ndarray]):
             if child is None:
                 break
             node, k = child, k + 1
+        return num_drafted, len(keep), verified_depth, k, last_drafted
+
+    def oracle_action(self) -> np.ndarray:
+        """The per-round hindsight best action (grid indices) for the coming round.
+
+        Every (depth, verify_size) of the grid is walked along the recorded continuation and
+        charged the cost table's seconds (this episode's jitter, no per-round noise); the one
+        with the best round reward wins: ``tokens - rho * seconds`` with the reward model's
+        ``rho``, or ``tokens / seconds``. Greedy per round (the next round's position depends on
+        this one), so it bounds per-round choices, which is what the policies make. Used by
+        ``draftrl.policies.Oracle``.
+        """
+        return self._oracle(self.verify_sizes)
+
+    def _oracle(self, verify_sizes: tuple[int, ...]) -> np.ndarray:
+        """:meth:`oracle_action` over ``verify_sizes`` (the second index points into it)."""
+        self._check_running()
+        rho = self.rewards.rho if self.config.reward == "ratio" else None
+        ctx = self._num_prompt_tokens + self._t - 1
+        best, best_value = np.zeros(2, dtype=np.int64), -math.inf
+        for i, depth in enumerate(self.depths):
+            levels = min(depth, self._budget - self._t - 1) if self._has_drafter else 0
+            draft = self.cost_table.draft(levels, self.config.width) * self._draft_scale if self._has_drafter else 0.0
+            for j, verify_size in enumerate(verify_sizes):
+                _, num_verified, _, k, _ = self._walk(levels, verify_size)
+                tokens = min(k + 1, self._length - self._t)
+                seconds = draft + self._verify_seconds(1 + num_verified, ctx) + self.cost_table.sample(tokens)
+                value = tokens - rho * seconds if rho is not None else tokens / seconds
+                if value > best_value + 1e-12:
+                    best, best_value = np.array([i, j], dtype=np.int64), value
+        return best
+
+    def _play_round(self, depth: int, verify_size: int, levels: int, draft_seconds: float,
+                    charged: float = 0.0) -> tuple[np.ndarray, SupportsFloat, bool, bool, dict[str, Any]]:
+        """Replay one round drafting ``levels`` levels; the reward leaves out ``charged`` seconds
+        (already paid by per-level shaping)."""
+        t, cont = self._t, self._cont
+        start = self._cu_pos[self._prompt]
+        num_drafted, num_verified, verified_depth, k, last_drafted = self._walk(levels, verify_size)
         num_emitted = min(k + 1, self._length - t)
         num_accepted = min(k, num_emitted)
         tokens = cont[start + t : start + t + num_emitted]

@@ -149,7 +149,7 @@ def _train(config: DemoConfig, out: Path, trace_dir: Path) -> dict[str, Path]:
             f"total_timesteps={config.train.total_timesteps}",
             f"eval_episodes={config.train.eval_episodes}",
             "progress_bar=false",
-            "baselines=[hf_heuristic,confidence,ucb_bandit]",  # replayed traces have no oracle
+            "baselines=[hf_heuristic,confidence,ucb_bandit,oracle]",
             f"wandb.mode={os.environ.get('WANDB_MODE', config.wandb.mode)}",
             f"wandb.project={config.wandb.project}",
             *config.train.overrides,
