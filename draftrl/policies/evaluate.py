@@ -28,7 +28,11 @@ def evaluate_policy_on_env(policy: Policy, env: Any, episodes: int = 20, seed: i
 
     :param policy: built for ``env``'s grids (``Policy.for_env(env)``).
     :param env: a draftrl env (gymnasium API).
-    :param episodes: number of episodes; episode ``i`` resets with ``seed + i``.
+    :param episodes: number of episodes. Episode 0 resets with ``seed``, the others without one,
+        so they walk through the env's seeded request order (each recorded prompt of a replay
+        env once per pass, also with ``shuffle`` off) and every policy meets the same episodes.
+        (Reseeding each episode would restart that order: with ``shuffle`` off, every episode
+        would be the first prompt.)
     :param seed: seed of the first episode.
     :return: ``{"policy", "throughput" (total tokens / total seconds), "episode_throughputs"
         [episodes], "episode_tokens", "episode_seconds", "num_rounds", "mean_tokens_per_round",
@@ -44,7 +48,7 @@ def evaluate_policy_on_env(policy: Policy, env: Any, episodes: int = 20, seed: i
     verify_sizes: Counter[int] = Counter()
     num_rounds = 0
     for i in range(episodes):
-        obs, _ = env.reset(seed=seed + i)
+        obs, _ = env.reset(seed=seed if i == 0 else None)
         policy.reset()
         tokens = seconds = 0.0
         done = False

@@ -203,6 +203,28 @@ def test_oracle_baseline_runs_on_replay_envs(recorded):
         Oracle.for_env(TraceReplayDepthEnv(directory, size_policy=lambda obs, tree: 0))
 
 
+def test_policy_evaluation_visits_every_recorded_prompt(recorded):
+    """evaluate_policy_on_env walks the seeded request order: with shuffle off, reseeding every
+    episode would replay the first prompt each time."""
+    from draftrl.policies import Fixed, evaluate_policy_on_env
+
+    *_, directory = recorded
+    seen: list[str] = []
+
+    class Prompts(gym.Wrapper):
+        def reset(self, **kwargs):
+            obs, info = self.env.reset(**kwargs)
+            seen.append(info["prompt_id"])
+            return obs, info
+
+    env = Prompts(TraceReplayEnv(directory, shuffle=False))
+    n = len(env.unwrapped.traces.prompts)
+    assert n >= 2
+    result = evaluate_policy_on_env(Fixed.for_env(env, depth=2), env, episodes=2 * n, seed=3)
+    assert seen == [p.id for p in env.unwrapped.traces.prompts] * 2
+    assert len(set(result["episode_tokens"])) > 1 or len(set(result["episode_seconds"])) > 1
+
+
 def test_traces_roundtrip(recorded):
     config, *_, directory = recorded
     traces = Traces.load(directory)
