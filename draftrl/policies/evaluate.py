@@ -28,11 +28,11 @@ def evaluate_policy_on_env(policy: Policy, env: Any, episodes: int = 20, seed: i
 
     :param policy: built for ``env``'s grids (``Policy.for_env(env)``).
     :param env: a draftrl env (gymnasium API).
-    :param episodes: number of episodes. Episode 0 resets with ``seed``, the others without one,
-        so they walk through the env's seeded request order (each recorded prompt of a replay
-        env once per pass, also with ``shuffle`` off) and every policy meets the same episodes.
-        (Reseeding each episode would restart that order: with ``shuffle`` off, every episode
-        would be the first prompt.)
+    :param episodes: number of episodes; episode ``i`` resets with ``seed + i`` and, on envs
+        with a prompt workload (the real and replay envs), on prompt ``i % len(workload)``, so
+        every policy meets the same episodes and every prompt is visited in turn. (A seeded
+        reset restarts the env's own prompt order: with ``shuffle`` off, seeds alone would make
+        every episode the first prompt.)
     :param seed: seed of the first episode.
     :return: ``{"policy", "throughput" (total tokens / total seconds), "episode_throughputs"
         [episodes], "episode_tokens", "episode_seconds", "num_rounds", "mean_tokens_per_round",
@@ -47,8 +47,10 @@ def evaluate_policy_on_env(policy: Policy, env: Any, episodes: int = 20, seed: i
     depths: Counter[int] = Counter()
     verify_sizes: Counter[int] = Counter()
     num_rounds = 0
+    workload = getattr(env.unwrapped, "workload", None)
     for i in range(episodes):
-        obs, _ = env.reset(seed=seed if i == 0 else None)
+        options = {"prompt_index": i % len(workload)} if workload is not None else None
+        obs, _ = env.reset(seed=seed + i, options=options)
         policy.reset()
         tokens = seconds = 0.0
         done = False

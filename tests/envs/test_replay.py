@@ -204,8 +204,8 @@ def test_oracle_baseline_runs_on_replay_envs(recorded):
 
 
 def test_policy_evaluation_visits_every_recorded_prompt(recorded):
-    """evaluate_policy_on_env walks the seeded request order: with shuffle off, reseeding every
-    episode would replay the first prompt each time."""
+    """evaluate_policy_on_env visits the prompts in turn: with shuffle off, per-episode seeds alone
+    would restart the env's order and make every episode the first prompt."""
     from draftrl.policies import Fixed, evaluate_policy_on_env
 
     *_, directory = recorded
