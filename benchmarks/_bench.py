@@ -8,6 +8,7 @@ is sum(tokens) / sum(median seconds) over prompts, and ratios between methods ar
 
 from __future__ import annotations
 
+import argparse
 import random
 import statistics
 import time
@@ -76,6 +77,33 @@ def requests(tokenizer, languages, tasks, num_prompts: int, max_new_tokens: int 
         ids = encode(tokenizer, p.prompt, chat_template=bool(getattr(tokenizer, "chat_template", None)))
         out.append(Request(p.id, p.language, p.task, ids, max_new_tokens or p.max_new_tokens))
     return out
+
+
+def add_grid_args(parser: argparse.ArgumentParser, max_new_tokens: int) -> None:
+    """The options the drafter-grid benchmarks share (``depth_by_language``, ``tree_grid``)."""
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--languages", default="en,it,zh,es")
+    parser.add_argument("--task", default="chat", choices=["chat", "summarize"], help="natural-language task")
+    parser.add_argument("--drafters", default="ngram,layerskip:28")
+    parser.add_argument("--depths", default="1,2,4,8")
+    parser.add_argument("--num-prompts", type=int, default=1, help="per group")
+    parser.add_argument("--max-new-tokens", type=int, default=max_new_tokens)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default; 1 on a loaded CPU)")
+
+
+def load_grid(args: argparse.Namespace, code: bool = True):
+    """For :func:`add_grid_args`' options: set the threads, load the model; returns
+    ``(loaded, eos ids, requests, groups)`` (see :func:`grouped_requests`)."""
+    from draftrl.models import load_model
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    loaded = load_model(args.model, device=args.device)
+    reqs, groups = grouped_requests(loaded.tokenizer, args.languages.split(","), args.task, args.num_prompts,
+                                    args.max_new_tokens, code=code)
+    return loaded, eos_token_ids(loaded), reqs, groups
 
 
 def grouped_requests(tokenizer, languages: list[str], task: str, num_prompts: int, max_new_tokens: int | None,
@@ -187,5 +215,5 @@ def context(device: str, model: str) -> str:
     return f"model={model}  device={device}  cpu={hardware_name(info)}  threads={info['threads']}  torch={info['torch']}"
 
 
-__all__ = ["ForwardTimer", "Request", "engine_method", "Run", "Timings", "clock", "context", "eos_token_ids", "first_mismatch", "grouped_requests", "interleave",
+__all__ = ["ForwardTimer", "Request", "engine_method", "Run", "Timings", "clock", "context", "eos_token_ids", "first_mismatch", "add_grid_args", "grouped_requests", "interleave", "load_grid",
            "requests"]

@@ -27,40 +27,24 @@ from __future__ import annotations
 
 import argparse
 
-import torch
 
-from _bench import context, engine_method, eos_token_ids, first_mismatch, grouped_requests, interleave
+from _bench import add_grid_args, context, engine_method, first_mismatch, interleave, load_grid
 from draftrl.decoding.factory import build_drafter
-from draftrl.models import load_model
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--languages", default="en,it,zh,es")
-    parser.add_argument("--task", default="chat", choices=["chat", "summarize"], help="natural-language task")
+    add_grid_args(parser, max_new_tokens=48)
     parser.add_argument("--no-code", action="store_true", help="leave out the code_edit group")
-    parser.add_argument("--drafters", default="ngram,layerskip:28")
-    parser.add_argument("--depths", default="1,2,4,8")
-    parser.add_argument("--num-prompts", type=int, default=1, help="per group")
-    parser.add_argument("--max-new-tokens", type=int, default=48)
-    parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default; 1 on a loaded CPU)")
     parser.add_argument("--quick", action="store_true", help="24 tokens (explicit flags still win)")
     args = parser.parse_args()
     if args.quick:
         parser.set_defaults(max_new_tokens=24)
         args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
 
-    loaded = load_model(args.model, device=args.device)
-    eos = eos_token_ids(loaded)
+    loaded, eos, reqs, groups = load_grid(args, code=not args.no_code)
     depths = [int(d) for d in args.depths.split(",")]
     drafters = args.drafters.split(",")
-    reqs, groups = grouped_requests(loaded.tokenizer, args.languages.split(","), args.task, args.num_prompts,
-                                    args.max_new_tokens, code=not args.no_code)
 
     methods = {"ar": engine_method(loaded.model, None, eos, 0)}
     for spec in drafters:

@@ -20,11 +20,9 @@ from __future__ import annotations
 import argparse
 
 import numpy as np
-import torch
 
-from _bench import context, engine_method, eos_token_ids, first_mismatch, grouped_requests, interleave
+from _bench import add_grid_args, context, engine_method, first_mismatch, interleave, load_grid
 from draftrl.decoding.factory import build_drafter
-from draftrl.models import load_model
 
 
 def cells(depths: list[int], sizes: list[int], max_width: int) -> list[tuple[int, int, int]]:
@@ -79,18 +77,9 @@ def heatmap(path: str, speedup: dict, widths: dict, drafters: list[str], groups:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--languages", default="en,it,zh,es")
-    parser.add_argument("--task", default="chat", choices=["chat", "summarize"], help="natural-language task")
-    parser.add_argument("--drafters", default="ngram,layerskip:28")
-    parser.add_argument("--depths", default="1,2,4,8")
+    add_grid_args(parser, max_new_tokens=32)
     parser.add_argument("--verify-sizes", default="1,2,4,8,16,32")
     parser.add_argument("--max-width", type=int, default=4)
-    parser.add_argument("--num-prompts", type=int, default=1, help="per group")
-    parser.add_argument("--max-new-tokens", type=int, default=32)
-    parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default; 1 on a loaded CPU)")
     parser.add_argument("--out", default="tree_grid.png", help="heatmap PNG")
     parser.add_argument("--quick", action="store_true",
                         help="depths 1,2,4, V up to 8, 16 tokens, 1 repeat (explicit flags still win)")
@@ -98,17 +87,12 @@ def main() -> None:
     if args.quick:
         parser.set_defaults(depths="1,2,4", verify_sizes="1,2,4,8", max_new_tokens=16, repeats=1)
         args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
 
-    loaded = load_model(args.model, device=args.device)
-    eos = eos_token_ids(loaded)
+    loaded, eos, reqs, groups = load_grid(args, code=True)
     depths = [int(d) for d in args.depths.split(",")]
     sizes = [int(v) for v in args.verify_sizes.split(",")]
     drafters = args.drafters.split(",")
     grid = cells(depths, sizes, args.max_width)
-    reqs, groups = grouped_requests(loaded.tokenizer, args.languages.split(","), args.task, args.num_prompts,
-                                    args.max_new_tokens)
 
     methods = {"ar": engine_method(loaded.model, None, eos, 0)}
     for spec in drafters:
