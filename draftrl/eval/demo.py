@@ -185,7 +185,7 @@ def run_demo(config: DemoConfig, out: str | Path, *, force: bool = False,
 
     from draftrl.eval.evaluate import run_eval
     from draftrl.eval.grid import run_grid
-    from draftrl.eval.io import write_json
+    from draftrl.io import write_json
     from draftrl.models import DEFAULT_MODEL, fetch_model
     from draftrl.envs.engines import shared_model
 

@@ -65,7 +65,7 @@ def run_eval(config: EvalConfig, out: str | Path, *, policies: list[str] | str |
     from draftrl.envs.engines import build_engine, shared_model
     from draftrl.envs.workload import Workload
     from draftrl.eval.exactness import GreedyMismatch, TimedMonitor, check_identity, hf_greedy
-    from draftrl.eval.io import read_json, write_json
+    from draftrl.io import read_json, write_json
     from draftrl.eval.policies import build_policy, parse_policies
 
     specs = parse_policies(policies if policies is not None else list(config.eval.policies))

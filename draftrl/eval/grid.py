@@ -202,7 +202,7 @@ def run_grid(config: EvalConfig, out: str | Path, *, target=None, config_path: s
              progress: Callable[[int, int, str], None] | None = None) -> dict:
     """Run the grid of ``config.grid`` and write ``grid.json``, the heatmap, ``sweep.yaml`` and wandb runs."""
     from draftrl.envs.costs import hardware_info
-    from draftrl.eval.io import write_json
+    from draftrl.io import write_json
     from draftrl.eval.plots import grid_heatmap
 
     out = Path(out)
@@ -291,7 +291,7 @@ def log_grid_to_wandb(config: EvalConfig, out: Path, result: dict, runs: list[Re
 def run_cell(config: EvalConfig, out: str | Path, cell: Cell, *, target=None) -> dict:
     """A single sweep cell, timed interleaved with plain decoding; writes ``DIR/cell_<name>.json``
     and logs to the current wandb run (the sweep agent's)."""
-    from draftrl.eval.io import write_json
+    from draftrl.io import write_json
     from draftrl.eval.wandb_log import start_run
 
     out = Path(out)

@@ -1,0 +1,64 @@
+"""Files draftrl writes: atomically (temporary file, then rename), JSON made plain.
+
+An interrupted run never leaves half a file behind: writers go through
+``atomic_write_bytes``, which writes beside the target and renames over it. JSON values are
+made plain first: numpy scalars and arrays become numbers and lists, non-finite floats ``null``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+def plain(value: Any) -> Any:
+    """``value`` with numpy types, tuples and non-finite floats made JSON-safe (NaN/inf -> None)."""
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return [plain(v) for v in value.tolist()]
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
+    """Write ``data`` to ``path`` through a temporary file in the same folder and a rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def atomic_write_text(path: str | Path, text: str) -> Path:
+    """``atomic_write_bytes`` for UTF-8 text."""
+    return atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def write_json(path: str | Path, data: Any) -> Path:
+    """``data`` made plain, as indented UTF-8 JSON, written atomically."""
+    return atomic_write_text(path, json.dumps(plain(data), indent=1, ensure_ascii=False) + "\n")
+
+
+def read_json(path: str | Path, what: str) -> Any:
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{what} {path} does not exist")
+    return json.loads(path.read_text())
