@@ -59,7 +59,7 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    loaded = load_model(args.model, device=args.device, fast_linear=False)
+    loaded = load_model(args.model, device=args.device, kernels="stock")
     model, tok = loaded.model, loaded.tokenizer
     eos = eos_token_ids(loaded)
     gammas = [int(g) for g in args.gammas.split(",")]

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 from transformers import DynamicCache
 
+from draftrl.decoding.kv import cache_argument
 from draftrl.models import apply_fast_linear, fast_linear, load_model, remove_fast_linear
 
 TEXT = (
@@ -59,7 +60,7 @@ def main() -> None:
     fast_linear.MAX_ROWS = args.max_rows
     clock = time.perf_counter if args.clock == "wall" else time.process_time
     ks = sorted({1, *(int(k) for k in args.ks.split(","))})
-    loaded = load_model(args.model, fast_linear=False)
+    loaded = load_model(args.model, kernels="stock")
     model = loaded.model
     ids = loaded.tokenizer(TEXT * (1 + (args.context + max(ks)) // 50), return_tensors="pt")["input_ids"]
     context, new = ids[:, : args.context], ids[:, args.context :]  # [1, context], [1, >= max(ks)]
@@ -72,7 +73,7 @@ def main() -> None:
     one_token: dict[bool, list[float]] = {False: [], True: []}
     rng = random.Random(args.seed)
     with torch.inference_mode():
-        model(input_ids=context, cache=cache)
+        model(input_ids=context, **{cache_argument(model): cache})
         for repeat in range(args.repeats + 1):  # repeat 0 is the warm-up
             for k in rng.sample(ks, len(ks)):
                 block = sorted({(on, n) for on in (False, True) for n in (1, k)})
@@ -103,7 +104,7 @@ def _time_forward(model: torch.nn.Module, cache: DynamicCache, tokens: torch.Ten
     """Seconds for one forward of ``tokens`` [1, n] after the cached context; the cache is restored."""
     (apply_fast_linear if on else remove_fast_linear)(model)
     start = clock()
-    model(input_ids=tokens, cache=cache)
+    model(input_ids=tokens, **{cache_argument(model): cache})
     elapsed = clock() - start
     cache.crop(-tokens.shape[1])  # back to the context (transformers 5: crop takes a negative count)
     return elapsed

@@ -3,24 +3,30 @@
 - :func:`load_model` -> :class:`LoadedModel` (``model``, ``tokenizer``, ``name``)
 - :func:`check_same_vocab` raises ``ValueError`` naming the first token id that differs
 - :func:`list_models` / :func:`fetch_model`: the known names and their cache
-- :func:`apply_fast_linear` / :func:`remove_fast_linear`: the faster few-token CPU layout
+- :func:`apply_kernels` / :func:`kernel_plan`: the few-token CPU layout chosen by a timed probe
+  (cached per machine); :func:`apply_fast_linear` / :func:`remove_fast_linear` switch it by hand
 """
 
 from draftrl.models.fast_linear import apply_fast_linear, has_fast_linear, remove_fast_linear
 from draftrl.models.fetch import fetch_model
+from draftrl.models.kernels import KERNELS, KernelPlan, apply_kernels, kernel_plan
 from draftrl.models.loading import LoadedModel, load_model
 from draftrl.models.registry import DEFAULT_MODEL, ModelInfo, cache_root, list_models
 from draftrl.models.vocab import check_same_vocab
 
 __all__ = [
     "DEFAULT_MODEL",
+    "KERNELS",
+    "KernelPlan",
     "LoadedModel",
     "ModelInfo",
     "apply_fast_linear",
+    "apply_kernels",
     "cache_root",
     "check_same_vocab",
     "fetch_model",
     "has_fast_linear",
+    "kernel_plan",
     "list_models",
     "load_model",
     "remove_fast_linear",

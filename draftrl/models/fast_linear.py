@@ -1,4 +1,8 @@
-"""Faster few-token forwards on CPU: compute ``nn.Linear`` as ``(W @ x^T)^T`` for a few rows.
+"""A second layout for few-token forwards on CPU: compute ``nn.Linear`` as ``(W @ x^T)^T`` for a few rows.
+
+Whether it is faster depends on the CPU and its BLAS: :mod:`draftrl.models.kernels` times both
+layouts at load and switches this one on only for the row counts where it measured faster
+(the notes below are one machine's numbers, the reason the choice is measured, not fixed).
 
 Why: speculative decoding verifies a handful of tokens per round, so the target's hot path is a
 forward over a few new tokens. A small model's forward on CPU is memory-bound (every weight is read
@@ -25,12 +29,15 @@ unchanged.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-#: Inputs with at least this many rows (tokens x batch) use the transposed layout (one row padded
-#: to two columns) ...
+#: ``apply_fast_linear``'s default rows (the layout ``kernels="fast_linear"`` forces): inputs with
+#: at least this many rows (tokens x batch) use the transposed layout (one row padded to two
+#: columns) ...
 MIN_ROWS = 1
 #: ... and at most this many. Measured (SmolLM2-135M, 200-token KV cache, AMD EPYC Zen 4, MKL
 #: 2024.2, one thread, paired runs), fast/plain forward time: 0.52x at 2 rows, 0.60x at 3, 0.77x
@@ -40,15 +47,19 @@ MAX_ROWS = 5
 
 
 class FastLinear(nn.Linear):
-    """``nn.Linear`` whose forward uses ``(W @ x^T)^T`` for ``MIN_ROWS..MAX_ROWS`` rows on CPU.
+    """``nn.Linear`` whose forward uses ``(W @ x^T)^T`` for the row counts in ``self.fast_rows`` on CPU.
 
-    Only ever created by :func:`apply_fast_linear` (class swap of an existing ``nn.Linear``); all
-    other inputs (many rows, CUDA tensors) take the ordinary ``F.linear`` path.
+    Only ever created by :func:`apply_fast_linear` (class swap of an existing ``nn.Linear``, which
+    sets ``fast_rows``); all other inputs (other row counts, CUDA tensors) take the ordinary
+    ``F.linear`` path.
     """
+
+    fast_rows: frozenset[int] = frozenset()
+    """row counts (tokens x batch) computed in the transposed layout"""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., in_features]
         num_rows = x.numel() // self.in_features if self.in_features else 0
-        if x.device.type != "cpu" or not MIN_ROWS <= num_rows <= MAX_ROWS:
+        if x.device.type != "cpu" or num_rows not in self.fast_rows:
             return F.linear(x, self.weight, self.bias)
         rows = x.reshape(num_rows, self.in_features)  # [num_rows, in]
         if num_rows == 1:  # a zero second column turns the slow GEMV into a GEMM; it is dropped below
@@ -63,17 +74,26 @@ class FastLinear(nn.Linear):
         return out_t[:, :num_rows].T.contiguous().reshape(*x.shape[:-1], self.out_features)
 
 
-def apply_fast_linear(model: nn.Module) -> int:
+def apply_fast_linear(model: nn.Module, rows: Iterable[int] | None = None) -> int:
     """Switch every plain ``nn.Linear`` in ``model`` (lm_head included) to :class:`FastLinear`.
 
+    :param rows: the row counts that use the transposed layout (default ``MIN_ROWS..MAX_ROWS``,
+        the layout measured on one AMD EPYC); an empty set leaves the model as it is.
+
     Subclasses of ``nn.Linear`` (quantized or LoRA layers, say) are left alone because their
-    forward is not ``F.linear``. Returns the number of modules switched; applying twice is a no-op.
+    forward is not ``F.linear``. Modules already switched get the new ``rows``. Returns the
+    number of modules switched from ``nn.Linear``; applying twice switches nothing more.
     """
+    fast_rows = frozenset(range(MIN_ROWS, MAX_ROWS + 1) if rows is None else (int(r) for r in rows))
+    if not fast_rows:
+        return 0
     num_switched = 0
     for module in model.modules():
         if type(module) is nn.Linear:
             module.__class__ = FastLinear
             num_switched += 1
+        if type(module) is FastLinear:
+            module.fast_rows = fast_rows
     return num_switched
 
 
@@ -83,6 +103,7 @@ def remove_fast_linear(model: nn.Module) -> int:
     for module in model.modules():
         if type(module) is FastLinear:
             module.__class__ = nn.Linear
+            module.__dict__.pop("fast_rows", None)
             num_switched += 1
     return num_switched
 
@@ -90,3 +111,8 @@ def remove_fast_linear(model: nn.Module) -> int:
 def has_fast_linear(model: nn.Module) -> bool:
     """Whether any module of ``model`` currently uses :class:`FastLinear`."""
     return any(type(module) is FastLinear for module in model.modules())
+
+
+def fast_rows(model: nn.Module) -> frozenset[int]:
+    """The row counts for which ``model``'s linear layers use the transposed layout (empty: stock)."""
+    return next((m.fast_rows for m in model.modules() if type(m) is FastLinear), frozenset())

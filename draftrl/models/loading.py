@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from draftrl.models.fast_linear import apply_fast_linear
 from draftrl.models.fetch import fetch_model
+from draftrl.models.kernels import KernelPlan, apply_kernels, resolve_kernels
 from draftrl.models.registry import KNOWN_MODELS
 
 if TYPE_CHECKING:
@@ -32,9 +32,11 @@ class LoadedModel:
     tokenizer: PreTrainedTokenizerBase
     name: str
     """The known name, the local directory's name, or the hub id."""
+    kernels: KernelPlan | None = None
+    """The linear-layer layout the model's few-token forwards use (see :mod:`draftrl.models.kernels`)."""
 
 
-def load_model(spec: str, *, dtype: str = "float32", device: str = "cpu", fast_linear: bool = True) -> LoadedModel:
+def load_model(spec: str, *, dtype: str = "float32", device: str = "cpu", kernels: str | None = None) -> LoadedModel:
     """Load the causal LM named by ``spec``.
 
     :param spec: ``smollm2-135m`` (or another name from :func:`~draftrl.models.list_models`),
@@ -43,14 +45,17 @@ def load_model(spec: str, *, dtype: str = "float32", device: str = "cpu", fast_l
         over a directory of the same name; write ``./smollm2-135m`` for the directory.
     :param dtype: ``float32``, ``bfloat16`` or ``float16``.
     :param device: a torch device string, e.g. ``cpu`` or ``cuda:0``.
-    :param fast_linear: on CPU, compute few-token linear layers in the faster ``W @ x^T`` layout
-        (see :mod:`draftrl.models.fast_linear`); ignored on other devices.
-    :raises ValueError: bad ``dtype`` or ``device``.
+    :param kernels: the layout of few-token linear layers on CPU: ``auto`` (a timed probe, cached
+        per machine / model / dtype / threads, picks what is fastest here), ``stock`` or
+        ``fast_linear``; None reads ``$DRAFTRL_KERNELS`` (default ``auto``). Set the torch thread
+        count first: the probe measures at the current one. See :mod:`draftrl.models.kernels`.
+    :raises ValueError: bad ``dtype``, ``device`` or ``kernels``.
     :raises FileNotFoundError: the model could not be found or fetched; the message says what to pass instead.
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    resolve_kernels(kernels)  # refuse a bad value before loading anything
     torch_dtype = _torch_dtype(dtype)
     torch_device = _torch_device(device)
     if spec in KNOWN_MODELS:
@@ -69,9 +74,8 @@ def load_model(spec: str, *, dtype: str = "float32", device: str = "cpu", fast_l
     model.to(torch_device)
     model.eval()
     model.requires_grad_(False)
-    if fast_linear and torch_device.type == "cpu":
-        apply_fast_linear(model)
-    return LoadedModel(model=model, tokenizer=tokenizer, name=name)
+    plan = apply_kernels(model, name, kernels)
+    return LoadedModel(model=model, tokenizer=tokenizer, name=name, kernels=plan)
 
 
 def _local_or_hub(spec: str) -> tuple[str, str]:

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import DynamicCache
 
+from draftrl.decoding.kv import cache_argument
 from draftrl.models import apply_fast_linear, has_fast_linear, remove_fast_linear
 from draftrl.models import fast_linear as fl
 
@@ -63,14 +64,15 @@ def test_logits_match_plain_with_kv_cache(smollm2) -> None:
     ids = tokenizer(text, return_tensors="pt")["input_ids"]  # [1, >= 100]
     prefix, rest = ids[:, :32], ids[:, 32:]
     cache = DynamicCache(config=model.config)
+    cache_kw = cache_argument(model)  # `cache` in transformers >= 5.2x, `past_key_values` before
     with torch.inference_mode():
-        model(input_ids=prefix, cache=cache)
+        model(input_ids=prefix, **{cache_kw: cache})
         for k in sorted({1, 2, 4, fl.MAX_ROWS, 16, 64}):  # both ends of the fast range, and past it
             new = rest[:, :k]
             logits = {}
             for on in (False, True):
                 with fast_linear_set(model, on=on):
-                    logits[on] = model(input_ids=new, cache=cache).logits  # [1, k, vocab]
+                    logits[on] = model(input_ids=new, **{cache_kw: cache}).logits  # [1, k, vocab]
                 cache.crop(-k)
             assert cache.get_seq_length() == prefix.shape[1]
             diff = (logits[True] - logits[False]).abs().max().item()

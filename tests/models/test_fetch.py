@@ -111,7 +111,7 @@ def test_cold_fetch_matches_cached_copy(smollm2, tmp_path: Path, monkeypatch: py
     if real_wheels:
         (tmp_path / "wheels").mkdir()
         shutil.copy(real_wheels[0], tmp_path / "wheels")
-    cold = load_model("smollm2-135m", fast_linear=False)
+    cold = load_model("smollm2-135m", kernels="stock")
     expected = smollm2.model.state_dict()
     for name, tensor in cold.model.state_dict().items():
         assert torch.equal(tensor, expected[name]), name

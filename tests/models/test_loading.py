@@ -9,7 +9,7 @@ import torch
 import transformers
 
 from draftrl.models import fetch as fetch_module
-from draftrl.models import has_fast_linear, list_models, load_model
+from draftrl.models import has_fast_linear, kernel_plan, list_models, load_model
 
 
 def test_default_model_is_ready_for_inference(smollm2) -> None:
@@ -18,7 +18,7 @@ def test_default_model_is_ready_for_inference(smollm2) -> None:
     assert not model.training
     assert not any(p.requires_grad for p in model.parameters())
     assert model.lm_head.weight is model.model.embed_tokens.weight  # tied, as in the GGUF
-    assert has_fast_linear(model)  # CPU default
+    assert kernel_plan(model).kernels == "auto"  # CPU default: the layout measured fastest here
     assert len(smollm2.tokenizer) == model.config.vocab_size == 49152
     assert smollm2.tokenizer.chat_template is not None
 
@@ -40,7 +40,7 @@ def test_second_load_uses_the_cache(smollm2, monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setattr(fetch_module, "download_wheel", must_not_run)
     monkeypatch.setattr(fetch_module, "convert_gguf", must_not_run)
     assert list_models()[0].cached
-    again = load_model("smollm2-135m", fast_linear=False)
+    again = load_model("smollm2-135m", kernels="stock")
     assert not has_fast_linear(again.model)
     assert torch.equal(again.model.lm_head.weight, smollm2.model.lm_head.weight)
 
@@ -76,6 +76,7 @@ def test_unreachable_hub_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
     [
         ({"dtype": "fp32"}, "dtype='fp32' is not supported"),
         ({"device": "gpu"}, "device='gpu' is not a torch device"),
+        ({"kernels": "fast"}, "kernels='fast' is not a kernel choice; use one of auto, stock, fast_linear"),
         pytest.param(
             {"device": "cuda"},
             "sees no CUDA GPU",
