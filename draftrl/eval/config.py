@@ -76,9 +76,17 @@ class EvalSettings:
     """> 0: also measure how many tokens each monitor statistic needs to catch resample-from-p"""
     seed: int = 0
     """seed of the envs (prompt sampling seeds) and of the policy order"""
+    anchors: bool = True
+    """temperature 0: also time stock Hugging Face generate and its prompt lookup on the same requests
+    (``draftrl.eval.anchors``), in the grid and in the evaluation"""
+    anchor_gammas: tuple[int, ...] = (1, 2, 4, 8)
+    """prompt-lookup gammas timed as anchors (the evaluation times only the grid's best one when given a grid)"""
 
     def __post_init__(self) -> None:
         self.policies = tuple(self.policies)
+        self.anchor_gammas = tuple(int(g) for g in self.anchor_gammas)
+        if any(g < 1 for g in self.anchor_gammas):
+            raise ValueError(f"eval.anchor_gammas={list(self.anchor_gammas)} must be >= 1 (prompt-lookup tokens).")
         if self.repeats < 1:
             raise ValueError(f"eval.repeats={self.repeats} must be >= 1.")
         if self.greedy_reference < 0 or self.power_tokens < 0:

@@ -33,6 +33,7 @@ import numpy as np
 from draftrl.config import to_dict
 from draftrl.eval.config import EvalConfig, env_for_split
 from draftrl.eval.metrics import add_speedups, grouped, median_runs, paired_speedup, summarize_with_groups
+from draftrl.eval.anchors import anchor_ngram, anchors_for, run_anchor
 from draftrl.eval.rollout import RequestRun, run_fixed, run_policy
 
 FORMAT = "draftrl-eval/1"
@@ -41,6 +42,51 @@ REPORT_FILE = "report.md"
 #: Target share of the run's time spent in the exactness monitor.
 MONITOR_OVERHEAD_TARGET = 0.03
 ADAPTIVE = ("heuristic", "threshold", "bandit", "ppo", "oracle")
+
+
+def eval_anchors(config: EvalConfig, grid: dict | None) -> list:
+    """The anchors to time: ``hf`` and, with a grid result that timed them, only its best
+    prompt-lookup gamma; else every ``eval.anchor_gammas``. None when ``eval.anchors`` is off."""
+    if not config.eval.anchors:
+        return []
+    ngram = anchor_ngram(config.env.drafter)
+    best = ((grid or {}).get("anchors") or {}).get("best_lookup")
+    if best:
+        return anchors_for((int(best.rsplit(":", 1)[1]),), ngram)
+    return anchors_for(config.eval.anchor_gammas, ngram)
+
+
+def add_anchors(results: dict, runs: list[RequestRun], anchor_runs: list, references: dict[str, list[int]],
+                best_fixed: str | None) -> None:
+    """Put the anchors' summary in ``results["anchors"]`` and, for every policy, its speedups over
+    stock HF generate and HF prompt lookup at its best gamma, with paired bootstrap intervals over
+    requests (``ci_vs_ar``, ``ci_vs_hf``, ``ci_vs_hf_lookup``, ``ci_vs_best_fixed``)."""
+    from draftrl.eval.anchors import median_anchor_runs, summarize_anchors
+    from draftrl.eval.bootstrap import compare
+
+    kept = median_runs(runs)
+    by_policy = grouped(kept, lambda r: r.policy)
+    refs: dict[str, list] = {"ar": by_policy.get("ar", [])}
+    if best_fixed and best_fixed in by_policy:
+        refs["best_fixed"] = by_policy[best_fixed]
+    if anchor_runs:
+        summary = summarize_anchors(anchor_runs)
+        kept_anchors = grouped(median_anchor_runs(anchor_runs), lambda r: r.policy)
+        for label, items in kept_anchors.items():
+            same = sum(r.token_ids == references.get(r.prompt_id) for r in items)
+            summary["methods"][label]["identical_to_ar"] = f"{same}/{len(items)}"
+        refs["hf"] = kept_anchors.get("hf", [])
+        if summary["best_lookup"]:
+            refs["hf_lookup"] = kept_anchors[summary["best_lookup"]]
+        results["anchors"] = summary
+    for name, p in results["policies"].items():
+        for ref, ref_runs in refs.items():
+            if not ref_runs:
+                continue
+            ci = compare(by_policy.get(name, []), ref_runs)
+            p[f"ci_vs_{ref}"] = ci
+            if ref in ("hf", "hf_lookup"):
+                p[f"speedup_vs_{ref}"] = ci["ratio"]
 
 
 def _order(labels: list[str], shift: int) -> list[str]:
@@ -90,6 +136,8 @@ def run_eval(config: EvalConfig, out: str | Path, *, policies: list[str] | str |
         env.unwrapped.engine.config.sampler = settings.sampler
     labels = [s.label for s in specs]
     prompts = [p.id for p in built["ar"][0].unwrapped.workload.prompts]
+    anchors = {a.label: a for a in eval_anchors(config, grid)} if env_cfg.temperature == 0 else {}
+    ar_env = built["ar"][0].unwrapped
 
     # untimed warm-up of the shared model: plain and drafted rounds on a spare engine
     warm_engine, tokenizer = build_engine(env_cfg, target)
@@ -104,14 +152,24 @@ def run_eval(config: EvalConfig, out: str | Path, *, policies: list[str] | str |
     traj_prompt = prompts[0]
     adaptive = {s.label for s in specs if s.kind in ADAPTIVE}
     runs: list[RequestRun] = []
+    anchor_runs: list = []
     seeded: set[str] = set()
     failure: dict | None = None
     error: Exception | None = None
-    total, done = settings.repeats * len(prompts) * len(labels), 0
+    total, done = settings.repeats * len(prompts) * (len(labels) + len(anchors)), 0
     try:
         for repeat in range(settings.repeats):
             for i, prompt_id in enumerate(prompts):
-                for label in _order(labels, i + repeat * len(prompts)):
+                for label in _order(labels + list(anchors), i + repeat * len(prompts)):
+                    if label in anchors:
+                        request = ar_env.workload.request(ar_env.workload.index_of(prompt_id))
+                        anchor_runs.append(run_anchor(target.model, anchors[label], request, repeat=repeat,
+                                                      eos_token_ids=sorted(ar_env.engine.eos_token_ids),
+                                                      device=env_cfg.device))
+                        done += 1
+                        if progress:
+                            progress(done, total, f"{label} {prompt_id}")
+                        continue
                     env, policy = built[label]
                     record = None
                     if repeat == 0 and prompt_id == traj_prompt and built[label][1].name in adaptive:
@@ -140,7 +198,6 @@ def run_eval(config: EvalConfig, out: str | Path, *, policies: list[str] | str |
                                        tokenizer)
         hf = {"checked": 0}
         if env_cfg.temperature == 0 and settings.greedy_reference:
-            ar_env = built["ar"][0].unwrapped
             for prompt_id in prompts[: settings.greedy_reference]:
                 request = ar_env.workload.request(ar_env.workload.index_of(prompt_id))
                 ref = hf_greedy(target.model, request.prompt_ids, request.max_new_tokens, sorted(ar_env.engine.eos_token_ids))
@@ -155,6 +212,7 @@ def run_eval(config: EvalConfig, out: str | Path, *, policies: list[str] | str |
         hf = {"checked": 0, "skipped": "stopped at the first exactness failure"}
 
     results = _results(config, specs, runs, grid, env_cfg, monitors, references, hf, failure)
+    add_anchors(results, runs, anchor_runs, references, best_fixed="best-grid" if "best-grid" in labels else None)
     results["hardware"] = hardware_info(env_cfg.device)
     results["trajectories"] = {"prompt_id": traj_prompt, "policies": trajectories}
     if settings.power_tokens and failure is None:

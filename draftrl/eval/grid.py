@@ -17,9 +17,11 @@ wandb run per cell plus a summary run (grouped; logged after all timing is done)
 ``repeats``, ``reference`` (the plain-decoding cell), ``cells`` {name: {``depth``,
 ``verify_size``, ``width``, ``tokens_per_second``, ``speedup_vs_ar``, ``mean_tokens_per_round``,
 ``num_tokens``, ``seconds``, ``noise``, ``time_to_first_token_mean``, ``itl_p50/p95/p99``,
-``per_language`` {lang: {...}}, ``per_task`` {task: {...}}}}, ``best`` (name, depth,
-verify_size, width, tokens_per_second, speedup_vs_ar), ``exactness``, ``files``,
-``wall_seconds``.
+``per_language`` {lang: {...}}, ``per_task`` {task: {...}}, ``speedup_vs_hf``,
+``speedup_vs_hf_lookup``}}, ``best`` (name, depth, verify_size, width, tokens_per_second,
+speedup_vs_ar, speedup_vs_hf, speedup_vs_hf_lookup), ``anchors`` (stock HF generate and its
+prompt lookup per gamma, timed interleaved with the cells: ``draftrl.eval.anchors``; None at
+temperature > 0), ``exactness``, ``files``, ``wall_seconds``.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from typing import Callable
 import numpy as np
 
 from draftrl.config import to_dict
+from draftrl.eval.anchors import run_anchor
 from draftrl.eval.config import EvalConfig, GridSettings, env_for_split
 from draftrl.eval.metrics import add_speedups, grouped, median_runs, summarize_with_groups
 from draftrl.eval.rollout import RequestRun, run_fixed
@@ -99,8 +102,13 @@ def _noise(runs: list[RequestRun]) -> float | None:
 
 
 def measure_cells(config: EvalConfig, cells: list[Cell], *, target=None, split: str = "tune",
-                  progress: Callable[[int, int, str], None] | None = None) -> tuple[list[RequestRun], dict]:
+                  progress: Callable[[int, int, str], None] | None = None,
+                  anchor_runs: list | None = None) -> tuple[list[RequestRun], dict]:
     """Time ``cells`` (plain decoding is added if missing) on ``split``; returns (all runs, exactness).
+
+    With a list as ``anchor_runs`` (and temperature 0, ``eval.anchors`` on), stock HF ``generate``
+    and its prompt lookup at every ``eval.anchor_gammas`` are timed in the same interleaved
+    order and their :class:`~draftrl.eval.anchors.AnchorRun` records appended to it.
 
     Raises ``draftrl.eval.exactness.GreedyMismatch`` or ``ExactnessViolation`` on a failed check.
     """
@@ -125,22 +133,37 @@ def measure_cells(config: EvalConfig, cells: list[Cell], *, target=None, split: 
     requests = [workload.request(i) for i in range(len(workload))]
     seeds = [settings.seed * 100_003 + i for i in range(len(requests))]
     greedy = env.temperature == 0
+    anchors: list = []
+    if anchor_runs is not None and greedy and config.eval.anchors:
+        from draftrl.eval.anchors import anchor_ngram, anchors_for
 
-    if settings.warmup:  # untimed: a few tokens with every cell
+        anchors = anchors_for(config.eval.anchor_gammas, anchor_ngram(env.drafter))
+    methods: list = [*cells, *anchors]
+
+    if settings.warmup:  # untimed: a few tokens with every cell and anchor
         first = requests[0]
         short = type(first)(first.prompt, first.prompt_ids, min(8, first.max_new_tokens))
         for cell in cells:
             run_fixed(engine, short, cell.depth, cell.verify_size, cell.width, seed=0, label=cell.name,
                       device=env.device)
+        for anchor in anchors:
+            run_anchor(target.model, anchor, short, eos_token_ids=sorted(engine.eos_token_ids), device=env.device)
 
     runs: list[RequestRun] = []
     first_outputs: dict[tuple[str, str], list[int]] = {}
     monitors = {cell.name: ExactnessMonitor() for cell in cells} if config.eval.monitor and not greedy else {}
-    total, done = settings.repeats * len(requests) * len(cells), 0
+    total, done = settings.repeats * len(requests) * len(methods), 0
     for repeat in range(settings.repeats):
         for i, request in enumerate(requests):
-            shift = (i + repeat * len(requests)) % len(cells)
-            for cell in cells[shift:] + cells[:shift]:
+            shift = (i + repeat * len(requests)) % len(methods)
+            for cell in methods[shift:] + methods[:shift]:
+                if not isinstance(cell, Cell):  # an anchor
+                    anchor_runs.append(run_anchor(target.model, cell, request, repeat=repeat,
+                                                  eos_token_ids=sorted(engine.eos_token_ids), device=env.device))
+                    done += 1
+                    if progress:
+                        progress(done, total, f"{cell.label} {request.prompt.id}")
+                    continue
                 run = run_fixed(engine, request, cell.depth, cell.verify_size, cell.width, seed=seeds[i],
                                 label=cell.name, repeat=repeat, keep_stats=repeat == 0 and bool(monitors),
                                 device=env.device)
@@ -191,11 +214,28 @@ def summarize_cells(runs: list[RequestRun], cells: list[Cell]) -> dict[str, dict
     return out
 
 
+def add_grid_anchors(table: dict[str, dict], anchor_runs: list) -> dict | None:
+    """The anchors' summary (``draftrl.eval.anchors.summarize_anchors``); sets every cell's
+    ``speedup_vs_hf`` and ``speedup_vs_hf_lookup`` (over HF prompt lookup at its best gamma)."""
+    from draftrl.eval.anchors import summarize_anchors
+
+    if not anchor_runs:
+        return None
+    anchors = summarize_anchors(anchor_runs)
+    methods, best = anchors["methods"], anchors["best_lookup"]
+    for cell in table.values():
+        for key, label in (("speedup_vs_hf", "hf"), ("speedup_vs_hf_lookup", best)):
+            ref = methods.get(label) if label else None
+            cell[key] = cell["tokens_per_second"] / ref["tokens_per_second"] if ref and ref["tokens_per_second"] else None
+    return anchors
+
+
 def best_cell(cells: dict[str, dict]) -> dict:
     name = max(cells, key=lambda n: cells[n]["tokens_per_second"])
     c = cells[name]
     return {"name": name, "depth": c["depth"], "verify_size": c["verify_size"], "width": c["width"],
-            "tokens_per_second": c["tokens_per_second"], "speedup_vs_ar": c["speedup_vs_ar"]}
+            "tokens_per_second": c["tokens_per_second"], "speedup_vs_ar": c["speedup_vs_ar"],
+            "speedup_vs_hf": c.get("speedup_vs_hf"), "speedup_vs_hf_lookup": c.get("speedup_vs_hf_lookup")}
 
 
 def run_grid(config: EvalConfig, out: str | Path, *, target=None, config_path: str | None = None,
@@ -209,8 +249,10 @@ def run_grid(config: EvalConfig, out: str | Path, *, target=None, config_path: s
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     cells = grid_cells(config.grid)
-    runs, exactness = measure_cells(config, cells, target=target, progress=progress)
+    anchor_runs: list = []
+    runs, exactness = measure_cells(config, cells, target=target, progress=progress, anchor_runs=anchor_runs)
     table = summarize_cells(runs, cells)
+    anchors = add_grid_anchors(table, anchor_runs)
     result = {
         "format": FORMAT,
         "split": "tune",
@@ -222,6 +264,7 @@ def run_grid(config: EvalConfig, out: str | Path, *, target=None, config_path: s
         "cells": table,
         "best": best_cell(table),
         "exactness": exactness,
+        "anchors": anchors,
         "files": {"heatmap": HEATMAP_FILE, "sweep": SWEEP_FILE},
         "wall_seconds": time.perf_counter() - started,
     }

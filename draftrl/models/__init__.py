@@ -9,7 +9,7 @@
 
 from draftrl.models.fast_linear import apply_fast_linear, has_fast_linear, remove_fast_linear
 from draftrl.models.fetch import fetch_model
-from draftrl.models.kernels import KERNELS, KernelPlan, apply_kernels, kernel_plan
+from draftrl.models.kernels import KERNELS, KernelPlan, apply_kernels, kernel_plan, stock_kernels
 from draftrl.models.loading import LoadedModel, load_model
 from draftrl.models.registry import DEFAULT_MODEL, ModelInfo, cache_root, list_models
 from draftrl.models.vocab import check_same_vocab
@@ -30,4 +30,5 @@ __all__ = [
     "list_models",
     "load_model",
     "remove_fast_linear",
+    "stock_kernels",
 ]

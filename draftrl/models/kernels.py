@@ -41,13 +41,15 @@ import random
 import re
 import statistics
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from draftrl.models.fast_linear import MAX_ROWS, MIN_ROWS, apply_fast_linear, remove_fast_linear
+from draftrl.models.fast_linear import MAX_ROWS, MIN_ROWS, apply_fast_linear, fast_rows, remove_fast_linear
 from draftrl.models.registry import cache_root
 
 #: Accepted values of ``kernels``.
@@ -294,3 +296,15 @@ def _load_average() -> float | None:
 def kernel_plan(model: nn.Module) -> KernelPlan | None:
     """The plan :func:`apply_kernels` applied to ``model`` (None if it never ran on it)."""
     return getattr(model, _PLAN_ATTR, None)
+
+
+@contextmanager
+def stock_kernels(model: nn.Module) -> Iterator[None]:
+    """Run ``model`` with stock ``nn.Linear`` inside the block (what a plain ``transformers`` user
+    has), then restore its layout: the anchors of every speed table are timed this way."""
+    rows = fast_rows(model)
+    remove_fast_linear(model)
+    try:
+        yield
+    finally:
+        apply_fast_linear(model, rows)

@@ -22,6 +22,7 @@ OVERRIDES = [
     "grid.depths=[0,3]",
     "grid.repeats=1",
     "eval.greedy_reference=1",
+    "eval.anchor_gammas=[2]",  # anchors: stock HF generate and prompt lookup at gamma 2
     "threads=1",
 ]
 
@@ -79,6 +80,13 @@ def test_grid_writes_the_documented_files(grid_dir, config):
     assert grid["cells"]["d0_v0_w1"]["speedup_vs_ar"] == pytest.approx(1.0)
     assert grid["cells"]["d0_v0_w1"]["mean_tokens_per_round"] == pytest.approx(1.0)
     assert grid["best"]["name"] in grid["cells"]
+    anchors = grid["anchors"]
+    assert set(anchors["methods"]) == {"hf", "hf-lookup:2"} and anchors["best_lookup"] == "hf-lookup:2"
+    assert all(a["tokens_per_second"] > 0 and a["num_requests"] == 2 for a in anchors["methods"].values())
+    for cell in grid["cells"].values():
+        hf = anchors["methods"]["hf"]["tokens_per_second"]
+        assert cell["speedup_vs_hf"] == pytest.approx(cell["tokens_per_second"] / hf)
+        assert cell["speedup_vs_hf_lookup"] > 0
     assert grid["exactness"]["passed"] and grid["exactness"]["greedy_identity"]["checked"]
     assert_png(grid_dir / "grid_heatmap.png")
     sweep = yaml.safe_load((grid_dir / "sweep.yaml").read_text())
@@ -102,6 +110,15 @@ def test_eval_writes_results_report_and_plots(smollm2, config, grid_dir, untrain
         assert set(p["per_language"]) == {"en"} and set(p["per_task"]) == {"code_edit", "chat"}
         assert p["num_tokens"] == saved["policies"]["ar"]["num_tokens"]  # greedy: the same output
     assert saved["policies"]["ar"]["speedup_vs_ar"] == pytest.approx(1.0)
+    # anchors: only the grid's best prompt-lookup gamma is timed again, on the same requests
+    assert set(saved["anchors"]["methods"]) == {"hf", "hf-lookup:2"}
+    assert all(a["identical_to_ar"] == "2/2" for a in saved["anchors"]["methods"].values())  # greedy
+    for name, p in saved["policies"].items():
+        assert p["speedup_vs_hf"] > 0 and p["speedup_vs_hf_lookup"] > 0
+        for ref in ("ar", "hf", "hf_lookup", "best_fixed"):
+            ci = p[f"ci_vs_{ref}"]
+            assert ci["num_requests"] == 2 and ci["low"] <= ci["ratio"] <= ci["high"], (name, ref)
+    assert saved["policies"]["best-grid"]["ci_vs_best_fixed"]["ratio"] == pytest.approx(1.0)
     assert saved["policies"]["ar"]["tokens_per_round_histogram"] == {"1": saved["policies"]["ar"]["num_rounds"]}
     # the oracle never drafts a token that is rejected
     assert all(r in (None, 1.0) for r in saved["policies"]["oracle"]["acceptance_by_position"]["rate"])
@@ -114,6 +131,7 @@ def test_eval_writes_results_report_and_plots(smollm2, config, grid_dir, untrain
     assert saved["best_grid"]["name"] in json.loads((grid_dir / "grid.json").read_text())["cells"]
     report = (tmp_path / "report.md").read_text()
     assert "| ppo |" in report and "| oracle |" in report and "Verdict: PASSED" in report
+    assert "vs HF generate" in report and "`hf-lookup:2` (best)" in report and "not resolved" in report
     for png in ("grid_heatmap.png", "trajectory.png", "acceptance_hist.png", "pit_hist.png"):
         assert_png(tmp_path / png)
     assert set(saved["trajectories"]["policies"]) == {"heuristic", "threshold", "bandit", "ppo", "oracle"}

@@ -1,0 +1,141 @@
+"""The anchors of every speed table: stock Hugging Face ``generate``, greedy and with prompt lookup.
+
+Why: a speedup over draftrl's own plain decoding says nothing if that plain decoding is slower
+than what a user already has (on one Xeon it was 2.3x slower than ``generate``). So the grid and
+the evaluation also time, interleaved with the policies on the same requests and in the same
+run:
+
+- ``hf``: ``model.generate(do_sample=False)`` with stock ``nn.Linear`` kernels
+  (:func:`draftrl.models.kernels.stock_kernels`), i.e. what ``transformers`` gives a user;
+- ``hf-lookup:G``: the same with ``prompt_lookup_num_tokens=G`` (transformers' prompt lookup,
+  ``max_matching_ngram_size`` = the n-gram drafter's longest n), for each gamma G asked for;
+  the tables use the gamma with the best throughput ("its best gamma").
+
+Anchors are greedy only (temperature 0): that is where ``generate`` and draftrl must agree token
+for token, and the run checks it. An :class:`AnchorRun` has what the speedup columns and the
+bootstrap need (tokens, seconds) plus the number of target forwards (prefill included).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+#: Anchor kinds.
+HF = "hf"
+HF_LOOKUP = "hf-lookup"
+
+
+@dataclass(frozen=True)
+class Anchor:
+    """One anchor method: ``hf`` (gamma 0) or ``hf-lookup:G``."""
+
+    gamma: int = 0
+    ngram: int = 3
+
+    @property
+    def label(self) -> str:
+        return HF if self.gamma == 0 else f"{HF_LOOKUP}:{self.gamma}"
+
+
+def anchors_for(gammas: tuple[int, ...], ngram: int = 3) -> list[Anchor]:
+    """``hf`` plus ``hf-lookup:G`` for every G in ``gammas``."""
+    return [Anchor(0, ngram)] + [Anchor(int(g), ngram) for g in sorted(set(gammas)) if int(g) > 0]
+
+
+def anchor_ngram(drafter: str) -> int:
+    """HF prompt lookup's ``max_matching_ngram_size``: the n-gram drafter's longest n (3 by default)."""
+    kind, _, arg = drafter.partition(":")
+    parts = arg.split(":")
+    return int(parts[1]) if kind == "ngram" and len(parts) == 2 and parts[1].isdigit() else 3
+
+
+@dataclass
+class AnchorRun:
+    """One request decoded by an anchor (wall clock, seconds, prefill included)."""
+
+    policy: str
+    prompt_id: str
+    language: str
+    task: str
+    repeat: int
+    token_ids: list[int]
+    seconds: float
+    num_forwards: int
+    """target forwards, prefill included (HF verifies its first candidates inside the prefill)"""
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+def run_anchor(model, anchor: Anchor, request, *, eos_token_ids: list[int], repeat: int = 0,
+               device: str = "cpu") -> AnchorRun:
+    """Decode ``request`` (a ``draftrl.envs.workload.Request``) with ``anchor`` on ``model``."""
+    import torch
+
+    from draftrl.models.kernels import stock_kernels
+
+    forwards = [0]
+    handle = model.register_forward_pre_hook(lambda *_: forwards.__setitem__(0, forwards[0] + 1))
+    kwargs = {}
+    if anchor.gamma:
+        kwargs = {"prompt_lookup_num_tokens": anchor.gamma, "max_matching_ngram_size": anchor.ngram}
+    ids = torch.tensor([request.prompt_ids], device=device)
+    try:
+        with stock_kernels(model), torch.inference_mode():
+            _sync(device)
+            t0 = time.perf_counter()
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=request.max_new_tokens,
+                                 do_sample=False, eos_token_id=list(eos_token_ids), pad_token_id=eos_token_ids[0],
+                                 **kwargs)
+            _sync(device)
+            seconds = time.perf_counter() - t0
+    finally:
+        handle.remove()
+    tokens = out[0, ids.shape[1]:].tolist()
+    for i, token in enumerate(tokens):  # generate stops at EOS; draftrl's output ends with it too
+        if token in eos_token_ids:
+            tokens = tokens[: i + 1]
+            break
+    prompt = request.prompt
+    return AnchorRun(policy=anchor.label, prompt_id=prompt.id, language=prompt.language, task=prompt.task,
+                     repeat=repeat, token_ids=tokens, seconds=seconds, num_forwards=forwards[0])
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize(device)
+
+
+def median_anchor_runs(runs: list[AnchorRun]) -> list[AnchorRun]:
+    """For each (anchor, request): the repeat with the median seconds (the lower middle one)."""
+    groups: dict[tuple[str, str], list[AnchorRun]] = {}
+    for run in runs:
+        groups.setdefault((run.policy, run.prompt_id), []).append(run)
+    return [sorted(g, key=lambda r: r.seconds)[(len(g) - 1) // 2] for g in groups.values()]
+
+
+def summarize_anchors(runs: list[AnchorRun]) -> dict[str, dict]:
+    """Per anchor: ``tokens_per_second``, ``num_tokens``, ``seconds``, ``num_requests``,
+    ``tokens_per_forward`` (prefill included), ``per_task`` {task: the same}; plus ``best_lookup``:
+    the ``hf-lookup:G`` label with the best throughput (None if none was timed)."""
+    kept = median_anchor_runs(runs)
+
+    def summary(items: list[AnchorRun]) -> dict:
+        tokens, seconds = sum(r.num_tokens for r in items), sum(r.seconds for r in items)
+        forwards = sum(r.num_forwards for r in items)
+        return {"tokens_per_second": tokens / seconds if seconds > 0 else 0.0, "num_tokens": tokens,
+                "seconds": seconds, "num_requests": len(items),
+                "tokens_per_forward": tokens / forwards if forwards else None}
+
+    out: dict[str, dict] = {}
+    for label in sorted({r.policy for r in kept}):
+        items = [r for r in kept if r.policy == label]
+        out[label] = summary(items)
+        out[label]["per_task"] = {t: summary([r for r in items if r.task == t]) for t in sorted({r.task for r in items})}
+    lookups = [k for k in out if k.startswith(HF_LOOKUP)]
+    out_best = max(lookups, key=lambda k: out[k]["tokens_per_second"]) if lookups else None
+    return {"methods": out, "best_lookup": out_best}

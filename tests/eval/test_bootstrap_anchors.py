@@ -1,0 +1,73 @@
+"""Paired bootstrap intervals (resolved / not resolved) and the anchors' summaries, on synthetic runs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from draftrl.eval.anchors import AnchorRun, anchor_ngram, anchors_for, summarize_anchors
+from draftrl.eval.bootstrap import format_ci, paired_ratio_ci, requests_needed
+
+
+def synthetic(n: int, speedup: float, noise: float, seed: int = 0):
+    """n requests: B takes 1-3 s for 50 tokens, A is ``speedup`` times faster with lognormal noise
+    of alternating sign (so that the drawn noise does not shift the mean ratio)."""
+    rng = np.random.default_rng(seed)
+    tokens = np.full(n, 50.0)
+    seconds_b = rng.uniform(1.0, 3.0, n)
+    seconds_a = seconds_b / speedup * np.exp(np.abs(rng.normal(0.0, noise, n)) * np.resize([1.0, -1.0], n))
+    return tokens, seconds_a, tokens, seconds_b
+
+
+def test_ratio_is_the_tables_throughput_ratio() -> None:
+    ta, sa, tb, sb = synthetic(12, 1.1, 0.05)
+    ci = paired_ratio_ci(ta, sa, tb, sb)
+    assert ci["ratio"] == pytest.approx((ta.sum() / sa.sum()) / (tb.sum() / sb.sum()))
+    assert ci["low"] <= ci["ratio"] <= ci["high"] and ci["num_requests"] == 12
+
+
+def test_a_clear_difference_is_resolved() -> None:
+    ci = paired_ratio_ci(*synthetic(32, 1.10, 0.03))
+    assert ci["resolved"] and ci["verdict"] == "faster" and ci["low"] > 1.0
+    slower = paired_ratio_ci(*synthetic(32, 0.9, 0.03))
+    assert slower["verdict"] == "slower" and slower["high"] < 1.0
+
+
+def test_a_small_difference_on_few_noisy_requests_is_not_resolved() -> None:
+    ci = paired_ratio_ci(*synthetic(8, 1.02, 0.3))
+    assert not ci["resolved"] and ci["verdict"] == "not resolved" and ci["low"] <= 1.0 <= ci["high"]
+    assert format_ci(ci).endswith("not resolved")
+
+
+def test_identical_runs_and_edge_cases() -> None:
+    ta, sa, _, _ = synthetic(10, 1.0, 0.1)
+    same = paired_ratio_ci(ta, sa, ta, sa)
+    assert same["ratio"] == pytest.approx(1.0) and not same["resolved"]
+    assert paired_ratio_ci([], [], [], [])["ratio"] is None and format_ci(None) == "-"
+    with pytest.raises(ValueError, match="differ in length"):
+        paired_ratio_ci([1, 2], [1, 2], [1], [1])
+
+
+def test_requests_needed_follows_the_normal_approximation() -> None:
+    assert requests_needed(0.1, 0.05) == int(np.ceil((1.96 * 0.1 / np.log(1.05)) ** 2)) == 17
+    assert requests_needed(0.2, 0.05) > requests_needed(0.1, 0.05)
+
+
+def run(label: str, prompt: str, task: str, tokens: int, seconds: float, forwards: int, repeat: int = 0) -> AnchorRun:
+    return AnchorRun(label, prompt, "en", task, repeat, list(range(tokens)), seconds, forwards)
+
+
+def test_summarize_anchors_picks_the_best_lookup_gamma_and_median_repeats() -> None:
+    runs = [run("hf", "p1", "chat", 10, 2.0, 11), run("hf", "p1", "chat", 10, 9.0, 11, 1),
+            run("hf", "p1", "chat", 10, 1.0, 11, 2),  # median of 1, 2, 9 -> 2
+            run("hf-lookup:2", "p1", "chat", 10, 1.0, 6), run("hf-lookup:8", "p1", "chat", 10, 1.5, 4)]
+    out = summarize_anchors(runs)
+    assert out["methods"]["hf"]["tokens_per_second"] == pytest.approx(5.0)
+    assert out["best_lookup"] == "hf-lookup:2"
+    assert out["methods"]["hf-lookup:8"]["tokens_per_forward"] == pytest.approx(2.5)
+    assert out["methods"]["hf"]["per_task"]["chat"]["num_requests"] == 1
+
+
+def test_anchor_labels_and_ngram() -> None:
+    assert [a.label for a in anchors_for((4, 1, 4))] == ["hf", "hf-lookup:1", "hf-lookup:4"]
+    assert anchor_ngram("ngram") == 3 and anchor_ngram("ngram:1:5") == 5 and anchor_ngram("layerskip:8") == 3
