@@ -41,8 +41,6 @@ class Run:
     seconds: float
     rounds: int
     """what the script counts per request: speculative rounds, or target forwards (prefill included)"""
-    forward_seconds: float = 0.0
-    """time inside the model's forward (prefill included), when a ForwardTimer is given"""
 
 
 @dataclass
@@ -59,11 +57,6 @@ class Timings:
         """tokens / second over ``items``: total tokens over the sum of per-request median times."""
         num = sum(len(self.tokens(method, i)) for i in items)
         return num / sum(self.median_seconds(method, i) for i in items)
-
-    def overhead_share(self, method: str, items: list[int]) -> float:
-        """Share of wall time spent outside the model's forward (Python, sampling, drafting, KV work)."""
-        runs = [r for i in items for r in self.runs[(method, i)]]
-        return 1.0 - sum(r.forward_seconds for r in runs) / sum(r.seconds for r in runs)
 
     def tokens_per_round(self, method: str, items: list[int]) -> float:
         num = sum(len(self.tokens(method, i)) for i in items)
@@ -127,26 +120,6 @@ def clock(device: str) -> float:
     return time.perf_counter()
 
 
-class ForwardTimer:
-    """Counts and times every forward of ``model`` (hooks; a shallow copy of the model, such as a
-    layer-skip draft, shares the hooks, so use it only when the target alone runs forwards)."""
-
-    def __init__(self, model: torch.nn.Module, device: str = "cpu"):
-        self.device, self.count, self.seconds, self._start = device, 0, 0.0, 0.0
-        model.register_forward_pre_hook(self._pre)
-        model.register_forward_hook(self._post)
-
-    def _pre(self, *_):
-        self.count += 1
-        self._start = clock(self.device)
-
-    def _post(self, *_):
-        self.seconds += clock(self.device) - self._start
-
-    def reset(self) -> None:
-        self.count, self.seconds = 0, 0.0
-
-
 def interleave(
     methods: dict[str, Callable[[Request], tuple[list[int], int]]],
     reqs: list[Request],
@@ -154,13 +127,11 @@ def interleave(
     device: str = "cpu",
     seed: int = 0,
     progress: bool = True,
-    timer: ForwardTimer | None = None,
 ) -> Timings:
     """Run every method on every request ``repeats`` times, round-robin in a random order per
     (repeat, request), after one untimed warm-up pass over the first request.
 
-    A method maps a request to (generated tokens, rounds or forwards, as the script counts). With a
-    ``timer``, each run also records the seconds spent inside the model's forward."""
+    A method maps a request to (generated tokens, rounds or forwards, as the script counts)."""
     rng = random.Random(seed)
     names = list(methods)
     warm = replace(reqs[0], max_new_tokens=min(8, reqs[0].max_new_tokens))
@@ -172,13 +143,10 @@ def interleave(
             order = names[:]
             rng.shuffle(order)
             for name in order:
-                if timer is not None:
-                    timer.reset()
                 start = clock(device)
                 tokens, rounds = methods[name](req)
                 seconds = clock(device) - start
-                inside = timer.seconds if timer is not None else 0.0
-                timings.runs[(name, i)].append(Run(list(tokens), seconds, rounds, inside))
+                timings.runs[(name, i)].append(Run(list(tokens), seconds, rounds))
         if progress:
             print(f"# repeat {repeat + 1}/{repeats} done", flush=True)
     return timings
@@ -215,5 +183,5 @@ def context(device: str, model: str) -> str:
     return f"model={model}  device={device}  cpu={hardware_name(info)}  threads={info['threads']}  torch={info['torch']}"
 
 
-__all__ = ["ForwardTimer", "Request", "engine_method", "Run", "Timings", "clock", "context", "eos_token_ids", "first_mismatch", "add_grid_args", "grouped_requests", "interleave", "load_grid",
+__all__ = ["Request", "engine_method", "Run", "Timings", "clock", "context", "eos_token_ids", "first_mismatch", "add_grid_args", "grouped_requests", "interleave", "load_grid",
            "requests"]
