@@ -51,6 +51,9 @@ class EnvConfig:
     """ngram | ngram:MIN:MAX | layerskip:N | none | draft model path (same vocabulary)"""
     dtype: str = "float32"
     device: str = "cpu"
+    kernels: str | None = None
+    """few-token CPU kernels: auto (a timed probe, cached per machine), stock or fast_linear;
+    None = $DRAFTRL_KERNELS, else auto (see draftrl.models.kernels)"""
     temperature: float = 0.0
     """0 = greedy (TraceReplay-v0 needs 0)"""
     top_k: int = 0
@@ -93,6 +96,10 @@ class EnvConfig:
     """SpecDecodeDepth-v0 with reward=ratio: pay -rho * draft seconds on every draft step"""
 
     def __post_init__(self) -> None:
+        from draftrl.models.kernels import KERNELS
+
+        if self.kernels is not None and self.kernels not in KERNELS:
+            raise ValueError(f"env.kernels={self.kernels!r} is not a kernel choice; use one of {', '.join(KERNELS)}.")
         self.depths = _grid(self.depths, "depths", minimum=0)
         self.verify_sizes = _grid(self.verify_sizes, "verify_sizes", minimum=0)
         if self.languages is not None:

@@ -17,16 +17,17 @@ if TYPE_CHECKING:
     from draftrl.decoding.engine import SpeculativeDecoder
     from draftrl.models import LoadedModel
 
-_LOADED: dict[tuple[str, str, str], "LoadedModel"] = {}
+_LOADED: dict[tuple[str, str, str, str | None], "LoadedModel"] = {}
 
 
-def shared_model(spec: str, dtype: str = "float32", device: str = "cpu") -> "LoadedModel":
-    """``draftrl.models.load_model(spec)``, loaded once per process and then reused."""
+def shared_model(spec: str, dtype: str = "float32", device: str = "cpu", kernels: str | None = None) -> "LoadedModel":
+    """``draftrl.models.load_model(spec)``, loaded once per process and then reused. Its few-token
+    kernels are chosen at the first load, for the torch thread count set at that time."""
     from draftrl.models import load_model
 
-    key = (spec, dtype, device)
+    key = (spec, dtype, device, kernels)
     if key not in _LOADED:
-        _LOADED[key] = load_model(spec, dtype=dtype, device=device)
+        _LOADED[key] = load_model(spec, dtype=dtype, device=device, kernels=kernels)
     return _LOADED[key]
 
 
@@ -52,7 +53,7 @@ def build_drafter(config: EnvConfig, target: "LoadedModel"):
     if kind in ("ngram", "layerskip", "none"):
         return build_from_spec(config.drafter, target, sampled=config.draft_sampling, dtype=config.dtype,
                                device=config.device)
-    draft = shared_model(config.drafter, config.dtype, config.device)
+    draft = shared_model(config.drafter, config.dtype, config.device, config.kernels)
     check_same_vocab(target.tokenizer, draft.tokenizer)
     return ModelDrafter(draft.model, sampled=config.draft_sampling, name=draft.name)
 
@@ -64,7 +65,8 @@ def build_engine(config: EnvConfig, target: "LoadedModel | None" = None) -> "tup
     """
     from draftrl.decoding.engine import EngineConfig, SpeculativeDecoder
 
-    target = target if target is not None else shared_model(config.target, config.dtype, config.device)
+    target = target if target is not None else shared_model(config.target, config.dtype, config.device,
+                                                                  config.kernels)
     drafter = build_drafter(config, target)
     engine_config = EngineConfig(
         max_new_tokens=1,

@@ -220,7 +220,7 @@ def run_demo(config: DemoConfig, out: str | Path, *, force: bool = False,
     with _logged(out / "logs" / "model.log"):
         if target_name == DEFAULT_MODEL:
             fetch_model(target_name, quiet=True)
-        target = shared_model(target_name, config.env.dtype, config.env.device)
+        target = shared_model(target_name, config.env.dtype, config.env.device, config.env.kernels)
     end(0, target.name)
 
     begin(1)
@@ -259,7 +259,10 @@ def run_demo(config: DemoConfig, out: str | Path, *, force: bool = False,
     summary["wall_seconds"] = time.perf_counter() - started
     summary["report"] = str(out / "eval" / "report.md")
     summary["results"] = str(out / "eval" / "results.json")
-    summary["policies"] = {name: {"speedup_vs_ar": p.get("speedup_vs_ar"), "tokens_per_second": p["tokens_per_second"]}
+    summary["policies"] = {name: {"speedup_vs_ar": p.get("speedup_vs_ar"), "speedup_vs_hf": p.get("speedup_vs_hf"),
+                                  "speedup_vs_hf_lookup": p.get("speedup_vs_hf_lookup"),
+                                  "ci_vs_best_fixed": p.get("ci_vs_best_fixed"),
+                                  "tokens_per_second": p["tokens_per_second"]}
                            for name, p in results["policies"].items()}
     summary["exactness_passed"] = results["exactness"]["passed"]
     write_json(out / "demo_summary.json", summary)

@@ -129,7 +129,8 @@ def run_eval(config: EvalConfig, out: str | Path, *, policies: list[str] | str |
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
 
-    target = target if target is not None else shared_model(env_cfg.target, env_cfg.dtype, env_cfg.device)
+    target = target if target is not None else shared_model(env_cfg.target, env_cfg.dtype, env_cfg.device,
+                                                                   env_cfg.kernels)
     references: dict[str, list[int]] = {}
     built = {s.label: build_policy(s, env_cfg, target, grid=grid, references=references) for s in specs}
     for env, _ in built.values():

@@ -71,3 +71,20 @@ def test_summarize_anchors_picks_the_best_lookup_gamma_and_median_repeats() -> N
 def test_anchor_labels_and_ngram() -> None:
     assert [a.label for a in anchors_for((4, 1, 4))] == ["hf", "hf-lookup:1", "hf-lookup:4"]
     assert anchor_ngram("ngram") == 3 and anchor_ngram("ngram:1:5") == 5 and anchor_ngram("layerskip:8") == 3
+
+
+def test_eval_times_the_grids_best_lookup_gamma_only() -> None:
+    import dataclasses
+
+    from draftrl.eval.config import EvalConfig
+    from draftrl.eval.evaluate import eval_anchors
+
+    config = EvalConfig()
+    assert [a.label for a in eval_anchors(config, None)] == ["hf", "hf-lookup:1", "hf-lookup:2", "hf-lookup:4",
+                                                              "hf-lookup:8"]
+    grid = {"anchors": {"best_lookup": "hf-lookup:4", "methods": {}}}
+    assert [a.label for a in eval_anchors(config, grid)] == ["hf", "hf-lookup:4"]
+    config.eval = dataclasses.replace(config.eval, anchors=False)
+    assert eval_anchors(config, grid) == []
+    with pytest.raises(ValueError, match="anchor_gammas"):
+        dataclasses.replace(config.eval, anchor_gammas=(0, 2))
