@@ -15,13 +15,14 @@ def _f(v, spec: str = ".1f") -> str:
     return "-" if v is None else format(v, spec)
 
 
-def policy_rows(results: dict) -> list[list[str]]:
-    """One row per policy: the columns of the main table (also the demo's rich table)."""
+def policy_rows(results: dict, full: bool = False) -> list[list[str]]:
+    """One row per policy: the columns of :data:`POLICY_COLUMNS` (the terminal tables of ``eval``
+    and ``demo``), or with ``full`` those of :data:`REPORT_COLUMNS` (report.md)."""
     from draftrl.eval.bootstrap import format_ci
 
     rows = []
     for name, p in results["policies"].items():
-        rows.append([
+        row = [
             name,
             _x(p.get("speedup_vs_ar")),
             _x(p.get("speedup_vs_hf")),
@@ -29,15 +30,18 @@ def policy_rows(results: dict) -> list[list[str]]:
             format_ci(p.get("ci_vs_best_fixed")),
             _f(p["tokens_per_second"]),
             _f(p["mean_tokens_per_round"], ".2f"),
-            _f(p["time_to_first_token_mean"] * 1e3, ".0f"),
-            _ms(p["itl_p50"]), _ms(p["itl_p95"]), _ms(p["itl_p99"]),
-            _f(p["peak_memory_bytes"] / 2**20, ".1f"),
-        ])
+            _ms(p["itl_p50"]),
+        ]
+        if full:
+            row += [_f(p["time_to_first_token_mean"] * 1e3, ".0f"), _ms(p["itl_p95"]), _ms(p["itl_p99"]),
+                    _f(p["peak_memory_bytes"] / 2**20, ".1f")]
+        rows.append(row)
     return rows
 
 
-POLICY_COLUMNS = ["policy", "speedup vs AR", "vs HF generate", "vs HF lookup", "vs best fixed [95% CI]", "tokens/s", "tokens/round", "TTFT ms",
-                  "ITL p50 ms", "ITL p95 ms", "ITL p99 ms", "peak mem +MiB"]
+POLICY_COLUMNS = ["policy", "speedup vs AR", "vs HF generate", "vs HF lookup", "vs best fixed [95% CI]", "tokens/s",
+                  "tokens/round", "ITL p50 ms"]
+REPORT_COLUMNS = POLICY_COLUMNS + ["TTFT ms", "ITL p95 ms", "ITL p99 ms", "peak mem +MiB"]
 
 
 def _names(values) -> str:
@@ -146,7 +150,7 @@ def render_report(results: dict, files: dict[str, str]) -> str:
         f"request ({results['repeats']} pass{'es' if results['repeats'] > 1 else ''}; median-time pass kept). "
         f"Speedups are throughput ratios over plain decoding (`ar`) measured in the same run.",
         "",
-        _table(POLICY_COLUMNS, policy_rows(results)),
+        _table(REPORT_COLUMNS, policy_rows(results, full=True)),
         "",
     ]
     lines += anchor_lines(results)

@@ -162,3 +162,11 @@ def test_real_probe_times_every_cell_and_leaves_stock() -> None:
     assert set(seconds) == {"stock", "fast_linear"}
     assert all(set(per) == {1, 2, 3} and all(v > 0 for v in per.values()) for per in seconds.values())
     assert not has_fast_linear(model)
+
+
+def test_env_config_key_is_checked() -> None:
+    from draftrl.envs.config import EnvConfig
+
+    assert EnvConfig(kernels="stock").kernels == "stock" and EnvConfig().kernels is None
+    with pytest.raises(ValueError, match=r"env.kernels='fastest'.*auto, stock, fast_linear"):
+        EnvConfig(kernels="fastest")
