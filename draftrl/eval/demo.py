@@ -75,9 +75,9 @@ def _demo_env() -> EnvConfig:
         split=None,
         shuffle=False,
         languages=("en", "it", "zh", "es"),
-        tasks=("code_edit", "chat"),  # copy-heavy vs open-ended: where adapting the depth matters
-        limit_per_group=1,  # 8 requests per split
-        max_new_tokens=48,
+        tasks=("code_edit", "summarize", "qa_context", "chat"),  # every task: copy-heavy to open-ended
+        limit_per_group=1,  # 16 requests per split: enough for a paired interval to resolve ~5% (docs/eval.md)
+        max_new_tokens=32,
         depths=(0, 1, 2, 3, 4, 6),
         verify_sizes=(0,),
     )
@@ -88,9 +88,10 @@ class DemoConfig(EvalConfig):
     """The demo: an :class:`EvalConfig` (workload, grid, policies) plus calibration and training."""
 
     env: EnvConfig = field(default_factory=_demo_env)
-    grid: GridSettings = field(default_factory=lambda: GridSettings(depths=(0, 1, 2, 4, 6), repeats=2))
+    grid: GridSettings = field(default_factory=lambda: GridSettings(depths=(0, 1, 2, 4, 6), repeats=1))
     eval: EvalSettings = field(default_factory=lambda: EvalSettings(
-        policies=("ar", "best-grid", "heuristic", "threshold", "bandit", "oracle"), power_tokens=300))
+        policies=("ar", "best-grid", "heuristic", "threshold", "bandit", "oracle"), power_tokens=300,
+        anchor_gammas=(2, 4, 8)))
     calibrate: CalibrateSettings = field(default_factory=CalibrateSettings)
     train: TrainSettings = field(default_factory=TrainSettings)
     threads: int = 1
@@ -100,9 +101,9 @@ class DemoConfig(EvalConfig):
     def quick(cls) -> "DemoConfig":
         """A few minutes: 4 requests per split, 24 tokens, 3 grid cells, 5k training rounds, no power run."""
         cfg = cls()
-        cfg.env = dataclasses.replace(cfg.env, languages=("en", "zh"), max_new_tokens=24)
+        cfg.env = dataclasses.replace(cfg.env, languages=("en", "zh"), tasks=("code_edit", "chat"), max_new_tokens=24)
         cfg.grid = GridSettings(depths=(0, 2, 4), repeats=1)
-        cfg.eval = dataclasses.replace(cfg.eval, power_tokens=0, greedy_reference=1)
+        cfg.eval = dataclasses.replace(cfg.eval, power_tokens=0, greedy_reference=1, anchor_gammas=(4,))
         cfg.calibrate = CalibrateSettings(num_tokens=(1, 3, 5), contexts=(256,), repeats=2)
         cfg.train = dataclasses.replace(cfg.train, recipes=("ppo_size",), total_timesteps=4096, eval_episodes=4)
         return cfg
