@@ -147,6 +147,8 @@ def run_eval(config: EvalConfig, out: str | Path, *, policies: list[str] | str |
     for depth in sorted({0, max(env_cfg.depths)}):
         run_fixed(warm_engine, warm, depth if warm_engine.drafter is not None else 0, 0, env_cfg.width, seed=0,
                   label="warmup", device=env_cfg.device)
+    for anchor in anchors.values():
+        run_anchor(target.model, anchor, warm, eos_token_ids=sorted(warm_engine.eos_token_ids), device=env_cfg.device)
 
     monitors = {label: TimedMonitor(ExactnessMonitor()) for label in labels} if settings.monitor else {}
     trajectories: dict[str, dict] = {}
