@@ -1,0 +1,92 @@
+"""The engine interface that the serving environment, evaluation and export drive.
+
+A *serving engine* holds a batch of requests and advances all of them by one **engine step**
+at a time; the step's action is a :class:`~draftrl.decoding.admission.StepAction` (a draft depth
+cap and a verification budget for the whole batch). Two implementations:
+
+- :class:`draftrl.decoding.batch.HFBatchEngine`: the exact Hugging Face reference
+  (:class:`~draftrl.decoding.engine.SpeculativeDecoder`, one round per running request per step,
+  requests run one after the other); the action applies to the step it is given to
+  (``action_lag = 0``).
+- :class:`draftrl.decoding.vllm.engine.VLLMEngine`: vLLM in-process with draftrl's proposer;
+  vLLM drafts at the end of a step for the next one, so the action given to step ``t`` is
+  verified in step ``t + 1`` (``action_lag = 1``).
+
+Terms as in :mod:`draftrl.decoding.engine`: a request gains ``num_accepted + 1`` tokens in a
+step in which it decodes (fewer only at EOS or its token limit).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from draftrl.decoding.admission import StepAction
+
+
+@dataclass
+class RequestStep:
+    """One request's part of an engine step."""
+
+    request_id: str
+    token_ids: list[int]
+    """tokens the request gained in this step (the first step of a request: its first token)"""
+    num_drafted: int
+    """draft tokens verified for this request in this step"""
+    num_accepted: int
+    """of which accepted"""
+    finished: bool
+
+
+@dataclass
+class EngineStep:
+    """What one engine step did. ``seconds`` is wall clock around the engine's step call."""
+
+    seconds: float
+    requests: list[RequestStep]
+    num_running: int
+    """requests in the batch after the step"""
+    num_waiting: int
+    """requests queued (not yet admitted) after the step"""
+    num_proposed: int
+    """draft tokens the step proposed under its action (verified in step t + action_lag)"""
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(r.token_ids) for r in self.requests)
+
+    @property
+    def num_drafted(self) -> int:
+        return sum(r.num_drafted for r in self.requests)
+
+    @property
+    def num_accepted(self) -> int:
+        return sum(r.num_accepted for r in self.requests)
+
+
+@runtime_checkable
+class ServingEngine(Protocol):
+    """A batch of requests advanced one engine step at a time under a batch action."""
+
+    action_lag: int
+    """engine steps between an action and the verification of the drafts it admitted"""
+    max_depth: int
+    """largest depth cap a step may ask for"""
+    max_num_seqs: int
+    """most requests decoded together"""
+
+    def add_request(self, request_id: str, prompt_ids: list[int], max_new_tokens: int, *,
+                    temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int | None = None) -> None:
+        """Queue a request; it joins the batch at a later step when there is room."""
+
+    def step(self, action: StepAction) -> EngineStep:
+        """Advance every running request by one step under ``action``."""
+
+    def has_unfinished_requests(self) -> bool:
+        """Whether any request is queued or running."""
+
+    def request_counts(self) -> tuple[int, int]:
+        """(running, waiting) requests now."""
+
+    def abort_all(self) -> None:
+        """Drop every queued and running request (an episode ended early)."""

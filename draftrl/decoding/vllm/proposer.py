@@ -1,0 +1,210 @@
+"""draftrl's drafter inside vLLM, through its ``custom_class`` speculative method (vLLM 0.32).
+
+vLLM imports the class named in ``speculative_config.model``, builds it with the
+``VllmConfig``, calls ``load_model(model)`` (the CPU runner always does), and at the end of
+every engine step, after sampling::
+
+    propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=None) -> list[list[int]]
+
+- ``sampled_token_ids``: ``[num_reqs]`` lists, the tokens each request gained this step (its
+  accepted drafts + 1); empty while the request is still prefilling;
+- ``num_tokens_no_spec``: ``[>= num_reqs]`` each row's token count (prompt + output);
+- ``token_ids_cpu``: ``[>= num_reqs, max_model_len]`` each row's tokens;
+- returns each row's draft tokens for the NEXT step (``[]`` = no speculation for that row).
+
+So an action read here is verified one engine step later (the one-step lag the serving env
+documents). Each step the proposer
+
+1. matches every running request's suffix n-gram (draftrl's :class:`NgramDrafter`, the drafter
+   the policies train with) and drafts up to ``min(action depth, the request's own depth)``
+   tokens, where the request's own depth follows ``rule``: ``"match"`` (as deep as the match
+   goes), ``"heuristic"`` (Hugging Face's +2 / -1 per request) or a per-request policy;
+2. scores each draft position by its survival estimate and admits the batch's best ``budget``
+   positions (:mod:`draftrl.decoding.admission`);
+3. learns each request's acceptance from the number of tokens vLLM returned for it.
+
+Who sets the action: a driver in the same process (``draftrl.decoding.vllm.engine.VLLMEngine``
+writes :attr:`DraftrlProposer.action` before every ``step()``), or, under ``vllm serve`` /
+``LLM(...)`` with no driver, the file named by ``DRAFTRL_PROPOSER_CONFIG`` (written by
+``draftrl export --format vllm``).
+
+Requests are keyed by vLLM's request ids when a driver attached the model runner
+(:attr:`runner`); otherwise by their row, token count and last tokens (rows move when requests
+finish; a request not found again starts fresh).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from draftrl.decoding.admission import (
+    RequestAcceptance,
+    StepAction,
+    acceptance_estimate,
+    admit,
+    position_scores,
+)
+from draftrl.decoding.drafters import NgramDrafter
+
+CONFIG_ENV = "DRAFTRL_PROPOSER_CONFIG"
+CLASS_PATH = "draftrl.decoding.vllm.proposer.DraftrlProposer"
+RULES = ("match", "heuristic")
+#: Discount of a request's acceptance history per step it drafted.
+ACCEPT_DECAY = 0.8
+#: Tokens of a row's tail remembered to recognise the request at the next step (no runner).
+_TAIL = 8
+
+
+@dataclass
+class _Request:
+    """One running request's drafting state between steps."""
+
+    acceptance: RequestAcceptance = field(default_factory=RequestAcceptance)
+    heuristic_depth: float = 0.0
+    length: int = 0
+    tail: tuple[int, ...] = ()
+    last_step: int = 0
+
+
+@dataclass
+class ProposeRecord:
+    """What one ``propose`` call saw and did; rows are the running requests that decoded."""
+
+    step: int
+    action: StepAction
+    keys: list[str]
+    num_emitted: np.ndarray
+    """[A] tokens each request gained in the step that just ran (accepted + 1)"""
+    num_accepted: np.ndarray
+    """[A] accepted drafts among them"""
+    match_len: np.ndarray
+    """[A] matched n-gram length for the next draft (0 = none)"""
+    acceptance: np.ndarray
+    """[A] per-position acceptance estimate used for the scores"""
+    wanted: np.ndarray
+    """[A] drafts each request could and would propose under the depth cap"""
+    admitted: np.ndarray
+    """[A] drafts proposed after the budget (verified in the next step)"""
+
+
+class DraftrlProposer:
+    """vLLM ``custom_class`` proposer: ``speculative_config={"method": "custom_class", "model":
+    "draftrl.decoding.vllm.proposer.DraftrlProposer", "num_speculative_tokens": K}``."""
+
+    def __init__(self, vllm_config: Any):
+        spec = vllm_config.speculative_config
+        self.max_depth = int(spec.num_speculative_tokens)
+        self.max_model_len = int(vllm_config.model_config.max_model_len)
+        self.drafter = NgramDrafter(min_ngram=1, max_ngram=3)
+        self.action = StepAction(self.max_depth)
+        self.rule = "match"
+        self.initial_depth = float(self.max_depth)
+        self.runner: Any = None
+        self.requests: dict[str, _Request] = {}
+        self.step = 0
+        self.history: list[ProposeRecord] | None = None
+        """when a list, every call's :class:`ProposeRecord` is appended (the driver drains it)"""
+        self.last: ProposeRecord | None = None
+        path = os.environ.get(CONFIG_ENV)
+        if path:
+            self.configure(json.loads(Path(path).read_text()))
+
+    # ------------------------------------------------------------------ configuration
+    def configure(self, config: dict[str, Any]) -> None:
+        """Apply a proposer config (``draftrl export --format vllm``'s ``proposer.json``):
+        ``depth``, ``budget``, ``rule``, ``initial_depth``."""
+        depth = min(int(config.get("depth", self.max_depth)), self.max_depth)
+        self.action = StepAction(depth, config.get("budget"))
+        self.set_rule(str(config.get("rule", "match")), config.get("initial_depth"))
+
+    def set_rule(self, rule: str, initial_depth: float | None = None) -> None:
+        """Choose how deep each request drafts before the batch's cap and budget."""
+        if rule not in RULES:
+            raise ValueError(f"rule={rule!r} is unknown; choose one of {', '.join(RULES)}.")
+        self.rule = rule
+        self.initial_depth = float(initial_depth if initial_depth is not None else self.max_depth)
+        for req in self.requests.values():
+            req.heuristic_depth = self.initial_depth
+
+    def load_model(self, *args: Any, **kwargs: Any) -> None:
+        """The n-gram drafter has no weights; vLLM's CPU runner calls this unconditionally."""
+
+    # ------------------------------------------------------------------ request tracking
+    def _keys(self, rows: list[int], sampled: list[list[int]], lengths: list[int],
+              token_ids_cpu: np.ndarray) -> list[str]:
+        if self.runner is not None:
+            req_ids = self.runner.input_batch.req_ids
+            return [req_ids[row] for row in rows]
+        keys = []
+        for row, gained, n in zip(rows, sampled, lengths):
+            key = None
+            for k, req in self.requests.items():
+                if (req.last_step == self.step - 1 and req.length + len(gained) == n
+                        and tuple(int(t) for t in token_ids_cpu[row, req.length - len(req.tail): req.length]) == req.tail
+                        and k not in keys):
+                    key = k
+                    break
+            keys.append(key or f"row{row}@{self.step}")
+        return keys
+
+    # ------------------------------------------------------------------ the step
+    def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray,
+                token_ids_cpu: np.ndarray, slot_mappings: Any = None) -> list[list[int]]:
+        """vLLM's ``propose`` contract (module docstring)."""
+        self.step += 1
+        drafts: list[list[int]] = [[] for _ in sampled_token_ids]
+        rows = [i for i, s in enumerate(sampled_token_ids) if s]
+        lengths = [int(num_tokens_no_spec[i]) for i in rows]
+        keys = self._keys(rows, [list(sampled_token_ids[i]) for i in rows], lengths, token_ids_cpu)
+        num = len(rows)
+        emitted = np.array([len(sampled_token_ids[i]) for i in rows], dtype=np.int64)
+        accepted = np.zeros(num, dtype=np.int64)
+        match_len = np.zeros(num, dtype=np.int64)
+        wanted = np.zeros(num, dtype=np.int64)
+        builders, reqs = [], []
+        for a, (row, key, n) in enumerate(zip(rows, keys, lengths)):
+            req = self.requests.get(key)
+            if req is None:
+                req = self.requests[key] = _Request(heuristic_depth=self.initial_depth)
+            else:
+                proposed = req.acceptance.last_proposed
+                accepted[a] = req.acceptance.observe(int(emitted[a]), ACCEPT_DECAY)
+                if proposed and self.rule == "heuristic":  # HF's schedule: +2 when all accepted, else -1
+                    req.heuristic_depth = req.heuristic_depth + 2 if accepted[a] == proposed \
+                        else max(1.0, req.heuristic_depth - 1)
+            req.length, req.last_step = n, self.step
+            ids = token_ids_cpu[row, :n].tolist()
+            req.tail = tuple(ids[-_TAIL:])
+            reqs.append(req)
+            builder = self.drafter.begin(ids, 1, None, None)
+            match_len[a] = int(builder.tree.features["ngram_match_len"])
+            builders.append(builder)
+        action = self.action
+        for a, (builder, req, n) in enumerate(zip(builders, reqs, lengths)):
+            own = self.max_depth if self.rule == "match" else int(req.heuristic_depth)
+            cap = min(action.depth, own, self.max_depth, self.max_model_len - n - 1)
+            for _ in range(max(0, cap)):
+                if not builder.step():
+                    break
+            wanted[a] = len(builder.tree)
+        acceptance = acceptance_estimate(
+            np.array([r.acceptance.num_accepted for r in reqs]), np.array([r.acceptance.num_proposed for r in reqs]),
+            match_len)
+        admitted = admit(position_scores(acceptance, wanted, max(1, int(wanted.max(initial=0)))), action.budget)
+        for a, (row, builder, req) in enumerate(zip(rows, builders, reqs)):
+            drafts[row] = [int(t) for t in builder.tree.tokens[: int(admitted[a])]]
+            req.acceptance.last_proposed = len(drafts[row])
+        # forget requests that did not decode this step and are not mid-prefill (finished)
+        if self.step % 64 == 0:
+            self.requests = {k: r for k, r in self.requests.items() if r.last_step >= self.step - 64}
+        self.last = ProposeRecord(self.step, action, keys, emitted, accepted, match_len, acceptance, wanted,
+                                  admitted)
+        if self.history is not None:
+            self.history.append(self.last)
+        return drafts
