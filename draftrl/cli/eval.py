@@ -7,12 +7,17 @@
 Policies: ar, best-grid (needs --grid), fixed:D[:V[:W]], heuristic, threshold, bandit, ppo:PATH,
 oracle (temperature 0). Writes DIR/results.json, DIR/report.md and PNG plots; exits 3 with the
 evidence when an exactness check fails.
+
+Inside vLLM under concurrent load (draftrl.eval.serving; needs vLLM installed)::
+
+    draftrl eval --engine vllm --policies none,fixed:4,heuristic,ngram:4,dsd --concurrency 1,4,16 --out runs/serve
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from draftrl.cli.grid import add_config_args, exactness_failure, load_eval_config, progress_bar
 
@@ -31,10 +36,19 @@ def add_parser(subparsers) -> None:
     p.add_argument("--power-tokens", type=int, default=None,
                    help="also measure the tokens each monitor statistic needs to catch resample-from-p (0 = skip)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--engine", choices=["hf", "vllm"], default="hf",
+                   help="hf: draftrl's exact engine, one request at a time (default); vllm: inside vLLM under load, "
+                        "policies none,fixed:D[:B],heuristic,ngram:K,dsd[:S-E:K,...],ppo:PATH; --set keys are "
+                        "ServeConfig fields (e.g. --set max_new_tokens=48)")
+    p.add_argument("--concurrency", default="1,4,16", help="vllm: requests kept in flight, comma-separated")
+    p.add_argument("--rates", default="", help="vllm: Poisson arrival rates (requests/s), comma-separated")
+    p.add_argument("--repeats", type=int, default=1, help="vllm: interleaved passes; the median-time pass is kept")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.engine == "vllm":
+        return run_vllm(args)
     from draftrl.decoding.monitor import ExactnessViolation
     from draftrl.eval.exactness import GreedyMismatch
     from draftrl.eval.policies import parse_policies
@@ -77,3 +91,23 @@ def print_policy_table(results: dict, title: str) -> None:
     for row in policy_rows(results):
         table.add_row(*row)
     Console(width=None if sys.stdout.isatty() else 160).print(table)  # pipes and logs get the full table
+
+
+def run_vllm(args: argparse.Namespace) -> int:
+    from draftrl.eval.serving import ServingMismatch, parse_serving_policies, run_serving_eval, serve_config
+
+    policies = args.policies or "none,fixed:4,heuristic"
+    parse_serving_policies(policies)  # fail on a bad name before loading vLLM
+    concurrency = [int(c) for c in args.concurrency.split(",") if c]
+    rates = [float(r) for r in args.rates.split(",") if r]
+    config = serve_config(args.config, args.overrides, threads=args.threads)
+    try:
+        with progress_bar("eval", not args.quiet) as update:
+            results = run_serving_eval(args.out, policies=policies, concurrency=concurrency, rates=rates,
+                                       repeats=args.repeats, config=config, progress=update)
+    except ServingMismatch as err:
+        print(f"draftrl eval: EXACTNESS FAILED: {err}", file=sys.stderr)
+        print(f"partial results in {args.out}/results.json", file=sys.stderr)
+        return 3
+    print((Path(args.out) / "report.md").read_text())
+    return 0

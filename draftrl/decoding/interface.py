@@ -21,6 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+import numpy as np
+
 from draftrl.decoding.admission import StepAction
 
 
@@ -87,6 +89,10 @@ class ServingEngine(Protocol):
 
     def request_counts(self) -> tuple[int, int]:
         """(running, waiting) requests now."""
+
+    def request_signals(self) -> "tuple[np.ndarray, np.ndarray]":
+        """``([A] acceptance estimates, [A] n-gram match lengths)`` of the running requests after
+        the last step (both empty when the engine does not draft)."""
 
     def abort_all(self) -> None:
         """Drop every queued and running request (an episode ended early)."""

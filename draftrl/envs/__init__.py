@@ -43,3 +43,11 @@ register(
     entry_point="draftrl.envs.replay_depth:TraceReplayDepthEnv",
     max_episode_steps=16384,
 )
+# A serving engine under load (vLLM in-process by default): one step = one engine step over the
+# batch; wall-clock rewards.
+register(
+    id="draftrl/ServeVLLM-v0",
+    entry_point="draftrl.envs.serve:ServeVLLMEnv",
+    max_episode_steps=8192,
+    nondeterministic=True,
+)

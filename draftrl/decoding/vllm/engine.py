@@ -28,6 +28,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from draftrl.decoding.admission import StepAction
 from draftrl.decoding.interface import EngineStep, RequestStep
 from draftrl.decoding.vllm.proposer import CLASS_PATH, DraftrlProposer
@@ -222,6 +224,14 @@ class VLLMEngine:
             num_proposed = int(record.admitted.sum())
         running, waiting = self.request_counts()
         return EngineStep(seconds, requests, running, waiting, num_proposed)
+
+    def request_signals(self) -> tuple[np.ndarray, np.ndarray]:
+        """``([A] acceptance estimates, [A] n-gram match lengths)`` of the requests the proposer
+        drafted for at the last step (empty without draftrl's proposer)."""
+        record = self.proposer.last if self.proposer is not None else None
+        if record is None:
+            return np.zeros(0), np.zeros(0, dtype=np.int64)
+        return record.acceptance, record.match_len
 
     def describe(self) -> dict[str, Any]:
         """The engine's settings for result files."""

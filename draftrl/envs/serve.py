@@ -1,0 +1,359 @@
+"""``draftrl/ServeVLLM-v0``: a serving engine under load as a Gymnasium env, one engine step per step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, SupportsFloat
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+from draftrl.decoding.admission import StepAction
+from draftrl.envs.rewards import RewardModel
+from draftrl.envs.serve_config import ServeConfig, resolve_serve_config
+from draftrl.envs.workload import Workload
+
+#: (name, low, high) of every observation entry, in order (the table in ServeVLLMEnv's docstring).
+OBSERVATION: tuple[tuple[str, float, float], ...] = (
+    ("running", 0.0, 1.0),
+    ("waiting", 0.0, 64.0),
+    ("tokens_in_flight", 0.0, 1.0),
+    ("step_seconds", 0.0, 10.0),
+    ("step_seconds_ema", 0.0, 10.0),
+    ("seconds_per_seq_ema", 0.0, 10.0),
+    ("tokens_per_seq", 0.0, 65.0),
+    ("drafted_per_seq", 0.0, 64.0),
+    ("accept_rate_step", 0.0, 1.0),
+    ("accept_mean", 0.0, 1.0),
+    ("accept_min", 0.0, 1.0),
+    ("accept_max", 0.0, 1.0),
+    ("match_0", 0.0, 1.0),
+    ("match_1", 0.0, 1.0),
+    ("match_2", 0.0, 1.0),
+    ("match_3", 0.0, 1.0),
+    ("proposed_per_seq", 0.0, 64.0),
+    ("last_depth", 0.0, 1.0),
+    ("last_budget", 0.0, 1.0),
+    ("tokens_per_second_ema", 0.0, 1e5),
+)
+FEATURE_NAMES: tuple[str, ...] = tuple(name for name, _, _ in OBSERVATION)
+
+
+@dataclass
+class RequestTimeline:
+    """One request of an episode: when it arrived and when each of its tokens came out
+    (seconds of engine time since the episode started)."""
+
+    request_id: str
+    prompt_id: str
+    language: str
+    task: str
+    num_prompt_tokens: int
+    max_new_tokens: int
+    arrival: float
+    admitted: float | None = None
+    token_times: list[float] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    finished: bool = False
+
+    @property
+    def ttft(self) -> float | None:
+        return self.token_times[0] - self.arrival if self.token_times else None
+
+    def inter_token_latencies(self) -> np.ndarray:
+        """Seconds between successive tokens; tokens of one step share its time, spread evenly."""
+        times = np.asarray(self.token_times)
+        if times.size < 2:
+            return np.zeros(0)
+        return np.diff(times)
+
+
+class ServeVLLMEnv(gym.Env[np.ndarray, np.ndarray]):
+    """
+    ## Description
+
+    A serving engine (vLLM in-process by default, with draftrl's n-gram drafter as its
+    ``custom_class`` proposer) decoding a workload of requests that arrive over time. One env
+    step is one engine step over the whole running batch. The agent chooses, every step, a
+    depth cap (the most draft tokens any request may propose) and a verification budget (the
+    most draft tokens the whole batch may verify); the proposer admits the batch's best draft
+    positions by their survival estimate (``draftrl.decoding.admission``). vLLM verifies
+    exactly, so the policy changes only the speed.
+
+    **One-step lag**: vLLM drafts at the end of a step for the next, so the action given to
+    step ``t`` shapes the drafts verified in step ``t + 1`` (``env.unwrapped.action_lag``; 0 for
+    the Hugging Face batch engine). ``proposed_per_seq``, ``last_depth`` and ``last_budget``
+    show the action already in flight.
+
+    ## Action Space
+
+    ``MultiDiscrete([len(depths), len(budgets)])``: ``action[0]`` indexes
+    ``env.unwrapped.depths`` (default ``(0, 1, 2, 3, 4, 6, 8)``; 0 = no speculation) and
+    ``action[1]`` indexes ``env.unwrapped.budgets`` (default ``(0, 2, 4, 8, 16, 32, 64, 128)``
+    draft tokens per step for the whole batch; 0 = no speculation; a budget of at least
+    depth x running requests does not bind).
+
+    ## Observation Space
+
+    ``Box(float32, shape=(20,))``, names in ``env.unwrapped.feature_names``
+    (``draftrl.envs.serve.FEATURE_NAMES``). "Last step" is the engine step that just ran.
+
+    | Num | Observation             | Min | Max  | Meaning |
+    |-----|-------------------------|-----|------|---------|
+    | 0   | `running`               | 0   | 1    | requests in the batch / max_num_seqs |
+    | 1   | `waiting`               | 0   | 64   | requests queued in the engine / max_num_seqs |
+    | 2   | `tokens_in_flight`      | 0   | 1    | prompt + generated tokens of in-flight requests / (max_num_seqs x max_model_len) |
+    | 3   | `step_seconds`          | 0   | 10   | wall seconds of the last step |
+    | 4   | `step_seconds_ema`      | 0   | 10   | EMA of step seconds (decay ``ema_decay``) |
+    | 5   | `seconds_per_seq_ema`   | 0   | 10   | EMA of step seconds / requests that decoded in it |
+    | 6   | `tokens_per_seq`        | 0   | 65   | tokens gained per decoding request in the last step (1 = no accepted draft) |
+    | 7   | `drafted_per_seq`       | 0   | 64   | draft tokens verified per decoding request in the last step |
+    | 8   | `accept_rate_step`      | 0   | 1    | accepted / verified drafts in the last step (0.5 when none) |
+    | 9   | `accept_mean`           | 0   | 1    | mean of the running requests' per-position acceptance estimates |
+    | 10  | `accept_min`            | 0   | 1    | their minimum |
+    | 11  | `accept_max`            | 0   | 1    | their maximum |
+    | 12-15 | `match_0..match_3`    | 0   | 1    | share of running requests whose suffix n-gram match has length 0, 1, 2, 3+ |
+    | 16  | `proposed_per_seq`      | 0   | 64   | drafts the last action proposed (verified next step) per running request |
+    | 17  | `last_depth`            | 0   | 1    | the last action's depth / max depth |
+    | 18  | `last_budget`           | 0   | 1    | the last action's budget / max budget |
+    | 19  | `tokens_per_second_ema` | 0   | 1e5  | EMA of tokens / seconds per step |
+
+    Per-request signals (9-15) come from the engine's proposer after the last step (zeros
+    under an engine that does not draft).
+
+    ## Rewards
+
+    Wall clock, NOT reproducible run to run. With ``tokens`` the tokens all requests gained in
+    the step and ``seconds`` its wall time: ``reward="ratio"`` (default) pays
+    ``tokens - rho * seconds`` (``rho`` a running tokens/s estimate, frozen within an episode);
+    ``reward="throughput"`` pays ``tokens / seconds`` (``draftrl.envs.rewards``).
+
+    ## Starting State
+
+    ``reset`` aborts anything left in the engine, draws the episode's request order (seeded) and
+    arrival times (``arrival``: ``fixed`` keeps ``concurrency`` requests in flight, ``poisson``
+    draws exponential gaps at ``rate`` requests per second of engine time, ``burst`` releases
+    ``burst_size`` requests every ``burst_interval`` seconds) and admits the requests that have
+    arrived at time 0. Idle time before the next arrival is skipped (and not rewarded).
+
+    ## Episode End
+
+    - Termination: every request of the episode has finished (EOS or its ``max_new_tokens``).
+    - Truncation: ``max_episode_steps=8192`` engine steps in ``register(...)``.
+
+    ## Information
+
+    ``tokens``, ``seconds``, ``num_drafted``, ``num_accepted``, ``num_proposed``, ``running``,
+    ``waiting``, ``depth``, ``budget``, ``clock`` (engine seconds since reset), ``finished``
+    (request ids finished in the step); at the end ``requests`` (:class:`RequestTimeline` list:
+    arrival, token times and ids per request, for TTFT and inter-token latency).
+
+    ## Arguments
+
+    ```python
+    env = gym.make("draftrl/ServeVLLM-v0", arrival="poisson", rate=8.0, split="heldout")
+    env = ServeVLLMEnv(ServeConfig(concurrency=16), engine=my_engine, tokenizer=tok)   # any ServingEngine
+    ```
+
+    ``config`` (:class:`~draftrl.envs.serve_config.ServeConfig`, a dict or None) plus keyword
+    overrides; ``engine`` (any ``draftrl.decoding.interface.ServingEngine``; default: vLLM with
+    draftrl's proposer, one per process and config) and ``tokenizer``.
+
+    ## Version History
+
+    - v0: initial version.
+    """
+
+    metadata = {"render_modes": []}
+
+    def __init__(self, config: ServeConfig | dict | None = None, *, engine=None, tokenizer=None,
+                 render_mode: str | None = None, **overrides: Any):
+        self.config = config = resolve_serve_config(config, overrides)
+        if render_mode is not None:
+            raise ValueError(f"render_mode={render_mode!r} is not supported; the serving env does not render.")
+        if engine is None:
+            from draftrl.decoding.vllm.engine import VLLMEngineConfig, shared_engine
+
+            engine = shared_engine(VLLMEngineConfig(
+                model=config.model, method="draftrl", num_speculative_tokens=max(1, config.max_depth),
+                dtype=config.dtype, max_num_seqs=config.max_num_seqs, max_model_len=config.max_model_len,
+                kv_cache_gib=config.kv_cache_gib, threads=config.threads))
+        if getattr(engine, "proposer", None) is not None:
+            engine.proposer.set_rule(config.rule)
+        if tokenizer is None:
+            from transformers import AutoTokenizer
+
+            from draftrl.decoding.vllm.engine import model_path
+
+            tokenizer = AutoTokenizer.from_pretrained(model_path(config.model))
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.workload = Workload(config.workload_config(), tokenizer)
+        self.depths, self.budgets = config.depths, config.budgets
+        self.feature_names = FEATURE_NAMES
+        self.action_lag = int(engine.action_lag)
+        self.action_space = spaces.MultiDiscrete([len(self.depths), len(self.budgets)])
+        low = np.array([lo for _, lo, _ in OBSERVATION], dtype=np.float32)
+        high = np.array([hi for _, _, hi in OBSERVATION], dtype=np.float32)
+        self.observation_space = spaces.Box(low, high, dtype=np.float32)
+        self.rewards = RewardModel(config.reward, config.rho, config.rho_rate)
+        self.requests: list[RequestTimeline] = []
+        self._seeded = False
+        self._done = True
+
+    # ------------------------------------------------------------------ episode
+    def _arrivals(self, n: int) -> np.ndarray:
+        c = self.config
+        if c.arrival == "poisson":
+            return np.cumsum(self.np_random.exponential(1.0 / c.rate, n)) - 0.0
+        if c.arrival == "burst":
+            return (np.arange(n) // c.burst_size) * c.burst_interval
+        return np.zeros(n)
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict]:
+        if seed is None and not self._seeded and self.config.seed is not None:
+            seed = self.config.seed
+        super().reset(seed=seed)
+        if seed is not None or not self._seeded:
+            self._seeded = True
+            self.rewards.restart()
+        self.rewards.start_episode()
+        if self.engine.has_unfinished_requests():
+            self.engine.abort_all()
+        options = options or {}
+        unknown = set(options) - {"prompt_ids"}
+        if unknown:
+            raise ValueError(f"reset options {sorted(unknown)} are unknown; use prompt_ids (a list of prompt ids).")
+        if "prompt_ids" in options:
+            indices = [self.workload.index_of(pid) for pid in options["prompt_ids"]]
+        else:
+            n = self.config.num_requests or len(self.workload)
+            self.workload.restart(self.np_random)
+            indices = [self.workload.next_index(self.np_random) for _ in range(n)]
+        arrivals = self._arrivals(len(indices))
+        self.requests = []
+        self._pending: list[tuple[RequestTimeline, list[int]]] = []
+        for i, (index, arrival) in enumerate(zip(indices, arrivals)):
+            req = self.workload.request(index)
+            timeline = RequestTimeline(f"{i}:{req.prompt.id}", req.prompt.id, req.prompt.language, req.prompt.task,
+                                       len(req.prompt_ids), req.max_new_tokens, float(arrival))
+            self.requests.append(timeline)
+            self._pending.append((timeline, req.prompt_ids))
+        self._by_id = {r.request_id: r for r in self.requests}
+        self.clock = 0.0
+        self.idle_seconds = 0.0
+        self._in_flight = 0
+        self._ema: dict[str, float] = {}
+        self._last: dict[str, float] = {}
+        self._last_action = (0, 0)
+        self._num_running = 0
+        self._done = False
+        self._admit()
+        return self._observation(), {"num_requests": len(self.requests), "arrivals": arrivals.tolist()}
+
+    def _admit(self) -> None:
+        """Hand the engine every request that has arrived (fixed: up to ``concurrency`` in flight);
+        with nothing in flight, skip the idle time to the next arrival."""
+        c = self.config
+        while self._pending:
+            timeline, ids = self._pending[0]
+            if c.arrival == "fixed":
+                if self._in_flight >= c.concurrency:
+                    break
+                timeline.arrival = self.clock
+            elif timeline.arrival > self.clock:
+                if self._in_flight == 0:
+                    self.idle_seconds += timeline.arrival - self.clock
+                    self.clock = timeline.arrival
+                else:
+                    break
+            self._pending.pop(0)
+            seed = int(self.np_random.integers(2**31)) if c.temperature > 0 else None
+            self.engine.add_request(timeline.request_id, ids, timeline.max_new_tokens, temperature=c.temperature,
+                                    top_k=c.top_k, top_p=c.top_p, seed=seed)
+            timeline.admitted = self.clock
+            self._in_flight += 1
+
+    def step(self, action) -> tuple[np.ndarray, SupportsFloat, bool, bool, dict[str, Any]]:
+        if self._done:
+            raise RuntimeError("step() called before reset() or after the episode ended; call reset().")
+        action = np.asarray(action)
+        if action.shape != (2,) or not self.action_space.contains(action.astype(self.action_space.dtype)):
+            raise ValueError(f"action={action!r} is outside {self.action_space}.")
+        depth, budget = self.depths[int(action[0])], self.budgets[int(action[1])]
+        result = self.engine.step(StepAction(depth, budget))
+        self.clock += result.seconds
+        finished = []
+        for r in result.requests:
+            timeline = self._by_id.get(r.request_id)
+            if timeline is None:
+                continue
+            timeline.token_ids.extend(r.token_ids)
+            timeline.token_times.extend([self.clock] * len(r.token_ids))
+            if r.finished:
+                timeline.finished = True
+                self._in_flight -= 1
+                finished.append(r.request_id)
+        self._last_action = (depth, budget)
+        self._record(result)
+        self._admit()
+        reward = self.rewards(result.num_tokens, result.seconds)
+        self._done = not self._pending and self._in_flight == 0
+        info = {"tokens": result.num_tokens, "seconds": result.seconds, "num_drafted": result.num_drafted,
+                "num_accepted": result.num_accepted, "num_proposed": result.num_proposed,
+                "running": result.num_running, "waiting": result.num_waiting, "decoding": len(result.requests),
+                "depth": depth, "budget": budget,
+                "clock": self.clock, "finished": finished}
+        if self._done:
+            info["requests"] = self.requests
+            info["idle_seconds"] = self.idle_seconds
+        return self._observation(), float(reward), self._done, False, info
+
+    # ------------------------------------------------------------------ features
+    def _record(self, result) -> None:
+        decoding = max(1, len(result.requests))
+        last = {
+            "step_seconds": result.seconds,
+            "seconds_per_seq": result.seconds / decoding,
+            "tokens_per_seq": result.num_tokens / decoding,
+            "drafted_per_seq": result.num_drafted / decoding,
+            "accept_rate_step": result.num_accepted / result.num_drafted if result.num_drafted else 0.5,
+            "proposed": float(result.num_proposed),
+            "tokens_per_second": result.num_tokens / max(result.seconds, 1e-9),
+        }
+        d = self.config.ema_decay
+        for key in ("step_seconds", "seconds_per_seq", "tokens_per_second"):
+            self._ema[key] = last[key] if key not in self._ema else d * self._ema[key] + (1 - d) * last[key]
+        self._last = last
+        self._num_running = result.num_running
+        self._num_waiting = result.num_waiting
+
+    def _observation(self) -> np.ndarray:
+        c = self.config
+        last, ema = self._last, self._ema
+        running = self._num_running
+        in_flight = sum(r.num_prompt_tokens + len(r.token_ids) for r in self.requests
+                        if r.admitted is not None and not r.finished)
+        acceptance, match = self.engine.request_signals()
+        match_share = [float(np.mean(np.minimum(match, 3) == m)) if match.size else 0.0 for m in range(4)]
+        obs = [
+            running / c.max_num_seqs,
+            getattr(self, "_num_waiting", 0) / c.max_num_seqs,
+            in_flight / (c.max_num_seqs * c.max_model_len),
+            last.get("step_seconds", 0.0),
+            ema.get("step_seconds", 0.0),
+            ema.get("seconds_per_seq", 0.0),
+            last.get("tokens_per_seq", 0.0),
+            last.get("drafted_per_seq", 0.0),
+            last.get("accept_rate_step", 0.5),
+            float(acceptance.mean()) if acceptance.size else 0.0,
+            float(acceptance.min()) if acceptance.size else 0.0,
+            float(acceptance.max()) if acceptance.size else 0.0,
+            *match_share,
+            last.get("proposed", 0.0) / max(1, running),
+            self._last_action[0] / max(1, c.max_depth),
+            self._last_action[1] / max(1, max(c.budgets)),
+            ema.get("tokens_per_second", 0.0),
+        ]
+        return np.clip(np.asarray(obs, dtype=np.float32), self.observation_space.low, self.observation_space.high)
