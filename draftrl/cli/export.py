@@ -4,13 +4,16 @@ Example::
 
     draftrl export runs/replay/policy.zip --format onnx --out policy.onnx          # + policy.onnx.json
     draftrl export runs/replay --format torchscript --out policy.pt                # + policy.pt.json
-    draftrl export runs/replay/policy.zip --format vllm --out vllm.json
+    draftrl export runs/replay/policy.zip --format vllm --out vllm.json             # static config
+    draftrl export runs/replay --format vllm --out runs/vllm_policy                 # policy inside vLLM
     draftrl export runs/replay/policy.zip --format sglang --out sglang.json        # + sglang.json.adaptive.json
 
 onnx / torchscript write the policy network alone plus a manifest (feature order, normalisation,
 grids, training config, versions) and check the export against SB3 before writing the manifest.
-vllm / sglang write static speculation settings derived from the policy's depth distribution and
-the cost model (see draftrl/export/engine_config.py and docs/export.md).
+vllm / sglang with OUT.json write static speculation settings derived from the policy's depth
+distribution and the cost model (see draftrl/export/engine_config.py and docs/export.md); vllm
+with a directory writes the policy, its manifest and the custom_class proposer settings that run
+it inside vLLM 0.32 (draftrl/export/vllm_bundle.py).
 """
 
 from __future__ import annotations
@@ -45,7 +48,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--method", default=None, help="vllm: speculative method (default: from the training drafter)")
     parser.add_argument("--algorithm", default=None,
                         help="sglang: speculative algorithm, e.g. EAGLE3 (default: from the training drafter)")
-    parser.add_argument("--onnx", default=None, help="vllm: the exported .onnx the custom_class proposer should load")
+    parser.add_argument("--budget", type=int, default=None,
+                        help="vllm (directory): draft tokens the batch may verify per step (default: no budget)")
     parser.set_defaults(func=run)
     return parser
 
@@ -65,12 +69,19 @@ def run(args: argparse.Namespace) -> int:
                 f"out={out}  manifest={manifest_file}"
             )
             return 0
+        if args.format == "vllm" and out.suffix != ".json":
+            from draftrl.export.vllm_bundle import write_bundle
+
+            bundle = write_bundle(args.policy, out, budget=args.budget, check_observations=args.check_observations)
+            print(f"speculative_config={json.dumps(bundle['speculative_config'])}  out={out}")
+            print(f"serve: {bundle['serve']}")
+            return 0
         from draftrl.export import engine_config as ec
 
         derivation = ec.derive(args.policy, saturation_tokens=args.saturation_tokens,
                                max_batch_size=args.max_batch_size, min_share=args.min_share, episodes=args.episodes)
         if args.format == "vllm":
-            config = ec.vllm_config(derivation, method=args.method, onnx=args.onnx)
+            config = ec.vllm_config(derivation, method=args.method)
         else:
             adaptive_file = out.with_name(out.name + ".adaptive.json")
             config = ec.sglang_config(derivation, algorithm=args.algorithm, adaptive_file=str(adaptive_file))

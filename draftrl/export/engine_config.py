@@ -34,7 +34,7 @@ A serving engine that cannot ask a policy every round gets the policy summarised
 The same factor applied to the grid's maximum depth (``policy_cap_by_batch``)
 caps the policy itself when it runs inside vLLM (``draftrl.export.vllm_proposer``).
 
-Neither engine runs here (no GPU); the keys follow the engines' documentation (see docs/export.md).
+The static vLLM keys follow vLLM 0.32's config (vllm/config/speculative.py); SGLang's its documentation.
 """
 
 from __future__ import annotations
@@ -51,10 +51,10 @@ from draftrl.export.features import env_spec, features_entry
 
 FORMAT = "draftrl-engine-config/1"
 #: vLLM release whose custom_class proposer interface and config keys the vLLM outputs target.
-VLLM_VERSION = "0.22.1"
+VLLM_VERSION = "0.32.0"
 #: SGLang release family whose adaptive speculation keys (speculative_adaptive_config) the outputs target.
 SGLANG_VERSION = "main as of 2026 (speculative_adaptive, speculative_adaptive_config)"
-PROPOSER_CLASS = "draftrl.export.vllm_proposer.DraftrlPolicyProposer"
+PROPOSER_CLASS = "draftrl.export.vllm_proposer.PolicyProposer"
 #: Batch sizes the SGLang tiers and the vLLM table are evaluated on (up to ``max_batch_size``).
 DEFAULT_MAX_BATCH = 512
 DEFAULT_SATURATION_TOKENS = 256
@@ -297,7 +297,7 @@ def _vllm_method(drafter: str | None, method: str | None) -> tuple[str, dict[str
     return "draft_model", {"model": drafter}
 
 
-def vllm_config(derivation: dict[str, Any], *, method: str | None = None, onnx: str | None = None) -> dict[str, Any]:
+def vllm_config(derivation: dict[str, Any], *, method: str | None = None) -> dict[str, Any]:
     """vLLM ``speculative_config`` (static + per-batch-size table) and the ``custom_class`` variant."""
     k1 = derivation["k1"]
     table = derivation["depth_by_batch"]
@@ -305,9 +305,8 @@ def vllm_config(derivation: dict[str, Any], *, method: str | None = None, onnx: 
     notes = [
         f"num_speculative_tokens_per_batch_size is vLLM's dynamic speculative decoding table ([start_bs, end_bs, K]); "
         "vLLM documents it as tested with EAGLE, EAGLE-3 and DFlash and disables it under data parallelism.",
-        "The custom_class variant runs the policy itself every step (draftrl.export.vllm_proposer, n-gram drafts); "
-        "export the network with draftrl export --format onnx and point DRAFTRL_POLICY at it.",
-        f"Not run here: no GPU and no vLLM on the machine that wrote this file; keys follow vLLM {VLLM_VERSION} docs.",
+        "The custom_class variant runs the policy itself every step (draftrl.export.vllm_proposer, n-gram drafts): "
+        "draftrl export RUN --format vllm --out DIR (a directory) writes its files and the lines that start vLLM.",
     ]
     if k1 == 0:
         speculative = None
@@ -326,8 +325,7 @@ def vllm_config(derivation: dict[str, Any], *, method: str | None = None, onnx: 
             "num_speculative_tokens": max(1, max(derivation["depths"])),
         },
         "custom_class_env": {
-            "DRAFTRL_POLICY": onnx or "<policy.onnx written by draftrl export --format onnx>",
-            "DRAFTRL_ENGINE_CONFIG": "<this file: derivation.policy_cap_by_batch caps the policy per batch size>",
+            "DRAFTRL_PROPOSER_CONFIG": "<DIR/proposer.json written by draftrl export RUN --format vllm --out DIR>",
         },
         "derivation": derivation,
         "notes": notes,

@@ -1,46 +1,25 @@
-"""A drafting policy inside vLLM, through its experimental ``custom_class`` proposer.
+"""A trained per-request policy inside vLLM 0.32, through its ``custom_class`` proposer.
 
-Targets vLLM 0.22.1 (the custom proposer appears in its ``vllm.v1.spec_decode`` API docs;
-0.19.0 lacks it). vLLM imports the class named in ``speculative_config.model``, builds it with
-the ``VllmConfig`` and calls, every decoding step::
+:class:`PolicyProposer` is draftrl's vLLM proposer
+(:class:`draftrl.decoding.vllm.proposer.DraftrlProposer`: n-gram drafts, a depth cap and a
+verification budget per step admitted by survival scores) whose per-request depth comes from an
+exported size policy (``draftrl export --format onnx``), all running requests in one onnxruntime
+call. ``draftrl export RUN --format vllm --out DIR`` writes everything ``LLM(...)`` or
+``vllm serve`` needs (``draftrl.export.vllm_bundle``); vLLM finds the policy through
+``DRAFTRL_PROPOSER_CONFIG=DIR/proposer.json``.
 
-    propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=None) -> list[list[int]]
-
-- ``sampled_token_ids``: ``[num_reqs]`` lists: the tokens each request gained this step (the
-  accepted drafts plus the target's token); empty while a request is still prefilling;
-- ``num_tokens_no_spec``: ``[>= num_reqs]`` each row's token count (prompt + output);
-- ``token_ids_cpu``: ``[>= num_reqs, max_model_len]`` each row's tokens;
-- returns each request's draft tokens (any length up to ``num_speculative_tokens``; ``[]`` =
-  no speculation for that request this step).
-
-``DraftrlPolicyProposer`` answers with n-gram drafts (draftrl's ``NgramDrafter``, the drafter the
-policy was trained with) of the depth the controller picks per request, all requests in one
-onnxruntime call. Per-request history features are tracked across steps: vLLM passes no request
-ids, so a request is recognised by its row, its token count and its last tokens (rows that move
-after other requests finish are found again; a new request starts fresh). What vLLM does not
-expose is filled honestly: cost features come from the training cost table (seconds a round
-*would* take by the table, as ``TraceReplay-v0`` charges them), not from measured time; the
-request's token budget is not passed either, so ``generated_len`` is measured against the
-training budget (``EnvConfig.max_new_tokens`` or its cap; it saturates at 1) and
-``remaining_len`` is held at 1 (end not near); drafts are capped only by
-``num_speculative_tokens``, the per-batch table and ``max_model_len``.
-
-Configuration (environment variables, since ``speculative_config`` has no free-form field):
-``DRAFTRL_POLICY`` = the exported ``.onnx`` file (required); ``DRAFTRL_ENGINE_CONFIG`` = the
-JSON of ``draftrl export --format vllm`` (optional: its ``derivation.policy_cap_by_batch`` table
-caps every request's depth for the current batch size, shallower as batches grow).
-
-Not tested against vLLM here (no GPU, vLLM not installable); ``PolicyProposerCore`` (everything
-except the vLLM glue) is tested with vLLM's documented argument layout.
+:class:`PolicyProposerCore` (vLLM-independent, tested with vLLM's argument layout) builds each
+request's observation: vLLM passes no request ids, so a request is recognised by its row, its
+token count and its last tokens (rows that move after other requests finish are found again; a
+new request starts fresh). What vLLM does not expose is filled honestly: cost features come from
+the training cost table (seconds a round *would* take by the table, as ``TraceReplay-v0`` charges
+them), not from measured time; the request's token budget is not passed either, so
+``generated_len`` is measured against the training budget and ``remaining_len`` is held at 1.
 """
 
 from __future__ import annotations
 
-import importlib.metadata
-import importlib.util
-import json
 import os
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,27 +28,12 @@ import numpy as np
 
 from draftrl.envs.costs import CostTable
 from draftrl.envs.features import FeatureBuilder, RoundSummary
-from draftrl.export.engine_config import VLLM_VERSION
+from draftrl.decoding.vllm.proposer import CONFIG_ENV, DraftrlProposer
 from draftrl.export.features import make_feature_builder, ngram_drafter
 
-POLICY_ENV = "DRAFTRL_POLICY"
-ENGINE_CONFIG_ENV = "DRAFTRL_ENGINE_CONFIG"
+CLASS_PATH = "draftrl.export.vllm_proposer.PolicyProposer"
 #: tokens of a row's tail remembered to recognise the request at the next step
 _TAIL = 8
-
-
-def require_vllm() -> str:
-    """The installed vLLM version; an ImportError with the install command when vLLM is missing."""
-    if importlib.util.find_spec("vllm") is None:
-        raise ImportError(
-            f"vllm is not installed; this adapter targets vLLM {VLLM_VERSION}: run pip install \"vllm=={VLLM_VERSION}\" "
-            "on a machine with a CUDA GPU."
-        )
-    version = importlib.metadata.version("vllm")
-    if version != VLLM_VERSION:
-        warnings.warn(f"draftrl's vLLM proposer targets vLLM {VLLM_VERSION}, found {version}; the custom_class "
-                      "interface is experimental and may have changed.", stacklevel=2)
-    return version
 
 
 @dataclass
@@ -197,35 +161,55 @@ class PolicyProposerCore:
         return drafts
 
 
-class DraftrlPolicyProposer:
-    """vLLM ``custom_class`` proposer: ``speculative_config={"method": "custom_class", "model":
-    "draftrl.export.vllm_proposer.DraftrlPolicyProposer", "num_speculative_tokens": K}`` with
-    ``DRAFTRL_POLICY=/path/policy.onnx`` in the environment of vLLM's workers.
+class PolicyProposer(DraftrlProposer):
+    """vLLM ``custom_class`` proposer running an exported per-request size policy::
+
+        DRAFTRL_PROPOSER_CONFIG=DIR/proposer.json  speculative_config={"method": "custom_class",
+            "model": "draftrl.export.vllm_proposer.PolicyProposer", "num_speculative_tokens": K}
+
+    ``proposer.json``: ``policy`` (the ``.onnx`` file, relative to the JSON), ``depth`` and
+    ``budget`` (the fixed step action; None = no budget), ``depth_by_batch`` (optional cap per
+    batch size, ``[[start, end, k], ...]``).
     """
 
     def __init__(self, vllm_config: Any):
-        require_vllm()
+        self.core: PolicyProposerCore | None = None
+        self._config_dir: Path | None = None
+        path = os.environ.get(CONFIG_ENV)
+        if path:
+            self._config_dir = Path(path).resolve().parent
+        super().__init__(vllm_config)
+        if self.core is None:
+            raise ValueError(f"set {CONFIG_ENV}=DIR/proposer.json (written by draftrl export --format vllm --out DIR) "
+                             "in the environment vLLM runs in; it names the exported policy.")
+
+    def configure(self, config: dict[str, Any]) -> None:
         from draftrl.export.controller import PolicyController
 
-        path = os.environ.get(POLICY_ENV)
-        if not path:
-            raise ValueError(f"set {POLICY_ENV}=/path/policy.onnx (written by draftrl export --format onnx) "
-                             "in the environment vLLM runs in.")
-        table = None
-        config_path = os.environ.get(ENGINE_CONFIG_ENV)
-        if config_path:
-            table = json.loads(Path(config_path).read_text())["derivation"]["policy_cap_by_batch"]
-        spec = vllm_config.speculative_config
-        self.core = PolicyProposerCore(
-            PolicyController(path),
-            num_speculative_tokens=int(spec.num_speculative_tokens),
-            max_model_len=int(vllm_config.model_config.max_model_len),
-            depth_by_batch=table,
-        )
+        config = dict(config)
+        policy = config.pop("policy", None)
+        table = config.pop("depth_by_batch", None)
+        config.setdefault("rule", "match")
+        super().configure(config)
+        if policy:
+            policy_path = Path(policy)
+            if not policy_path.is_absolute() and self._config_dir is not None:
+                policy_path = self._config_dir / policy_path
+            self.core = PolicyProposerCore(PolicyController(policy_path), num_speculative_tokens=self.max_depth,
+                                           max_model_len=self.max_model_len, depth_by_batch=table)
+            self.rule = "policy"
 
-    def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray,
-                token_ids_cpu: np.ndarray, slot_mappings: Any = None) -> list[list[int]]:
-        return self.core.propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings)
+    def _own_depths(self, rows, reqs, sampled_token_ids, num_tokens_no_spec, token_ids_cpu) -> list[int]:
+        if self.core is None:
+            return super()._own_depths(rows, reqs, sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
+        drafts = self.core.propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
+        return [len(drafts[row]) for row in rows]
 
-    def load_model(self, *args: Any, **kwargs: Any) -> None:
-        """Nothing to load: the n-gram drafter has no weights (a no-op in case the runner asks)."""
+    def _admitted(self, rows: list[int], counts: list[int]) -> None:
+        """The budget may cut a policy's draft: its features must count what was really verified."""
+        if self.core is None:
+            return
+        for row, n in zip(rows, counts):
+            req = self.core.requests.get(row)
+            if req is not None:
+                req.num_proposed = n

@@ -51,7 +51,7 @@ def check_table(table, max_batch, k_max):
 
 def test_vllm_config_has_the_expected_keys(analytic_run, tmp_path):
     out = tmp_path / "vllm.json"
-    assert main(["export", str(analytic_run), "--format", "vllm", "--out", str(out), "--onnx", "policy.onnx"]) == 0
+    assert main(["export", str(analytic_run), "--format", "vllm", "--out", str(out)]) == 0
     config = json.loads(out.read_text())
     assert config["format"] == ec.FORMAT and config["engine"] == "vllm" and config["engine_version"] == ec.VLLM_VERSION
     summary = json.loads((analytic_run / "train_summary.json").read_text())
@@ -70,7 +70,7 @@ def test_vllm_config_has_the_expected_keys(analytic_run, tmp_path):
         assert spec["num_speculative_tokens_per_batch_size"][0][2] == k
     custom = config["custom_class_speculative_config"]
     assert custom == {"method": "custom_class", "model": ec.PROPOSER_CLASS, "num_speculative_tokens": 12}
-    assert config["custom_class_env"]["DRAFTRL_POLICY"] == "policy.onnx"
+    assert "DRAFTRL_PROPOSER_CONFIG" in config["custom_class_env"]
     check_table(derivation["policy_cap_by_batch"], 512, 12)
     assert derivation["policy_cap_by_batch"][0][2] == 12
 

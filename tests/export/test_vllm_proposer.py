@@ -1,17 +1,12 @@
-"""The vLLM ``custom_class`` adapter without vLLM: the import guard, and the proposer core driven
-with vLLM's documented ``propose`` arguments by a simulated greedy verifier."""
+"""The vLLM ``custom_class`` adapter's per-request policy core without vLLM, driven with vLLM's
+``propose`` arguments by a simulated greedy verifier (tests/export/test_vllm_bundle.py runs it in vLLM)."""
 
 from __future__ import annotations
 
-import importlib.util
-from types import SimpleNamespace
-
 import numpy as np
-import pytest
 
 from draftrl.export.controller import PolicyController
-from draftrl.export.engine_config import VLLM_VERSION
-from draftrl.export.vllm_proposer import DraftrlPolicyProposer, PolicyProposerCore, require_vllm
+from draftrl.export.vllm_proposer import PolicyProposerCore
 
 MAX_LEN = 256
 
@@ -75,16 +70,6 @@ class Batch:
 
 def repeating(start: int, period: int, length: int) -> list[int]:
     return [start + (i % period) for i in range(length)]
-
-
-def test_missing_vllm_names_the_version_to_install():
-    if importlib.util.find_spec("vllm") is not None:
-        pytest.skip("vLLM is installed here")
-    message = f'vllm is not installed; this adapter targets vLLM {VLLM_VERSION}: run pip install "vllm=={VLLM_VERSION}"'
-    with pytest.raises(ImportError, match=message.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")):
-        require_vllm()
-    with pytest.raises(ImportError, match="pip install"):
-        DraftrlPolicyProposer(SimpleNamespace())
 
 
 def test_core_tracks_requests_across_steps_and_row_moves(replay_exports):

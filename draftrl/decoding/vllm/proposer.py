@@ -153,6 +153,18 @@ class DraftrlProposer:
             keys.append(key or f"row{row}@{self.step}")
         return keys
 
+    # ------------------------------------------------------------------ per-request depth
+    def _own_depths(self, rows: list[int], reqs: list[_Request], sampled_token_ids: list[list[int]],
+                    num_tokens_no_spec: np.ndarray, token_ids_cpu: np.ndarray) -> list[int]:
+        """Each decoding request's own depth before the step's cap and budget (``rule``);
+        subclasses (``draftrl.export.vllm_proposer.PolicyProposer``) ask a per-request policy."""
+        if self.rule == "heuristic":
+            return [int(r.heuristic_depth) for r in reqs]
+        return [self.max_depth] * len(reqs)
+
+    def _admitted(self, rows: list[int], counts: list[int]) -> None:
+        """The drafts each row proposed after the budget (a hook for per-request policies)."""
+
     # ------------------------------------------------------------------ the step
     def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray,
                 token_ids_cpu: np.ndarray, slot_mappings: Any = None) -> list[list[int]]:
@@ -186,9 +198,9 @@ class DraftrlProposer:
             match_len[a] = int(builder.tree.features["ngram_match_len"])
             builders.append(builder)
         action = self.action
-        for a, (builder, req, n) in enumerate(zip(builders, reqs, lengths)):
-            own = self.max_depth if self.rule == "match" else int(req.heuristic_depth)
-            cap = min(action.depth, own, self.max_depth, self.max_model_len - n - 1)
+        own_depths = self._own_depths(rows, reqs, sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
+        for a, (builder, own, n) in enumerate(zip(builders, own_depths, lengths)):
+            cap = min(action.depth, int(own), self.max_depth, self.max_model_len - n - 1)
             for _ in range(max(0, cap)):
                 if not builder.step():
                     break
@@ -200,6 +212,7 @@ class DraftrlProposer:
         for a, (row, builder, req) in enumerate(zip(rows, builders, reqs)):
             drafts[row] = [int(t) for t in builder.tree.tokens[: int(admitted[a])]]
             req.acceptance.last_proposed = len(drafts[row])
+        self._admitted(rows, [len(drafts[row]) for row in rows])
         # forget requests that did not decode this step and are not mid-prefill (finished)
         if self.step % 64 == 0:
             self.requests = {k: r for k, r in self.requests.items() if r.last_step >= self.step - 64}
