@@ -51,6 +51,12 @@ def add_parser(subparsers) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the measurement order")
     p.add_argument("--json", action="store_true", help="print the cost table as JSON on stdout")
     p.add_argument("--out", default=None, help="write the cost table JSON here")
+    p.add_argument("--engine", choices=["hf", "vllm"], default="hf",
+                   help="vllm: step seconds of an in-process vLLM engine vs sequences and tokens verified "
+                        "(draftrl.decoding.vllm.calibrate; --target, --dtype, --threads apply)")
+    p.add_argument("--batch-sizes", type=_ints, default=(1, 2, 4, 8, 16), help="vllm: running sequences")
+    p.add_argument("--depths", type=_ints, default=(0, 1, 2, 4, 8), help="vllm: draft tokens per sequence")
+    p.add_argument("--steps", type=int, default=8, help="vllm: timed steps per (batch size, depth)")
     p.set_defaults(func=run)
 
 
@@ -255,7 +261,28 @@ def g_lines(table) -> list[str]:
     return lines
 
 
+def run_vllm(args: argparse.Namespace) -> int:
+    from draftrl.decoding.vllm.calibrate import calibrate as calibrate_vllm
+    from draftrl.decoding.vllm.engine import VLLMEngineConfig, shared_engine
+    from draftrl.io import write_json
+
+    engine = shared_engine(VLLMEngineConfig(model=args.target, method="draftrl", num_speculative_tokens=max(args.depths),
+                                            dtype=args.dtype, max_num_seqs=max(args.batch_sizes), threads=args.threads))
+    result = calibrate_vllm(engine, batch_sizes=args.batch_sizes, depths=args.depths, steps=args.steps,
+                            progress=lambda msg: print(f"[calibrate] {msg}", file=sys.stderr))
+    if args.out:
+        write_json(args.out, result)
+    f = result["fit"]
+    print(f"step_seconds = {f['base'] * 1e3:.2f} ms + {f['per_seq'] * 1e3:.2f} ms x seqs + "
+          f"{f['per_token'] * 1e3:.3f} ms x tokens_verified  (residual sd {f['residual_std'] * 1e3:.2f} ms)")
+    if args.json:
+        print(json.dumps(result))
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.engine == "vllm":
+        return run_vllm(args)
     table = calibrate(args, progress=lambda msg: print(f"[calibrate] {msg}", file=sys.stderr))
     if args.out:
         table.save(args.out)

@@ -18,7 +18,9 @@ documents). Each step the proposer
 1. matches every running request's suffix n-gram (draftrl's :class:`NgramDrafter`, the drafter
    the policies train with) and drafts up to ``min(action depth, the request's own depth)``
    tokens, where the request's own depth follows ``rule``: ``"match"`` (as deep as the match
-   goes), ``"heuristic"`` (Hugging Face's +2 / -1 per request) or a per-request policy;
+   goes), ``"heuristic"`` (Hugging Face's +2 / -1 per request), a per-request policy
+   (``draftrl.export.vllm_proposer``) or ``"fill"`` (exactly the cap, padded with the last
+   token where the match runs out: calibration measures verification cost with it);
 2. scores each draft position by its survival estimate and admits the batch's best ``budget``
    positions (:mod:`draftrl.decoding.admission`);
 3. learns each request's acceptance from the number of tokens vLLM returned for it.
@@ -54,7 +56,7 @@ from draftrl.decoding.drafters import NgramDrafter
 
 CONFIG_ENV = "DRAFTRL_PROPOSER_CONFIG"
 CLASS_PATH = "draftrl.decoding.vllm.proposer.DraftrlProposer"
-RULES = ("match", "heuristic")
+RULES = ("match", "heuristic", "fill")
 #: Discount of a request's acceptance history per step it drafted.
 ACCEPT_DECAY = 0.8
 #: Tokens of a row's tail remembered to recognise the request at the next step (no runner).
@@ -204,6 +206,10 @@ class DraftrlProposer:
             for _ in range(max(0, cap)):
                 if not builder.step():
                     break
+            if self.rule == "fill":
+                while len(builder.tree) < cap:
+                    builder.tree.add(builder.ids[-1] if not builder.tree.tokens else builder.tree.tokens[-1],
+                                     len(builder.tree) - 1, -1e3)
             wanted[a] = len(builder.tree)
         acceptance = acceptance_estimate(
             np.array([r.acceptance.num_accepted for r in reqs]), np.array([r.acceptance.num_proposed for r in reqs]),

@@ -1,0 +1,106 @@
+"""Drafting inside vLLM under concurrent load: no speculation, vLLM's ngram at each K, draftrl's
+drafter at each fixed depth, the +2/-1 heuristic, a Dynamic SD table and (given) a PPO policy,
+at concurrency 1, 4 and 16 on the mixed held-out workload; Hugging Face anchors at batch 1.
+
+Everything runs through ``draftrl.eval.serving.run_serving_eval`` (one engine per speculative
+config, policies rotated per load, float32 greedy identity against no speculation), then HF
+``generate`` plain and prompt lookup on the same requests, one at a time. Prints ratios first:
+
+    speedup_vs_none=1.23x  vs_best_ngram=1.10x  tok_s=...  policy=fixed:4  concurrency=4  cpu=...
+
+    python benchmarks/serve_compare.py --out runs/serve_compare                   # full
+    python benchmarks/serve_compare.py --concurrency 1,4 --ks 4 --depths 4 --max-new-tokens 32   # quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+
+def hf_anchors(prompts: list[tuple[str, list[int], int]], lookup: int) -> dict[str, float]:
+    """tokens/s of HF generate, plain greedy and prompt lookup, one request at a time (float32)."""
+    import torch
+
+    from draftrl.models import load_model
+
+    loaded = load_model("smollm2-135m", fast_linear=False)
+    model = loaded.model
+    out: dict[str, list[float]] = {"hf_plain": [0, 0], f"hf_prompt_lookup_{lookup}": [0, 0]}
+    for _, ids, max_new in prompts:
+        x = torch.tensor([ids])
+        for name, extra in (("hf_plain", {}), (f"hf_prompt_lookup_{lookup}", {"prompt_lookup_num_tokens": lookup})):
+            t0 = time.perf_counter()
+            y = model.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=max_new,
+                               pad_token_id=loaded.tokenizer.eos_token_id, **extra)
+            out[name][0] += y.shape[1] - x.shape[1]
+            out[name][1] += time.perf_counter() - t0
+    return {k: v[0] / v[1] for k, v in out.items()}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--concurrency", default="1,4,16")
+    p.add_argument("--ks", default="2,4,8", help="vLLM ngram K values")
+    p.add_argument("--depths", default="2,4,8", help="draftrl fixed depths")
+    p.add_argument("--dsd", default="dsd", help="Dynamic SD policy spec (dsd or dsd:S-E:K,...); '' = skip")
+    p.add_argument("--ppo", default=None, help="ppo:PATH policy trained on draftrl/ServeVLLM-v0")
+    p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--limit-per-group", type=int, default=1, help="held-out prompts per language x task (1 = 16)")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--hf-lookup", type=int, default=8, help="HF prompt_lookup_num_tokens (0 = skip HF anchors)")
+    p.add_argument("--out", default="runs/serve_compare")
+    args = p.parse_args()
+
+    from draftrl.envs.serve_config import ServeConfig
+    from draftrl.eval.serving import run_serving_eval
+
+    policies = ["none"] + [f"ngram:{k}" for k in args.ks.split(",") if k] + \
+        [f"fixed:{d}" for d in args.depths.split(",") if d] + ["heuristic"]
+    if args.dsd:
+        policies.append(args.dsd)
+    if args.ppo:
+        policies.append(args.ppo if args.ppo.startswith("ppo:") else f"ppo:{args.ppo}")
+    config = ServeConfig(split="heldout", shuffle=False, seed=0, limit_per_group=args.limit_per_group,
+                         max_new_tokens=args.max_new_tokens, dtype=args.dtype, threads=args.threads)
+    levels = [int(c) for c in args.concurrency.split(",") if c]
+    t0 = time.perf_counter()
+    results = run_serving_eval(args.out, policies=policies, concurrency=levels, config=config,
+                               progress=lambda d, t, m: print(f"[{d}/{t}] {m}", flush=True))
+    anchors = {}
+    if args.hf_lookup:
+        from transformers import AutoTokenizer
+
+        from draftrl.decoding.vllm.engine import model_path
+        from draftrl.envs.workload import Workload
+
+        workload = Workload(config.workload_config(), AutoTokenizer.from_pretrained(model_path(config.model)))
+        prompts = [(r.prompt.id, r.prompt_ids, r.max_new_tokens)
+                   for r in (workload.request(i) for i in range(len(workload)))]
+        anchors = hf_anchors(prompts, args.hf_lookup)
+        results["hf_anchors"] = anchors
+        Path(args.out, "results.json").write_text(json.dumps(results, indent=1, default=str))
+    cpu = results["hardware"]["cpu"]
+    for level in levels:
+        table = results["concurrency"][str(level)]["policies"]
+        ngram = max((v["tokens_per_second"] for k, v in table.items() if k.startswith("ngram")), default=None)
+        for name, s in sorted(table.items(), key=lambda kv: -kv[1]["tokens_per_second"]):
+            vs_ngram = f"{s['tokens_per_second'] / ngram:.2f}x" if ngram else "-"
+            print(f"speedup_vs_none={s['speedup_vs_none']:.2f}x  vs_best_ngram={vs_ngram}  "
+                  f"tok_s={s['tokens_per_second']:.1f}  tokens_per_step={s['mean_tokens_per_step']:.2f}  "
+                  f"itl_p95_ms={(s['itl_p95'] or 0) * 1e3:.0f}  policy={name}  concurrency={level}  cpu={cpu}")
+    none1 = results["concurrency"].get("1", {}).get("policies", {}).get("none")
+    for name, rate in anchors.items():
+        ratio = f"{rate / none1['tokens_per_second']:.2f}x" if none1 else "-"
+        print(f"vs_vllm_none_c1={ratio}  tok_s={rate:.1f}  anchor={name}  batch=1  cpu={cpu}")
+    print(f"exactness={'PASSED' if results['exactness']['passed'] else 'FAILED'}  dtype={args.dtype}  "
+          f"max_new_tokens={args.max_new_tokens}  "
+          f"requests={results['concurrency'][str(levels[0])]['policies']['none']['num_requests']}  "
+          f"wall_s={time.perf_counter() - t0:.0f}")
+
+
+if __name__ == "__main__":
+    main()
