@@ -252,9 +252,9 @@ def _groups(requests: list, key: str) -> dict:
 
 
 # ----------------------------------------------------------------------------- the run
-def run_episode(env, actor: _Actor, prompt_ids: list[str]) -> tuple[list, list[dict]]:
+def run_episode(env, actor: _Actor, prompt_ids: list[str], seed: int = 0) -> tuple[list, list[dict]]:
     """One episode over ``prompt_ids``; returns the request timelines and per-step records."""
-    obs, _ = env.reset(options={"prompt_ids": prompt_ids})
+    obs, _ = env.reset(seed=seed, options={"prompt_ids": prompt_ids})
     steps, done, info = [], False, {}
     while not done:
         obs, _, terminated, truncated, info = env.step(actor.act(obs))
@@ -306,8 +306,8 @@ def run_serving_eval(out: str | Path, *, policies: list[str] | str, concurrency:
                                    engine=engines[spec.label], tokenizer=tokenizer or envs.get("tokenizer"))
                 envs.setdefault("tokenizer", env.tokenizer)
                 prompt_ids = [p.id for p in env.workload.prompts][: config.num_requests or None]
-                env.reset(seed=config.seed if config.seed is not None else 0)
-                requests, steps = run_episode(env, _Actor(spec, env), prompt_ids)
+                requests, steps = run_episode(env, _Actor(spec, env), prompt_ids,
+                                              seed=config.seed if config.seed is not None else 0)
                 per_policy[spec.label].append((requests, steps))
                 done += 1
                 if progress:
