@@ -47,7 +47,8 @@ class ServeConfig:
     max_num_seqs: int = 16
     """the engine's most concurrent sequences (more requests wait in its queue)"""
     max_model_len: int = 1024
-    kv_cache_gib: float = 1.0
+    kv_cache_gib: int = 1
+    """VLLM_CPU_KVCACHE_SPACE in GiB"""
     threads: int = 1
     temperature: float = 0.0
     top_k: int = 0

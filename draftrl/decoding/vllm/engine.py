@@ -73,8 +73,8 @@ class VLLMEngineConfig:
     max_num_seqs: int = 16
     """most requests in one engine step"""
     max_model_len: int = 1024
-    kv_cache_gib: float = 1.0
-    """VLLM_CPU_KVCACHE_SPACE (CPU only)"""
+    kv_cache_gib: int = 1
+    """VLLM_CPU_KVCACHE_SPACE in GiB (CPU only; vLLM reads an integer)"""
     threads: int = 1
     """OMP threads of the CPU worker"""
     seed: int = 0
@@ -122,7 +122,7 @@ def set_cpu_defaults(config: VLLMEngineConfig) -> None:
         raise ValueError(f"VLLM_ENABLE_V1_MULTIPROCESSING={mp} puts the engine core in another process, where "
                          "draftrl cannot set each step's action; unset it or set it to 0.")
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{config.kv_cache_gib:g}")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(int(config.kv_cache_gib)))
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
     os.environ.setdefault("OMP_NUM_THREADS", str(config.threads))
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
