@@ -41,7 +41,7 @@ def test_exported_policy_runs_in_vllm(replay_run, tmp_path, monkeypatch):
     assert type(proposer).__name__ == "PolicyProposer" and proposer.rule == "policy"
     assert proposer.core.controller.path.name == "policy.onnx"
 
-    plain = shared_engine(VLLMEngineConfig(method="none", max_model_len=512, max_num_seqs=4))
+    plain = shared_engine(VLLMEngineConfig(method="none"))  # the engine tests/vllm share
     for i, p in enumerate(prompts):
         plain.add_request(str(i), p["prompt_token_ids"], 24)
     expected: dict[str, list[int]] = {}
