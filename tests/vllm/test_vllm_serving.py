@@ -64,18 +64,33 @@ def _untrained_ppo(path):
 def test_eval_engine_vllm_writes_the_documented_results(tmp_path):
     out = tmp_path / "serve"
     ppo = _untrained_ppo(tmp_path)
-    code = main(["eval", "--engine", "vllm", "--policies", f"none,fixed:4,heuristic,ppo:{ppo}", "--concurrency", "1,2",
+    code = main(["eval", "--engine", "vllm", "--policies", f"none,ngram:2,fixed:4,heuristic,ppo:{ppo}", "--concurrency", "1,2",
                  "--set", "num_requests=2", "--set", "max_new_tokens=12", "--out", str(out), "--quiet"])
     assert code == 0
     results = json.loads((out / "results.json").read_text())
     assert results["exactness"]["passed"] is True
     for level in ("1", "2"):
         table = results["concurrency"][level]["policies"]
-        assert set(table) == {"none", "fixed:4", "heuristic", f"ppo:{ppo}"}
+        assert set(table) == {"none", "ngram:2", "fixed:4", "heuristic", f"ppo:{ppo}"}
         for p in table.values():
             assert p["tokens_per_second"] > 0 and p["itl_p50"] is not None and p["num_tokens"] > 0
             assert set(p["per_language"]) and set(p["per_task"])
         assert table["fixed:4"]["greedy_identical_requests"] == 2
+
+
+def test_engines_build_after_an_ngram_engine():
+    """vLLM 0.32's kernel scan crashed on numba's llvmlite after an ngram engine (guard_llvmlite)."""
+    from draftrl.decoding.vllm.engine import guard_llvmlite
+
+    shared_engine(VLLMEngineConfig(method="ngram", num_speculative_tokens=2))
+    import llvmlite.binding.ffi as ffi
+
+    guard_llvmlite()
+    assert isinstance(vars(ffi.lib), dict)
+    engine = shared_engine(VLLMEngineConfig(method="draftrl", max_num_seqs=2))  # a config no other test builds
+    engine.add_request("after-ngram", list(range(600, 620)), 4)
+    while engine.has_unfinished_requests():
+        engine.step()
 
 
 def test_calibrate_fill_rule_verifies_exactly_the_depth():

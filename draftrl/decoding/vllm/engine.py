@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -131,6 +132,35 @@ def set_cpu_defaults(config: VLLMEngineConfig) -> None:
     torch.set_num_threads(config.threads)
 
 
+def guard_llvmlite() -> None:
+    """Work around a vLLM 0.32 CPU crash when an engine is built after a ``method: ngram`` engine.
+
+    Building an engine scans every loaded module's globals and reads ``vars(x).get("kernel")``
+    (``vllm/triton_utils/dispatcher.py``). vLLM's ngram proposer loads numba, whose
+    ``llvmlite.binding.ffi.lib`` has ``__slots__`` and a ``__getattr__`` that answers
+    ``__dict__`` with a function wrapper, so the scan raises ``AttributeError: '_lib_fn_wrapper'
+    object has no attribute 'get'``. Giving that one object a subclass whose ``__dict__`` is an
+    empty dict lets the scan pass and changes nothing for numba.
+    """
+    ffi = sys.modules.get("llvmlite.binding.ffi")
+    lib = getattr(ffi, "lib", None)
+    if lib is None or isinstance(getattr(type(lib), "__dict__", None), property) or _safe_dict(lib):
+        return
+
+    class _LibWithDict(type(lib)):  # type: ignore[misc]
+        __slots__ = ()
+        __dict__ = property(lambda self: {})  # type: ignore[assignment]
+
+    lib.__class__ = _LibWithDict
+
+
+def _safe_dict(obj: Any) -> bool:
+    try:
+        return isinstance(vars(obj), dict)
+    except TypeError:
+        return True  # no __dict__ at all: the scan skips it
+
+
 class VLLMEngine:
     """An in-process vLLM engine stepped by draftrl (see the module docstring).
 
@@ -143,6 +173,7 @@ class VLLMEngine:
         require_vllm()
         self.config = config = config or VLLMEngineConfig()
         set_cpu_defaults(config)
+        guard_llvmlite()
         from vllm import EngineArgs, LLMEngine
 
         t0 = time.perf_counter()
