@@ -40,14 +40,15 @@ def write_bundle(policy: str | Path, out: str | Path, *, model: str = "smollm2-1
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     manifest_file, manifest = export(policy, out / "policy.onnx", "onnx", check_observations=check_observations)
-    if manifest.get("kind") != "size" or int(manifest.get("width", 1)) != 1:
+    action = manifest["action"]
+    if manifest.get("kind") != "size" or int(action.get("width", 1)) != 1:
         raise ValueError("vLLM drafts chains: export a size policy of width 1 (draftrl train with ppo_size).")
     entry = manifest.get("features") or {}
     make_feature_builder(entry, manifest["feature_names"])  # refuses policies no engine can feed
     ngram_drafter(str(entry.get("drafter") or "ngram"))
-    depth = max(int(d) for d in manifest["depths"])
+    depth = max(int(d) for d in action["depths"])
     if depth < 1:
-        raise ValueError(f"the policy's depths {manifest['depths']} never speculate; nothing to run in vLLM.")
+        raise ValueError(f"the policy's depths {action['depths']} never speculate; nothing to run in vLLM.")
     proposer = {"policy": "policy.onnx", "depth": depth, "budget": budget}
     (out / "proposer.json").write_text(json.dumps(proposer, indent=2) + "\n")
     speculative = {"method": "custom_class", "model": CLASS_PATH, "num_speculative_tokens": depth}
