@@ -49,6 +49,7 @@ def main() -> None:
     p.add_argument("--ppo", default=None, help="ppo:PATH policy trained on draftrl/ServeVLLM-v0")
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--limit-per-group", type=int, default=1, help="held-out prompts per language x task (1 = 16)")
+    p.add_argument("--tasks", default="", help="keep these tasks (comma-separated; default all four)")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--hf-lookup", type=int, default=8, help="HF prompt_lookup_num_tokens (0 = skip HF anchors)")
@@ -65,6 +66,7 @@ def main() -> None:
     if args.ppo:
         policies.append(args.ppo if args.ppo.startswith("ppo:") else f"ppo:{args.ppo}")
     config = ServeConfig(split="heldout", shuffle=False, seed=0, limit_per_group=args.limit_per_group,
+                         tasks=tuple(args.tasks.split(",")) if args.tasks else None,
                          max_new_tokens=args.max_new_tokens, dtype=args.dtype, threads=args.threads)
     levels = [int(c) for c in args.concurrency.split(",") if c]
     t0 = time.perf_counter()
