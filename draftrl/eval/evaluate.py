@@ -217,6 +217,7 @@ def run_eval(config: EvalConfig, out: str | Path, *, policies: list[str] | str |
     results = _results(config, specs, runs, grid, env_cfg, monitors, references, hf, failure)
     add_anchors(results, runs, anchor_runs, references, best_fixed="best-grid" if "best-grid" in labels else None)
     results["hardware"] = hardware_info(env_cfg.device)
+    results["kernels"] = target.kernels.to_dict() if target.kernels is not None else None
     results["trajectories"] = {"prompt_id": traj_prompt, "policies": trajectories}
     if settings.power_tokens and failure is None:
         from draftrl.eval.exactness import monitor_power

@@ -214,6 +214,15 @@ def summarize_cells(runs: list[RequestRun], cells: list[Cell]) -> dict[str, dict
     return out
 
 
+def target_kernels(config: EvalConfig, target=None) -> dict | None:
+    """The few-token kernel plan the grid's target ran with (``draftrl.models.kernels``)."""
+    from draftrl.envs.engines import shared_model
+
+    loaded = target if target is not None else shared_model(config.env.target, config.env.dtype, config.env.device,
+                                                            config.env.kernels)
+    return loaded.kernels.to_dict() if loaded.kernels is not None else None
+
+
 def add_grid_anchors(table: dict[str, dict], anchor_runs: list) -> dict | None:
     """The anchors' summary (``draftrl.eval.anchors.summarize_anchors``); sets every cell's
     ``speedup_vs_hf`` and ``speedup_vs_hf_lookup`` (over HF prompt lookup at its best gamma)."""
@@ -265,6 +274,7 @@ def run_grid(config: EvalConfig, out: str | Path, *, target=None, config_path: s
         "best": best_cell(table),
         "exactness": exactness,
         "anchors": anchors,
+        "kernels": target_kernels(config, target),
         "files": {"heatmap": HEATMAP_FILE, "sweep": SWEEP_FILE},
         "wall_seconds": time.perf_counter() - started,
     }

@@ -177,7 +177,8 @@ def render_report(results: dict, files: dict[str, str]) -> str:
         f"target `{env['target']}`, drafter `{env['drafter']}`, temperature {env['temperature']:g}, "
         f"languages {_names(env['languages'])}, tasks {_names(env['tasks'])}, "
         f"max_new_tokens {env['max_new_tokens'] or 'per prompt'}; hardware: {hw.get('gpu') or hw.get('cpu')}, "
-        f"{hw.get('threads')} torch threads, torch {hw.get('torch')}. Wall time {results.get('wall_seconds', 0):.0f} s. "
+        f"{hw.get('threads')} torch threads, torch {hw.get('torch')}, few-token kernels "
+        f"{(results.get('kernels') or {}).get('layout', 'stock')} ({(results.get('kernels') or {}).get('source', '-')}). Wall time {results.get('wall_seconds', 0):.0f} s. "
         "Absolute tokens/s depend on the machine and its load; compare the ratios. Peak memory is the largest "
         "increase over a request's start (process RSS on CPU, the CUDA allocator's peak on GPU).",
         "",

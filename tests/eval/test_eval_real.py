@@ -67,7 +67,7 @@ def untrained_ppo(smollm2, config, tmp_path_factory):
     return out
 
 
-def test_grid_writes_the_documented_files(grid_dir, config):
+def test_grid_writes_the_documented_files(grid_dir, config, smollm2):
     grid = json.loads((grid_dir / "grid.json").read_text())
     assert grid["split"] == "tune" and grid["reference"] == "d0_v0_w1"
     assert set(grid["cells"]) == {"d0_v0_w1", "d3_v0_w1"}
@@ -80,6 +80,7 @@ def test_grid_writes_the_documented_files(grid_dir, config):
     assert grid["cells"]["d0_v0_w1"]["speedup_vs_ar"] == pytest.approx(1.0)
     assert grid["cells"]["d0_v0_w1"]["mean_tokens_per_round"] == pytest.approx(1.0)
     assert grid["best"]["name"] in grid["cells"]
+    assert grid["kernels"]["layout"] == smollm2.kernels.layout  # the kernels the cells ran with
     anchors = grid["anchors"]
     assert set(anchors["methods"]) == {"hf", "hf-lookup:2"} and anchors["best_lookup"] == "hf-lookup:2"
     assert all(a["tokens_per_second"] > 0 and a["num_requests"] == 2 for a in anchors["methods"].values())
@@ -110,6 +111,7 @@ def test_eval_writes_results_report_and_plots(smollm2, config, grid_dir, untrain
         assert set(p["per_language"]) == {"en"} and set(p["per_task"]) == {"code_edit", "chat"}
         assert p["num_tokens"] == saved["policies"]["ar"]["num_tokens"]  # greedy: the same output
     assert saved["policies"]["ar"]["speedup_vs_ar"] == pytest.approx(1.0)
+    assert saved["kernels"]["layout"] == smollm2.kernels.layout and saved["kernels"]["source"] in ("probe", "cache", "busy")
     # anchors: only the grid's best prompt-lookup gamma is timed again, on the same requests
     assert set(saved["anchors"]["methods"]) == {"hf", "hf-lookup:2"}
     assert all(a["identical_to_ar"] == "2/2" for a in saved["anchors"]["methods"].values())  # greedy
