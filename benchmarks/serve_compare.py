@@ -26,7 +26,7 @@ def hf_anchors(prompts: list[tuple[str, list[int], int]], lookup: int) -> dict[s
 
     from draftrl.models import load_model
 
-    loaded = load_model("smollm2-135m", fast_linear=False)
+    loaded = load_model("smollm2-135m", kernels="stock")  # stock HF, as a user has it
     model = loaded.model
     out: dict[str, list[float]] = {"hf_plain": [0, 0], f"hf_prompt_lookup_{lookup}": [0, 0]}
     for _, ids, max_new in prompts:
