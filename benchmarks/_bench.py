@@ -11,16 +11,15 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
-import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import torch
 
-from draftrl.envs.costs import hardware_info, hardware_name
-from draftrl.envs.engines import eos_token_ids
+from draftrl.decoding.clock import device_clock
 from draftrl.envs.workload import encode
 from draftrl.prompts import load_prompts
+from draftrl.signals.costs import hardware_info, hardware_name
 
 
 @dataclass
@@ -96,7 +95,7 @@ def load_grid(args: argparse.Namespace, code: bool = True):
     loaded = load_model(args.model, device=args.device)
     reqs, groups = grouped_requests(loaded.tokenizer, args.languages.split(","), args.task, args.num_prompts,
                                     args.max_new_tokens, code=code)
-    return loaded, eos_token_ids(loaded), reqs, groups
+    return loaded, loaded.eos_token_ids, reqs, groups
 
 
 def grouped_requests(tokenizer, languages: list[str], task: str, num_prompts: int, max_new_tokens: int | None,
@@ -113,11 +112,6 @@ def grouped_requests(tokenizer, languages: list[str], task: str, num_prompts: in
     return reqs, groups
 
 
-def clock(device: str) -> float:
-    """perf_counter after a CUDA synchronise when timing on a GPU."""
-    if device.startswith("cuda"):
-        torch.cuda.synchronize(device)
-    return time.perf_counter()
 
 
 def interleave(
@@ -143,9 +137,9 @@ def interleave(
             order = names[:]
             rng.shuffle(order)
             for name in order:
-                start = clock(device)
+                start = device_clock(device)
                 tokens, rounds = methods[name](req)
-                seconds = clock(device) - start
+                seconds = device_clock(device) - start
                 timings.runs[(name, i)].append(Run(list(tokens), seconds, rounds))
         if progress:
             print(f"# repeat {repeat + 1}/{repeats} done", flush=True)
@@ -183,5 +177,5 @@ def context(device: str, model: str) -> str:
     return f"model={model}  device={device}  cpu={hardware_name(info)}  threads={info['threads']}  torch={info['torch']}"
 
 
-__all__ = ["Request", "engine_method", "Run", "Timings", "clock", "context", "eos_token_ids", "first_mismatch", "add_grid_args", "grouped_requests", "interleave", "load_grid",
+__all__ = ["Request", "engine_method", "Run", "Timings", "context", "first_mismatch", "add_grid_args", "grouped_requests", "interleave", "load_grid",
            "requests"]

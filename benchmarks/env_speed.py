@@ -11,13 +11,14 @@ episode, then random actions for ``--seconds`` of wall clock. One line per env, 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import tempfile
 import time
 from pathlib import Path
 
 import gymnasium as gym
 
-import draftrl  # noqa: F401  registers the env ids
+import draftrl.envs  # noqa: F401  registers the env ids
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -50,9 +51,10 @@ def main() -> None:
 
     import torch
 
-    from draftrl.cli.calibrate import calibrate
-    from draftrl.envs.config import load_env_config
-    from draftrl.envs.costs import hardware_info, hardware_name
+    from draftrl.config.commands import CalibrateSettings
+    from draftrl.envs.calibrate import calibrate
+    from draftrl.config.env import load_env_config
+    from draftrl.signals.costs import hardware_info, hardware_name
     from draftrl.envs.engines import build_engine
     from draftrl.envs.traces import collect
 
@@ -62,11 +64,10 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="env_speed_"))
     cost_table = args.cost_table
     if cost_table is None:
-        quick = argparse.Namespace(target=config.target, drafter=config.drafter, device=config.device, dtype=config.dtype,
-                                   num_tokens=(1, 2, 4, 8), contexts=(128, 512), widths=(config.width,), levels=2,
-                                   repeats=1, threads=args.threads, temperature=0.0, seed=0)
+        quick = CalibrateSettings(num_tokens=(1, 2, 4, 8), contexts=(128, 512), widths=(config.width,), levels=2,
+                                  repeats=1)
         cost_table = str(work / "costs.json")
-        calibrate(quick).save(cost_table)
+        calibrate(quick, dataclasses.replace(config, temperature=0.0)).save(cost_table)
     traces = args.traces
     if traces is None:
         engine, tokenizer = build_engine(config)

@@ -28,7 +28,7 @@ import os
 
 import torch
 
-from _bench import context, engine_method, eos_token_ids, first_mismatch, interleave, requests
+from _bench import context, engine_method, first_mismatch, interleave, requests
 from draftrl.decoding.drafters import NgramDrafter
 from draftrl.models import load_model, stock_kernels
 from draftrl.prompts import TASKS
@@ -57,7 +57,7 @@ def main() -> None:
 
     loaded = load_model(args.model, device=args.device, kernels=args.kernels)  # after the threads: the probe uses them
     model, tok = loaded.model, loaded.tokenizer
-    eos = eos_token_ids(loaded)
+    eos = loaded.eos_token_ids
     gammas = [int(g) for g in args.gammas.split(",")]
     reqs = requests(tok, args.languages.split(","), args.tasks.split(","), args.num_prompts, args.max_new_tokens)
 

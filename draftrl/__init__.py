@@ -1,9 +1,9 @@
 """draftrl: learn when and how far to speculate in speculative decoding.
 
-Layers, imported one way only: models -> decoding -> envs -> policies -> train -> eval,
-with export depending on policies and decoding.
+Importing ``draftrl`` imports nothing else: a serving process that only runs an exported policy
+(``draftrl.export.controller``: numpy + onnxruntime) never loads gymnasium or torch. The layers
+and the one rule their imports keep are in ``docs/architecture.md``; the gymnasium ids are
+registered by ``import draftrl.envs`` (or ``gym.make("draftrl.envs:draftrl/SpecDecode-v0")``).
 """
 
 __version__ = "0.1.0"
-
-import draftrl.envs  # noqa: E402,F401  registers the gymnasium ids (entry-point strings: no torch)

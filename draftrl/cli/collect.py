@@ -12,47 +12,57 @@ table are saved next to the traces.
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import sys
 from pathlib import Path
 
+from draftrl.cli import _options
+
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("collect", help="record greedy draft/target traces for TraceReplay-v0")
-    p.add_argument("--config", default=None,
-                   help="YAML with an env: section (other sections are ignored; default: EnvConfig defaults)")
-    p.add_argument("--out", required=True, help="directory for trace.npz, trace.json (and cost_table.json)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config key, e.g. --set env.max_new_tokens=32 (repeatable)")
+    _options.add_config(p)
+    _options.add_models(p)
+    _options.add_threads(p)
+    _options.add_out(p, "directory for trace.npz, trace.json (and cost_table.json)")
     p.add_argument("--cost-table", default=None, help="cost table from draftrl calibrate, copied next to the traces")
-    p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    _options.add_json(p)
     p.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
-    import torch
+def config(args: argparse.Namespace):
+    """The command's :class:`~draftrl.config.commands.CollectConfig` (the file's other sections are skipped)."""
+    from draftrl.config.commands import CollectConfig
 
-    from draftrl.envs.config import load_env_config
-    from draftrl.envs.costs import CostTable
+    return _options.load(CollectConfig, args, partial=True)
+
+
+def run(args: argparse.Namespace) -> int:
     from draftrl.envs.engines import build_engine
     from draftrl.envs.traces import collect
+    from draftrl.signals.costs import CostTable
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    config = load_env_config(args.config, args.set)
+    cfg = config(args)
+    _options.set_threads(cfg.threads)
     table = CostTable.load(args.cost_table) if args.cost_table else None  # fail before decoding anything
-    engine, tokenizer = build_engine(config)
+    engine, tokenizer = build_engine(cfg.env)
 
     def progress(index, prompt, seconds):
         print(f"[collect] {index + 1} {prompt.id} {seconds:.1f}s", file=sys.stderr)
 
-    traces = collect(config, engine, tokenizer, progress=progress)
+    traces = collect(cfg.env, engine, tokenizer, progress=progress)
     out = traces.save(args.out)
     if table is not None:
         shutil.copyfile(args.cost_table, Path(out) / "cost_table.json")
-    num_positions = int(traces.cu_num_positions[-1])
+    summary = {"prompts": len(traces), "positions": int(traces.cu_num_positions[-1]), "nodes": len(traces.node_tokens),
+               "max_depth": traces.max_depth, "width": traces.width, "seconds": traces.meta["collect_seconds"],
+               "out": str(out)}
+    if args.json:
+        print(json.dumps(summary))
+        return 0
     print(
-        f"prompts={len(traces)} positions={num_positions} nodes={len(traces.node_tokens)} "
-        f"max_depth={traces.max_depth} width={traces.width} seconds={traces.meta['collect_seconds']:.1f} out={out}"
+        f"prompts={summary['prompts']} positions={summary['positions']} nodes={summary['nodes']} "
+        f"max_depth={summary['max_depth']} width={summary['width']} seconds={summary['seconds']:.1f} out={out}"
     )
     return 0

@@ -14,7 +14,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from draftrl.cli.grid import add_config_args, exactness_failure, progress_bar
+from draftrl.cli import _options
+from draftrl.cli._output import exactness_failure, progress_bar
+from draftrl.cli.grid import add_eval_options
 
 #: Display names of the demo's table.
 LABELS = {"ar": "plain decoding", "best-grid": "best fixed (grid)", "heuristic": "HF heuristic",
@@ -23,41 +25,19 @@ LABELS = {"ar": "plain decoding", "best-grid": "best fixed (grid)", "heuristic":
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("demo", help="end to end: calibrate, collect, train PPO, grid, evaluate, compare")
-    add_config_args(p)
+    add_eval_options(p)
     p.add_argument("--quick", action="store_true", help="a few minutes: fewer requests, tokens, cells and steps")
-    p.add_argument("--out", default="runs/demo", help="output directory (default: runs/demo)")
+    _options.add_out(p, "output directory (default: runs/demo)", required=False, default="runs/demo")
     p.add_argument("--force", action="store_true", help="replace an earlier demo's outputs in --out")
     p.set_defaults(func=run)
 
 
-def _config(args: argparse.Namespace):
-    from draftrl.config import from_dict, load_config, to_dict
+def config(args: argparse.Namespace):
+    """The :class:`~draftrl.eval.demo.DemoConfig`: the built-in default (or ``--quick``), or ``--config``."""
     from draftrl.eval.demo import DemoConfig
 
-    if args.config:
-        config = load_config(DemoConfig, args.config, args.overrides)
-    else:
-        base = DemoConfig.quick() if args.quick else DemoConfig()
-        config = base
-        if args.overrides:  # --set on top of the built-in defaults
-            import yaml
-
-            data = to_dict(base)
-            for item in args.overrides:
-                if "=" not in item:
-                    raise ValueError(f"--set {item!r} must look like section.key=value")
-                key, raw = item.split("=", 1)
-                *parents, leaf = key.strip().split(".")
-                node = data
-                for part in parents:
-                    node = node.get(part) if isinstance(node.get(part), dict) else None
-                    if node is None:
-                        raise ValueError(f"--set {item}: '{part}' is not a section of the demo config")
-                node[leaf] = yaml.safe_load(raw)
-            config = from_dict(DemoConfig, data)
-    if args.threads is not None:
-        config.threads = args.threads
-    return config
+    base = DemoConfig.quick() if args.quick and not args.config else None
+    return _options.load(DemoConfig, args, base=base)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -67,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     from draftrl.eval.demo import STEPS, run_demo
     from draftrl.eval.exactness import GreedyMismatch
 
-    config = _config(args)
+    cfg = config(args)
     console = Console(stderr=True)
     console.rule(f"[bold]draftrl demo{' --quick' if args.quick else ''}[/] -> {args.out}")
 
@@ -79,12 +59,19 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         with progress_bar("decoding") as update:
-            summary = run_demo(config, args.out, force=args.force, step_started=started, step_done=done,
+            summary = run_demo(cfg, args.out, force=args.force, step_started=started, step_done=done,
                                progress=update)
     except (ExactnessViolation, GreedyMismatch) as err:
         code = exactness_failure("demo", err)
         print(f"partial results under {args.out}", file=sys.stderr)
         return code
+    if args.json:
+        import json
+
+        from draftrl.io import plain
+
+        print(json.dumps(plain({k: v for k, v in summary.items() if k != "results_dict"})))
+        return 0
     print_summary(summary)
     return 0
 

@@ -16,25 +16,34 @@ Inside vLLM under concurrent load (draftrl.eval.serving; needs vLLM installed)::
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
-from draftrl.cli.grid import add_config_args, exactness_failure, load_eval_config, progress_bar
+from draftrl.cli import _options
+from draftrl.cli._output import exactness_failure, progress_bar
+from draftrl.cli.grid import add_eval_options, config
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(name.strip() for name in text.split(",") if name.strip())
 
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("eval", help="compare policies on held-out requests (speed, latency, exactness)")
-    add_config_args(p)
-    p.add_argument("--policies", default=None,
-                   help="comma-separated: ar,best-grid,fixed:D[:V[:W]],heuristic,threshold,bandit,ppo:PATH,oracle "
-                        "(default: the config's eval.policies)")
+    add_eval_options(p)
+    keyed = _options.keyed
+    keyed(p, "--policies", key="eval.policies", type=_names,
+          help="comma-separated: ar,best-grid,fixed:D[:V[:W]],heuristic,threshold,bandit,ppo:PATH,oracle "
+               "(sets eval.policies)")
     p.add_argument("--grid", default=None, help="grid.json from draftrl grid (needed by best-grid; adds the heatmap)")
-    p.add_argument("--out", required=True, help="output directory (results.json, report.md, plots)")
-    p.add_argument("--no-monitor", action="store_true", help="turn the streaming exactness monitor off")
-    p.add_argument("--sampler", default=None, choices=["correct", "resample-from-p"],
-                   help="resample-from-p is the known-wrong correction, a negative control for the monitor")
-    p.add_argument("--power-tokens", type=int, default=None,
-                   help="also measure the tokens each monitor statistic needs to catch resample-from-p (0 = skip)")
+    _options.add_out(p, "output directory (results.json, report.md, plots)")
+    keyed(p, "--no-monitor", key="eval.monitor", action="store_const", const=False,
+          help="turn the streaming exactness monitor off")
+    keyed(p, "--sampler", key="eval.sampler", choices=_options.samplers(),
+          help="resample-from-p is the known-wrong correction, a negative control for the monitor")
+    keyed(p, "--power-tokens", key="eval.power_tokens", type=int,
+          help="also measure the tokens each monitor statistic needs to catch resample-from-p (0 = skip)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--engine", choices=["hf", "vllm"], default="hf",
                    help="hf: draftrl's exact engine, one request at a time (default); vllm: inside vLLM under load, "
@@ -53,25 +62,24 @@ def run(args: argparse.Namespace) -> int:
     from draftrl.eval.exactness import GreedyMismatch
     from draftrl.eval.policies import parse_policies
 
-    config = load_eval_config(args)
-    if args.no_monitor:
-        config.eval.monitor = False
-    if args.sampler is not None:
-        config.eval.sampler = args.sampler
-    if args.power_tokens is not None:
-        config.eval.power_tokens = args.power_tokens
-    policies = args.policies if args.policies is not None else list(config.eval.policies)
+    cfg = config(args)
+    policies = list(cfg.eval.policies)
     parse_policies(policies)  # fail on a bad name before loading anything
     from draftrl.eval.evaluate import run_eval
 
     try:
         with progress_bar("eval", not args.quiet) as update:
-            results = run_eval(config, args.out, policies=policies, grid_path=args.grid, config_path=args.config,
+            results = run_eval(cfg, args.out, policies=policies, grid_path=args.grid, config_path=args.config,
                                progress=update)
     except (ExactnessViolation, GreedyMismatch) as err:
         code = exactness_failure("eval", err)
         print(f"partial results in {args.out}/results.json", file=sys.stderr)
         return code
+    if args.json:
+        from draftrl.io import plain
+
+        print(json.dumps(plain(results)))
+        return 0
     print_policy_table(results, f"held-out evaluation ({len(results['prompts'])} requests)")
     ex = results["exactness"]
     print(f"exactness: {'PASSED' if ex['passed'] else 'FAILED'}  monitor_overhead="

@@ -1,4 +1,11 @@
-"""``draftrl generate``: decode one prompt speculatively and report speed and exactness."""
+"""``draftrl generate``: decode one prompt speculatively and report speed and exactness.
+
+Reads a :class:`~draftrl.config.commands.GenerateConfig` (``--config``/``--set`` or the flags
+below, each shorthand for one key), then decodes with a fixed (depth, verify_size, width) or an
+exported policy (``--policy``).
+
+    draftrl generate --prompt "Write a haiku" --chat --depth 4 --json
+"""
 
 from __future__ import annotations
 
@@ -6,107 +13,82 @@ import argparse
 import json
 import sys
 
-
-def add_model_args(parser: argparse.ArgumentParser) -> None:
-    """Target / drafter / device options shared by every command that decodes."""
-    parser.add_argument("--target", default="smollm2-135m", help="target model: smollm2-135m, a local path or hub id")
-    parser.add_argument(
-        "--drafter", default="ngram", help="ngram[:MIN:MAX] | layerskip:N | none | draft model path (same vocab)"
-    )
-    parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
-    parser.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16")
-
-
-def add_sampling_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    parser.add_argument("--top-k", type=int, default=0, help="0 = off")
-    parser.add_argument("--top-p", type=float, default=1.0, help="1 = off")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument(
-        "--sampler",
-        default="correct",
-        choices=["correct", "resample-from-p"],
-        help="resample-from-p is the known-wrong correction, for negative controls of the exactness monitor",
-    )
-    parser.add_argument("--draft-sampling", action="store_true", help="model drafters sample proposals from q")
-    parser.add_argument("--no-monitor", action="store_true", help="turn the exactness monitor off")
+from draftrl.cli import _options
 
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("generate", help="decode a prompt with speculative decoding")
     p.add_argument("--prompt", required=True)
-    p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
-    add_model_args(p)
-    add_sampling_args(p)
-    p.add_argument("--depth", type=int, default=4, help="draft depth per round (0 = plain decoding)")
-    p.add_argument("--width", type=int, default=1, help="tree width: nodes kept per draft level (1 = chain)")
-    p.add_argument("--verify-size", type=int, default=None, help="draft nodes the target verifies (default: all)")
+    _options.add_config(p, "env.temperature=0.7")
+    _options.add_models(p)
+    _options.add_threads(p)
+    _options.add_seed(p, "the sampling generator")
+    keyed = _options.keyed
+    keyed(p, "--chat", key="env.chat_template", action="store_const", const=True,
+          help="wrap the prompt in the model's chat template")
+    keyed(p, "--temperature", key="env.temperature", type=float, help="0 = greedy")
+    keyed(p, "--top-k", key="env.top_k", type=int, help="0 = off")
+    keyed(p, "--top-p", key="env.top_p", type=float, help="1 = off")
+    keyed(p, "--max-new-tokens", key="env.max_new_tokens", type=int, help="default 128")
+    keyed(p, "--width", key="env.width", type=int, help="tree width: nodes kept per draft level (1 = chain)")
+    keyed(p, "--draft-sampling", key="env.draft_sampling", action="store_const", const=True,
+          help="model drafters sample proposals from q")
+    keyed(p, "--no-monitor", key="env.monitor", action="store_const", const=False,
+          help="turn the exactness monitor off")
+    keyed(p, "--depth", key="depth", type=int, help="draft depth per round (0 = plain decoding; default 4)")
+    keyed(p, "--verify-size", key="verify_size", type=int, help="draft nodes the target verifies (default 0 = all)")
+    keyed(p, "--sampler", key="sampler", choices=_options.samplers(),
+          help="resample-from-p is the known-wrong correction, for negative controls of the exactness monitor")
     p.add_argument(
         "--policy", default=None, metavar="FILE",
         help="exported policy (draftrl export --format onnx) choosing depth and verify size every round; "
         "replaces --depth, --verify-size and --width",
     )
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    _options.add_json(p)
     p.set_defaults(func=run)
 
 
-def encode_prompt(tokenizer, prompt: str, chat: bool) -> list[int]:
-    if chat:
-        if not getattr(tokenizer, "chat_template", None):
-            raise ValueError("--chat needs a tokenizer with a chat template; drop --chat or use an instruct model")
-        ids = tokenizer.apply_chat_template(
-            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True, return_dict=False
-        )
-        return list(ids)
-    return tokenizer(prompt, add_special_tokens=False)["input_ids"]
+def config(args: argparse.Namespace):
+    """The command's :class:`~draftrl.config.commands.GenerateConfig`."""
+    from draftrl.config.commands import GenerateConfig
 
-
-def build_engine(args: argparse.Namespace):
-    """(target LoadedModel, SpeculativeDecoder) from the shared CLI options."""
-    from draftrl.decoding.engine import EngineConfig, SpeculativeDecoder
-    from draftrl.decoding.factory import build_drafter
-    from draftrl.models import load_model
-
-    config = EngineConfig(
-        max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        seed=args.seed,
-        sampler=args.sampler,
-    )
-    if hasattr(args, "depth"):  # refuse a bad action before spending seconds on loading models
-        config.check_action(args.depth, args.verify_size, args.width)
-    target = load_model(args.target, dtype=args.dtype, device=args.device)
-    drafter = build_drafter(args.drafter, target, sampled=args.draft_sampling, dtype=args.dtype, device=args.device)
-    eos = [t for t in {target.tokenizer.eos_token_id, getattr(target.model.config, "eos_token_id", None)} if t is not None]
-    return target, SpeculativeDecoder(target.model, drafter, config, eos_token_ids=eos)
+    return _options.load(GenerateConfig, args, partial=True)
 
 
 def run(args: argparse.Namespace) -> int:
     from draftrl.decoding.generate import fixed_schedule, generate
     from draftrl.decoding.monitor import ExactnessMonitor, ExactnessViolation
+    from draftrl.envs.engines import build_engine
+    from draftrl.envs.workload import encode
+    from draftrl.models import load_model
 
-    policy = policy_schedule(args) if args.policy else None  # before the models load: a bad file fails fast
-    target, engine = build_engine(args)
-    prompt_ids = encode_prompt(target.tokenizer, args.prompt, args.chat)
-    monitor = None if args.no_monitor else ExactnessMonitor()
-    schedule = fixed_schedule(args.depth, args.verify_size, args.width)
-    if policy is not None:
-        policy.check_engine(engine)
-        schedule = policy
+    cfg = config(args)
+    env = cfg.env
+    policy = policy_schedule(args.policy, env.drafter) if args.policy else None  # a bad file fails fast
+    if policy is None:  # refuse a bad action before spending seconds on loading models
+        from draftrl.decoding.engine import EngineConfig
+
+        EngineConfig(max_new_tokens=env.max_new_tokens).check_action(cfg.depth, cfg.verify_size or None, env.width)
+    _options.set_threads(cfg.threads)
+    target = load_model(env.target, dtype=env.dtype, device=env.device)
+    engine, tokenizer = build_engine(env, target, max_new_tokens=env.max_new_tokens, seed=cfg.seed,
+                                     sampler=cfg.sampler)
+    prompt_ids = encode(tokenizer, args.prompt, env.chat_template)
+    monitor = ExactnessMonitor() if env.monitor else None
     try:
-        result = generate(engine, prompt_ids, schedule, monitor=monitor,
-                          on_round=policy.observe if policy is not None else None)
+        if policy is not None:
+            result = policy.generate(engine, prompt_ids, monitor=monitor)
+        else:
+            result = generate(engine, prompt_ids, fixed_schedule(cfg.depth, cfg.verify_size or None, env.width),
+                              monitor=monitor)
     except ExactnessViolation as err:
         print(f"draftrl generate: EXACTNESS VIOLATION: {err}", file=sys.stderr)
         return 3
-    text = target.tokenizer.decode(result.token_ids, skip_special_tokens=True)
+    text = tokenizer.decode(result.token_ids, skip_special_tokens=True)
     summary = result.summary()
     if args.json:
         out = {"text": text, "token_ids": result.token_ids, **summary}
-        out["settings"] = {k: v for k, v in vars(args).items() if k != "func"}
+        out["settings"] = {"prompt": args.prompt, "policy": args.policy, **_plain_config(cfg)}
         out["exactness"] = monitor.report() if monitor is not None else None
         if policy is not None:
             out["policy_depth_histogram"] = dict(sorted(policy.depth_histogram.items()))
@@ -116,23 +98,30 @@ def run(args: argparse.Namespace) -> int:
         print(
             f"\n[{summary['num_tokens']} tokens, {summary['tokens_per_second']:.1f} tok/s, "
             f"{summary['rounds']} rounds, {summary['mean_tokens_per_round']:.2f} tokens/round, "
-            + (f"drafter={args.drafter} policy={args.policy} depths={dict(sorted(policy.depth_histogram.items()))}]"
+            + (f"drafter={env.drafter} policy={args.policy} depths={dict(sorted(policy.depth_histogram.items()))}]"
                if policy is not None else
-               f"drafter={args.drafter} depth={args.depth} width={args.width} verify_size={args.verify_size}]"),
+               f"drafter={env.drafter} depth={cfg.depth} width={env.width} verify_size={cfg.verify_size}]"),
             file=sys.stderr,
         )
     return 0
 
 
-def policy_schedule(args: argparse.Namespace):
-    """The ``--policy`` schedule: an exported policy and the training env's feature builder."""
+def _plain_config(cfg) -> dict:
+    from draftrl.config import to_dict
+    from draftrl.io import plain
+
+    return plain(to_dict(cfg))
+
+
+def policy_schedule(path: str, drafter: str):
+    """The ``--policy`` schedule, with a warning when the policy was trained with another drafter."""
     from draftrl.export.controller import PolicyController
     from draftrl.export.schedule import PolicySchedule
 
-    schedule = PolicySchedule(PolicyController(args.policy))
+    schedule = PolicySchedule(PolicyController(path))
     trained_with = (schedule.controller.manifest.get("features") or {}).get("drafter")
-    if trained_with and trained_with != args.drafter:
+    if trained_with and trained_with != drafter:
         print(f"draftrl generate: warning: the policy was trained with drafter {trained_with!r}, decoding uses "
-              f"{args.drafter!r}; its draft features mean something else (pass --drafter {trained_with}).",
+              f"{drafter!r}; its draft features mean something else (pass --drafter {trained_with}).",
               file=sys.stderr)
     return schedule

@@ -11,68 +11,41 @@ as a wandb sweep whose agents run the ``--cell`` form) and one wandb run per cel
 from __future__ import annotations
 
 import argparse
-import contextlib
-import sys
+import json
+
+from draftrl.cli import _options
+from draftrl.cli._output import exactness_failure, progress_bar
 
 
-def add_config_args(parser: argparse.ArgumentParser) -> None:
-    """``--config``, ``--set`` and ``--threads``, shared by grid, eval and demo."""
-    parser.add_argument("--config", default=None, help="YAML with env/grid/eval/wandb sections (configs/eval_*.yaml)")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override one config key, e.g. --set env.max_new_tokens=32 (repeatable)")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: the config's threads)")
+def add_eval_options(p: argparse.ArgumentParser) -> None:
+    """What grid, eval and demo share: the config, the models, threads, seed, json."""
+    _options.add_config(p)
+    _options.add_models(p)
+    _options.add_threads(p)
+    _options.add_seed(p, "the prompts' sampling seeds (shared by every setting)")
+    _options.add_json(p)
 
 
-def load_eval_config(args: argparse.Namespace, cls=None):
-    from draftrl.config import load_config
+def config(args: argparse.Namespace):
+    """The command's :class:`~draftrl.eval.config.EvalConfig`."""
     from draftrl.eval.config import EvalConfig
 
-    config = load_config(cls or EvalConfig, args.config, args.overrides)
-    if args.threads is not None:
-        config.threads = args.threads
-    return config
-
-
-@contextlib.contextmanager
-def progress_bar(description: str, enabled: bool = True):
-    """A rich progress bar on stderr; yields ``update(done, total, label)``."""
-    if not enabled:
-        yield None
-        return
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  TextColumn("{task.fields[label]}"), console=Console(stderr=True), transient=False) as bar:
-        task = bar.add_task(description, total=None, label="")
-
-        def update(done: int, total: int, label: str) -> None:
-            bar.update(task, completed=done, total=total, label=label)
-
-        yield update
-
-
-def exactness_failure(command: str, err: Exception) -> int:
-    """Print an exactness failure loudly (red panel with the evidence) and return exit code 3."""
-    from rich.console import Console
-    from rich.panel import Panel
-
-    Console(stderr=True).print(Panel(str(err), title=f"draftrl {command}: EXACTNESS VIOLATION", style="bold red"))
-    print(f"draftrl {command}: EXACTNESS VIOLATION: {str(err).splitlines()[0]}", file=sys.stderr)
-    return 3
+    return _options.load(EvalConfig, args)
 
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("grid", help="grid-search fixed depth x verify_size x width settings (tune split)")
-    add_config_args(p)
-    p.add_argument("--out", required=True, help="output directory (grid.json, grid_heatmap.png, sweep.yaml)")
-    p.add_argument("--cell", action="store_true", help="time one cell (--depth/--verify_size/--width) against "
+    add_eval_options(p)
+    _options.add_out(p, "output directory (grid.json, grid_heatmap.png, sweep.yaml)")
+    p.add_argument("--cell", action="store_true", help="time one cell (--depth/--verify-size/--width) against "
                    "plain decoding: the command wandb sweep agents run")
     p.add_argument("--depth", type=int, default=None, help="with --cell: draft depth")
-    p.add_argument("--verify_size", "--verify-size", dest="verify_size", type=int, default=0,
+    # wandb sweep agents pass the sweep's parameter names verbatim (--verify_size=V), hence the second spelling
+    p.add_argument("--verify-size", "--verify_size", dest="verify_size", type=int, default=0,
                    help="with --cell: verify size (0 = all drafted nodes)")
     p.add_argument("--width", type=int, default=1, help="with --cell: tree width")
-    p.add_argument("--no-monitor", action="store_true", help="skip the exactness monitor at temperature > 0")
+    _options.keyed(p, "--no-monitor", key="eval.monitor", action="store_const", const=False,
+                   help="skip the exactness monitor at temperature > 0")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
 
@@ -81,26 +54,32 @@ def run(args: argparse.Namespace) -> int:
     from draftrl.decoding.monitor import ExactnessViolation
     from draftrl.eval.exactness import GreedyMismatch
 
-    config = load_eval_config(args)
-    if args.no_monitor:
-        config.eval.monitor = False
+    cfg = config(args)
     try:
         if args.cell:
             from draftrl.eval.grid import Cell, run_cell
 
             if args.depth is None:
-                raise ValueError("--cell needs --depth (and optionally --verify_size, --width)")
-            result = run_cell(config, args.out, Cell(args.depth, args.verify_size, args.width))
+                raise ValueError("--cell needs --depth (and optionally --verify-size, --width)")
+            result = run_cell(cfg, args.out, Cell(args.depth, args.verify_size, args.width))
             c = result["cell"]
+            if args.json:
+                print(json.dumps(result["cell"]))
+                return 0
             print(f"speedup_vs_ar={c['speedup_vs_ar']:.3f}x  tokens_per_second={c['tokens_per_second']:.2f}  "
                   f"mean_tokens_per_round={c['mean_tokens_per_round']:.2f}  cell=d{c['depth']}_v{c['verify_size']}_w{c['width']}")
             return 0
         from draftrl.eval.grid import run_grid
 
         with progress_bar("grid", not args.quiet) as update:
-            result = run_grid(config, args.out, config_path=args.config, progress=update)
+            result = run_grid(cfg, args.out, config_path=args.config, progress=update)
     except (ExactnessViolation, GreedyMismatch) as err:
         return exactness_failure("grid", err)
+    if args.json:
+        from draftrl.io import plain
+
+        print(json.dumps(plain(result)))
+        return 0
     for name, c in sorted(result["cells"].items(), key=lambda kv: -kv[1]["tokens_per_second"]):
         mark = "  <- best" if name == result["best"]["name"] else ""
         noise = "-" if c["noise"] is None else f"{c['noise']:.2f}"

@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 from typing import Any
+
+from draftrl.cli import _options
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -23,25 +26,36 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="train a PPO drafting policy from a config and compare it with every fixed setting",
         description=__doc__.split("\n\n")[0] if __doc__ else None,
     )
-    parser.add_argument("--config", default=None, help="YAML file from configs/ (default: TrainConfig defaults)")
-    parser.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-        help="override one config key, e.g. --set ppo.learning_rate=1.0e-3 (repeatable)",
-    )
-    parser.add_argument("--out", required=True, help="run directory for the policy, checkpoints and summary")
+    _options.add_config(parser, "ppo.learning_rate=1.0e-3")
+    _options.add_threads(parser)
+    _options.add_seed(parser, "PPO, the training envs (seed + i for env i) and torch")
+    _options.add_out(parser, "run directory for the policy, checkpoints and summary")
     parser.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
+    _options.add_json(parser)
     parser.set_defaults(func=run)
     return parser
 
 
-def run(args: argparse.Namespace) -> int:
-    from draftrl.config import load_config
+def config(args: argparse.Namespace):
+    """The command's :class:`~draftrl.train.config.TrainConfig`."""
     from draftrl.train.config import TrainConfig
 
-    cfg = load_config(TrainConfig, args.config, args.overrides)
+    return _options.load(TrainConfig, args)
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = config(args)
     recipe = importlib.import_module(f"draftrl.train.{cfg.recipe}")
     summary = recipe.train(cfg, args.out, resume=args.resume)
     if summary is None:
         print(f"draftrl train: stopped early; continue with --resume --out {args.out}")
         return 1
+    if args.json:
+        from draftrl.io import plain
+
+        print(json.dumps(plain(summary)))
+    else:
+        from draftrl.train.evaluation import format_table
+
+        print(format_table(summary["evaluation"]))
     return 0

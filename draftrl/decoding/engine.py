@@ -11,13 +11,14 @@ last token (the *root*) is fed at the start of the next round together with the 
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 from transformers import DynamicCache
 
+from draftrl.config import SAMPLERS
+from draftrl.decoding.clock import device_clock
 from draftrl.decoding.drafters import Drafter
 from draftrl.decoding.kv import cache_argument, crop, keep_tail
 from draftrl.decoding.acceptance import accept_tree
@@ -25,7 +26,6 @@ from draftrl.decoding.sampling import SamplingParams
 from draftrl.decoding.stats import TokenStats
 from draftrl.decoding.tree import DraftTree
 
-SAMPLERS = ("correct", "resample-from-p")
 
 
 @dataclass
@@ -140,10 +140,8 @@ class SpeculativeDecoder:
 
     # ------------------------------------------------------------------ clock
     def clock(self) -> float:
-        """perf_counter after synchronising the device, so GPU work is counted where it happens."""
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        return time.perf_counter()
+        """perf_counter after synchronising the device (``draftrl.decoding.clock.device_clock``)."""
+        return device_clock(self.device)
 
     # ------------------------------------------------------------------ request
     @torch.inference_mode()

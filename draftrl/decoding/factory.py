@@ -7,14 +7,25 @@ that must share the target's vocabulary.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from draftrl.decoding.drafters import Drafter, LayerSkipDrafter, ModelDrafter, NgramDrafter
 from draftrl.models import LoadedModel, check_same_vocab, load_model
 
 
+def _load(spec: str, dtype: str, device: str) -> LoadedModel:
+    return load_model(spec, dtype=dtype, device=device)
+
+
 def build_drafter(
-    spec: str, target: LoadedModel, *, sampled: bool = False, dtype: str = "float32", device: str = "cpu"
+    spec: str, target: LoadedModel, *, sampled: bool = False, dtype: str = "float32", device: str = "cpu",
+    load: Callable[[str, str, str], LoadedModel] = _load,
 ) -> Drafter | None:
-    """The drafter named by ``spec`` for ``target``; ``sampled`` draws model proposals from q."""
+    """The drafter named by ``spec`` for ``target``; ``sampled`` draws model proposals from q.
+
+    :param load: ``(spec, dtype, device) -> LoadedModel`` for a separate draft model; the envs pass
+        ``draftrl.envs.engines.shared_model`` so that every env of a process shares one copy.
+    """
     kind, _, arg = spec.partition(":")
     if kind == "none":
         return None
@@ -29,6 +40,6 @@ def build_drafter(
         if not arg.isdigit():
             raise ValueError(f"drafter spec {spec!r} must look like layerskip:N with N an integer, e.g. layerskip:8")
         return LayerSkipDrafter(target.model, int(arg), sampled=sampled)
-    draft = load_model(spec, dtype=dtype, device=device)
+    draft = load(spec, dtype, device)
     check_same_vocab(target.tokenizer, draft.tokenizer)
     return ModelDrafter(draft.model, sampled=sampled, name=draft.name)

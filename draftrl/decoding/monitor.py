@@ -70,7 +70,6 @@ from scipy import stats as sps
 from draftrl.decoding.stats import TokenStats
 
 TESTS = ("pit_chi2", "pit_ks", "entropy", "agreement")
-CHECKPOINT_TESTS = ("pit_chi2", "pit_ks", "entropy")
 _LAMBDAS = np.concatenate([-(0.05 * 2.0 ** (np.arange(13) / 2)), 0.05 * 2.0 ** (np.arange(13) / 2)])
 _EXPM1_LAMBDAS = np.expm1(_LAMBDAS)
 _BELOW_ONE = float(np.nextafter(1.0, 0.0))

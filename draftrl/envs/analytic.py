@@ -1,6 +1,6 @@
 """The analytic model of speculative decoding as a Gymnasium env, ``draftrl/Analytic-v0``.
 
-The model (DESIGN.md, "Cost model"): each drafted token is accepted i.i.d. with probability
+The model (docs/design.md, "Cost model"): each drafted token is accepted i.i.d. with probability
 ``alpha`` until the first rejection; a round always emits the accepted tokens plus one target
 token (the correction on a rejection, the bonus token when every verified draft was accepted).
 Costs are in units of one plain target step ``T``: a draft step costs ``draft_cost``, verifying
@@ -10,7 +10,6 @@ the numbers can be checked by hand, and a policy trains in seconds.
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, SupportsFloat
@@ -18,6 +17,8 @@ from typing import Any, SupportsFloat
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
+
+from draftrl.signals.speedup import check_alpha, check_cost, expected_tokens, num_verified
 
 #: Observation features, in the order of the observation vector (see ``AnalyticEnv``).
 FEATURE_NAMES: tuple[str, ...] = (
@@ -33,61 +34,6 @@ FEATURE_NAMES: tuple[str, ...] = (
 REWARD_MODES: tuple[str, ...] = ("ratio", "throughput")
 
 VerifyCost = float | Mapping[int, float] | Callable[[int], float]
-
-
-def expected_tokens(alpha: float, depth: int) -> float:
-    """Expected tokens emitted by one round that drafts and verifies ``depth`` tokens.
-
-    ``E = 1 + alpha + ... + alpha^depth = (1 - alpha^(depth+1)) / (1 - alpha)``: the i-th term is
-    the probability that the first i drafts are all accepted, and the leading 1 is the target's
-    correction or bonus token. ``depth=0`` gives 1 (plain decoding), ``alpha=1`` gives ``depth+1``.
-    Summed term by term, which is exact at ``alpha=1`` and stable near it.
-
-    :param alpha: per-token acceptance probability, in [0, 1].
-    :param depth: number of drafted (and verified) tokens, >= 0.
-    :return: expected tokens per round, in [1, depth + 1].
-    """
-    _check_alpha(alpha, "alpha")
-    if isinstance(depth, bool) or not isinstance(depth, (int, np.integer)) or depth < 0:
-        raise ValueError(f"depth={depth!r} must be a non-negative integer.")
-    return math.fsum(alpha**i for i in range(int(depth) + 1))
-
-
-def expected_speedup(alpha: float, depth: int, draft_cost: float, verify_cost: float = 1.0) -> float:
-    """Expected speedup over plain decoding: ``E / (verify_cost + draft_cost * depth)``.
-
-    Plain decoding emits one token per target step, so the speedup is expected tokens per unit of
-    cost. ``depth=0`` is plain decoding itself and gives exactly 1, whatever ``verify_cost``.
-
-    :param alpha: per-token acceptance probability, in [0, 1].
-    :param depth: number of drafted (and verified) tokens, >= 0.
-    :param draft_cost: cost of one draft step, in target steps (the article's ``c``), >= 0.
-    :param verify_cost: cost of verifying the ``depth`` drafted tokens, in target steps
-        (the article's ``g(depth)``), > 0.
-    :return: expected speedup (> 1 means speculation pays).
-    """
-    tokens = expected_tokens(alpha, depth)
-    if depth == 0:
-        return 1.0
-    _check_cost(draft_cost, "draft_cost", allow_zero=True)
-    _check_cost(verify_cost, "verify_cost", allow_zero=False)
-    return tokens / (verify_cost + draft_cost * depth)
-
-
-def _check_alpha(alpha: Any, name: str) -> None:
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float, np.floating, np.integer)):
-        raise TypeError(f"{name}={alpha!r} must be a number in [0, 1].")
-    if not 0.0 <= float(alpha) <= 1.0:
-        raise ValueError(f"{name}={alpha!r} is not a probability; pass a value in [0, 1].")
-
-
-def _check_cost(cost: Any, name: str, *, allow_zero: bool) -> None:
-    if isinstance(cost, bool) or not isinstance(cost, (int, float, np.floating, np.integer)):
-        raise TypeError(f"{name}={cost!r} must be a number (in target steps).")
-    low_ok = cost >= 0 if allow_zero else cost > 0
-    if not (math.isfinite(cost) and low_ok):
-        bound = ">= 0" if allow_zero else "> 0"
-        raise ValueError(f"{name}={cost!r} must be finite and {bound} (in target steps).")
 
 
 def _index_tuple(values: Any, name: str) -> tuple[int, ...]:
@@ -107,7 +53,7 @@ class AnalyticEnv(gym.Env[np.ndarray, np.ndarray]):
     """
     ## Description
 
-    The analytic model of speculative decoding from the source article (DESIGN.md, "Cost model"),
+    The analytic model of speculative decoding from the source article (docs/design.md, "Cost model"),
     as an episode of rounds that generates ``max_new_tokens`` tokens. Every round, the agent picks
     how many tokens the draft model proposes (``depth``, 0 = no speculation) and how many of them
     the target verifies (``verify_size``). Each verified draft token is accepted independently
@@ -125,7 +71,7 @@ class AnalyticEnv(gym.Env[np.ndarray, np.ndarray]):
     Acceptance can switch between regimes (e.g. code at ``alpha=0.9`` and chat at ``alpha=0.3``)
     along a Markov chain. The agent does not see ``alpha``; it sees acceptance statistics of past
     rounds and a noisy draft-confidence signal of the coming round's regime, i.e. only what a real
-    controller knows before the target verifies (the exactness contract in DESIGN.md).
+    controller knows before the target verifies (the exactness contract in docs/design.md).
 
     **Verification size in the chain model.** The draft is a chain, so ``verify_size`` caps the
     number of drafted tokens that are verified: ``n = min(depth, verify_size)``, and
@@ -211,18 +157,18 @@ class AnalyticEnv(gym.Env[np.ndarray, np.ndarray]):
 
     ## Information
 
-    ``info`` per step: ``tokens`` (emitted this round, after clipping), ``accepted`` (draft
+    ``info`` per step: ``num_emitted`` (tokens emitted this round, after clipping), ``num_accepted`` (draft
     tokens among them), ``num_verified`` (``n``), ``seconds`` (round cost, target steps),
     ``draft_seconds``, ``verify_seconds``, ``depth``, ``verify_size``, ``regime`` (index into
     ``env.unwrapped.alphas`` of the regime that played this round) and ``alpha`` (its acceptance
-    probability). ``tokens`` and ``accepted`` are floats; with ``stochastic=False`` they are
+    probability). ``num_emitted`` and ``num_accepted`` are floats; with ``stochastic=False`` they are
     expected values.
 
     ## Arguments
 
     ```python
     import gymnasium as gym
-    import draftrl
+    import draftrl.envs  # registers the ids (or gym.make("draftrl.envs:draftrl/..."))
     env = gym.make("draftrl/Analytic-v0", alpha=0.7, draft_cost=0.05)
     ```
 
@@ -277,9 +223,9 @@ class AnalyticEnv(gym.Env[np.ndarray, np.ndarray]):
         if not raw_alphas:
             raise ValueError("regimes is empty; give at least one acceptance probability.")
         for a in raw_alphas:
-            _check_alpha(a, "regimes" if regimes is not None else "alpha")
+            check_alpha(a, "regimes" if regimes is not None else "alpha")
         self.alphas: tuple[float, ...] = tuple(float(a) for a in raw_alphas)
-        _check_cost(draft_cost, "draft_cost", allow_zero=True)
+        check_cost(draft_cost, "draft_cost", allow_zero=True)
         self.draft_cost = float(draft_cost)
         self.depths = _index_tuple(depths, "depths")
         self.verify_sizes = _index_tuple(verify_sizes, "verify_sizes")
@@ -293,12 +239,12 @@ class AnalyticEnv(gym.Env[np.ndarray, np.ndarray]):
             raise ValueError(f"reward={reward!r} is not a reward mode; choose one of {REWARD_MODES}.")
         self.reward_mode = reward
         self._rho_init = 1.0 if rho is None else float(rho)
-        _check_cost(self._rho_init, "rho", allow_zero=False)
+        check_cost(self._rho_init, "rho", allow_zero=False)
         if not 0.0 <= rho_rate <= 1.0:
             raise ValueError(f"rho_rate={rho_rate!r} must be in [0, 1] (0 keeps rho fixed).")
         self.rho_rate = float(rho_rate)
         self.rho = self._rho_init
-        _check_cost(signal_noise, "signal_noise", allow_zero=True)
+        check_cost(signal_noise, "signal_noise", allow_zero=True)
         self.signal_noise = float(signal_noise)
         if isinstance(accept_window, bool) or not isinstance(accept_window, (int, np.integer)) or accept_window < 1:
             raise ValueError(f"accept_window={accept_window!r} must be a positive integer (rounds).")
@@ -335,7 +281,7 @@ class AnalyticEnv(gym.Env[np.ndarray, np.ndarray]):
         else:
             costs = {n: verify_cost for n in sizes}
         for n, cost in costs.items():
-            _check_cost(cost, f"verify_cost({n})", allow_zero=False)
+            check_cost(cost, f"verify_cost({n})", allow_zero=False)
         return np.array([1.0] + [float(costs[n]) for n in sizes])
 
     def _transition_matrix(self, regime_switch: float | Sequence[Sequence[float]]) -> np.ndarray:
@@ -355,8 +301,8 @@ class AnalyticEnv(gym.Env[np.ndarray, np.ndarray]):
         return matrix / matrix.sum(axis=1, keepdims=True)
 
     def num_verified(self, depth: int, verify_size: int) -> int:
-        """Drafted tokens the target verifies: ``min(depth, verify_size)``, all when ``verify_size=0``."""
-        return depth if verify_size == 0 else min(depth, verify_size)
+        """Drafted tokens the target verifies (``draftrl.signals.speedup.num_verified``)."""
+        return num_verified(depth, verify_size)
 
     def round_seconds(self, depth: int, verify_size: int) -> tuple[float, float]:
         """``(draft_seconds, verify_seconds)`` of a round in target steps: ``c * depth`` and ``g(n)``.
@@ -428,8 +374,8 @@ class AnalyticEnv(gym.Env[np.ndarray, np.ndarray]):
             reward = tokens / seconds
 
         info = {
-            "tokens": tokens,
-            "accepted": accepted,
+            "num_emitted": tokens,
+            "num_accepted": accepted,
             "num_verified": n,
             "seconds": seconds,
             "draft_seconds": draft_seconds,

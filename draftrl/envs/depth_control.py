@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces
 
-from draftrl.envs.features import LEVEL_FEATURES, feature_bounds
+from draftrl.signals.features import LEVEL_FEATURES, feature_bounds, level_observation
 
 #: Action values of the per-level envs.
 STOP, CONTINUE = 0, 1
@@ -23,7 +23,8 @@ SizePolicy = Callable[[np.ndarray, Any], int]
 
 
 class DepthControl:
-    """Mixin over an env that has ``config``, ``features`` and ``_level_obs()``."""
+    """Mixin over an env that has ``config``, ``features``, ``_observation()`` (the round's features)
+    and ``_level_features()`` (the current level's, ``{}`` before the first level)."""
 
     def _init_depth_control(self, verify_size: int, size_policy: SizePolicy | None) -> None:
         self.verify_size, self.size_policy = verify_size, size_policy
@@ -32,6 +33,19 @@ class DepthControl:
         self.action_space = spaces.Discrete(2)
         low, high = feature_bounds(self.feature_names)
         self.observation_space = spaces.Box(low, high, dtype=np.float32)
+
+    def _reset_round(self) -> None:
+        """A new round: no level drafted, nothing charged, the round's features not built yet."""
+        self._level = 0
+        self._draft_seconds = 0.0
+        self._charged = 0.0
+        self._base_obs: np.ndarray | None = None
+
+    def _level_obs(self) -> np.ndarray:
+        """The round's features (built once per round) followed by the current level's."""
+        if self._base_obs is None:
+            self._base_obs = self._observation()
+        return level_observation(self._base_obs, self._level_features())
 
     def _continues(self, action) -> bool:
         """True for CONTINUE, False for STOP; anything else is refused."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from draftrl.envs.config import EnvConfig
+from draftrl.config.env import EnvConfig
 
 if TYPE_CHECKING:
     from draftrl.decoding.engine import SpeculativeDecoder
@@ -31,53 +31,32 @@ def shared_model(spec: str, dtype: str = "float32", device: str = "cpu", kernels
     return _LOADED[key]
 
 
-def eos_token_ids(loaded: "LoadedModel") -> list[int]:
-    """End-of-sequence ids of the tokenizer and the model config."""
-    found = {loaded.tokenizer.eos_token_id, getattr(loaded.model.config, "eos_token_id", None)}
-    out: set[int] = set()
-    for item in found:
-        if isinstance(item, (list, tuple)):
-            out.update(int(t) for t in item)
-        elif item is not None:
-            out.add(int(item))
-    return sorted(out)
-
-
-def build_drafter(config: EnvConfig, target: "LoadedModel"):
-    """The config's drafter for ``target``; a separate draft model is loaded once per process."""
-    from draftrl.decoding.drafters import ModelDrafter
-    from draftrl.decoding.factory import build_drafter as build_from_spec
-    from draftrl.models import check_same_vocab
-
-    kind = config.drafter.partition(":")[0]
-    if kind in ("ngram", "layerskip", "none"):
-        return build_from_spec(config.drafter, target, sampled=config.draft_sampling, dtype=config.dtype,
-                               device=config.device)
-    draft = shared_model(config.drafter, config.dtype, config.device, config.kernels)
-    check_same_vocab(target.tokenizer, draft.tokenizer)
-    return ModelDrafter(draft.model, sampled=config.draft_sampling, name=draft.name)
-
-
-def build_engine(config: EnvConfig, target: "LoadedModel | None" = None) -> "tuple[SpeculativeDecoder, object]":
+def build_engine(config: EnvConfig, target: "LoadedModel | None" = None, *, max_new_tokens: int = 1,
+                 seed: int | None = None, sampler: str = "correct") -> "tuple[SpeculativeDecoder, object]":
     """(engine, tokenizer) for ``config``; ``target`` defaults to the shared copy of ``config.target``.
 
-    The engine's ``max_new_tokens`` is set per episode by the env.
+    A separate draft model is loaded once per process too. An env sets the engine's
+    ``max_new_tokens`` per episode; ``seed`` (default ``config.seed``, else 0) seeds the sampler.
     """
     from draftrl.decoding.engine import EngineConfig, SpeculativeDecoder
+    from draftrl.decoding.factory import build_drafter
 
     target = target if target is not None else shared_model(config.target, config.dtype, config.device,
                                                                   config.kernels)
-    drafter = build_drafter(config, target)
+    drafter = build_drafter(config.drafter, target, sampled=config.draft_sampling, dtype=config.dtype,
+                            device=config.device,
+                            load=lambda spec, dtype, device: shared_model(spec, dtype, device, config.kernels))
     engine_config = EngineConfig(
-        max_new_tokens=1,
+        max_new_tokens=max_new_tokens,
         temperature=config.temperature,
         top_k=config.top_k,
         top_p=config.top_p,
-        seed=config.seed or 0,
+        seed=(config.seed or 0) if seed is None else seed,
         max_depth=max(16, config.max_depth),
         max_width=max(16, config.width),
+        sampler=sampler,
     )
-    engine = SpeculativeDecoder(target.model, drafter, engine_config, eos_token_ids=eos_token_ids(target))
+    engine = SpeculativeDecoder(target.model, drafter, engine_config, eos_token_ids=target.eos_token_ids)
     return engine, target.tokenizer
 
 

@@ -16,15 +16,15 @@ import numpy as np
 from gymnasium import spaces
 
 from draftrl.decoding.stats import TokenStats
-from draftrl.envs.config import EnvConfig, resolve_config
-from draftrl.envs.costs import CostTable
-from draftrl.envs.features import DRAFT_FEATURES, CostTracker, FeatureBuilder, RoundSummary
+from draftrl.config.env import EnvConfig, resolve_config
+from draftrl.signals.costs import CostTable
+from draftrl.signals.features import DRAFT_FEATURES, CostTracker, FeatureBuilder, RoundSummary
 from draftrl.envs.rewards import RewardModel
 from draftrl.envs.traces import Traces
-from draftrl.envs.workload import Workload, budget
+from draftrl.envs.workload import SeededEpisodes, Workload, budget
 
 
-class TraceReplayEnv(gym.Env[np.ndarray, np.ndarray]):
+class TraceReplayEnv(SeededEpisodes, gym.Env[np.ndarray, np.ndarray]):
     """
     ## Description
 
@@ -136,7 +136,6 @@ class TraceReplayEnv(gym.Env[np.ndarray, np.ndarray]):
         self._draft = traces.draft_features.tolist()
         self._budgets = [min(budget(config, p), recorded) for p, recorded in zip(traces.prompts, traces.budgets)]
         self._has_drafter = config.drafter != "none"
-        self._seeded = False
         self._prompt = -1
         self._verify_growth = self._draft_scale = 1.0
 
@@ -180,15 +179,7 @@ class TraceReplayEnv(gym.Env[np.ndarray, np.ndarray]):
 
     # ------------------------------------------------------------------ episodes
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict]:
-        if seed is None and not self._seeded and self.config.seed is not None:
-            seed = self.config.seed
-        super().reset(seed=seed)
-        if seed is not None or not self._seeded:
-            self._seeded = True
-            self.workload.restart(self.np_random)
-            self.features.reset_costs()
-            self.rewards.restart()
-        self.rewards.start_episode()
+        self._seed_episode(seed)
         p = self._prompt = self.workload.pick(options, self.np_random)
         self._t = 0
         self._budget = self._budgets[p]
@@ -353,8 +344,8 @@ class TraceReplayEnv(gym.Env[np.ndarray, np.ndarray]):
         stats = TokenStats(token=tokens, p_token=np.ones(num_emitted), mass_before=np.zeros(num_emitted),
                            entropy=np.zeros(num_emitted), drafted=drafted, agree=agree, agree_expected=agree.copy())
         info = {
-            "tokens": num_emitted,
-            "accepted": num_accepted,
+            "num_emitted": num_emitted,
+            "num_accepted": num_accepted,
             "seconds": summary.seconds,
             "draft_seconds": draft_seconds,
             "verify_seconds": verify_seconds,

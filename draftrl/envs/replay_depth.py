@@ -13,10 +13,10 @@ from typing import Any, SupportsFloat
 
 import numpy as np
 
-from draftrl.envs.config import EnvConfig
-from draftrl.envs.costs import CostTable
+from draftrl.config.env import EnvConfig
+from draftrl.signals.costs import CostTable
 from draftrl.envs.depth_control import DepthControl, SizePolicy
-from draftrl.envs.features import level_observation, tree_level_features
+from draftrl.signals.features import tree_level_features
 from draftrl.envs.replay import TraceReplayEnv
 from draftrl.envs.traces import Traces
 
@@ -69,19 +69,11 @@ class TraceReplayDepthEnv(DepthControl, TraceReplayEnv):
             self.oracle_action = None
         self._reset_round()
 
-    def _reset_round(self) -> None:
-        self._level = 0
-        self._draft_seconds = 0.0
-        self._charged = 0.0
-        self._base_obs: np.ndarray | None = None
-
-    def _level_obs(self) -> np.ndarray:
-        if self._base_obs is None:
-            self._base_obs = self._observation()
+    def _level_features(self) -> dict[str, float]:
         if self._finished or self._level == 0:
-            return level_observation(self._base_obs, {})
+            return {}
         lo, hi = self._nodes()
-        return level_observation(self._base_obs, tree_level_features(self._dep[lo:hi], self._score[lo:hi], self._level))
+        return tree_level_features(self._dep[lo:hi], self._score[lo:hi], self._level)
 
     def _has_level(self, level: int) -> bool:
         lo, hi = self._nodes()

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from draftrl.config import from_dict
-from draftrl.envs.config import REWARD_MODES, EnvConfig
+from draftrl.config.env import REWARD_MODES, EnvConfig
 
 ARRIVALS = ("fixed", "poisson", "burst")
 

@@ -1,7 +1,7 @@
 """``draftrl/SpecDecode-v0``: the real speculative decoding engine as a Gymnasium env.
 
 A step is one round of :class:`~draftrl.decoding.engine.SpeculativeDecoder`; the env turns the
-round's result into an observation (``draftrl.envs.features``) and a reward
+round's result into an observation (``draftrl.signals.features``) and a reward
 (``draftrl.envs.rewards``). No model code lives here: the engine does the decoding.
 """
 
@@ -13,15 +13,15 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from draftrl.envs.config import EnvConfig, resolve_config
-from draftrl.envs.costs import CostTable
+from draftrl.config.env import EnvConfig, resolve_config
+from draftrl.signals.costs import CostTable
 from draftrl.envs.engines import build_engine, check_engine
-from draftrl.envs.features import CostTracker, FeatureBuilder, RoundSummary
+from draftrl.signals.features import CostTracker, FeatureBuilder, RoundSummary
 from draftrl.envs.rewards import RewardModel
-from draftrl.envs.workload import Request, Workload
+from draftrl.envs.workload import Request, SeededEpisodes, Workload
 
 
-class EngineEpisodes(gym.Env[np.ndarray, Any]):
+class EngineEpisodes(SeededEpisodes, gym.Env[np.ndarray, Any]):
     """What the real envs share: requests, the engine, features, rewards and the monitor."""
 
     metadata = {"render_modes": []}
@@ -48,7 +48,6 @@ class EngineEpisodes(gym.Env[np.ndarray, Any]):
         self.rewards = RewardModel(config.reward, config.rho, config.rho_rate, rho_prior=self._rho_prior)
         self.monitor = None
         self.request: Request | None = None
-        self._seeded = False
 
     # ------------------------------------------------------------------ shared pieces
     def _rho_prior(self) -> float | None:
@@ -63,16 +62,8 @@ class EngineEpisodes(gym.Env[np.ndarray, Any]):
         return ExactnessMonitor()
 
     def _start_request(self, seed: int | None, options: dict[str, Any] | None) -> dict[str, Any]:
-        if seed is None and not self._seeded and self.config.seed is not None:
-            seed = self.config.seed
-        super().reset(seed=seed)
-        if seed is not None or not self._seeded:
-            self._seeded = True
-            self.workload.restart(self.np_random)
-            self.features.reset_costs()
-            self.rewards.restart()
+        if self._seed_episode(seed):
             self.monitor = self._new_monitor()
-        self.rewards.start_episode()
         self.request = self.workload.request(self.workload.pick(options, self.np_random))
         sampling_seed = int(self.np_random.integers(2**31))
         self.engine.config.max_new_tokens = self.request.max_new_tokens
@@ -103,8 +94,8 @@ class EngineEpisodes(gym.Env[np.ndarray, Any]):
             self.monitor.update(rnd.token_stats)  # raises ExactnessViolation on a failed test
             passed = self.monitor.passed
         info = {
-            "tokens": rnd.num_emitted,
-            "accepted": rnd.num_accepted,
+            "num_emitted": rnd.num_emitted,
+            "num_accepted": rnd.num_accepted,
             "seconds": rnd.seconds,
             "draft_seconds": rnd.draft_seconds,
             "verify_seconds": rnd.verify_seconds,
@@ -197,7 +188,7 @@ class SpecDecodeEnv(EngineEpisodes):
 
     ## Information
 
-    ``tokens``, ``accepted``, ``seconds``, ``draft_seconds``, ``verify_seconds``,
+    ``num_emitted``, ``num_accepted``, ``seconds``, ``draft_seconds``, ``verify_seconds``,
     ``sample_seconds``, ``depth``, ``verify_size`` (0 = all), ``num_drafted``, ``num_verified``,
     ``verified_depth``, ``token_ids``, ``token_stats`` (``draftrl.decoding.stats.TokenStats`` of
     the emitted tokens), ``exactness_passed`` (the running verdict of
@@ -209,13 +200,13 @@ class SpecDecodeEnv(EngineEpisodes):
 
     ```python
     import gymnasium as gym
-    import draftrl
+    import draftrl.envs  # registers the ids (or gym.make("draftrl.envs:draftrl/..."))
     env = gym.make("draftrl/SpecDecode-v0", config=EnvConfig(drafter="ngram", languages=("en",)))
     env = gym.make("draftrl/SpecDecode-v0", depths=(0, 2, 4), max_new_tokens=32)   # field overrides
     env = SpecDecodeEnv(config, engine=engine, tokenizer=tokenizer)                # a prebuilt engine
     ```
 
-    ``config`` (:class:`~draftrl.envs.config.EnvConfig`, a dict of its fields, or None) plus
+    ``config`` (:class:`~draftrl.config.env.EnvConfig`, a dict of its fields, or None) plus
     keyword overrides of its fields; ``engine`` + ``tokenizer`` (a prebuilt
     ``SpeculativeDecoder`` whose sampling matches the config) or ``target`` (a ``LoadedModel``
     to build the engine around). Without them the target is loaded once per process and shared

@@ -12,9 +12,8 @@ from typing import Any, SupportsFloat
 
 import numpy as np
 
-from draftrl.envs.config import EnvConfig
+from draftrl.config.env import EnvConfig
 from draftrl.envs.depth_control import DepthControl, SizePolicy
-from draftrl.envs.features import level_observation
 from draftrl.envs.spec_decode import EngineEpisodes
 
 
@@ -96,16 +95,10 @@ class SpecDecodeDepthEnv(DepthControl, EngineEpisodes):
 
     def _reset_round(self) -> None:
         self._builder = None
-        self._level = 0
-        self._draft_seconds = 0.0
-        self._charged = 0.0
-        self._base_obs: np.ndarray | None = None
+        super()._reset_round()
 
-    def _level_obs(self) -> np.ndarray:
-        if self._base_obs is None:
-            self._base_obs = self._observation()
-        feats = self._builder.level_features() if self._builder is not None else {}
-        return level_observation(self._base_obs, feats)
+    def _level_features(self) -> dict[str, float]:
+        return self._builder.level_features() if self._builder is not None else {}
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict]:
         info = self._start_request(seed, options)

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from draftrl.envs.config import EnvConfig
-from draftrl.envs.features import DRAFT_FEATURES
+from draftrl.config.env import EnvConfig
+from draftrl.signals.features import DRAFT_FEATURES
 from draftrl.prompts import Prompt
 
 FORMAT = "draftrl-trace/1"
@@ -135,7 +135,7 @@ def collect(config: EnvConfig, engine, tokenizer, *, max_depth: int | None = Non
     :param progress: callable ``(index, prompt, seconds)`` after each prompt, or None.
     """
     from draftrl.decoding.sampling import SamplingParams
-    from draftrl.envs.costs import hardware_info
+    from draftrl.signals.costs import hardware_info
     from draftrl.envs.workload import Workload
 
     if config.temperature != 0 or engine.config.temperature != 0:

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import gymnasium as gym
 import numpy as np
 
-from draftrl.envs.config import EnvConfig
+from draftrl.config.env import EnvConfig
 from draftrl.prompts import Prompt, load_prompts
 
 
@@ -119,3 +120,27 @@ class Workload:
             if prompt.id == prompt_id:
                 return i
         raise ValueError(f"prompt id {prompt_id!r} is not among the {len(self.prompts)} selected prompts.")
+
+
+class SeededEpisodes:
+    """Mixin: gymnasium's reset seeding for the envs with ``config``, ``workload``, ``features``, ``rewards``.
+
+    The first reset without a seed takes ``config.seed``; a seeded reset (or the first) restarts
+    the prompt order, the measured costs and the reward's running estimate, so a seed fixes the run.
+    """
+
+    _seeded: bool = False
+
+    def _seed_episode(self, seed: int | None) -> bool:
+        """Seed this episode (``gym.Env.reset``); True when the env restarted from the seed."""
+        if seed is None and not self._seeded and self.config.seed is not None:
+            seed = self.config.seed
+        gym.Env.reset(self, seed=seed)
+        restarted = seed is not None or not self._seeded
+        if restarted:
+            self._seeded = True
+            self.workload.restart(self.np_random)
+            self.features.reset_costs()
+            self.rewards.restart()
+        self.rewards.start_episode()
+        return restarted

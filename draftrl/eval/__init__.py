@@ -9,9 +9,9 @@
 Heavy imports (torch, transformers, matplotlib, wandb) happen inside the functions.
 """
 
-from draftrl.eval.config import EvalConfig, EvalSettings, GridSettings, WandbSettings
+from draftrl.eval.config import EvalConfig, EvalSettings, GridSettings
 
-__all__ = ["EvalConfig", "EvalSettings", "GridSettings", "WandbSettings", "run_grid", "run_eval", "monitor_power"]
+__all__ = ["EvalConfig", "EvalSettings", "GridSettings", "run_grid", "run_eval", "monitor_power"]
 
 
 def __getattr__(name: str):

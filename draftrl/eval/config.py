@@ -3,13 +3,13 @@
 One YAML file drives both commands (and ``draftrl demo``, whose ``DemoConfig`` adds the training
 steps); ``configs/eval_tiny_cpu.yaml`` is an example. Sections:
 
-- ``env``: an :class:`~draftrl.envs.config.EnvConfig`: prompts (languages, tasks, how many per
+- ``env``: an :class:`~draftrl.config.env.EnvConfig`: prompts (languages, tasks, how many per
   group, token budget), target and drafter, sampling, and the observation settings the
   policies see. Its ``split`` is ignored: ``draftrl grid`` always tunes on ``tune`` and
   ``draftrl eval`` always reports on ``heldout``.
 - ``grid``: :class:`GridSettings`, the fixed settings ``draftrl grid`` times.
 - ``eval``: :class:`EvalSettings`, the policies ``draftrl eval`` compares.
-- ``wandb``: :class:`WandbSettings`; ``WANDB_MODE`` in the environment wins over ``mode``.
+- ``wandb``: :class:`~draftrl.config.wandb.WandbConfig`; ``WANDB_MODE`` in the environment wins over ``mode``.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from draftrl.envs.config import EnvConfig
+from draftrl.config import SAMPLERS
+from draftrl.config.env import EnvConfig
+from draftrl.config.wandb import WandbConfig
 
-WANDB_MODES: tuple[str, ...] = ("offline", "online", "disabled")
-SAMPLERS: tuple[str, ...] = ("correct", "resample-from-p")
 
 
 @dataclass
@@ -39,8 +39,6 @@ class GridSettings:
     """decode a few untimed tokens with every cell first (caches, allocator, lazy init)"""
     limit_per_group: int | None = None
     """prompts per (language, task) group; None = env.limit_per_group"""
-    seed: int = 0
-    """seed of the sampling seeds (one per prompt, shared by every cell) and of the cell order"""
 
     def __post_init__(self) -> None:
         for name in ("depths", "verify_sizes", "widths"):
@@ -74,8 +72,6 @@ class EvalSettings:
     """correct, or resample-from-p (the known-wrong correction: a negative control)"""
     power_tokens: int = 0
     """> 0: also measure how many tokens each monitor statistic needs to catch resample-from-p"""
-    seed: int = 0
-    """seed of the envs (prompt sampling seeds) and of the policy order"""
     anchors: bool = True
     """temperature 0: also time stock Hugging Face generate and its prompt lookup on the same requests
     (``draftrl.eval.anchors``), in the grid and in the evaluation"""
@@ -97,22 +93,6 @@ class EvalSettings:
             raise ValueError(f"eval.sampler={self.sampler!r} is unknown; choose one of {', '.join(SAMPLERS)}.")
 
 
-@dataclass
-class WandbSettings:
-    """Weights & Biases logging, offline by default (``wandb sync DIR/wandb/offline-run-*`` uploads)."""
-
-    mode: str = "offline"
-    """offline | online | disabled; the WANDB_MODE environment variable wins"""
-    project: str = "draftrl"
-    entity: str | None = None
-    group: str | None = None
-    """group of the runs; None = a name made from the command and the output directory"""
-
-    def __post_init__(self) -> None:
-        if self.mode not in WANDB_MODES:
-            raise ValueError(f"wandb.mode={self.mode!r} must be one of {', '.join(WANDB_MODES)}.")
-
-
 def _default_env() -> EnvConfig:
     # the grid and eval pick the split themselves; shuffling is irrelevant (requests are named)
     return EnvConfig(split=None, shuffle=False)
@@ -126,9 +106,12 @@ class EvalConfig:
     """workload, models, sampling and observation settings (split is set per command)"""
     grid: GridSettings = field(default_factory=GridSettings)
     eval: EvalSettings = field(default_factory=EvalSettings)
-    wandb: WandbSettings = field(default_factory=WandbSettings)
+    wandb: WandbConfig = field(default_factory=WandbConfig)
     threads: int = 0
     """torch intra-op threads (0 = torch's default)"""
+    seed: int = 0
+    """grid: seed of the sampling seeds (one per prompt, shared by every cell); eval: seed of the envs
+    (prompt sampling seeds) and of the monitor-power run"""
 
     def __post_init__(self) -> None:
         if self.threads < 0:

@@ -4,7 +4,7 @@ Steps, each through the owning package's public Python API, each writing under `
 
 1. **model**: fetch and load the embedded default target (``draftrl.models``);
 2. **calibrate**: measure verify / draft / sample costs -> ``DIR/cost_table.json``
-   (``draftrl.cli.calibrate.calibrate``);
+   (``draftrl.envs.calibrate.calibrate``);
 3. **collect**: greedy traces of the tune prompts -> ``DIR/traces/`` (``draftrl.envs.traces.collect``);
 4. **train**: PPO on ``draftrl/TraceReplay-v0`` over those traces -> ``DIR/ppo_size/`` (and more
    recipes when configured) (``draftrl.train.<recipe>.train``);
@@ -18,7 +18,6 @@ Steps, each through the owning package's public Python API, each writing under `
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import shutil
@@ -27,7 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from draftrl.envs.config import EnvConfig
+from draftrl.config.env import EnvConfig
+from draftrl.config.commands import CalibrateSettings
 from draftrl.eval.config import EvalConfig, EvalSettings, GridSettings
 
 STEPS: tuple[str, ...] = ("model", "calibrate", "collect", "train", "grid", "eval")
@@ -41,18 +41,6 @@ def _logged(path: Path):
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w") as f, contextlib.redirect_stdout(f), contextlib.redirect_stderr(f):
         yield
-
-
-@dataclass
-class CalibrateSettings:
-    """``draftrl calibrate`` options for the demo's cost table."""
-
-    num_tokens: tuple[int, ...] = (1, 2, 3, 4, 5, 7, 9)
-    """tokens per target forward (a depth-d chain round feeds d + 1)"""
-    contexts: tuple[int, ...] = (128, 512)
-    widths: tuple[int, ...] = (1,)
-    levels: int = 4
-    repeats: int = 3
 
 
 @dataclass
@@ -92,7 +80,9 @@ class DemoConfig(EvalConfig):
     eval: EvalSettings = field(default_factory=lambda: EvalSettings(
         policies=("ar", "best-grid", "heuristic", "threshold", "bandit", "oracle"), power_tokens=300,
         anchor_gammas=(2, 4, 8)))
-    calibrate: CalibrateSettings = field(default_factory=CalibrateSettings)
+    calibrate: CalibrateSettings = field(default_factory=lambda: CalibrateSettings(
+        num_tokens=(1, 2, 3, 4, 5, 7, 9), contexts=(128, 512), widths=(1,)))
+    """the demo's cost table: token counts up to the deepest chain round (depth 6 feeds 7)"""
     train: TrainSettings = field(default_factory=TrainSettings)
     threads: int = 1
     """one torch thread: fastest per core for a 135M model on a shared machine"""
@@ -104,21 +94,15 @@ class DemoConfig(EvalConfig):
         cfg.env = dataclasses.replace(cfg.env, languages=("en", "zh"), tasks=("code_edit", "chat"), max_new_tokens=24)
         cfg.grid = GridSettings(depths=(0, 2, 4), repeats=1)
         cfg.eval = dataclasses.replace(cfg.eval, power_tokens=0, greedy_reference=1, anchor_gammas=(4,))
-        cfg.calibrate = CalibrateSettings(num_tokens=(1, 3, 5), contexts=(256,), repeats=2)
+        cfg.calibrate = CalibrateSettings(num_tokens=(1, 3, 5), contexts=(256,), widths=(1,), repeats=2)
         cfg.train = dataclasses.replace(cfg.train, recipes=("ppo_size",), total_timesteps=4096, eval_episodes=4)
         return cfg
 
 
-def _calibrate(config: DemoConfig, out: Path, target_name: str):
-    from draftrl.cli.calibrate import calibrate
+def _calibrate(config: DemoConfig, out: Path):
+    from draftrl.envs.calibrate import calibrate
 
-    c = config.calibrate
-    args = argparse.Namespace(
-        target=target_name, drafter=config.env.drafter, device=config.env.device, dtype=config.env.dtype,
-        num_tokens=tuple(c.num_tokens), contexts=tuple(c.contexts), widths=tuple(c.widths), levels=c.levels,
-        repeats=c.repeats, threads=config.threads, temperature=config.env.temperature, seed=0,
-    )
-    table = calibrate(args)
+    table = calibrate(config.calibrate, config.env)
     table.save(out / "cost_table.json")
     return table
 
@@ -140,6 +124,7 @@ def _train(config: DemoConfig, out: Path, trace_dir: Path) -> dict[str, Path]:
     import os
 
     from draftrl.config import load_config
+    from draftrl.train.evaluation import format_table
     from draftrl.train.config import TrainConfig
 
     dirs = {}
@@ -150,7 +135,7 @@ def _train(config: DemoConfig, out: Path, trace_dir: Path) -> dict[str, Path]:
             f"total_timesteps={config.train.total_timesteps}",
             f"eval_episodes={config.train.eval_episodes}",
             "progress_bar=false",
-            "baselines=[hf_heuristic,confidence,ucb_bandit,oracle]",
+            "baselines=[heuristic,threshold,bandit,oracle]",
             f"wandb.mode={os.environ.get('WANDB_MODE', config.wandb.mode)}",
             f"wandb.project={config.wandb.project}",
             *config.train.overrides,
@@ -166,7 +151,8 @@ def _train(config: DemoConfig, out: Path, trace_dir: Path) -> dict[str, Path]:
         cfg.depth_env.kwargs = {k: v for k, v in replay.items() if k != "verify_sizes"}
         cfg.depth_env.eval_kwargs = dict(exact_costs)
         run_dir = out / recipe
-        importlib.import_module(f"draftrl.train.{recipe}").train(cfg, run_dir)
+        summary = importlib.import_module(f"draftrl.train.{recipe}").train(cfg, run_dir)
+        print(format_table(summary["evaluation"]))  # into the step's log
         dirs[recipe] = run_dir
     return dirs
 
@@ -226,7 +212,7 @@ def run_demo(config: DemoConfig, out: str | Path, *, force: bool = False,
 
     begin(1)
     with _logged(out / "logs" / "calibrate.log"):
-        table = _calibrate(config, out, target_name)
+        table = _calibrate(config, out)
     g = table.g(max(table.num_tokens))
     end(1, f"g({int(max(table.num_tokens))}) = {g:.2f} plain steps")
 

@@ -30,7 +30,7 @@ from typing import Callable
 
 import numpy as np
 
-from draftrl.config import to_dict
+from draftrl.config import SAMPLERS, to_dict
 from draftrl.eval.config import EvalConfig, env_for_split
 from draftrl.eval.metrics import add_speedups, grouped, median_runs, paired_speedup, summarize_with_groups
 from draftrl.eval.anchors import anchor_ngram, anchors_for, run_anchor
@@ -107,7 +107,7 @@ def run_eval(config: EvalConfig, out: str | Path, *, policies: list[str] | str |
     import torch
 
     from draftrl.decoding.monitor import ExactnessMonitor, ExactnessViolation
-    from draftrl.envs.costs import hardware_info
+    from draftrl.signals.costs import hardware_info
     from draftrl.envs.engines import build_engine, shared_model
     from draftrl.envs.workload import Workload
     from draftrl.eval.exactness import GreedyMismatch, TimedMonitor, check_identity, hf_greedy
@@ -179,10 +179,10 @@ def run_eval(config: EvalConfig, out: str | Path, *, policies: list[str] | str |
                         record = trajectories.setdefault(label, {"depth": [], "verify_size": [], "tokens": []})
                     on_round = None if record is None else (lambda info, r=record: (
                         r["depth"].append(int(info["depth"])), r["verify_size"].append(int(info.get("verify_size", 0))),
-                        r["tokens"].append(int(info["tokens"]))))
+                        r["tokens"].append(int(info["num_emitted"]))))
                     try:
                         run = run_policy(env, policy, prompt_id, label=label, repeat=repeat,
-                                         seed=None if label in seeded else settings.seed, monitor=monitors.get(label),
+                                         seed=None if label in seeded else config.seed, monitor=monitors.get(label),
                                          device=env_cfg.device, on_round=on_round)
                     except ExactnessViolation as err:  # say whose stream failed
                         err.policy, err.prompt_id = label, prompt_id
@@ -222,7 +222,7 @@ def run_eval(config: EvalConfig, out: str | Path, *, policies: list[str] | str |
     if settings.power_tokens and failure is None:
         from draftrl.eval.exactness import monitor_power
 
-        results["exactness"]["power"] = monitor_power(target, settings.power_tokens, seed=settings.seed)
+        results["exactness"]["power"] = monitor_power(target, settings.power_tokens, seed=config.seed)
     results["wall_seconds"] = time.perf_counter() - started
     results["files"] = write_outputs(results, out, grid)
     write_json(out / RESULTS_FILE, results)
@@ -313,7 +313,7 @@ def write_outputs(results: dict, out: Path, grid: dict | None) -> dict[str, str]
     pit = {f"evaluation (temperature {temperature:g}), all policies": np.sum(pooled, axis=0).tolist()} if pooled else {}
     power = results["exactness"].get("power")
     if power:
-        for sampler in ("correct", "resample-from-p"):
+        for sampler in SAMPLERS:
             if sampler in power:
                 pit[f"power run (temperature {power['setting']['temperature']:g}), {sampler}"] = \
                     power[sampler]["pit_histogram"]

@@ -121,13 +121,12 @@ def power_engine(target, setting: PowerSetting):
     from draftrl.decoding.drafters import ModelDrafter
     from draftrl.decoding.engine import EngineConfig, SpeculativeDecoder
     from draftrl.decoding.factory import build_drafter
-    from draftrl.envs.engines import eos_token_ids
 
     device = str(next(target.model.parameters()).device)
     drafter = (ModelDrafter(target.model, name="self") if setting.drafter == "self"
                else build_drafter(setting.drafter, target, device=device))
     config = EngineConfig(max_new_tokens=setting.max_new_tokens, temperature=setting.temperature, top_k=setting.top_k)
-    return SpeculativeDecoder(target.model, drafter, config, eos_token_ids=eos_token_ids(target))
+    return SpeculativeDecoder(target.model, drafter, config, eos_token_ids=target.eos_token_ids)
 
 
 def monitor_power(target, tokens: int, setting: PowerSetting | None = None, *, samplers=("resample-from-p", "correct"),
@@ -149,7 +148,7 @@ def monitor_power(target, tokens: int, setting: PowerSetting | None = None, *, s
 
     from draftrl.decoding.generate import fixed_schedule, generate
     from draftrl.decoding.monitor import TESTS, ExactnessMonitor, ExactnessViolation
-    from draftrl.envs.config import EnvConfig
+    from draftrl.config.env import EnvConfig
     from draftrl.envs.workload import Workload
 
     if until not in ("all", "first"):

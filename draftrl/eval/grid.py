@@ -131,7 +131,7 @@ def measure_cells(config: EvalConfig, cells: list[Cell], *, target=None, split: 
     engine, tokenizer = build_engine(env, target)
     workload = Workload(env, tokenizer)
     requests = [workload.request(i) for i in range(len(workload))]
-    seeds = [settings.seed * 100_003 + i for i in range(len(requests))]
+    seeds = [config.seed * 100_003 + i for i in range(len(requests))]
     greedy = env.temperature == 0
     anchors: list = []
     if anchor_runs is not None and greedy and config.eval.anchors:
@@ -250,7 +250,7 @@ def best_cell(cells: dict[str, dict]) -> dict:
 def run_grid(config: EvalConfig, out: str | Path, *, target=None, config_path: str | None = None,
              progress: Callable[[int, int, str], None] | None = None) -> dict:
     """Run the grid of ``config.grid`` and write ``grid.json``, the heatmap, ``sweep.yaml`` and wandb runs."""
-    from draftrl.envs.costs import hardware_info
+    from draftrl.signals.costs import hardware_info
     from draftrl.io import write_json
     from draftrl.eval.plots import grid_heatmap
 

@@ -12,7 +12,7 @@ the bonus token**: plain decoding has exactly 1.0.
 - ``itl_p50/p95/p99``: percentiles of inter-token latency, seconds (a round's time spread over
   its tokens, as ``GenerationResult.inter_token_latencies``).
 - ``tokens_per_round_histogram``: ``{emitted tokens: rounds}``, the whole distribution (two
-  workloads with the same mean can differ; DESIGN.md).
+  workloads with the same mean can differ; docs/design.md).
 - ``acceptance_by_position``: entry i-1 is P(draft position i accepted | positions 1..i-1
   accepted and position i verified), with its number of trials.
 - ``peak_memory_bytes``: the largest per-request peak above the request's start

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from draftrl.envs.config import EnvConfig
+from draftrl.config.env import EnvConfig
 
 #: The names ``--policies`` accepts (``fixed`` and ``ppo`` take an argument after ``:``).
 POLICY_NAMES: tuple[str, ...] = ("ar", "best-grid", "fixed:D[:V[:W]]", "heuristic", "threshold", "bandit",
@@ -110,7 +110,7 @@ def ppo_env_config(path: str, base: EnvConfig) -> tuple[EnvConfig, str]:
     Reads ``policy.json`` (grids) and, when present, the run's ``config.json`` (its env kwargs and
     the recorded config of its traces).
     """
-    from draftrl.policies.ppo import MANIFEST_FILE
+    from draftrl.runs import MANIFEST_FILE
 
     directory = _policy_dir(path)
     manifest_path = directory / MANIFEST_FILE

@@ -166,7 +166,7 @@ def run_policy(env, policy, prompt_id: str, *, label: str, repeat: int = 0, seed
             action = policy.to_action(*policy.act(obs))
         obs, _, terminated, truncated, info = env.step(action)
         done = bool(terminated or truncated)
-        if step_level and "tokens" not in info:
+        if step_level and "num_emitted" not in info:
             continue  # a draft step inside a round
         policy.observe(info)
         if monitor is not None:
@@ -175,7 +175,7 @@ def run_policy(env, policy, prompt_id: str, *, label: str, repeat: int = 0, seed
             monitor_seconds += time.perf_counter() - m0
         probe.sample()
         now = engine.clock()
-        rows.append((now - last, info["tokens"], info["accepted"], info["depth"], info.get("verify_size", 0),
+        rows.append((now - last, info["num_emitted"], info["num_accepted"], info["depth"], info.get("verify_size", 0),
                      info["verified_depth"], info["num_verified"]))
         last = now
         if on_round is not None:

@@ -274,7 +274,7 @@ def run_serving_eval(out: str | Path, *, policies: list[str] | str, concurrency:
     under ``results["rates"]["8"]``. Raises :class:`ServingMismatch` (after writing the results) when a
     policy's tokens differ from ``none``'s at temperature 0.
     """
-    from draftrl.envs.costs import hardware_info
+    from draftrl.signals.costs import hardware_info
     from draftrl.envs.serve import ServeVLLMEnv
     from draftrl.envs.serve_config import ServeConfig
     from draftrl.io import write_json

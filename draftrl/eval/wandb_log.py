@@ -11,14 +11,14 @@ import os
 from pathlib import Path
 from typing import Any
 
-from draftrl.eval.config import WandbSettings
+from draftrl.config.wandb import WandbConfig
 
 
-def wandb_mode(settings: WandbSettings) -> str:
+def wandb_mode(settings: WandbConfig) -> str:
     return os.environ.get("WANDB_MODE") or settings.mode
 
 
-def start_run(settings: WandbSettings, out: Path, *, name: str, group: str, job_type: str,
+def start_run(settings: WandbConfig, out: Path, *, name: str, group: str, job_type: str,
               config: dict[str, Any] | None = None) -> Any:
     """A new wandb run, or None when wandb is disabled."""
     mode = wandb_mode(settings)
@@ -31,6 +31,7 @@ def start_run(settings: WandbSettings, out: Path, *, name: str, group: str, job_
         project=settings.project,
         entity=settings.entity,
         group=group,
+        tags=list(settings.tags),
         job_type=job_type,
         name=name,
         mode=mode,

@@ -1,12 +1,7 @@
 """Find the files of a trained policy from whatever path the user points at.
 
-``draftrl train --out DIR`` writes (``draftrl.train.common``):
-
-- ``DIR/policy.zip``: the SB3 PPO model; ``DIR/vecnormalize.pkl``: VecNormalize statistics (when
-  training normalised observations); ``DIR/policy.json``: kind, env id, grids, feature names;
-- ``DIR/config.json``: the resolved ``TrainConfig``; ``DIR/train_summary.json``: config, versions
-  and the final evaluation (the policy's depth histogram among it);
-- ``DIR/checkpoints/ppo_<steps>_steps.zip`` + ``ppo_vecnormalize_<steps>_steps.pkl``.
+``draftrl train --out DIR`` writes the layout of ``draftrl.runs`` (policy, manifest, config,
+summary with the final evaluation, checkpoints).
 
 ``resolve(path)`` accepts ``DIR``, ``DIR/policy.zip`` or a checkpoint zip and pairs the model
 with the statistics saved *with it* (a checkpoint's own VecNormalize file, never the final one).
@@ -17,17 +12,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-POLICY_FILE = "policy.zip"
-VECNORMALIZE_FILE = "vecnormalize.pkl"
-POLICY_MANIFEST_FILE = "policy.json"
-CONFIG_FILE = "config.json"
-SUMMARY_FILE = "train_summary.json"
-_CHECKPOINT = re.compile(r"(?P<prefix>.+)_(?P<steps>\d+)_steps\.zip")
+from draftrl.runs import CONFIG_FILE, POLICY_FILE, SUMMARY_FILE, is_checkpoint, policy_files, run_dir_of
 
 
 @dataclass
@@ -86,30 +75,18 @@ def resolve(path: str | Path) -> TrainedPolicy:
 
     :raises FileNotFoundError: naming the missing file and what writes it.
     """
-    path = Path(path)
-    if path.is_dir():
-        model = path / POLICY_FILE
-    elif path.suffix == ".zip" or path.exists():
-        model = path
-    else:
-        model = path  # reported below
+    model, vecnorm, manifest_file = policy_files(path)
     if not model.is_file():
         raise FileNotFoundError(
             f"{model} does not exist; point at a run directory written by `draftrl train --out DIR`, "
             f"its {POLICY_FILE}, or a checkpoint zip."
         )
-    match = _CHECKPOINT.fullmatch(model.name)
-    is_checkpoint = match is not None and model.parent.name == "checkpoints"
-    if is_checkpoint:
-        run_dir = model.parent.parent
-        vecnorm = model.with_name(f"{match['prefix']}_vecnormalize_{match['steps']}_steps.pkl")
-    else:
-        run_dir = model.parent
-        vecnorm = model.with_name(VECNORMALIZE_FILE)
-    manifest = _read_json(run_dir / POLICY_MANIFEST_FILE)
+    checkpoint = is_checkpoint(model)
+    run_dir = run_dir_of(model)
+    manifest = _read_json(manifest_file)
     if manifest is None:
         raise FileNotFoundError(
-            f"{run_dir / POLICY_MANIFEST_FILE} does not exist; it holds the policy's grids and feature names and "
+            f"{manifest_file} does not exist; it holds the policy's grids and feature names and "
             "`draftrl train` writes it when a run completes (finish the run with --resume)."
         )
     summary = _read_json(run_dir / SUMMARY_FILE)
@@ -121,7 +98,7 @@ def resolve(path: str | Path) -> TrainedPolicy:
         vecnormalize_path=vecnorm if vecnorm.is_file() else None,
         policy_manifest=manifest,
         train_config=config,
-        summary=None if is_checkpoint else summary,
+        summary=None if checkpoint else summary,
         run_dir=run_dir,
-        is_checkpoint=is_checkpoint,
+        is_checkpoint=checkpoint,
     )

@@ -5,7 +5,7 @@ A serving engine that cannot ask a policy every round gets the policy summarised
 1. **Depth at batch size 1** (``k1``): the median of the depths the policy chose, per round,
    in the run's final evaluation (``train_summary.json``; or a fresh rollout when the summary is
    missing). The histogram, mean and mode are recorded too.
-2. **Depth at batch size B** (``k(B)``), from the cost model of DESIGN.md: with acceptance
+2. **Depth at batch size B** (``k(B)``), from the cost model of docs/design.md: with acceptance
    ``alpha``, a draft level costing ``c`` target steps and verification of ``n`` drafts costing
    ``g_B(n)`` target steps, a round of depth ``d`` yields ``E(alpha, d) / (g_B(d) + c d)`` tokens
    per step (``d = 0``: 1). Larger batches make verification relatively dearer: a forward over
@@ -48,6 +48,8 @@ import numpy as np
 
 from draftrl.export.artifacts import TrainedPolicy, resolve
 from draftrl.export.features import env_spec, features_entry
+from draftrl.signals.costs import CostTable
+from draftrl.signals.speedup import expected_tokens, num_verified
 
 FORMAT = "draftrl-engine-config/1"
 #: vLLM release whose custom_class proposer interface and config keys the vLLM outputs target.
@@ -91,15 +93,13 @@ def depth_statistics(trained: TrainedPolicy, episodes: int = 20, seed: int = 0) 
 def _rollout(trained: TrainedPolicy, episodes: int, seed: int) -> dict[str, Any]:
     import gymnasium as gym
 
-    import draftrl.envs  # noqa: F401  registers the env ids
-    from draftrl.export.network import load_sb3
-    from draftrl.policies import PPOPolicy, env_grids, evaluate_policy_on_env
+    from draftrl.policies import PPOPolicy, evaluate_policy_on_env
 
     spec = env_spec(trained.train_config, trained.env_id)
-    env = gym.make(trained.env_id, **{**(spec.get("kwargs") or {}), **(spec.get("eval_kwargs") or {})})
+    kwargs = {**(spec.get("kwargs") or {}), **(spec.get("eval_kwargs") or {})}
+    env = gym.make(f"draftrl.envs:{trained.env_id}", **kwargs)  # gymnasium imports draftrl.envs: the ids register
     try:
-        model, normalizer = load_sb3(trained)  # a checkpoint's own statistics, not the final ones
-        policy = PPOPolicy(model, trained.policy_manifest, env_grids(env)[2], normalizer)
+        policy = PPOPolicy.load(trained.model_path, env)  # a checkpoint's own statistics, not the final ones
         return evaluate_policy_on_env(policy, env, episodes=episodes, seed=seed)
     finally:
         env.close()
@@ -117,15 +117,6 @@ def weighted_median(hist: Mapping[int, int]) -> int:
 
 
 # ----------------------------------------------------------------------------- cost model
-def expected_tokens(alpha: float, n: int) -> float:
-    """E = 1 + alpha + ... + alpha^n: tokens of a round verifying ``n`` i.i.d. drafts."""
-    return float(sum(alpha**i for i in range(n + 1)))
-
-
-def num_verified(depth: int, verify_size: int) -> int:
-    return depth if verify_size == 0 else min(depth, verify_size)
-
-
 def fit_alpha(hist: Mapping[int, int], mean_tokens: float, verify_size: int = 0) -> float:
     """The i.i.d. acceptance that reproduces ``mean_tokens`` per round under the depth histogram."""
     total = sum(hist.values())
@@ -158,8 +149,6 @@ def training_costs(trained: TrainedPolicy, max_depth: int) -> dict[str, Any]:
     entry = features_entry(trained.train_config, trained.env_id, trained.feature_names, trained.run_dir)
     table = entry.get("cost_table")
     if table:
-        from draftrl.envs.costs import CostTable
-
         t = CostTable.from_dict(table)
         ctx = float(np.median(t.context_lens))
         ar = t.verify(1, ctx)

@@ -2,7 +2,7 @@
 
 A deployed policy must see the features it was trained on, computed the same way. The envs that
 wrap the engine (``SpecDecode-v0``, ``TraceReplay-v0`` and their depth variants) build every
-observation with :class:`draftrl.envs.features.FeatureBuilder`; this module records that
+observation with :class:`draftrl.signals.features.FeatureBuilder`; this module records that
 builder's settings in the export manifest (``features_entry``) and rebuilds the very same class
 from them at run time (``make_feature_builder``), so no feature is re-implemented here.
 
@@ -10,8 +10,8 @@ from them at run time (``make_feature_builder``), so no feature is re-implemente
 a synthetic ``draft_confidence``) come from the analytic model itself, and no engine measures
 them. Its policies export and run through the controller, but cannot drive an engine.
 
-Import direction: this module uses ``draftrl.envs`` (the feature builder, ``EnvConfig``, cost
-tables, trace headers), a layer below ``policies``; it imports no model code.
+Import direction: this module uses ``draftrl.signals`` (the feature builder, cost tables) and
+``draftrl.config.env`` (``EnvConfig``), never ``draftrl.envs``; it imports no model code.
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from draftrl.config import to_dict
-from draftrl.envs.config import EnvConfig, resolve_config
-from draftrl.envs.costs import CostTable
-from draftrl.envs.features import CostTracker, FeatureBuilder, feature_names
+from draftrl.io import read_json
+from draftrl.config.env import EnvConfig, resolve_config
+from draftrl.signals.costs import CostTable
+from draftrl.signals.features import CostTracker, FeatureBuilder, feature_names
 
 #: Env ids whose observations ``FeatureBuilder`` builds (plus ``level`` features for depth envs).
 BUILDER_ENVS: tuple[str, ...] = (
@@ -32,7 +32,9 @@ BUILDER_ENVS: tuple[str, ...] = (
     "draftrl/TraceReplay-v0",
     "draftrl/TraceReplayDepth-v0",
 )
-BUILDER = "draftrl.envs.features.FeatureBuilder"
+BUILDER = "draftrl.signals.features.FeatureBuilder"
+#: Names manifests have recorded for the same builder (before it moved from ``draftrl.envs``).
+BUILDER_NAMES: tuple[str, ...] = (BUILDER, "draftrl.envs.features.FeatureBuilder")
 #: gymnasium.make arguments of the engine envs that are not EnvConfig fields.
 _NON_CONFIG_KWARGS = ("config", "traces", "cost_table", "engine", "tokenizer", "target", "render_mode", "size_policy")
 
@@ -70,9 +72,7 @@ def _resolve_env_config(env_id: str, kwargs: dict[str, Any],
     if env_id.startswith("draftrl/TraceReplay") and base is None:
         trace_dir = _find(kwargs.get("traces"), run_dir)
         if trace_dir is not None and (trace_dir / "trace.json").is_file():
-            from draftrl.envs.traces import Traces
-
-            base = to_dict(Traces.load(trace_dir).config)
+            base = read_json(trace_dir / "trace.json", "trace header")["config"]  # the EnvConfig they were recorded with
             source = f"traces {trace_dir}"
         else:
             source = f"EnvConfig defaults + train-config overrides (traces {kwargs.get('traces')} not found)"
@@ -133,11 +133,11 @@ def make_feature_builder(entry: dict[str, Any], names: list[str] | tuple[str, ..
     :raises ValueError: for policies whose features no engine can build (e.g. ``Analytic-v0``) or
         whose feature list the rebuilt builder does not reproduce.
     """
-    if not entry or entry.get("builder") != BUILDER:
+    if not entry or entry.get("builder") not in BUILDER_NAMES:
         reason = (entry or {}).get("reason", "the manifest names no feature builder")
         raise ValueError(
             f"this policy cannot drive an engine: {reason} Train it on draftrl/TraceReplay-v0 or "
-            "draftrl/SpecDecode-v0 (whose observations draftrl.envs.features.FeatureBuilder builds)."
+            "draftrl/SpecDecode-v0 (whose observations draftrl.signals.features.FeatureBuilder builds)."
         )
     table = CostTable.from_dict(entry["cost_table"]) if entry.get("cost_table") else None
     builder = FeatureBuilder(

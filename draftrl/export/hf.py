@@ -33,15 +33,15 @@ transformers' assisted generation; tree policies (width > 1) cannot run here.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import torch
 from transformers.generation.candidate_generator import PromptLookupCandidateGenerator
 from transformers.generation.utils import GenerationMixin
 
+from draftrl.decoding.clock import device_clock
 from draftrl.decoding.sampling import SamplingParams
-from draftrl.envs.features import RoundSummary
+from draftrl.signals.features import RoundSummary
 from draftrl.export.features import make_feature_builder, ngram_drafter
 
 PROPOSERS = ("draftrl", "hf")
@@ -98,26 +98,21 @@ class PolicyCandidateGenerator(PromptLookupCandidateGenerator):
         """per round: depth, verify_size, num_candidates, num_accepted, num_emitted"""
         self._pending: dict[str, Any] | None = None
 
-    def _clock(self, device: torch.device) -> float:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        return time.perf_counter()
-
     def get_candidates(self, input_ids: torch.LongTensor, **kwargs: Any) -> tuple[torch.LongTensor, None]:
         """``input_ids`` ``[1, T]`` -> ``([1, T + n], None)`` with ``n`` chosen by the policy."""
-        t0 = self._clock(input_ids.device)
+        t0 = device_clock(input_ids.device)
         ids = input_ids[0].tolist()
         draft = self.ngram.features(ids)
-        t1 = self._clock(input_ids.device)
+        t1 = device_clock(input_ids.device)
         generated = len(ids) - self.prompt_length
         depth, verify_size = self.controller.act(self.features.observation(draft, len(ids), generated))
-        t2 = self._clock(input_ids.device)
+        t2 = device_clock(input_ids.device)
         levels = max(0, min(depth, self.max_new_tokens - generated - 1))  # as the engine drafts
         n = levels if not verify_size else min(levels, verify_size)
         candidates = input_ids
         if n > 0:
             candidates = self._propose(input_ids, ids, n)
-        t3 = self._clock(input_ids.device)
+        t3 = device_clock(input_ids.device)
         self._pending = {
             "depth": int(depth), "verify_size": int(verify_size), "levels": levels, "length": len(ids),
             "num_candidates": candidates.shape[1] - len(ids), "draft_seconds": (t1 - t0) + (t3 - t2), "verify_start": t3,
@@ -138,7 +133,7 @@ class PolicyCandidateGenerator(PromptLookupCandidateGenerator):
 
     def update_candidate_strategy(self, input_ids: torch.LongTensor, scores: torch.Tensor, num_matches: int) -> None:
         """After verification: feed the round to the history (and cost) features."""
-        now = self._clock(input_ids.device)
+        now = device_clock(input_ids.device)
         p, self._pending = self._pending, None
         if p is None:
             return

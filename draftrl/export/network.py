@@ -17,7 +17,6 @@ from __future__ import annotations
 import copy
 import importlib
 import importlib.metadata
-import pickle
 import platform
 import warnings
 from pathlib import Path
@@ -28,7 +27,9 @@ import torch
 from torch import nn
 
 import draftrl
+from draftrl.deps import require
 from draftrl.export.artifacts import TrainedPolicy, resolve
+from draftrl.export.controller import OnnxRunner
 from draftrl.export.features import features_entry
 from draftrl.export.manifest import (
     ACTION_NAME,
@@ -39,12 +40,12 @@ from draftrl.export.manifest import (
     logits_name,
     write_manifest,
 )
+from draftrl.export.torchscript import TorchScriptRunner
 
 #: ONNX opset of the exported graph (Gemm, Tanh, Split, ArgMax: all long supported).
 OPSET = 17
 #: Observations drawn from the policy's observation space for the export-time check.
 CHECK_OBSERVATIONS = 4096
-ONNX_HINT = 'run pip install "draftrl[export]"'
 
 
 class PolicyNetwork(nn.Module):
@@ -71,21 +72,17 @@ class PolicyNetwork(nn.Module):
 
 
 def load_sb3(trained: TrainedPolicy) -> tuple[Any, Any]:
-    """(SB3 PPO model on the CPU, VecNormalize or None), checked against the run's config."""
-    from stable_baselines3 import PPO
+    """(SB3 PPO model on the CPU, VecNormalize or None) as ``PPOPolicy.load`` reads them, checked
+    against the run's config (a checkpoint pairs with its own statistics)."""
+    from draftrl.policies import PPOPolicy
 
-    model = PPO.load(trained.model_path, device="cpu")
-    normalizer = None
-    if trained.vecnormalize_path is not None:
-        with trained.vecnormalize_path.open("rb") as f:
-            normalizer = pickle.load(f)  # VecNormalize without its venv: only the statistics are used
-        normalizer.training = False
-    elif ((trained.train_config or {}).get("ppo") or {}).get("normalize_obs"):
+    policy = PPOPolicy.load(trained.model_path)
+    if policy.obs_normalizer is None and ((trained.train_config or {}).get("ppo") or {}).get("normalize_obs"):
         raise FileNotFoundError(
             f"the run normalised observations (ppo.normalize_obs=true) but {trained.model_path.parent} holds no "
             "VecNormalize statistics for this model; export from the run directory that draftrl train wrote."
         )
-    return model, normalizer
+    return policy.model, policy.obs_normalizer
 
 
 def normalization_entry(normalizer: Any) -> dict[str, Any] | None:
@@ -110,14 +107,6 @@ def action_nvec(model: Any) -> list[int]:
     if isinstance(space, spaces.Discrete):
         return [int(space.n)]
     raise TypeError(f"draftrl policies act in Discrete or MultiDiscrete spaces, this one is {space}.")
-
-
-def require(module: str) -> Any:
-    """Import ``module`` or raise the ImportError that names the install command."""
-    try:
-        return importlib.import_module(module)
-    except ImportError:
-        raise ImportError(f'{module} is not installed; {ONNX_HINT}.') from None
 
 
 def _version(name: str) -> str | None:
@@ -286,12 +275,19 @@ def _export_onnx(net: nn.Module, example: torch.Tensor, out: Path, output_names:
     onnx.checker.check_model(onnx.load(str(out)))
 
 
+def load_runner(path: str | Path, manifest: dict[str, Any], threads: int = 1) -> Any:
+    """The runner for ``manifest["backend"]``: onnxruntime or TorchScript."""
+    if manifest["backend"] == "onnx":
+        return OnnxRunner(path, manifest, threads)
+    if manifest["backend"] == "torchscript":
+        return TorchScriptRunner(path, manifest, threads)
+    raise ValueError(f"backend {manifest['backend']!r} is unknown; expected 'onnx' or 'torchscript'.")
+
+
 def check_export(out: Path, manifest: dict[str, Any], model: Any, num: int, seed: int) -> dict[str, Any]:
     """Compare the exported file with SB3 on ``num`` normalised observations; raise on disagreement."""
     if num <= 0:
         return {"num_observations": 0}
-    from draftrl.export.controller import load_runner
-
     obs = sample_observations(model, num, seed)
     norm = Normalization.from_manifest(manifest["normalization"])
     x = norm(obs) if norm is not None else obs

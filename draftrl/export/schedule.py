@@ -7,7 +7,7 @@ controller, with the observation built by the training env's own ``FeatureBuilde
 ``engine.features()`` (draft-side signals), context and generated lengths before a round, and a
 ``RoundSummary`` of the finished round after it (measured seconds included, so the cost features
 follow this machine, starting from the training cost table). Every input is known before the
-target verifies the round (DESIGN.md, exactness contract).
+target verifies the round (docs/design.md, exactness contract).
 
 Depends on ``draftrl.decoding`` (the engine's interface) and the env's feature builder only.
 """
@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from draftrl.envs.features import RoundSummary
+from draftrl.signals.features import RoundSummary
 from draftrl.export.features import make_feature_builder
 
 
@@ -83,13 +83,16 @@ class PolicySchedule:
         self._levels = None
         self.features.observe_round(RoundSummary.from_round(rnd, levels))
 
+    def generate(self, engine: Any, prompt_ids: list[int], monitor: Any = None, seed: int | None = None) -> Any:
+        """``decoding.generate`` one request on ``engine`` with this policy choosing every round."""
+        from draftrl.decoding.generate import generate
+
+        self.check_engine(engine)
+        return generate(engine, prompt_ids, self, monitor=monitor, seed=seed, on_round=self.observe)
+
 
 def generate_with_policy(engine: Any, prompt_ids: list[int], controller: Any, monitor: Any = None,
                          seed: int | None = None) -> tuple[Any, PolicySchedule]:
-    """``decoding.generate`` one request with ``controller`` choosing every round; returns (result, schedule)."""
-    from draftrl.decoding.generate import generate
-
+    """One request with ``controller`` choosing every round; returns (``GenerationResult``, schedule)."""
     schedule = PolicySchedule(controller)
-    schedule.check_engine(engine)
-    result = generate(engine, prompt_ids, schedule, monitor=monitor, seed=seed, on_round=schedule.observe)
-    return result, schedule
+    return schedule.generate(engine, prompt_ids, monitor=monitor, seed=seed), schedule

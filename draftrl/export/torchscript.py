@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from draftrl.export.controller import ExportedPolicy
+from draftrl.export.runtime import ExportedPolicy
 from draftrl.export.manifest import read_manifest
 
 

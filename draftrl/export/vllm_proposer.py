@@ -26,9 +26,9 @@ from typing import Any
 
 import numpy as np
 
-from draftrl.envs.costs import CostTable
-from draftrl.envs.features import FeatureBuilder, RoundSummary
 from draftrl.decoding.vllm.proposer import CONFIG_ENV, DraftrlProposer
+from draftrl.signals.costs import CostTable
+from draftrl.signals.features import FeatureBuilder, RoundSummary
 from draftrl.export.features import make_feature_builder, ngram_drafter
 
 CLASS_PATH = "draftrl.export.vllm_proposer.PolicyProposer"

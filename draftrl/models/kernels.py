@@ -49,11 +49,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from draftrl.config import KERNELS  # the accepted values of ``kernels`` (defined with the config vocabularies)
 from draftrl.models.fast_linear import MAX_ROWS, MIN_ROWS, apply_fast_linear, fast_rows, remove_fast_linear
 from draftrl.models.registry import cache_root
 
-#: Accepted values of ``kernels``.
-KERNELS: tuple[str, ...] = ("auto", "stock", "fast_linear")
 #: Environment variable read when no ``kernels`` value is given.
 KERNELS_ENV = "DRAFTRL_KERNELS"
 #: Row counts (tokens x batch) the probe times: a plain step and verification of up to 7 drafts.

@@ -35,6 +35,21 @@ class LoadedModel:
     kernels: KernelPlan | None = None
     """The linear-layer layout the model's few-token forwards use (see :mod:`draftrl.models.kernels`)."""
 
+    @property
+    def eos_token_ids(self) -> list[int]:
+        """Every end-of-sequence id of the tokenizer and the model config, sorted.
+
+        A config may hold one id or a list (Llama 3.x lists several: ``<|end_of_text|>``,
+        ``<|eom_id|>``, ``<|eot_id|>``); decoding stops at any of them.
+        """
+        found: set[int] = set()
+        for item in (self.tokenizer.eos_token_id, getattr(self.model.config, "eos_token_id", None)):
+            if isinstance(item, (list, tuple)):
+                found.update(int(t) for t in item)
+            elif item is not None:
+                found.add(int(item))
+        return sorted(found)
+
 
 def load_model(spec: str, *, dtype: str = "float32", device: str = "cpu", kernels: str | None = None) -> LoadedModel:
     """Load the causal LM named by ``spec``.

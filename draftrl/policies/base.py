@@ -11,14 +11,14 @@ Round-level envs (``draftrl/Analytic-v0``, ``draftrl/SpecDecode-v0``, ``draftrl/
     policy.reset()                           # episode start
     depth, verify_size = policy.act(obs)     # values, not indices
     obs, reward, terminated, truncated, info = env.step(policy.to_action(depth, verify_size))
-    policy.observe(info)                     # after each round: info["tokens"], ["accepted"], ["seconds"], ...
+    policy.observe(info)                     # after each round: info["num_emitted"], ["num_accepted"], ["seconds"], ...
 
 Step-level envs (``draftrl/SpecDecodeDepth-v0``, ``draftrl/TraceReplayDepth-v0``):
 ``policy.act_step(obs)`` returns ``CONTINUE`` (draft one more level) or ``STOP`` (verify now) after
 each draft level; ``observe(info)`` follows every verifying step.
 
 Every decision may use only what is known before the target verifies the round: the observation
-and the ``info`` of rounds that already finished (DESIGN.md, exactness contract).
+and the ``info`` of rounds that already finished (docs/design.md, exactness contract).
 """
 
 from __future__ import annotations
@@ -29,10 +29,9 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-#: ``act_step`` answers: draft another level, or stop drafting and verify. As actions of the
-#: step-level envs' ``Discrete(2)``, ``int(CONTINUE) == 1`` and ``int(STOP) == 0``.
-CONTINUE: bool = True
-STOP: bool = False
+# act_step answers with the step-level envs' own actions: CONTINUE (1) drafts another level, STOP (0) verifies
+from draftrl.envs.depth_control import CONTINUE, STOP
+
 #: Observation feature of step-level envs: draft levels built so far this round.
 LEVEL_FEATURE = "level"
 
@@ -103,7 +102,7 @@ class Policy(ABC):
         :return: ``(depth, verify_size)`` values from ``depths`` and ``verify_sizes``.
         """
 
-    def act_step(self, observation: np.ndarray) -> bool:
+    def act_step(self, observation: np.ndarray) -> int:
         """Per-draft-level form for step-level envs (``SpecDecodeDepth-v0``, ``TraceReplayDepth-v0``).
 
         Called with the observation after ``level`` draft levels (the feature ``level``); answers

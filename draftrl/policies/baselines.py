@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from draftrl.envs.analytic import expected_tokens
+from draftrl.signals.speedup import expected_tokens
 from draftrl.policies.base import Policy, env_grids
 
 #: Features ``ConfidenceThreshold`` can read as a per-token acceptance estimate, in order of preference.
@@ -71,7 +71,7 @@ class HFHeuristic(Policy):
     :param verify_size: verify size used every round; None = ``default_verify_size()``.
     """
 
-    name = "hf_heuristic"
+    name = "heuristic"
 
     def __init__(
         self,
@@ -100,7 +100,7 @@ class HFHeuristic(Policy):
         verified = info.get("num_verified", info.get("depth"))
         if verified is None or verified <= 0:
             return  # no draft was verified: no evidence either way
-        if info["accepted"] >= verified:
+        if info["num_accepted"] >= verified:
             self.schedule = min(self.schedule + 2.0, float(max(self.depths)))
         else:
             self.schedule = max(1.0, self.schedule - 1.0)
@@ -145,7 +145,7 @@ class ConfidenceThreshold(Policy):
         self.require_feature(feature)
         self.verify_size = self.default_verify_size() if verify_size is None else int(verify_size)
         self.to_action(min(self.depths), self.verify_size)
-        self.name = f"confidence(t={self.threshold:g})"
+        self.name = f"threshold(t={self.threshold:g})"
 
     @classmethod
     def for_env(cls, env: Any, /, **kwargs: Any) -> ConfidenceThreshold:
@@ -180,7 +180,7 @@ class UCBBandit(Policy):
     :param arms: ``(depth, verify_size)`` pairs to choose from; None = the whole grid.
     """
 
-    name = "ucb_bandit"
+    name = "bandit"
 
     def __init__(
         self,
@@ -242,13 +242,13 @@ class UCBBandit(Policy):
         if self._last_arm is None:
             return
         seconds = float(info["seconds"])
-        rate = float(info["tokens"]) / seconds if seconds > 0 else 0.0
+        rate = float(info["num_emitted"]) / seconds if seconds > 0 else 0.0
         if self.discount < 1.0:
             for stat in (self.num_pulls, self.tokens, self.seconds, self.sum_sq, self.sum_rate):
                 stat *= self.discount
         arm = self._last_arm
         self.num_pulls[arm] += 1.0
-        self.tokens[arm] += float(info["tokens"])
+        self.tokens[arm] += float(info["num_emitted"])
         self.seconds[arm] += seconds
         self.sum_rate[arm] += rate
         self.sum_sq[arm] += rate * rate

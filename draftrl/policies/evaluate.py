@@ -2,7 +2,7 @@
 
 Every policy sees the same episodes: episode ``i`` starts with ``env.reset(seed=seed + i)``, so
 the workload (prompts, traces, regimes) is the same for every policy. Throughput is total tokens
-/ total seconds over all episodes (the env's ``info["tokens"]`` and ``info["seconds"]``; seconds
+/ total seconds over all episodes (the env's ``info["num_emitted"]`` and ``info["seconds"]``; seconds
 are wall clock on real engines, target steps on the analytic env).
 """
 
@@ -63,9 +63,9 @@ def evaluate_policy_on_env(policy: Policy, env: Any, episodes: int = 20, seed: i
                 action = policy.to_action(*chosen)
             obs, _, terminated, truncated, info = env.step(action)
             done = terminated or truncated
-            if step_level and "tokens" not in info:
+            if step_level and "num_emitted" not in info:
                 continue  # a draft step inside a round: nothing was emitted yet
-            tokens += float(info["tokens"])
+            tokens += float(info["num_emitted"])
             seconds += float(info["seconds"])
             num_rounds += 1
             depth = info.get("depth", chosen[0] if chosen else None)

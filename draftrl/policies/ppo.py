@@ -26,10 +26,8 @@ from typing import Any
 import numpy as np
 
 from draftrl.policies.base import CONTINUE, STOP, Policy, env_grids
+from draftrl.runs import MANIFEST_FILE, policy_files
 
-POLICY_FILE = "policy.zip"
-VECNORMALIZE_FILE = "vecnormalize.pkl"
-MANIFEST_FILE = "policy.json"
 KINDS = ("size", "depth")
 
 
@@ -59,13 +57,6 @@ def write_manifest(
     path = Path(directory) / MANIFEST_FILE
     path.write_text(json.dumps(manifest, indent=2) + "\n")
     return path
-
-
-def _policy_paths(path: str | Path) -> tuple[Path, Path, Path]:
-    path = Path(path)
-    directory = path.parent if path.suffix == ".zip" else path
-    model = path if path.suffix == ".zip" else directory / POLICY_FILE
-    return model, directory / VECNORMALIZE_FILE, directory / MANIFEST_FILE
 
 
 class PPOPolicy(Policy):
@@ -110,7 +101,8 @@ class PPOPolicy(Policy):
     def load(
         cls, path: str | Path, env: Any = None, name: str = "ppo", feature_names: Sequence[str] | None = None
     ) -> PPOPolicy:
-        """Load a saved policy (a directory or its ``policy.zip``), checked against ``env``'s grids.
+        """Load a saved policy (a run directory, its ``policy.zip`` or a checkpoint zip, with the
+        statistics saved with it), checked against ``env``'s grids.
 
         :param env: the env it will act on (grids checked, features gathered by name).
         :param feature_names: instead of ``env``: the feature order of the observations it will
@@ -120,7 +112,7 @@ class PPOPolicy(Policy):
         """
         from stable_baselines3 import PPO
 
-        model_path, vecnorm_path, manifest_path = _policy_paths(path)
+        model_path, vecnorm_path, manifest_path = policy_files(path)
         for required in (model_path, manifest_path):
             if not required.is_file():
                 raise FileNotFoundError(f"{required} does not exist; point at a directory written by draftrl train.")
@@ -156,7 +148,7 @@ class PPOPolicy(Policy):
             raise ValueError(f"this PPO policy is a {self.kind!r} policy; use act_step() on a step-level env.")
         return self.from_action(self._predict(observation))
 
-    def act_step(self, observation: np.ndarray) -> bool:
+    def act_step(self, observation: np.ndarray) -> int:
         if self.kind != "depth":
             raise ValueError(f"this PPO policy is a {self.kind!r} policy; use act() on a round-level env.")
         return CONTINUE if int(self._predict(observation)[0]) == self.continue_action else STOP

@@ -1,6 +1,6 @@
 """Shipped multilingual prompt sets for benchmarks and policy training.
 
-DESIGN.md asks for multilingual workloads (English, Italian, Chinese, Spanish, plus code) with
+docs/design.md asks for multilingual workloads (English, Italian, Chinese, Spanish, plus code) with
 comparable request lengths, reported per language and task. ``prompts.jsonl`` holds original
 prompts written for this project: 4 languages x 4 tasks x 24 prompts.
 

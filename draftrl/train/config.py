@@ -13,11 +13,11 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
+from draftrl.config import BASELINES
+from draftrl.config.wandb import WandbConfig
+
 #: Recipes ``draftrl train`` can run: module ``draftrl.train.<recipe>`` with ``train(cfg, out, ...)``.
 RECIPES: tuple[str, ...] = ("ppo_size", "ppo_depth", "cotrain")
-#: Baselines evaluated next to the policy and every fixed setting (``draftrl.policies``).
-BASELINES: tuple[str, ...] = ("hf_heuristic", "confidence", "ucb_bandit", "oracle")
-WANDB_MODES: tuple[str, ...] = ("offline", "online", "disabled")
 
 
 @dataclass
@@ -103,22 +103,6 @@ class PPOConfig:
 
 
 @dataclass
-class WandbConfig:
-    """Weights & Biases logging through SB3 callbacks; offline by default (``wandb sync DIR`` uploads)."""
-
-    mode: str = "offline"
-    """offline | online | disabled; the WANDB_MODE environment variable wins."""
-    project: str = "draftrl"
-    """wandb project."""
-    entity: str | None = None
-    """wandb team or user; None = your default."""
-    group: str | None = None
-    """groups runs in the UI (e.g. one sweep)."""
-    tags: list[str] = field(default_factory=list)
-    """free-form run tags."""
-
-
-@dataclass
 class TrainConfig:
     """One training run: env, PPO, budget, evaluation and logging."""
 
@@ -147,10 +131,10 @@ class TrainConfig:
     eval_seed: int = 1_000_000
     """seed of the first evaluation episode; far from training seeds."""
     baselines: list[str] = field(default_factory=lambda: list(BASELINES))
-    """baselines evaluated besides the fixed grid: hf_heuristic, confidence, ucb_bandit, oracle."""
+    """baselines evaluated besides the fixed grid: heuristic, threshold, bandit, oracle (draftrl.config.BASELINES)."""
     checkpoint_every: int = 10_000
     """env steps between checkpoints (taken at the next rollout boundary); --resume restarts there."""
-    torch_threads: int = 1
+    threads: int = 1
     """torch intra-op threads; 1 is fastest for small MLPs and fair to shared machines."""
     progress_bar: bool = True
     """SB3's rich/tqdm progress bar."""
@@ -161,7 +145,7 @@ class TrainConfig:
         _check_numbers(self)
         if self.recipe not in RECIPES:
             raise ValueError(f"recipe={self.recipe!r} is not a recipe; choose one of {RECIPES}.")
-        for name in ("total_timesteps", "eval_episodes", "checkpoint_every", "torch_threads"):
+        for name in ("total_timesteps", "eval_episodes", "checkpoint_every", "threads"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)!r} must be >= 1.")
         if self.finetune_real_timesteps < 0 or self.cotrain_rounds < 1:
@@ -172,8 +156,6 @@ class TrainConfig:
         unknown = [b for b in self.baselines if b not in BASELINES]
         if unknown:
             raise ValueError(f"baselines {unknown} unknown; choose from {BASELINES}.")
-        if self.wandb.mode not in WANDB_MODES:
-            raise ValueError(f"wandb.mode={self.wandb.mode!r} must be one of {WANDB_MODES}.")
         ppo = self.ppo
         if ppo.n_envs < 1 or ppo.n_steps < 2 or ppo.batch_size < 2:
             raise ValueError(f"ppo.n_envs={ppo.n_envs}, ppo.n_steps={ppo.n_steps}, ppo.batch_size={ppo.batch_size} are too small.")
@@ -184,11 +166,6 @@ class TrainConfig:
             )
         if ppo.obs_epsilon <= 0:
             raise ValueError(f"ppo.obs_epsilon={ppo.obs_epsilon} must be > 0 (a floor on the normalising variance).")
-
-    @property
-    def rollout_size(self) -> int:
-        """Env steps per PPO update (computed in runtime): n_steps * n_envs."""
-        return self.ppo.n_steps * self.ppo.n_envs
 
 
 def _check_numbers(obj: Any, prefix: str = "") -> None:

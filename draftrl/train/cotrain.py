@@ -32,11 +32,15 @@ from gymnasium import spaces
 from stable_baselines3.common.callbacks import BaseCallback
 
 from draftrl.policies import LEVEL_FEATURE, Policy, PPOPolicy, env_grids
-from draftrl.policies.ppo import MANIFEST_FILE, POLICY_FILE, VECNORMALIZE_FILE
-from draftrl.train.common import STATE_FILE, Stopwatch, make_env, make_vec_env, open_run, start_wandb, write_json
+from draftrl.io import write_json
+from draftrl.runs import MANIFEST_FILE, POLICY_FILE, STATE_FILE, VECNORMALIZE_FILE
+from draftrl.train.callbacks import start_wandb
+from draftrl.train.envs import make_env, make_vec_env
+from draftrl.train.state import Stopwatch, open_run
 from draftrl.train.config import TrainConfig
 from draftrl.train.loop import Phase, finish_run, learn_phases, save_trained
 from draftrl.train.ppo_depth import size_hook
+from draftrl.train.ppo_size import new_ppo
 
 
 class FrozenDepthEnv(gym.Env):
@@ -92,7 +96,7 @@ class FrozenDepthEnv(gym.Env):
         while True:
             obs, reward, terminated, truncated, info = self.env.step(int(self.depth_policy.act_step(obs)))
             total += float(reward)
-            if terminated or truncated or "tokens" in info:
+            if terminated or truncated or "num_emitted" in info:
                 break
         self.depth_policy.observe(info)
         self._obs = obs
@@ -114,7 +118,7 @@ def train(
 ) -> dict[str, Any] | None:
     """Co-train a depth and a size policy in ``out``; returns the summary, or None if stopped early."""
     out = Path(out)
-    torch.set_num_threads(cfg.torch_threads)
+    torch.set_num_threads(cfg.threads)
     make_env(cfg.depth_env).close()  # fails before DIR is written
     state = open_run(cfg, out, resume)
     clock = Stopwatch(state["wall_seconds"])
@@ -145,7 +149,8 @@ def train(
 
                     model = learn_phases(
                         cfg, [Phase(f"{rnd}_{kind}", make, cfg.total_timesteps)], phase_dir, kind=kind,
-                        resume=resume, wandb_run=wandb_run, on_save=record_state, callbacks=callbacks,
+                        resume=resume, wandb_run=wandb_run, on_save=record_state,
+                        new_model=lambda venv, kind=kind: new_ppo(cfg, venv, kind), callbacks=callbacks,
                         start_from=previous,
                     )
                     if model is None:

@@ -1,9 +1,10 @@
-"""The PPO training loop every recipe runs: phases, checkpoints, resume, saving, the summary.
+"""The machinery under every recipe: phases, checkpoints, resume, saving, the summary.
 
-A recipe describes its training as ``Phase``s (an env factory and the step count to train up
-to); ``learn_phases`` trains one PPO model through them with one step counter, taking
-checkpoints at rollout boundaries and resuming from the newest one; ``finish_run`` saves the
-policy, evaluates it against every fixed setting and writes ``train_summary.json``.
+A recipe (``ppo_size.py`` reads top to bottom) describes its training as ``Phase``s (an env
+factory and the step count to train up to); ``learn_phases`` trains one PPO model through them
+with one step counter, taking checkpoints at rollout boundaries and resuming from the newest
+one; ``save_trained`` writes the policy files; ``finish_run`` evaluates the saved policy against
+every fixed setting and writes ``train_summary.json``.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
 from gymnasium import spaces
 from stable_baselines3 import PPO
 from stable_baselines3.common.callbacks import BaseCallback
@@ -23,27 +23,13 @@ from stable_baselines3.common.vec_env import VecEnv, VecNormalize
 
 from draftrl.config import to_dict
 from draftrl.policies import env_grids
-from draftrl.policies.ppo import VECNORMALIZE_FILE, write_manifest
-from draftrl.train.common import (
-    STATE_FILE,
-    SUMMARY_FILE,
-    RolloutCheckpoint,
-    Stopwatch,
-    ThroughputCallback,
-    detached,
-    evaluate_run,
-    first_env,
-    format_table,
-    latest_checkpoint,
-    make_env,
-    make_logger,
-    make_vec_env,
-    open_run,
-    save_policy,
-    start_wandb,
-    versions,
-    write_json,
-)
+from draftrl.io import write_json
+from draftrl.policies.ppo import write_manifest
+from draftrl.runs import STATE_FILE, SUMMARY_FILE, VECNORMALIZE_FILE, latest_checkpoint
+from draftrl.train.callbacks import RolloutCheckpoint, ThroughputCallback, make_logger
+from draftrl.train.envs import detached, first_env
+from draftrl.train.evaluation import evaluate_run
+from draftrl.train.state import Stopwatch, save_policy, versions
 from draftrl.train.config import EnvSpec, TrainConfig
 
 #: ``(seed, normalizer or None) -> VecEnv``: builds a phase's training envs.
@@ -57,29 +43,6 @@ class Phase:
     name: str
     make_venv: VenvFactory
     until: int
-
-
-def build_ppo(cfg: TrainConfig, venv: VecEnv, kind: str = "size") -> PPO:
-    """A fresh SB3 PPO ("MlpPolicy") with ``cfg.ppo``'s hyperparameters for a ``kind`` policy, seeded with ``cfg.seed``."""
-    p = cfg.ppo
-    return PPO(
-        "MlpPolicy",
-        venv,
-        learning_rate=p.learning_rate,
-        n_steps=p.n_steps,
-        batch_size=p.batch_size,
-        n_epochs=p.n_epochs,
-        gamma=p.gamma_for(kind),
-        gae_lambda=p.gae_lambda,
-        clip_range=p.clip_range,
-        ent_coef=p.ent_coef,
-        vf_coef=p.vf_coef,
-        max_grad_norm=p.max_grad_norm,
-        policy_kwargs={"net_arch": list(p.net_arch)},
-        seed=cfg.seed,
-        device=p.device,
-        verbose=0,
-    )
 
 
 def load_normalizer(path: Path | None) -> VecNormalize | None:
@@ -99,6 +62,7 @@ def learn_phases(
     resume: bool,
     wandb_run: Any,
     on_save: Callable[[int], None],
+    new_model: Callable[[VecEnv], PPO],
     callbacks: Sequence[BaseCallback] = (),
     start_from: Path | None = None,
 ) -> PPO | None:
@@ -108,6 +72,7 @@ def learn_phases(
     :param kind: ``"size"`` (the envs must have ``MultiDiscrete`` actions) or ``"depth"`` (``Discrete(2)``).
     :param resume: continue from the newest checkpoint in ``directory/checkpoints`` (if any).
     :param on_save: called with the step count after each checkpoint (the recipe records its state).
+    :param new_model: ``venv -> PPO``: a fresh model, when there is no checkpoint or ``start_from``.
     :param start_from: a saved policy directory to continue training from when there is no
         checkpoint (co-training's later rounds), else a fresh PPO.
     """
@@ -142,7 +107,7 @@ def learn_phases(
                 if checkpoint is None:
                     model.num_timesteps = 0  # a new phase of co-training counts its own steps
             else:
-                model = build_ppo(cfg, venv, kind)
+                model = new_model(venv)
         else:
             model.set_env(venv)
         model.set_logger(make_logger(directory, model.num_timesteps, wandb_run))
@@ -223,60 +188,9 @@ def finish_run(
         "evaluation": evaluation,
     }
     write_json(out / SUMMARY_FILE, summary)
-    print(format_table(evaluation))
     if wandb_run is not None:
         wandb_run.summary.update({f"eval/{name}": row["throughput"] for name, row in evaluation["table"].items()})
         wandb_run.summary["eval/best_fixed"] = evaluation["best_fixed"]
         if evaluation.get("oracle_gain_captured") is not None:
             wandb_run.summary["eval/oracle_gain_captured"] = evaluation["oracle_gain_captured"]
     return summary
-
-
-def run_recipe(
-    cfg: TrainConfig,
-    out: str | Path,
-    *,
-    kind: str,
-    spec: EnvSpec,
-    finetune_spec: EnvSpec,
-    resume: bool,
-    callbacks: Sequence[BaseCallback],
-    env_kwargs: dict[str, Any] | None = None,
-    extra: dict[str, Any] | None = None,
-) -> dict[str, Any] | None:
-    """A whole PPO run of ``kind`` ("size" or "depth"): open, train through the phases, save, evaluate.
-
-    The main phase trains on ``spec`` up to ``cfg.total_timesteps``; ``cfg.finetune_real_timesteps``
-    more follow on ``finetune_spec`` (the real engine), counted by the same step counter.
-    ``env_kwargs`` go to every env built (training and evaluation); ``extra`` into the manifest.
-    Returns the training summary, or None when a callback stopped the session (resumable).
-    """
-    out = Path(out)
-    torch.set_num_threads(cfg.torch_threads)  # tiny MLPs: one thread is fastest, and fair on shared CPUs
-    grids_env = make_env(spec)  # the grids and features the policy is for; fails before DIR is written
-    state = open_run(cfg, out, resume)
-    clock = Stopwatch(state["wall_seconds"])
-    wandb_run = start_wandb(cfg, out, state["run_id"])
-
-    def record_state(num_timesteps: int) -> None:
-        state.update(num_timesteps=num_timesteps, wall_seconds=clock.elapsed())
-        write_json(out / STATE_FILE, state)
-
-    def envs(phase_spec: EnvSpec) -> VenvFactory:
-        return lambda seed, norm: make_vec_env(cfg, phase_spec, seed, norm, extra_kwargs=env_kwargs, kind=kind)
-
-    phases = [Phase("main", envs(spec), cfg.total_timesteps)]
-    if cfg.finetune_real_timesteps:
-        phases.append(Phase("finetune", envs(finetune_spec), cfg.total_timesteps + cfg.finetune_real_timesteps))
-    try:
-        model = learn_phases(cfg, phases, out, kind=kind, resume=resume, wandb_run=wandb_run,
-                             on_save=record_state, callbacks=callbacks)
-        if model is None:
-            return None
-        save_trained(model, out, kind=kind, env_id=spec.id, grids_env=grids_env,
-                     extra={"run_id": state["run_id"], **(extra or {})})
-        return finish_run(cfg, out, state, clock, model.num_timesteps, eval_spec=spec, eval_kwargs=env_kwargs,
-                          wandb_run=wandb_run)
-    finally:
-        if wandb_run is not None:
-            wandb_run.finish()

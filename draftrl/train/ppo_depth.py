@@ -5,7 +5,7 @@ Learning to Draft's depth policy. The env is step-level (``cfg.depth_env``:
 engine): ``Discrete(2)`` actions (0 = STOP, 1 = CONTINUE), the round features plus the current
 level's (``level``, ``level_best_prob``, ``level_num_nodes``). The verification size is the
 env's ``verify_size`` or, with ``cfg.frozen_size_policy``, a trained size policy's choice at STOP
-(the env's ``size_policy`` hook). Otherwise the same steps as ``ppo_size``: phases,
+(the env's ``size_policy`` hook). Otherwise the steps of ``ppo_size`` (its ``run``): phases,
 checkpoints, resume, save, evaluation against every fixed depth on the same episodes.
 
     draftrl train --config configs/cpu_default.yaml --set recipe=ppo_depth --out runs/depth
@@ -21,9 +21,9 @@ import numpy as np
 from stable_baselines3.common.callbacks import BaseCallback
 
 from draftrl.policies import PPOPolicy
-from draftrl.train.common import make_env
+from draftrl.train.envs import make_env
 from draftrl.train.config import EnvSpec, TrainConfig
-from draftrl.train.loop import run_recipe
+from draftrl.train.ppo_size import run
 
 #: The depth envs' hook: ``size_policy(observation, tree) -> verify_size``.
 SizeHook = Callable[[np.ndarray, Any], int]
@@ -54,6 +54,6 @@ def train(
     """
     if size_policy is None and cfg.frozen_size_policy:
         size_policy = size_hook(cfg.frozen_size_policy, cfg.depth_env)
-    return run_recipe(cfg, out, kind="depth", spec=cfg.depth_env, finetune_spec=cfg.finetune_env, resume=resume,
-                      callbacks=callbacks, env_kwargs={"size_policy": size_policy} if size_policy is not None else None,
-                      extra={"frozen_size_policy": cfg.frozen_size_policy})
+    return run(cfg, out, kind="depth", spec=cfg.depth_env, resume=resume, callbacks=callbacks,
+               env_kwargs={"size_policy": size_policy} if size_policy is not None else None,
+               extra={"frozen_size_policy": cfg.frozen_size_policy})

@@ -1,18 +1,22 @@
 """Recipe ``ppo_size``: one PPO policy choosing ``(depth, verify_size)`` every round.
 
-Reads top to bottom like CleanRL's ``ppo.py``, with SB3 doing the PPO:
+Reads top to bottom like CleanRL's ``ppo.py``, with SB3 doing the PPO update:
 
-1. open (or resume) the run directory and its wandb run;
-2. phases: the main phase on ``cfg.env`` (trace replay, or the analytic model) up to
-   ``total_timesteps``, then optionally ``finetune_real_timesteps`` more on ``cfg.finetune_env``
-   (the real engine), both counted by the same step counter;
-3. PPO ("MlpPolicy" over the flat observation, ``MultiDiscrete([len(depths), len(verify_sizes)])``
-   actions) from scratch or from the newest checkpoint, VecNormalize statistics included;
-4. save ``policy.zip`` + ``vecnormalize.pkl`` + ``policy.json``;
-5. evaluate the saved policy, every fixed setting and the baselines on the same seeded episodes
-   and write ``train_summary.json``.
+1. the env (``cfg.env``: trace replay, the analytic model or the real engine); its grids and
+   features are what the policy is for, and a bad config fails before ``DIR`` is written;
+2. the run directory (fresh, or ``--resume``d with the same run id), its clock and wandb run;
+3. the phases: ``total_timesteps`` on ``cfg.env``, then optionally ``finetune_real_timesteps``
+   more on ``cfg.finetune_env`` (the real engine), counted by one step counter;
+4. PPO: SB3's ``"MlpPolicy"`` over the flat observation, ``MultiDiscrete([len(depths),
+   len(verify_sizes)])`` actions, ``cfg.ppo``'s hyperparameters (:func:`new_ppo`), trained with
+   the checkpoint and throughput callbacks (``draftrl.train.callbacks``) and yours;
+5. save ``policy.zip`` + ``vecnormalize.pkl`` + ``policy.json`` (``draftrl.runs``);
+6. evaluate the saved policy, every fixed setting and the baselines on the same seeded episodes
+   (``draftrl.train.evaluation``) and write ``train_summary.json``.
 
-Run it with ``draftrl train --config configs/analytic_regimes.yaml --out runs/analytic``.
+``ppo_depth`` runs the same steps on the step-level env (:func:`run` with ``kind="depth"``).
+
+    draftrl train --config configs/analytic_regimes.yaml --out runs/analytic
 """
 
 from __future__ import annotations
@@ -21,10 +25,41 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
+from stable_baselines3 import PPO
 from stable_baselines3.common.callbacks import BaseCallback
+from stable_baselines3.common.vec_env import VecEnv
 
-from draftrl.train.config import TrainConfig
-from draftrl.train.loop import run_recipe
+from draftrl.io import write_json
+from draftrl.runs import STATE_FILE
+from draftrl.train.callbacks import start_wandb
+from draftrl.train.config import EnvSpec, TrainConfig
+from draftrl.train.envs import make_env, make_vec_env
+from draftrl.train.loop import Phase, finish_run, learn_phases, save_trained
+from draftrl.train.state import Stopwatch, open_run
+
+
+def new_ppo(cfg: TrainConfig, venv: VecEnv, kind: str = "size") -> PPO:
+    """A fresh SB3 PPO ("MlpPolicy") with ``cfg.ppo``'s hyperparameters for a ``kind`` policy, seeded with ``cfg.seed``."""
+    p = cfg.ppo
+    return PPO(
+        "MlpPolicy",
+        venv,
+        learning_rate=p.learning_rate,
+        n_steps=p.n_steps,
+        batch_size=p.batch_size,
+        n_epochs=p.n_epochs,
+        gamma=p.gamma_for(kind),
+        gae_lambda=p.gae_lambda,
+        clip_range=p.clip_range,
+        ent_coef=p.ent_coef,
+        vf_coef=p.vf_coef,
+        max_grad_norm=p.max_grad_norm,
+        policy_kwargs={"net_arch": list(p.net_arch)},
+        seed=cfg.seed,
+        device=p.device,
+        verbose=0,
+    )
 
 
 def train(
@@ -39,5 +74,58 @@ def train(
         stays resumable).
     :return: the training summary, or None when the session stopped before the last phase's end.
     """
-    return run_recipe(cfg, out, kind="size", spec=cfg.env, finetune_spec=cfg.finetune_env, resume=resume,
-                      callbacks=callbacks)
+    return run(cfg, out, kind="size", spec=cfg.env, resume=resume, callbacks=callbacks)
+
+
+def run(
+    cfg: TrainConfig,
+    out: str | Path,
+    *,
+    kind: str,
+    spec: EnvSpec,
+    resume: bool,
+    callbacks: Sequence[BaseCallback],
+    env_kwargs: dict[str, Any] | None = None,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any] | None:
+    """The steps of the module docstring for a ``kind`` ("size" or "depth") policy trained on ``spec``.
+
+    ``env_kwargs`` go to every env built (training and evaluation); ``extra`` into the manifest.
+    """
+    out = Path(out)
+    torch.set_num_threads(cfg.threads)  # tiny MLPs: one thread is fastest, and fair on shared CPUs
+
+    # 1. the env the policy is for
+    grids_env = make_env(spec)
+
+    # 2. the run directory, its wall clock and wandb run
+    state = open_run(cfg, out, resume)
+    clock = Stopwatch(state["wall_seconds"])
+    wandb_run = start_wandb(cfg, out, state["run_id"])
+
+    def record_state(num_timesteps: int) -> None:
+        state.update(num_timesteps=num_timesteps, wall_seconds=clock.elapsed())
+        write_json(out / STATE_FILE, state)
+
+    # 3. the phases, each a factory of cfg.ppo.n_envs vectorised envs
+    def envs(phase_spec: EnvSpec):
+        return lambda seed, norm: make_vec_env(cfg, phase_spec, seed, norm, extra_kwargs=env_kwargs, kind=kind)
+
+    phases = [Phase("main", envs(spec), cfg.total_timesteps)]
+    if cfg.finetune_real_timesteps:
+        phases.append(Phase("finetune", envs(cfg.finetune_env), cfg.total_timesteps + cfg.finetune_real_timesteps))
+    try:
+        # 4. PPO through the phases (fresh, or from the newest checkpoint)
+        model = learn_phases(cfg, phases, out, kind=kind, resume=resume, wandb_run=wandb_run, on_save=record_state,
+                             new_model=lambda venv: new_ppo(cfg, venv, kind), callbacks=callbacks)
+        if model is None:
+            return None
+        # 5. the policy files
+        save_trained(model, out, kind=kind, env_id=spec.id, grids_env=grids_env,
+                     extra={"run_id": state["run_id"], **(extra or {})})
+        # 6. the evaluation against every fixed setting and the baselines, train_summary.json
+        return finish_run(cfg, out, state, clock, model.num_timesteps, eval_spec=spec, eval_kwargs=env_kwargs,
+                          wandb_run=wandb_run)
+    finally:
+        if wandb_run is not None:
+            wandb_run.finish()

@@ -8,7 +8,7 @@ import numpy as np
 from draftrl.decoding.admission import StepAction
 from draftrl.decoding.batch import HFBatchEngine
 from draftrl.decoding.interface import ServingEngine
-from draftrl.envs.engines import eos_token_ids
+
 
 PROMPTS = {
     "code": "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):\n",
@@ -30,7 +30,7 @@ def run(engine, tokenizer, action, tokens=16):
 
 
 def test_hf_batch_engine_is_exact_and_keeps_the_budget(smollm2):
-    engine = HFBatchEngine(smollm2, max_depth=6, max_num_seqs=2, eos_token_ids=tuple(eos_token_ids(smollm2)))
+    engine = HFBatchEngine(smollm2, max_depth=6, max_num_seqs=2, eos_token_ids=tuple(smollm2.eos_token_ids))
     assert isinstance(engine, ServingEngine) and engine.action_lag == 0
     plain, plain_steps = run(engine, smollm2.tokenizer, StepAction(0))
     assert all(s.num_drafted == 0 for s in plain_steps)
@@ -45,7 +45,7 @@ def test_hf_batch_engine_is_exact_and_keeps_the_budget(smollm2):
 def test_serving_env_runs_on_the_hf_engine(smollm2):
     from draftrl.envs.serve import ServeVLLMEnv
 
-    engine = HFBatchEngine(smollm2, max_depth=8, max_num_seqs=4, eos_token_ids=tuple(eos_token_ids(smollm2)))
+    engine = HFBatchEngine(smollm2, max_depth=8, max_num_seqs=4, eos_token_ids=tuple(smollm2.eos_token_ids))
     env = ServeVLLMEnv(engine=engine, tokenizer=smollm2.tokenizer, num_requests=3, max_new_tokens=8, concurrency=2,
                        split="heldout", languages=("en",), seed=0)
     obs, _ = env.reset()

@@ -41,3 +41,50 @@ def test_bad_depth_is_one_clear_line(smollm2, capsys):
 def test_bad_drafter_spec_is_one_clear_line(capsys):
     assert main(["generate", "--prompt", "hi", "--drafter", "layerskip:x"]) == 2
     assert "layerskip:N" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def multi_eos_model(tmp_path_factory):
+    """A tiny random Llama whose config lists several EOS ids (as Llama 3.x configs do), SmolLM2's tokenizer."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from draftrl.models import fetch_model
+
+    tokenizer = AutoTokenizer.from_pretrained(fetch_model("smollm2-135m"))
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,
+                         eos_token_id=[tokenizer.eos_token_id, 7], bos_token_id=1, tie_word_embeddings=True)
+    torch.manual_seed(0)
+    directory = tmp_path_factory.mktemp("multi_eos")
+    LlamaForCausalLM(config).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+def _generate(capsys, model_dir, *extra: str) -> dict:
+    code = main(["generate", "--target", str(model_dir), "--prompt", PROMPT, "--max-new-tokens", "12",
+                 "--depth", "2", "--json", *extra])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    return json.loads(captured.out)
+
+
+def test_generate_with_several_eos_ids_in_the_model_config(multi_eos_model, capsys):
+    """A list-valued ``eos_token_id`` (Llama 3.x) is read, and decoding stops at any of the ids."""
+    import json as jsonlib
+
+    from draftrl.models import load_model
+
+    loaded = load_model(str(multi_eos_model))
+    assert loaded.eos_token_ids == sorted({loaded.tokenizer.eos_token_id, 7})
+    first = _generate(capsys, multi_eos_model)
+    assert len(first["token_ids"]) == 12  # the random model emits neither EOS in 12 greedy tokens
+    stop = first["token_ids"][3]
+    config_file = multi_eos_model / "config.json"
+    config = jsonlib.loads(config_file.read_text())
+    config["eos_token_id"] = [7, stop]  # the fourth greedy token becomes an end of sequence
+    config_file.write_text(jsonlib.dumps(config))
+    second = _generate(capsys, multi_eos_model)
+    cut = first["token_ids"].index(stop) + 1
+    assert second["token_ids"] == first["token_ids"][:cut]

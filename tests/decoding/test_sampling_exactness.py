@@ -21,7 +21,7 @@ import pytest
 import torch
 from scipy.stats import norm
 
-from draftrl.cli.selftest import VECTORS, check_frequencies, run_selftest
+from draftrl.decoding.selftest import VECTORS, check_frequencies, run_selftest
 from draftrl.decoding.sampling import (
     SamplingParams,
     agree_expected_deterministic,

@@ -8,6 +8,7 @@ import json
 import pytest
 
 from draftrl.cli import selftest
+from draftrl.decoding.selftest import VECTORS, check_frequencies
 
 
 def run_cli(argv: list[str]) -> int:
@@ -23,7 +24,7 @@ def test_json_report_passes_and_exits_0(capsys):
     assert report["passed"] is True and report["method"] == "correct" and report["trials"] == 20000
     assert "4 standard errors" in report["criterion"]
     names = [v["name"] for v in report["vectors"]]
-    assert names == [v.name for v in selftest.VECTORS]
+    assert names == [v.name for v in VECTORS]
     for v in report["vectors"]:
         assert {"name", "expected", "observed", "passed", "stderr", "z", "agree"} <= set(v)
         assert len(v["observed"]) == len(v["expected"]) and v["passed"] is True
@@ -48,6 +49,6 @@ def test_bad_trials_is_a_value_error():
 
 
 def test_check_frequencies_zero_probability_cells_must_be_empty():
-    assert selftest.check_frequencies([10, 0], [1.0, 0.0], 10)["passed"]
-    result = selftest.check_frequencies([9, 1], [1.0, 0.0], 10)
+    assert check_frequencies([10, 0], [1.0, 0.0], 10)["passed"]
+    result = check_frequencies([9, 1], [1.0, 0.0], 10)
     assert not result["passed"] and result["z"][1] == float("inf")

@@ -1,4 +1,4 @@
-"""draftrl/Analytic-v0 and the article's cost model (DESIGN.md, "Cost model" test vectors)."""
+"""draftrl/Analytic-v0 and the article's cost model (docs/design.md, "Cost model" test vectors)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-import draftrl  # noqa: F401  registers the env ids
-from draftrl.envs.analytic import FEATURE_NAMES, AnalyticEnv, expected_speedup, expected_tokens
+import draftrl.envs  # noqa: F401  registers the env ids (gymnasium.register_envs idiom)
+from draftrl.envs.analytic import FEATURE_NAMES, AnalyticEnv
+from draftrl.signals.speedup import expected_speedup, expected_tokens
 
 GRID = range(1, 17)  # the article's grid, depth 1..16
 
@@ -93,11 +94,11 @@ def test_env_reproduces_article_grid():
     env = make_grid_env(alpha=0.7, draft_cost=0.05)
     for depth in range(17):
         reward, info = one_round(env, depth)
-        assert info["tokens"] == pytest.approx(expected_tokens(0.7, depth), abs=1e-12)
+        assert info["num_emitted"] == pytest.approx(expected_tokens(0.7, depth), abs=1e-12)
         assert reward == pytest.approx(expected_speedup(0.7, depth, 0.05), abs=1e-12)
     assert env_best_depth(env) == 6
     reward, info = one_round(env, 6)
-    assert info["tokens"] == pytest.approx(3.058819, abs=1e-6)
+    assert info["num_emitted"] == pytest.approx(3.058819, abs=1e-6)
     assert reward == pytest.approx(2.353, abs=1e-3)
     assert info["seconds"] == pytest.approx(1.3)
     assert (info["draft_seconds"], info["verify_seconds"]) == pytest.approx((0.3, 1.0))
@@ -117,7 +118,7 @@ def test_env_zero_acceptance_chooses_no_speculation():
     env = make_grid_env(alpha=0.0, draft_cost=0.05)
     assert env_best_depth(env, depths=range(17)) == 0
     reward, info = one_round(env, 0)
-    assert reward == 1.0 and info["tokens"] == 1.0 and info["accepted"] == 0.0
+    assert reward == 1.0 and info["num_emitted"] == 1.0 and info["num_accepted"] == 0.0
     assert info["num_verified"] == 0 and info["draft_seconds"] == 0.0
 
 
@@ -129,11 +130,11 @@ def test_verify_size_caps_verified_tokens():
     assert env.action_space.nvec.tolist() == [2, 3]
     _, info = one_round(env, 1, 1)  # depth 6, verify 2: the 4 unverified drafts are paid and lost
     assert info["num_verified"] == 2
-    assert info["tokens"] == pytest.approx(expected_tokens(0.7, 2))
+    assert info["num_emitted"] == pytest.approx(expected_tokens(0.7, 2))
     assert info["seconds"] == pytest.approx(1.2 + 0.3)
     for verify_index in (0, 2):  # 0 = all drafted; a cap above depth changes nothing
         _, info = one_round(env, 1, verify_index)
-        assert info["num_verified"] == 6 and info["tokens"] == pytest.approx(expected_tokens(0.7, 6))
+        assert info["num_verified"] == 6 and info["num_emitted"] == pytest.approx(expected_tokens(0.7, 6))
     _, info = one_round(env, 0, 2)  # no speculation verifies nothing and costs one target step
     assert info["num_verified"] == 0 and info["seconds"] == 1.0
     assert env.unwrapped.round_seconds(6, 2) == pytest.approx((0.3, 1.2))
@@ -144,7 +145,7 @@ def test_verify_size_caps_verified_tokens():
 def sample_tokens(alpha: float, depth: int, num_rounds: int, seed: int = 1) -> np.ndarray:
     env = AnalyticEnv(alpha=alpha, depths=(depth,), max_new_tokens=10**9)
     env.reset(seed=seed)
-    return np.array([env.step(np.array([0, 0]))[4]["tokens"] for _ in range(num_rounds)])
+    return np.array([env.step(np.array([0, 0]))[4]["num_emitted"] for _ in range(num_rounds)])
 
 
 def test_stochastic_tokens_match_expectation_and_reject_a_wrong_formula():
@@ -189,12 +190,12 @@ def test_spaces_and_feature_names():
     assert obs.dtype == np.float32 and obs in env.observation_space
     assert dict(zip(FEATURE_NAMES, obs))["progress"] == 0.0
     _, _, _, _, info = env.step(env.action_space.sample())
-    assert {"tokens", "accepted", "seconds", "draft_seconds", "verify_seconds", "depth", "verify_size",
+    assert {"num_emitted", "num_accepted", "seconds", "draft_seconds", "verify_seconds", "depth", "verify_size",
             "regime"} <= info.keys()
 
 
 def test_import_registers_without_torch():
-    code = "import sys, draftrl, gymnasium; gymnasium.spec('draftrl/Analytic-v0'); print('torch' in sys.modules)"
+    code = "import sys, draftrl.envs, gymnasium; gymnasium.spec('draftrl/Analytic-v0'); print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
 
@@ -227,7 +228,7 @@ def rollout(seed: int, num_steps: int = 60, **kwargs) -> list:
     trajectory = [obs.tolist()]
     for _ in range(num_steps):
         obs, reward, terminated, truncated, info = env.step(env.action_space.sample())
-        trajectory.append((obs.tolist(), reward, info["tokens"], info["regime"]))
+        trajectory.append((obs.tolist(), reward, info["num_emitted"], info["regime"]))
         if terminated or truncated:
             obs, _ = env.reset()
             trajectory.append(obs.tolist())
@@ -262,11 +263,11 @@ def test_termination_clips_last_round_and_truncation_comes_from_register():
     total, terminated, steps = 0.0, False, 0
     while not terminated:
         obs, _, terminated, truncated, info = env.step(np.array([12, 0]))
-        total += info["tokens"]
+        total += info["num_emitted"]
         steps += 1
         assert not truncated
     assert total == 50 and obs[FEATURE_NAMES.index("progress")] == 1.0
-    assert info["accepted"] <= info["tokens"]
+    assert info["num_accepted"] <= info["num_emitted"]
     env = gym.make("draftrl/Analytic-v0", alpha=0.9, max_episode_steps=3)
     env.reset(seed=0)
     results = [env.step(np.array([0, 0]))[2:4] for _ in range(3)]
@@ -283,7 +284,7 @@ def test_regime_switching_changes_acceptance_and_confidence():
     for _ in range(4000):
         confidence[env.regime].append(obs[FEATURE_NAMES.index("draft_confidence")])
         obs, _, _, _, info = env.step(np.array([0, 0]))
-        accepted[info["regime"]].append(info["accepted"])
+        accepted[info["regime"]].append(info["num_accepted"])
         switches += env.regime != info["regime"]
     assert 100 < switches < 300  # about 4000 * 0.05
     code, chat = np.array(accepted[0]), np.array(accepted[1])
@@ -325,7 +326,7 @@ def episode(reward: str, depth: int, **kwargs) -> tuple[float, float, float, lis
         _, r, terminated, truncated, info = env.step(np.array([depth, 0]))
         assert not truncated
         rewards.append(r)
-        tokens += info["tokens"]
+        tokens += info["num_emitted"]
         seconds += info["seconds"]
     return sum(rewards), tokens, seconds, rewards
 
@@ -361,7 +362,7 @@ def regime_policy_run(code_depth: int, chat_depth: int) -> tuple[float, float]:
     while not terminated:
         depth = (code_depth, chat_depth)[env.regime]
         _, reward, terminated, _, info = env.step(np.array([depth, 0]))
-        ret, tokens, seconds = ret + reward, tokens + info["tokens"], seconds + info["seconds"]
+        ret, tokens, seconds = ret + reward, tokens + info["num_emitted"], seconds + info["seconds"]
     return ret, tokens / seconds
 
 

@@ -17,10 +17,10 @@ import pytest
 from gymnasium.utils.env_checker import check_env as gym_check_env
 from stable_baselines3.common.env_checker import check_env as sb3_check_env
 
-import draftrl  # noqa: F401  registers the env ids
+import draftrl.envs  # noqa: F401  registers the env ids (gymnasium.register_envs idiom)
 from draftrl.cli import main
-from draftrl.envs.config import EnvConfig
-from draftrl.envs.costs import CostTable
+from draftrl.config.env import EnvConfig
+from draftrl.signals.costs import CostTable
 from draftrl.envs.engines import build_engine
 from draftrl.envs.replay import TraceReplayEnv
 from draftrl.envs.replay_depth import TraceReplayDepthEnv
@@ -29,7 +29,7 @@ from draftrl.envs.spec_decode_depth import SpecDecodeDepthEnv
 from draftrl.envs.traces import Traces, collect
 
 WORKLOAD = dict(languages=("en",), tasks=("code_edit",), limit_per_group=2, max_new_tokens=20, depths=(0, 1, 2, 4))
-ROUND_KEYS = ("token_ids", "tokens", "accepted", "num_drafted", "num_verified", "verified_depth", "stop_reason",
+ROUND_KEYS = ("token_ids", "num_emitted", "num_accepted", "num_drafted", "num_verified", "verified_depth", "stop_reason",
               "token_stats", "depth", "verify_size")
 
 
@@ -82,7 +82,7 @@ def test_real_and_replay_agree_round_by_round(recorded):
             assert done_real == done
             np.testing.assert_array_equal(obs_real[compared], obs_replay[compared])
             rounds += 1
-            num_tokens += info_real["tokens"]
+            num_tokens += info_real["num_emitted"]
     assert num_tokens == 40 and rounds < num_tokens  # n-gram drafts got accepted somewhere
 
     replay.reset(seed=0)
@@ -130,7 +130,7 @@ def test_replay_seconds_come_from_the_cost_table(recorded):
     ctx = info["num_prompt_tokens"] - 1
     assert step["verify_seconds"] == pytest.approx(t.verify(1 + step["num_verified"], ctx))
     assert step["draft_seconds"] == pytest.approx(t.draft(2, env.config.width))
-    assert step["sample_seconds"] == pytest.approx(t.sample(step["tokens"]))
+    assert step["sample_seconds"] == pytest.approx(t.sample(step["num_emitted"]))
 
 
 def test_cost_jitter_moves_costs_per_episode_never_tokens(recorded):
@@ -148,7 +148,7 @@ def test_cost_jitter_moves_costs_per_episode_never_tokens(recorded):
             tokens += list(step["token_ids"])
             if step["num_verified"] > 0 or done:
                 break
-            ctx += step["tokens"]
+            ctx += step["num_emitted"]
         assert step["num_verified"] > 0, "no round drafted anything"
         one = t.verify(1, ctx)
         growth = (step["verify_seconds"] - one) / (t.verify(1 + step["num_verified"], ctx) - one)
@@ -296,7 +296,7 @@ def test_real_and_replay_depth_envs_agree(recorded):
             if info_real["phase"] == "verify":
                 for key in ROUND_KEYS:
                     assert info_real[key] == info_replay[key], (prompt.id, key)
-                num_tokens += info_real["tokens"]
+                num_tokens += info_real["num_emitted"]
             assert done_real == done
     assert num_tokens == 40
     env = gym.make("draftrl/TraceReplayDepth-v0", traces=str(directory), depth_shaping=True)

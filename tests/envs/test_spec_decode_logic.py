@@ -15,10 +15,10 @@ from scripted_costs import PER_LEVEL, PER_NODE, PLAIN_STEP
 from gymnasium.utils.env_checker import check_env as gym_check_env
 from stable_baselines3.common.env_checker import check_env as sb3_check_env
 
-import draftrl  # noqa: F401  registers the env ids
-from draftrl.envs.config import EnvConfig, load_env_config
-from draftrl.envs.costs import CostTable
-from draftrl.envs.features import CostTracker, FeatureBuilder, RoundSummary, feature_names, verify_bucket
+import draftrl.envs  # noqa: F401  registers the env ids (gymnasium.register_envs idiom)
+from draftrl.config.env import EnvConfig, load_env_config
+from draftrl.signals.costs import CostTable
+from draftrl.signals.features import CostTracker, FeatureBuilder, RoundSummary, feature_names, verify_bucket
 from draftrl.envs.rewards import RewardModel
 from draftrl.envs.spec_decode import SpecDecodeEnv
 from draftrl.envs.depth_control import CONTINUE, STOP
@@ -36,7 +36,7 @@ EXPECTED_NAMES = (
     "verify_cost_64", "draft_cost_round", "draft_cost_level",
 )
 INFO_KEYS = {
-    "tokens", "accepted", "seconds", "draft_seconds", "verify_seconds", "sample_seconds", "depth", "verify_size",
+    "num_emitted", "num_accepted", "seconds", "draft_seconds", "verify_seconds", "sample_seconds", "depth", "verify_size",
     "num_drafted", "num_verified", "verified_depth", "token_ids", "token_stats", "exactness_passed",
     "stop_reason", "prompt_id",
 }
@@ -134,7 +134,7 @@ def test_ratio_reward_episode_sum_is_tokens_minus_rho_time(scripted):
     while not done:
         _, reward, done, _, info = env.step(env.action_space.sample())
         rewards.append(reward)
-        tokens += info["tokens"]
+        tokens += info["num_emitted"]
         seconds += info["seconds"]
     assert tokens == 12
     assert sum(rewards) == pytest.approx(tokens - 50.0 * seconds)
@@ -148,8 +148,8 @@ def test_throughput_reward_is_tokens_per_second(scripted):
     env = make_env(scripted, reward="throughput")
     env.reset(seed=0)
     _, reward, _, _, info = env.step(np.array([3, 0]))
-    assert reward == pytest.approx(info["tokens"] / info["seconds"])
-    assert info["tokens"] == 3 and info["seconds"] == pytest.approx(PLAIN_STEP + 4 * PER_NODE + 4 * PER_LEVEL)
+    assert reward == pytest.approx(info["num_emitted"] / info["seconds"])
+    assert info["num_emitted"] == 3 and info["seconds"] == pytest.approx(PLAIN_STEP + 4 * PER_NODE + 4 * PER_LEVEL)
 
 
 def test_rho_estimated_from_the_cost_table_or_first_round():
@@ -190,9 +190,9 @@ def test_depth_env_steps_levels_and_stops_at_the_limit(scripted):
         obs, reward, _, _, info = env.step(CONTINUE)
         assert info["phase"] == "draft" and obs[level] == expected and reward == 0.0
     obs, _, _, _, info = env.step(CONTINUE)  # level 4 = max(depths): verified in the same step
-    assert info["phase"] == "verify" and info["depth"] == 4 and info["tokens"] == 5 and obs[level] == 0
+    assert info["phase"] == "verify" and info["depth"] == 4 and info["num_emitted"] == 5 and obs[level] == 0
     _, _, _, _, info = env.step(STOP)  # STOP before any level: a plain step
-    assert info["depth"] == 0 and info["num_verified"] == 0 and info["tokens"] == 1
+    assert info["depth"] == 0 and info["num_verified"] == 0 and info["num_emitted"] == 1
 
 
 def test_size_policy_picks_the_verification_size(scripted):
@@ -296,6 +296,6 @@ def test_tiny_cpu_config_loads():
 
 
 def test_import_stays_light():
-    code = "import sys, gymnasium as gym, draftrl; gym.spec('draftrl/TraceReplay-v0'); print('torch' in sys.modules)"
+    code = "import sys, gymnasium as gym, draftrl.envs; gym.spec('draftrl/TraceReplay-v0'); print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

@@ -8,11 +8,11 @@ import pytest
 from gymnasium.utils.env_checker import check_env as gym_check_env
 from stable_baselines3.common.env_checker import check_env as sb3_check_env
 
-import draftrl  # noqa: F401  registers the env ids
+import draftrl.envs  # noqa: F401  registers the env ids (gymnasium.register_envs idiom)
 from draftrl.decoding.engine import EngineConfig, SpeculativeDecoder
 from draftrl.decoding.generate import fixed_schedule, generate
 from draftrl.decoding.stats import TokenStats
-from draftrl.envs.config import EnvConfig
+from draftrl.config.env import EnvConfig
 from draftrl.envs.depth_control import CONTINUE, STOP
 
 SHORT = dict(languages=("en",), tasks=("chat",), limit_per_group=2, max_new_tokens=8, depths=(0, 1, 3))
@@ -62,7 +62,7 @@ def test_any_actions_keep_greedy_output_and_report_the_round(model):
         action = rng.integers(env.action_space.nvec)
         _, reward, done, truncated, info = env.step(action)
         tokens += info["token_ids"]
-        assert info["tokens"] == len(info["token_ids"]) >= 1 and isinstance(info["token_stats"], TokenStats)
+        assert info["num_emitted"] == len(info["token_ids"]) >= 1 and isinstance(info["token_stats"], TokenStats)
         assert info["depth"] == env.unwrapped.depths[action[0]]
         assert info["verify_size"] == env.unwrapped.verify_sizes[action[1]]
         assert info["seconds"] == pytest.approx(info["draft_seconds"] + info["verify_seconds"] + info["sample_seconds"])
@@ -75,7 +75,7 @@ def test_throughput_reward_and_monitor_flag(model):
     env = gym.make("draftrl/SpecDecode-v0", config=EnvConfig(**SHORT, reward="throughput", monitor=False))
     env.reset(seed=0)
     _, reward, _, _, info = env.step(np.array([2, 0]))
-    assert reward == pytest.approx(info["tokens"] / info["seconds"])
+    assert reward == pytest.approx(info["num_emitted"] / info["seconds"])
     assert info["exactness_passed"] is None
 
 
@@ -104,7 +104,7 @@ def test_depth_env_keeps_greedy_output_and_shaping_adds_up(model):
         round_reward += reward
         if info["phase"] == "verify":
             tokens += info["token_ids"]
-            assert round_reward == pytest.approx(info["tokens"] - 20.0 * info["seconds"], abs=1e-9)
+            assert round_reward == pytest.approx(info["num_emitted"] - 20.0 * info["seconds"], abs=1e-9)
             round_reward = 0.0
     assert tokens == greedy_reference(model, env.unwrapped)
 
@@ -132,7 +132,7 @@ def test_vectorised_envs_share_one_model(model):
     venv.seed(0)
     assert venv.reset().shape == (2, len(first.feature_names))
     _, rewards, _, infos = venv.step(np.array([[1, 0], [2, 0]]))
-    assert rewards.shape == (2,) and all(info["tokens"] >= 1 for info in infos)
+    assert rewards.shape == (2,) and all(info["num_emitted"] >= 1 for info in infos)
     sync = gym.vector.SyncVectorEnv([lambda: gym.make("draftrl/SpecDecode-v0", config=config) for _ in range(2)])
     obs, _ = sync.reset(seed=0)
     assert obs.shape == (2, len(first.feature_names))

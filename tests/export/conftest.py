@@ -25,7 +25,7 @@ REPLAY_WORKLOAD = dict(languages=("en",), tasks=("code_edit",), limit_per_group=
 
 
 def cost_table():
-    from draftrl.envs.costs import CostTable
+    from draftrl.signals.costs import CostTable
 
     return CostTable(
         num_tokens=[1, 2, 4, 8, 16], context_lens=[64, 512],
@@ -51,7 +51,7 @@ def analytic_run(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def replay_config():
     """The EnvConfig the replay traces were recorded with (the policy's features' settings)."""
-    from draftrl.envs.config import EnvConfig
+    from draftrl.config.env import EnvConfig
 
     return EnvConfig(**REPLAY_WORKLOAD)
 

@@ -12,7 +12,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-import draftrl  # noqa: F401  registers the env ids
+import draftrl.envs  # noqa: F401  registers the env ids (gymnasium.register_envs idiom)
 from draftrl.cli import main
 from draftrl.export.artifacts import resolve
 from draftrl.export.controller import PolicyController
@@ -130,7 +130,7 @@ def test_manifest_describes_the_policy(analytic_run, analytic_exports):
 
 def test_replay_manifest_carries_the_feature_builder(replay_exports, replay_traces):
     features = read_manifest(replay_exports["onnx"])["features"]
-    assert features["builder"] == "draftrl.envs.features.FeatureBuilder"
+    assert features["builder"] == "draftrl.signals.features.FeatureBuilder"
     assert features["history"] == 4 and features["drafter"] == "ngram" and features["width"] == 1
     assert features["cost_table"]["verify"]["seconds"][0][0] == 0.02  # the training cost table, embedded
     assert str(replay_traces) in features["source"]

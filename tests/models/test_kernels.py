@@ -165,7 +165,7 @@ def test_real_probe_times_every_cell_and_leaves_stock() -> None:
 
 
 def test_env_config_key_is_checked() -> None:
-    from draftrl.envs.config import EnvConfig
+    from draftrl.config.env import EnvConfig
 
     assert EnvConfig(kernels="stock").kernels == "stock" and EnvConfig().kernels is None
     with pytest.raises(ValueError, match=r"env.kernels='fastest'.*auto, stock, fast_linear"):

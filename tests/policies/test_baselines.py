@@ -6,8 +6,9 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-import draftrl  # noqa: F401  registers the env ids
-from draftrl.envs.analytic import FEATURE_NAMES, expected_speedup
+import draftrl.envs  # noqa: F401  registers the env ids (gymnasium.register_envs idiom)
+from draftrl.envs.analytic import FEATURE_NAMES
+from draftrl.signals.speedup import expected_speedup
 from draftrl.policies import (
     CONTINUE,
     STOP,
@@ -28,7 +29,7 @@ def grid(depths=tuple(range(13)), verify_sizes=(0,)):
 
 
 def round_info(depth: int, accepted: int) -> dict:
-    return {"tokens": accepted + 1, "accepted": accepted, "num_verified": depth, "seconds": 1.0, "depth": depth}
+    return {"num_emitted": accepted + 1, "num_accepted": accepted, "num_verified": depth, "seconds": 1.0, "depth": depth}
 
 
 # ----------------------------------------------------------------------------- Fixed
@@ -69,14 +70,14 @@ def test_hf_heuristic_caps_at_grid_and_snaps_down():
     assert policy.schedule == 7 and policy.act(obs)[0] == 4
     policy.observe(round_info(4, 4))  # 7 + 2 = 9, capped at 8
     assert policy.act(obs)[0] == 8
-    policy.observe({"tokens": 1, "accepted": 0, "num_verified": 0, "seconds": 1.0})  # nothing verified: no change
+    policy.observe({"num_emitted": 1, "num_accepted": 0, "num_verified": 0, "seconds": 1.0})  # nothing verified: no change
     assert policy.schedule == 8
 
 
 def test_hf_heuristic_counts_verified_not_drafted():
     """With verify_size capping the chain, "all accepted" means all *verified* drafts passed."""
     policy = HFHeuristic(**grid(depths=tuple(range(31))), initial_depth=5)
-    policy.observe({"tokens": 3, "accepted": 2, "num_verified": 2, "depth": 5, "seconds": 1.0})
+    policy.observe({"num_emitted": 3, "num_accepted": 2, "num_verified": 2, "depth": 5, "seconds": 1.0})
     assert policy.schedule == 7
 
 
@@ -134,7 +135,7 @@ def test_ucb_bandit_converges_to_best_arm_on_stationary_env():
     depths = (0, 1, 3, 6, 12)
     env = gym.make("draftrl/Analytic-v0", alpha=0.7, draft_cost=0.05, depths=depths)
     best = max(depths, key=lambda d: expected_speedup(0.7, d, 0.05))
-    assert best == 6  # the article's grid (DESIGN.md); the runner-up, depth 3, is 6% slower
+    assert best == 6  # the article's grid (docs/design.md); the runner-up, depth 3, is 6% slower
     bandit = UCBBandit.for_env(env)
     evaluate_policy_on_env(bandit, env, episodes=30, seed=0)  # ~2,500 rounds, statistics persist
     assert bandit.best_arm() == (best, 0)
@@ -152,7 +153,7 @@ def test_ucb_bandit_tries_every_arm_first_and_forgets():
     for _ in range(3):
         arm = bandit.act(obs)
         played.append(arm)
-        bandit.observe({"tokens": 1.0 + arm[0], "seconds": 1.0, "accepted": arm[0]})
+        bandit.observe({"num_emitted": 1.0 + arm[0], "seconds": 1.0, "num_accepted": arm[0]})
     assert played == [(0, 0), (2, 0), (4, 0)]
     assert bandit.act(obs) == (4, 0)  # no residual variance yet: greedy on the best value
     bandit.forget()

@@ -8,8 +8,8 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-import draftrl  # noqa: F401  registers the env ids
-from draftrl.envs.analytic import expected_speedup
+import draftrl.envs  # noqa: F401  registers the env ids (gymnasium.register_envs idiom)
+from draftrl.signals.speedup import expected_speedup
 from draftrl.policies import Fixed, HFHeuristic, Policy, compare, evaluate_policy_on_env, paired_difference
 
 
@@ -48,7 +48,7 @@ def test_stateful_policies_are_reset_and_observe_every_round():
             self.resets += 1
 
         def observe(self, info):
-            assert {"tokens", "accepted", "seconds", "draft_seconds", "verify_seconds"} <= set(info)
+            assert {"num_emitted", "num_accepted", "seconds", "draft_seconds", "verify_seconds"} <= set(info)
             self.observed += 1
 
         def act(self, observation):

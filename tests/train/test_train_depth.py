@@ -9,7 +9,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-import draftrl  # noqa: F401  registers the env ids
+import draftrl.envs  # noqa: F401  registers the env ids (gymnasium.register_envs idiom)
 from draftrl.config import load_config
 from draftrl.policies import Fixed, PPOPolicy, evaluate_policy_on_env, paired_difference
 from draftrl.train import cotrain, ppo_depth
@@ -35,7 +35,7 @@ def depth_config(recipe: str, *overrides: str) -> TrainConfig:
             "ppo.n_steps=64",
             "checkpoint_every=256",
             "eval_episodes=3",
-            "baselines=[hf_heuristic, confidence]",
+            "baselines=[heuristic, threshold]",
             "progress_bar=false",
             *overrides,
         ],
@@ -60,7 +60,7 @@ def test_ppo_depth_smoke(tmp_path):
     assert manifest["kind"] == "depth" and manifest["feature_names"][-1] == "level"
     assert summary["num_timesteps"] == 512
     table = summary["evaluation"]["table"]
-    assert {"ppo", "fixed(d=0)", "fixed(d=12)", "hf_heuristic", "confidence(t=0.35)"} <= set(table)
+    assert {"ppo", "fixed(d=0)", "fixed(d=12)", "heuristic", "threshold(t=0.35)"} <= set(table)
     env = gym.make("tests/AnalyticDepth-v0", **REGIMES)
     policy = PPOPolicy.load(tmp_path, env)
     assert policy.act_step(env.reset(seed=0)[0]) in (True, False)

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from stable_baselines3.common.callbacks import BaseCallback
 
-import draftrl  # noqa: F401  registers the env ids
+import draftrl.envs  # noqa: F401  registers the env ids (gymnasium.register_envs idiom)
 from draftrl.cli import main
 from draftrl.config import load_config
 from draftrl.policies import ConfidenceThreshold, PPOPolicy, evaluate_policy_on_env, paired_difference
@@ -42,7 +42,7 @@ def tiny(*overrides: str) -> TrainConfig:
             "ppo.batch_size=64",
             "checkpoint_every=256",
             "eval_episodes=3",
-            "baselines=[hf_heuristic]",
+            "baselines=[heuristic]",
             "progress_bar=false",
             *overrides,
         ],
@@ -211,7 +211,7 @@ TRAIN_CONFIGS = ("analytic_regimes.yaml", "cpu_default.yaml", "qwen3_8b_0.6b.yam
 @pytest.mark.parametrize("name", TRAIN_CONFIGS)
 def test_shipped_configs_load(name):
     """Every shipped config loads, and its env arguments are real EnvConfig fields (checked without models)."""
-    from draftrl.envs.config import resolve_config
+    from draftrl.config.env import resolve_config
 
     cfg = load_config(TrainConfig, CONFIGS / name)
     assert cfg.env.id.startswith("draftrl/")
@@ -253,7 +253,7 @@ def test_cli_smoke_end_to_end(tmp_path, capsys):
     assert "<- best fixed" in printed and "ppo" in printed
     summary = json.loads((out / "train_summary.json").read_text())
     assert summary["num_timesteps"] == 256
-    assert {"ppo", "hf_heuristic", "confidence(t=0.35)", "ucb_bandit", "oracle"} <= set(summary["evaluation"]["table"])
+    assert {"ppo", "heuristic", "threshold(t=0.35)", "bandit", "oracle"} <= set(summary["evaluation"]["table"])
     assert main(argv) == 2  # the directory now holds a run
     assert "--resume" in capsys.readouterr().err
 
@@ -273,7 +273,7 @@ def test_baselines_and_ppo_share_episodes(trained):
     out, summary = trained
     env = gym.make("draftrl/Analytic-v0", regimes=(0.9, 0.2), draft_cost=0.1, signal_noise=0.15, regime_switch=0.1)
     again = evaluate_policy_on_env(ConfidenceThreshold.for_env(env), env, 60, summary["evaluation"]["seed"])
-    assert again == summary["evaluation"]["results"]["confidence(t=0.35)"]
+    assert again == summary["evaluation"]["results"]["threshold(t=0.35)"]
 
 
 def test_finetune_phase_continues_the_same_policy(tmp_path):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-import draftrl  # noqa: F401  registers the env ids
+import draftrl.envs  # noqa: F401  registers the env ids (gymnasium.register_envs idiom)
 from draftrl.config import load_config
 from draftrl.policies import paired_difference
 from draftrl.train import ppo_size
@@ -25,7 +25,7 @@ WORKLOAD = dict(limit_per_group=2, max_new_tokens=48, seed=0)
 
 def cost_table():
     """SmolLM2-135M-like CPU costs: verifying n tokens costs ~1 + 0.07 (n - 1) plain steps."""
-    from draftrl.envs.costs import CostTable
+    from draftrl.signals.costs import CostTable
 
     return CostTable(
         num_tokens=[1, 2, 4, 8, 16], context_lens=[64, 512, 1024],
@@ -41,7 +41,7 @@ def cpu_traces(smollm2, tmp_path_factory):
     """{"tune": dir, "heldout": dir}: greedy traces of the CPU default on both prompt splits."""
     import torch
 
-    from draftrl.envs.config import EnvConfig
+    from draftrl.config.env import EnvConfig
     from draftrl.envs.engines import build_engine
     from draftrl.envs.traces import collect
 
@@ -61,7 +61,7 @@ def test_ppo_on_traces_beats_best_fixed_on_heldout_prompts(cpu_traces, tmp_path,
     cfg = load_config(
         TrainConfig,
         None,
-        ["total_timesteps=40960", "eval_episodes=96", "progress_bar=false", "baselines=[hf_heuristic, ucb_bandit]"],
+        ["total_timesteps=40960", "eval_episodes=96", "progress_bar=false", "baselines=[heuristic, bandit]"],
     )
     assert cfg.env.id == "draftrl/TraceReplay-v0"  # the default env
     cfg.env.kwargs = {"traces": str(cpu_traces["tune"]), "cost_noise": 0.05}

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from draftrl.envs.costs import CostTable
+from draftrl.signals.costs import CostTable
 
 #: Draft-side signals, named as the drafters name them (``Drafter.features``).
 DRAFT_FEATURES: tuple[str, ...] = ("draft_top1_prob", "draft_entropy", "ngram_match_len", "ngram_num_matches")

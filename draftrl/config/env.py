@@ -96,7 +96,7 @@ class EnvConfig:
     """SpecDecodeDepth-v0 with reward=ratio: pay -rho * draft seconds on every draft step"""
 
     def __post_init__(self) -> None:
-        from draftrl.models.kernels import KERNELS
+        from draftrl.config import KERNELS
 
         if self.kernels is not None and self.kernels not in KERNELS:
             raise ValueError(f"env.kernels={self.kernels!r} is not a kernel choice; use one of {', '.join(KERNELS)}.")

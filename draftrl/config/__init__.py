@@ -17,6 +17,17 @@ import yaml
 
 T = TypeVar("T")
 
+#: Verification rules: ``correct``, and ``resample-from-p``, the known-wrong correction that
+#: negative controls of the exactness monitor and of ``draftrl selftest`` run.
+SAMPLERS: tuple[str, ...] = ("correct", "resample-from-p")
+#: The baselines, by the one name configs (``baselines``, ``eval.policies``), tables and reports use:
+#: Hugging Face's +2/-1 schedule, the confidence threshold, the UCB bandit, the oracle bound.
+BASELINES: tuple[str, ...] = ("heuristic", "threshold", "bandit", "oracle")
+#: Few-token CPU kernel choices of ``env.kernels`` (``draftrl.models.kernels`` implements them).
+KERNELS: tuple[str, ...] = ("auto", "stock", "fast_linear")
+#: Weights & Biases modes of every command's ``wandb`` section (``WANDB_MODE`` wins).
+WANDB_MODES: tuple[str, ...] = ("offline", "online", "disabled")
+
 
 def _field_types(cls: type) -> dict[str, Any]:
     hints = typing.get_type_hints(cls)
@@ -105,8 +116,14 @@ def _set(data: dict[str, Any], dotted: str, value: Any) -> None:
     node[leaf] = value
 
 
-def load_config(cls: type[T], path: str | Path | None = None, overrides: list[str] | None = None) -> T:
-    """Load ``cls`` defaults, then the YAML file at ``path``, then ``key=value`` overrides."""
+def load_config(cls: type[T], path: str | Path | None = None, overrides: list[str] | None = None, *,
+                base: T | None = None, partial: bool = False) -> T:
+    """Load ``cls`` defaults (or ``base``), then the YAML file at ``path``, then ``key=value`` overrides.
+
+    :param partial: the file may hold sections of other commands (one YAML drives ``collect``,
+        ``grid``, ``eval``...): its top-level keys that ``cls`` does not declare are skipped.
+        Overrides stay strict: an unknown ``--set`` key fails with the closest valid one.
+    """
     data: dict[str, Any] = {}
     if path is not None:
         path = Path(path)
@@ -115,9 +132,12 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: list[st
         data = yaml.safe_load(path.read_text()) or {}
         if not isinstance(data, dict):
             raise ValueError(f"config file {path} must hold a mapping at top level")
+        if partial:
+            known = {f.name for f in dataclasses.fields(cls)}
+            data = {key: value for key, value in data.items() if key in known}
     for item in overrides or []:
         if "=" not in item:
             raise ValueError(f"--set {item!r} must look like section.key=value")
         key, raw = item.split("=", 1)
         _set(data, key.strip(), yaml.safe_load(raw))
-    return from_dict(cls, data)
+    return from_dict(cls, data, base=base)

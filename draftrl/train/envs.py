@@ -1,0 +1,83 @@
+"""The envs a training run learns on: ``gymnasium.make`` from a config section, vectorised for SB3."""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Callable
+from typing import Any
+
+import gymnasium as gym
+from stable_baselines3.common.monitor import Monitor
+from stable_baselines3.common.vec_env import DummyVecEnv, VecEnv, VecNormalize
+
+import draftrl.envs  # noqa: F401  registers the draftrl/* env ids
+from draftrl.train.config import EnvSpec, TrainConfig
+
+
+def make_env(
+    spec: EnvSpec,
+    evaluation: bool = False,
+    extra_kwargs: dict[str, Any] | None = None,
+    wrapper: Callable[[gym.Env], gym.Env] | None = None,
+) -> gym.Env:
+    """``gymnasium.make(spec.id, **spec.kwargs)``; ``evaluation`` applies ``spec.eval_kwargs`` on top.
+
+    :param extra_kwargs: more ``gymnasium.make`` arguments that YAML cannot hold (e.g. a frozen
+        ``size_policy`` callable for the depth envs).
+    :param wrapper: applied to the made env (e.g. ``FrozenDepth`` in co-training).
+    """
+    kwargs = {**spec.kwargs, **(spec.eval_kwargs if evaluation else {}), **(extra_kwargs or {})}
+    try:
+        env = gym.make(spec.id, **kwargs)
+    except gym.error.NameNotFound as err:
+        raise ValueError(f"env id {spec.id!r} is not registered ({err}); `import draftrl.envs` registers draftrl/*.") from None
+    except TypeError as err:  # e.g. TraceReplay-v0 without traces
+        raise ValueError(
+            f"gymnasium.make({spec.id!r}) failed: {err}; give its arguments under env.kwargs in the config "
+            "(TraceReplay-v0 needs traces: DIR from draftrl collect, see configs/cpu_default.yaml)."
+        ) from None
+    return wrapper(env) if wrapper is not None else env
+
+
+def make_vec_env(
+    cfg: TrainConfig,
+    spec: EnvSpec,
+    seed: int,
+    normalizer: VecNormalize | None = None,
+    extra_kwargs: dict[str, Any] | None = None,
+    wrapper: Callable[[gym.Env], gym.Env] | None = None,
+    kind: str = "size",
+) -> VecEnv:
+    """``cfg.ppo.n_envs`` copies of ``spec`` in a ``DummyVecEnv``, each under SB3's ``Monitor``.
+
+    With ``cfg.ppo.normalize_obs`` or ``normalize_reward`` the result is a ``VecNormalize``; pass
+    ``normalizer`` (detached from its venv) to continue its statistics (resume, next phase).
+    """
+    venv: VecEnv = DummyVecEnv(
+        [lambda: Monitor(make_env(spec, extra_kwargs=extra_kwargs, wrapper=wrapper)) for _ in range(cfg.ppo.n_envs)]
+    )
+    venv.seed(seed)
+    if normalizer is not None:
+        normalizer.set_venv(venv)
+        normalizer.training = True
+        return normalizer
+    if cfg.ppo.normalize_obs or cfg.ppo.normalize_reward:
+        venv = VecNormalize(
+            venv, norm_obs=cfg.ppo.normalize_obs, norm_reward=cfg.ppo.normalize_reward, gamma=cfg.ppo.gamma_for(kind),
+            epsilon=cfg.ppo.obs_epsilon,
+        )
+    return venv
+
+
+def first_env(venv: VecEnv) -> gym.Env:
+    """The first env inside a (possibly ``VecNormalize``-wrapped) ``DummyVecEnv``, with its wrappers."""
+    while not hasattr(venv, "envs"):
+        venv = venv.venv
+    return venv.envs[0]
+
+
+def detached(normalizer: VecNormalize | None) -> VecNormalize | None:
+    """VecNormalize statistics without a venv, ready to wrap another one (``make_vec_env``)."""
+    if normalizer is None or normalizer.venv is None:  # None, or loaded from a checkpoint (used once)
+        return normalizer
+    return pickle.loads(pickle.dumps(normalizer))  # VecNormalize pickles without its venv

@@ -1,0 +1,108 @@
+"""The final evaluation of a run: the policy, every fixed setting and the baselines on the same episodes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+
+from draftrl.policies import (
+    ConfidenceThreshold,
+    Fixed,
+    HFHeuristic,
+    Oracle,
+    Policy,
+    PPOPolicy,
+    UCBBandit,
+    env_grids,
+    evaluate_policy_on_env,
+    paired_difference,
+)
+from draftrl.train.config import EnvSpec, TrainConfig
+from draftrl.train.envs import make_env
+
+
+def build_baselines(names: list[str], env: gym.Env) -> list[Policy]:
+    """The named baselines for ``env``; ones the env cannot support (e.g. no confidence feature) are skipped."""
+    makers: dict[str, Callable[[], Policy]] = {
+        "heuristic": lambda: HFHeuristic.for_env(env),
+        "threshold": lambda: ConfidenceThreshold.for_env(env),
+        "bandit": lambda: UCBBandit.for_env(env),
+        "oracle": lambda: Oracle.for_env(env),
+    }
+    policies = []
+    for name in names:
+        try:
+            policies.append(makers[name]())
+        except (TypeError, ValueError) as err:
+            print(f"draftrl train: skipping baseline {name}: {err}")
+    return policies
+
+
+def evaluate_run(
+    cfg: TrainConfig,
+    policy_dir: Path,
+    spec: EnvSpec | None = None,
+    extra_kwargs: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Evaluate the saved policy, every fixed setting and the baselines on the same episodes.
+
+    On a step-level env (a depth policy) the fixed settings are the grid's depths, each drafted
+    to the end (``Policy.act_step``), and the env's own verify size applies.
+
+    :param spec: the env to evaluate on (its ``eval_kwargs`` apply); default ``cfg.env``.
+    :param extra_kwargs: ``gymnasium.make`` arguments YAML cannot hold (a frozen size policy).
+    :return: ``{"episodes", "seed", "env", "results": {name: evaluate_policy_on_env(...)},
+        "best_fixed", "table": {name: {"throughput", "ratio_to_best_fixed", "diff_vs_best_fixed",
+        "se"}}, "oracle_gain_captured"}``; ``oracle_gain_captured`` = (policy - best fixed) /
+        (oracle - best fixed) in throughput, when an oracle ran.
+    """
+    spec = spec or cfg.env
+    env = make_env(spec, evaluation=True, extra_kwargs=extra_kwargs)
+    step_level = isinstance(env.action_space, gym.spaces.Discrete)
+    policies: list[Policy] = [PPOPolicy.load(policy_dir, env, name="ppo")]
+    if step_level:
+        depths, _, _ = env_grids(env)
+        fixed = [Fixed.for_env(env, depth=d) for d in depths]
+        for policy in fixed:
+            policy.name = f"fixed(d={policy.depth})"
+    else:
+        fixed = Fixed.grid(env)
+    policies += fixed + build_baselines(list(cfg.baselines), env)
+    results = {p.name: evaluate_policy_on_env(p, env, cfg.eval_episodes, cfg.eval_seed) for p in policies}
+    env.close()
+    best_fixed = max((p.name for p in fixed), key=lambda name: results[name]["throughput"])
+    best = results[best_fixed]
+    table = {}
+    for name, res in results.items():
+        row: dict[str, Any] = {"throughput": res["throughput"], "ratio_to_best_fixed": res["throughput"] / best["throughput"]}
+        if name != best_fixed and cfg.eval_episodes >= 2:
+            diff = paired_difference(res["episode_throughputs"], best["episode_throughputs"])
+            row.update({"diff_vs_best_fixed": diff["mean"], "se": diff["se"]})
+        table[name] = row
+    summary: dict[str, Any] = {
+        "episodes": cfg.eval_episodes,
+        "seed": cfg.eval_seed,
+        "env": {"id": spec.id, "kwargs": {**spec.kwargs, **spec.eval_kwargs}},
+        "best_fixed": best_fixed,
+        "table": table,
+        "results": results,
+    }
+    if "oracle" in results:
+        gap = results["oracle"]["throughput"] - best["throughput"]
+        summary["oracle_gain_captured"] = (results["ppo"]["throughput"] - best["throughput"]) / gap if gap > 0 else None
+    return summary
+
+
+def format_table(evaluation: dict[str, Any]) -> str:
+    """One line per policy, ratios first (STYLE.md, benchmarks)."""
+    lines = []
+    for name, row in sorted(evaluation["table"].items(), key=lambda kv: -kv[1]["throughput"]):
+        diff = f"  diff={row['diff_vs_best_fixed']:+.3f}±{row['se']:.3f}" if "se" in row else ""
+        mark = "  <- best fixed" if name == evaluation["best_fixed"] else ""
+        lines.append(f"vs_best_fixed={row['ratio_to_best_fixed']:.3f}x  throughput={row['throughput']:.4f}{diff}  {name}{mark}")
+    if evaluation.get("oracle_gain_captured") is not None:
+        lines.append(f"share of oracle's gain over best fixed captured by ppo: {evaluation['oracle_gain_captured']:.2f}")
+    return "\n".join(lines)

@@ -1,0 +1,194 @@
+"""The layering rule of docs/architecture.md, checked on every module's imports (top-level and lazy).
+
+A module may import its own package, the base modules, and the packages its layer lists in
+``MAY_IMPORT``; no chain of imports may lead back to where it started. Imports are read from
+the source (``ast``), so an import inside a function counts as much as one at the top.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "draftrl"
+
+#: Modules below everything: any layer may import them, they import only each other.
+BASE: tuple[str, ...] = ("draftrl", "draftrl.config", "draftrl.io", "draftrl.deps", "draftrl.prompts", "draftrl.runs")
+#: Each layer (a subpackage of draftrl) and the layers it may import besides itself and the base.
+MAY_IMPORT: dict[str, set[str]] = {
+    "signals": set(),
+    "models": set(),
+    "decoding": {"models"},
+    "envs": {"signals", "models", "decoding"},
+    "policies": {"signals", "envs"},
+    "export": {"signals", "models", "decoding", "policies"},
+    "train": {"signals", "models", "decoding", "envs", "policies"},
+    "eval": {"signals", "models", "decoding", "envs", "policies", "train"},
+    "cli": {"signals", "models", "decoding", "envs", "policies", "export", "train", "eval"},
+    "__main__": {"cli"},
+}
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        found[name.removesuffix(".__init__")] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _imports(name: str, path: Path) -> set[str]:
+    """The draftrl modules ``name`` imports anywhere in its source (``from pkg import sub`` -> ``pkg.sub``)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    edges = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            edges |= {a.name for a in node.names if a.name.split(".")[0] == "draftrl"}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                target = ".".join(parts + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target.split(".")[0] != "draftrl":
+                continue
+            for alias in node.names:
+                sub = f"{target}.{alias.name}"
+                edges.add(sub if sub in MODULES else target)
+    return edges
+
+
+GRAPH = {name: _imports(name, path) for name, path in MODULES.items()}
+
+
+def _layer(module: str) -> str:
+    """``base`` for the base modules, else the subpackage of draftrl the module belongs to."""
+    if module == "draftrl" or any(module == b or module.startswith(b + ".") for b in BASE[1:]):
+        return "base"
+    return module.split(".")[1]
+
+
+def test_every_module_belongs_to_a_known_layer():
+    unknown = sorted({_layer(m) for m in MODULES} - set(MAY_IMPORT) - {"base"})
+    assert not unknown, f"packages {unknown} have no place in MAY_IMPORT (and docs/architecture.md)"
+
+
+def _wrong_way(graph: dict[str, set[str]]) -> list[str]:
+    """``"module -> target"`` for every import ``MAY_IMPORT`` does not allow."""
+    wrong = []
+    for module, targets in graph.items():
+        layer = _layer(module)
+        allowed = {"base"} if layer == "base" else {"base", layer} | MAY_IMPORT[layer]
+        wrong += [f"{module} -> {t}" for t in sorted(targets) if _layer(t) not in allowed]
+    return wrong
+
+
+def test_no_module_imports_from_a_layer_above_it():
+    wrong = _wrong_way(GRAPH)
+    assert not wrong, "imports against the layer order (docs/architecture.md):\n" + "\n".join(wrong)
+
+
+def test_wrong_way_edges_are_caught():
+    """Negative controls: the edges this redesign removed would fail the check."""
+    assert _wrong_way({"draftrl.eval.demo": {"draftrl.cli.calibrate"}}) == ["draftrl.eval.demo -> draftrl.cli.calibrate"]
+    assert _wrong_way({"draftrl.export.features": {"draftrl.envs.traces"}})
+    assert _wrong_way({"draftrl.config.env": {"draftrl.models"}})
+    assert _wrong_way({"draftrl.policies.baselines": {"draftrl.signals.speedup"}}) == []
+
+
+def test_no_import_cycles():
+    """Tarjan's strongly connected components over the module graph: every one must be a single module."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in GRAPH.get(node, ()):
+            if nxt not in GRAPH:
+                continue
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for node in GRAPH:
+        if node not in index:
+            visit(node)
+    assert not cycles, f"import cycles: {cycles}"
+
+
+def test_the_graph_sees_lazy_imports():
+    """Negative control: an import inside a function is an edge (the CLI imports eval lazily)."""
+    assert "draftrl.eval.evaluate" in GRAPH["draftrl.cli.eval"]
+    assert _layer("draftrl.config.env") == "base" and _layer("draftrl.export.controller") == "export"
+
+
+def _fresh(code: str) -> dict:
+    """Run ``code`` in a fresh interpreter (repository on the path); it prints one JSON line."""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                            env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, timeout=120)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+HEAVY = ("torch", "gymnasium", "stable_baselines3", "transformers")
+
+
+def test_controller_import_pulls_in_neither_gymnasium_nor_torch():
+    loaded = _fresh(
+        "import json, sys; import draftrl.export.controller; "
+        f"print(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))"
+    )
+    assert loaded == []
+    # the control: importing the env package does load gymnasium, so the check can see it
+    assert _fresh("import json, sys; import draftrl.envs; print(json.dumps('gymnasium' in sys.modules))")
+
+
+def test_gym_make_in_a_fresh_interpreter_without_importing_draftrl():
+    """gymnasium 1.x imports the module named before ``:`` and then finds the id it registered."""
+    report = _fresh(
+        "import json, sys; import gymnasium as gym\n"
+        "before = 'draftrl' in sys.modules\n"
+        "env = gym.make('draftrl.envs:draftrl/Analytic-v0', alpha=0.7, max_new_tokens=8)\n"
+        "obs, info = env.reset(seed=0)\n"
+        "spec = gym.spec('draftrl/SpecDecode-v0')\n"
+        "print(json.dumps({'before': before, 'obs': len(obs), 'entry': spec.entry_point,"
+        " 'torch': 'torch' in sys.modules}))"
+    )
+    assert report == {"before": False, "obs": 6, "entry": "draftrl.envs.spec_decode:SpecDecodeEnv", "torch": False}
+
+
+def test_architecture_doc_lists_every_layer():
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    missing = [layer for layer in MAY_IMPORT if layer != "__main__" and f"`{layer}`" not in text]
+    assert not missing, f"docs/architecture.md does not name the layers {missing}"
+
+
+@pytest.mark.parametrize("layer", sorted(set(MAY_IMPORT) - {"__main__"}))
+def test_each_layer_has_modules(layer):
+    assert any(_layer(m) == layer for m in MODULES), f"MAY_IMPORT names {layer}, which has no module"

@@ -1,0 +1,115 @@
+"""The shared options mean the same on every command: a flag is its config key (``draftrl.cli._options``).
+
+Parsers only: each command's ``config(args)`` resolves ``--config``, ``--set`` and the flags into
+its typed config without loading a model.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+from draftrl.cli import COMMANDS, build_parser
+
+#: Arguments each command needs to parse at all.
+REQUIRED: dict[str, list[str]] = {
+    "generate": ["--prompt", "hi"],
+    "collect": ["--out", "o"],
+    "train": ["--out", "o"],
+    "grid": ["--out", "o"],
+    "eval": ["--out", "o"],
+    "export": ["run", "--format", "onnx", "--out", "o"],
+}
+#: Flag -> (value on the command line, the config attribute path it sets, the value it must hold).
+SHARED = {
+    "--target": ("tiny-model", "env.target", "tiny-model"),
+    "--drafter": ("layerskip:3", "env.drafter", "layerskip:3"),
+    "--device": ("cuda:1", "env.device", "cuda:1"),
+    "--dtype": ("bfloat16", "env.dtype", "bfloat16"),
+    "--threads": ("3", "threads", 3),
+    "--seed": ("7", "seed", 7),
+}
+CONFIG_COMMANDS = ("generate", "calibrate", "collect", "train", "grid", "eval", "demo")
+
+
+def _parser(command: str):
+    return build_parser()._subparsers._group_actions[0].choices[command]
+
+
+def _accepts(command: str, flag: str) -> bool:
+    return flag in _parser(command)._option_string_actions
+
+
+def _config(command: str, *argv: str):
+    args = build_parser().parse_args([command, *REQUIRED.get(command, []), *argv])
+    return importlib.import_module(f"draftrl.cli.{command}").config(args)
+
+
+def _get(obj, path: str):
+    for part in path.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+@pytest.mark.parametrize("flag", sorted(SHARED))
+def test_a_shared_flag_sets_its_key_on_every_command(flag):
+    value, path, expected = SHARED[flag]
+    commands = [c for c in CONFIG_COMMANDS if _accepts(c, flag)]
+    assert commands, f"no command accepts {flag}"
+    for command in commands:
+        assert _get(_config(command, flag, value), path) == expected, (command, flag)
+        # --set with the same key sets the same value, and a flag wins over --set
+        assert _get(_config(command, "--set", f"{path}={value}"), path) == expected, (command, path)
+        if flag in ("--threads", "--seed"):
+            assert _get(_config(command, "--set", f"{path}=11", flag, value), path) == expected
+
+
+def test_every_decoding_command_takes_the_same_model_threads_and_config_flags():
+    for command in ("generate", "calibrate", "collect", "grid", "eval", "demo"):
+        for flag in ("--config", "--set", "--target", "--drafter", "--device", "--dtype", "--threads", "--json"):
+            assert _accepts(command, flag), (command, flag)
+    for command in ("train", "grid", "eval", "demo", "generate", "calibrate"):
+        assert _accepts(command, "--seed"), command
+    for command in ("train", "grid", "eval", "demo", "collect", "calibrate", "export"):
+        assert _accepts(command, "--out"), command
+
+
+def test_omitted_flags_leave_the_config_defaults():
+    """A flag's default is "not given": the config's own default stands (threads differ by command)."""
+    from draftrl.config.commands import CalibrateConfig, GenerateConfig
+    from draftrl.eval.config import EvalConfig
+    from draftrl.train.config import TrainConfig
+
+    assert _config("generate") == GenerateConfig()
+    assert _config("calibrate") == CalibrateConfig()
+    assert _config("grid") == EvalConfig()
+    assert _config("train").threads == TrainConfig().threads == 1
+
+
+def test_the_same_yaml_file_drives_every_decoding_command():
+    """configs/eval_tiny_cpu.yaml (env, grid, eval sections) reads into each command's env section."""
+    for command in ("generate", "calibrate", "collect", "grid", "eval", "demo"):
+        cfg = _config(command, "--config", "configs/eval_tiny_cpu.yaml")
+        assert cfg.env.languages == ("en", "zh") and cfg.env.max_new_tokens == 32, command
+
+
+def test_unknown_keys_fail_on_every_command():
+    for command in CONFIG_COMMANDS:
+        with pytest.raises(ValueError, match="env.targt|did you mean|unknown config key"):
+            _config(command, "--set", "env.targt=x")
+
+
+def test_command_specific_flags_are_their_keys():
+    cfg = _config("generate", "--temperature", "0.7", "--max-new-tokens", "9", "--width", "2", "--verify-size", "3",
+                  "--no-monitor", "--draft-sampling", "--sampler", "resample-from-p")
+    assert (cfg.env.temperature, cfg.env.max_new_tokens, cfg.env.width, cfg.verify_size) == (0.7, 9, 2, 3)
+    assert (cfg.env.monitor, cfg.env.draft_sampling, cfg.sampler) == (False, True, "resample-from-p")
+    cfg = _config("eval", "--policies", "ar,heuristic", "--no-monitor", "--power-tokens", "5")
+    assert (cfg.eval.policies, cfg.eval.monitor, cfg.eval.power_tokens) == (("ar", "heuristic"), False, 5)
+    cfg = _config("calibrate", "--num-tokens", "4,1,2", "--repeats", "2", "--temperature", "1.0")
+    assert (cfg.calibrate.num_tokens, cfg.calibrate.repeats, cfg.env.temperature) == ((1, 2, 4), 2, 1.0)
+
+
+def test_every_command_module_has_one_parser():
+    assert set(COMMANDS) >= set(CONFIG_COMMANDS)
