@@ -35,6 +35,8 @@ def add_parser(subparsers) -> None:
                    help="resample-from-p is the known-wrong correction, a negative control for the monitor")
     p.add_argument("--power-tokens", type=int, default=None,
                    help="also measure the tokens each monitor statistic needs to catch resample-from-p (0 = skip)")
+    p.add_argument("--ignore-eos", action="store_true",
+                   help="decode every request to its max_new_tokens past EOS (env.ignore_eos)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--engine", choices=["hf", "vllm"], default="hf",
                    help="hf: draftrl's exact engine, one request at a time (default); vllm: inside vLLM under load, "
@@ -60,6 +62,8 @@ def run(args: argparse.Namespace) -> int:
         config.eval.sampler = args.sampler
     if args.power_tokens is not None:
         config.eval.power_tokens = args.power_tokens
+    if args.ignore_eos:
+        config.env.ignore_eos = True
     policies = args.policies if args.policies is not None else list(config.eval.policies)
     parse_policies(policies)  # fail on a bad name before loading anything
     from draftrl.eval.evaluate import run_eval
@@ -81,15 +85,16 @@ def run(args: argparse.Namespace) -> int:
 
 def print_policy_table(results: dict, title: str) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     from draftrl.eval.report import POLICY_COLUMNS, policy_rows
 
-    table = Table(title=title)
+    table = Table(title=escape(title))
     for i, col in enumerate(POLICY_COLUMNS):
         table.add_column(col, justify="left" if i == 0 else "right")
     for row in policy_rows(results):
-        table.add_row(*row)
+        table.add_row(*(escape(cell) for cell in row))  # plain text: `ppo[ppo_size]` is not markup
     Console(width=None if sys.stdout.isatty() else 160).print(table)  # pipes and logs get the full table
 
 

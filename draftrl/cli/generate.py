@@ -47,6 +47,12 @@ def add_parser(subparsers) -> None:
         help="exported policy (draftrl export --format onnx) choosing depth and verify size every round; "
         "replaces --depth, --verify-size and --width",
     )
+    p.add_argument("--ignore-eos", action="store_true",
+                   help="decode to --max-new-tokens past EOS (vLLM's ignore_eos, HF's min_new_tokens): "
+                        "benchmarks and negative controls run to length")
+    p.add_argument("--truncate-prompt", action="store_true",
+                   help="keep the prompt's last tokens when prompt + --max-new-tokens exceed the model's context "
+                        "(default: refuse such a prompt)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
 
@@ -62,11 +68,29 @@ def encode_prompt(tokenizer, prompt: str, chat: bool) -> list[int]:
     return tokenizer(prompt, add_special_tokens=False)["input_ids"]
 
 
+def fit_prompt(prompt_ids: list[int], max_new_tokens: int, max_context: int | None, truncate: bool) -> list[int]:
+    """``prompt_ids``, or with ``truncate`` its last ``max_context - max_new_tokens`` tokens (with a
+    warning); a prompt that does not fit otherwise is refused (``check_fits``)."""
+    from draftrl.decoding.engine import check_fits
+
+    if truncate and max_context is not None and len(prompt_ids) + max_new_tokens > max_context:
+        keep = max_context - max_new_tokens
+        if keep < 1:
+            raise ValueError(f"--max-new-tokens={max_new_tokens} leaves no room for a prompt in the target's context "
+                             f"of {max_context} tokens; lower it.")
+        print(f"draftrl generate: warning: prompt truncated from {len(prompt_ids)} to its last {keep} tokens "
+              f"(--truncate-prompt; context {max_context}, max_new_tokens {max_new_tokens}).", file=sys.stderr)
+        return prompt_ids[-keep:]
+    check_fits(len(prompt_ids), max_new_tokens, max_context)
+    return prompt_ids
+
+
 def build_engine(args: argparse.Namespace):
     """(target LoadedModel, SpeculativeDecoder) from the shared CLI options."""
     from draftrl.decoding.engine import EngineConfig, SpeculativeDecoder
-    from draftrl.decoding.factory import build_drafter
-    from draftrl.models import load_model
+    from draftrl.decoding.factory import build_drafter, check_drafter_spec
+    from draftrl.envs.engines import eos_token_ids
+    from draftrl.models import check_model_spec, load_model
 
     config = EngineConfig(
         max_new_tokens=args.max_new_tokens,
@@ -78,9 +102,11 @@ def build_engine(args: argparse.Namespace):
     )
     if hasattr(args, "depth"):  # refuse a bad action before spending seconds on loading models
         config.check_action(args.depth, args.verify_size, args.width)
+    check_model_spec(args.target, "target")  # a typo fails now, not after loading the other model
+    check_drafter_spec(args.drafter)
     target = load_model(args.target, dtype=args.dtype, device=args.device)
     drafter = build_drafter(args.drafter, target, sampled=args.draft_sampling, dtype=args.dtype, device=args.device)
-    eos = [t for t in {target.tokenizer.eos_token_id, getattr(target.model.config, "eos_token_id", None)} if t is not None]
+    eos = [] if getattr(args, "ignore_eos", False) else eos_token_ids(target)
     return target, SpeculativeDecoder(target.model, drafter, config, eos_token_ids=eos)
 
 
@@ -90,7 +116,8 @@ def run(args: argparse.Namespace) -> int:
 
     policy = policy_schedule(args) if args.policy else None  # before the models load: a bad file fails fast
     target, engine = build_engine(args)
-    prompt_ids = encode_prompt(target.tokenizer, args.prompt, args.chat)
+    prompt_ids = fit_prompt(encode_prompt(target.tokenizer, args.prompt, args.chat), args.max_new_tokens,
+                            engine.max_context, args.truncate_prompt)
     monitor = None if args.no_monitor else ExactnessMonitor()
     schedule = fixed_schedule(args.depth, args.verify_size, args.width)
     if policy is not None:
@@ -113,6 +140,9 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(out, ensure_ascii=False))
     else:
         print(text)
+        if monitor is not None:
+            rep = monitor.report()
+            print(f"\nexactness: {rep['verdict']} ({rep['verdict_reason']})", file=sys.stderr)
         print(
             f"\n[{summary['num_tokens']} tokens, {summary['tokens_per_second']:.1f} tok/s, "
             f"{summary['rounds']} rounds, {summary['mean_tokens_per_round']:.2f} tokens/round, "

@@ -44,6 +44,9 @@ class EnvConfig:
     """tokens per episode; None = the prompt's suggestion, capped at max_new_tokens_cap"""
     max_new_tokens_cap: int = 256
     """upper bound on a prompt's suggested max_new_tokens"""
+    ignore_eos: bool = False
+    """decode every request to its max_new_tokens past EOS (vLLM's ignore_eos): benchmarks and
+    negative controls run to length"""
     # ---- models and sampling
     target: str = "smollm2-135m"
     """target model: a known name, a local directory or a hub id"""

@@ -47,7 +47,7 @@ def build_drafter(config: EnvConfig, target: "LoadedModel"):
     """The config's drafter for ``target``; a separate draft model is loaded once per process."""
     from draftrl.decoding.drafters import ModelDrafter
     from draftrl.decoding.factory import build_drafter as build_from_spec
-    from draftrl.models import check_same_vocab
+    from draftrl.models import check_same_logits, check_same_vocab
 
     kind = config.drafter.partition(":")[0]
     if kind in ("ngram", "layerskip", "none"):
@@ -55,6 +55,7 @@ def build_drafter(config: EnvConfig, target: "LoadedModel"):
                                device=config.device)
     draft = shared_model(config.drafter, config.dtype, config.device, config.kernels)
     check_same_vocab(target.tokenizer, draft.tokenizer)
+    check_same_logits(target.model, draft.model)
     return ModelDrafter(draft.model, sampled=config.draft_sampling, name=draft.name)
 
 
@@ -64,7 +65,12 @@ def build_engine(config: EnvConfig, target: "LoadedModel | None" = None) -> "tup
     The engine's ``max_new_tokens`` is set per episode by the env.
     """
     from draftrl.decoding.engine import EngineConfig, SpeculativeDecoder
+    from draftrl.decoding.factory import check_drafter_spec
+    from draftrl.models import check_model_spec
 
+    if target is None:
+        check_model_spec(config.target, "EnvConfig.target")
+    check_drafter_spec(config.drafter)
     target = target if target is not None else shared_model(config.target, config.dtype, config.device,
                                                                   config.kernels)
     drafter = build_drafter(config, target)
@@ -77,7 +83,8 @@ def build_engine(config: EnvConfig, target: "LoadedModel | None" = None) -> "tup
         max_depth=max(16, config.max_depth),
         max_width=max(16, config.width),
     )
-    engine = SpeculativeDecoder(target.model, drafter, engine_config, eos_token_ids=eos_token_ids(target))
+    eos = [] if config.ignore_eos else eos_token_ids(target)
+    engine = SpeculativeDecoder(target.model, drafter, engine_config, eos_token_ids=eos)
     return engine, target.tokenizer
 
 

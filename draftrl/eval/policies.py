@@ -134,8 +134,11 @@ def ppo_env_config(path: str, base: EnvConfig) -> tuple[EnvConfig, str]:
             trained.update(kwargs.pop("config"))
         trained.update({k: v for k, v in kwargs.items() if k in {f.name for f in dataclasses.fields(EnvConfig)}})
         if "cost_table" not in trained or not trained.get("cost_table"):
-            if trace_dir is not None and (trace_dir / "cost_table.json").is_file():
-                trained["cost_table"] = str(trace_dir / "cost_table.json")
+            from draftrl.envs.traces import stored_cost_table_path
+
+            stored = stored_cost_table_path(trace_dir) if trace_dir is not None else None
+            if stored is not None:
+                trained["cost_table"] = str(stored)
     if trained.get("drafter") not in (None, base.drafter):
         raise ValueError(
             f"the PPO policy {path} was trained with drafter={trained['drafter']!r} but the evaluation uses "

@@ -10,7 +10,7 @@
 
 ``resolve(path)`` accepts ``DIR``, ``DIR/policy.zip`` or a checkpoint zip and pairs the model
 with the statistics saved *with it* (a checkpoint's own VecNormalize file, never the final one).
-Only json and pathlib are used here.
+The files are checked against each other (``draftrl.policies.ppo.check_policy_files``).
 """
 
 from __future__ import annotations
@@ -78,7 +78,12 @@ class TrainedPolicy:
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
-    return json.loads(path.read_text()) if path.is_file() else None
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path} is not valid JSON ({err}); restore it from the run directory.") from None
 
 
 def resolve(path: str | Path) -> TrainedPolicy:
@@ -106,14 +111,18 @@ def resolve(path: str | Path) -> TrainedPolicy:
     else:
         run_dir = model.parent
         vecnorm = model.with_name(VECNORMALIZE_FILE)
-    manifest = _read_json(run_dir / POLICY_MANIFEST_FILE)
-    if manifest is None:
+    if not (run_dir / POLICY_MANIFEST_FILE).is_file():
         raise FileNotFoundError(
             f"{run_dir / POLICY_MANIFEST_FILE} does not exist; it holds the policy's grids and feature names and "
             "`draftrl train` writes it when a run completes (finish the run with --resume)."
         )
+    from draftrl.policies.ppo import check_policy_files, read_policy_manifest
+
+    manifest = read_policy_manifest(run_dir / POLICY_MANIFEST_FILE)
     summary = _read_json(run_dir / SUMMARY_FILE)
     config = _read_json(run_dir / CONFIG_FILE)
+    check_policy_files(manifest, run_dir / POLICY_MANIFEST_FILE, model, vecnorm if vecnorm.is_file() else None,
+                       run_config=config)
     if config is None and summary is not None:
         config = summary.get("config")
     return TrainedPolicy(
