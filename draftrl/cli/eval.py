@@ -65,7 +65,11 @@ def run(args: argparse.Namespace) -> int:
     if args.ignore_eos:
         config.env.ignore_eos = True
     policies = args.policies if args.policies is not None else list(config.eval.policies)
-    parse_policies(policies)  # fail on a bad name before loading anything
+    from draftrl.policies.ppo import load_checked
+
+    for spec in parse_policies(policies):  # fail on a bad name or a damaged policy before loading any model
+        if spec.kind == "ppo":
+            load_checked(spec.arg)
     from draftrl.eval.evaluate import run_eval
 
     try:

@@ -110,14 +110,14 @@ def ppo_env_config(path: str, base: EnvConfig) -> tuple[EnvConfig, str]:
     Reads ``policy.json`` (grids) and, when present, the run's ``config.json`` (its env kwargs and
     the recorded config of its traces).
     """
-    from draftrl.policies.ppo import MANIFEST_FILE
+    from draftrl.policies.ppo import MANIFEST_FILE, read_policy_manifest
 
     directory = _policy_dir(path)
     manifest_path = directory / MANIFEST_FILE
     if not manifest_path.is_file():
         raise FileNotFoundError(f"{manifest_path} does not exist; ppo:PATH must point at a directory written by "
                                 "draftrl train (policy.zip + policy.json).")
-    manifest = json.loads(manifest_path.read_text())
+    manifest = read_policy_manifest(manifest_path)
     trained: dict[str, Any] = {}
     cfg = _run_config(path)
     trace_dir = None

@@ -15,7 +15,12 @@ from draftrl.eval.config import WandbSettings
 
 
 def wandb_mode(settings: WandbSettings) -> str:
-    return os.environ.get("WANDB_MODE") or settings.mode
+    """``WANDB_MODE``, else the config's mode; ``offline`` becomes ``online`` inside a sweep agent
+    (``WANDB_SWEEP_ID`` set): wandb agents cannot run offline runs (wandb/wandb#6234, #3002)."""
+    mode = os.environ.get("WANDB_MODE") or settings.mode
+    if mode == "offline" and os.environ.get("WANDB_SWEEP_ID"):
+        return "online"
+    return mode
 
 
 def start_run(settings: WandbSettings, out: Path, *, name: str, group: str, job_type: str,

@@ -189,7 +189,7 @@ def embedded_manifest(path: str | Path) -> dict[str, Any]:
     """The manifest ``draftrl export`` embedded in an ONNX file's metadata (``draftrl.manifest``)."""
     import json
 
-    from draftrl.export.manifest import FORMAT
+    from draftrl.export.manifest import FORMAT, check_fields
 
     ort = _onnxruntime()
     try:
@@ -206,6 +206,7 @@ def embedded_manifest(path: str | Path) -> dict[str, Any]:
     if manifest.get("format") != FORMAT:
         raise ValueError(f"{path} embeds a manifest of format {manifest.get('format')!r}, expected {FORMAT!r}; "
                          "re-export the policy.")
+    check_fields(manifest, f"embedded in {path}")
     return manifest
 
 

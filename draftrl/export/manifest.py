@@ -86,7 +86,25 @@ def read_manifest(file: str | Path) -> dict[str, Any]:
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         manifest = manifest if isinstance(manifest, dict) else {}
         raise ValueError(f"{path} has format {manifest.get('format')!r}, expected {FORMAT!r}; re-export the policy.")
+    check_fields(manifest, path)
     return manifest
+
+
+#: what a runtime reads from a manifest: top-level keys, and the keys of ``action``
+REQUIRED = ("backend", "kind", "feature_names", "normalization", "action", "io")
+REQUIRED_ACTION = ("heads", "nvec", "depths", "verify_sizes")
+
+
+def check_fields(manifest: dict[str, Any], where: str | Path) -> None:
+    """Raise one ``ValueError`` line naming the first field a runtime needs that is missing."""
+    missing = [k for k in REQUIRED if k not in manifest]
+    if not missing and isinstance(manifest["action"], dict):
+        missing = [f"action.{k}" for k in REQUIRED_ACTION if k not in manifest["action"]]
+    elif not missing:
+        missing = ["action"]
+    if missing:
+        raise ValueError(f"the manifest {where} lacks or mangles {missing[0]!r}; re-export the policy with "
+                         "draftrl export.")
 
 
 @dataclass(frozen=True)

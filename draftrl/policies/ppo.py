@@ -116,7 +116,8 @@ def check_policy_files(manifest: dict[str, Any], manifest_path: Path, model_path
     if normalised and vecnorm_path is None:
         expected = manifest_path.parent / VECNORMALIZE_FILE if is_final else model_path
         raise FileNotFoundError(
-            f"the policy was trained on normalised observations but no VecNormalize statistics lie beside {expected} "
+            f"the policy was trained on normalised observations (ppo.normalize_obs) but no VecNormalize statistics "
+            f"lie beside {expected} "
             f"({VECNORMALIZE_FILE} for policy.zip, ppo_vecnormalize_<steps>_steps.pkl for a checkpoint); restore it "
             "from the run directory or train again."
         )
@@ -128,8 +129,8 @@ def check_policy_files(manifest: dict[str, Any], manifest_path: Path, model_path
             raise ValueError(f"{path} does not belong to this policy ({manifest_path.name} records no normaliser); "
                              f"delete it or restore the run's files together.")
         if recorded is not None and path is not None and _sha256(path) != recorded:
-            raise ValueError(f"{path} does not match {manifest_path} (sha256 differs): the files come from different "
-                             "runs; restore policy.zip, vecnormalize.pkl and policy.json from one run directory.")
+            raise ValueError(f"{path} does not match {manifest_path} (sha256 differs: changed, truncated or from "
+                             "another run); restore policy.zip, vecnormalize.pkl and policy.json from one run directory.")
 
 
 def load_sb3_model(path: Path) -> Any:

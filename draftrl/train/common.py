@@ -227,18 +227,18 @@ def _changed_keys(saved: dict[str, Any], current: dict[str, Any], prefix: str = 
     return changed
 
 
-def latest_checkpoint(out: Path) -> tuple[Path, Path | None, int] | None:
-    """``(model_zip, vecnormalize_pkl or None, num_timesteps)`` of the newest checkpoint, or None."""
+def checkpoints(out: Path) -> list[tuple[Path, Path | None, int]]:
+    """``(model_zip, vecnormalize_pkl or None, num_timesteps)`` of every checkpoint, newest first."""
     found = []
     for path in (out / "checkpoints").glob(f"{CHECKPOINT_PREFIX}_*_steps.zip"):
         match = re.fullmatch(rf"{CHECKPOINT_PREFIX}_(\d+)_steps\.zip", path.name)
         if match:
             found.append((int(match.group(1)), path))
-    if not found:
-        return None
-    steps, path = max(found)
-    vecnorm = path.with_name(f"{CHECKPOINT_PREFIX}_vecnormalize_{steps}_steps.pkl")
-    return path, (vecnorm if vecnorm.is_file() else None), steps
+    out_list = []
+    for steps, path in sorted(found, reverse=True):
+        vecnorm = path.with_name(f"{CHECKPOINT_PREFIX}_vecnormalize_{steps}_steps.pkl")
+        out_list.append((path, vecnorm if vecnorm.is_file() else None, steps))
+    return out_list
 
 
 # ----------------------------------------------------------------------------- callbacks

@@ -41,3 +41,18 @@ def test_bad_depth_is_one_clear_line(smollm2, capsys):
 def test_bad_drafter_spec_is_one_clear_line(capsys):
     assert main(["generate", "--prompt", "hi", "--drafter", "layerskip:x"]) == 2
     assert "layerskip:N" in capsys.readouterr().err
+
+
+def test_ignore_eos_runs_a_sampled_negative_control_to_length(smollm2, capsys):
+    """Finding 10: at temperature 1 the 135M model ends within a few tokens and the monitor then
+    read ``passed`` on almost nothing. --ignore-eos decodes to length; the verdict names the
+    evidence it still lacks instead of passing."""
+    common = ["generate", "--chat", "--prompt", "Say hi.", "--temperature", "1", "--depth", "2", "--json",
+              "--sampler", "resample-from-p", "--seed", "3"]
+    assert main([*common, "--max-new-tokens", "48"]) == 0
+    short = json.loads(capsys.readouterr().out)
+    assert short["exactness"]["verdict"] == "inconclusive"
+    assert main([*common, "--max-new-tokens", "48", "--ignore-eos"]) == 0
+    full = json.loads(capsys.readouterr().out)
+    assert len(full["token_ids"]) == 48 and full["stop_reason"] == "length"
+    assert full["exactness"]["verdict"] in ("inconclusive", "failed")  # 48 tokens < the 200 the first check needs
