@@ -165,8 +165,10 @@ def measure_sample(vocab: int, params, repeats: int, device: str, clock) -> tupl
     import torch
 
     from draftrl.decoding.acceptance import accept_tree
+    from draftrl.decoding.sampling import generator_for
 
-    generator = torch.Generator().manual_seed(0)
+    generator = torch.Generator().manual_seed(0)  # makes the logits, on the CPU
+    draws = generator_for(device, 0)  # accept_tree draws on the logits' device, as the engine does
     xs, ys = [], []
     for n in (0, 1, 3, 7):
         tokens = list(range(1, n + 1))
@@ -175,10 +177,10 @@ def measure_sample(vocab: int, params, repeats: int, device: str, clock) -> tupl
         for row, token in enumerate(tokens + [0]):
             logits[row, token] += 50.0  # the next chain token (or the bonus token 0) wins
         logits = logits.to(device)
-        accept_tree(tree, logits, params, generator)
+        accept_tree(tree, logits, params, draws)
         for _ in range(repeats):
             t0 = clock()
-            accept_tree(tree, logits, params, generator)
+            accept_tree(tree, logits, params, draws)
             xs.append(n + 1)
             ys.append(clock() - t0)
     slope, intercept = np.polyfit(np.array(xs, dtype=float), np.array(ys), 1)

@@ -21,7 +21,7 @@ from transformers import DynamicCache
 from draftrl.decoding.drafters import Drafter
 from draftrl.decoding.kv import cache_argument, crop, keep_tail
 from draftrl.decoding.acceptance import accept_tree
-from draftrl.decoding.sampling import SamplingParams
+from draftrl.decoding.sampling import SamplingParams, generator_for
 from draftrl.decoding.stats import TokenStats
 from draftrl.decoding.tree import DraftTree
 
@@ -147,7 +147,9 @@ class SpeculativeDecoder:
         #: positions the target can attend over (None: unknown); a request must fit in it
         self.max_context: int | None = getattr(getattr(target, "config", None), "max_position_embeddings", None)
         self.params = self.config.sampling
-        self.generator = torch.Generator().manual_seed(self.config.seed)
+        # one generator, on the device that holds every tensor of a round: the drafter's children
+        # and the verification walk both draw from it
+        self.generator = generator_for(self.device, self.config.seed)
         self.ids: list[int] = []
         self.num_prompt_tokens = 0
         self.finished = True
