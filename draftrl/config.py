@@ -105,6 +105,20 @@ def _set(data: dict[str, Any], dotted: str, value: Any) -> None:
     node[leaf] = value
 
 
+def read_yaml(path: str | Path) -> Any:
+    """The YAML document in ``path``; a syntax error is one ``ValueError`` line ``FILE:LINE:COLUMN: ...``."""
+    path = Path(path)
+    try:
+        return yaml.safe_load(path.read_text()) or {}
+    except yaml.MarkedYAMLError as err:
+        mark = err.problem_mark or err.context_mark
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+        what = " ".join(str(err.problem or err.context or "syntax error").split())
+        raise ValueError(f"{where}: YAML syntax error: {what}; fix the file (configs/ holds examples).") from None
+    except yaml.YAMLError as err:
+        raise ValueError(f"{path}: YAML error: {' '.join(str(err).split())}; fix the file.") from None
+
+
 def load_config(cls: type[T], path: str | Path | None = None, overrides: list[str] | None = None) -> T:
     """Load ``cls`` defaults, then the YAML file at ``path``, then ``key=value`` overrides."""
     data: dict[str, Any] = {}
@@ -112,7 +126,7 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: list[st
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"config file {path} does not exist; pass a file from configs/")
-        data = yaml.safe_load(path.read_text()) or {}
+        data = read_yaml(path)
         if not isinstance(data, dict):
             raise ValueError(f"config file {path} must hold a mapping at top level")
     for item in overrides or []:

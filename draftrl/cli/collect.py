@@ -34,6 +34,17 @@ def add_parser(subparsers) -> None:
     p.set_defaults(func=run)
 
 
+def config_sections() -> set[str]:
+    """Top-level keys some command reads: one file may drive collect, grid, eval, demo and train."""
+    import dataclasses
+
+    from draftrl.eval.config import EvalConfig
+    from draftrl.eval.demo import DemoConfig
+    from draftrl.train.config import TrainConfig
+
+    return {f.name for cls in (EvalConfig, DemoConfig, TrainConfig) for f in dataclasses.fields(cls)}
+
+
 def check_out(out: Path, overwrite: bool) -> None:
     """Refuse an --out that holds finished traces (unless ``overwrite``) or anything that is not traces."""
     from draftrl.envs.traces import HEADER_FILE, PARTIAL_DIR, TRACE_FILES
@@ -62,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     out = Path(args.out)
-    config = load_env_config(args.config, args.set)
+    config = load_env_config(args.config, args.set, known_sections=config_sections())
     table = CostTable.load(args.cost_table) if args.cost_table else None  # fail before decoding anything
     check_out(out, args.overwrite)
     partial = out / PARTIAL_DIR

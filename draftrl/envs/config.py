@@ -180,12 +180,26 @@ def resolve_config(config: EnvConfig | dict | None, overrides: dict[str, Any]) -
     return config
 
 
-def load_env_config(path: str | None = None, overrides: list[str] | None = None) -> EnvConfig:
+def _refuse_unknown_sections(loaded: dict[str, Any], path: str, known: set[str]) -> None:
+    """A top-level key no command reads (a typo such as ``enviroment:``) fails with the closest name:
+    otherwise the defaults would silently run in its place."""
+    import difflib
+
+    for key in loaded:
+        if key not in known:
+            close = difflib.get_close_matches(str(key), sorted(known), n=1, cutoff=0.4)
+            hint = f"did you mean '{close[0]}'?" if close else f"sections: {', '.join(sorted(known))}"
+            raise ValueError(f"config file {path} has an unknown section '{key}'; {hint}")
+
+
+def load_env_config(path: str | None = None, overrides: list[str] | None = None,
+                    known_sections: set[str] | None = None) -> EnvConfig:
     """The ``env:`` section of a YAML config, then ``env.key=value`` overrides (``--set``).
 
     Other top-level sections belong to other commands and are left alone, so one file (e.g.
     ``configs/eval_tiny_cpu.yaml``) drives ``draftrl collect`` as well as the commands that own
-    its other sections; the ``env`` section itself is strict (unknown keys fail).
+    its other sections; the ``env`` section itself is strict (unknown keys fail). With
+    ``known_sections`` (the keys the commands read) any other top-level key fails too.
     """
     from pathlib import Path
 
@@ -195,9 +209,13 @@ def load_env_config(path: str | None = None, overrides: list[str] | None = None)
     if path is not None:
         if not Path(path).is_file():
             raise FileNotFoundError(f"config file {path} does not exist; pass a file from configs/")
-        loaded = yaml.safe_load(Path(path).read_text()) or {}
+        from draftrl.config import read_yaml
+
+        loaded = read_yaml(path)
         if not isinstance(loaded, dict) or not isinstance(loaded.get("env") or {}, dict):
             raise ValueError(f"config file {path} must be a mapping with an env: section")
+        if known_sections is not None:
+            _refuse_unknown_sections(loaded, path, known_sections | {"env"})
         data = dict(loaded.get("env") or {})
     for item in overrides or []:
         key, sep, raw = item.partition("=")
