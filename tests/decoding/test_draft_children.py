@@ -44,12 +44,7 @@ def adversarial_logits() -> torch.Tensor:
     return q.log().float()
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/decoding/conftest.py
 
 
 def test_sampled_children_draw_the_tail_of_q_at_its_float64_rate():

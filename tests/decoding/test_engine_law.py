@@ -46,12 +46,7 @@ SHAPES = {
 FAST = ["chain", "deterministic-tree", "sampled-tree"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/decoding/conftest.py
 
 
 @pytest.fixture(scope="module")
