@@ -14,10 +14,18 @@
     DIR/wandb/                       the offline wandb run (unless WANDB_DIR points elsewhere)
 
 Training writes it (``draftrl.train``), ``PPOPolicy.load`` and ``draftrl.export`` read it.
+
+A trace directory (``draftrl collect --out DIR``, read by ``draftrl.envs.traces``)::
+
+    DIR/trace.json                   header: format, trace_id, config, hardware, prompts
+    DIR/trace.npz                    the arrays (tokens, continuations, draft trees)
+    DIR/cost_table.json              the cost table collected with them (same trace_id)
+    DIR/.partial/                    finished prompts of an interrupted collection
 """
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -30,6 +38,13 @@ SUMMARY_FILE = "train_summary.json"
 CHECKPOINTS_DIR = "checkpoints"
 LOGS_DIR = "logs"
 CHECKPOINT_PREFIX = "ppo"
+HEADER_FILE = "trace.json"
+ARRAYS_FILE = "trace.npz"
+COST_TABLE_FILE = "cost_table.json"
+#: finished prompts of an unfinished collection (``collect(..., partial_dir=DIR/PARTIAL_DIR)``)
+PARTIAL_DIR = ".partial"
+#: what a trace directory may hold; ``Traces.save`` refuses to replace a directory with anything else
+TRACE_FILES = (HEADER_FILE, ARRAYS_FILE, COST_TABLE_FILE, PARTIAL_DIR)
 _CHECKPOINT = re.compile(r"(?P<prefix>.+)_(?P<steps>\d+)_steps\.zip")
 
 
@@ -61,15 +76,39 @@ def run_dir_of(model_zip: Path) -> Path:
     return model_zip.parent.parent if is_checkpoint(model_zip) else model_zip.parent
 
 
-def latest_checkpoint(out: Path) -> tuple[Path, Path | None, int] | None:
-    """``(model_zip, vecnormalize_pkl or None, num_timesteps)`` of the newest checkpoint in ``out``, or None."""
+def checkpoints(out: Path) -> list[tuple[Path, Path | None, int]]:
+    """``(model_zip, vecnormalize_pkl or None, num_timesteps)`` of every checkpoint in ``out``, newest first."""
     found = []
     for path in (Path(out) / CHECKPOINTS_DIR).glob(f"{CHECKPOINT_PREFIX}_*_steps.zip"):
         match = re.fullmatch(rf"{CHECKPOINT_PREFIX}_(\d+)_steps\.zip", path.name)
         if match:
             found.append((int(match.group(1)), path))
-    if not found:
+    listed = []
+    for steps, path in sorted(found, reverse=True):
+        vecnorm = checkpoint_vecnormalize(path)
+        listed.append((path, vecnorm if vecnorm.is_file() else None, steps))
+    return listed
+
+
+def stored_cost_table_path(directory: str | Path) -> Path | None:
+    """``DIR/cost_table.json`` when it belongs to the traces in ``DIR`` (None when there is none).
+
+    A table that ``collect`` stored carries the traces' ``trace_id``; one copied in by hand carries
+    none and is accepted; one that names another collection is refused.
+    """
+    directory = Path(directory)
+    path = directory / COST_TABLE_FILE
+    if not path.is_file():
         return None
-    steps, path = max(found)
-    vecnorm = checkpoint_vecnormalize(path)
-    return path, (vecnorm if vecnorm.is_file() else None), steps
+    try:
+        table_id = json.loads(path.read_text()).get("trace_id")
+        header_id = json.loads((directory / HEADER_FILE).read_text()).get("trace_id") if (
+            directory / HEADER_FILE).is_file() else None
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as err:
+        raise ValueError(f"{path} is not a valid JSON cost table ({err}); write it with draftrl calibrate --json --out FILE.") from None
+    if table_id is not None and table_id != header_id:
+        raise ValueError(
+            f"{path} belongs to another collection (trace_id {table_id}, the traces have {header_id}); "
+            f"collect again with --cost-table FILE --overwrite, or delete the stale {path.name}."
+        )
+    return path

@@ -100,13 +100,35 @@ def test_unknown_keys_fail_on_every_command():
             _config(command, "--set", "env.targt=x")
 
 
+def test_misspelled_sections_fail_on_every_command(tmp_path):
+    """A top-level key no command reads is refused everywhere (a typo would otherwise run the defaults)."""
+    bad = tmp_path / "typo.yaml"
+    bad.write_text("enviroment:\n  max_new_tokens: 8\n")
+    for command in CONFIG_COMMANDS:
+        with pytest.raises(ValueError, match="unknown (section|config key) 'enviroment'"):
+            _config(command, "--config", str(bad))
+
+
+def test_sections_name_every_key_a_command_reads():
+    """``draftrl.config.SECTIONS`` (what a shared YAML file may hold) is exactly the union of the commands' keys."""
+    import dataclasses
+
+    from draftrl.config import SECTIONS
+
+    read = set()
+    for command in CONFIG_COMMANDS:
+        read |= {f.name for f in dataclasses.fields(_config(command))}
+    assert read == set(SECTIONS)
+
+
 def test_command_specific_flags_are_their_keys():
     cfg = _config("generate", "--temperature", "0.7", "--max-new-tokens", "9", "--width", "2", "--verify-size", "3",
                   "--no-monitor", "--draft-sampling", "--sampler", "resample-from-p")
     assert (cfg.env.temperature, cfg.env.max_new_tokens, cfg.env.width, cfg.verify_size) == (0.7, 9, 2, 3)
     assert (cfg.env.monitor, cfg.env.draft_sampling, cfg.sampler) == (False, True, "resample-from-p")
-    cfg = _config("eval", "--policies", "ar,heuristic", "--no-monitor", "--power-tokens", "5")
+    cfg = _config("eval", "--policies", "ar,heuristic", "--no-monitor", "--power-tokens", "5", "--ignore-eos")
     assert (cfg.eval.policies, cfg.eval.monitor, cfg.eval.power_tokens) == (("ar", "heuristic"), False, 5)
+    assert cfg.env.ignore_eos and _config("generate", "--ignore-eos").env.ignore_eos
     cfg = _config("calibrate", "--num-tokens", "4,1,2", "--repeats", "2", "--temperature", "1.0")
     assert (cfg.calibrate.num_tokens, cfg.calibrate.repeats, cfg.env.temperature) == ((1, 2, 4), 2, 1.0)
 

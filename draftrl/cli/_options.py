@@ -15,6 +15,7 @@ option             config key     meaning
 ``--dtype``        ``env.dtype``   ``float32``, ``bfloat16`` or ``float16``
 ``--threads N``    ``threads``     torch intra-op threads (0 = torch's default)
 ``--seed N``       ``seed``        the command's seed (sampling, measurement order, PPO, ...)
+``--ignore-eos``   ``env.ignore_eos``  decode to max_new_tokens past EOS (benchmarks, negative controls)
 ``--out PATH``                    where the command writes
 ``--json``                        print one JSON object on stdout instead of tables
 =================  =============  ==========================================================
@@ -80,6 +81,11 @@ def add_seed(parser: argparse.ArgumentParser, what: str) -> None:
 
 def add_out(parser: argparse.ArgumentParser, help: str, *, required: bool = True, default: str | None = None) -> None:
     parser.add_argument("--out", required=required, default=default, help=help)
+
+
+def add_ignore_eos(parser: argparse.ArgumentParser) -> None:
+    keyed(parser, "--ignore-eos", key="env.ignore_eos", action="store_const", const=True,
+          help="decode every request to its max_new_tokens past EOS, as vLLM's ignore_eos (sets env.ignore_eos)")
 
 
 def add_json(parser: argparse.ArgumentParser) -> None:

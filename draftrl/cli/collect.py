@@ -4,7 +4,10 @@ Reads an env config (YAML with an ``env:`` section, e.g. ``configs/tiny_cpu.yaml
 every selected prompt greedily with the real target and stores, from every true prefix, the
 drafter's tree of ``max(env.depths)`` levels and ``env.width`` nodes per level (see
 ``draftrl.envs.traces``). The resolved config, the hardware and (with ``--cost-table``) the cost
-table are saved next to the traces.
+table are saved next to the traces, all three replaced as one unit (``draftrl.envs.traces``).
+
+An existing trace directory is replaced only with ``--overwrite``; finished prompts are kept in
+``OUT/.partial/``, so after an interruption (Ctrl-C, a crash) the same command resumes.
 
     draftrl collect --config configs/tiny_cpu.yaml --out runs/traces/tiny --cost-table costs.json
 """
@@ -27,6 +30,8 @@ def add_parser(subparsers) -> None:
     _options.add_threads(p)
     _options.add_out(p, "directory for trace.npz, trace.json (and cost_table.json)")
     p.add_argument("--cost-table", default=None, help="cost table from draftrl calibrate, copied next to the traces")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the traces already in --out (and discard an interrupted collection there)")
     _options.add_json(p)
     p.set_defaults(func=run)
 
@@ -38,23 +43,49 @@ def config(args: argparse.Namespace):
     return _options.load(CollectConfig, args, partial=True)
 
 
+def check_out(out: Path, overwrite: bool) -> None:
+    """Refuse an --out that holds finished traces (unless ``overwrite``) or anything that is not traces."""
+    from draftrl.runs import HEADER_FILE, PARTIAL_DIR, TRACE_FILES
+
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file; pass a directory for the traces.")
+    if not out.is_dir():
+        return
+    foreign = sorted(p.name for p in out.iterdir() if p.name not in TRACE_FILES)
+    if foreign:
+        raise ValueError(f"--out {out} holds {', '.join(foreign[:5])}, not traces; choose an empty or new directory.")
+    if (out / HEADER_FILE).exists() and not overwrite:
+        raise ValueError(f"--out {out} already holds traces; pass --overwrite to replace them, or choose another --out.")
+    if overwrite and (out / PARTIAL_DIR).exists():
+        shutil.rmtree(out / PARTIAL_DIR)
+
+
 def run(args: argparse.Namespace) -> int:
     from draftrl.envs.engines import build_engine
     from draftrl.envs.traces import collect
+    from draftrl.runs import PARTIAL_DIR
     from draftrl.signals.costs import CostTable
 
     cfg = config(args)
     _options.set_threads(cfg.threads)
+    out = Path(args.out)
     table = CostTable.load(args.cost_table) if args.cost_table else None  # fail before decoding anything
+    check_out(out, args.overwrite)
+    partial = out / PARTIAL_DIR
+    partial.mkdir(parents=True, exist_ok=True)  # --out must be writable before any model loads
     engine, tokenizer = build_engine(cfg.env)
 
     def progress(index, prompt, seconds):
-        print(f"[collect] {index + 1} {prompt.id} {seconds:.1f}s", file=sys.stderr)
+        print(f"[collect] {index + 1} {prompt.id} {seconds:.1f}s", file=sys.stderr, flush=True)
 
-    traces = collect(cfg.env, engine, tokenizer, progress=progress)
-    out = traces.save(args.out)
-    if table is not None:
-        shutil.copyfile(args.cost_table, Path(out) / "cost_table.json")
+    try:
+        traces = collect(cfg.env, engine, tokenizer, progress=progress, partial_dir=partial)
+    except KeyboardInterrupt:
+        kept = len(list(partial.glob("[0-9]*.npz")))
+        print(f"draftrl collect: interrupted; {kept} finished prompt(s) kept in {partial}; run the same command "
+              "again to resume.", file=sys.stderr)
+        return 130
+    traces.save(out, cost_table=table)
     summary = {"prompts": len(traces), "positions": int(traces.cu_num_positions[-1]), "nodes": len(traces.node_tokens),
                "max_depth": traces.max_depth, "width": traces.width, "seconds": traces.meta["collect_seconds"],
                "out": str(out)}

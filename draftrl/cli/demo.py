@@ -89,6 +89,7 @@ def display_name(name: str) -> str:
 
 def print_summary(summary: dict) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     from draftrl.eval.report import POLICY_COLUMNS, policy_rows
@@ -100,7 +101,7 @@ def print_summary(summary: dict) -> None:
     for i, col in enumerate(POLICY_COLUMNS):
         table.add_column(col, justify="left" if i == 0 else "right")
     for row in policy_rows(results):
-        table.add_row(display_name(row[0]), *row[1:])
+        table.add_row(*(escape(cell) for cell in (display_name(row[0]), *row[1:])))  # `ppo[x]` is not markup
     console = Console(width=None if sys.stdout.isatty() else 160)  # pipes and logs get the full table
     console.print(table)
     ex = results["exactness"]

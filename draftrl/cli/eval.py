@@ -44,6 +44,7 @@ def add_parser(subparsers) -> None:
           help="resample-from-p is the known-wrong correction, a negative control for the monitor")
     keyed(p, "--power-tokens", key="eval.power_tokens", type=int,
           help="also measure the tokens each monitor statistic needs to catch resample-from-p (0 = skip)")
+    _options.add_ignore_eos(p)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--engine", choices=["hf", "vllm"], default="hf",
                    help="hf: draftrl's exact engine, one request at a time (default); vllm: inside vLLM under load, "
@@ -64,7 +65,11 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = config(args)
     policies = list(cfg.eval.policies)
-    parse_policies(policies)  # fail on a bad name before loading anything
+    from draftrl.policies.ppo import load_checked
+
+    for spec in parse_policies(policies):  # fail on a bad name or a damaged policy before loading any model
+        if spec.kind == "ppo":
+            load_checked(spec.arg)
     from draftrl.eval.evaluate import run_eval
 
     try:
@@ -89,15 +94,16 @@ def run(args: argparse.Namespace) -> int:
 
 def print_policy_table(results: dict, title: str) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     from draftrl.eval.report import POLICY_COLUMNS, policy_rows
 
-    table = Table(title=title)
+    table = Table(title=escape(title))
     for i, col in enumerate(POLICY_COLUMNS):
         table.add_column(col, justify="left" if i == 0 else "right")
     for row in policy_rows(results):
-        table.add_row(*row)
+        table.add_row(*(escape(cell) for cell in row))  # plain text: `ppo[ppo_size]` is not markup
     Console(width=None if sys.stdout.isatty() else 160).print(table)  # pipes and logs get the full table
 
 

@@ -44,6 +44,10 @@ def add_parser(subparsers) -> None:
         help="exported policy (draftrl export --format onnx) choosing depth and verify size every round; "
         "replaces --depth, --verify-size and --width",
     )
+    _options.add_ignore_eos(p)
+    p.add_argument("--truncate-prompt", action="store_true",
+                   help="keep the prompt's last tokens when prompt + --max-new-tokens exceed the model's context "
+                        "(default: refuse such a prompt)")
     _options.add_json(p)
     p.set_defaults(func=run)
 
@@ -55,12 +59,30 @@ def config(args: argparse.Namespace):
     return _options.load(GenerateConfig, args, partial=True)
 
 
+def fit_prompt(prompt_ids: list[int], max_new_tokens: int, max_context: int | None, truncate: bool) -> list[int]:
+    """``prompt_ids``, or with ``truncate`` its last ``max_context - max_new_tokens`` tokens (with a
+    warning); a prompt that does not fit otherwise is refused (``check_fits``)."""
+    from draftrl.decoding.engine import check_fits
+
+    if truncate and max_context is not None and len(prompt_ids) + max_new_tokens > max_context:
+        keep = max_context - max_new_tokens
+        if keep < 1:
+            raise ValueError(f"--max-new-tokens={max_new_tokens} leaves no room for a prompt in the target's context "
+                             f"of {max_context} tokens; lower it.")
+        print(f"draftrl generate: warning: prompt truncated from {len(prompt_ids)} to its last {keep} tokens "
+              f"(--truncate-prompt; context {max_context}, max_new_tokens {max_new_tokens}).", file=sys.stderr)
+        return prompt_ids[-keep:]
+    check_fits(len(prompt_ids), max_new_tokens, max_context)
+    return prompt_ids
+
+
 def run(args: argparse.Namespace) -> int:
     from draftrl.decoding.generate import fixed_schedule, generate
     from draftrl.decoding.monitor import ExactnessMonitor, ExactnessViolation
+    from draftrl.decoding.factory import check_drafter_spec
     from draftrl.envs.engines import build_engine
     from draftrl.envs.workload import encode
-    from draftrl.models import load_model
+    from draftrl.models import check_model_spec, load_model
 
     cfg = config(args)
     env = cfg.env
@@ -69,11 +91,14 @@ def run(args: argparse.Namespace) -> int:
         from draftrl.decoding.engine import EngineConfig
 
         EngineConfig(max_new_tokens=env.max_new_tokens).check_action(cfg.depth, cfg.verify_size or None, env.width)
+    check_model_spec(env.target, "target")  # a typo fails now, not after loading the other model
+    check_drafter_spec(env.drafter)
     _options.set_threads(cfg.threads)
     target = load_model(env.target, dtype=env.dtype, device=env.device)
     engine, tokenizer = build_engine(env, target, max_new_tokens=env.max_new_tokens, seed=cfg.seed,
                                      sampler=cfg.sampler)
-    prompt_ids = encode(tokenizer, args.prompt, env.chat_template)
+    prompt_ids = fit_prompt(encode(tokenizer, args.prompt, env.chat_template), env.max_new_tokens,
+                            engine.max_context, args.truncate_prompt)
     monitor = ExactnessMonitor() if env.monitor else None
     try:
         if policy is not None:
@@ -95,6 +120,9 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(out, ensure_ascii=False))
     else:
         print(text)
+        if monitor is not None:
+            rep = monitor.report()
+            print(f"\nexactness: {rep['verdict']} ({rep['verdict_reason']})", file=sys.stderr)
         print(
             f"\n[{summary['num_tokens']} tokens, {summary['tokens_per_second']:.1f} tok/s, "
             f"{summary['rounds']} rounds, {summary['mean_tokens_per_round']:.2f} tokens/round, "

@@ -116,6 +116,42 @@ def _set(data: dict[str, Any], dotted: str, value: Any) -> None:
     node[leaf] = value
 
 
+#: Every top-level key some command's config reads (``tests/test_cli_options.py`` keeps it equal to
+#: the union of their fields). A ``partial`` load skips the ones its command does not read, since
+#: one file may drive ``collect``, ``grid``, ``eval``, ``demo`` and ``train``, and refuses any other.
+SECTIONS = frozenset({
+    "env", "threads", "seed", "depth", "verify_size", "sampler", "calibrate", "grid", "eval", "wandb", "train",
+    "recipe", "ppo", "total_timesteps", "finetune_real_timesteps", "finetune_env", "depth_env", "cotrain_rounds",
+    "frozen_size_policy", "eval_episodes", "eval_seed", "baselines", "checkpoint_every", "progress_bar",
+})
+
+
+def refuse_unknown_sections(data: dict[str, Any], path: Path, known: set[str] | frozenset[str]) -> None:
+    """A top-level key no command reads (a typo such as ``enviroment:``) fails with the closest name;
+    otherwise the defaults would silently run in its place."""
+    import difflib
+
+    for key in data:
+        if key not in known:
+            close = difflib.get_close_matches(str(key), sorted(known), n=1, cutoff=0.4)
+            hint = f"did you mean '{close[0]}'?" if close else f"sections: {', '.join(sorted(known))}"
+            raise ValueError(f"config file {path} has an unknown section '{key}'; {hint}")
+
+
+def read_yaml(path: str | Path) -> Any:
+    """The YAML document in ``path``; a syntax error is one ``ValueError`` line ``FILE:LINE:COLUMN: ...``."""
+    path = Path(path)
+    try:
+        return yaml.safe_load(path.read_text()) or {}
+    except yaml.MarkedYAMLError as err:
+        mark = err.problem_mark or err.context_mark
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+        what = " ".join(str(err.problem or err.context or "syntax error").split())
+        raise ValueError(f"{where}: YAML syntax error: {what}; fix the file (configs/ holds examples).") from None
+    except yaml.YAMLError as err:
+        raise ValueError(f"{path}: YAML error: {' '.join(str(err).split())}; fix the file.") from None
+
+
 def load_config(cls: type[T], path: str | Path | None = None, overrides: list[str] | None = None, *,
                 base: T | None = None, partial: bool = False) -> T:
     """Load ``cls`` defaults (or ``base``), then the YAML file at ``path``, then ``key=value`` overrides.
@@ -129,11 +165,12 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: list[st
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"config file {path} does not exist; pass a file from configs/")
-        data = yaml.safe_load(path.read_text()) or {}
+        data = read_yaml(path)
         if not isinstance(data, dict):
             raise ValueError(f"config file {path} must hold a mapping at top level")
         if partial:
             known = {f.name for f in dataclasses.fields(cls)}
+            refuse_unknown_sections(data, path, known | SECTIONS)
             data = {key: value for key, value in data.items() if key in known}
     for item in overrides or []:
         if "=" not in item:

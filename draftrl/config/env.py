@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from draftrl.config import from_dict
+from draftrl.config import SECTIONS, from_dict, read_yaml, refuse_unknown_sections
 from draftrl.prompts import SPLITS
 
 #: Reward modes (see ``draftrl.envs.rewards``).
@@ -44,6 +44,9 @@ class EnvConfig:
     """tokens per episode; None = the prompt's suggestion, capped at max_new_tokens_cap"""
     max_new_tokens_cap: int = 256
     """upper bound on a prompt's suggested max_new_tokens"""
+    ignore_eos: bool = False
+    """decode every request to its max_new_tokens past EOS (vLLM's ignore_eos): benchmarks and
+    negative controls run to length"""
     # ---- models and sampling
     target: str = "smollm2-135m"
     """target model: a known name, a local directory or a hub id"""
@@ -182,7 +185,8 @@ def load_env_config(path: str | None = None, overrides: list[str] | None = None)
 
     Other top-level sections belong to other commands and are left alone, so one file (e.g.
     ``configs/eval_tiny_cpu.yaml``) drives ``draftrl collect`` as well as the commands that own
-    its other sections; the ``env`` section itself is strict (unknown keys fail).
+    its other sections; the ``env`` section itself is strict (unknown keys fail), and a top-level
+    key no command reads fails too (``draftrl.config.SECTIONS``).
     """
     from pathlib import Path
 
@@ -192,9 +196,10 @@ def load_env_config(path: str | None = None, overrides: list[str] | None = None)
     if path is not None:
         if not Path(path).is_file():
             raise FileNotFoundError(f"config file {path} does not exist; pass a file from configs/")
-        loaded = yaml.safe_load(Path(path).read_text()) or {}
+        loaded = read_yaml(path)
         if not isinstance(loaded, dict) or not isinstance(loaded.get("env") or {}, dict):
             raise ValueError(f"config file {path} must be a mapping with an env: section")
+        refuse_unknown_sections(loaded, path, SECTIONS)
         data = dict(loaded.get("env") or {})
     for item in overrides or []:
         key, sep, raw = item.partition("=")

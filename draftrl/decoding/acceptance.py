@@ -15,7 +15,10 @@ import torch
 
 from draftrl.decoding.sampling import (
     SamplingParams,
+    agree_expected_deterministic,
+    check_generator_device,
     logits_to_probs,
+    sample,
     token_stats,
     verify_node_deterministic,
     verify_node_sampled,
@@ -46,28 +49,35 @@ def accept_tree(
     sampler: str = "correct",
     probs: torch.Tensor | None = None,  # [1 + len(tree), V]: logits_to_probs(logits), if already computed
 ) -> Acceptance:
-    """Descend from the root while a child is accepted; see the module docstring."""
+    """Descend from the root while a child is accepted; see the module docstring.
+
+    Every tensor of the walk lives on ``logits``' device (``probs``' when given): p is computed
+    there, each q is moved there, and ``generator`` must be a generator of that device.
+    """
     if params.greedy:
         return _accept_greedy(tree, logits)
+    device = logits.device if probs is None else probs.device
+    check_generator_device(generator, device)
     kids = tree.children()
     tokens: list[int] = []
     accepted: list[int] = []
     rows: list[tuple] = []  # (p_token, mass_before, entropy, drafted, agree, agree_expected)
     node = -1
     while True:
-        p = probs[node + 1] if probs is not None else logits_to_probs(logits[node + 1].float().cpu(), params)
+        p = probs[node + 1] if probs is not None else logits_to_probs(logits[node + 1].float(), params)
         children = kids.get(node, [])
         if not children:
-            y = int(torch.multinomial(p, 1, generator=generator))
+            y = int(sample(p, generator))
             rows.append((*token_stats(p, y), False, 0.0, 0.0))
             tokens.append(y)
             break
-        child_tokens = torch.tensor([tree.tokens[c] for c in children])
+        child_tokens = torch.tensor([tree.tokens[c] for c in children], device=device)
         if tree.deterministic:
             index, y = verify_node_deterministic(p, child_tokens, generator, method=sampler)
-            expected = float(p[child_tokens].sum())
+            expected = agree_expected_deterministic(p, child_tokens)  # normalised p, in float64
         else:
-            index, y, expected = verify_node_sampled(p, child_tokens, tree.q[node], generator, method=sampler)
+            q = tree.q[node].to(device)
+            index, y, expected = verify_node_sampled(p, child_tokens, q, generator, method=sampler)
         rows.append((*token_stats(p, y), True, float(bool((child_tokens == y).any())), expected))
         tokens.append(y)
         if index < 0:

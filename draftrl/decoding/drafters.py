@@ -19,7 +19,7 @@ from torch import nn
 from transformers import DynamicCache
 
 from draftrl.decoding.kv import cache_argument, cache_length, crop, keep_tail
-from draftrl.decoding.sampling import SamplingParams, logits_to_probs
+from draftrl.decoding.sampling import SamplingParams, logits_to_probs, sample
 from draftrl.decoding.tree import DraftTree
 
 
@@ -236,7 +236,9 @@ class ModelDrafter(Drafter):
         """(tokens [W], log q [W], q [V] or None) for one expanded node."""
         if self.sampled and not params.greedy:
             q = logits_to_probs(logits, params)
-            tokens = torch.multinomial(q, width, replacement=True, generator=generator)
+            if generator is not None:  # draw, and later verify, on the generator's device
+                q = q.to(generator.device)
+            tokens = sample(q, generator, num_samples=width)  # the float64 law verification assumes
             return tokens, q[tokens].clamp_min(1e-30).log(), q
         logq = torch.log_softmax(logits, dim=-1)
         top = torch.topk(logq, width)

@@ -22,7 +22,7 @@ from draftrl.decoding.clock import device_clock
 from draftrl.decoding.drafters import Drafter
 from draftrl.decoding.kv import cache_argument, crop, keep_tail
 from draftrl.decoding.acceptance import accept_tree
-from draftrl.decoding.sampling import SamplingParams
+from draftrl.decoding.sampling import SamplingParams, generator_for
 from draftrl.decoding.stats import TokenStats
 from draftrl.decoding.tree import DraftTree
 
@@ -108,6 +108,19 @@ class RoundResult:
         return self.draft_seconds + self.verify_seconds + self.sample_seconds
 
 
+def check_fits(num_prompt_tokens: int, max_new_tokens: int, max_context: int | None) -> None:
+    """Refuse a request whose prompt plus ``max_new_tokens`` exceeds the target's context: past it
+    the positions are ones the model never saw, and the output is silently degraded."""
+    total = num_prompt_tokens + max_new_tokens
+    if max_context is not None and total > max_context:
+        raise ValueError(
+            f"the prompt has {num_prompt_tokens} tokens and max_new_tokens={max_new_tokens}, {total} in all, "
+            f"beyond the target's context of {max_context} tokens; shorten the prompt to "
+            f"{max(0, max_context - max_new_tokens)} tokens, lower max_new_tokens, or truncate it explicitly "
+            "(draftrl generate --truncate-prompt keeps its last tokens)."
+        )
+
+
 class SpeculativeDecoder:
     """Draft/target speculative decoding with tree verification in one target forward.
 
@@ -131,8 +144,12 @@ class SpeculativeDecoder:
         self.device = next(target.parameters()).device
         self.dtype = next(target.parameters()).dtype
         self._cache_arg = cache_argument(target)
+        #: positions the target can attend over (None: unknown); a request must fit in it
+        self.max_context: int | None = getattr(getattr(target, "config", None), "max_position_embeddings", None)
         self.params = self.config.sampling
-        self.generator = torch.Generator().manual_seed(self.config.seed)
+        # one generator, on the device that holds every tensor of a round: the drafter's children
+        # and the verification walk both draw from it
+        self.generator = generator_for(self.device, self.config.seed)
         self.ids: list[int] = []
         self.num_prompt_tokens = 0
         self.finished = True
@@ -149,6 +166,7 @@ class SpeculativeDecoder:
         """Begin a request: prefill the target with all but the last prompt token. Returns seconds."""
         if not prompt_ids:
             raise ValueError("the prompt is empty; give at least one token")
+        check_fits(len(prompt_ids), self.config.max_new_tokens, self.max_context)
         if seed is not None:
             self.generator.manual_seed(seed)
         t0 = self.clock()

@@ -10,7 +10,19 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from draftrl.decoding.drafters import Drafter, LayerSkipDrafter, ModelDrafter, NgramDrafter
-from draftrl.models import LoadedModel, check_same_vocab, load_model
+from draftrl.models import LoadedModel, check_same_logits, check_same_vocab, load_model
+
+
+#: drafter kinds that are not a model name
+BUILTIN_DRAFTERS = ("ngram", "layerskip", "none")
+
+
+def check_drafter_spec(spec: str) -> None:
+    """Fail before any model loads when ``spec`` is a model name that cannot be found (see ``check_model_spec``)."""
+    from draftrl.models import check_model_spec
+
+    if spec.partition(":")[0] not in BUILTIN_DRAFTERS:
+        check_model_spec(spec, "drafter")
 
 
 def _load(spec: str, dtype: str, device: str) -> LoadedModel:
@@ -42,4 +54,5 @@ def build_drafter(
         return LayerSkipDrafter(target.model, int(arg), sampled=sampled)
     draft = load(spec, dtype, device)
     check_same_vocab(target.tokenizer, draft.tokenizer)
+    check_same_logits(target.model, draft.model)
     return ModelDrafter(draft.model, sampled=sampled, name=draft.name)

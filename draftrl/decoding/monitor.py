@@ -215,6 +215,11 @@ class ExactnessMonitor:
     def report(self) -> dict:
         """JSON-able summary: counts, each test's latest value, p-value and threshold, the PIT histogram.
 
+        ``verdict`` is ``"failed"`` once a test failed, ``"inconclusive"`` until the first checkpoint
+        (``min_tokens`` informative tokens: the evidence the stated power needs) and ``"passed"``
+        after it; ``verdict_reason`` says why in one line. ``passed`` only means "no test failed"
+        (True on an inconclusive stream too).
+
         Per test: ``passed``, ``failed_at_tokens`` (emitted tokens when the evidence was complete),
         the last checkpoint's ``statistic``, ``p_value`` and spent ``threshold``; ``current``
         holds the values on all tokens so far with *nominal* p-values (not alpha-spent: for
@@ -223,8 +228,19 @@ class ExactnessMonitor:
         """
         cfg = self.config
         self._evaluate()
+        if self._failures:
+            verdict, reason = "failed", f"{len(self._failures)} test(s) failed"
+        elif self._num_informative < cfg.min_tokens:
+            verdict = "inconclusive"
+            reason = (f"{self._num_informative} informative tokens (p(x) < 1) of the {cfg.min_tokens} the first check "
+                      "needs; decode more (e.g. --ignore-eos, more requests) or at temperature > 0")
+        else:
+            verdict = "passed"
+            reason = f"no test failed on {self._num_informative} informative tokens at alpha={cfg.alpha:g}"
         out = {
             "enabled": cfg.enabled,
+            "verdict": verdict,
+            "verdict_reason": reason,
             "passed": not self._failures,
             "alpha": cfg.alpha,
             "alpha_per_test": self._alpha_test,

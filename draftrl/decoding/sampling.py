@@ -162,33 +162,62 @@ def _top_p_filter(probs: Tensor, top_p: float) -> Tensor:
 # --------------------------------------------------------------------------- sampling
 
 
-def sample(probs: Tensor, generator: torch.Generator | None = None) -> Tensor:
-    """Draw one token id per row, with probability proportional to the row (inverse CDF in float64).
+def sample(probs: Tensor, generator: torch.Generator | None = None, num_samples: int | None = None) -> Tensor:
+    """Draw token ids with probability proportional to each row (inverse CDF in float64).
 
-    Zero-probability tokens are never drawn. Draws one uniform per row.
+    The one sampling routine of draftrl: draft children, recovered and bonus tokens all come from
+    it, so every draw follows exactly the float64-normalised row that verification assumes.
+    (``torch.multinomial`` with several samples accumulates its CDF in float32 on CPU: near the
+    end of a 49152-token row, tokens below ~3e-8 are never drawn and the rest move to float32 steps.)
+    Zero-probability tokens are never drawn. Draws one uniform per sample.
 
     :param probs: [..., V] non-negative weights, e.g. from :func:`logits_to_probs`.
     :param generator: torch generator on ``probs.device``; None uses the global one.
-    :return: [...] long token ids.
+    :param num_samples: draw this many i.i.d. ids per row; None draws one.
+    :return: [...] long token ids, or [..., num_samples] when ``num_samples`` is given.
     """
     if probs.dim() == 0 or probs.shape[-1] == 0:
         raise ValueError(f"probs of shape {tuple(probs.shape)} have no vocabulary axis; pass [..., V] with V >= 1.")
+    if num_samples is not None and (isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1):
+        raise ValueError(f"num_samples={num_samples!r} must be an integer >= 1, or None for one draw per row.")
     flat = probs.reshape(-1, probs.shape[-1])
     if bool((flat < 0).any()):
         raise ValueError("probs contain negative entries; pass probabilities from logits_to_probs, not logits.")
-    return _sample_rows(flat.double(), generator).reshape(probs.shape[:-1])
+    tokens = _sample_rows(flat.double(), generator, 1 if num_samples is None else num_samples)
+    return tokens.reshape(probs.shape[:-1] if num_samples is None else (*probs.shape[:-1], num_samples))
 
 
-def _sample_rows(weights: Tensor, generator: torch.Generator | None) -> Tensor:
-    """[N, V] float64 non-negative weights -> [N] long, one uniform per row."""
+def _sample_rows(weights: Tensor, generator: torch.Generator | None, num_samples: int = 1) -> Tensor:
+    """[N, V] float64 non-negative weights -> [N] long (one uniform per row), or [N, num_samples]
+    i.i.d. draws per row when ``num_samples`` > 1 (row-major uniforms)."""
     cdf = weights.cumsum(dim=-1)
     total = cdf[:, -1:]
     if not bool(((total > 0) & torch.isfinite(total)).all()):
         raise ValueError("a probability row sums to zero or is not finite; every row needs positive finite mass.")
-    u = torch.rand(total.shape, dtype=torch.float64, device=weights.device, generator=generator)
+    u = torch.rand((total.shape[0], num_samples), dtype=torch.float64, device=weights.device, generator=generator)
     # u * total < total, also after rounding; then the first cdf entry above it has positive weight
     point = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
-    return torch.searchsorted(cdf, point, right=True).squeeze(-1)
+    tokens = torch.searchsorted(cdf, point, right=True)
+    return tokens.squeeze(-1) if num_samples == 1 else tokens
+
+
+def generator_for(device: torch.device | str, seed: int) -> torch.Generator:
+    """A seeded generator on ``device``: the engine's one generator, on the device that holds its
+    rounds' tensors, so that drafting and verification draw from one stream on one device (torch
+    refuses a CPU generator for CUDA tensors, and a CUDA stream differs from the CPU one)."""
+    return torch.Generator(device=device).manual_seed(int(seed))
+
+
+def check_generator_device(generator: torch.Generator | None, device: torch.device) -> None:
+    """Refuse a generator on another device than the tensors it would draw for, naming the fix."""
+    if generator is None:
+        return
+    have, want = torch.device(generator.device), torch.device(device)
+    if have.type != want.type or (have.index is not None and want.index is not None and have.index != want.index):
+        raise ValueError(
+            f"the generator is on {generator.device} but the tensors are on {device}; make it with "
+            f"draftrl.decoding.sampling.generator_for({str(device)!r}, seed)."
+        )
 
 
 def _normalise(probs: Tensor) -> Tensor:

@@ -103,7 +103,8 @@ def measure_draft(drafter, ids: list[int], widths, levels: int, repeats: int, rn
 def measure_sample(vocab: int, params, repeats: int, device: str, clock) -> tuple[float, float]:
     """(base, per-token) seconds of ``accept_tree`` on chains whose every node is accepted
     (logits on ``device``, as the engine's are)."""
-    generator = torch.Generator().manual_seed(0)
+    generator = torch.Generator().manual_seed(0)  # makes the logits, on the CPU
+    draws = generator_for(device, 0)  # accept_tree draws on the logits' device, as the engine does
     xs, ys = [], []
     for n in (0, 1, 3, 7):
         tokens = list(range(1, n + 1))
@@ -112,10 +113,10 @@ def measure_sample(vocab: int, params, repeats: int, device: str, clock) -> tupl
         for row, token in enumerate(tokens + [0]):
             logits[row, token] += 50.0  # the next chain token (or the bonus token 0) wins
         logits = logits.to(device)
-        accept_tree(tree, logits, params, generator)
+        accept_tree(tree, logits, params, draws)
         for _ in range(repeats):
             t0 = clock()
-            accept_tree(tree, logits, params, generator)
+            accept_tree(tree, logits, params, draws)
             xs.append(n + 1)
             ys.append(clock() - t0)
     slope, intercept = np.polyfit(np.array(xs, dtype=float), np.array(ys), 1)

@@ -39,8 +39,12 @@ def build_engine(config: EnvConfig, target: "LoadedModel | None" = None, *, max_
     ``max_new_tokens`` per episode; ``seed`` (default ``config.seed``, else 0) seeds the sampler.
     """
     from draftrl.decoding.engine import EngineConfig, SpeculativeDecoder
-    from draftrl.decoding.factory import build_drafter
+    from draftrl.decoding.factory import build_drafter, check_drafter_spec
+    from draftrl.models import check_model_spec
 
+    if target is None:
+        check_model_spec(config.target, "EnvConfig.target")
+    check_drafter_spec(config.drafter)
     target = target if target is not None else shared_model(config.target, config.dtype, config.device,
                                                                   config.kernels)
     drafter = build_drafter(config.drafter, target, sampled=config.draft_sampling, dtype=config.dtype,
@@ -56,7 +60,8 @@ def build_engine(config: EnvConfig, target: "LoadedModel | None" = None, *, max_
         max_width=max(16, config.width),
         sampler=sampler,
     )
-    engine = SpeculativeDecoder(target.model, drafter, engine_config, eos_token_ids=target.eos_token_ids)
+    eos = [] if config.ignore_eos else target.eos_token_ids
+    engine = SpeculativeDecoder(target.model, drafter, engine_config, eos_token_ids=eos)
     return engine, target.tokenizer
 
 

@@ -20,7 +20,7 @@ from draftrl.config.env import EnvConfig, resolve_config
 from draftrl.signals.costs import CostTable
 from draftrl.signals.features import DRAFT_FEATURES, CostTracker, FeatureBuilder, RoundSummary
 from draftrl.envs.rewards import RewardModel
-from draftrl.envs.traces import Traces
+from draftrl.envs.traces import Traces, stored_cost_table
 from draftrl.envs.workload import SeededEpisodes, Workload, budget
 
 
@@ -170,8 +170,9 @@ class TraceReplayEnv(SeededEpisodes, gym.Env[np.ndarray, np.ndarray]):
             return CostTable.load(table)
         if config.cost_table:
             return CostTable.load(config.cost_table)
-        if trace_dir is not None and (trace_dir / "cost_table.json").is_file():
-            return CostTable.load(trace_dir / "cost_table.json")
+        stored = stored_cost_table(trace_dir) if trace_dir is not None else None
+        if stored is not None:
+            return stored
         raise ValueError(
             "TraceReplay-v0 needs a cost table for its seconds: run draftrl calibrate --json --out costs.json and "
             "pass cost_table='costs.json' (or set EnvConfig.cost_table, or collect with --cost-table)."

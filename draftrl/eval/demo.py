@@ -108,15 +108,14 @@ def _calibrate(config: DemoConfig, out: Path):
 
 
 def _collect(config: DemoConfig, out: Path, target) -> Path:
+    from draftrl.signals.costs import CostTable
     from draftrl.envs.engines import build_engine
     from draftrl.envs.traces import collect
 
     env = dataclasses.replace(config.env, split="tune", monitor=False)
     engine, tokenizer = build_engine(env, target)
     traces = collect(env, engine, tokenizer)
-    trace_dir = traces.save(out / "traces")
-    shutil.copyfile(out / "cost_table.json", Path(trace_dir) / "cost_table.json")
-    return Path(trace_dir)
+    return traces.save(out / "traces", cost_table=CostTable.load(out / "cost_table.json"))
 
 
 def _train(config: DemoConfig, out: Path, trace_dir: Path) -> dict[str, Path]:

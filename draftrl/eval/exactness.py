@@ -67,6 +67,8 @@ def monitor_verdict(monitor) -> dict:
     rep = monitor.report()
     return {
         "passed": rep["passed"],
+        "verdict": rep["verdict"],
+        "verdict_reason": rep["verdict_reason"],
         "num_tokens": rep["num_tokens"],
         "num_informative": rep["num_informative"],
         "num_drafted": rep["num_drafted"],

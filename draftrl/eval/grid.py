@@ -302,16 +302,19 @@ def write_sweep(config: EvalConfig, out: Path, config_path: str | None) -> Path:
         },
         # wandb passes the parameters as --depth=D --verify_size=V --width=W; every agent times
         # its cell interleaved with plain decoding on its own machine and logs speedup_vs_ar
+        # wandb agents cannot run offline runs (wandb/wandb#6234): the cells log online
         "command": ["${program}", "grid", "--config", str(config_path or "CONFIG.yaml"), "--out",
-                    str(out / "sweep_cells"), "--cell", "${args}"],
+                    str(out / "sweep_cells"), "--set", "wandb.mode=online", "--cell", "${args}"],
     }
+    from draftrl.io import atomic_write_text
+
     path = out / SWEEP_FILE
-    path.write_text(
+    return atomic_write_text(path,
         "# wandb sweep of the draftrl grid: `wandb sweep " + str(path) + "`, then `wandb agent ENTITY/PROJECT/ID` on\n"
         "# every machine. Speedups are measured against plain decoding on the agent's own machine.\n"
+        "# The cells run with wandb.mode=online: a sweep agent's runs cannot be offline (wandb/wandb#6234).\n"
         + yaml.safe_dump(sweep, sort_keys=False)
     )
-    return path
 
 
 def log_grid_to_wandb(config: EvalConfig, out: Path, result: dict, runs: list[RequestRun]) -> None:

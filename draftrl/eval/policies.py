@@ -110,6 +110,7 @@ def ppo_env_config(path: str, base: EnvConfig) -> tuple[EnvConfig, str]:
     Reads ``policy.json`` (grids) and, when present, the run's ``config.json`` (its env kwargs and
     the recorded config of its traces).
     """
+    from draftrl.policies.ppo import read_policy_manifest
     from draftrl.runs import MANIFEST_FILE
 
     directory = _policy_dir(path)
@@ -117,7 +118,7 @@ def ppo_env_config(path: str, base: EnvConfig) -> tuple[EnvConfig, str]:
     if not manifest_path.is_file():
         raise FileNotFoundError(f"{manifest_path} does not exist; ppo:PATH must point at a directory written by "
                                 "draftrl train (policy.zip + policy.json).")
-    manifest = json.loads(manifest_path.read_text())
+    manifest = read_policy_manifest(manifest_path)
     trained: dict[str, Any] = {}
     cfg = _run_config(path)
     trace_dir = None
@@ -134,8 +135,11 @@ def ppo_env_config(path: str, base: EnvConfig) -> tuple[EnvConfig, str]:
             trained.update(kwargs.pop("config"))
         trained.update({k: v for k, v in kwargs.items() if k in {f.name for f in dataclasses.fields(EnvConfig)}})
         if "cost_table" not in trained or not trained.get("cost_table"):
-            if trace_dir is not None and (trace_dir / "cost_table.json").is_file():
-                trained["cost_table"] = str(trace_dir / "cost_table.json")
+            from draftrl.runs import stored_cost_table_path
+
+            stored = stored_cost_table_path(trace_dir) if trace_dir is not None else None
+            if stored is not None:
+                trained["cost_table"] = str(stored)
     if trained.get("drafter") not in (None, base.drafter):
         raise ValueError(
             f"the PPO policy {path} was trained with drafter={trained['drafter']!r} but the evaluation uses "

@@ -106,6 +106,10 @@ def exactness_lines(ex: dict) -> list[str]:
     mon = ex.get("monitor", {})
     if mon.get("enabled") is False:
         lines.append("- Streaming monitor: off (`--no-monitor`).")
+    elif mon and all(v["passed"] for v in mon.values()) and ex["temperature"] > 0 and any(
+            v.get("verdict") == "inconclusive" for v in mon.values()):
+        for name, v in mon.items():
+            lines.append(f"- Monitor on `{name}`: {v.get('verdict', 'passed')} ({v.get('verdict_reason', '')}).")
     elif mon and all(v["passed"] for v in mon.values()):
         tokens = sum(v["num_tokens"] for v in mon.values())
         informative = sum(v["num_informative"] for v in mon.values())

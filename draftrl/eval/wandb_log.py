@@ -15,7 +15,12 @@ from draftrl.config.wandb import WandbConfig
 
 
 def wandb_mode(settings: WandbConfig) -> str:
-    return os.environ.get("WANDB_MODE") or settings.mode
+    """``WANDB_MODE``, else the config's mode; ``offline`` becomes ``online`` inside a sweep agent
+    (``WANDB_SWEEP_ID`` set): wandb agents cannot run offline runs (wandb/wandb#6234, #3002)."""
+    mode = os.environ.get("WANDB_MODE") or settings.mode
+    if mode == "offline" and os.environ.get("WANDB_SWEEP_ID"):
+        return "online"
+    return mode
 
 
 def start_run(settings: WandbConfig, out: Path, *, name: str, group: str, job_type: str,

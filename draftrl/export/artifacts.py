@@ -5,7 +5,7 @@ summary with the final evaluation, checkpoints).
 
 ``resolve(path)`` accepts ``DIR``, ``DIR/policy.zip`` or a checkpoint zip and pairs the model
 with the statistics saved *with it* (a checkpoint's own VecNormalize file, never the final one).
-Only json and pathlib are used here.
+The files are checked against each other (``draftrl.policies.ppo.check_policy_files``).
 """
 
 from __future__ import annotations
@@ -67,7 +67,12 @@ class TrainedPolicy:
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
-    return json.loads(path.read_text()) if path.is_file() else None
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path} is not valid JSON ({err}); restore it from the run directory.") from None
 
 
 def resolve(path: str | Path) -> TrainedPolicy:
@@ -83,14 +88,17 @@ def resolve(path: str | Path) -> TrainedPolicy:
         )
     checkpoint = is_checkpoint(model)
     run_dir = run_dir_of(model)
-    manifest = _read_json(manifest_file)
-    if manifest is None:
+    if not manifest_file.is_file():
         raise FileNotFoundError(
             f"{manifest_file} does not exist; it holds the policy's grids and feature names and "
             "`draftrl train` writes it when a run completes (finish the run with --resume)."
         )
+    from draftrl.policies.ppo import check_policy_files, read_policy_manifest
+
+    manifest = read_policy_manifest(manifest_file)
     summary = _read_json(run_dir / SUMMARY_FILE)
     config = _read_json(run_dir / CONFIG_FILE)
+    check_policy_files(manifest, manifest_file, model, vecnorm if vecnorm.is_file() else None, run_config=config)
     if config is None and summary is not None:
         config = summary.get("config")
     return TrainedPolicy(

@@ -329,6 +329,19 @@ def _sglang_algorithm(drafter: str | None, algorithm: str | None) -> str:
     return {"ngram": "NGRAM", "none": "NGRAM", "layerskip": "NGRAM"}.get(kind, "STANDALONE")
 
 
+def _sglang_draft_model(drafter: str | None, algorithm: str) -> str | None:
+    """``speculative_draft_model_path``: STANDALONE and EAGLE* load a draft model, NGRAM does not.
+
+    The training drafter's path when it was a model; a placeholder naming what is needed otherwise
+    (an n-gram-trained policy exported for EAGLE3 still needs an EAGLE-3 head)."""
+    if algorithm == "NGRAM":
+        return None
+    kind = (drafter or "ngram").partition(":")[0]
+    if kind not in ("ngram", "none", "layerskip") and algorithm == "STANDALONE":
+        return drafter
+    return "<EAGLE draft model path>" if algorithm.startswith("EAGLE") else "<draft model path>"
+
+
 def sglang_config(derivation: dict[str, Any], *, algorithm: str | None = None,
                   adaptive_file: str | None = None) -> dict[str, Any]:
     """SGLang server arguments and adaptive tiers (``speculative_adaptive_config`` JSON)."""
@@ -358,8 +371,13 @@ def sglang_config(derivation: dict[str, Any], *, algorithm: str | None = None,
                         f"topk={width}): speculative_adaptive is off; pass --algorithm EAGLE3 with an EAGLE-3 draft.")
     if k1 == 0:
         notes.insert(0, "The policy's median depth is 0 (it mostly does not speculate): run without speculation.")
+    draft_model = _sglang_draft_model(derivation["drafter"], algo)
+    if draft_model is not None and draft_model.startswith("<"):
+        notes.insert(0, f"SGLang's {algo} algorithm loads a separate draft model: replace "
+                        f"speculative_draft_model_path={draft_model} with its path or hub id.")
     server_args = None if k1 == 0 else {
         "speculative_algorithm": algo,
+        "speculative_draft_model_path": draft_model,
         "speculative_num_steps": k1,
         "speculative_eagle_topk": width,
         "speculative_num_draft_tokens": draft_tokens,

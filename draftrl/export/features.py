@@ -82,8 +82,10 @@ def _resolve_env_config(env_id: str, kwargs: dict[str, Any],
                 "start unknown). Export where the traces are to record the training settings.", stacklevel=3)
     config = resolve_config(base, overrides)
     table_path = _find(kwargs.get("cost_table") or config.cost_table, run_dir)
-    if table_path is None and trace_dir is not None and (trace_dir / "cost_table.json").is_file():
-        table_path = trace_dir / "cost_table.json"
+    if table_path is None and trace_dir is not None:
+        from draftrl.runs import stored_cost_table_path
+
+        table_path = stored_cost_table_path(trace_dir)
     table = CostTable.load(table_path) if table_path is not None else None
     return config, table, source
 

@@ -172,16 +172,25 @@ def _policy_assisted_decoding(
     streamer: Any = None,
     inputs_tensor: torch.Tensor | None = None,
     draftrl_candidate_generator: Any = None,
+    draftrl_streamer: Any = None,
+    draftrl_synced_gpus: bool | None = None,
     **model_kwargs: Any,
 ) -> Any:
-    """``custom_generate`` callable: transformers' assisted loop with our candidate generator."""
+    """``custom_generate`` callable: transformers' assisted loop with our candidate generator.
+
+    transformers hands a callable ``custom_generate`` only the keyword arguments its signature adds
+    to ``_sample``'s (``generation_mode_kwargs`` is replaced by them), so ``streamer`` and
+    ``synced_gpus`` arrive as ``draftrl_streamer`` / ``draftrl_synced_gpus`` (``policy_generate``
+    renames them) instead of being dropped."""
     if draftrl_candidate_generator is None:
         raise ValueError("call policy_generate(model, input_ids, controller, ...) rather than this function.")
     model._get_candidate_generator = draftrl_candidate_generator  # instance attribute: this call only
     try:
         return GenerationMixin._assisted_decoding(
             model, input_ids, logits_processor, stopping_criteria, generation_config,
-            synced_gpus=synced_gpus, streamer=streamer, inputs_tensor=inputs_tensor, **model_kwargs,
+            synced_gpus=bool(draftrl_synced_gpus) if draftrl_synced_gpus is not None else synced_gpus,
+            streamer=draftrl_streamer if draftrl_streamer is not None else streamer,
+            inputs_tensor=inputs_tensor, **model_kwargs,
         )
     finally:
         del model._get_candidate_generator
@@ -200,7 +209,8 @@ def policy_generate(
     """``model.generate`` (greedy or sampled, batch 1) with ``controller`` choosing each round's candidates.
 
     :param input_ids: ``[1, T]`` prompt ids.
-    :param generate_kwargs: more ``generate`` arguments (``attention_mask``, ``do_sample``, ...).
+    :param generate_kwargs: more ``generate`` arguments (``attention_mask``, ``do_sample``,
+        ``streamer``, ``synced_gpus``, ...).
     :return: (what ``generate`` returns, the candidate generator: its ``rounds`` log every decision).
     """
     if input_ids.shape[0] != 1:
@@ -223,6 +233,9 @@ def policy_generate(
         return generator
 
     generate_kwargs.setdefault("do_sample", False)
+    # generate() puts the prompt into the streamer itself; the decoding loop needs it under our key too
+    generate_kwargs["draftrl_streamer"] = generate_kwargs.get("streamer")
+    generate_kwargs["draftrl_synced_gpus"] = generate_kwargs.get("synced_gpus")
     output = model.generate(
         input_ids,
         max_new_tokens=max_new_tokens,

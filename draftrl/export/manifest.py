@@ -10,7 +10,9 @@ Everything a runtime needs besides the network, and everything a reader needs to
     feature_names     the observation entries, in the order the network reads them
     normalization     {"mean", "var", "clip_obs", "epsilon"} of SB3's VecNormalize, or null:
                       x = clip((obs - mean) / sqrt(var + epsilon), -clip_obs, clip_obs) in float64,
-                      then cast to float32 (SB3's own order of operations)
+                      then cast to float32 (SB3's own order of operations); the exported graph
+                      computes it itself (``io.inputs[0].normalized`` is false), the entry is kept
+                      for readers and for runtimes of older exports (``normalized`` true)
     action            {"heads": [...], "nvec": [...], "depths", "verify_sizes", "width",
                        "continue_action", "deterministic": how an action is chosen}
     io                {"inputs": [...], "outputs": [...]}: names, shapes ("batch" = any), dtypes
@@ -36,7 +38,8 @@ from typing import Any
 import numpy as np
 
 FORMAT = "draftrl-policy-export/1"
-#: ONNX / TorchScript input: the NORMALISED observation, ``[batch, len(feature_names)]`` float32.
+#: ONNX / TorchScript input: the RAW observation, ``[batch, len(feature_names)]`` float32 (the graph
+#: normalises it; exports whose manifest says ``normalized: true`` take the normalised one).
 INPUT_NAME = "observation"
 #: Output: the deterministic action, ``[batch, len(heads)]`` int64 (indices into the grids).
 ACTION_NAME = "action"
@@ -55,9 +58,10 @@ def logits_name(head: str) -> str:
 
 
 def write_manifest(file: str | Path, manifest: dict[str, Any]) -> Path:
-    path = manifest_path(file)
-    path.write_text(json.dumps(manifest, indent=2, allow_nan=False) + "\n")
-    return path
+    """Write ``FILE.json`` atomically (refusing NaN: a manifest is read by other programs)."""
+    from draftrl.io import atomic_write_text
+
+    return atomic_write_text(manifest_path(file), json.dumps(manifest, indent=2, allow_nan=False) + "\n")
 
 
 def read_manifest(file: str | Path) -> dict[str, Any]:
@@ -75,10 +79,32 @@ def read_manifest(file: str | Path) -> dict[str, Any]:
             f"{path} does not exist; `draftrl export` writes it beside {file.name} (the network alone cannot be used: "
             "it needs the feature order, normalisation and grids)."
         )
-    manifest = json.loads(path.read_text())
-    if manifest.get("format") != FORMAT:
+    try:
+        manifest = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path} is not valid JSON ({err}); re-export the policy with draftrl export.") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        manifest = manifest if isinstance(manifest, dict) else {}
         raise ValueError(f"{path} has format {manifest.get('format')!r}, expected {FORMAT!r}; re-export the policy.")
+    check_fields(manifest, path)
     return manifest
+
+
+#: what a runtime reads from a manifest: top-level keys, and the keys of ``action``
+REQUIRED = ("backend", "kind", "feature_names", "normalization", "action", "io")
+REQUIRED_ACTION = ("heads", "nvec", "depths", "verify_sizes")
+
+
+def check_fields(manifest: dict[str, Any], where: str | Path) -> None:
+    """Raise one ``ValueError`` line naming the first field a runtime needs that is missing."""
+    missing = [k for k in REQUIRED if k not in manifest]
+    if not missing and isinstance(manifest["action"], dict):
+        missing = [f"action.{k}" for k in REQUIRED_ACTION if k not in manifest["action"]]
+    elif not missing:
+        missing = ["action"]
+    if missing:
+        raise ValueError(f"the manifest {where} lacks or mangles {missing[0]!r}; re-export the policy with "
+                         "draftrl export.")
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,11 @@
 """Export the policy network alone (no value head, no optimiser) to ONNX or TorchScript.
 
 As in SB3's export guide, only ``model.policy``'s actor path is exported: features extractor ->
-``mlp_extractor.forward_actor`` -> ``action_net``. The graph's input is the NORMALISED
-observation; normalisation (VecNormalize statistics) lives in the manifest and is applied by the
-runtime (``draftrl.export.controller``), exactly as SB3 applies it before ``predict``.
+``mlp_extractor.forward_actor`` -> ``action_net``. The graph's input is the RAW observation: the
+VecNormalize statistics are constants of the graph, which computes SB3's normalisation operation
+for operation (``clip((obs - mean) / sqrt(var + epsilon), -clip_obs, clip_obs)`` in float64, then
+float32), so the ``.onnx`` file runs on its own. The manifest keeps the statistics too (for
+readers, and for exports made before the graph carried them: ``io.inputs[0].normalized``).
 
 Outputs: ``logits_<head>`` ``[batch, nvec[i]]`` per action head, and ``action`` ``[batch, heads]``
 int64 = argmax of each head's logits (the first maximum on ties, in torch and in ONNX ArgMax).
@@ -49,20 +51,30 @@ CHECK_OBSERVATIONS = 4096
 
 
 class PolicyNetwork(nn.Module):
-    """SB3 actor path of an ``ActorCriticPolicy`` with discrete heads.
+    """SB3 actor path of an ``ActorCriticPolicy`` with discrete heads, VecNormalize in front.
 
-    ``forward(observation [B, F] float32, normalised) -> (*logits_per_head, action [B, H] int64)``.
+    ``forward(observation [B, F] float32, raw) -> (*logits_per_head, action [B, H] int64)``.
+
+    :param normalization: the training run's observation statistics, or None (no VecNormalize).
     """
 
-    def __init__(self, policy: Any, nvec: list[int]):
+    def __init__(self, policy: Any, nvec: list[int], normalization: Normalization | None = None):
         super().__init__()
         self.features_extractor = copy.deepcopy(getattr(policy, "pi_features_extractor", policy.features_extractor))
         self.mlp_extractor = copy.deepcopy(policy.mlp_extractor)
         self.action_net = copy.deepcopy(policy.action_net)
         self.nvec = [int(n) for n in nvec]
+        self.normalizes = normalization is not None
+        if normalization is not None:
+            self.register_buffer("obs_mean", torch.as_tensor(normalization.mean, dtype=torch.float64))  # [F]
+            self.register_buffer("obs_std", torch.as_tensor(normalization.std, dtype=torch.float64))  # [F]
+            self.clip_obs = float(normalization.clip_obs)
         self.eval()
 
     def forward(self, observation: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if self.normalizes:  # SB3's VecNormalize.normalize_obs: float64, then float32 into the policy
+            scaled = (observation.double() - self.obs_mean) / self.obs_std
+            observation = torch.clamp(scaled, -self.clip_obs, self.clip_obs).float()
         features = self.features_extractor(observation)
         latent = self.mlp_extractor.forward_actor(features)
         logits = self.action_net(latent)  # [B, sum(nvec)]
@@ -165,7 +177,7 @@ def build_manifest(trained: TrainedPolicy, model: Any, normalizer: Any, backend:
         },
         "io": {
             "inputs": [{"name": INPUT_NAME, "shape": ["batch", len(names)], "dtype": "float32",
-                        "normalized": True}],
+                        "normalized": False}],
             "outputs": [{"name": logits_name(h), "shape": ["batch", n], "dtype": "float32"} for h, n in zip(heads, nvec)]
             + [{"name": ACTION_NAME, "shape": ["batch", len(heads)], "dtype": "int64"}],
         },
@@ -231,7 +243,7 @@ def export(
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     manifest = build_manifest(trained, model, normalizer, backend, out)
-    net = PolicyNetwork(model.policy, manifest["action"]["nvec"])
+    net = PolicyNetwork(model.policy, manifest["action"]["nvec"], Normalization.from_manifest(manifest["normalization"]))
     example = torch.zeros(1, len(trained.feature_names), dtype=torch.float32)
     heads = manifest["action"]["heads"]
     output_names = [logits_name(h) for h in heads] + [ACTION_NAME]
@@ -285,7 +297,8 @@ def load_runner(path: str | Path, manifest: dict[str, Any], threads: int = 1) ->
 
 
 def check_export(out: Path, manifest: dict[str, Any], model: Any, num: int, seed: int) -> dict[str, Any]:
-    """Compare the exported file with SB3 on ``num`` normalised observations; raise on disagreement."""
+    """Compare the exported file (raw observations in) with SB3 (normalised by the run's statistics)
+    on ``num`` observations; raise on disagreement."""
     if num <= 0:
         return {"num_observations": 0}
     obs = sample_observations(model, num, seed)
@@ -295,7 +308,7 @@ def check_export(out: Path, manifest: dict[str, Any], model: Any, num: int, seed
     expected_action, _ = model.predict(x, deterministic=True)
     expected_action = np.asarray(expected_action).reshape(num, -1)
     runner = load_runner(out, manifest)
-    outputs = runner.run_normalized(x)
+    outputs = runner.run(obs)
     got_logits, got_action = outputs[:-1], outputs[-1]
     # SB3's logits are log-softmax normalised; compare after centring each head on its own max
     diffs = [

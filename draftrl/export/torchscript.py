@@ -18,16 +18,21 @@ from draftrl.export.manifest import read_manifest
 
 
 class TorchScriptRunner:
-    """``run_normalized(x [B, F] float32) -> [*logits per head, action]`` with a traced module."""
+    """``run(x [B, F] float32) -> [*logits per head, action]`` with a traced module."""
 
     def __init__(self, path: str | Path, manifest: dict[str, Any], threads: int | None = None):
-        self.module = torch.jit.load(str(path), map_location="cpu").eval()
+        try:
+            self.module = torch.jit.load(str(path), map_location="cpu").eval()
+        except Exception as err:  # RuntimeError from a file that is not TorchScript
+            reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise ValueError(f"{path} is not a loadable TorchScript module ({reason}); re-export it with draftrl "
+                             "export --format torchscript.") from None
 
     def _run(self, x: np.ndarray) -> tuple[torch.Tensor, ...]:
         with torch.inference_mode():
             return self.module(torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)))
 
-    def run_normalized(self, x: np.ndarray) -> list[np.ndarray]:
+    def run(self, x: np.ndarray) -> list[np.ndarray]:
         return [t.numpy() for t in self._run(x)]
 
     def run_action(self, x: np.ndarray) -> np.ndarray:

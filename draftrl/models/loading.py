@@ -93,7 +93,42 @@ def load_model(spec: str, *, dtype: str = "float32", device: str = "cpu", kernel
     return LoadedModel(model=model, tokenizer=tokenizer, name=name, kernels=plan)
 
 
-def _local_or_hub(spec: str) -> tuple[str, str]:
+def check_model_spec(spec: str, what: str = "model") -> None:
+    """Fail at once, before anything loads, on a spec that cannot name a model here.
+
+    A known name or an existing directory passes. Anything else is a hub id: with
+    ``HF_HUB_OFFLINE`` set, or when the hub does not answer a TCP connection within a few seconds,
+    it is refused with one line (instead of transformers' minute-long retries ending in the same
+    error) unless the id is already in the Hugging Face cache.
+    """
+    if spec in KNOWN_MODELS:
+        return
+    _local_or_hub(spec, what)
+
+
+def _hub_cached(spec: str) -> bool:
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        return isinstance(try_to_load_from_cache(spec, "config.json"), str)
+    except Exception:  # a malformed id: not cached
+        return False
+
+
+def _hub_reachable(timeout: float = 3.0) -> bool:
+    import os
+    import socket
+    from urllib.parse import urlparse
+
+    url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    try:
+        socket.create_connection((url.hostname or "huggingface.co", url.port or 443), timeout=timeout).close()
+    except OSError:
+        return False
+    return True
+
+
+def _local_or_hub(spec: str, what: str = "model") -> tuple[str, str]:
     """(what to pass to ``from_pretrained``, display name) for a spec that is not a known name."""
     path = Path(spec).expanduser()
     if path.exists():
@@ -109,6 +144,16 @@ def _local_or_hub(spec: str) -> tuple[str, str]:
             f"model directory {spec!r} does not exist; pass an existing directory, a hub id, "
             f"or one of: {', '.join(KNOWN_MODELS)}"
         )
+    import os
+
+    if not _hub_cached(spec):
+        offline = os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+        if offline or not _hub_reachable():
+            why = "HF_HUB_OFFLINE is set" if offline else "the model hub is not reachable from here"
+            raise FileNotFoundError(
+                f"{what} {spec!r} is neither a known name nor an existing directory, and {why}; pass a local "
+                f"directory with a transformers causal LM, or one of: {', '.join(KNOWN_MODELS)}"
+            )
     return spec, spec
 
 

@@ -34,6 +34,30 @@ def check_same_vocab(target_tokenizer: HasVocab, draft_tokenizer: HasVocab) -> N
     )
 
 
+def check_same_logits(target_model, draft_model) -> None:
+    """Raise ``ValueError`` unless both models score the same number of token ids.
+
+    Tokenizers can agree while the embedding matrices differ (padded to another multiple, or
+    resized after adding tokens); the sampler then compares p and q of different lengths. Both
+    models need transformers' ``get_output_embeddings()`` (or ``config.vocab_size``).
+    """
+    target_size, draft_size = _num_logits(target_model), _num_logits(draft_model)
+    if None not in (target_size, draft_size) and target_size != draft_size:
+        raise ValueError(
+            f"Draft and target share a tokenizer but score different numbers of ids (target logits {target_size} vs "
+            f"draft {draft_size}, the embedding sizes); pick a draft model whose vocab_size is {target_size}."
+        )
+
+
+def _num_logits(model) -> int | None:
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    weight = getattr(head, "weight", None)
+    if weight is not None:
+        return int(weight.shape[0])
+    size = getattr(getattr(model, "config", None), "vocab_size", None)
+    return int(size) if size is not None else None
+
+
 def _by_id(vocab: dict[str, int]) -> dict[int, str]:
     return {token_id: token for token, token_id in vocab.items()}
 

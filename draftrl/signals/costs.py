@@ -73,6 +73,12 @@ class CostTable:
             )
         if self.draft_level_seconds.shape != self.draft_widths.shape:
             raise ValueError("cost table draft.level_seconds must have one entry per draft.widths entry.")
+        for name in ("num_tokens", "context_lens", "verify_seconds", "draft_widths", "draft_level_seconds",
+                     "draft_base_seconds", "sample_base_seconds", "sample_token_seconds", "noise"):
+            values = np.asarray(getattr(self, name), dtype=np.float64)
+            if not np.all(np.isfinite(values)):
+                raise ValueError(f"cost table {name} holds non-finite values ({values.tolist()}); "
+                                 "measure it again with draftrl calibrate --json --out FILE.")
         if np.any(self.verify_seconds <= 0):
             raise ValueError("cost table verify.seconds must be positive everywhere.")
 
@@ -147,16 +153,30 @@ class CostTable:
             )
         except KeyError as err:
             raise ValueError(f"{source} lacks key {err}; regenerate it with draftrl calibrate --out FILE.") from None
+        except (TypeError, ValueError) as err:
+            if str(err).startswith("cost table"):
+                raise ValueError(f"{source}: {err}") from None
+            raise ValueError(f"{source} holds a malformed value ({err}); regenerate it with draftrl calibrate --out FILE.") from None
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+        """Write the table as JSON, atomically (a temporary file, then a rename)."""
+        from draftrl.io import write_json
+
+        write_json(path, self.to_dict())
 
     @classmethod
     def load(cls, path: str | Path) -> "CostTable":
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"cost table {path} does not exist; write one with draftrl calibrate --json --out {path}")
-        return cls.from_dict(json.loads(path.read_text()), source=str(path))
+        try:
+            data = json.loads(path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise ValueError(f"cost table {path} is not valid JSON ({err}); write it with draftrl calibrate --json "
+                             f"--out {path}") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"cost table {path} must hold a JSON object; write it with draftrl calibrate --json --out {path}")
+        return cls.from_dict(data, source=str(path))
 
 
 def hardware_info(device: str = "cpu") -> dict:

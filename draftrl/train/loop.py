@@ -25,7 +25,7 @@ from draftrl.config import to_dict
 from draftrl.policies import env_grids
 from draftrl.io import write_json
 from draftrl.policies.ppo import write_manifest
-from draftrl.runs import STATE_FILE, SUMMARY_FILE, VECNORMALIZE_FILE, latest_checkpoint
+from draftrl.runs import CHECKPOINTS_DIR, STATE_FILE, SUMMARY_FILE, VECNORMALIZE_FILE, checkpoints
 from draftrl.train.callbacks import RolloutCheckpoint, ThroughputCallback, make_logger
 from draftrl.train.envs import detached, first_env
 from draftrl.train.evaluation import evaluate_run
@@ -53,6 +53,46 @@ def load_normalizer(path: Path | None) -> VecNormalize | None:
         return pickle.load(f)
 
 
+def resume_checkpoint(directory: Path, normalizes: bool) -> tuple[Path, Path | None, int] | None:
+    """The newest checkpoint in ``directory/checkpoints`` that can be resumed from, or None if there is none.
+
+    A checkpoint whose zip is damaged (an interrupted or corrupted write), or that lacks its
+    VecNormalize file when training normalises (``normalizes``), is skipped with a warning naming
+    it: resuming from it would crash, or continue with fresh statistics the weights never saw.
+
+    :raises ValueError: checkpoints exist but none is usable (start a new ``--out``).
+    """
+    import sys
+    import zipfile
+
+    found = checkpoints(directory)
+    for model_zip, vecnorm, steps in found:
+        problem = None
+        try:
+            with zipfile.ZipFile(model_zip) as archive:
+                damaged = archive.testzip()
+            if damaged is not None:
+                problem = f"member {damaged} is damaged"
+        except (zipfile.BadZipFile, OSError) as err:
+            problem = f"{type(err).__name__}: {err}"
+        if problem is None and normalizes:
+            if vecnorm is None:
+                problem = "its VecNormalize statistics are missing"
+            else:
+                try:
+                    load_normalizer(vecnorm)
+                except Exception as err:  # UnpicklingError, EOFError: a damaged file
+                    problem = f"{vecnorm.name} is unreadable ({type(err).__name__})"
+        if problem is None:
+            return model_zip, vecnorm, steps
+        print(f"draftrl train: warning: skipping checkpoint {model_zip} ({problem}); resuming from an older one.",
+              file=sys.stderr)
+    if found:
+        raise ValueError(f"no usable checkpoint in {directory / CHECKPOINTS_DIR} (all {len(found)} are damaged or lack "
+                         "their VecNormalize statistics); start a new run with another --out.")
+    return None
+
+
 def learn_phases(
     cfg: TrainConfig,
     phases: Sequence[Phase],
@@ -76,7 +116,7 @@ def learn_phases(
     :param start_from: a saved policy directory to continue training from when there is no
         checkpoint (co-training's later rounds), else a fresh PPO.
     """
-    checkpoint = latest_checkpoint(directory) if resume else None
+    checkpoint = resume_checkpoint(directory, cfg.ppo.normalize_obs or cfg.ppo.normalize_reward) if resume else None
     model: PPO | None = None
     grids: tuple | None = None
     if checkpoint is not None:

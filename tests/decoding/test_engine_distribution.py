@@ -57,13 +57,7 @@ def expected_joint(tree: DraftTree, probs: torch.Tensor) -> dict[tuple[int, ...]
     return out
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Thousands of O(V) walks: one thread avoids oversubscribing a small machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/decoding/conftest.py
 
 
 @pytest.fixture(scope="module")

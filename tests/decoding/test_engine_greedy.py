@@ -96,3 +96,28 @@ def test_width_one_tree_equals_chain(smollm2, references):
     ids, ref = references["en"]
     out, _ = decode(smollm2.model, LayerSkipDrafter(smollm2.model, 12), ids, depth=4, width=1, verify_size=2)
     assert out == ref
+
+
+def test_prompt_beyond_the_context_is_refused_or_truncated_explicitly(capsys):
+    """Finding 4: a prompt longer than the model's context minus max_new_tokens ran to the end with
+    exit 0 and no warning; now the engine refuses it, and generate --truncate-prompt keeps its tail."""
+    import pytest
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from draftrl.cli.generate import fit_prompt
+    from draftrl.decoding.engine import EngineConfig, SpeculativeDecoder
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=32)).eval()
+    engine = SpeculativeDecoder(model, None, EngineConfig(max_new_tokens=8))
+    assert engine.max_context == 32
+    with pytest.raises(ValueError, match=r"30 tokens and max_new_tokens=8, 38 in all, beyond the target's context of "
+                                         r"32 tokens; shorten the prompt to 24 tokens"):
+        engine.start(list(range(1, 31)))
+    engine.start(list(range(1, 25)))  # 24 + 8 fits
+    with pytest.raises(ValueError, match="truncate-prompt"):
+        fit_prompt(list(range(30)), 8, 32, truncate=False)
+    assert fit_prompt(list(range(30)), 8, 32, truncate=True) == list(range(6, 30))
+    assert "truncated from 30 to its last 24 tokens" in capsys.readouterr().err

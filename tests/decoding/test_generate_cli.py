@@ -88,3 +88,16 @@ def test_generate_with_several_eos_ids_in_the_model_config(multi_eos_model, caps
     second = _generate(capsys, multi_eos_model)
     cut = first["token_ids"].index(stop) + 1
     assert second["token_ids"] == first["token_ids"][:cut]
+def test_ignore_eos_runs_a_sampled_negative_control_to_length(smollm2, capsys):
+    """Finding 10: at temperature 1 the 135M model ends within a few tokens and the monitor then
+    read ``passed`` on almost nothing. --ignore-eos decodes to length; the verdict names the
+    evidence it still lacks instead of passing."""
+    common = ["generate", "--chat", "--prompt", "Say hi.", "--temperature", "1", "--depth", "2", "--json",
+              "--sampler", "resample-from-p", "--seed", "3"]
+    assert main([*common, "--max-new-tokens", "48"]) == 0
+    short = json.loads(capsys.readouterr().out)
+    assert short["exactness"]["verdict"] == "inconclusive"
+    assert main([*common, "--max-new-tokens", "48", "--ignore-eos"]) == 0
+    full = json.loads(capsys.readouterr().out)
+    assert len(full["token_ids"]) == 48 and full["stop_reason"] == "length"
+    assert full["exactness"]["verdict"] in ("inconclusive", "failed")  # 48 tokens < the 200 the first check needs

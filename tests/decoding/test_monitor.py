@@ -244,6 +244,21 @@ def test_greedy_stream_tests_nothing():
     assert monitor.passed and rep["num_informative"] == 0 and rep["num_tokens"] == 10 * n
 
 
+@pytest.mark.parametrize("num_tokens", [1, 11, 199])
+def test_verdict_is_inconclusive_before_the_first_check(num_tokens):
+    """Finding 10: on a few tokens (a negative control that stopped at EOS) the report said
+    ``passed``; the verdict waits for the informative tokens its stated power needs."""
+    config = MonitorConfig()
+    monitor, raised = run_monitor(simulate_stream("resample_from_p", num_tokens, np.random.default_rng(1)), config)
+    rep = monitor.report()
+    assert not raised and rep["num_informative"] < config.min_tokens
+    assert rep["verdict"] == "inconclusive" and f"of the {config.min_tokens}" in rep["verdict_reason"]
+    full, _ = run_monitor(simulate_stream("exact", 400, np.random.default_rng(2)), config)
+    assert full.report()["num_informative"] >= config.min_tokens and full.report()["verdict"] == "passed"
+    wrong, raised = run_monitor(simulate_stream("resample_from_p", 6000, np.random.default_rng(100)), config, chunk=97)
+    assert raised and wrong.report()["verdict"] == "failed"
+
+
 def test_float32_rounding_on_flat_distributions_is_not_evidence():
     """Uniform p over k tokens: log p + H = 0 exactly, float32 rounding must not fire the entropy test."""
     rng = np.random.default_rng(0)

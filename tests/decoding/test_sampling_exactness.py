@@ -43,13 +43,7 @@ MIN_EXPECTED_COUNT = 25
 CONTROL_MARGIN = 8.0
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Batched ops here are small and many: one intra-op thread is faster, and much faster on a busy machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/decoding/conftest.py
 
 
 def bonferroni_z(num_cells: int, alpha: float = 1e-3) -> float:

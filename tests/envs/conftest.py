@@ -144,5 +144,5 @@ def shared_smollm2(smollm2):
     """The session's SmolLM2, also registered as the envs' per-process shared copy."""
     from draftrl.envs import engines
 
-    engines._LOADED[("smollm2-135m", "float32", "cpu")] = smollm2
+    engines._LOADED[("smollm2-135m", "float32", "cpu", None)] = smollm2  # key of shared_model(spec, dtype, device, kernels)
     return smollm2

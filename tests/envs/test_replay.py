@@ -302,3 +302,33 @@ def test_real_and_replay_depth_envs_agree(recorded):
     env = gym.make("draftrl/TraceReplayDepth-v0", traces=str(directory), depth_shaping=True)
     gym_check_env(env.unwrapped)
     sb3_check_env(env.unwrapped)
+
+
+def test_collect_keeps_finished_prompts_and_resumes(shared_smollm2, tmp_path):
+    """Finding 8 (SIGINT during collect lost all work): each finished prompt is kept in the partial
+    directory; the next run decodes only the rest and yields the same traces as one whole run."""
+    import dataclasses
+
+    from draftrl.envs.traces import _ARRAYS
+
+    config = EnvConfig(**WORKLOAD, seed=0)
+    engine, tokenizer = build_engine(config, shared_smollm2)
+    partial = tmp_path / "out" / ".partial"
+
+    def interrupt_after_first(index, prompt, seconds):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        collect(config, engine, tokenizer, partial_dir=partial, progress=interrupt_after_first)
+    assert sorted(p.name for p in partial.glob("*.npz")) == ["00000.npz"]
+    seen = []
+    resumed = collect(config, engine, tokenizer, partial_dir=partial, progress=lambda i, p, s: seen.append(i))
+    assert seen == [1]  # the finished prompt was not decoded again
+    whole = collect(config, engine, tokenizer)
+    for name in _ARRAYS:
+        np.testing.assert_array_equal(getattr(resumed, name), getattr(whole, name))
+    assert resumed.budgets == whole.budgets and resumed.stop_reasons == whole.stop_reasons
+    with pytest.raises(ValueError, match="interrupted collection of another config"):
+        collect(dataclasses.replace(config, max_new_tokens=12), engine, tokenizer, partial_dir=partial)
+    resumed.save(tmp_path / "out")
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["trace.json", "trace.npz"]  # partial gone

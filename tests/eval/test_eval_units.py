@@ -107,11 +107,26 @@ def test_sweep_file_runs_the_grid_cell_command(tmp_path):
     assert sweep["parameters"]["depth"]["values"] == list(config.grid.depths)
     assert sweep["command"][:2] == ["${program}", "grid"] and "--cell" in sweep["command"]
     assert sweep["command"][-1] == "${args}"
+    assert "wandb.mode=online" in sweep["command"] and "online" in path.read_text().splitlines()[2]
     # the flags wandb passes parse
     from draftrl.cli import build_parser
 
     args = build_parser().parse_args(["grid", "--out", "x", "--cell", "--depth=4", "--verify_size=2", "--width=1"])
     assert (args.depth, args.verify_size, args.width, args.cell) == (4, 2, 1, True)
+
+
+def test_sweep_agents_run_online(monkeypatch):
+    """wandb agents cannot run offline runs: inside an agent (WANDB_SWEEP_ID) offline becomes online."""
+    from draftrl.config.wandb import WandbConfig
+    from draftrl.eval.wandb_log import wandb_mode
+
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.delenv("WANDB_SWEEP_ID", raising=False)
+    assert wandb_mode(WandbConfig(mode="offline")) == "offline"
+    monkeypatch.setenv("WANDB_SWEEP_ID", "abc123")
+    assert wandb_mode(WandbConfig(mode="offline")) == "online"
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    assert wandb_mode(WandbConfig(mode="offline")) == "disabled"
 
 
 # ----------------------------------------------------------------------------- metrics
@@ -208,3 +223,36 @@ def test_demo_refuses_to_overwrite_without_force(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 2 and "--force" in err
     assert (tmp_path / "grid").is_dir()
+
+
+def test_terminal_table_prints_ppo_labels_verbatim(capsys):
+    """Finding 11: rich read ``[ppo_size]`` as markup and printed both PPO rows as ``ppo``."""
+    from draftrl.cli.eval import print_policy_table
+
+    row = {"speedup_vs_ar": 1.5, "tokens_per_second": 10.0, "mean_tokens_per_round": 2.0,
+           "time_to_first_token_mean": 0.1, "itl_p50": 0.01, "itl_p95": 0.02, "itl_p99": 0.03,
+           "peak_memory_bytes": 2**20}
+    results = {"policies": {"ar": dict(row, speedup_vs_ar=1.0), "ppo[ppo_size]": row, "ppo[ppo_depth]": row}}
+    print_policy_table(results, "held-out [2 requests]")
+    out = capsys.readouterr().out
+    assert "ppo[ppo_size]" in out and "ppo[ppo_depth]" in out and "[2 requests]" in out
+
+
+def test_progress_lines_keep_a_log_alive(monkeypatch):
+    """Long phases printed nothing to a non-TTY log for minutes: a heartbeat line comes at least
+    every interval even when no update arrives, and updates in between are throttled."""
+    import io
+    import time
+
+    from draftrl.cli._output import progress_lines
+
+    stream = io.StringIO()
+    with progress_lines("grid", interval=0.2, stream=stream) as update:
+        update(1, 4, "d2_v0_w1")
+        for _ in range(50):  # updates faster than the interval: not one line each
+            update(1, 4, "d2_v0_w1")
+        time.sleep(0.7)  # nothing updates: heartbeats
+        update(4, 4, "done")
+    lines = stream.getvalue().splitlines()
+    assert 3 <= len(lines) <= 8, lines
+    assert lines[0].startswith("[grid] 1/4 d2_v0_w1") and lines[-1].startswith("[grid] 4/4 done")

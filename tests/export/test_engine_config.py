@@ -98,11 +98,23 @@ def test_sglang_config_has_the_expected_keys(analytic_run, tmp_path):
         assert steps == sorted(set(steps)) and all(isinstance(s, int) and 0 <= s <= 12 for s in steps)
     assert derivation["k1"] in tiers["1"]["candidate_steps"]
     assert "--speculative-adaptive" in config["launch_args"] and "--speculative-num-steps" in config["launch_args"]
+    # EAGLE3 loads a separate draft model: the key is there, and the notes say what to put in it
+    assert args["speculative_draft_model_path"] == "<EAGLE draft model path>"
+    assert "--speculative-draft-model-path" in config["launch_args"] and "speculative_draft_model_path" in config["notes"][0]
     # the n-gram default: SGLang's adaptive mode needs EAGLE, so it is switched off and the file says why
     main(["export", str(analytic_run), "--format", "sglang", "--out", str(tmp_path / "ngram.json")])
     ngram = json.loads((tmp_path / "ngram.json").read_text())
     assert ngram["server_args"]["speculative_algorithm"] == "NGRAM"
     assert ngram["server_args"]["speculative_adaptive"] is False and "EAGLE" in ngram["notes"][0]
+    assert ngram["server_args"]["speculative_draft_model_path"] is None  # NGRAM drafts from the context
+
+
+def test_sglang_standalone_gets_the_draft_model_path():
+    derivation = {"k1": 3, "width": 1, "verify_size": 0, "drafter": "/models/smollm2-135m",
+                  "depth_by_batch": [[1, 512, 3]], "deepest_common_by_batch": [[1, 512, 4]], "common_depths": [2, 3]}
+    args = ec.sglang_config(derivation)["server_args"]
+    assert args["speculative_algorithm"] == "STANDALONE"
+    assert args["speculative_draft_model_path"] == "/models/smollm2-135m"
 
 
 def test_replay_policy_configs_follow_its_drafter(replay_run, tmp_path):

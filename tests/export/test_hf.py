@@ -92,3 +92,26 @@ def test_hf_adapter_refuses_policies_it_cannot_feed(shared_target, analytic_expo
     ids = encode(shared_target, PROMPTS[0])
     with pytest.raises(ValueError, match="cannot drive an engine"):
         policy_generate(shared_target.model, ids, PolicyController(analytic_exports["onnx"]), max_new_tokens=4)
+
+
+def test_policy_generate_keeps_the_streamer(shared_target, replay_exports, references):
+    """transformers drops ``streamer`` for a callable ``custom_generate``; policy_generate passes it
+    through, so a streamer sees the prompt and then every generated token, in order."""
+    from transformers.generation.streamers import BaseStreamer
+
+    class Recorder(BaseStreamer):
+        def __init__(self):
+            self.chunks, self.ended = [], False
+
+        def put(self, value):
+            self.chunks.append(value.reshape(-1).tolist())
+
+        def end(self):
+            self.ended = True
+
+    ids = encode(shared_target, PROMPTS[0])
+    streamer = Recorder()
+    out, _ = policy_generate(shared_target.model, ids, PolicyController(replay_exports["onnx"]),
+                             max_new_tokens=MAX_NEW_TOKENS, attention_mask=torch.ones_like(ids), streamer=streamer)
+    assert streamer.chunks[0] == ids[0].tolist() and streamer.ended
+    assert [t for chunk in streamer.chunks[1:] for t in chunk] == out[0, ids.shape[1]:].tolist() == references[0]

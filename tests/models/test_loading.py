@@ -10,6 +10,7 @@ import transformers
 
 from draftrl.models import fetch as fetch_module
 from draftrl.models import has_fast_linear, kernel_plan, list_models, load_model
+from draftrl.models import loading
 
 
 def test_default_model_is_ready_for_inference(smollm2) -> None:
@@ -64,11 +65,33 @@ def test_unreachable_hub_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
         raise OSError("We couldn't connect to 'https://huggingface.co' to load the files.\nCheck your connection.")
 
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", offline)
+    monkeypatch.setattr(loading, "_hub_reachable", lambda timeout=3.0: True)  # the hub answers, the load fails
     with pytest.raises(FileNotFoundError) as info:
         load_model("SomeOrg/some-model")
     message = str(info.value)
     assert "\n" not in message
     assert "'SomeOrg/some-model'" in message and "couldn't connect" in message and "smollm2-135m" in message
+
+
+@pytest.mark.parametrize("why", ["HF_HUB_OFFLINE", "unreachable"])
+def test_unknown_name_fails_at_once_without_a_hub(monkeypatch: pytest.MonkeyPatch, why: str) -> None:
+    """A typo (``--drafter foo``) is refused before transformers spends a minute on hub retries."""
+    import time
+
+    calls = []
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda *a, **k: calls.append(a))
+    if why == "HF_HUB_OFFLINE":
+        monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    else:
+        monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+        monkeypatch.setattr(loading, "_hub_reachable", lambda timeout=3.0: False)
+    start = time.perf_counter()
+    with pytest.raises(FileNotFoundError, match="'foo' is neither a known name nor an existing directory") as info:
+        loading.check_model_spec("foo", "drafter")
+    with pytest.raises(FileNotFoundError):
+        load_model("foo")
+    assert time.perf_counter() - start < 1.0 and not calls
+    assert "\n" not in str(info.value) and "smollm2-135m" in str(info.value)
 
 
 @pytest.mark.parametrize(

@@ -40,3 +40,22 @@ def test_error_names_first_mismatching_id() -> None:
 def test_error_when_one_vocab_extends_the_other() -> None:
     with pytest.raises(ValueError, match=r"token id 3 \(target <none> vs draft 'ef'; vocab 3 vs 4\)"):
         check_same_vocab(_tokenizer(["<unk>", "ab", "cd"]), _tokenizer(["<unk>", "ab", "cd", "ef"]))
+
+
+def _tiny_llama(vocab_size: int):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=vocab_size, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=2)
+    return LlamaForCausalLM(config)
+
+
+def test_same_tokenizer_other_embedding_size_is_refused() -> None:
+    """Tokenizers can agree while the embeddings are padded differently; the sampler would then
+    compare p and q of different lengths, so the pair is refused with the size to pick."""
+    from draftrl.models import check_same_logits
+
+    check_same_logits(_tiny_llama(64), _tiny_llama(64))
+    with pytest.raises(ValueError, match=r"target logits 64 vs draft 72.*vocab_size is 64") as info:
+        check_same_logits(_tiny_llama(64), _tiny_llama(72))
+    assert "\n" not in str(info.value)

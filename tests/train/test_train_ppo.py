@@ -322,3 +322,25 @@ def test_gamma_defaults_per_policy_kind(tmp_path):
     from stable_baselines3 import PPO
 
     assert PPO.load(tmp_path / "policy.zip").gamma == 0.5 and summary["config"]["ppo"]["gamma"] is None
+
+
+@pytest.mark.parametrize("damage", ["truncated zip", "missing statistics"])
+def test_resume_skips_a_damaged_newest_checkpoint(tmp_path, capsys, damage):
+    """A truncated newest checkpoint blocked --resume, and one without its VecNormalize file resumed
+    with fresh statistics; now --resume falls back to the previous checkpoint with a warning."""
+    cfg = tiny()
+    assert ppo_size.train(cfg, tmp_path, callbacks=[StopAt(600)]) is None
+    newest = tmp_path / "checkpoints" / "ppo_512_steps.zip"
+    if damage == "truncated zip":
+        newest.write_bytes(newest.read_bytes()[:2000])
+    else:
+        (tmp_path / "checkpoints" / "ppo_vecnormalize_512_steps.pkl").unlink()
+    capsys.readouterr()
+    summary = ppo_size.train(cfg, tmp_path, resume=True)
+    assert summary["num_timesteps"] == 1024
+    warning = capsys.readouterr().err
+    assert "skipping checkpoint" in warning and "ppo_512_steps.zip" in warning
+    for path in (tmp_path / "checkpoints").glob("ppo_*_steps.zip"):
+        path.write_bytes(b"not a zip")
+    with pytest.raises(ValueError, match="no usable checkpoint"):
+        ppo_size.train(cfg, tmp_path, resume=True)

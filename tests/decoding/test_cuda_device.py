@@ -1,0 +1,57 @@
+"""GPU check of issue 14: drafting and verification draw on the GPU with one CUDA generator.
+
+Skipped without CUDA. The device script of the serving issue runs it with
+
+    python -m pytest -q -p no:cacheprovider -m "slow or not slow" tests/decoding/test_cuda_device.py
+
+(about a minute on one GPU: a law test on the tiny models, then SmolLM2-135M sampled trees).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_engine_law import LENGTH, NOISE, PROMPT, TEMPERATURE, run_requests
+from tiny_lm import TinyLM, chisquare_law, draft_of, sequence_law
+
+from draftrl.decoding.drafters import ModelDrafter
+from draftrl.decoding.engine import EngineConfig, SpeculativeDecoder
+from draftrl.decoding.sampling import SamplingParams
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+ALPHA = 1e-4
+
+
+@pytest.mark.parametrize("shape", ["chain", "deterministic-tree", "sampled-tree"])
+def test_engine_law_on_cuda(shape):
+    target = TinyLM(3, seed=0)
+    law = sequence_law(target, PROMPT, LENGTH, SamplingParams(temperature=TEMPERATURE))
+    models = (target.cuda(), draft_of(target, noise=NOISE, seed=1).cuda())
+    good, _ = run_requests(models, shape, "correct", 2000)
+    assert chisquare_law(good, law)[0] > ALPHA
+    bad, _ = run_requests(models, shape, "resample-from-p", 500)
+    assert chisquare_law(bad, law)[0] < ALPHA
+
+
+def test_smollm2_sampled_tree_rounds_on_cuda():
+    """Real model on the GPU: every q, the generator and the verification walk stay on the GPU,
+    and a seed reproduces the output."""
+    from draftrl.models import load_model
+
+    model = load_model("smollm2-135m", device="cuda").model
+    ids = [1, 2, 3, 4, 5]
+    outputs = []
+    for _ in range(2):
+        engine = SpeculativeDecoder(model, ModelDrafter(model, sampled=True),
+                                    EngineConfig(max_new_tokens=24, temperature=1.0, seed=3))
+        assert engine.generator.device.type == "cuda"
+        engine.start(ids)
+        tree = engine.drafter.propose(engine.ids, 3, 3, engine.params, engine.generator)
+        engine.drafter.commit(engine.ids, [])
+        assert all(q.device.type == "cuda" for q in tree.q.values())
+        engine.rewind(len(engine.ids))
+        engine.start(ids)
+        while not engine.finished:
+            engine.round(3, None, 3)
+        outputs.append(engine.output_ids)
+    assert len(outputs[0]) == 24 and outputs[0] == outputs[1]
