@@ -39,6 +39,12 @@ def add_parser(subparsers) -> None:
     keyed(p, "--levels", key="calibrate.levels", type=int, help="draft levels timed per width")
     keyed(p, "--repeats", key="calibrate.repeats", type=int, help="interleaved repeats per cell (median kept)")
     keyed(p, "--temperature", key="env.temperature", type=float, help="sampling transform timed by the sample cost")
+    p.add_argument("--engine", choices=["hf", "vllm"], default="hf",
+                   help="vllm: step seconds of an in-process vLLM engine vs sequences and tokens verified "
+                        "(draftrl.decoding.vllm.calibrate; --target, --dtype, --threads apply)")
+    p.add_argument("--batch-sizes", type=_ints, default=(1, 2, 4, 8, 16), help="vllm: running sequences")
+    p.add_argument("--depths", type=_ints, default=(0, 1, 2, 4, 8), help="vllm: draft tokens per sequence")
+    p.add_argument("--steps", type=int, default=8, help="vllm: timed steps per (batch size, depth)")
     _options.add_out(p, "write the cost table JSON here", required=False)
     _options.add_json(p)
     p.set_defaults(func=run)

@@ -23,7 +23,7 @@ from draftrl.decoding.acceptance import accept_tree
 from draftrl.decoding.clock import clock_for
 from draftrl.decoding.engine import EngineConfig, SpeculativeDecoder
 from draftrl.decoding.factory import build_drafter
-from draftrl.decoding.sampling import SamplingParams
+from draftrl.decoding.sampling import SamplingParams, generator_for
 from draftrl.decoding.tree import DraftTree
 from draftrl.envs.engines import shared_model
 from draftrl.envs.workload import encode

@@ -41,7 +41,7 @@ import numpy as np
 from draftrl.config.env import EnvConfig
 from draftrl.io import atomic_write_bytes, plain, write_json
 from draftrl.prompts import Prompt
-from draftrl.runs import ARRAYS_FILE, COST_TABLE_FILE, HEADER_FILE, PARTIAL_DIR, TRACE_FILES, stored_cost_table_path
+from draftrl.runs import ARRAYS_FILE, COST_TABLE_FILE, HEADER_FILE, TRACE_FILES, stored_cost_table_path
 from draftrl.signals.features import DRAFT_FEATURES
 
 if TYPE_CHECKING:

@@ -292,7 +292,7 @@ def vllm_config(derivation: dict[str, Any], *, method: str | None = None) -> dic
     table = derivation["depth_by_batch"]
     name, extra = _vllm_method(derivation["drafter"], method)
     notes = [
-        f"num_speculative_tokens_per_batch_size is vLLM's dynamic speculative decoding table ([start_bs, end_bs, K]); "
+        "num_speculative_tokens_per_batch_size is vLLM's dynamic speculative decoding table ([start_bs, end_bs, K]); "
         "vLLM documents it as tested with EAGLE, EAGLE-3 and DFlash and disables it under data parallelism.",
         "The custom_class variant runs the policy itself every step (draftrl.export.vllm_proposer, n-gram drafts): "
         "draftrl export RUN --format vllm --out DIR (a directory) writes its files and the lines that start vLLM.",

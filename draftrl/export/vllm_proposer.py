@@ -123,7 +123,7 @@ class PolicyProposerCore:
         """vLLM's ``propose`` contract (module docstring)."""
         self.step += 1
         num_reqs = len(sampled_token_ids)
-        active, observations, contexts = [], [], []
+        active, observations = [], []
         seen: dict[int, _Request] = {}
         for row, sampled in enumerate(sampled_token_ids):
             if not sampled:  # still prefilling (chunked prefill): nothing to do this step

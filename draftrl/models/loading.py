@@ -67,7 +67,6 @@ def load_model(spec: str, *, dtype: str = "float32", device: str = "cpu", kernel
     :raises ValueError: bad ``dtype``, ``device`` or ``kernels``.
     :raises FileNotFoundError: the model could not be found or fetched; the message says what to pass instead.
     """
-    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     resolve_kernels(kernels)  # refuse a bad value before loading anything

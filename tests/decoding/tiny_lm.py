@@ -10,7 +10,6 @@ law of the first few emitted tokens can be enumerated.
 
 from __future__ import annotations
 
-import itertools
 import math
 from types import SimpleNamespace
 

@@ -18,7 +18,7 @@ from stable_baselines3.common.env_checker import check_env as sb3_check_env
 import draftrl.envs  # noqa: F401  registers the env ids (gymnasium.register_envs idiom)
 from draftrl.config.env import EnvConfig, load_env_config
 from draftrl.signals.costs import CostTable
-from draftrl.signals.features import CostTracker, FeatureBuilder, RoundSummary, feature_names, verify_bucket
+from draftrl.signals.features import CostTracker, FeatureBuilder, feature_names, verify_bucket
 from draftrl.envs.rewards import RewardModel
 from draftrl.envs.spec_decode import SpecDecodeEnv
 from draftrl.envs.depth_control import CONTINUE, STOP

@@ -5,7 +5,6 @@ accepted, and a policy that is not a size policy is refused."""
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 
