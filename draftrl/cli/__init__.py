@@ -42,6 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run one command. Every failure ends in one line on stderr and exit 2 (130 for Ctrl-C);
     ``draftrl --debug COMMAND`` (or ``DRAFTRL_DEBUG=1``) shows the traceback instead."""
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # e.g. train's resume hint repeats it
     debug = args.debug or os.environ.get("DRAFTRL_DEBUG", "") not in ("", "0")
     try:
         return int(args.func(args) or 0)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import sys
 from typing import Any
 
 from draftrl.cli import _options
@@ -29,7 +30,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     _options.add_config(parser, "ppo.learning_rate=1.0e-3")
     _options.add_threads(parser)
     _options.add_seed(parser, "PPO, the training envs (seed + i for env i) and torch")
-    _options.add_out(parser, "run directory for the policy, checkpoints and summary")
+    _options.add_out(parser, "run directory for the policy, checkpoints and summary", overwrite=None)
     parser.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
     _options.add_json(parser)
     parser.set_defaults(func=run)
@@ -46,9 +47,15 @@ def config(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     cfg = config(args)
     recipe = importlib.import_module(f"draftrl.train.{cfg.recipe}")
-    summary = recipe.train(cfg, args.out, resume=args.resume)
+    from draftrl.train.loop import TrainingInterrupted
+
+    try:
+        summary = recipe.train(cfg, args.out, resume=args.resume)
+    except TrainingInterrupted as stop:
+        print(f"draftrl train: interrupted; {stop}. Continue with: {_resume_command(args)}", file=sys.stderr)
+        return 130
     if summary is None:
-        print(f"draftrl train: stopped early; continue with --resume --out {args.out}")
+        print(f"draftrl train: stopped early; continue with: {_resume_command(args)}")
         return 1
     if args.json:
         from draftrl.io import plain
@@ -59,3 +66,15 @@ def run(args: argparse.Namespace) -> int:
 
         print(format_table(summary["evaluation"]))
     return 0
+
+
+def _resume_command(args: argparse.Namespace) -> str:
+    """The command line that continues this run (the same arguments plus ``--resume``)."""
+    import shlex
+
+    argv = list(getattr(args, "argv", None) or sys.argv[1:])
+    if argv[:1] != ["train"]:
+        argv = ["train", *argv]
+    if "--resume" not in argv:
+        argv.append("--resume")
+    return "draftrl " + " ".join(shlex.quote(a) for a in argv)

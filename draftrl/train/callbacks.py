@@ -37,6 +37,8 @@ class RolloutCheckpoint(CheckpointCallback):
     def _init_callback(self) -> None:
         super()._init_callback()
         self._last_saved = self.model.num_timesteps
+        self._rollout_start = self.model.num_timesteps
+        self._collecting = False
 
     def save(self) -> None:
         """Save now; call only at a rollout boundary (or after ``learn`` returned)."""
@@ -49,9 +51,26 @@ class RolloutCheckpoint(CheckpointCallback):
         if self.on_save is not None:
             self.on_save(self.num_timesteps)
 
+    def save_interrupted(self) -> int:
+        """Save after ``learn`` was interrupted (Ctrl-C); returns the steps the checkpoint holds.
+
+        Interrupted while collecting a rollout, the weights have learned nothing of it yet: the
+        step count goes back to the rollout's start, so ``--resume`` collects it again. Interrupted
+        during the PPO update, the rollout counts (the weights moved on it).
+        """
+        if self._collecting:
+            self.model.num_timesteps = self._rollout_start
+        self.save()
+        return self.num_timesteps
+
     def _on_rollout_start(self) -> None:
         if self.model.num_timesteps - self._last_saved >= self.every:
             self.save()
+        self._rollout_start = self.model.num_timesteps
+        self._collecting = True
+
+    def _on_rollout_end(self) -> None:
+        self._collecting = False
 
     def _on_step(self) -> bool:
         return True

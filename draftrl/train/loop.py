@@ -22,15 +22,15 @@ from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.vec_env import VecEnv, VecNormalize
 
 from draftrl.config import to_dict
+from draftrl.io import plain, write_json
 from draftrl.policies import env_grids
-from draftrl.io import write_json
 from draftrl.policies.ppo import write_manifest
-from draftrl.runs import CHECKPOINTS_DIR, STATE_FILE, SUMMARY_FILE, VECNORMALIZE_FILE, checkpoints
+from draftrl.runs import CHECKPOINTS_DIR, STATE_FILE, SUMMARY_FILE, VECNORMALIZE_FILE, checkpoints, portable_config
 from draftrl.train.callbacks import RolloutCheckpoint, ThroughputCallback, make_logger
+from draftrl.train.config import EnvSpec, TrainConfig
 from draftrl.train.envs import detached, first_env
 from draftrl.train.evaluation import evaluate_run
 from draftrl.train.state import Stopwatch, save_policy, versions
-from draftrl.train.config import EnvSpec, TrainConfig
 
 #: ``(seed, normalizer or None) -> VecEnv``: builds a phase's training envs.
 VenvFactory = Callable[[int, "VecNormalize | None"], VecEnv]
@@ -43,6 +43,15 @@ class Phase:
     name: str
     make_venv: VenvFactory
     until: int
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C during training, after a checkpoint of what was learnt was saved in ``directory``."""
+
+    def __init__(self, directory: Path, num_timesteps: int):
+        super().__init__(f"checkpoint saved at {num_timesteps} steps in {Path(directory) / CHECKPOINTS_DIR}")
+        self.directory = Path(directory)
+        self.num_timesteps = num_timesteps
 
 
 def load_normalizer(path: Path | None) -> VecNormalize | None:
@@ -152,12 +161,15 @@ def learn_phases(
             model.set_env(venv)
         model.set_logger(make_logger(directory, model.num_timesteps, wandb_run))
         saver = RolloutCheckpoint(cfg.checkpoint_every, directory / "checkpoints", on_save=on_save)
-        model.learn(
-            total_timesteps=phase.until - model.num_timesteps,
-            callback=[saver, ThroughputCallback(), *callbacks],
-            reset_num_timesteps=False,
-            progress_bar=cfg.progress_bar,
-        )
+        try:
+            model.learn(
+                total_timesteps=phase.until - model.num_timesteps,
+                callback=[saver, ThroughputCallback(), *callbacks],
+                reset_num_timesteps=False,
+                progress_bar=cfg.progress_bar,
+            )
+        except KeyboardInterrupt:  # Ctrl-C: keep what was learnt, so --resume continues from here
+            raise TrainingInterrupted(directory, saver.save_interrupted()) from None
         num_timesteps = model.num_timesteps
         normalizer = model.get_vec_normalize_env()
         if num_timesteps < phase.until:  # a callback stopped the session: resume from the last checkpoint
@@ -218,7 +230,7 @@ def finish_run(
     summary = {
         "run_id": state["run_id"],
         "recipe": cfg.recipe,
-        "config": to_dict(cfg),
+        "config": portable_config(plain(to_dict(cfg)), out),
         "seeds": {"train": cfg.seed, "train_envs": [cfg.seed + i for i in range(cfg.ppo.n_envs)], "eval": cfg.eval_seed},
         "versions": versions(),
         "num_timesteps": num_timesteps,

@@ -159,6 +159,48 @@ def test_resume_continues_the_same_run(tmp_path):
     assert fresh["num_timesteps"] == summary["num_timesteps"]
 
 
+class CtrlCAt(BaseCallback):
+    """Raises KeyboardInterrupt (what SIGINT does) once ``num_timesteps`` reaches ``steps``."""
+
+    def __init__(self, steps: int):
+        super().__init__()
+        self.steps = steps
+
+    def _on_step(self) -> bool:
+        if self.num_timesteps >= self.steps:
+            raise KeyboardInterrupt
+        return True
+
+
+def test_ctrl_c_saves_a_checkpoint_and_the_cli_prints_the_resume_command(tmp_path, monkeypatch, capsys):
+    """Ctrl-C mid-rollout keeps what was learnt (the checkpoint at the rollout's start: the weights
+    have seen nothing after it) and says how to continue; --resume then trains exactly the total."""
+    from draftrl.train import loop
+
+    cfg = tiny()
+    with pytest.raises(loop.TrainingInterrupted, match="checkpoint saved at 512 steps"):
+        ppo_size.train(cfg, tmp_path / "lib", callbacks=[CtrlCAt(700)])
+    assert json.loads((tmp_path / "lib" / "run_state.json").read_text())["num_timesteps"] == 512
+    assert ppo_size.train(cfg, tmp_path / "lib", resume=True)["num_timesteps"] == 1024
+
+    real_learn = loop.PPO.learn
+
+    def interrupted_learn(self, *args, **kwargs):
+        kwargs["callback"] = [*kwargs["callback"], CtrlCAt(100)]
+        return real_learn(self, *args, **kwargs)
+
+    monkeypatch.setattr(loop.PPO, "learn", interrupted_learn)
+    out = tmp_path / "cli"
+    argv = ["train", "--config", str(ANALYTIC), "--out", str(out), "--set", "total_timesteps=256",
+            "--set", "ppo.n_steps=64", "--set", "eval_episodes=2", "--set", "progress_bar=false"]
+    assert main(argv) == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "interrupted; checkpoint saved at" in err[-1] and "Traceback" not in "\n".join(err)
+    assert err[-1].endswith(f"draftrl train --config {ANALYTIC} --out {out} --set total_timesteps=256 --set ppo.n_steps=64 "
+                           "--set eval_episodes=2 --set progress_bar=false --resume")
+    assert list((out / "checkpoints").glob("ppo_*_steps.zip"))
+
+
 def test_resume_refuses_a_changed_config(tmp_path):
     ppo_size.train(tiny(), tmp_path, callbacks=[StopAt(300)])
     with pytest.raises(ValueError, match="ppo.learning_rate"):
