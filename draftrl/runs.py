@@ -26,8 +26,10 @@ A trace directory (``draftrl collect --out DIR``, read by ``draftrl.envs.traces`
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
+from typing import Any, Callable
 
 POLICY_FILE = "policy.zip"
 VECNORMALIZE_FILE = "vecnormalize.pkl"
@@ -112,3 +114,52 @@ def stored_cost_table_path(directory: str | Path) -> Path | None:
             f"collect again with --cost-table FILE --overwrite, or delete the stale {path.name}."
         )
     return path
+
+
+#: keys of a run's config whose string values are paths (at any depth: env.kwargs.traces, ...)
+PATH_KEYS = frozenset({"traces", "cost_table", "frozen_size_policy"})
+
+
+def _map_paths(value: Any, fn: Callable[[str], str], key: str | None = None) -> Any:
+    if isinstance(value, dict):
+        return {k: _map_paths(v, fn, k) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_map_paths(v, fn, key) for v in value]
+    if key in PATH_KEYS and isinstance(value, str) and value:
+        return fn(value)
+    return value
+
+
+def portable_config(config: dict[str, Any], run_dir: str | Path) -> dict[str, Any]:
+    """``config`` (paths as given, relative to the working directory) with every path made
+    relative to ``run_dir``: what ``config.json`` stores, so a run evaluates from anywhere and
+    moves with the folder that holds it and its traces."""
+    run_dir = Path(run_dir).resolve()
+    return _map_paths(config, lambda p: os.path.relpath(Path(p).resolve(), run_dir))
+
+
+def resolved_config(config: dict[str, Any], run_dir: str | Path) -> dict[str, Any]:
+    """A run's saved ``config`` with every path absolute: a relative one is relative to ``run_dir``
+    (the folder of ``config.json``). Runs saved before paths were stored that way hold them relative
+    to where training ran; such a path is found from ``run_dir``'s parents or the working directory."""
+    run_dir = Path(run_dir).resolve()
+
+    def absolute(p: str) -> str:
+        path = Path(p)
+        if path.is_absolute():
+            return str(path)
+        candidates = [run_dir / path, *(parent / path for parent in run_dir.parents), path.resolve()]
+        return str(next((c for c in candidates if c.exists()), candidates[0]).resolve())
+
+    return _map_paths(config, absolute)
+
+
+def read_run_config(run_dir: str | Path) -> dict[str, Any] | None:
+    """The run's ``config.json`` with absolute paths (:func:`resolved_config`), or None if absent."""
+    path = Path(run_dir) / CONFIG_FILE
+    if not path.is_file():
+        return None
+    try:
+        return resolved_config(json.loads(path.read_text()), run_dir)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path} is not valid JSON ({err}); restore it from the run directory.") from None

@@ -98,9 +98,10 @@ def confidence_feature(drafter: str) -> str:
 
 
 def _run_config(path: str) -> dict:
-    """The ``config.json`` of a ``draftrl train`` run directory ({} when absent)."""
-    run_config = _policy_dir(path) / "config.json"
-    return json.loads(run_config.read_text()) if run_config.is_file() else {}
+    """The ``config.json`` of a ``draftrl train`` run directory, paths absolute ({} when absent)."""
+    from draftrl.runs import policy_files, read_run_config, run_dir_of
+
+    return read_run_config(run_dir_of(policy_files(path)[0])) or {}
 
 
 def ppo_env_config(path: str, base: EnvConfig) -> tuple[EnvConfig, str]:

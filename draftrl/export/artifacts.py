@@ -16,7 +16,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from draftrl.runs import CONFIG_FILE, POLICY_FILE, SUMMARY_FILE, is_checkpoint, policy_files, run_dir_of
+from draftrl.runs import (
+    POLICY_FILE,
+    SUMMARY_FILE,
+    is_checkpoint,
+    policy_files,
+    read_run_config,
+    resolved_config,
+    run_dir_of,
+)
 
 
 @dataclass
@@ -97,10 +105,10 @@ def resolve(path: str | Path) -> TrainedPolicy:
 
     manifest = read_policy_manifest(manifest_file)
     summary = _read_json(run_dir / SUMMARY_FILE)
-    config = _read_json(run_dir / CONFIG_FILE)
+    config = read_run_config(run_dir)
     check_policy_files(manifest, manifest_file, model, vecnorm if vecnorm.is_file() else None, run_config=config)
-    if config is None and summary is not None:
-        config = summary.get("config")
+    if config is None and summary is not None and summary.get("config"):
+        config = resolved_config(summary["config"], run_dir)
     return TrainedPolicy(
         model_path=model,
         vecnormalize_path=vecnorm if vecnorm.is_file() else None,

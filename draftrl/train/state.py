@@ -20,7 +20,7 @@ import numpy as np
 import draftrl
 from draftrl.config import to_dict
 from draftrl.io import plain, read_json, write_json
-from draftrl.runs import CONFIG_FILE, POLICY_FILE, STATE_FILE, VECNORMALIZE_FILE
+from draftrl.runs import CONFIG_FILE, POLICY_FILE, STATE_FILE, VECNORMALIZE_FILE, portable_config, resolved_config
 from draftrl.train.config import TrainConfig
 
 
@@ -63,7 +63,8 @@ def open_run(cfg: TrainConfig, out: Path, resume: bool) -> dict[str, Any]:
         if not state_path.is_file():
             raise FileNotFoundError(f"{state_path} does not exist; nothing to resume (drop --resume to start a run).")
         saved = read_json(config_path, "run config")
-        changed = _changed_keys(saved, plain(to_dict(cfg)))
+        current = portable_config(plain(to_dict(cfg)), out)
+        changed = _changed_keys(resolved_config(saved, out), resolved_config(current, out))
         if changed:
             raise ValueError(
                 f"--resume with a different config: {', '.join(changed)} changed since the run started; "
@@ -75,7 +76,7 @@ def open_run(cfg: TrainConfig, out: Path, resume: bool) -> dict[str, Any]:
     if state_path.exists():
         raise ValueError(f"{out} already holds a run; pass --resume to continue it or choose another --out.")
     out.mkdir(parents=True, exist_ok=True)
-    write_json(config_path, to_dict(cfg))
+    write_json(config_path, portable_config(plain(to_dict(cfg)), out))  # paths relative to the run directory
     state = new_run_state(cfg)
     state["sessions"] = 1
     write_json(state_path, state)
