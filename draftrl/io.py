@@ -62,3 +62,34 @@ def read_json(path: str | Path, what: str) -> Any:
     if not path.is_file():
         raise FileNotFoundError(f"{what} {path} does not exist")
     return json.loads(path.read_text())
+
+
+def prepare_out(out: str | Path, owned: tuple[str, ...], *, overwrite: bool, command: str) -> Path:
+    """Check an output directory before any compute; returns it, created and writable.
+
+    ``owned`` names (or globs, e.g. ``*.png``) what ``command`` writes there. A directory that
+    already holds some of them, or holds anything else, is refused unless ``overwrite``; with it
+    the command's own earlier outputs are removed first (no stale plot survives beside new
+    results) and anything else is left alone. One line names the problem and the fix.
+    """
+    import shutil
+
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file; pass a directory.")
+    if out.is_dir():
+        earlier = sorted({p for pattern in owned for p in out.glob(pattern)})
+        foreign = sorted(p.name for p in out.iterdir() if p not in earlier)
+        if not overwrite and (earlier or foreign):
+            what = f"the outputs of an earlier {command} ({', '.join(p.name for p in earlier[:4])})" if earlier else (
+                f"files draftrl {command} did not write ({', '.join(foreign[:4])})")
+            raise ValueError(f"--out {out} already holds {what}; pass --overwrite to replace them, or choose another --out.")
+        for p in earlier:
+            shutil.rmtree(p) if p.is_dir() else p.unlink()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=out, prefix=".write-check-"):
+            pass
+    except OSError as err:
+        raise ValueError(f"--out {out} is not writable ({err.strerror or type(err).__name__}); choose another --out.") from None
+    return out

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from draftrl.cli import main
@@ -42,3 +44,47 @@ def test_misspelled_section_is_refused(tmp_path, capsys):
     line = one_error_line(capsys, ["collect", "--config", str(bad), "--out", str(tmp_path / "t")])
     assert "unknown section 'enviroment'; did you mean 'env'?" in line
     assert not (tmp_path / "t").exists()
+
+
+def _fake_eval(monkeypatch, calls: list):
+    """``run_eval`` replaced by one that writes what the real one writes (results, report, a plot)."""
+
+    def fake_run_eval(config, out, **kwargs):
+        calls.append(out)
+        for name in ("results.json", "report.md", "trajectory.png"):
+            (Path(out) / name).write_text("{}")
+        return {"prompts": [], "policies": {}, "exactness": {"passed": True, "monitor_overhead": {"fraction": 0}}}
+
+    monkeypatch.setattr("draftrl.eval.evaluate.run_eval", fake_run_eval)
+    monkeypatch.setattr("draftrl.cli.eval.print_policy_table", lambda *a, **k: None)
+
+
+def test_eval_never_silently_replaces_earlier_results(tmp_path, capsys, monkeypatch):
+    """Finding 5: `eval --out EXISTING` replaced results.json, report and plots; stale plots stayed."""
+    calls = []
+    _fake_eval(monkeypatch, calls)
+    out = tmp_path / "e"
+    argv = ["eval", "--policies", "ar,heuristic", "--out", str(out), "--quiet"]
+    assert main(argv) == 0
+    (out / "acceptance_hist.png").write_text("stale plot of the earlier run")
+    line = one_error_line(capsys, argv)
+    assert "already holds the outputs of an earlier eval" in line and "--overwrite" in line
+    assert len(calls) == 1 and (out / "acceptance_hist.png").exists()  # refused before any work, nothing touched
+    assert main([*argv, "--overwrite"]) == 0
+    assert len(calls) == 2 and not (out / "acceptance_hist.png").exists()  # no stale plot beside new results
+
+
+def test_out_of_another_kind_or_unwritable_is_refused_before_any_work(tmp_path, capsys, monkeypatch):
+    calls = []
+    _fake_eval(monkeypatch, calls)
+    foreign = tmp_path / "notes"
+    foreign.mkdir()
+    (foreign / "thesis.tex").write_text("mine")
+    assert "files draftrl eval did not write (thesis.tex)" in one_error_line(
+        capsys, ["eval", "--policies", "ar", "--out", str(foreign), "--quiet"])
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    assert "is not writable" in one_error_line(capsys, ["eval", "--policies", "ar", "--out", str(blocker / "sub"),
+                                                        "--quiet"])
+    assert "is not writable" in one_error_line(capsys, ["grid", "--out", str(blocker / "sub"), "--quiet"])
+    assert calls == [] and (foreign / "thesis.tex").read_text() == "mine"

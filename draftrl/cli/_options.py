@@ -17,6 +17,7 @@ option             config key     meaning
 ``--seed N``       ``seed``        the command's seed (sampling, measurement order, PPO, ...)
 ``--ignore-eos``   ``env.ignore_eos``  decode to max_new_tokens past EOS (benchmarks, negative controls)
 ``--out PATH``                    where the command writes
+``--overwrite``                   replace what an earlier run wrote in ``--out`` (else refused)
 ``--json``                        print one JSON object on stdout instead of tables
 =================  =============  ==========================================================
 
@@ -79,8 +80,13 @@ def add_seed(parser: argparse.ArgumentParser, what: str) -> None:
     keyed(parser, "--seed", key="seed", type=int, help=f"seed of {what} (sets seed; default: the config's)")
 
 
-def add_out(parser: argparse.ArgumentParser, help: str, *, required: bool = True, default: str | None = None) -> None:
+def add_out(parser: argparse.ArgumentParser, help: str, *, required: bool = True, default: str | None = None,
+            overwrite: str | None = "replace what an earlier run of this command wrote in --out") -> None:
+    """``--out`` and, unless ``overwrite`` is None, ``--overwrite``: a command never silently
+    replaces earlier outputs (``draftrl.io.prepare_out``)."""
     parser.add_argument("--out", required=required, default=default, help=help)
+    if overwrite is not None:
+        parser.add_argument("--overwrite", action="store_true", help=overwrite)
 
 
 def add_ignore_eos(parser: argparse.ArgumentParser) -> None:

@@ -28,10 +28,9 @@ def add_parser(subparsers) -> None:
     _options.add_config(p)
     _options.add_models(p)
     _options.add_threads(p)
-    _options.add_out(p, "directory for trace.npz, trace.json (and cost_table.json)")
+    _options.add_out(p, "directory for trace.npz, trace.json (and cost_table.json)",
+                     overwrite="replace the traces already in --out (and discard an interrupted collection there)")
     p.add_argument("--cost-table", default=None, help="cost table from draftrl calibrate, copied next to the traces")
-    p.add_argument("--overwrite", action="store_true",
-                   help="replace the traces already in --out (and discard an interrupted collection there)")
     _options.add_json(p)
     p.set_defaults(func=run)
 

@@ -27,8 +27,9 @@ def add_parser(subparsers) -> None:
     p = subparsers.add_parser("demo", help="end to end: calibrate, collect, train PPO, grid, evaluate, compare")
     add_eval_options(p)
     p.add_argument("--quick", action="store_true", help="a few minutes: fewer requests, tokens, cells and steps")
-    _options.add_out(p, "output directory (default: runs/demo)", required=False, default="runs/demo")
-    p.add_argument("--force", action="store_true", help="replace an earlier demo's outputs in --out")
+    _options.add_out(p, "output directory (default: runs/demo)", required=False, default="runs/demo",
+                     overwrite="replace an earlier demo's outputs in --out (also --force)")
+    p.add_argument("--force", dest="overwrite", action="store_true", help=argparse.SUPPRESS)
     p.set_defaults(func=run)
 
 
@@ -59,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         with progress_bar("decoding") as update:
-            summary = run_demo(cfg, args.out, force=args.force, step_started=started, step_done=done,
+            summary = run_demo(cfg, args.out, force=args.overwrite, step_started=started, step_done=done,
                                progress=update)
     except (ExactnessViolation, GreedyMismatch) as err:
         code = exactness_failure("demo", err)

@@ -70,7 +70,10 @@ def run(args: argparse.Namespace) -> int:
     for spec in parse_policies(policies):  # fail on a bad name or a damaged policy before loading any model
         if spec.kind == "ppo":
             load_checked(spec.arg)
-    from draftrl.eval.evaluate import run_eval
+    from draftrl.eval.evaluate import OUTPUTS, run_eval
+    from draftrl.io import prepare_out
+
+    prepare_out(args.out, OUTPUTS, overwrite=args.overwrite, command="eval")  # before any model loads
 
     try:
         with progress_bar("eval", not args.quiet) as update:
@@ -115,9 +118,13 @@ def run_vllm(args: argparse.Namespace) -> int:
     concurrency = [int(c) for c in args.concurrency.split(",") if c]
     rates = [float(r) for r in args.rates.split(",") if r]
     config = serve_config(args.config, args.overrides, threads=args.threads)
+    from draftrl.eval.evaluate import OUTPUTS
+    from draftrl.io import prepare_out
+
+    prepare_out(args.out, OUTPUTS, overwrite=args.overwrite, command="eval")  # before vLLM loads
     try:
         with progress_bar("eval", not args.quiet) as update:
-            results = run_serving_eval(args.out, policies=policies, concurrency=concurrency, rates=rates,
+            run_serving_eval(args.out, policies=policies, concurrency=concurrency, rates=rates,
                                        repeats=args.repeats, config=config, progress=update)
     except ServingMismatch as err:
         print(f"draftrl eval: EXACTNESS FAILED: {err}", file=sys.stderr)

@@ -69,8 +69,10 @@ def run(args: argparse.Namespace) -> int:
             print(f"speedup_vs_ar={c['speedup_vs_ar']:.3f}x  tokens_per_second={c['tokens_per_second']:.2f}  "
                   f"mean_tokens_per_round={c['mean_tokens_per_round']:.2f}  cell=d{c['depth']}_v{c['verify_size']}_w{c['width']}")
             return 0
-        from draftrl.eval.grid import run_grid
+        from draftrl.eval.grid import OUTPUTS, run_grid
+        from draftrl.io import prepare_out
 
+        prepare_out(args.out, OUTPUTS, overwrite=args.overwrite, command="grid")
         with progress_bar("grid", not args.quiet) as update:
             result = run_grid(cfg, args.out, config_path=args.config, progress=update)
     except (ExactnessViolation, GreedyMismatch) as err:

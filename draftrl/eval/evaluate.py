@@ -39,6 +39,8 @@ from draftrl.eval.rollout import RequestRun, run_fixed, run_policy
 FORMAT = "draftrl-eval/1"
 RESULTS_FILE = "results.json"
 REPORT_FILE = "report.md"
+#: what ``draftrl eval`` writes in its --out (``--overwrite`` removes these first)
+OUTPUTS: tuple[str, ...] = (RESULTS_FILE, REPORT_FILE, "*.png", "wandb")
 #: Target share of the run's time spent in the exactness monitor.
 MONITOR_OVERHEAD_TARGET = 0.03
 ADAPTIVE = ("heuristic", "threshold", "bandit", "ppo", "oracle")

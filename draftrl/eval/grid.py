@@ -43,6 +43,8 @@ FORMAT = "draftrl-grid/1"
 GRID_FILE = "grid.json"
 SWEEP_FILE = "sweep.yaml"
 HEATMAP_FILE = "grid_heatmap.png"
+#: what ``draftrl grid`` writes in its --out (``--overwrite`` removes these first)
+OUTPUTS: tuple[str, ...] = (GRID_FILE, SWEEP_FILE, HEATMAP_FILE, "sweep_cells", "wandb")
 #: Keys of each cell's per-language / per-task entries.
 COMPACT_KEYS = ("tokens_per_second", "speedup_vs_ar", "mean_tokens_per_round", "num_tokens", "seconds",
                 "num_requests", "time_to_first_token_mean", "itl_p50", "itl_p95", "itl_p99")

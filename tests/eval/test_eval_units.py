@@ -217,11 +217,11 @@ def test_demo_table_prints_every_policy_and_the_verdict(capsys):
         assert text in out, text
 
 
-def test_demo_refuses_to_overwrite_without_force(tmp_path, capsys):
+def test_demo_refuses_to_overwrite_without_overwrite(tmp_path, capsys):
     (tmp_path / "grid").mkdir()
     code = main(["demo", "--quick", "--out", str(tmp_path)])
     err = capsys.readouterr().err
-    assert code == 2 and "--force" in err
+    assert code == 2 and "--overwrite" in err
     assert (tmp_path / "grid").is_dir()
 
 

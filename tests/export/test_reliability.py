@@ -18,7 +18,6 @@ import numpy as np
 import pytest
 
 from draftrl.cli import main
-from draftrl.config.env import EnvConfig
 from draftrl.envs.traces import Traces
 from draftrl.prompts import Prompt
 from draftrl.runs import stored_cost_table_path
@@ -293,3 +292,31 @@ def test_exported_onnx_runs_alone_and_refuses_non_finite_observations(analytic_r
     bad[2] = np.nan
     with pytest.raises(ValueError, match=f"features \\['{controller.feature_names[2]}'\\] are not finite"):
         controller.act(bad)
+
+
+def test_saved_config_paths_resolve_from_the_run_directory(tmp_path, monkeypatch):
+    """Finding 7: config.json stored `traces: runs/demo/traces` as given (relative to where training
+    ran), so evaluating from another directory silently dropped the training cost table. Paths are
+    now stored relative to the run directory and read back absolute from anywhere; a resume with
+    the same config, given from the same place, still matches."""
+    from draftrl.config import load_config
+    from draftrl.runs import read_run_config
+    from draftrl.train.config import TrainConfig
+    from draftrl.train.state import open_run
+
+    project = tmp_path / "project"
+    (project / "runs" / "traces").mkdir(parents=True)
+    (project / "runs" / "traces" / "cost_table.json").write_text("{}")
+    monkeypatch.chdir(project)
+    cfg = load_config(TrainConfig, None, ["env.kwargs={traces: runs/traces, cost_table: runs/traces/cost_table.json}"])
+    open_run(cfg, Path("runs/ppo"), resume=False)
+    saved = json.loads((project / "runs" / "ppo" / "config.json").read_text())
+    assert saved["env"]["kwargs"] == {"traces": "../traces", "cost_table": "../traces/cost_table.json"}
+    assert open_run(cfg, Path("runs/ppo"), resume=True)["sessions"] == 2  # the same config, given as before
+    monkeypatch.chdir(tmp_path)  # evaluate from elsewhere
+    kwargs = read_run_config(project / "runs" / "ppo")["env"]["kwargs"]
+    assert kwargs == {"traces": str(project / "runs" / "traces"),
+                      "cost_table": str(project / "runs" / "traces" / "cost_table.json")}
+    moved = tmp_path / "moved"  # the whole tree moves: the run still finds its traces
+    (project / "runs").rename(moved)
+    assert read_run_config(moved / "ppo")["env"]["kwargs"]["traces"] == str(moved / "traces")
