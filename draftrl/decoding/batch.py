@@ -12,13 +12,13 @@ each request drafting as deep as its match allows under the cap.
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
 
 from draftrl.decoding.admission import RequestAcceptance, StepAction, acceptance_estimate, admit, position_scores
+from draftrl.decoding.clock import clock_for
 from draftrl.decoding.drafters import NgramDrafter
 from draftrl.decoding.engine import EngineConfig, SpeculativeDecoder
 from draftrl.decoding.interface import EngineStep, RequestStep
@@ -50,6 +50,7 @@ class HFBatchEngine:
         self.max_num_seqs = int(max_num_seqs)
         self.eos_token_ids = tuple(eos_token_ids)
         self.drafter = NgramDrafter()
+        self.clock = clock_for(next(target.model.parameters()).device)  # GPU work counted where it happens
         self.waiting: deque = deque()
         self.running: list[_Running] = []
         self._signals = (np.zeros(0), np.zeros(0, dtype=np.int64))
@@ -76,7 +77,7 @@ class HFBatchEngine:
     def step(self, action: StepAction | None = None) -> EngineStep:
         """Admit waiting requests (prefill), then one round per running request under ``action``."""
         action = action or StepAction(self.max_depth)
-        t0 = time.perf_counter()
+        t0 = self.clock()
         while self.waiting and len(self.running) < self.max_num_seqs:
             request_id, ids, config, seed = self.waiting.popleft()
             decoder = SpeculativeDecoder(self.target.model, self.drafter, config, self.eos_token_ids)
@@ -100,5 +101,5 @@ class HFBatchEngine:
             if not rnd.finished:
                 still.append(req)
         self.running = still
-        return EngineStep(time.perf_counter() - t0, steps, len(self.running), len(self.waiting),
+        return EngineStep(self.clock() - t0, steps, len(self.running), len(self.waiting),
                           int(sum(s.num_drafted for s in steps)))

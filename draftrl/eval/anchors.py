@@ -18,8 +18,9 @@ bootstrap need (tokens, seconds) plus the number of target forwards (prefill inc
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
+
+from draftrl.eval.rollout import DecodedRequest
 
 #: Anchor kinds.
 HF = "hf"
@@ -51,22 +52,12 @@ def anchor_ngram(drafter: str) -> int:
 
 
 @dataclass
-class AnchorRun:
+class AnchorRun(DecodedRequest):
     """One request decoded by an anchor (wall clock, seconds, prefill included)."""
 
-    policy: str
-    prompt_id: str
-    language: str
-    task: str
-    repeat: int
-    token_ids: list[int]
     seconds: float
     num_forwards: int
     """target forwards, prefill included (HF verifies its first candidates inside the prefill)"""
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.token_ids)
 
 
 def run_anchor(model, anchor: Anchor, request, *, eos_token_ids: list[int], repeat: int = 0,
@@ -74,7 +65,10 @@ def run_anchor(model, anchor: Anchor, request, *, eos_token_ids: list[int], repe
     """Decode ``request`` (a ``draftrl.envs.workload.Request``) with ``anchor`` on ``model``."""
     import torch
 
+    from draftrl.decoding.clock import clock_for
     from draftrl.models.kernels import stock_kernels
+
+    clock = clock_for(device)
 
     forwards = [0]
     handle = model.register_forward_pre_hook(lambda *_: forwards.__setitem__(0, forwards[0] + 1))
@@ -84,13 +78,11 @@ def run_anchor(model, anchor: Anchor, request, *, eos_token_ids: list[int], repe
     ids = torch.tensor([request.prompt_ids], device=device)
     try:
         with stock_kernels(model), torch.inference_mode():
-            _sync(device)
-            t0 = time.perf_counter()
+            t0 = clock()
             out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=request.max_new_tokens,
                                  do_sample=False, eos_token_id=list(eos_token_ids), pad_token_id=eos_token_ids[0],
                                  **kwargs)
-            _sync(device)
-            seconds = time.perf_counter() - t0
+            seconds = clock() - t0
     finally:
         handle.remove()
     tokens = out[0, ids.shape[1]:].tolist()
@@ -101,13 +93,6 @@ def run_anchor(model, anchor: Anchor, request, *, eos_token_ids: list[int], repe
     prompt = request.prompt
     return AnchorRun(policy=anchor.label, prompt_id=prompt.id, language=prompt.language, task=prompt.task,
                      repeat=repeat, token_ids=tokens, seconds=seconds, num_forwards=forwards[0])
-
-
-def _sync(device: str) -> None:
-    if device.startswith("cuda"):
-        import torch
-
-        torch.cuda.synchronize(device)
 
 
 def median_anchor_runs(runs: list[AnchorRun]) -> list[AnchorRun]:

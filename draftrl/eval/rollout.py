@@ -28,8 +28,8 @@ from draftrl.eval.memory import MemoryProbe
 
 
 @dataclass
-class RequestRun:
-    """One request decoded under one setting; arrays have one entry per round."""
+class DecodedRequest:
+    """What every timed request records, whoever decoded it (draftrl's engine or an anchor)."""
 
     policy: str
     prompt_id: str
@@ -37,6 +37,16 @@ class RequestRun:
     task: str
     repeat: int
     token_ids: list[int]
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+@dataclass
+class RequestRun(DecodedRequest):
+    """One request decoded under one setting by draftrl's engine; arrays have one entry per round."""
+
     num_prompt_tokens: int
     prefill_seconds: float
     total_seconds: float
@@ -66,10 +76,6 @@ class RequestRun:
     stop_reason: str | None = None
     token_stats: list = field(default_factory=list, repr=False)
     """the rounds' TokenStats, kept only when asked (for monitors run after timing)"""
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.token_ids)
 
     @property
     def num_rounds(self) -> int:
