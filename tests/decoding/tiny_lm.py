@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from types import SimpleNamespace
 
+import numpy as np
 import torch
 from torch import nn
 from transformers import DynamicCache
@@ -99,14 +100,88 @@ def chisquare_law(samples: list[tuple[int, ...]], law: dict[tuple[int, ...], flo
     return float(result.pvalue), float(result.statistic), len(observed) - 1
 
 
+def required_noncentrality(df: int, alpha: float, power: float = 0.9) -> float:
+    """Noncentrality at which the chi-square test with ``df`` degrees of freedom and false alarm
+    ``alpha`` rejects with probability ``power``."""
+    from scipy import optimize, stats
+
+    critical = stats.chi2.isf(alpha, df)
+    return optimize.brentq(lambda x: stats.ncx2.sf(critical, df, x) - power, 1e-6, 1e6)
+
+
 def worst_case_detectable_tv(n: int, df: int, alpha: float, power: float = 0.9) -> float:
     """Smallest total variation that the chi-square test detects with ``power`` whatever its shape.
 
     For any law Q at total variation e from P, the noncentrality n * sum((Q - P)^2 / P) is at
     least 4 n e^2 (Cauchy-Schwarz), so the test's power is at least that of a noncentral chi-square
     with that noncentrality."""
-    from scipy import optimize, stats
+    return math.sqrt(required_noncentrality(df, alpha, power) / (4 * n))
 
-    critical = stats.chi2.isf(alpha, df)
-    lam = optimize.brentq(lambda x: stats.ncx2.sf(critical, df, x) - power, 1e-6, 1e6)
-    return math.sqrt(lam / (4 * n))
+
+@torch.inference_mode()
+def next_token_laws(model: TinyLM, ids: list[int], start: int, params: SamplingParams) -> np.ndarray:
+    """[len(ids) - start, V] float64: ``model``'s exact law of each token of ``ids[start:]`` given
+    the tokens before it (one causal forward without a cache, like :func:`sequence_law`)."""
+    logits = model(torch.tensor([ids[:-1]])).logits[0, start - 1 :]
+    probs = logits_to_probs(logits, params).double()
+    return (probs / probs.sum(-1, keepdim=True)).numpy()
+
+
+def _class_covariances(classes: np.ndarray, laws: np.ndarray):
+    """Per class present: (its tokens' mask, C_c = sum_i (diag P_i - P_i P_i^T) over them)."""
+    for c in np.unique(classes):
+        mask = classes == c
+        p = laws[mask]
+        yield mask, np.diag(p.sum(0)) - p.T @ p
+
+
+def pooled_law_test(classes: np.ndarray, tokens: np.ndarray, laws: np.ndarray) -> tuple[float, float, int]:
+    """Chi-square test that each class of tokens follows, pooled over its contexts, the laws it was
+    drawn from. Returns (p-value, statistic, df).
+
+    Token i has class ``classes[i]``, known before it is drawn (e.g. its position in its round),
+    and must follow ``laws[i]`` [V] given everything before it. Then, per class c, the vector
+    D_c = sum_i (onehot(x_i) - P_i) is a martingale with predictable covariance
+    C_c = sum_i (diag P_i - P_i P_i^T), and sum_c D_c^T C_c^+ D_c is chi-square with
+    (number of classes) * (V - 1) degrees of freedom for many tokens (martingale central limit
+    theorem), however the contexts were reached. The law it tests is, per class, the mean of the
+    tokens' conditional laws; a deviation of its mean total variation (weighted by class sizes)
+    e is detected as a multinomial deviation of e would be among N tokens: C_c / N_c is at most the
+    covariance of the mean law, so the noncentrality is at least 4 N e^2 (Cauchy-Schwarz) and
+    ``worst_case_detectable_tv(N, df, alpha)`` bounds the detectable e.
+    """
+    from scipy import stats
+
+    deviation = np.eye(laws.shape[1])[tokens] - laws
+    statistic, df = 0.0, 0
+    for mask, cov in _class_covariances(classes, laws):
+        dev = deviation[mask].sum(0)
+        statistic += float(dev[:-1] @ np.linalg.solve(cov[:-1, :-1], dev[:-1]))  # sum(dev) = 0: drop one entry
+        df += laws.shape[1] - 1
+    return float(stats.chi2.sf(statistic, df)), statistic, df
+
+
+def pooled_worst_case_tv(classes: np.ndarray, laws: np.ndarray, alpha: float, power: float = 0.9) -> float:
+    """Exact smallest mean total variation that :func:`pooled_law_test` detects with ``power``
+    whatever its shape, for the contexts this run visited (vocabulary of 3).
+
+    A deviation of class c with TV t_c has noncentrality N_c t_c^2 k_c at least, k_c the minimum
+    of d'^T (C_c / N_c)^-1 d' over deviations d of TV 1 (d' drops the last entry; the sphere of
+    TV 1 is 6 segments, on each the form is a quadratic in one variable; k_c >= 4). Spreading the
+    mean TV e over the classes as t_c ~ 1 / k_c minimises the total: N e^2 / sum_c (N_c / N) / k_c.
+    """
+    if laws.shape[1] != 3:
+        raise ValueError(f"pooled_worst_case_tv handles a vocabulary of 3, got {laws.shape[1]}")
+    eye = np.eye(3)
+    total, spread = len(classes), 0.0
+    for mask, cov in _class_covariances(classes, laws):
+        count = int(mask.sum())
+        metric = np.linalg.inv(cov[:-1, :-1] / count)
+        k = math.inf
+        for a in range(3):  # segment: d = e_a - s e_b - (1 - s) e_c, TV 1; -d gives the same value
+            b, c = [i for i in range(3) if i != a]
+            v0, w = (eye[a] - eye[c])[:-1], (eye[c] - eye[b])[:-1]
+            s = min(1.0, max(0.0, -float(v0 @ metric @ w) / float(w @ metric @ w)))
+            k = min(k, float((v0 + s * w) @ metric @ (v0 + s * w)))
+        spread += count / total / k
+    return math.sqrt(required_noncentrality(2 * len(np.unique(classes)), alpha, power) * spread / total)
