@@ -27,6 +27,7 @@ SHARED = {
     "--drafter": ("layerskip:3", "env.drafter", "layerskip:3"),
     "--device": ("cuda:1", "env.device", "cuda:1"),
     "--dtype": ("bfloat16", "env.dtype", "bfloat16"),
+    "--kernels": ("stock", "env.kernels", "stock"),
     "--threads": ("3", "threads", 3),
     "--seed": ("7", "seed", 7),
 }
@@ -67,7 +68,8 @@ def test_a_shared_flag_sets_its_key_on_every_command(flag):
 
 def test_every_decoding_command_takes_the_same_model_threads_and_config_flags():
     for command in ("generate", "calibrate", "collect", "grid", "eval", "demo"):
-        for flag in ("--config", "--set", "--target", "--drafter", "--device", "--dtype", "--threads", "--json"):
+        for flag in ("--config", "--set", "--target", "--drafter", "--device", "--dtype", "--kernels", "--threads",
+                     "--json"):
             assert _accepts(command, flag), (command, flag)
     for command in ("train", "grid", "eval", "demo", "generate", "calibrate"):
         assert _accepts(command, "--seed"), command

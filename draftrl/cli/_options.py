@@ -13,6 +13,7 @@ option             config key     meaning
 ``--drafter``      ``env.drafter`` ``ngram[:MIN:MAX]``, ``layerskip:N``, ``none`` or a model
 ``--device``       ``env.device``  ``cpu`` or ``cuda[:N]``
 ``--dtype``        ``env.dtype``   ``float32``, ``bfloat16`` or ``float16``
+``--kernels``      ``env.kernels`` ``auto`` (a timed probe on this machine), ``stock`` or ``fast_linear``
 ``--threads N``    ``threads``     torch intra-op threads (0 = torch's default)
 ``--seed N``       ``seed``        the command's seed (sampling, measurement order, PPO, ...)
 ``--ignore-eos``   ``env.ignore_eos``  decode to max_new_tokens past EOS (benchmarks, negative controls)
@@ -39,12 +40,14 @@ MODEL_KEYS: dict[str, str] = {
     "--drafter": "env.drafter",
     "--device": "env.device",
     "--dtype": "env.dtype",
+    "--kernels": "env.kernels",
 }
 _MODEL_HELP = {
     "--target": "target model: smollm2-135m, a local path or hub id",
     "--drafter": "ngram[:MIN:MAX] | layerskip:N | none | draft model path (same vocabulary)",
     "--device": "cpu or cuda[:N]",
     "--dtype": "float32, bfloat16 or float16",
+    "--kernels": "few-token CPU kernels: auto (timed probe, cached per machine), stock or fast_linear",
 }
 
 

@@ -85,7 +85,19 @@ def run(args: argparse.Namespace) -> int:
     for name, c in sorted(result["cells"].items(), key=lambda kv: -kv[1]["tokens_per_second"]):
         mark = "  <- best" if name == result["best"]["name"] else ""
         noise = "-" if c["noise"] is None else f"{c['noise']:.2f}"
-        print(f"speedup_vs_ar={c['speedup_vs_ar']:.3f}x  tokens_per_round={c['mean_tokens_per_round']:.2f}  "
+        print(f"speedup_vs_ar={c['speedup_vs_ar']:.3f}x  {_anchor_ratios(c)}tokens_per_round={c['mean_tokens_per_round']:.2f}  "
               f"tokens_per_second={c['tokens_per_second']:.2f}  noise={noise}  cell={name}{mark}")
+    anchors = result.get("anchors") or {}
+    if anchors.get("methods"):
+        timed = "  ".join(f"{label}={m['tokens_per_second']:.2f} tok/s" for label, m in anchors["methods"].items())
+        print(f"anchors timed in the same run: {timed}  (best prompt lookup: {anchors.get('best_lookup')})")
     print(f"grid.json, grid_heatmap.png and sweep.yaml in {args.out}")
     return 0
+
+
+def _anchor_ratios(cell: dict) -> str:
+    """``vs_hf=..x  vs_hf_lookup=..x  `` when the grid timed the Hugging Face anchors."""
+    parts = [f"{label}={cell[key]:.3f}x" for key, label in (("speedup_vs_hf", "vs_hf"),
+                                                          ("speedup_vs_hf_lookup", "vs_hf_lookup"))
+             if cell.get(key) is not None]
+    return "".join(f"{p}  " for p in parts)

@@ -132,8 +132,9 @@ def calibrate(settings: CalibrateSettings, env: EnvConfig, seed: int = 0,
     """
     started = time.perf_counter()
     rng = np.random.default_rng(seed)
-    target = shared_model(env.target, env.dtype, env.device)
-    drafter = build_drafter(env.drafter, target, dtype=env.dtype, device=env.device)
+    target = shared_model(env.target, env.dtype, env.device, env.kernels)  # the cost curve of the kernels decoding uses
+    drafter = build_drafter(env.drafter, target, dtype=env.dtype, device=env.device,
+                            load=lambda spec, dtype, device: shared_model(spec, dtype, device, env.kernels))
     num_tokens = tuple(sorted(set(settings.num_tokens) | {1}))
     contexts = tuple(settings.contexts)
     stream = _token_stream(target.tokenizer, max(contexts) + max(num_tokens) + 1)

@@ -256,3 +256,17 @@ def test_progress_lines_keep_a_log_alive(monkeypatch):
     lines = stream.getvalue().splitlines()
     assert 3 <= len(lines) <= 8, lines
     assert lines[0].startswith("[grid] 1/4 d2_v0_w1") and lines[-1].startswith("[grid] 4/4 done")
+
+
+def test_grid_prints_each_cell_against_the_hf_anchors(tmp_path, capsys, monkeypatch):
+    """Issue 12: every printed speed table gives the ratio over stock HF generate and HF prompt lookup too."""
+    cell = {"depth": 4, "verify_size": 0, "width": 1, "tokens_per_second": 30.0, "speedup_vs_ar": 1.5,
+            "speedup_vs_hf": 1.2, "speedup_vs_hf_lookup": 0.9, "mean_tokens_per_round": 2.0, "noise": 0.01}
+    result = {"cells": {"d4_v0_w1": cell}, "best": {"name": "d4_v0_w1"},
+              "anchors": {"methods": {"hf": {"tokens_per_second": 25.0}, "hf-lookup:4": {"tokens_per_second": 33.3}},
+                          "best_lookup": "hf-lookup:4"}}
+    monkeypatch.setattr("draftrl.eval.grid.run_grid", lambda *a, **k: result)
+    assert main(["grid", "--out", str(tmp_path / "g"), "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "speedup_vs_ar=1.500x  vs_hf=1.200x  vs_hf_lookup=0.900x" in out
+    assert "hf=25.00 tok/s" in out and "best prompt lookup: hf-lookup:4" in out
