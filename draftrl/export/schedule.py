@@ -89,10 +89,3 @@ class PolicySchedule:
 
         self.check_engine(engine)
         return generate(engine, prompt_ids, self, monitor=monitor, seed=seed, on_round=self.observe)
-
-
-def generate_with_policy(engine: Any, prompt_ids: list[int], controller: Any, monitor: Any = None,
-                         seed: int | None = None) -> tuple[Any, PolicySchedule]:
-    """One request with ``controller`` choosing every round; returns (``GenerationResult``, schedule)."""
-    schedule = PolicySchedule(controller)
-    return schedule.generate(engine, prompt_ids, monitor=monitor, seed=seed), schedule

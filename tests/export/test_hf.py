@@ -10,7 +10,7 @@ import torch
 from draftrl.envs.engines import build_engine
 from draftrl.export.controller import PolicyController
 from draftrl.export.hf import PolicyCandidateGenerator, policy_generate
-from draftrl.export.schedule import generate_with_policy
+from draftrl.export.schedule import PolicySchedule
 
 MAX_NEW_TOKENS = 24
 PROMPTS = [
@@ -81,7 +81,7 @@ def test_hf_adapter_features_match_draftrl_engine(shared_target, replay_config, 
     in_engine = ScriptedController(base, [4, 0, 2, 4, 1])
     engine, _ = build_engine(replay_config, shared_target)
     engine.config.max_new_tokens = MAX_NEW_TOKENS
-    generate_with_policy(engine, ids[0].tolist(), in_engine)
+    PolicySchedule(in_engine).generate(engine, ids[0].tolist())
     names = list(base.feature_names)
     compared = [i for i, n in enumerate(names) if not n.startswith(("verify_cost", "draft_cost"))]
     assert len(in_hf.seen) == len(in_engine.seen)

@@ -13,7 +13,7 @@ from draftrl.decoding.generate import fixed_schedule, generate
 from draftrl.envs.engines import build_engine
 from draftrl.envs.spec_decode import SpecDecodeEnv
 from draftrl.export.controller import PolicyController
-from draftrl.export.schedule import PolicySchedule, generate_with_policy
+from draftrl.export.schedule import PolicySchedule
 
 PROMPT = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):"
 
@@ -48,7 +48,8 @@ def test_schedule_builds_the_training_envs_observations(shared_target, replay_co
     controller = ScriptedController(PolicyController(replay_exports["onnx"]), script)
     engine, _ = build_engine(config, shared_target)
     engine.config.max_new_tokens = info["max_new_tokens"]
-    result, schedule = generate_with_policy(engine, env.request.prompt_ids, controller)
+    schedule = PolicySchedule(controller)
+    result = schedule.generate(engine, env.request.prompt_ids)
     assert result.token_ids == env_engine.output_ids
     assert len(controller.seen) == len(env_obs)
     names = list(env.feature_names)
@@ -67,10 +68,11 @@ def test_trained_policy_keeps_greedy_output(shared_target, replay_config, replay
     engine, _ = build_engine(config, shared_target)
     engine.config.max_new_tokens = 32
     plain = generate(engine, ids, fixed_schedule(0)).token_ids
-    result, schedule = generate_with_policy(engine, ids, PolicyController(replay_exports["onnx"]))
+    schedule = PolicySchedule(PolicyController(replay_exports["onnx"]))
+    result = schedule.generate(engine, ids)
     assert result.token_ids == plain
     scripted = ScriptedController(PolicyController(replay_exports["onnx"]), [4, 2, 4, 1])
-    result, _ = generate_with_policy(engine, ids, scripted)
+    result = PolicySchedule(scripted).generate(engine, ids)
     assert result.token_ids == plain
     assert result.mean_tokens_per_round > 1.0  # the scripted depths did speculate and get accepted
 
