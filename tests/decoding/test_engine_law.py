@@ -54,7 +54,7 @@ POSITIONS = 3  # classes of the per-position test: round positions 1, 2 and 3-5
 CONTROL_RUNS = 300  # requests of the wrong engine: it misses by far more than the correct one may
 CONTROL_TOKENS = 16  # 4,800 tokens: at 10 tokens a request, resample-from-p on sampled-tree-verify-4 passed the per-position test (p = 0.03)
 TV = 0.02  # total variation detected with probability 0.9
-RUNS_SLOW = 82_000  # the correct engine in the slow tests: any total variation of 0.02 is detected
+RUNS_SLOW = 82_000  # the correct engine in the slow tests: any total variation of 0.02 is detected (~23 min a shape)
 NOISE = 0.7  # the draft's extra output noise: about 0.9-1.2 accepted draft tokens per round
 TEMPERATURE = 1.0
 PARAMS = SamplingParams(temperature=TEMPERATURE)
