@@ -97,18 +97,54 @@ def admit(scores: np.ndarray, budget: int | None) -> np.ndarray:
 
 @dataclass
 class RequestAcceptance:
-    """A request's discounted draft history, for :func:`acceptance_estimate`."""
+    """A request's discounted draft history, for :func:`acceptance_estimate`, and its own depth
+    under Hugging Face's +2 / -1 schedule (``heuristic_depth``)."""
 
     num_accepted: float = 0.0
     num_proposed: float = 0.0
     last_proposed: int = 0
     """draft tokens proposed at the last step (verified in the next one)"""
+    heuristic_depth: float = 0.0
+    """the request's own depth under the heuristic rule (updated by ``observe(..., heuristic=True)``)"""
 
-    def observe(self, num_emitted: int, decay: float) -> int:
+    def observe(self, num_emitted: int, decay: float, heuristic: bool = False) -> int:
         """The request gained ``num_emitted`` tokens (accepted + 1) verifying ``last_proposed``
-        drafts; returns the accepted count."""
-        accepted = max(0, min(num_emitted - 1, self.last_proposed))
-        if self.last_proposed:
+        drafts; returns the accepted count. With ``heuristic``, ``heuristic_depth`` moves +2 when
+        every proposed draft was accepted, else -1 (floor 1)."""
+        proposed = self.last_proposed
+        accepted = max(0, min(num_emitted - 1, proposed))
+        if proposed:
             self.num_accepted = decay * self.num_accepted + accepted
-            self.num_proposed = decay * self.num_proposed + self.last_proposed
+            self.num_proposed = decay * self.num_proposed + proposed
+            if heuristic:
+                self.heuristic_depth = self.heuristic_depth + 2 if accepted == proposed \
+                    else max(1.0, self.heuristic_depth - 1)
         return accepted
+
+
+def draft_cap(action_depth: int, own_depth: float, max_depth: int, max_model_len: int, num_tokens: int) -> int:
+    """Draft tokens a request may propose: the step's cap, its own depth, the engine's largest
+    depth and the room left before ``max_model_len`` (``num_tokens`` = prompt + output now)."""
+    return max(0, min(int(action_depth), int(own_depth), int(max_depth), int(max_model_len) - int(num_tokens) - 1))
+
+
+def admit_drafts(histories: list[RequestAcceptance], match_len: np.ndarray, wanted: np.ndarray,
+                 budget: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """One step's admission over a batch (the vLLM proposer's and the serving simulator's rule).
+
+    :param histories: ``[A]`` the requests' draft histories; ``last_proposed`` is set to the admitted count
+    :param match_len: ``[A]`` matched n-gram lengths
+    :param wanted: ``[A]`` drafts each request could and would propose under the depth cap
+    :param budget: the step's verification budget (None = no limit)
+    :returns: ``([A] acceptance estimates, [A] admitted drafts)``
+    """
+    wanted = np.asarray(wanted, dtype=np.int64)
+    acceptance = acceptance_estimate(np.array([h.num_accepted for h in histories]),
+                                     np.array([h.num_proposed for h in histories]), match_len)
+    if budget is None or budget >= int(wanted.sum()):
+        admitted = wanted.copy()  # admit()'s answer when nothing binds, without scoring
+    else:
+        admitted = admit(position_scores(acceptance, wanted, max(1, int(wanted.max(initial=0)))), budget)
+    for history, n in zip(histories, admitted.tolist()):
+        history.last_proposed = n
+    return acceptance, admitted

@@ -12,16 +12,15 @@ each request drafting as deep as its match allows under the cap.
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
 
-from draftrl.decoding.admission import RequestAcceptance, StepAction, acceptance_estimate, admit, position_scores
+from draftrl.decoding.admission import RequestAcceptance, StepAction, admit_drafts
 from draftrl.decoding.clock import clock_for
 from draftrl.decoding.drafters import NgramDrafter
 from draftrl.decoding.engine import EngineConfig, SpeculativeDecoder
-from draftrl.decoding.interface import EngineStep, RequestStep
+from draftrl.decoding.interface import EngineStep, QueuedBatch, RequestStep
 
 ACCEPT_DECAY = 0.8
 
@@ -33,7 +32,7 @@ class _Running:
     acceptance: RequestAcceptance
 
 
-class HFBatchEngine:
+class HFBatchEngine(QueuedBatch):
     """Serving interface over the exact Hugging Face engine (module docstring).
 
     :param target: a loaded causal LM (``draftrl.models.LoadedModel``).
@@ -51,28 +50,13 @@ class HFBatchEngine:
         self.eos_token_ids = tuple(eos_token_ids)
         self.drafter = NgramDrafter()
         self.clock = clock_for(next(target.model.parameters()).device)  # GPU work counted where it happens
-        self.waiting: deque = deque()
-        self.running: list[_Running] = []
-        self._signals = (np.zeros(0), np.zeros(0, dtype=np.int64))
+        self._start_queue()
 
     def add_request(self, request_id: str, prompt_ids: list[int], max_new_tokens: int, *,
                     temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int | None = None) -> None:
         config = EngineConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                               seed=seed or 0, max_depth=max(16, self.max_depth))
         self.waiting.append((request_id, list(prompt_ids), config, seed))
-
-    def has_unfinished_requests(self) -> bool:
-        return bool(self.waiting or self.running)
-
-    def request_counts(self) -> tuple[int, int]:
-        return len(self.running), len(self.waiting)
-
-    def request_signals(self) -> tuple[np.ndarray, np.ndarray]:
-        return self._signals
-
-    def abort_all(self) -> None:
-        self.waiting.clear()
-        self.running.clear()
 
     def step(self, action: StepAction | None = None) -> EngineStep:
         """Admit waiting requests (prefill), then one round per running request under ``action``."""
@@ -87,9 +71,7 @@ class HFBatchEngine:
         depth = min(action.depth, self.max_depth)
         capacity = np.array([min(depth, r.decoder.remaining - 1) if m > 0 else 0
                              for r, m in zip(self.running, match)], dtype=np.int64)
-        acceptance = acceptance_estimate(np.array([r.acceptance.num_accepted for r in self.running]),
-                                         np.array([r.acceptance.num_proposed for r in self.running]), match)
-        admitted = admit(position_scores(acceptance, capacity, max(1, depth)), action.budget)
+        acceptance, admitted = admit_drafts([r.acceptance for r in self.running], match, capacity, action.budget)
         self._signals = (acceptance, match)
         steps, still = [], []
         for req, n in zip(self.running, admitted):

@@ -18,7 +18,9 @@ step in which it decodes (fewer only at EOS or its token limit).
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -53,15 +55,16 @@ class EngineStep:
     num_proposed: int
     """draft tokens the step proposed under its action (verified in step t + action_lag)"""
 
-    @property
+    # cached: read several times per step by the env (features, reward, info); ``requests`` is not changed
+    @cached_property
     def num_tokens(self) -> int:
         return sum(len(r.token_ids) for r in self.requests)
 
-    @property
+    @cached_property
     def num_drafted(self) -> int:
         return sum(r.num_drafted for r in self.requests)
 
-    @property
+    @cached_property
     def num_accepted(self) -> int:
         return sum(r.num_accepted for r in self.requests)
 
@@ -96,3 +99,26 @@ class ServingEngine(Protocol):
 
     def abort_all(self) -> None:
         """Drop every queued and running request (an episode ended early)."""
+
+
+class QueuedBatch:
+    """Request bookkeeping of an engine that keeps its own queue (the Hugging Face batch engine,
+    the serving simulator): ``waiting`` requests join ``running`` at a step when there is room;
+    ``_signals`` holds the last step's ``request_signals()``."""
+
+    def _start_queue(self) -> None:
+        self.waiting: deque = deque()
+        self.running: list = []
+        self._signals = (np.zeros(0), np.zeros(0, dtype=np.int64))
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def request_counts(self) -> tuple[int, int]:
+        return len(self.running), len(self.waiting)
+
+    def request_signals(self) -> tuple[np.ndarray, np.ndarray]:
+        return self._signals
+
+    def abort_all(self) -> None:
+        self._start_queue()

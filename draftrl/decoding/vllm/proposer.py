@@ -45,13 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from draftrl.decoding.admission import (
-    RequestAcceptance,
-    StepAction,
-    acceptance_estimate,
-    admit,
-    position_scores,
-)
+from draftrl.decoding.admission import RequestAcceptance, StepAction, admit_drafts, draft_cap
 from draftrl.decoding.drafters import NgramDrafter
 
 CONFIG_ENV = "DRAFTRL_PROPOSER_CONFIG"
@@ -68,7 +62,6 @@ class _Request:
     """One running request's drafting state between steps."""
 
     acceptance: RequestAcceptance = field(default_factory=RequestAcceptance)
-    heuristic_depth: float = 0.0
     length: int = 0
     tail: tuple[int, ...] = ()
     last_step: int = 0
@@ -132,7 +125,7 @@ class DraftrlProposer:
         self.rule = rule
         self.initial_depth = float(initial_depth if initial_depth is not None else self.max_depth)
         for req in self.requests.values():
-            req.heuristic_depth = self.initial_depth
+            req.acceptance.heuristic_depth = self.initial_depth
 
     def load_model(self, *args: Any, **kwargs: Any) -> None:
         """The n-gram drafter has no weights; vLLM's CPU runner calls this unconditionally."""
@@ -161,7 +154,7 @@ class DraftrlProposer:
         """Each decoding request's own depth before the step's cap and budget (``rule``);
         subclasses (``draftrl.export.vllm_proposer.PolicyProposer``) ask a per-request policy."""
         if self.rule == "heuristic":
-            return [int(r.heuristic_depth) for r in reqs]
+            return [int(r.acceptance.heuristic_depth) for r in reqs]
         return [self.max_depth] * len(reqs)
 
     def _admitted(self, rows: list[int], counts: list[int]) -> None:
@@ -185,13 +178,9 @@ class DraftrlProposer:
         for a, (row, key, n) in enumerate(zip(rows, keys, lengths)):
             req = self.requests.get(key)
             if req is None:
-                req = self.requests[key] = _Request(heuristic_depth=self.initial_depth)
+                req = self.requests[key] = _Request(RequestAcceptance(heuristic_depth=self.initial_depth))
             else:
-                proposed = req.acceptance.last_proposed
-                accepted[a] = req.acceptance.observe(int(emitted[a]), ACCEPT_DECAY)
-                if proposed and self.rule == "heuristic":  # HF's schedule: +2 when all accepted, else -1
-                    req.heuristic_depth = req.heuristic_depth + 2 if accepted[a] == proposed \
-                        else max(1.0, req.heuristic_depth - 1)
+                accepted[a] = req.acceptance.observe(int(emitted[a]), ACCEPT_DECAY, self.rule == "heuristic")
             req.length, req.last_step = n, self.step
             ids = token_ids_cpu[row, :n].tolist()
             req.tail = tuple(ids[-_TAIL:])
@@ -202,8 +191,8 @@ class DraftrlProposer:
         action = self.action
         own_depths = self._own_depths(rows, reqs, sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
         for a, (builder, own, n) in enumerate(zip(builders, own_depths, lengths)):
-            cap = min(action.depth, int(own), self.max_depth, self.max_model_len - n - 1)
-            for _ in range(max(0, cap)):
+            cap = draft_cap(action.depth, own, self.max_depth, self.max_model_len, n)
+            for _ in range(cap):
                 if not builder.step():
                     break
             if self.rule == "fill":
@@ -211,13 +200,9 @@ class DraftrlProposer:
                     builder.tree.add(builder.ids[-1] if not builder.tree.tokens else builder.tree.tokens[-1],
                                      len(builder.tree) - 1, -1e3)
             wanted[a] = len(builder.tree)
-        acceptance = acceptance_estimate(
-            np.array([r.acceptance.num_accepted for r in reqs]), np.array([r.acceptance.num_proposed for r in reqs]),
-            match_len)
-        admitted = admit(position_scores(acceptance, wanted, max(1, int(wanted.max(initial=0)))), action.budget)
-        for a, (row, builder, req) in enumerate(zip(rows, builders, reqs)):
+        acceptance, admitted = admit_drafts([r.acceptance for r in reqs], match_len, wanted, action.budget)
+        for a, (row, builder) in enumerate(zip(rows, builders)):
             drafts[row] = [int(t) for t in builder.tree.tokens[: int(admitted[a])]]
-            req.acceptance.last_proposed = len(drafts[row])
         self._admitted(rows, [len(drafts[row]) for row in rows])
         # forget requests that did not decode this step and are not mid-prefill (finished)
         if self.step % 64 == 0:
