@@ -31,6 +31,9 @@ def add_parser(subparsers) -> None:
     _options.add_out(p, "directory for trace.npz, trace.json (and cost_table.json)",
                      overwrite="replace the traces already in --out (and discard an interrupted collection there)")
     p.add_argument("--cost-table", default=None, help="cost table from draftrl calibrate, copied next to the traces")
+    p.add_argument("--engine", choices=["hf", "vllm"], default="hf",
+                   help="vllm: record each request's greedy continuation in vLLM (float32, no speculation) for "
+                        "draftrl/ServeReplay-v0; --config/--set then take ServeConfig fields (default split tune)")
     _options.add_json(p)
     p.set_defaults(func=run)
 
@@ -59,8 +62,27 @@ def check_out(out: Path, overwrite: bool) -> None:
         shutil.rmtree(out / PARTIAL_DIR)
 
 
+def run_vllm(args: argparse.Namespace) -> int:
+    """Recordings for ``draftrl/ServeReplay-v0`` (``draftrl.envs.serve_sim.record_workload``)."""
+    from draftrl.envs.serve_sim import RECORDINGS_FILE, record_workload
+    from draftrl.eval.serving import serve_config
+    from draftrl.io import prepare_out
+
+    config = serve_config(args.config, args.overrides, threads=args.threads, split="tune", shuffle=True, seed=None)
+    prepare_out(args.out, (RECORDINGS_FILE,), overwrite=args.overwrite, command="collect")  # before vLLM loads
+    recordings = record_workload(config, progress=lambda msg: print(f"[collect] {msg}", file=sys.stderr, flush=True))
+    path = recordings.save(args.out)
+    summary = {"requests": len(recordings), "tokens": sum(len(r.token_ids) for r in recordings.requests),
+               "seconds": recordings.meta["record_seconds"], "out": str(path)}
+    print(json.dumps(summary) if args.json else " ".join(f"{k}={v}" for k, v in summary.items()))
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     from draftrl.envs.engines import build_engine
+
+    if args.engine == "vllm":
+        return run_vllm(args)
     from draftrl.envs.traces import collect
     from draftrl.runs import PARTIAL_DIR
     from draftrl.signals.costs import CostTable

@@ -51,3 +51,9 @@ register(
     max_episode_steps=8192,
     nondeterministic=True,
 )
+# ServeVLLM-v0 simulated: recorded greedy continuations, recomputed drafts, a calibrated step cost.
+register(
+    id="draftrl/ServeReplay-v0",
+    entry_point="draftrl.envs.serve_replay:ServeReplayEnv",
+    max_episode_steps=8192,
+)

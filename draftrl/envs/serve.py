@@ -169,7 +169,7 @@ class ServeVLLMEnv(gym.Env[np.ndarray, np.ndarray]):
 
     def __init__(self, config: ServeConfig | dict | None = None, *, engine=None, tokenizer=None,
                  render_mode: str | None = None, **overrides: Any):
-        self.config = config = resolve_serve_config(config, overrides)
+        config = resolve_serve_config(config, overrides)
         if render_mode is not None:
             raise ValueError(f"render_mode={render_mode!r} is not supported; the serving env does not render.")
         if engine is None:
@@ -179,20 +179,25 @@ class ServeVLLMEnv(gym.Env[np.ndarray, np.ndarray]):
                 model=config.model, method="draftrl", num_speculative_tokens=max(1, config.max_depth),
                 dtype=config.dtype, max_num_seqs=config.max_num_seqs, max_model_len=config.max_model_len,
                 kv_cache_gib=config.kv_cache_gib, threads=config.threads))
-        if getattr(engine, "proposer", None) is not None:
-            engine.proposer.set_rule(config.rule)
         if tokenizer is None:
             from transformers import AutoTokenizer
 
             from draftrl.decoding.vllm.engine import model_path
 
             tokenizer = AutoTokenizer.from_pretrained(model_path(config.model))
-        self.engine = engine
         self.tokenizer = tokenizer
-        self.workload = Workload(config.workload_config(), tokenizer)
+        self._setup(config, engine, Workload(config.workload_config(), tokenizer))
+
+    def _setup(self, config: ServeConfig, engine, workload: Workload) -> None:
+        """Spaces, reward and episode state around ``engine`` (shared with ``ServeReplay-v0``)."""
+        self.config = config
+        self.engine = engine
+        self.workload = workload
         self.depths, self.budgets = config.depths, config.budgets
         self.feature_names = FEATURE_NAMES
         self.action_lag = int(engine.action_lag)
+        if getattr(engine, "proposer", None) is not None:
+            engine.proposer.set_rule(config.rule)
         self.action_space = spaces.MultiDiscrete([len(self.depths), len(self.budgets)])
         low = np.array([lo for _, lo, _ in OBSERVATION], dtype=np.float32)
         high = np.array([hi for _, _, hi in OBSERVATION], dtype=np.float32)
@@ -244,6 +249,7 @@ class ServeVLLMEnv(gym.Env[np.ndarray, np.ndarray]):
         self.clock = 0.0
         self.idle_seconds = 0.0
         self._in_flight = 0
+        self._in_flight_tokens = 0
         self._ema: dict[str, float] = {}
         self._last: dict[str, float] = {}
         self._last_action = (0, 0)
@@ -274,14 +280,12 @@ class ServeVLLMEnv(gym.Env[np.ndarray, np.ndarray]):
                                     top_k=c.top_k, top_p=c.top_p, seed=seed)
             timeline.admitted = self.clock
             self._in_flight += 1
+            self._in_flight_tokens += timeline.num_prompt_tokens
 
     def step(self, action) -> tuple[np.ndarray, SupportsFloat, bool, bool, dict[str, Any]]:
         if self._done:
             raise RuntimeError("step() called before reset() or after the episode ended; call reset().")
-        action = np.asarray(action)
-        if action.shape != (2,) or not self.action_space.contains(action.astype(self.action_space.dtype)):
-            raise ValueError(f"action={action!r} is outside {self.action_space}.")
-        depth, budget = self.depths[int(action[0])], self.budgets[int(action[1])]
+        depth, budget = self._decode_action(action)
         result = self.engine.step(StepAction(depth, budget))
         self.clock += result.seconds
         finished = []
@@ -291,9 +295,11 @@ class ServeVLLMEnv(gym.Env[np.ndarray, np.ndarray]):
                 continue
             timeline.token_ids.extend(r.token_ids)
             timeline.token_times.extend([self.clock] * len(r.token_ids))
+            self._in_flight_tokens += len(r.token_ids)
             if r.finished:
                 timeline.finished = True
                 self._in_flight -= 1
+                self._in_flight_tokens -= timeline.num_prompt_tokens + len(timeline.token_ids)
                 finished.append(r.request_id)
         self._last_action = (depth, budget)
         self._record(result)
@@ -309,6 +315,17 @@ class ServeVLLMEnv(gym.Env[np.ndarray, np.ndarray]):
             info["requests"] = self.requests
             info["idle_seconds"] = self.idle_seconds
         return self._observation(), float(reward), self._done, False, info
+
+    def _decode_action(self, action) -> tuple[int, int]:
+        """(depth, budget) of a ``MultiDiscrete`` action; a ValueError naming it when outside the space."""
+        try:
+            i, j = action
+            ok = i == int(i) and j == int(j) and 0 <= i < len(self.depths) and 0 <= j < len(self.budgets)
+        except (TypeError, ValueError):
+            ok = False
+        if not ok:
+            raise ValueError(f"action={action!r} is outside {self.action_space}.")
+        return self.depths[int(i)], self.budgets[int(j)]
 
     # ------------------------------------------------------------------ features
     def _record(self, result) -> None:
@@ -333,10 +350,10 @@ class ServeVLLMEnv(gym.Env[np.ndarray, np.ndarray]):
         c = self.config
         last, ema = self._last, self._ema
         running = self._num_running
-        in_flight = sum(r.num_prompt_tokens + len(r.token_ids) for r in self.requests
-                        if r.admitted is not None and not r.finished)
+        in_flight = self._in_flight_tokens  # prompt + generated tokens of admitted, unfinished requests
         acceptance, match = self.engine.request_signals()
-        match_share = [float(np.mean(np.minimum(match, 3) == m)) if match.size else 0.0 for m in range(4)]
+        accept = acceptance.tolist()  # a few floats: python's sum/min/max beat numpy's call overhead
+        match_share = (np.bincount(np.minimum(match, 3), minlength=4) / match.size).tolist() if match.size else [0.0] * 4
         obs = [
             running / c.max_num_seqs,
             getattr(self, "_num_waiting", 0) / c.max_num_seqs,
@@ -347,9 +364,7 @@ class ServeVLLMEnv(gym.Env[np.ndarray, np.ndarray]):
             last.get("tokens_per_seq", 0.0),
             last.get("drafted_per_seq", 0.0),
             last.get("accept_rate_step", 0.5),
-            float(acceptance.mean()) if acceptance.size else 0.0,
-            float(acceptance.min()) if acceptance.size else 0.0,
-            float(acceptance.max()) if acceptance.size else 0.0,
+            *((sum(accept) / len(accept), min(accept), max(accept)) if accept else (0.0, 0.0, 0.0)),
             *match_share,
             last.get("proposed", 0.0) / max(1, running),
             self._last_action[0] / max(1, c.max_depth),

@@ -64,12 +64,14 @@ def encode(tokenizer, text: str, chat_template: bool) -> list[int]:
 class Workload:
     """Hands out one :class:`Request` per episode in a seeded order."""
 
-    def __init__(self, config: EnvConfig, tokenizer=None, prompts: list[Prompt] | None = None):
-        """``tokenizer`` may be None when only indices are needed (trace replay)."""
+    def __init__(self, config: EnvConfig, tokenizer=None, prompts: list[Prompt] | None = None,
+                 prompt_ids: dict[str, list[int]] | None = None):
+        """``tokenizer`` may be None when only indices are needed (trace replay) or when
+        ``prompt_ids`` (prompt id -> token ids, e.g. recorded ones) covers ``prompts``."""
         self.config = config
         self.tokenizer = tokenizer
         self.prompts = prompts if prompts is not None else select_prompts(config)
-        self._ids: dict[str, list[int]] = {}
+        self._ids: dict[str, list[int]] = dict(prompt_ids or {})
         self._order: list[int] = list(range(len(self.prompts)))
         self._next = 0
 

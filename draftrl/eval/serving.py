@@ -127,15 +127,15 @@ def _split(text: str) -> list[str]:
     return out
 
 
-def serve_config(path: str | None, overrides: list[str], threads: int | None = None):
-    """The evaluation's :class:`ServeConfig`: held-out split, file order, seed 0, then a YAML file
-    of ServeConfig fields (``path``) and ``key=value`` overrides."""
+def serve_config(path: str | None, overrides: list[str], threads: int | None = None, **defaults: Any):
+    """The evaluation's :class:`ServeConfig`: held-out split, file order, seed 0 (or ``defaults``),
+    then a YAML file of ServeConfig fields (``path``) and ``key=value`` overrides."""
     import yaml
 
     from draftrl.config import from_dict
     from draftrl.envs.serve_config import ServeConfig
 
-    data: dict[str, Any] = {"split": "heldout", "shuffle": False, "seed": 0}
+    data: dict[str, Any] = {"split": "heldout", "shuffle": False, "seed": 0, **defaults}
     if path:
         data.update(yaml.safe_load(Path(path).read_text()) or {})
     for item in overrides:

@@ -14,7 +14,10 @@ simulator needs (issue "Learning under load").
 
 from __future__ import annotations
 
+import math
 import time
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -78,3 +81,53 @@ def fit(points: list[dict]) -> dict[str, float]:
 def predict(fit_: dict[str, float], num_seqs: int, tokens_verified: int) -> float:
     """Step seconds the fit predicts."""
     return fit_["base"] + fit_["per_seq"] * num_seqs + fit_["per_token"] * tokens_verified
+
+
+@dataclass
+class StepCostModel:
+    """Step seconds ``base + per_seq * B + per_token * tokens`` with Gaussian measurement noise
+    (``residual_std``) and a per-episode machine jitter: ``jitter_fixed`` scales ``base + per_seq * B``,
+    ``jitter_token`` scales ``per_token * tokens`` (both 1 = the calibrated machine)."""
+
+    base: float
+    per_seq: float
+    per_token: float
+    residual_std: float = 0.0
+    jitter_fixed: float = 1.0
+    jitter_token: float = 1.0
+
+    @classmethod
+    def from_calibration(cls, calibration: dict[str, Any] | str | Path) -> "StepCostModel":
+        """Refit on a calibration's points (``draftrl calibrate --engine vllm --out FILE``; a dict or the file)."""
+        if not isinstance(calibration, dict):
+            path = Path(calibration)
+            if not path.is_file():
+                raise ValueError(f"no step-cost calibration at {path}; run draftrl calibrate --engine vllm --out {path}.")
+            from draftrl.io import read_json
+
+            calibration = read_json(path, "calibration")
+        if calibration.get("format") != FORMAT or not calibration.get("points"):
+            raise ValueError(f"not a vLLM step-cost calibration (format {calibration.get('format')!r}, expected "
+                             f"{FORMAT!r} with points); run draftrl calibrate --engine vllm --out FILE.")
+        f = fit(calibration["points"])
+        return cls(f["base"], f["per_seq"], f["per_token"], f["residual_std"])
+
+    def mean(self, num_seqs: int, num_tokens: int) -> float:
+        """Expected seconds of a step over ``num_seqs`` sequences processing ``num_tokens`` tokens."""
+        return (self.base + self.per_seq * num_seqs) * self.jitter_fixed + self.per_token * num_tokens * self.jitter_token
+
+    def seconds(self, num_seqs: int, num_tokens: int, rng: Any = None) -> float:
+        """One step's seconds: the mean plus ``residual_std`` Gaussian noise drawn from ``rng``
+        (None = no noise), floored at a tenth of the mean (a step never costs nothing)."""
+        mean = self.mean(num_seqs, num_tokens)
+        if rng is None or self.residual_std <= 0:
+            return mean
+        return max(0.1 * mean, mean + self.residual_std * float(rng.standard_normal()))
+
+    def jittered(self, sigma: float, rng: Any) -> "StepCostModel":
+        """This model on another machine: each jitter factor is a mean-one lognormal of ``sigma``
+        drawn from ``rng`` (TraceReplay-v0's ``cost_jitter``)."""
+        if sigma <= 0:
+            return self
+        draw = lambda: math.exp(sigma * float(rng.standard_normal()) - 0.5 * sigma * sigma)  # noqa: E731
+        return StepCostModel(self.base, self.per_seq, self.per_token, self.residual_std, draw(), draw())

@@ -1,0 +1,344 @@
+"""A continuous-batching serving engine replayed from recordings: ``draftrl/ServeReplay-v0``'s engine.
+
+**Recordings** (:func:`record`, :class:`Recordings`): each request's greedy continuation, decoded
+by a real serving engine without speculation (``draftrl collect --engine vllm``: vLLM, float32,
+the engine the simulator stands for). At temperature 0 a correct speculative engine emits
+exactly that continuation whatever it drafts, so the tokens need no model.
+
+**Proposals** (:class:`Proposals`): the n-gram drafter is deterministic given the context, so its
+proposal from every true prefix ``prompt + continuation[:t]`` is recomputed here with the same
+:class:`~draftrl.decoding.drafters.NgramDrafter` (width 1) that the vLLM proposer runs: the matched
+n-gram length, how many draft tokens it can propose, and how many of them the continuation
+accepts. Acceptance is then exact: ``min(accepted_prefix, admitted) + 1`` tokens per step.
+
+**The engine** (:class:`ReplayEngine`) keeps vLLM's step semantics (what ``VLLMEngine`` does):
+a waiting queue admitted up to ``max_num_seqs`` at the start of a step (a request's first step is
+its prefill and yields one token), drafts proposed at the end of a step under that step's action
+and verified in the next (``action_lag = 1``), drafts also proposed for requests that just
+finished (the proposer cannot know), admission through :func:`draftrl.decoding.admission.admit_drafts`
+with the proposer's own history, decay and rules. Each step costs the seconds of a
+:class:`~draftrl.decoding.vllm.calibrate.StepCostModel` fitted on ``draftrl calibrate --engine vllm``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from draftrl.decoding.admission import RequestAcceptance, StepAction, admit_drafts, draft_cap
+from draftrl.decoding.drafters import NgramDrafter
+from draftrl.decoding.interface import EngineStep, QueuedBatch, RequestStep
+from draftrl.decoding.vllm.calibrate import StepCostModel
+from draftrl.decoding.vllm.proposer import ACCEPT_DECAY
+from draftrl.io import read_json, write_json
+from draftrl.prompts import Prompt
+
+FORMAT = "draftrl-serve-recordings/1"
+#: File of a recordings directory.
+RECORDINGS_FILE = "recordings.json"
+#: Rules of the proposer the simulator replays (``fill`` pads drafts: calibration only).
+RULES = ("match", "heuristic")
+#: Tokens recorded past each request's limit (see :class:`Recording`).
+LOOKAHEAD = 16
+
+
+@dataclass
+class Recording:
+    """One request decoded greedily without speculation, ``lookahead`` tokens past its limit.
+
+    Why the lookahead: in the step a request reaches its limit, vLLM's proposer still sees every
+    token the step verified, past the limit too (the scheduler truncates the output afterwards),
+    and its acceptance estimate then weighs in that step's budget. Past an EOS nothing is
+    recorded; the simulator counts drafts beyond it as rejected (the one place it may differ
+    from vLLM's bookkeeping: a request's last step, when it ends at EOS).
+    """
+
+    prompt: Prompt
+    prompt_ids: list[int]
+    max_new_tokens: int
+    """the request's token limit"""
+    token_ids: list[int]
+    """the continuation, decoded to ``max_new_tokens + lookahead`` tokens or EOS"""
+    lookahead: int = 0
+
+    def tokens_for(self, max_new_tokens: int) -> int:
+        """How many tokens a request with ``max_new_tokens`` emits (an error past the recording)."""
+        if max_new_tokens > self.max_new_tokens:
+            raise ValueError(f"prompt {self.prompt.id!r} was recorded for max_new_tokens={self.max_new_tokens}, "
+                             f"not {max_new_tokens}; record again with a larger max_new_tokens_cap.")
+        return min(max_new_tokens, len(self.token_ids))
+
+
+@dataclass
+class Recordings:
+    """Every recorded request plus what they were decoded with (``meta``: engine, config)."""
+
+    requests: list[Recording]
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.requests)
+
+    @property
+    def prompts(self) -> list[Prompt]:
+        return [r.prompt for r in self.requests]
+
+    def prompt_ids(self) -> dict[str, list[int]]:
+        """Prompt id -> its recorded prompt token ids (the workload needs no tokenizer)."""
+        return {r.prompt.id: r.prompt_ids for r in self.requests}
+
+    def save(self, out: str | Path) -> Path:
+        path = Path(out) / RECORDINGS_FILE
+        write_json(path, {"format": FORMAT, "meta": self.meta, "requests": [
+            {"prompt": r.prompt.__dict__, "prompt_ids": r.prompt_ids, "max_new_tokens": r.max_new_tokens,
+             "token_ids": r.token_ids, "lookahead": r.lookahead} for r in self.requests]})
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Recordings":
+        """A recordings directory (or its ``recordings.json``) from :func:`record`."""
+        path = Path(path)
+        if path.is_dir():
+            path = path / RECORDINGS_FILE
+        if not path.is_file():
+            raise ValueError(f"no recordings at {path}; record them with draftrl collect --engine vllm --out DIR.")
+        data = read_json(path, "recordings")
+        if data.get("format") != FORMAT:
+            raise ValueError(f"{path} is not a serving recording (format {data.get('format')!r}, expected {FORMAT!r}).")
+        return cls([Recording(Prompt(**r["prompt"]), [int(t) for t in r["prompt_ids"]], int(r["max_new_tokens"]),
+                              [int(t) for t in r["token_ids"]], int(r["lookahead"])) for r in data["requests"]],
+                   data.get("meta", {}))
+
+
+def record(engine, requests: list[tuple[Prompt, list[int], int]], *, lookahead: int = LOOKAHEAD,
+           meta: dict[str, Any] | None = None, progress=None) -> Recordings:
+    """Decode ``(prompt, prompt_ids, max_new_tokens)`` requests greedily without speculation on
+    ``engine`` (any :class:`~draftrl.decoding.interface.ServingEngine`; every step's action is
+    depth 0, budget 0), all queued at once, each to ``max_new_tokens + lookahead`` tokens."""
+    if engine.has_unfinished_requests():
+        engine.abort_all()
+    tokens: dict[str, list[int]] = {}
+    for i, (prompt, ids, max_new_tokens) in enumerate(requests):
+        engine.add_request(f"rec{i}", list(ids), int(max_new_tokens) + lookahead, temperature=0.0)
+        tokens[f"rec{i}"] = []
+    t0 = time.perf_counter()
+    num_steps = 0
+    while engine.has_unfinished_requests():
+        for r in engine.step(StepAction(0, 0)).requests:
+            tokens[r.request_id].extend(int(t) for t in r.token_ids)
+        num_steps += 1
+        if progress is not None and num_steps % 32 == 0:
+            progress(f"{num_steps} steps, {sum(map(len, tokens.values()))} tokens")
+    meta = {**(meta or {}), "record_seconds": time.perf_counter() - t0, "record_steps": num_steps}
+    return Recordings([Recording(p, list(ids), int(m), tokens[f"rec{i}"], lookahead)
+                       for i, (p, ids, m) in enumerate(requests)], meta)
+
+
+def record_workload(config, engine=None, tokenizer=None, progress=None) -> Recordings:
+    """Record every request of a :class:`~draftrl.envs.serve_config.ServeConfig`'s workload.
+
+    Default engine: vLLM without speculation in ``config.dtype`` (float32 by default: there vLLM
+    with draftrl's proposer is token-identical to it, so the recording is what ``ServeVLLM-v0``
+    emits under every policy; a Hugging Face greedy decode may break float ties differently).
+    """
+    import dataclasses
+
+    from draftrl.envs.workload import Workload
+
+    if engine is None:
+        from draftrl.decoding.vllm.engine import VLLMEngineConfig, shared_engine
+
+        engine = shared_engine(VLLMEngineConfig(model=config.model, method="none", dtype=config.dtype,
+                                                max_num_seqs=config.max_num_seqs, max_model_len=config.max_model_len,
+                                                kv_cache_gib=config.kv_cache_gib, threads=config.threads))
+    if tokenizer is None:
+        from transformers import AutoTokenizer
+
+        from draftrl.decoding.vllm.engine import model_path
+
+        tokenizer = AutoTokenizer.from_pretrained(model_path(config.model))
+    workload = Workload(config.workload_config(), tokenizer)
+    requests = [(r.prompt, r.prompt_ids, r.max_new_tokens) for r in map(workload.request, range(len(workload)))]
+    describe = engine.describe() if hasattr(engine, "describe") else {"engine": type(engine).__name__}
+    return record(engine, requests, meta={"config": dataclasses.asdict(config), "engine": describe}, progress=progress)
+
+
+class Proposals:
+    """The drafter's proposal at every true prefix of every recording, and what it accepts.
+
+    For recording ``i`` and ``t`` tokens generated (``1 <= t <= len(continuation)``), context
+    ``prompt + continuation[:t]``: ``match_len[i][t]`` (the matched n-gram, 0 = none),
+    ``available[i][t]`` (draft tokens the drafter can propose, at most ``max_depth``) and
+    ``accepted[i][t]`` (how many leading ones equal ``continuation[t:]``). Python lists: the
+    simulator reads single entries, which lists do faster than numpy.
+    """
+
+    def __init__(self, recordings: Recordings, max_depth: int, drafter: NgramDrafter | None = None):
+        drafter = drafter or NgramDrafter(min_ngram=1, max_ngram=3)  # the vLLM proposer's drafter
+        self.max_depth = int(max_depth)
+        self.match_len: list[list[int]] = []
+        self.available: list[list[int]] = []
+        self.accepted: list[list[int]] = []
+        for rec in recordings.requests:
+            ids = list(rec.prompt_ids) + list(rec.token_ids)
+            cont, m = rec.token_ids, len(rec.prompt_ids)
+            match, avail, acc = [0], [0], [0]
+            for t in range(1, len(cont) + 1):
+                builder = drafter.begin(ids[: m + t], 1, None, None)
+                for _ in range(self.max_depth):
+                    if not builder.step():
+                        break
+                draft = builder.tree.tokens
+                a = 0
+                while a < len(draft) and t + a < len(cont) and draft[a] == cont[t + a]:
+                    a += 1
+                match.append(int(builder.tree.features["ngram_match_len"]))
+                avail.append(len(draft))
+                acc.append(a)
+            self.match_len.append(match)
+            self.available.append(avail)
+            self.accepted.append(acc)
+
+
+@dataclass
+class _SimRequest:
+    request_id: str
+    index: int
+    """recording index"""
+    num_prompt_tokens: int
+    length: int
+    """tokens it will emit"""
+    history: RequestAcceptance
+    generated: int = 0
+
+
+class ReplayEngine(QueuedBatch):
+    """A :class:`~draftrl.decoding.interface.ServingEngine` replaying recordings (module docstring).
+
+    :param recordings: the recorded requests; ``add_request`` finds a request by its prompt ids.
+    :param cost: step seconds (:class:`StepCostModel`, fitted on ``draftrl calibrate --engine vllm``).
+    :param max_depth: the proposer's largest depth (vLLM's ``num_speculative_tokens``).
+    :param max_num_seqs: most requests in one step; more wait.
+    :param max_model_len: the engine's context limit (the proposer leaves room below it).
+    :param rule: each request's own depth before the cap and budget: ``match`` or ``heuristic``.
+    :param rng: draws the step-cost noise (``cost.seconds``); None = no noise.
+    """
+
+    action_lag = 1
+
+    def __init__(self, recordings: Recordings, cost: StepCostModel, *, max_depth: int = 8, max_num_seqs: int = 16,
+                 max_model_len: int = 1024, rule: str = "match", rng: np.random.Generator | None = None,
+                 proposals: Proposals | None = None):
+        if rule not in RULES:
+            raise ValueError(f"rule={rule!r} cannot be replayed; choose one of {', '.join(RULES)}.")
+        self.recordings, self.cost, self.rng = recordings, cost, rng
+        self.max_depth, self.max_num_seqs, self.max_model_len = int(max_depth), int(max_num_seqs), int(max_model_len)
+        self.rule = rule
+        self.initial_depth = float(self.max_depth)
+        short = min((r.lookahead for r in recordings.requests), default=self.max_depth + 1)
+        if short < self.max_depth + 1:
+            raise ValueError(f"the recordings hold {short} tokens past a request's limit, fewer than max depth + 1 = "
+                             f"{self.max_depth + 1} (a request's last step verifies up to that far); record again "
+                             f"with draftrl collect --engine vllm (lookahead {LOOKAHEAD}).")
+        self.proposals = proposals if proposals is not None and proposals.max_depth >= self.max_depth \
+            else Proposals(recordings, self.max_depth)
+        self._by_prompt = {tuple(r.prompt_ids): i for i, r in enumerate(recordings.requests)}
+        self._start_queue()
+
+    def set_rule(self, rule: str, initial_depth: float | None = None) -> None:
+        """As ``DraftrlProposer.set_rule`` (``fill`` is for calibration and is not replayed)."""
+        if rule not in RULES:
+            raise ValueError(f"rule={rule!r} cannot be replayed; choose one of {', '.join(RULES)}.")
+        self.rule = rule
+        self.initial_depth = float(initial_depth if initial_depth is not None else self.max_depth)
+
+    # ------------------------------------------------------------------ requests
+    def add_request(self, request_id: str, prompt_ids: list[int], max_new_tokens: int, *,
+                    temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int | None = None) -> None:
+        """Queue a recorded request (greedy only: sampling has no single continuation to replay)."""
+        if temperature != 0:
+            raise ValueError(f"temperature={temperature}: the serving simulator replays greedy recordings; use 0.")
+        index = self._by_prompt.get(tuple(prompt_ids))
+        if index is None:
+            raise ValueError(f"request {request_id!r}: its prompt is not among the {len(self.recordings)} recorded "
+                             "ones; record this workload with draftrl collect --engine vllm.")
+        rec = self.recordings.requests[index]
+        self.waiting.append(_SimRequest(request_id, index, len(rec.prompt_ids), rec.tokens_for(max_new_tokens),
+                                        RequestAcceptance(heuristic_depth=self.initial_depth)))
+
+    def _start_queue(self) -> None:
+        super()._start_queue()
+        self._rows: list[_SimRequest | None] = []
+        """the batch's rows after the last step, None where a request finished"""
+
+    def _place(self, new: list[_SimRequest]) -> list[_SimRequest]:
+        """The rows of this step, as vLLM's persistent batch orders them (its ``InputBatch``):
+        new requests fill the lowest rows that finished requests left, else go at the end; then
+        the last rows slide down into the remaining holes (``condense``). The order matters:
+        the budget breaks ties between equal scores by row."""
+        rows = self._rows
+        holes = [i for i, r in enumerate(rows) if r is None]
+        for req in new:
+            if holes:
+                rows[holes.pop(0)] = req
+            else:
+                rows.append(req)
+        while holes:
+            while rows and rows[-1] is None:
+                rows.pop()
+            hole = holes.pop(0)
+            if hole >= len(rows):
+                break
+            rows[hole] = rows.pop()
+        while rows and rows[-1] is None:
+            rows.pop()
+        return rows
+
+    # ------------------------------------------------------------------ the step
+    def step(self, action: StepAction | None = None) -> EngineStep:
+        """Verify the drafts proposed last step, emit the recorded tokens, then propose under
+        ``action`` for the next step (module docstring)."""
+        action = action or StepAction(self.max_depth)
+        new = []
+        while self.waiting and len(self.running) + len(new) < self.max_num_seqs:
+            new.append(self.waiting.popleft())
+        running = self._place(new)
+        props = self.proposals
+        cont = self.recordings.requests
+        num_tokens = 0
+        steps, verified = [], []
+        for req in running:
+            t = req.generated
+            if t == 0:  # prefill: the prompt's forward yields the first token
+                num_tokens += req.num_prompt_tokens
+                v, drafted = 1, 0
+            else:  # accepted drafts + 1, as the step verified them (past the limit too; the output stops at it)
+                drafted = req.history.last_proposed
+                num_tokens += drafted + 1
+                v = min(min(props.accepted[req.index][t], drafted) + 1, len(cont[req.index].token_ids) - t)
+            gained = min(v, req.length - t)
+            req.generated = t + gained
+            verified.append((v, t + v))
+            steps.append(RequestStep(req.request_id, cont[req.index].token_ids[t: t + gained], drafted,
+                                     min(gained - 1, drafted), req.generated >= req.length))
+        seconds = self.cost.seconds(len(running), num_tokens, self.rng)
+        # the proposer, at the end of the step, for every request that decoded (finished ones too),
+        # on every token the step verified
+        heuristic = self.rule == "heuristic"
+        match, wanted = [], []
+        for req, (v, t) in zip(running, verified):
+            req.history.observe(v, ACCEPT_DECAY, heuristic)
+            own = req.history.heuristic_depth if heuristic else self.max_depth
+            cap = draft_cap(action.depth, own, self.max_depth, self.max_model_len, req.num_prompt_tokens + t)
+            match.append(props.match_len[req.index][t])
+            wanted.append(min(cap, props.available[req.index][t]))
+        acceptance, admitted = admit_drafts([r.history for r in running], np.array(match, dtype=np.int64),
+                                            np.array(wanted, dtype=np.int64), action.budget)
+        self._signals = (acceptance, np.array(match, dtype=np.int64))
+        self._rows = [r if r.generated < r.length else None for r in running]
+        self.running = [r for r in self._rows if r is not None]
+        return EngineStep(seconds, steps, len(self.running), len(self.waiting), int(admitted.sum()))

@@ -1,0 +1,236 @@
+"""``draftrl/ServeReplay-v0`` without vLLM: exact continuations for every policy, budget 0 = the
+no-speculation schedule, admission identical to the vLLM proposer's code, the cost model refit,
+and spaces identical to ``ServeVLLM-v0``."""
+
+from __future__ import annotations
+
+import heapq
+from types import SimpleNamespace
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from gymnasium.utils.env_checker import check_env
+
+import draftrl.envs  # noqa: F401  registers the ids
+from draftrl.decoding.admission import StepAction
+from draftrl.decoding.vllm.calibrate import FORMAT, StepCostModel
+from draftrl.decoding.vllm.proposer import DraftrlProposer
+from draftrl.envs.serve import FEATURE_NAMES, ServeVLLMEnv
+from draftrl.envs.serve_config import ServeConfig
+from draftrl.envs.serve_sim import Recording, Recordings, ReplayEngine
+from draftrl.prompts import Prompt
+
+COST = StepCostModel(base=0.03, per_seq=0.002, per_token=0.0005, residual_std=0.002)
+TOKENS = 40
+LOOKAHEAD = 9
+
+
+def synthetic_recordings(num: int = 12, seed: int = 0) -> Recordings:
+    """Requests whose continuations repeat pieces of their prompts (the n-gram drafter matches
+    some positions, fails on others), some ending early at 'EOS'."""
+    rng = np.random.default_rng(seed)
+    recs = []
+    for i in range(num):
+        motif = rng.integers(0, 60, size=10).tolist()
+        prompt = motif * 2 + rng.integers(0, 60, size=int(rng.integers(5, 30))).tolist()
+        cont: list[int] = []
+        while len(cont) < TOKENS + LOOKAHEAD:
+            cont += motif[: int(rng.integers(2, 10))] + rng.integers(60, 90, size=int(rng.integers(1, 4))).tolist()
+        length = TOKENS + LOOKAHEAD if i % 4 else int(rng.integers(5, TOKENS))  # every 4th ends at 'EOS'
+        recs.append(Recording(Prompt(f"p{i:02d}", ("en", "it", "zh", "es")[i % 4], ("qa", "code_edit")[i % 2],
+                                     "tune", f"prompt {i}", TOKENS), prompt, TOKENS, cont[:length], LOOKAHEAD))
+    return Recordings(recs, {"config": {"model": "smollm2-135m", "chat_template": True}})
+
+
+@pytest.fixture(scope="module")
+def recordings():
+    return synthetic_recordings()
+
+
+def make(recordings, **kwargs):
+    kwargs.setdefault("max_new_tokens", TOKENS)
+    return gym.make("draftrl/ServeReplay-v0", recordings=recordings, calibration=COST, **kwargs)
+
+
+def rollout(env, choose, seed=0):
+    obs, _ = env.reset(seed=seed)
+    infos = []
+    while True:
+        obs, reward, terminated, truncated, info = env.step(choose(env, obs))
+        assert env.observation_space.contains(obs) and np.isfinite(reward)
+        infos.append(info)
+        if terminated or truncated:
+            return infos
+
+
+def fixed(d, b):
+    return lambda env, obs: np.array([d, b])
+
+
+def random_actions(seed):
+    rng = np.random.default_rng(seed)
+    return lambda env, obs: np.array([rng.integers(7), rng.integers(8)])
+
+
+POLICIES = {**{f"depth{d}": fixed(d, 7) for d in range(7)}, "budget0": fixed(6, 0), "budget4": fixed(6, 2),
+            "random": random_actions(0)}
+
+
+@pytest.mark.parametrize("arrival", [{"concurrency": 1}, {"concurrency": 5}, {"concurrency": 16},
+                                     {"arrival": "poisson", "rate": 20.0}, {"arrival": "burst", "burst_size": 5},
+                                     {"concurrency": 12, "max_num_seqs": 4}])
+@pytest.mark.parametrize("rule", ["match", "heuristic"])
+def test_every_policy_emits_exactly_the_recorded_continuations(recordings, arrival, rule):
+    env = make(recordings, rule=rule, **arrival)
+    recorded = {r.prompt.id: r.token_ids for r in recordings.requests}
+    for name, policy in POLICIES.items():
+        infos = rollout(env, policy)
+        requests = infos[-1]["requests"]
+        assert len(requests) == len(recordings)
+        for r in requests:
+            assert r.token_ids == recorded[r.prompt_id][:TOKENS], (name, r.prompt_id)
+            assert len(r.token_times) == len(r.token_ids) and r.finished
+        assert sum(i["tokens"] for i in infos) == sum(min(len(t), TOKENS) for t in recorded.values())
+
+
+def plain_steps(lengths: list[int], concurrency: int) -> int:
+    """Steps of decoding without speculation: each request holds a slot for one step per token."""
+    free = [0] * concurrency
+    end = 0
+    for length in lengths:
+        start = heapq.heappop(free)
+        end = max(end, start + length)
+        heapq.heappush(free, start + length)
+    return end
+
+
+@pytest.mark.parametrize("concurrency", [1, 3, 8])
+def test_budget_zero_reproduces_the_no_speculation_schedule(recordings, concurrency):
+    env = make(recordings, concurrency=concurrency, shuffle=False)
+    lengths = [min(len(r.token_ids), TOKENS) for r in recordings.requests]
+    plain = rollout(env, fixed(0, 0))
+    assert len(plain) == plain_steps(lengths, concurrency)
+    for depth in range(1, 7):
+        infos = rollout(env, fixed(depth, 0))
+        assert [i["tokens"] for i in infos] == [i["tokens"] for i in plain]
+        assert [i["seconds"] for i in infos] == [i["seconds"] for i in plain]  # the same seed: the same noise
+        assert all(i["num_drafted"] == 0 and i["num_proposed"] == 0 for i in infos)
+    drafting = rollout(env, fixed(6, 7))
+    assert len(drafting) < len(plain)  # and speculation does shorten it on these requests
+
+
+def test_admission_equals_the_vllm_proposers_on_the_same_steps(recordings):
+    """Drive draftrl's vLLM proposer class with the simulator's batches: every request's drafts,
+    acceptance estimates and match lengths are the simulator's."""
+    for rule in ("match", "heuristic"):
+        engine = ReplayEngine(recordings, COST, max_depth=8, max_num_seqs=6, rule=rule)
+        proposer = DraftrlProposer(SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=8),
+                                                   model_config=SimpleNamespace(max_model_len=1024)))
+        proposer.set_rule(rule)
+        for i, r in enumerate(recordings.requests):
+            engine.add_request(f"r{i}", r.prompt_ids, TOKENS)
+        prompts = {f"r{i}": r.prompt_ids for i, r in enumerate(recordings.requests)}
+        outputs: dict[str, list[int]] = {k: [] for k in prompts}
+        rng = np.random.default_rng(1)
+        expected: dict[str, int] = {}
+        while engine.has_unfinished_requests():
+            action = StepAction(int(rng.choice([0, 1, 2, 4, 8])), [None, 0, 3, 8][int(rng.integers(4))])
+            result = engine.step(action)
+            sampled = []
+            for r in result.requests:
+                assert r.num_drafted == expected.pop(r.request_id, 0)
+                index, n = int(r.request_id[1:]), len(outputs[r.request_id])
+                rec = recordings.requests[index].token_ids
+                if r.finished and n:  # vLLM's proposer sees every token the last step verified, past the limit
+                    sampled.append(rec[n: n + min(min(engine.proposals.accepted[index][n], r.num_drafted) + 1,
+                                                  len(rec) - n)])
+                else:
+                    sampled.append(r.token_ids)
+                outputs[r.request_id].extend(sampled[-1])
+            rows = [r.request_id for r in result.requests]
+            contexts = [prompts[k] + outputs[k] for k in rows]
+            token_ids = np.zeros((len(rows), max(map(len, contexts))), dtype=np.int64)
+            for row, ctx in enumerate(contexts):
+                token_ids[row, :len(ctx)] = ctx
+            proposer.runner = SimpleNamespace(input_batch=SimpleNamespace(req_ids=rows))
+            proposer.action = action
+            drafts = proposer.propose(sampled, np.array(list(map(len, contexts))),
+                                      token_ids)
+            assert sum(map(len, drafts)) == result.num_proposed
+            expected = {k: len(d) for k, d in zip(rows, drafts) if d}
+            acceptance, match = engine.request_signals()
+            np.testing.assert_allclose(acceptance, proposer.last.acceptance)
+            assert match.tolist() == proposer.last.match_len.tolist()
+            for k, d in zip(rows, drafts):  # the simulator's acceptance = the proposer's drafts vs the recording
+                index, n = int(k[1:]), len(outputs[k])
+                rec = recordings.requests[index].token_ids
+                agree = 0
+                while agree < len(d) and n + agree < len(rec) and d[agree] == rec[n + agree]:
+                    agree += 1
+                assert agree == min(len(d), engine.proposals.accepted[index][n])
+
+
+def test_spaces_and_features_are_serve_vllms(recordings):
+    sim = make(recordings).unwrapped
+    real = ServeVLLMEnv(ServeConfig(), engine=ReplayEngine(recordings, COST), tokenizer=object())
+    assert sim.action_space == real.action_space and sim.observation_space == real.observation_space
+    assert sim.feature_names == real.feature_names == FEATURE_NAMES
+    assert (sim.depths, sim.budgets, sim.action_lag) == (real.depths, real.budgets, real.action_lag) == \
+        ((0, 1, 2, 3, 4, 6, 8), (0, 2, 4, 8, 16, 32, 64, 128), 1)
+    check_env(make(recordings, concurrency=4).unwrapped, skip_render_check=True)
+
+
+def synthetic_calibration(coef, sd, seed=0):
+    rng = np.random.default_rng(seed)
+    points = []
+    for b in (1, 2, 4, 8, 16):
+        for d in (0, 1, 2, 4, 8):
+            tokens = b * (d + 1)
+            s = coef[0] + coef[1] * b + coef[2] * tokens + sd * rng.standard_normal(8)
+            points.append({"num_seqs": b, "depth": d, "tokens_verified": tokens, "seconds": s.tolist()})
+    return {"format": FORMAT, "points": points}
+
+
+@pytest.mark.parametrize("coef", [(0.040, 0.0015, 0.0006), (0.012, 0.004, 0.0002)])
+def test_cost_model_refits_known_coefficients(coef):
+    model = StepCostModel.from_calibration(synthetic_calibration(coef, sd=0.002))
+    for got, want, tol in zip((model.base, model.per_seq, model.per_token), coef, (1.5e-3, 2e-4, 2e-5)):
+        assert abs(got - want) < tol
+    assert model.residual_std == pytest.approx(0.002, rel=0.15)
+    with pytest.raises(ValueError, match="calibrate --engine vllm"):
+        StepCostModel.from_calibration({"format": "other", "points": []})
+
+
+def test_step_seconds_follow_the_cost_model_with_jitter_and_noise(recordings):
+    env = make(recordings, concurrency=4, cost_noise=False).unwrapped
+    infos = rollout(env, fixed(4, 7))
+    running = [i["decoding"] for i in infos]
+    assert all(s >= COST.base + COST.per_seq * b for s, b in zip([i["seconds"] for i in infos], running))
+    assert infos[-1]["clock"] == pytest.approx(sum(i["seconds"] for i in infos))
+    jittered = make(recordings, concurrency=4, cost_jitter=0.3).unwrapped
+    factors = []
+    for seed in range(200):
+        jittered.reset(seed=seed)
+        factors += [jittered.engine.cost.jitter_fixed, jittered.engine.cost.jitter_token]
+    assert np.mean(factors) == pytest.approx(1.0, abs=0.06) and np.std(np.log(factors)) == pytest.approx(0.3, rel=0.15)
+    a, b = rollout(jittered, fixed(4, 7), seed=3), rollout(jittered, fixed(4, 7), seed=3)
+    assert [i["seconds"] for i in a] == [i["seconds"] for i in b]  # deterministic given the seed
+
+
+def test_errors_name_the_fix(recordings):
+    with pytest.raises(ValueError, match="temperature"):
+        make(recordings, temperature=0.7)
+    with pytest.raises(ValueError, match="record"):
+        ReplayEngine(recordings, COST).add_request("x", [1, 2, 3], 8)
+    with pytest.raises(ValueError, match="max_new_tokens_cap"):
+        ReplayEngine(recordings, COST).add_request("x", recordings.requests[1].prompt_ids, TOKENS + 1)
+    with pytest.raises(ValueError, match="calibrate --engine vllm"):
+        gym.make("draftrl/ServeReplay-v0", recordings=recordings, calibration="/nonexistent.json")
+
+
+def test_recordings_round_trip(recordings, tmp_path):
+    recordings.save(tmp_path)
+    loaded = Recordings.load(tmp_path)
+    assert [(r.prompt, r.prompt_ids, r.token_ids) for r in loaded.requests] == \
+        [(r.prompt, r.prompt_ids, r.token_ids) for r in recordings.requests]
