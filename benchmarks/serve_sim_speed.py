@@ -17,7 +17,6 @@ import time
 
 import numpy as np
 
-import draftrl.envs  # noqa: F401  registers the env ids
 from draftrl.envs.serve import ServeVLLMEnv
 from draftrl.envs.serve_replay import ServeReplayEnv
 from draftrl.envs.serve_sim import Recordings
@@ -47,9 +46,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (a real episode, then the simulator)")
     parser.add_argument("--sim-seconds", type=float, default=3.0)
     parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--num-requests", type=int, default=None, help="requests per episode (default: all recorded)")
     args = parser.parse_args()
     recordings = Recordings.load(args.recordings)
-    kwargs = dict(split=recordings.meta.get("config", {}).get("split", "tune"), max_new_tokens=args.max_new_tokens)
+    kwargs = dict(split=recordings.meta.get("config", {}).get("split", "tune"), max_new_tokens=args.max_new_tokens,
+                  num_requests=args.num_requests)
     for c in (int(x) for x in args.concurrency.split(",")):
         sim = ServeReplayEnv(recordings, args.calibration, concurrency=c, **kwargs)
         real = ServeVLLMEnv(concurrency=c, **kwargs)

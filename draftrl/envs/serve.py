@@ -144,7 +144,7 @@ class ServeVLLMEnv(gym.Env[np.ndarray, np.ndarray]):
 
     ## Information
 
-    ``tokens``, ``seconds``, ``num_drafted``, ``num_accepted``, ``num_proposed``, ``running``,
+    ``tokens`` (also as ``num_emitted``, the policies' name), ``seconds``, ``num_drafted``, ``num_accepted``, ``num_proposed``, ``running``,
     ``waiting``, ``depth``, ``budget``, ``clock`` (engine seconds since reset), ``finished``
     (request ids finished in the step); at the end ``requests`` (:class:`RequestTimeline` list:
     arrival, token times and ids per request, for TTFT and inter-token latency).
@@ -166,6 +166,8 @@ class ServeVLLMEnv(gym.Env[np.ndarray, np.ndarray]):
     """
 
     metadata = {"render_modes": []}
+    #: an episode is a whole workload, not one prompt (``evaluate_policy_on_env`` then does not pick prompts)
+    one_request_per_episode = False
 
     def __init__(self, config: ServeConfig | dict | None = None, *, engine=None, tokenizer=None,
                  render_mode: str | None = None, **overrides: Any):
@@ -187,6 +189,12 @@ class ServeVLLMEnv(gym.Env[np.ndarray, np.ndarray]):
             tokenizer = AutoTokenizer.from_pretrained(model_path(config.model))
         self.tokenizer = tokenizer
         self._setup(config, engine, Workload(config.workload_config(), tokenizer))
+
+    @property
+    def verify_sizes(self) -> tuple[int, ...]:
+        """The second action grid under the policies' name (``draftrl.policies``: ``(depth,
+        verify_size)``): here the batch's verification budgets, ``budgets``."""
+        return self.budgets
 
     def _setup(self, config: ServeConfig, engine, workload: Workload) -> None:
         """Spaces, reward and episode state around ``engine`` (shared with ``ServeReplay-v0``)."""
@@ -306,7 +314,8 @@ class ServeVLLMEnv(gym.Env[np.ndarray, np.ndarray]):
         self._admit()
         reward = self.rewards(result.num_tokens, result.seconds)
         self._done = not self._pending and self._in_flight == 0
-        info = {"tokens": result.num_tokens, "seconds": result.seconds, "num_drafted": result.num_drafted,
+        info = {"tokens": result.num_tokens, "num_emitted": result.num_tokens, "seconds": result.seconds,
+                "num_drafted": result.num_drafted,
                 "num_accepted": result.num_accepted, "num_proposed": result.num_proposed,
                 "running": result.num_running, "waiting": result.num_waiting, "decoding": len(result.requests),
                 "depth": depth, "budget": budget,

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from draftrl.decoding.admission import StepAction
 from draftrl.decoding.vllm.calibrate import StepCostModel
 from draftrl.envs.serve import ServeVLLMEnv
 from draftrl.envs.serve_config import ServeConfig, resolve_serve_config
 from draftrl.envs.serve_sim import Proposals, Recordings, ReplayEngine
 from draftrl.envs.workload import Workload
+
+#: ServeConfig fields a per-episode load (``loads``) may set.
+LOAD_KEYS = ("arrival", "concurrency", "rate", "burst_size", "burst_interval")
 
 
 class ServeReplayEnv(ServeVLLMEnv):
@@ -46,8 +51,12 @@ class ServeReplayEnv(ServeVLLMEnv):
     ``recordings`` (a directory from ``draftrl collect --engine vllm`` or :class:`Recordings`: the
     recorded prompts are the workload), ``calibration`` (a ``draftrl calibrate --engine vllm``
     JSON, refitted on load, or a :class:`StepCostModel`), ``cost_jitter`` (default 0),
-    ``cost_noise`` (default True), then ``ServeConfig`` and its keyword overrides as
-    ``ServeVLLM-v0``. ``temperature`` must be 0 and ``rule`` ``match`` or ``heuristic``.
+    ``cost_noise`` (default True), ``loads`` (a list of dicts of arrival fields, e.g.
+    ``[{"concurrency": 1}, {"arrival": "poisson", "rate": 8.0}]``: each episode draws one, so a
+    policy trains across loads; default: the config's), then ``ServeConfig`` and its keyword
+    overrides as ``ServeVLLM-v0``. ``temperature`` must be 0 and ``rule`` ``match`` or ``heuristic``.
+
+    ``env.unwrapped.oracle_action()``: the greedy one-step oracle (the ``Oracle`` baseline).
 
     ## Version History
 
@@ -56,8 +65,13 @@ class ServeReplayEnv(ServeVLLMEnv):
 
     def __init__(self, recordings: str | Path | Recordings, calibration: str | Path | dict | StepCostModel,
                  config: ServeConfig | dict | None = None, *, cost_jitter: float = 0.0, cost_noise: bool = True,
-                 proposals: Proposals | None = None, render_mode: str | None = None, **overrides: Any):
+                 loads: list[dict[str, Any]] | None = None, proposals: Proposals | None = None,
+                 render_mode: str | None = None, **overrides: Any):
         config = resolve_serve_config(config, overrides)
+        unknown = {k for load in loads or () for k in load} - set(LOAD_KEYS)
+        if unknown:
+            raise ValueError(f"loads may set only {', '.join(LOAD_KEYS)}, not {', '.join(sorted(unknown))}.")
+        self.loads = [dataclasses.replace(config, **load) for load in loads or ()]
         if render_mode is not None:
             raise ValueError(f"render_mode={render_mode!r} is not supported; the serving env does not render.")
         if config.temperature != 0:
@@ -83,8 +97,36 @@ class ServeReplayEnv(ServeVLLMEnv):
         self._setup(config, engine, Workload(config.workload_config(), None, prompts=recordings.prompts,
                                              prompt_ids=recordings.prompt_ids()))
 
+    def _arrivals(self, n: int) -> np.ndarray:
+        """With ``loads``, first draw this episode's load (arrival process and its parameters)."""
+        if self.loads:
+            self.config = self.loads[int(self.np_random.integers(len(self.loads)))]
+        return super()._arrivals(n)
+
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict]:
         obs, info = super().reset(seed=seed, options=options)
         self.engine.cost = self.cost_model.jittered(self.cost_jitter, self.np_random)
         self.engine.rng = self.np_random if self.cost_noise else None
+        info["load"] = {k: getattr(self.config, k) for k in LOAD_KEYS}
         return obs, info
+
+    def oracle_action(self) -> np.ndarray:
+        """The greedy one-step oracle: the action whose drafts (verified in the next step, the
+        one-step lag) give the most ``tokens - rho * seconds`` over this step and the next, each
+        action tried on a copy of the engine with the noise-free step cost; ties go to the
+        shallowest, smallest-budget action. ``rho`` is the reward's running tokens/s."""
+        rho = self.rewards.rho or 0.0
+        best, best_score = np.array([0, 0]), -np.inf
+        for i, depth in enumerate(self.depths):
+            for j, budget in enumerate(self.budgets):
+                if (depth == 0 or budget == 0) and (i, j) != (0, 0):
+                    continue  # every no-speculation action is (0, 0)
+                engine, score = self.engine.clone(), 0.0
+                for _ in range(2):
+                    if not engine.has_unfinished_requests():
+                        break
+                    result = engine.step(StepAction(depth, budget))
+                    score += result.num_tokens - rho * result.seconds
+                if score > best_score + 1e-12:
+                    best, best_score = np.array([i, j]), score
+        return best

@@ -22,7 +22,9 @@ with the proposer's own history, decay and rules. Each step costs the seconds of
 
 from __future__ import annotations
 
+import copy
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -274,6 +276,26 @@ class ReplayEngine(QueuedBatch):
         super()._start_queue()
         self._rows: list[_SimRequest | None] = []
         """the batch's rows after the last step, None where a request finished"""
+
+    def clone(self) -> "ReplayEngine":
+        """A copy whose steps leave this engine untouched (recordings and proposals shared, no
+        cost noise): what a one-step lookahead (the oracle) explores."""
+        other = copy.copy(self)
+        copies: dict[int, _SimRequest] = {}
+
+        def dup(req: _SimRequest | None) -> _SimRequest | None:
+            if req is None:
+                return None
+            if id(req) not in copies:
+                copies[id(req)] = copy.copy(req)
+                copies[id(req)].history = copy.copy(req.history)
+            return copies[id(req)]
+
+        other.waiting = deque(map(dup, self.waiting))
+        other.running = list(map(dup, self.running))
+        other._rows = list(map(dup, self._rows))
+        other.rng = None
+        return other
 
     def _place(self, new: list[_SimRequest]) -> list[_SimRequest]:
         """The rows of this step, as vLLM's persistent batch orders them (its ``InputBatch``):

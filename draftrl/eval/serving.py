@@ -154,12 +154,11 @@ class _Actor:
 
     def __init__(self, spec: ServingPolicySpec, env):
         self.spec, self.env = spec, env.unwrapped
-        self.model = None
-        if spec.kind == "ppo":
-            from stable_baselines3 import PPO
+        self.policy = None
+        if spec.kind == "ppo":  # observation statistics, grids and features checked (PPOPolicy.load)
+            from draftrl.policies import PPOPolicy
 
-            self.model = PPO.load(str(Path(spec.path) / "policy.zip" if Path(spec.path).is_dir() else spec.path),
-                                  device="cpu")
+            self.policy = PPOPolicy.load(spec.path, env)
 
     def _index(self, depth: int, budget: int | None) -> np.ndarray:
         u = self.env
@@ -169,9 +168,8 @@ class _Actor:
 
     def act(self, obs: np.ndarray) -> np.ndarray:
         s = self.spec
-        if self.model is not None:
-            action, _ = self.model.predict(obs, deterministic=True)
-            return np.asarray(action)
+        if self.policy is not None:
+            return np.asarray(self.policy.to_action(*self.policy.act(obs)))
         if s.kind == "dsd":
             running = max(1, round(float(obs[0]) * self.env.config.max_num_seqs))
             k = next((k for start, end, k in s.dsd if start <= running <= end), s.dsd[-1][2])
@@ -267,8 +265,12 @@ def run_episode(env, actor: _Actor, prompt_ids: list[str], seed: int = 0) -> tup
 
 def run_serving_eval(out: str | Path, *, policies: list[str] | str, concurrency: list[int] = (1, 4, 16),
                      rates: list[float] = (), repeats: int = 1, config=None, tokenizer=None,
-                     progress: Callable[[int, int, str], None] | None = None) -> dict:
+                     progress: Callable[[int, int, str], None] | None = None,
+                     make_env: Callable[[Any, ServingPolicySpec], Any] | None = None) -> dict:
     """Evaluate ``policies`` at each load; write ``out/results.json`` and return it.
+
+    ``make_env(load_config, spec)`` builds each (load, policy) episode's env instead of
+    ``ServeVLLM-v0`` on vLLM (e.g. ``ServeReplay-v0``, the simulator: ``benchmarks/serve_sweep.py``).
 
     ``results["concurrency"]["4"]["policies"]["fixed:4"]["tokens_per_second"]``; Poisson loads
     under ``results["rates"]["8"]``. Raises :class:`ServingMismatch` (after writing the results) when a
@@ -288,8 +290,15 @@ def run_serving_eval(out: str | Path, *, policies: list[str] | str, concurrency:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    engines = {s.label: _engine_for(s, config) for s in specs}
     envs: dict[str, Any] = {}
+    engines: dict[str, Any] = {}
+    if make_env is None:
+        engines = {s.label: _engine_for(s, config) for s in specs}
+
+        def make_env(cfg, spec):
+            env = ServeVLLMEnv(cfg, engine=engines[spec.label], tokenizer=tokenizer or envs.get("tokenizer"))
+            envs.setdefault("tokenizer", env.tokenizer)
+            return env
     results: dict[str, Any] = {"format": FORMAT, "engine": "vllm", "config": dataclasses.asdict(config),
                                "policies": [s.label for s in specs], "repeats": repeats}
     mismatches: list[str] = []
@@ -302,9 +311,8 @@ def run_serving_eval(out: str | Path, *, policies: list[str] | str, concurrency:
             shift = li + repeat
             order = specs[shift % len(specs):] + specs[: shift % len(specs)]
             for spec in order:
-                env = ServeVLLMEnv(dataclasses.replace(load_cfg, rule="heuristic" if spec.kind == "heuristic" else "match"),
-                                   engine=engines[spec.label], tokenizer=tokenizer or envs.get("tokenizer"))
-                envs.setdefault("tokenizer", env.tokenizer)
+                env = make_env(dataclasses.replace(load_cfg, rule="heuristic" if spec.kind == "heuristic" else "match"),
+                               spec)
                 prompt_ids = [p.id for p in env.workload.prompts][: config.num_requests or None]
                 requests, steps = run_episode(env, _Actor(spec, env), prompt_ids,
                                               seed=config.seed if config.seed is not None else 0)
@@ -342,7 +350,7 @@ def run_serving_eval(out: str | Path, *, policies: list[str] | str, concurrency:
         "greedy_identity": {"checked": config.temperature == 0, "reference": "none (vLLM without speculation)",
                             "mismatches": mismatches},
     }
-    results["engines"] = {label: e.describe() for label, e in engines.items()}
+    results["engines"] = {label: e.describe() for label, e in engines.items()} if engines else "make_env"
     results["hardware"] = hardware_info("cpu")
     results["wall_seconds"] = time.perf_counter() - started
     write_json(out / "results.json", results)

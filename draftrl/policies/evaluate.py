@@ -48,6 +48,8 @@ def evaluate_policy_on_env(policy: Policy, env: Any, episodes: int = 20, seed: i
     verify_sizes: Counter[int] = Counter()
     num_rounds = 0
     workload = getattr(env.unwrapped, "workload", None)
+    if not getattr(env.unwrapped, "one_request_per_episode", True):
+        workload = None  # a serving env: every episode is the whole workload
     for i in range(episodes):
         options = {"prompt_index": i % len(workload)} if workload is not None else None
         obs, _ = env.reset(seed=seed + i, options=options)

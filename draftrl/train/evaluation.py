@@ -70,9 +70,22 @@ def evaluate_run(
             policy.name = f"fixed(d={policy.depth})"
     else:
         fixed = Fixed.grid(env)
-    policies += fixed + build_baselines(list(cfg.baselines), env)
+    baselines = list(cfg.baselines)
+    serving = not getattr(env.unwrapped, "one_request_per_episode", True)
+    if serving and "heuristic" in baselines:  # evaluated below on its own env
+        baselines.remove("heuristic")
+    policies += fixed + build_baselines(baselines, env)
     results = {p.name: evaluate_policy_on_env(p, env, cfg.eval_episodes, cfg.eval_seed) for p in policies}
     env.close()
+    if serving and "heuristic" in cfg.baselines:
+        # a serving env's heuristic is per request (each request's own +2/-1 depth, the proposer's
+        # rule "heuristic", as draftrl eval --engine vllm runs it) under the largest cap and budget
+        heuristic_env = make_env(spec, evaluation=True, extra_kwargs={**(extra_kwargs or {}), "rule": "heuristic"})
+        depths, verify_sizes, _ = env_grids(heuristic_env)
+        heuristic = Fixed.for_env(heuristic_env, depth=max(depths), verify_size=max(verify_sizes))
+        heuristic.name = "heuristic"
+        results["heuristic"] = evaluate_policy_on_env(heuristic, heuristic_env, cfg.eval_episodes, cfg.eval_seed)
+        heuristic_env.close()
     best_fixed = max((p.name for p in fixed), key=lambda name: results[name]["throughput"])
     best = results[best_fixed]
     table = {}

@@ -234,3 +234,23 @@ def test_recordings_round_trip(recordings, tmp_path):
     loaded = Recordings.load(tmp_path)
     assert [(r.prompt, r.prompt_ids, r.token_ids) for r in loaded.requests] == \
         [(r.prompt, r.prompt_ids, r.token_ids) for r in recordings.requests]
+
+
+def test_loads_are_drawn_per_episode_and_the_oracle_acts_in_the_grid(recordings):
+    loads = [{"concurrency": 1}, {"arrival": "poisson", "rate": 50.0}, {"concurrency": 8}]
+    env = make(recordings, loads=loads).unwrapped
+    seen = {}
+    for seed in range(12):
+        _, info = env.reset(seed=seed)
+        seen[(info["load"]["arrival"], info["load"]["concurrency"], info["load"]["rate"])] = True
+        if info["load"]["concurrency"] == 8 and info["load"]["arrival"] == "fixed":
+            env.step(np.array([0, 0]))
+            assert env.engine.request_counts()[0] == 8
+    assert len(seen) == 3
+    with pytest.raises(ValueError, match="loads may set only"):
+        make(recordings, loads=[{"max_num_seqs": 4}])
+    env.reset(seed=0)
+    before = [(r.generated, r.history.last_proposed) for r in env.engine.running]
+    action = env.oracle_action()
+    assert env.action_space.contains(action)
+    assert [(r.generated, r.history.last_proposed) for r in env.engine.running] == before  # explored on copies

@@ -50,14 +50,18 @@ def _untrained_ppo(path):
     """A PPO policy on ServeVLLM-v0's spaces (untrained: it exercises the ppo:PATH path, not learning)."""
     from stable_baselines3 import PPO
 
-    from draftrl.envs.serve import OBSERVATION
+    from draftrl.envs.serve import FEATURE_NAMES, OBSERVATION
+    from draftrl.envs.serve_config import ServeConfig
+    from draftrl.train.loop import save_trained
 
     class Spaces(gym.Env):
         observation_space = gym.spaces.Box(np.array([lo for _, lo, _ in OBSERVATION], dtype=np.float32),
                                            np.array([hi for _, _, hi in OBSERVATION], dtype=np.float32))
         action_space = gym.spaces.MultiDiscrete([7, 8])
+        depths, verify_sizes, feature_names = ServeConfig().depths, ServeConfig().budgets, FEATURE_NAMES
 
-    PPO("MlpPolicy", Spaces(), n_steps=8, seed=0).save(path / "policy.zip")
+    save_trained(PPO("MlpPolicy", Spaces(), n_steps=8, seed=0), path, kind="size", env_id="draftrl/ServeVLLM-v0",
+                 grids_env=Spaces(), extra={})
     return path
 
 
