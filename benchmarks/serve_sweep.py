@@ -1,0 +1,127 @@
+"""Load sweep in real vLLM and in the simulator: the same policies, the same held-out requests.
+
+For each Poisson arrival rate (and fixed concurrency, if given) every policy runs in real vLLM
+(``draftrl.eval.serving.run_serving_eval``: policies interleaved, ``--repeats`` passes, the
+median-time pass kept, float32 greedy identity checked) and in ``draftrl/ServeReplay-v0`` (the
+same runner with the simulator's env). Per load, one line per policy, ratios first: speedup over
+no speculation in vLLM and in the simulator, then throughput, TTFT and ITL p50/p95/p99 of both;
+then Kendall's tau between the two rankings of the policies (tau-a over pairs, per load and over
+every load's speedups together), and a PNG of throughput and p95 ITL against load per policy.
+vLLM's own ``ngram:K`` has no simulator (it is not draftrl's proposer) and is run in vLLM only.
+
+    python benchmarks/serve_sweep.py --recordings runs/serve/rec_heldout --calibration runs/serve/vllm_costs.json \\
+        --policies none,fixed:2,fixed:4,fixed:8,heuristic,ppo:runs/serve/ppo_sim --rates 0.5,2,8 --out runs/serve/sweep
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+from pathlib import Path
+
+from draftrl.decoding.vllm.calibrate import StepCostModel
+from draftrl.envs.serve_replay import ServeReplayEnv
+from draftrl.envs.serve_sim import Proposals, Recordings
+from draftrl.eval.serving import parse_serving_policies, run_serving_eval, serve_config
+from draftrl.io import read_json
+from draftrl.signals.costs import hardware_info, hardware_name
+
+
+def kendall_tau(a: list[float], b: list[float]) -> float | None:
+    """Tau-a: (concordant - discordant) / pairs; a pair tied in either list counts as neither."""
+    pairs = list(itertools.combinations(range(len(a)), 2))
+    if not pairs:
+        return None
+    sign = lambda x: (x > 0) - (x < 0)  # noqa: E731
+    return sum(sign(a[i] - a[j]) * sign(b[i] - b[j]) for i, j in pairs) / len(pairs)
+
+
+def loads_of(results: dict) -> list[tuple[str, str]]:
+    return [(section, key) for section in ("concurrency", "rates") for key in results.get(section, {})]
+
+
+def plot(real: dict, sim: dict, labels: list[str], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rates = sorted(real.get("rates", {}), key=float)
+    if not rates:
+        return
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for label, color in zip(labels, itertools.cycle(plt.rcParams["axes.prop_cycle"].by_key()["color"])):
+        for results, style, where in ((real, "-", "vLLM"), (sim, "--", "sim")):
+            rows = [results["rates"][r]["policies"].get(label) for r in rates]
+            if any(row is None for row in rows):
+                continue
+            x = [float(r) for r in rates]
+            axes[0].plot(x, [row["tokens_per_second"] for row in rows], style, color=color, label=f"{label} ({where})")
+            axes[1].plot(x, [(row["itl_p95"] or 0) * 1e3 for row in rows], style, color=color)
+    axes[0].set(xlabel="arrival rate (requests/s)", ylabel="tokens/s", title="throughput")
+    axes[1].set(xlabel="arrival rate (requests/s)", ylabel="ms", title="p95 inter-token latency")
+    axes[0].legend(fontsize=6)
+    fig.suptitle(f"{hardware_name(hardware_info())}: vLLM (solid) vs simulator (dashed)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--recordings", required=True, help="held-out recordings (draftrl collect --engine vllm)")
+    parser.add_argument("--calibration", required=True, help="draftrl calibrate --engine vllm --out FILE")
+    parser.add_argument("--policies", default="none,fixed:1,fixed:2,fixed:4,fixed:8,heuristic")
+    parser.add_argument("--rates", default="0.5,2,8", help="Poisson arrival rates, requests per second")
+    parser.add_argument("--concurrency", default="", help="fixed concurrency levels too, e.g. 1,4,16")
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved passes; the median-time pass is kept")
+    parser.add_argument("--set", dest="overrides", action="append", default=["max_new_tokens=48"],
+                        help="ServeConfig key=value (default max_new_tokens=48)")
+    parser.add_argument("--real-results", default=None, help="reuse this vLLM results.json instead of running vLLM")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    out = Path(args.out)
+    config = serve_config(None, args.overrides)
+    rates = [float(r) for r in args.rates.split(",") if r]
+    concurrency = [int(c) for c in args.concurrency.split(",") if c]
+    specs = parse_serving_policies(args.policies)
+    simulated = ",".join(s.label for s in specs if s.kind != "ngram")
+    recordings, cost = Recordings.load(args.recordings), StepCostModel.from_calibration(args.calibration)
+    proposals = Proposals(recordings, config.max_depth)
+
+    def sim_env(cfg, spec):
+        return ServeReplayEnv(recordings, cost, cfg, proposals=proposals)
+
+    sim = run_serving_eval(out / "sim", policies=simulated, concurrency=concurrency, rates=rates,
+                           repeats=args.repeats, config=config, make_env=sim_env)
+    real = read_json(args.real_results, "vLLM results") if args.real_results else run_serving_eval(
+        out / "real", policies=args.policies, concurrency=concurrency, rates=rates, repeats=args.repeats, config=config)
+    machine = f"{hardware_name(hardware_info())}  load1={os.getloadavg()[0]:.2f} on {os.cpu_count()} cpus"
+    all_real, all_sim = [], []
+    for section, key in loads_of(real):
+        r_table, s_table = real[section][key]["policies"], sim[section][key]["policies"]
+        both = [label for label in r_table if label in s_table]
+        print(f"--- {section}={key}")
+        for label in sorted(r_table, key=lambda k: -r_table[k]["speedup_vs_none"]):
+            r, s = r_table[label], s_table.get(label)
+            ms = lambda v: f"{v * 1e3:.0f}" if v is not None else "-"  # noqa: E731
+            sim_part = (f"sim={s['speedup_vs_none']:.2f}x  sim_tok/s={s['tokens_per_second']:.1f}  "
+                        f"sim_ttft_p50={ms(s['time_to_first_token_p50'])}ms  sim_itl_p50/95/99="
+                        f"{ms(s['itl_p50'])}/{ms(s['itl_p95'])}/{ms(s['itl_p99'])}ms") if s else "sim=-"
+            print(f"vllm={r['speedup_vs_none']:.2f}x  {sim_part}  vllm_tok/s={r['tokens_per_second']:.1f}  "
+                  f"ttft_p50={ms(r['time_to_first_token_p50'])}ms  itl_p50/95/99={ms(r['itl_p50'])}/"
+                  f"{ms(r['itl_p95'])}/{ms(r['itl_p99'])}ms  {label}")
+        a = [r_table[k]["speedup_vs_none"] for k in both]
+        b = [s_table[k]["speedup_vs_none"] for k in both]
+        all_real += a
+        all_sim += b
+        tau = kendall_tau(a, b)
+        print(f"kendall_tau={tau:.2f}  over {len(both)} policies  {section}={key}" if tau is not None else "")
+    tau = kendall_tau(all_real, all_sim)
+    print(f"kendall_tau_all={tau:.2f}  over {len(all_real)} (load, policy) speedups  "
+          f"exactness_passed={real['exactness']['passed']}  repeats={args.repeats}  machine={machine}")
+    plot(real, sim, [s.label for s in specs], out / "sweep.png")
+
+
+if __name__ == "__main__":
+    main()
