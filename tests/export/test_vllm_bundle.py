@@ -14,6 +14,10 @@ from draftrl.decoding.vllm.engine import INSTALL_CPU, vllm_available
 pytestmark = [pytest.mark.vllm, pytest.mark.skipif(not vllm_available(), reason=f"vllm is not installed ({INSTALL_CPU})")]
 
 
+#: in-process vLLM engines started by these tests, alive until the process ends (see below)
+_KEPT: list = []
+
+
 def test_exported_policy_runs_in_vllm(replay_run, tmp_path, monkeypatch):
     from draftrl.decoding.vllm.engine import VLLMEngineConfig, model_path, set_cpu_defaults, shared_engine
 
@@ -49,7 +53,10 @@ def test_exported_policy_runs_in_vllm(replay_run, tmp_path, monkeypatch):
             expected.setdefault(r.request_id, []).extend(r.token_ids)
     assert got == [expected["0"], expected["1"]]
     assert proposer.step > 0 and sum(r.acceptance.num_accepted for r in proposer.requests.values()) > 0
-    del llm
+    # Keep this LLM for the session: destroying an in-process vLLM engine tears down vLLM's
+    # process-global parallel groups, and the next step of any other engine (the shared ones of
+    # tests/vllm) then fails with "pipeline model parallel group is not initialized".
+    _KEPT.append(llm)
 
 
 def test_export_refuses_a_policy_no_engine_can_feed(analytic_run, tmp_path, capsys):
