@@ -56,7 +56,7 @@ def main() -> None:
     p.add_argument("--out", default="runs/serve_compare")
     args = p.parse_args()
 
-    from draftrl.envs.serve_config import ServeConfig
+    from draftrl.config.serve import ServeConfig
     from draftrl.eval.serving import run_serving_eval
 
     policies = ["none"] + [f"ngram:{k}" for k in args.ks.split(",") if k] + \

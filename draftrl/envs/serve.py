@@ -11,7 +11,7 @@ from gymnasium import spaces
 
 from draftrl.decoding.admission import StepAction
 from draftrl.envs.rewards import RewardModel
-from draftrl.envs.serve_config import ServeConfig, resolve_serve_config
+from draftrl.config.serve import ServeConfig, resolve_serve_config
 from draftrl.envs.workload import Workload
 
 #: (name, low, high) of every observation entry, in order (the table in ServeVLLMEnv's docstring).
@@ -156,7 +156,7 @@ class ServeVLLMEnv(gym.Env[np.ndarray, np.ndarray]):
     env = ServeVLLMEnv(ServeConfig(concurrency=16), engine=my_engine, tokenizer=tok)   # any ServingEngine
     ```
 
-    ``config`` (:class:`~draftrl.envs.serve_config.ServeConfig`, a dict or None) plus keyword
+    ``config`` (:class:`~draftrl.config.serve.ServeConfig`, a dict or None) plus keyword
     overrides; ``engine`` (any ``draftrl.decoding.interface.ServingEngine``; default: vLLM with
     draftrl's proposer, one per process and config) and ``tokenizer``.
 

@@ -11,7 +11,7 @@ import numpy as np
 from draftrl.decoding.admission import StepAction
 from draftrl.decoding.vllm.calibrate import StepCostModel
 from draftrl.envs.serve import ServeVLLMEnv
-from draftrl.envs.serve_config import ServeConfig, resolve_serve_config
+from draftrl.config.serve import ServeConfig, resolve_serve_config
 from draftrl.envs.serve_sim import Proposals, Recordings, ReplayEngine
 from draftrl.envs.workload import Workload
 

@@ -141,7 +141,7 @@ def record(engine, requests: list[tuple[Prompt, list[int], int]], *, lookahead: 
 
 
 def record_workload(config, engine=None, tokenizer=None, progress=None) -> Recordings:
-    """Record every request of a :class:`~draftrl.envs.serve_config.ServeConfig`'s workload.
+    """Record every request of a :class:`~draftrl.config.serve.ServeConfig`'s workload.
 
     Default engine: vLLM without speculation in ``config.dtype`` (float32 by default: there vLLM
     with draftrl's proposer is token-identical to it, so the recording is what ``ServeVLLM-v0``

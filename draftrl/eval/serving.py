@@ -133,7 +133,7 @@ def serve_config(path: str | None, overrides: list[str], threads: int | None = N
     import yaml
 
     from draftrl.config import from_dict
-    from draftrl.envs.serve_config import ServeConfig
+    from draftrl.config.serve import ServeConfig
 
     data: dict[str, Any] = {"split": "heldout", "shuffle": False, "seed": 0, **defaults}
     if path:
@@ -278,7 +278,7 @@ def run_serving_eval(out: str | Path, *, policies: list[str] | str, concurrency:
     """
     from draftrl.signals.costs import hardware_info
     from draftrl.envs.serve import ServeVLLMEnv
-    from draftrl.envs.serve_config import ServeConfig
+    from draftrl.config.serve import ServeConfig
     from draftrl.io import write_json
 
     specs = parse_serving_policies(policies)

@@ -17,7 +17,7 @@ from draftrl.decoding.admission import StepAction
 from draftrl.decoding.vllm.calibrate import FORMAT, StepCostModel
 from draftrl.decoding.vllm.proposer import DraftrlProposer
 from draftrl.envs.serve import FEATURE_NAMES, ServeVLLMEnv
-from draftrl.envs.serve_config import ServeConfig
+from draftrl.config.serve import ServeConfig
 from draftrl.envs.serve_sim import Recording, Recordings, ReplayEngine
 from draftrl.prompts import Prompt
 

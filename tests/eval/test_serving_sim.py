@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from draftrl.envs.serve_config import ServeConfig
+from draftrl.config.serve import ServeConfig
 from draftrl.envs.serve_replay import ServeReplayEnv
 from draftrl.eval.serving import run_serving_eval
 

@@ -11,7 +11,7 @@ import pytest
 from draftrl.decoding.vllm.calibrate import StepCostModel, calibrate
 from draftrl.decoding.vllm.engine import VLLMEngineConfig, shared_engine
 from draftrl.envs.serve import ServeVLLMEnv
-from draftrl.envs.serve_config import ServeConfig
+from draftrl.config.serve import ServeConfig
 from draftrl.envs.serve_replay import ServeReplayEnv
 from draftrl.envs.serve_sim import record_workload
 

@@ -51,7 +51,7 @@ def _untrained_ppo(path):
     from stable_baselines3 import PPO
 
     from draftrl.envs.serve import FEATURE_NAMES, OBSERVATION
-    from draftrl.envs.serve_config import ServeConfig
+    from draftrl.config.serve import ServeConfig
     from draftrl.train.loop import save_trained
 
     class Spaces(gym.Env):
