@@ -116,8 +116,8 @@ def stored_cost_table_path(directory: str | Path) -> Path | None:
     return path
 
 
-#: keys of a run's config whose string values are paths (at any depth: env.kwargs.traces, ...)
-PATH_KEYS = frozenset({"traces", "cost_table", "frozen_size_policy"})
+#: keys of a run's config whose string values are paths (at any depth: env.traces, env.eval.traces, ...)
+PATH_KEYS = frozenset({"traces", "cost_table", "frozen_size_policy", "prompts", "recordings", "calibration"})
 
 
 def _map_paths(value: Any, fn: Callable[[str], str], key: str | None = None) -> Any:

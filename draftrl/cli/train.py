@@ -28,6 +28,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         description=__doc__.split("\n\n")[0] if __doc__ else None,
     )
     _options.add_config(parser, "ppo.learning_rate=1.0e-3")
+    _options.add_models(parser)
     _options.add_threads(parser)
     _options.add_seed(parser, "PPO, the training envs (seed + i for env i) and torch")
     _options.add_out(parser, "run directory for the policy, checkpoints and summary", overwrite=None)

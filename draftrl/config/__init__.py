@@ -83,6 +83,9 @@ def from_dict(cls: type[T], data: dict[str, Any], prefix: str = "", base: T | No
     kwargs = {}
     for key, value in data.items():
         if key not in types_:
+            moved = getattr(cls, "moved_key", None)
+            if moved is not None and moved(data, key, prefix):
+                raise ValueError(f"{moved(data, key, prefix)} (configs/ shows the env section's shape)")
             close = difflib.get_close_matches(key, types_, n=1)
             hint = f"; did you mean '{prefix}{close[0]}'?" if close else f"; valid keys: {', '.join(types_)}"
             raise ValueError(f"unknown config key '{prefix}{key}'{hint}")

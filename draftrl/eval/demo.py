@@ -122,15 +122,14 @@ def _train(config: DemoConfig, out: Path, trace_dir: Path) -> dict[str, Path]:
     import importlib
     import os
 
-    from draftrl.config import load_config
+    from draftrl.config import load_config, to_dict
     from draftrl.train.evaluation import format_table
-    from draftrl.train.config import TrainConfig
+    from draftrl.train.config import DepthEnvSpec, EnvSpec, TrainConfig
 
     dirs = {}
     for recipe in config.train.recipes:
         overrides = [
             f"recipe={recipe}",
-            "env.id=draftrl/TraceReplay-v0",
             f"total_timesteps={config.train.total_timesteps}",
             f"eval_episodes={config.train.eval_episodes}",
             "progress_bar=false",
@@ -139,16 +138,14 @@ def _train(config: DemoConfig, out: Path, trace_dir: Path) -> dict[str, Path]:
             f"wandb.project={config.wandb.project}",
             *config.train.overrides,
         ]
-        cfg = load_config(TrainConfig, None, overrides)
-        # training replays other machines too (cost_jitter) so that the policy reads the cost features
-        # the real engine will measure; the training summary evaluates on the calibrated costs as measured
-        replay = {"traces": str(trace_dir), "depths": list(config.env.depths),
-                  "verify_sizes": list(config.env.verify_sizes), "cost_noise": 0.05, "cost_jitter": 0.25}
-        exact_costs = {"cost_noise": 0.0, "cost_jitter": 0.0}
-        cfg.env.kwargs, cfg.env.eval_kwargs = dict(replay), dict(exact_costs)  # size policies on TraceReplay-v0
-        cfg.depth_env.id = "draftrl/TraceReplayDepth-v0"  # depth policies on its step-level twin
-        cfg.depth_env.kwargs = {k: v for k, v in replay.items() if k != "verify_sizes"}
-        cfg.depth_env.eval_kwargs = dict(exact_costs)
+        # the traces' own env section; training replays other machines too (cost_jitter) so that the
+        # policy reads the cost features the real engine will measure; the training summary evaluates
+        # on the calibrated costs as measured
+        replay = {**to_dict(config.env), "traces": str(trace_dir), "cost_noise": 0.05, "cost_jitter": 0.25,
+                  "eval": {"cost_noise": 0.0, "cost_jitter": 0.0}}
+        cfg = load_config(TrainConfig, None, overrides, base=TrainConfig(
+            env=EnvSpec(id="draftrl/TraceReplay-v0", **replay),  # size policies on TraceReplay-v0
+            depth_env=DepthEnvSpec(id="draftrl/TraceReplayDepth-v0", **replay)))  # depth policies on its step-level twin
         run_dir = out / recipe
         summary = importlib.import_module(f"draftrl.train.{recipe}").train(cfg, run_dir)
         print(format_table(summary["evaluation"]))  # into the step's log

@@ -22,7 +22,6 @@ requests as in training. Names:
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -104,12 +103,22 @@ def _run_config(path: str) -> dict:
     return read_run_config(run_dir_of(policy_files(path)[0])) or {}
 
 
+def _trained_env(path: str, kind: str):
+    """The ``EnvSpec`` a PPO policy of ``kind`` trained on (``depth_env`` for depth policies), None without
+    the run's ``config.json``."""
+    from draftrl.config import from_dict
+    from draftrl.config.env_spec import EnvSpec
+
+    cfg = _run_config(path)
+    key = "depth_env" if kind == "depth" and cfg.get("depth_env") else "env"
+    return from_dict(EnvSpec, cfg[key], prefix=f"{key}.") if cfg.get(key) else None
+
+
 def ppo_env_config(path: str, base: EnvConfig) -> tuple[EnvConfig, str]:
     """The eval env config for a PPO policy: ``base`` with the policy's grids and the observation
     settings it was trained with (history, decays, width, cost table); and the env kind.
 
-    Reads ``policy.json`` (grids) and, when present, the run's ``config.json`` (its env kwargs and
-    the recorded config of its traces).
+    Reads ``policy.json`` (grids) and, when present, the run's ``config.json`` (its env section).
     """
     from draftrl.policies.ppo import read_policy_manifest
     from draftrl.runs import MANIFEST_FILE
@@ -121,24 +130,13 @@ def ppo_env_config(path: str, base: EnvConfig) -> tuple[EnvConfig, str]:
                                 "draftrl train (policy.zip + policy.json).")
     manifest = read_policy_manifest(manifest_path)
     trained: dict[str, Any] = {}
-    cfg = _run_config(path)
-    trace_dir = None
-    if cfg:
-        kwargs = dict(cfg.get("env", {}).get("kwargs", {}))
-        if manifest.get("kind") == "depth" and cfg.get("depth_env"):
-            kwargs = dict(cfg["depth_env"].get("kwargs", {}))
-        if "traces" in kwargs:
-            trace_dir = Path(kwargs.pop("traces"))
-            header = trace_dir / "trace.json"
-            if header.is_file():
-                trained.update(json.loads(header.read_text()).get("config", {}))
-        if isinstance(kwargs.get("config"), dict):
-            trained.update(kwargs.pop("config"))
-        trained.update({k: v for k, v in kwargs.items() if k in {f.name for f in dataclasses.fields(EnvConfig)}})
-        if "cost_table" not in trained or not trained.get("cost_table"):
+    section = _trained_env(path, manifest.get("kind", "size"))
+    if section is not None:
+        trained = {f.name: getattr(section, f.name) for f in dataclasses.fields(EnvConfig)}
+        if not trained["cost_table"] and section.traces:
             from draftrl.runs import stored_cost_table_path
 
-            stored = stored_cost_table_path(trace_dir) if trace_dir is not None else None
+            stored = stored_cost_table_path(Path(section.traces))
             if stored is not None:
                 trained["cost_table"] = str(stored)
     if trained.get("drafter") not in (None, base.drafter):
@@ -188,7 +186,8 @@ def build_policy(spec: PolicySpec, base: EnvConfig, target, *, grid: dict | None
         from draftrl.envs.spec_decode_depth import SpecDecodeDepthEnv
 
         run = _run_config(spec.arg)
-        verify_size = int(run.get("depth_env", {}).get("kwargs", {}).get("verify_size", 0))
+        section = _trained_env(spec.arg, "depth")
+        verify_size = section.verify_size if section is not None else 0
         env = SpecDecodeDepthEnv(cfg, engine=engine, tokenizer=tokenizer, verify_size=verify_size)
         if run.get("frozen_size_policy"):  # the size policy it was trained with picks the verify size
             sizer = PPOPolicy.load(run["frozen_size_policy"], feature_names=env.unwrapped.feature_names,

@@ -95,9 +95,8 @@ def _rollout(trained: TrainedPolicy, episodes: int, seed: int) -> dict[str, Any]
 
     from draftrl.policies import PPOPolicy, evaluate_policy_on_env
 
-    spec = env_spec(trained.train_config, trained.env_id)
-    kwargs = {**(spec.get("kwargs") or {}), **(spec.get("eval_kwargs") or {})}
-    env = gym.make(f"draftrl.envs:{trained.env_id}", **kwargs)  # gymnasium imports draftrl.envs: the ids register
+    spec = env_spec(trained.train_config, trained.env_id).evaluation()
+    env = gym.make(f"draftrl.envs:{trained.env_id}", **spec.make_kwargs())  # gymnasium imports draftrl.envs
     try:
         policy = PPOPolicy.load(trained.model_path, env)  # a checkpoint's own statistics, not the final ones
         return evaluate_policy_on_env(policy, env, episodes=episodes, seed=seed)
@@ -137,8 +136,8 @@ def fit_alpha(hist: Mapping[int, int], mean_tokens: float, verify_size: int = 0)
 
 def training_costs(trained: TrainedPolicy, max_depth: int) -> dict[str, Any]:
     """``{"draft_cost": c, "verify_cost": [g(0)=1, g(1), ..., g(max_depth)], "source"}`` of the training env."""
-    kwargs = env_spec(trained.train_config, trained.env_id).get("kwargs") or {}
     if trained.env_id == "draftrl/Analytic-v0":
+        kwargs = env_spec(trained.train_config, trained.env_id).analytic.kwargs()
         c = float(kwargs.get("draft_cost", 0.05))
         v = kwargs.get("verify_cost", 1.0)
         if isinstance(v, Mapping):

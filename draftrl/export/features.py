@@ -11,7 +11,7 @@ a synthetic ``draft_confidence``) come from the analytic model itself, and no en
 them. Its policies export and run through the controller, but cannot drive an engine.
 
 Import direction: this module uses ``draftrl.signals`` (the feature builder, cost tables) and
-``draftrl.config.env`` (``EnvConfig``), never ``draftrl.envs``; it imports no model code.
+``draftrl.config.env_spec`` (the training config's env section), never ``draftrl.envs``; it imports no model code.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from draftrl.io import read_json
-from draftrl.config.env import EnvConfig, resolve_config
+from draftrl.config import from_dict
+from draftrl.config.env_spec import EnvSpec
 from draftrl.signals.costs import CostTable
 from draftrl.signals.features import CostTracker, FeatureBuilder, feature_names
 
@@ -35,19 +35,16 @@ BUILDER_ENVS: tuple[str, ...] = (
 BUILDER = "draftrl.signals.features.FeatureBuilder"
 #: Names manifests have recorded for the same builder (before it moved from ``draftrl.envs``).
 BUILDER_NAMES: tuple[str, ...] = (BUILDER, "draftrl.envs.features.FeatureBuilder")
-#: gymnasium.make arguments of the engine envs that are not EnvConfig fields.
-_NON_CONFIG_KWARGS = ("config", "traces", "cost_table", "engine", "tokenizer", "target", "render_mode", "size_policy")
 
 
-def env_spec(train_config: dict[str, Any] | None, env_id: str) -> dict[str, Any]:
-    """The ``{"id", "kwargs", "eval_kwargs"}`` entry of the training config that made ``env_id``."""
-    if not train_config:
-        return {"id": env_id, "kwargs": {}, "eval_kwargs": {}}
+def env_spec(train_config: dict[str, Any] | None, env_id: str) -> EnvSpec:
+    """The env section (``env``, ``depth_env`` or ``finetune_env``) of the training config that made ``env_id``;
+    the defaults with that id when no section did."""
     for key in ("env", "depth_env", "finetune_env"):
-        spec = train_config.get(key)
-        if isinstance(spec, dict) and spec.get("id") == env_id:
-            return spec
-    return {"id": env_id, "kwargs": {}, "eval_kwargs": {}}
+        section = (train_config or {}).get(key)
+        if isinstance(section, dict) and section.get("id") == env_id:
+            return from_dict(EnvSpec, section, prefix=f"{key}.")
+    return EnvSpec(id=env_id)
 
 
 def _find(path: str | Path | None, run_dir: Path | None) -> Path | None:
@@ -62,32 +59,20 @@ def _find(path: str | Path | None, run_dir: Path | None) -> Path | None:
     return next((c for c in candidates if c.exists()), None)
 
 
-def _resolve_env_config(env_id: str, kwargs: dict[str, Any],
-                        run_dir: Path | None) -> tuple[EnvConfig, CostTable | None, str]:
-    """(EnvConfig, cost table or None, where they came from) as ``gymnasium.make(env_id, **kwargs)`` resolves them."""
-    overrides = {k: v for k, v in kwargs.items() if k not in _NON_CONFIG_KWARGS}
-    base = kwargs.get("config")
-    source = "train config"
-    trace_dir = None
-    if env_id.startswith("draftrl/TraceReplay") and base is None:
-        trace_dir = _find(kwargs.get("traces"), run_dir)
-        if trace_dir is not None and (trace_dir / "trace.json").is_file():
-            base = read_json(trace_dir / "trace.json", "trace header")["config"]  # the EnvConfig they were recorded with
-            source = f"traces {trace_dir}"
-        else:
-            source = f"EnvConfig defaults + train-config overrides (traces {kwargs.get('traces')} not found)"
-            warnings.warn(
-                f"the training traces {kwargs.get('traces')!r} were not found from here or the run directory; the "
-                "manifest records EnvConfig defaults for the feature builder and no cost table (cost features then "
-                "start unknown). Export where the traces are to record the training settings.", stacklevel=3)
-    config = resolve_config(base, overrides)
-    table_path = _find(kwargs.get("cost_table") or config.cost_table, run_dir)
+def _cost_table(spec: EnvSpec, run_dir: Path | None) -> CostTable | None:
+    """The table the training env started its cost features from: ``env.cost_table``, else (TraceReplay)
+    the one stored with the traces."""
+    table_path = _find(spec.cost_table, run_dir)
+    trace_dir = _find(spec.traces, run_dir)
     if table_path is None and trace_dir is not None:
         from draftrl.runs import stored_cost_table_path
 
         table_path = stored_cost_table_path(trace_dir)
-    table = CostTable.load(table_path) if table_path is not None else None
-    return config, table, source
+    if table_path is None and spec.traces:
+        warnings.warn(
+            f"the training traces {spec.traces!r} were not found from here or the run directory; the manifest "
+            "records no cost table (cost features then start unknown). Export where the traces are.", stacklevel=3)
+    return CostTable.load(table_path) if table_path is not None else None
 
 
 def features_entry(train_config: dict[str, Any] | None, env_id: str, names: list[str],
@@ -105,9 +90,8 @@ def features_entry(train_config: dict[str, Any] | None, env_id: str, names: list
             "reason": f"{env_id} computes its features inside the env (no engine measures them); "
             "the policy runs through the controller but cannot drive an engine.",
         }
-    spec = env_spec(train_config, env_id)
-    config, table, source = _resolve_env_config(env_id, dict(spec.get("kwargs") or {}),
-                                                Path(run_dir) if run_dir is not None else None)
+    config = env_spec(train_config, env_id)
+    table = _cost_table(config, Path(run_dir) if run_dir is not None else None)
     expected = list(feature_names(config.history))
     if names[: len(expected)] != expected:
         raise ValueError(
@@ -125,7 +109,8 @@ def features_entry(train_config: dict[str, Any] | None, env_id: str, names: list
         "max_depth": config.max_depth,
         "max_new_tokens": config.max_new_tokens or config.max_new_tokens_cap,
         "cost_table": table.to_dict() if table is not None else None,
-        "source": source,
+        "source": ("train config" if train_config else "EnvConfig defaults (no train config)")
+        + (f", traces {config.traces}" if config.traces else ""),
     }
 
 

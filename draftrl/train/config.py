@@ -14,22 +14,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from draftrl.config import BASELINES
+from draftrl.config.env_spec import EnvSpec
 from draftrl.config.wandb import WandbConfig
 
 #: Recipes ``draftrl train`` can run: module ``draftrl.train.<recipe>`` with ``train(cfg, out, ...)``.
 RECIPES: tuple[str, ...] = ("ppo_size", "ppo_depth", "cotrain")
-
-
-@dataclass
-class EnvSpec:
-    """Which gymnasium env to build, and with what arguments."""
-
-    id: str = "draftrl/TraceReplay-v0"
-    """gymnasium id: draftrl/TraceReplay-v0 (recorded traces), draftrl/Analytic-v0, draftrl/SpecDecode-v0, ..."""
-    kwargs: dict[str, Any] = field(default_factory=dict)
-    """keyword arguments of gymnasium.make(id, ...), e.g. traces: DIR (TraceReplay) or EnvConfig fields."""
-    eval_kwargs: dict[str, Any] = field(default_factory=dict)
-    """overrides of kwargs for the evaluation env (e.g. the held-out trace split)."""
 
 
 @dataclass
@@ -109,7 +98,7 @@ class TrainConfig:
     recipe: str = "ppo_size"
     """ppo_size (depth and verify size per round) | ppo_depth (CONTINUE/STOP) | cotrain (both, alternating)."""
     env: EnvSpec = field(default_factory=EnvSpec)
-    """the training env (and its evaluation variant)."""
+    """the training env: id, EnvConfig fields (env.target, env.depths, ...), the id's own arguments, env.eval."""
     ppo: PPOConfig = field(default_factory=PPOConfig)
     """PPO hyperparameters."""
     total_timesteps: int = 50_000
@@ -183,8 +172,9 @@ def _check_numbers(obj: Any, prefix: str = "") -> None:
 
 
 def _numeric(hint: Any) -> bool:
-    """``float``, ``int`` or an optional one."""
+    """``float``, ``int``, a union of them or an optional one."""
     if hint in (float, int):
         return True
     union = typing.get_origin(hint) in (typing.Union, types.UnionType)
-    return union and any(arg in (float, int) for arg in typing.get_args(hint))
+    args = [arg for arg in typing.get_args(hint) if arg is not type(None)]
+    return union and all(arg in (float, int) for arg in args)

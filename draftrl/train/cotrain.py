@@ -168,7 +168,7 @@ def train(
         _copy_policy(depth_dir, out)  # DIR itself holds the depth policy, like the other recipes
         hook = {"size_policy": size_hook(size_dir, cfg.depth_env)}
         steps = 2 * cfg.cotrain_rounds * cfg.total_timesteps
-        return finish_run(cfg, out, state, clock, steps, eval_spec=cfg.depth_env, eval_kwargs=hook,
+        return finish_run(cfg, out, state, clock, steps, eval_spec=cfg.depth_env, extra_kwargs=hook,
                           wandb_run=wandb_run, extra={"policies": {"depth": str(out / "depth"), "size": str(out / "size")}})
     finally:
         if wandb_run is not None:

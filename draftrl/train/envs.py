@@ -20,21 +20,21 @@ def make_env(
     extra_kwargs: dict[str, Any] | None = None,
     wrapper: Callable[[gym.Env], gym.Env] | None = None,
 ) -> gym.Env:
-    """``gymnasium.make(spec.id, **spec.kwargs)``; ``evaluation`` applies ``spec.eval_kwargs`` on top.
+    """``gymnasium.make(spec.id, **spec.make_kwargs())``; ``evaluation`` applies ``spec.eval`` first.
 
     :param extra_kwargs: more ``gymnasium.make`` arguments that YAML cannot hold (e.g. a frozen
         ``size_policy`` callable for the depth envs).
     :param wrapper: applied to the made env (e.g. ``FrozenDepth`` in co-training).
     """
-    kwargs = {**spec.kwargs, **(spec.eval_kwargs if evaluation else {}), **(extra_kwargs or {})}
+    spec = spec.evaluation() if evaluation else spec
     try:
-        env = gym.make(spec.id, **kwargs)
+        env = gym.make(spec.id, **spec.make_kwargs(), **(extra_kwargs or {}))
     except gym.error.NameNotFound as err:
         raise ValueError(f"env id {spec.id!r} is not registered ({err}); `import draftrl.envs` registers draftrl/*.") from None
     except TypeError as err:  # e.g. TraceReplay-v0 without traces
         raise ValueError(
-            f"gymnasium.make({spec.id!r}) failed: {err}; give its arguments under env.kwargs in the config "
-            "(TraceReplay-v0 needs traces: DIR from draftrl collect, see configs/cpu_default.yaml)."
+            f"gymnasium.make({spec.id!r}) failed: {err}; give its arguments in the env section of the config "
+            "(TraceReplay-v0 needs env.traces: DIR from draftrl collect, see configs/cpu_default.yaml)."
         ) from None
     return wrapper(env) if wrapper is not None else env
 

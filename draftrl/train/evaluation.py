@@ -8,6 +8,7 @@ from typing import Any
 
 import gymnasium as gym
 
+from draftrl.config import to_dict
 from draftrl.policies import (
     ConfidenceThreshold,
     Fixed,
@@ -52,7 +53,7 @@ def evaluate_run(
     On a step-level env (a depth policy) the fixed settings are the grid's depths, each drafted
     to the end (``Policy.act_step``), and the env's own verify size applies.
 
-    :param spec: the env to evaluate on (its ``eval_kwargs`` apply); default ``cfg.env``.
+    :param spec: the env to evaluate on (its ``eval`` keys apply); default ``cfg.env``.
     :param extra_kwargs: ``gymnasium.make`` arguments YAML cannot hold (a frozen size policy).
     :return: ``{"episodes", "seed", "env", "results": {name: evaluate_policy_on_env(...)},
         "best_fixed", "table": {name: {"throughput", "ratio_to_best_fixed", "diff_vs_best_fixed",
@@ -98,7 +99,7 @@ def evaluate_run(
     summary: dict[str, Any] = {
         "episodes": cfg.eval_episodes,
         "seed": cfg.eval_seed,
-        "env": {"id": spec.id, "kwargs": {**spec.kwargs, **spec.eval_kwargs}},
+        "env": to_dict(spec.evaluation()),
         "best_fixed": best_fixed,
         "table": table,
         "results": results,

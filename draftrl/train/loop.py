@@ -217,7 +217,7 @@ def finish_run(
     num_timesteps: int,
     *,
     eval_spec: EnvSpec,
-    eval_kwargs: dict[str, Any] | None = None,
+    extra_kwargs: dict[str, Any] | None = None,
     wandb_run: Any = None,
     extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
@@ -226,7 +226,7 @@ def finish_run(
     write_json(out / STATE_FILE, state)
     train_seconds = clock.elapsed()
     eval_clock = Stopwatch()
-    evaluation = evaluate_run(cfg, out, eval_spec, eval_kwargs)
+    evaluation = evaluate_run(cfg, out, eval_spec, extra_kwargs)
     summary = {
         "run_id": state["run_id"],
         "recipe": cfg.recipe,

@@ -124,7 +124,7 @@ def run(
         save_trained(model, out, kind=kind, env_id=spec.id, grids_env=grids_env,
                      extra={"run_id": state["run_id"], **(extra or {})})
         # 6. the evaluation against every fixed setting and the baselines, train_summary.json
-        return finish_run(cfg, out, state, clock, model.num_timesteps, eval_spec=spec, eval_kwargs=env_kwargs,
+        return finish_run(cfg, out, state, clock, model.num_timesteps, eval_spec=spec, extra_kwargs=env_kwargs,
                           wandb_run=wandb_run)
     finally:
         if wandb_run is not None:

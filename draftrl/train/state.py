@@ -92,7 +92,7 @@ def _changed_keys(saved: dict[str, Any], current: dict[str, Any], prefix: str = 
         if not prefix and key in _RESUMABLE:
             continue
         a, b = saved.get(key), current.get(key)
-        if isinstance(a, dict) and isinstance(b, dict) and key not in ("kwargs", "eval_kwargs"):
+        if isinstance(a, dict) and isinstance(b, dict):
             changed += _changed_keys(a, b, f"{prefix}{key}.")
         elif a != b:
             changed.append(f"{prefix}{key}")

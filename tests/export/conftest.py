@@ -85,7 +85,7 @@ def replay_traces(shared_target, replay_config, tmp_path_factory) -> Path:
 def replay_run(replay_traces, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("replay") / "run"
     cfg = from_dict(TrainConfig, {
-        "env": {"id": "draftrl/TraceReplay-v0", "kwargs": {"traces": str(replay_traces)}},
+        "env": {"id": "draftrl/TraceReplay-v0", "traces": str(replay_traces), **REPLAY_WORKLOAD},
         "total_timesteps": 768, "ppo": {"n_steps": 64, "batch_size": 64}, "checkpoint_every": 256,
         "eval_episodes": 2, "baselines": [], "progress_bar": False,
     })

@@ -68,8 +68,8 @@ def assert_same_actions(run, runtime, observations: np.ndarray) -> dict[str, flo
 
 @pytest.fixture(scope="module")
 def analytic_observations(analytic_run, analytic_exports) -> np.ndarray:
-    kwargs = resolve(analytic_run).train_config["env"]["kwargs"]
-    env = gym.make("draftrl/Analytic-v0", **kwargs)
+    kwargs = resolve(analytic_run).train_config["env"]["analytic"]
+    env = gym.make("draftrl/Analytic-v0", **{k: v for k, v in kwargs.items() if v is not None})
     return record(env, PolicyController(analytic_exports["onnx"]), NUM_OBSERVATIONS)
 
 
@@ -116,7 +116,7 @@ def test_manifest_describes_the_policy(analytic_run, analytic_exports):
     assert [i["name"] for i in manifest["io"]["inputs"]] == ["observation"]
     assert [o["name"] for o in manifest["io"]["outputs"]] == ["logits_depth", "logits_verify_size", "action"]
     assert manifest["train_config"] == json.loads((analytic_run / "config.json").read_text())
-    assert manifest["train_config"]["env"]["kwargs"]["regimes"] == [0.9, 0.2]
+    assert manifest["train_config"]["env"]["analytic"]["regimes"] == [0.9, 0.2]
     assert set(manifest["versions"]) >= {"draftrl", "torch", "stable_baselines3", "onnx", "onnxruntime", "opset"}
     assert manifest["source"]["policy_sha256"] == trained.sha256()
     assert manifest["check"]["action_agreement"] == 1.0 and manifest["check"]["num_observations"] == 512

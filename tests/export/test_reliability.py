@@ -308,15 +308,16 @@ def test_saved_config_paths_resolve_from_the_run_directory(tmp_path, monkeypatch
     (project / "runs" / "traces").mkdir(parents=True)
     (project / "runs" / "traces" / "cost_table.json").write_text("{}")
     monkeypatch.chdir(project)
-    cfg = load_config(TrainConfig, None, ["env.kwargs={traces: runs/traces, cost_table: runs/traces/cost_table.json}"])
+    cfg = load_config(TrainConfig, None, ["env.traces=runs/traces", "env.cost_table=runs/traces/cost_table.json"])
     open_run(cfg, Path("runs/ppo"), resume=False)
     saved = json.loads((project / "runs" / "ppo" / "config.json").read_text())
-    assert saved["env"]["kwargs"] == {"traces": "../traces", "cost_table": "../traces/cost_table.json"}
+    assert {k: saved["env"][k] for k in ("traces", "cost_table")} == {
+        "traces": "../traces", "cost_table": "../traces/cost_table.json"}
     assert open_run(cfg, Path("runs/ppo"), resume=True)["sessions"] == 2  # the same config, given as before
     monkeypatch.chdir(tmp_path)  # evaluate from elsewhere
-    kwargs = read_run_config(project / "runs" / "ppo")["env"]["kwargs"]
-    assert kwargs == {"traces": str(project / "runs" / "traces"),
+    kwargs = read_run_config(project / "runs" / "ppo")["env"]
+    assert {k: kwargs[k] for k in ("traces", "cost_table")} == {"traces": str(project / "runs" / "traces"),
                       "cost_table": str(project / "runs" / "traces" / "cost_table.json")}
     moved = tmp_path / "moved"  # the whole tree moves: the run still finds its traces
     (project / "runs").rename(moved)
-    assert read_run_config(moved / "ppo")["env"]["kwargs"]["traces"] == str(moved / "traces")
+    assert read_run_config(moved / "ppo")["env"]["traces"] == str(moved / "traces")

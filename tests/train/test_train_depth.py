@@ -37,10 +37,10 @@ def depth_config(recipe: str, *overrides: str) -> TrainConfig:
             "eval_episodes=3",
             "baselines=[heuristic, threshold]",
             "progress_bar=false",
+            f"depth_env.analytic={json.dumps(REGIMES)}",
             *overrides,
         ],
     )
-    cfg.depth_env.kwargs = dict(REGIMES)
     return cfg
 
 

@@ -247,6 +247,44 @@ def test_yaml_exponent_without_a_dot_is_a_float():
     assert load_config(TrainConfig, ANALYTIC, ["ppo.learning_rate=1e-4"]).ppo.learning_rate == 1e-4
 
 
+@pytest.mark.parametrize("override, message", [
+    ("env.kwargs.target=x", "env.kwargs.target is now env.target"),
+    ("env.eval_kwargs.split=heldout", "env.eval_kwargs.split is now env.eval.split"),
+    ("depth_env.kwargs={traces: t, verify_size: 2}", "depth_env.kwargs.traces is now depth_env.traces"),
+    ("env.kwargs.regimes=[0.5]", "env.kwargs.regimes is now env.analytic.regimes"),
+])
+def test_the_old_env_shape_names_the_new_key(override, message, tmp_path, capsys):
+    """``{id, kwargs, eval_kwargs}`` is gone: each old key fails with one line naming its new place."""
+    with pytest.raises(ValueError, match=message):
+        load_config(TrainConfig, ANALYTIC, [override])
+    old = tmp_path / "old.yaml"
+    old.write_text("env:\n  id: draftrl/TraceReplay-v0\n  kwargs:\n    traces: runs/traces\n")
+    assert main(["train", "--config", str(old), "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "env.kwargs.traces is now env.traces" in err
+
+
+def test_train_env_section_is_typed_like_every_commands():
+    """The EnvConfig keys are env's own (--target, --set env.target and YAML agree); the id's own
+    arguments are typed sections; env.eval keys are checked when the config loads."""
+    from draftrl.cli import build_parser
+    from draftrl.cli.train import config
+
+    cfg = config(build_parser().parse_args(["train", "--out", "o", "--target", "m", "--set", "env.depths=[0,2]"]))
+    assert (cfg.env.target, cfg.env.depths, cfg.env.env_config().target) == ("m", (0, 2), "m")
+    with pytest.raises(ValueError, match="unknown config key 'env.eval.dephts'; did you mean 'env.eval.depths'"):
+        load_config(TrainConfig, None, ["env.eval={dephts: [0]}"])
+    with pytest.raises(ValueError, match="env.depths is not an argument of draftrl/Analytic-v0; set env.analytic.depths"):
+        load_config(TrainConfig, ANALYTIC, ["env.depths=[0,1]"])
+    with pytest.raises(ValueError, match="env.analytic.alpha"):
+        load_config(TrainConfig, ANALYTIC, ["env.analytic.alpha=high"])
+    spec = load_config(TrainConfig, CONFIGS / "cpu_default.yaml").env
+    assert spec.make_kwargs() == {"traces": "runs/traces/cpu_tune", "config": spec.env_config()}
+    held_out = spec.evaluation()
+    assert (held_out.traces, held_out.cost_noise, held_out.cost_jitter, held_out.eval) == (
+        "runs/traces/cpu_heldout", 0.0, 0.0, {})
+
+
 TRAIN_CONFIGS = ("analytic_regimes.yaml", "cpu_default.yaml", "qwen3_8b_0.6b.yaml", "llama31_8b_32_1b.yaml")
 
 
@@ -260,8 +298,8 @@ def test_shipped_configs_load(name):
     if cfg.env.id == "draftrl/Analytic-v0":
         return
     for spec in (cfg.env, cfg.depth_env, cfg.finetune_env):
-        for kwargs in (spec.kwargs, {**spec.kwargs, **spec.eval_kwargs}):
-            resolve_config(None, {k: v for k, v in kwargs.items() if k != "traces"})
+        for section in (spec, spec.evaluation()):
+            resolve_config(section.env_config(), {})
 
 
 @pytest.mark.parametrize("name, target, drafter", [
@@ -271,10 +309,9 @@ def test_shipped_configs_load(name):
 def test_gpu_configs_name_same_tokenizer_pairs_on_cuda(name, target, drafter):
     cfg = load_config(TrainConfig, CONFIGS / name)
     for spec in (cfg.env, cfg.depth_env):
-        kw = spec.kwargs
-        assert (kw["target"], kw["drafter"], kw["device"], kw["dtype"]) == (target, drafter, "cuda", "bfloat16")
+        assert (spec.target, spec.drafter, spec.device, spec.dtype) == (target, drafter, "cuda", "bfloat16")
     assert cfg.ppo.device == "cpu"  # the policy MLP stays on the CPU while the models use the GPU
-    assert cfg.env.eval_kwargs == {"split": "heldout"}
+    assert cfg.env.eval == {"split": "heldout"}
 
 
 def test_trace_replay_without_traces_says_how_to_record_them(tmp_path):
@@ -321,17 +358,17 @@ def test_baselines_and_ppo_share_episodes(trained):
 def test_finetune_phase_continues_the_same_policy(tmp_path):
     """finetune_real_timesteps: more steps on a second env (here another analytic workload)."""
     cfg = tiny("total_timesteps=512", "finetune_real_timesteps=512", "finetune_env.id=draftrl/Analytic-v0",
-               "finetune_env.kwargs={regimes: [0.8, 0.3], draft_cost: 0.1}")
+               "finetune_env.analytic={regimes: [0.8, 0.3], draft_cost: 0.1}")
     summary = ppo_size.train(cfg, tmp_path)
     assert summary["num_timesteps"] == 1024
     steps = sorted(int(p.name.split("_")[1]) for p in (tmp_path / "checkpoints").glob("ppo_*_steps.zip"))
     assert 512 in steps and steps[-1] == 1024
-    assert summary["evaluation"]["env"]["kwargs"]["regimes"] == [0.9, 0.2]  # evaluated on the main workload
+    assert summary["evaluation"]["env"]["analytic"]["regimes"] == [0.9, 0.2]  # evaluated on the main workload
 
 
 def test_finetune_env_must_share_grids(tmp_path):
     cfg = tiny("total_timesteps=256", "finetune_real_timesteps=256", "finetune_env.id=draftrl/Analytic-v0",
-               "finetune_env.kwargs={depths: [0, 2, 4]}")
+               "finetune_env.analytic={depths: [0, 2, 4]}")
     with pytest.raises(ValueError, match="phase 'finetune'"):
         ppo_size.train(cfg, tmp_path)
 

@@ -61,15 +61,16 @@ def test_ppo_on_traces_beats_best_fixed_on_heldout_prompts(cpu_traces, tmp_path,
     cfg = load_config(
         TrainConfig,
         None,
-        ["total_timesteps=40960", "eval_episodes=96", "progress_bar=false", "baselines=[heuristic, bandit]"],
+        ["total_timesteps=40960", "eval_episodes=96", "progress_bar=false", "baselines=[heuristic, bandit]",
+         f"env.traces={cpu_traces['tune']}", "env.cost_noise=0.05",
+         f"env.eval={{traces: {cpu_traces['heldout']}, cost_noise: 0.0}}",
+         *(f"env.{k}={v}" for k, v in WORKLOAD.items())],
     )
     assert cfg.env.id == "draftrl/TraceReplay-v0"  # the default env
-    cfg.env.kwargs = {"traces": str(cpu_traces["tune"]), "cost_noise": 0.05}
-    cfg.env.eval_kwargs = {"traces": str(cpu_traces["heldout"]), "cost_noise": 0.0}
     summary = ppo_size.train(cfg, tmp_path)
     evaluation = summary["evaluation"]
     results = evaluation["results"]
-    assert evaluation["env"]["kwargs"]["traces"] == str(cpu_traces["heldout"])  # prompts PPO never saw
+    assert evaluation["env"]["traces"] == str(cpu_traces["heldout"])  # prompts PPO never saw
     best = results[evaluation["best_fixed"]]
     diff = paired_difference(results["ppo"]["episode_throughputs"], best["episode_throughputs"])
     assert results["ppo"]["throughput"] > best["throughput"]

@@ -37,9 +37,9 @@ def test_ppo_trains_on_the_serving_simulator_and_meets_its_baselines(tmp_path):
     synthetic_recordings(6, seed=1).save(tmp_path / "heldout")
     write_json(tmp_path / "costs.json", synthetic_calibration((0.03, 0.002, 0.0006), sd=0.002))
     cfg = load_config(TrainConfig, CONFIG, [
-        f"env.kwargs.recordings={tmp_path / 'tune'}", f"env.kwargs.calibration={tmp_path / 'costs.json'}",
-        f"env.eval_kwargs.recordings={tmp_path / 'heldout'}", "env.kwargs.num_requests=6",
-        "env.kwargs.max_new_tokens=40", "env.kwargs.depths=[0,2,8]", "env.kwargs.budgets=[0,4,128]",
+        f"env.serve.recordings={tmp_path / 'tune'}", f"env.serve.calibration={tmp_path / 'costs.json'}",
+        f"env.eval.serve.recordings={tmp_path / 'heldout'}", "env.serve.num_requests=6",
+        "env.serve.max_new_tokens=40", "env.serve.depths=[0,2,8]", "env.serve.budgets=[0,4,128]",
         "total_timesteps=512", "ppo.n_envs=2", "ppo.n_steps=128",
         "ppo.batch_size=64", "ppo.n_epochs=2", "eval_episodes=2", "progress_bar=false", "checkpoint_every=512",
     ])

@@ -1,0 +1,176 @@
+"""``EnvSpec``: a training env section, ``EnvConfig``'s fields plus the env id and its id's own arguments.
+
+``draftrl train`` reads the same ``env.*`` keys as every decoding command (``env.target``,
+``env.depths``, ``--target``...), plus what only training needs: which gymnasium id to make
+(``env.id``), the arguments of ids that are not driven by an :class:`EnvConfig` (``env.traces``,
+``env.analytic.*``, ``env.serve.*``) and the evaluation env's overrides (``env.eval``).
+:meth:`EnvSpec.make_kwargs` is the one place that turns the section into ``gymnasium.make``
+arguments, so ``draftrl.export`` and ``draftrl.eval`` read a saved run's env the way training made it.
+
+Which arguments an id takes is read from its name (``draftrl/Analytic-v0``, ``tests/AnalyticDepth-v0``):
+
+======================  ============================================================
+id name starts with     ``gymnasium.make`` arguments
+======================  ============================================================
+``SpecDecode``          ``config`` (the section's EnvConfig fields)
+``TraceReplay``         ``traces`` and ``config`` (checked against the recorded config)
+``Analytic``            ``env.analytic``'s fields that are set
+``Serve``               ``config`` (``env.serve``'s ServeConfig fields); ``ServeReplay`` also
+                        ``recordings``, ``calibration``, ``cost_jitter``, ``cost_noise``, ``loads``
+======================  ============================================================
+
+and an id whose name contains ``Depth`` also gets ``verify_size``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from draftrl.config import from_dict
+from draftrl.config.env import EnvConfig
+from draftrl.config.serve import ServeConfig
+
+#: Id name prefixes, each with the section that holds its arguments (None: the EnvConfig fields).
+FAMILIES: dict[str, str | None] = {"SpecDecode": None, "TraceReplay": None, "Analytic": "analytic", "Serve": "serve"}
+
+
+@dataclass
+class AnalyticArgs:
+    """Arguments of ``draftrl/Analytic-v0`` (``draftrl.envs.analytic.AnalyticEnv``); None = the env's default."""
+
+    alpha: float | None = None
+    """acceptance probability (not with regimes)"""
+    regimes: list[float] | None = None
+    """acceptance probability of each regime"""
+    regime_switch: float | list[list[float]] | None = None
+    """per-round probability of another regime, or a row-stochastic matrix"""
+    draft_cost: float | None = None
+    """one draft step, in target steps"""
+    verify_cost: float | dict[int, float] | None = None
+    """g(n) for n verified tokens, in target steps: a number or {n: cost}"""
+    depths: list[int] | None = None
+    verify_sizes: list[int] | None = None
+    max_new_tokens: int | None = None
+    stochastic: bool | None = None
+    """sample acceptances; false emits expected values"""
+    reward: str | None = None
+    rho: float | None = None
+    rho_rate: float | None = None
+    signal_noise: float | None = None
+    accept_window: int | None = None
+    ema_decay: float | None = None
+
+    def kwargs(self) -> dict[str, Any]:
+        """The arguments that are set."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if getattr(self, f.name) is not None}
+
+
+@dataclass
+class ServeArgs(ServeConfig):
+    """``draftrl/ServeVLLM-v0``'s ``ServeConfig`` fields, and ``draftrl/ServeReplay-v0``'s recordings and costs."""
+
+    recordings: str | None = None
+    """ServeReplay-v0: a directory from draftrl collect --engine vllm"""
+    calibration: str | None = None
+    """ServeReplay-v0: the JSON from draftrl calibrate --engine vllm"""
+    cost_jitter: float = 0.0
+    """ServeReplay-v0: lognormal sigma of per-episode factors on the step-cost coefficients (0 = none)"""
+    cost_noise: bool = True
+    """ServeReplay-v0: add the calibration's residual noise to every step"""
+    loads: list[dict[str, Any]] = field(default_factory=list)
+    """ServeReplay-v0: each episode draws one of these arrival settings (e.g. {arrival: poisson, rate: 4.0})"""
+
+    def serve_config(self) -> ServeConfig:
+        """The ``ServeConfig`` part."""
+        return ServeConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(ServeConfig)})
+
+
+@dataclass
+class EnvSpec(EnvConfig):
+    """The env a training phase makes: an id, the EnvConfig fields, the id's own arguments."""
+
+    id: str = "draftrl/TraceReplay-v0"
+    """gymnasium id: draftrl/TraceReplay-v0 (recorded traces), draftrl/Analytic-v0, draftrl/SpecDecode-v0, ..."""
+    traces: str | None = None
+    """TraceReplay ids: a directory from draftrl collect (recorded with the same target, drafter, width)"""
+    verify_size: int = 0
+    """depth ids: the verify size at STOP when no size policy picks it (0 = every drafted node)"""
+    analytic: AnalyticArgs = field(default_factory=AnalyticArgs)
+    """Analytic ids: the analytic model's arguments"""
+    serve: ServeArgs = field(default_factory=ServeArgs)
+    """Serve ids: the serving env's settings"""
+    eval: dict[str, Any] = field(default_factory=dict)
+    """keys of this section that differ for the final evaluation (e.g. {traces: held-out traces})"""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        family = self.family
+        default = EnvConfig()
+        if family is not None:
+            changed = [f.name for f in dataclasses.fields(EnvConfig) if getattr(self, f.name) != getattr(default, f.name)]
+            if changed:
+                raise ValueError(f"env.{changed[0]} is not an argument of {self.id}; set env.{family}.{changed[0]} "
+                                 f"(its arguments are env.{family}.*).")
+        if self.eval:
+            self.evaluation()  # unknown or ill-typed keys fail now, not after training
+
+    @classmethod
+    def moved_key(cls, data: dict[str, Any], key: str, prefix: str) -> str | None:
+        """Where a key of the section's old shape ``{id, kwargs, eval_kwargs}`` went, for the error."""
+        if key not in ("kwargs", "eval_kwargs"):
+            return None
+        value = data[key]
+        inner = next(iter(value), None) if isinstance(value, dict) else None
+        try:
+            family = dataclasses.replace(cls(), id=data.get("id", cls.id)).family
+        except ValueError:
+            family = None
+        family_fields = {f.name for f in dataclasses.fields(AnalyticArgs if family == "analytic" else ServeArgs)}
+        section = f"{family}." if family and inner in family_fields else ""
+        new = f"{prefix}eval." if key == "eval_kwargs" else prefix
+        if inner is None:
+            return f"{prefix}{key} is gone: its keys are {new}* now"
+        return f"{prefix}{key}.{inner} is now {new}{section}{inner}"
+
+    @property
+    def family(self) -> str | None:
+        """The section holding the id's arguments (``analytic``, ``serve``), None for the EnvConfig fields."""
+        name = self.id.rpartition("/")[2]
+        for prefix, section in FAMILIES.items():
+            if name.startswith(prefix):
+                return section
+        raise ValueError(f"env.id={self.id!r} names no env family this config can describe; use an id whose name "
+                         f"starts with {', '.join(FAMILIES)} (e.g. draftrl/TraceReplay-v0).")
+
+    def env_config(self) -> EnvConfig:
+        """The EnvConfig fields, as the env reads them."""
+        return EnvConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(EnvConfig)})
+
+    def evaluation(self) -> EnvSpec:
+        """The section of the final evaluation's env: this one with ``eval``'s keys on top."""
+        return from_dict(type(self), self.eval, prefix="env.eval.", base=dataclasses.replace(self, eval={}))
+
+    def make_kwargs(self) -> dict[str, Any]:
+        """The ``gymnasium.make(self.id, ...)`` arguments (module docstring's table)."""
+        name = self.id.rpartition("/")[2]
+        depth = {"verify_size": self.verify_size} if "Depth" in name else {}
+        if self.family == "analytic":
+            return {**self.analytic.kwargs(), **depth}
+        if self.family == "serve":
+            serve = self.serve
+            if not name.startswith("ServeReplay"):
+                return {"config": serve.serve_config(), **depth}
+            if not (serve.recordings and serve.calibration):
+                raise ValueError(f"env.serve.recordings and env.serve.calibration must both be set for {self.id} "
+                                 "(see configs/serve_sim_cpu.yaml).")
+            return {"recordings": serve.recordings, "calibration": serve.calibration, "config": serve.serve_config(),
+                    "cost_jitter": serve.cost_jitter, "cost_noise": serve.cost_noise, "loads": list(serve.loads),
+                    **depth}
+        if name.startswith("TraceReplay"):
+            if not self.traces:
+                raise ValueError(f"env.traces is not set; {self.id} replays a directory written by draftrl collect "
+                                 "(see configs/cpu_default.yaml).")
+            return {"traces": self.traces, "config": self.env_config(), **depth}
+        return {"config": self.env_config(), **depth}
