@@ -168,7 +168,7 @@ class AnalyticEnv(gym.Env[np.ndarray, np.ndarray]):
 
     ```python
     import gymnasium as gym
-    import draftrl.envs  # registers the ids (or gym.make("draftrl.envs:draftrl/..."))
+    import draftrl.envs  # registers the ids; an installed draftrl needs no import (draftrl_gym.pth)
     env = gym.make("draftrl/Analytic-v0", alpha=0.7, draft_cost=0.05)
     ```
 

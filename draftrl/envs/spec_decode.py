@@ -200,7 +200,7 @@ class SpecDecodeEnv(EngineEpisodes):
 
     ```python
     import gymnasium as gym
-    import draftrl.envs  # registers the ids (or gym.make("draftrl.envs:draftrl/..."))
+    import draftrl.envs  # registers the ids; an installed draftrl needs no import (draftrl_gym.pth)
     env = gym.make("draftrl/SpecDecode-v0", config=EnvConfig(drafter="ngram", languages=("en",)))
     env = gym.make("draftrl/SpecDecode-v0", depths=(0, 2, 4), max_new_tokens=32)   # field overrides
     env = SpecDecodeEnv(config, engine=engine, tokenizer=tokenizer)                # a prebuilt engine
