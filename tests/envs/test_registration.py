@@ -99,13 +99,11 @@ def test_import_draftrl_envs_registers_the_hooks_ids():
 
 
 def _copy_project(dest: Path) -> Path:
-    """The tracked and untracked-but-not-ignored files of the repository (no build outputs)."""
-    files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
-                           capture_output=True, text=True, check=True).stdout.split()
-    for name in files:
-        if (ROOT / name).is_file():
-            (dest / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ROOT / name, dest / name)
+    """What the build reads (metadata, the hook, the package), without build outputs or caches."""
+    dest.mkdir(parents=True)
+    for name in ("pyproject.toml", "setup.py", "README.md", "_draftrl_gym.py", "draftrl_gym.pth"):
+        shutil.copy2(ROOT / name, dest / name)
+    shutil.copytree(ROOT / "draftrl", dest / "draftrl", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     return dest
 
 
