@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
-from draftrl.decoding.kv import cache_argument, cache_length, crop, keep_tail
+from draftrl.decoding.kv import cache_argument, cache_length, crop, keep_tail, last_logits_only
 from draftrl.decoding.sampling import SamplingParams, logits_to_probs, sample
 from draftrl.decoding.tree import DraftTree
 
@@ -193,6 +193,7 @@ class ModelDrafter(Drafter):
         self.name = name
         self.device = next(model.parameters()).device
         self._cache_arg = cache_argument(model)
+        self._last_only = last_logits_only(model)
         self.cache = DynamicCache()
         self._fed: list[int] = []  # node indices fed to the draft during the last proposal, in cache order
         self._root: tuple[int, torch.Tensor] | None = None  # (history length, logits [V]) at the root
@@ -203,13 +204,17 @@ class ModelDrafter(Drafter):
         self._root = None
 
     @torch.inference_mode()
-    def _forward(self, tokens: list[int], positions: list[int], mask: torch.Tensor | None) -> torch.Tensor:
+    def _forward(
+        self, tokens: list[int], positions: list[int], mask: torch.Tensor | None, last_only: bool = False
+    ) -> torch.Tensor:
+        """Draft logits [n, V] for the fed tokens ([1, V], the last one's, with ``last_only``)."""
         out = self.model(
             input_ids=torch.tensor([tokens], device=self.device),
             position_ids=torch.tensor([positions], device=self.device),
             attention_mask=mask,
             **{self._cache_arg: self.cache},
             use_cache=True,
+            **(self._last_only if last_only else {}),
         )
         return out.logits[0].float()
 
@@ -221,7 +226,7 @@ class ModelDrafter(Drafter):
         if start >= len(ids):  # cache ran ahead of the history (cannot happen after commit); re-feed last
             keep_tail(self.cache, len(ids) - 1, [])
             start = len(ids) - 1
-        logits = self._forward(ids[start:], list(range(start, len(ids))), None)[-1]
+        logits = self._forward(ids[start:], list(range(start, len(ids))), None, last_only=True)[-1]
         self._root = (len(ids), logits)
         return logits
 

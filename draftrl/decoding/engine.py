@@ -20,7 +20,7 @@ from transformers import DynamicCache
 from draftrl.config import SAMPLERS
 from draftrl.decoding.clock import device_clock
 from draftrl.decoding.drafters import Drafter
-from draftrl.decoding.kv import cache_argument, crop, keep_tail
+from draftrl.decoding.kv import cache_argument, crop, keep_tail, last_logits_only
 from draftrl.decoding.acceptance import accept_tree
 from draftrl.decoding.sampling import SamplingParams, generator_for
 from draftrl.decoding.stats import TokenStats
@@ -144,6 +144,7 @@ class SpeculativeDecoder:
         self.device = next(target.parameters()).device
         self.dtype = next(target.parameters()).dtype
         self._cache_arg = cache_argument(target)
+        self._prefill_kwargs = last_logits_only(target)  # the prefill's logits are never read
         #: positions the target can attend over (None: unknown); a request must fit in it
         self.max_context: int | None = getattr(getattr(target, "config", None), "max_position_embeddings", None)
         self.params = self.config.sampling
@@ -178,6 +179,7 @@ class SpeculativeDecoder:
                 input_ids=torch.tensor([self.ids[:-1]], device=self.device),
                 **{self._cache_arg: self.cache},
                 use_cache=True,
+                **self._prefill_kwargs,
             )
         if self.drafter is not None:
             self.drafter.reset(self.ids)

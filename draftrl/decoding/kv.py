@@ -41,3 +41,19 @@ def cache_argument(model: torch.nn.Module) -> str:
     """The forward keyword that takes the KV cache: ``cache`` in transformers >= 5.2x,
     ``past_key_values`` before (still accepted there, with a deprecation warning)."""
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def last_logits_only(model: torch.nn.Module) -> dict[str, int]:
+    """Forward keywords that make the LM head score the last position only (``logits_to_keep=1``,
+    ``num_logits_to_keep`` in older transformers; ``{}`` when the model takes neither).
+
+    Why: a prefill needs no logits, or only the next token's, yet a plain forward projects every
+    prompt position onto the vocabulary: for SmolLM2-135M (49,152 tokens) that was ~20% of a
+    186-token prefill on one CPU core. Hugging Face ``generate`` prefills this way too.
+    """
+    params = inspect.signature(model.forward).parameters
+    for name in ("logits_to_keep", "num_logits_to_keep"):
+        if name in params:
+            return {name: 1}
+    return {}
+

@@ -42,3 +42,21 @@ def test_rewind_restores_an_earlier_state(smollm2):
     first = engine.round(3, None, 2).tokens
     engine.rewind(mark)
     assert engine.round(3, None, 2).tokens == first  # greedy: same state, same round
+
+
+def test_prefills_project_only_the_last_position(smollm2):
+    """The target's prefill and the draft's catch-up feed score one position, not the whole prompt
+    (HF generate does the same); verification still scores every fed token."""
+    model = smollm2.model
+    rows: list[int] = []
+    hook = model.lm_head.register_forward_hook(lambda _m, inputs, _out: rows.append(inputs[0].shape[1]))
+    try:
+        prompt = list(range(100, 140))
+        engine = SpeculativeDecoder(model, ModelDrafter(model), EngineConfig(max_new_tokens=8))
+        engine.start(prompt)
+        assert rows == [1]  # the target's prefill
+        result = engine.round(3)
+    finally:
+        hook.remove()
+    assert rows[1] == 1  # the draft's feed of the 40-token prompt, for the root's logits
+    assert rows[-1] == 1 + result.num_verified  # verification: the root and every draft
