@@ -41,7 +41,7 @@ import random
 import re
 import statistics
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -70,8 +70,9 @@ MARGIN = 0.03
 #: probe is skipped, stock kernels are used and nothing is cached (the next load measures again).
 #: Seen on a 2-core box at load 9: one 2-thread forward took 1-50 s instead of 45 ms.
 BUSY_LOAD_PER_CPU = 2.0
-#: Bumped when the probe's method changes, so older cached plans are ignored.
-PROBE_VERSION = 1
+#: Bumped when the probe's method changes, so older cached plans are ignored (2: CPU-time clock
+#: with one torch thread).
+PROBE_VERSION = 2
 #: CPU flags that decide which kernels are fast (part of the cache key).
 _CPU_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16")
 _PLAN_ATTR = "_draftrl_kernel_plan"
@@ -180,7 +181,8 @@ def probe(model: nn.Module, rows: tuple[int, ...] = PROBE_ROWS, *, context: int 
     """Median seconds of one ``k``-token forward after ``context`` cached tokens, per layout and ``k``.
 
     Layouts are switched on the same model object (class swap, no copy); the order of the
-    (layout, k) cells is shuffled in every pass so that load spikes hit all cells alike. After
+    (layout, k) cells is shuffled in every pass so that load spikes hit all cells alike, and the
+    clock is :func:`probe_clock`'s. After
     one untimed forward per layout, passes run until ``repeats`` are done or the next pass would
     end past ``budget_seconds`` (at least one pass always runs: on a heavily loaded machine the
     probe is shorter, not longer). Leaves the model in the stock layout.
@@ -200,13 +202,15 @@ def probe(model: nn.Module, rows: tuple[int, ...] = PROBE_ROWS, *, context: int 
     times: dict[tuple[str, int], list[float]] = {cell: [] for cell in cells}
     rng = random.Random(seed)
 
+    clock = probe_clock(device)
+
     def forward(layout: str, k: int) -> float:
         remove_fast_linear(model)
         apply_fast_linear(model, layouts[layout])
         positions = torch.arange(context, context + k, device=device)[None]
-        t0 = time.perf_counter()
+        t0 = clock()
         model(input_ids=ids[:, context:context + k], position_ids=positions, **{cache_arg: cache}, use_cache=True)
-        seconds = time.perf_counter() - t0
+        seconds = clock() - t0
         cache.crop(-k)
         return seconds
 
@@ -221,6 +225,22 @@ def probe(model: nn.Module, rows: tuple[int, ...] = PROBE_ROWS, *, context: int 
             times[layout, k].append(forward(layout, k))
     remove_fast_linear(model)
     return {layout: {k: statistics.median(times[layout, k]) for k in rows} for layout in layouts}
+
+
+def probe_clock(device: torch.device) -> Callable[[], float]:
+    """The probe's clock: the calling thread's CPU time when torch computes on this one CPU thread,
+    else wall time.
+
+    Why: the probe compares kernels, not machines. With one torch thread every operation runs
+    on the calling thread, so its CPU time is the kernel's cost whether or not other processes
+    share the core; wall time on a shared 2-core box also counts their time slices. Measured at
+    load 3.5: the 1-token stock forward read 291 and 246 ms on the wall clock in two probes,
+    136 and 130 ms in thread CPU time, and the wall-clock probes chose different layouts.
+    With several threads the work is spread over a pool that one thread's clock cannot see.
+    """
+    if device.type == "cpu" and torch.get_num_threads() == 1:
+        return time.thread_time
+    return time.perf_counter
 
 
 def choose_fast_rows(seconds: dict[str, dict[int, float]], margin: float = MARGIN) -> tuple[int, ...]:

@@ -170,3 +170,21 @@ def test_env_config_key_is_checked() -> None:
     assert EnvConfig(kernels="stock").kernels == "stock" and EnvConfig().kernels is None
     with pytest.raises(ValueError, match=r"env.kernels='fastest'.*auto, stock, fast_linear"):
         EnvConfig(kernels="fastest")
+
+
+def test_probe_clock_counts_this_threads_cpu_time_on_one_thread() -> None:
+    """On one torch thread the probe reads the thread's CPU time, which time spent off the CPU
+    (another process's time slice, here a sleep) does not advance; with a pool, wall time."""
+    import time
+
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        clock = kmod.probe_clock(torch.device("cpu"))
+        t0 = clock()
+        time.sleep(0.2)
+        assert clock() - t0 < 0.05
+        torch.set_num_threads(2)
+        assert kmod.probe_clock(torch.device("cpu")) is time.perf_counter
+    finally:
+        torch.set_num_threads(threads)
