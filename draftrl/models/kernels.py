@@ -66,9 +66,10 @@ PROBE_REPEATS = 3
 PROBE_BUDGET_SECONDS = 10.0
 #: ``fast_linear`` must be this much faster than stock (relative) to be chosen.
 MARGIN = 0.03
-#: Above this 1-minute load average per CPU the machine is too busy to measure anything: the
-#: probe is skipped, stock kernels are used and nothing is cached (the next load measures again).
-#: Seen on a 2-core box at load 9: one 2-thread forward took 1-50 s instead of 45 ms.
+#: Above this 1-minute load average per CPU the machine is too busy to measure wall time: a
+#: multi-thread probe is skipped, stock kernels are used and nothing is cached (the next load
+#: measures again). Seen on a 2-core box at load 9: one 2-thread forward took 1-50 s instead of
+#: 45 ms. A one-thread probe reads CPU time (:func:`probe_clock`) and runs at any load.
 BUSY_LOAD_PER_CPU = 2.0
 #: Bumped when the probe's method changes, so older cached plans are ignored (2: CPU-time clock
 #: with one torch thread).
@@ -90,7 +91,7 @@ class KernelPlan:
     """row counts computed in the transposed (fast_linear) layout; all others use nn.Linear"""
     source: str
     """probe (measured now), cache (measured earlier on this machine), forced, device (not a
-    CPU), or busy (load too high to measure: stock kernels, nothing cached)"""
+    CPU), or busy (load too high for a several-thread, wall-clock probe: stock kernels, nothing cached)"""
     key: dict = field(default_factory=dict)
     """machine / model / dtype / threads the plan holds for (a probed plan adds probe_seconds, load_average)"""
     seconds: dict[str, dict[str, float]] = field(default_factory=dict)
@@ -273,7 +274,8 @@ def apply_kernels(model: nn.Module, name: str, kernels: str | None = None, *, us
         path = plan_path(key)
         plan = _read_plan(path, key) if use_cache else None
         load = _load_average()
-        if plan is None and load is not None and load > BUSY_LOAD_PER_CPU * (os.cpu_count() or 1):
+        busy = load is not None and load > BUSY_LOAD_PER_CPU * (os.cpu_count() or 1)
+        if plan is None and busy and probe_clock(device) is time.perf_counter:
             plan = KernelPlan(choice, (), "busy", dict(key, load_average=load))
         elif plan is None:
             started = time.perf_counter()
