@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from pathlib import Path
 
@@ -69,7 +70,7 @@ def main() -> None:
                          tasks=tuple(args.tasks.split(",")) if args.tasks else None,
                          max_new_tokens=args.max_new_tokens, dtype=args.dtype, threads=args.threads)
     levels = [int(c) for c in args.concurrency.split(",") if c]
-    t0 = time.perf_counter()
+    t0, load_start = time.perf_counter(), os.getloadavg()[0]
     results = run_serving_eval(args.out, policies=policies, concurrency=levels, config=config,
                                progress=lambda d, t, m: print(f"[{d}/{t}] {m}", flush=True))
     anchors = {}
@@ -84,7 +85,8 @@ def main() -> None:
                    for r in (workload.request(i) for i in range(len(workload)))]
         anchors = hf_anchors(prompts, args.hf_lookup)
         results["hf_anchors"] = anchors
-        Path(args.out, "results.json").write_text(json.dumps(results, indent=1, default=str))
+    results["load1"] = {"start": load_start, "end": os.getloadavg()[0], "cpus": os.cpu_count()}
+    Path(args.out, "results.json").write_text(json.dumps(results, indent=1, default=str))
     cpu = results["hardware"]["cpu"]
     for level in levels:
         table = results["concurrency"][str(level)]["policies"]
@@ -101,7 +103,8 @@ def main() -> None:
     print(f"exactness={'PASSED' if results['exactness']['passed'] else 'FAILED'}  dtype={args.dtype}  "
           f"max_new_tokens={args.max_new_tokens}  "
           f"requests={results['concurrency'][str(levels[0])]['policies']['none']['num_requests']}  "
-          f"wall_s={time.perf_counter() - t0:.0f}")
+          f"wall_s={time.perf_counter() - t0:.0f}  load1={load_start:.2f}->{os.getloadavg()[0]:.2f} "
+          f"on {os.cpu_count()} cpus")
 
 
 if __name__ == "__main__":

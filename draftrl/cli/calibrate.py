@@ -44,7 +44,10 @@ def add_parser(subparsers) -> None:
                         "(draftrl.decoding.vllm.calibrate; --target, --dtype, --threads apply)")
     p.add_argument("--batch-sizes", type=_ints, default=(1, 2, 4, 8, 16), help="vllm: running sequences")
     p.add_argument("--depths", type=_ints, default=(0, 1, 2, 4, 8), help="vllm: draft tokens per sequence")
-    p.add_argument("--steps", type=int, default=8, help="vllm: timed steps per (batch size, depth)")
+    p.add_argument("--steps", type=int, default=8, help="vllm: timed steps per (batch size, depth) and prefill cell")
+    p.add_argument("--prefill-lens", type=_ints, default=(32, 128, 384), help="vllm: prompt tokens per prefill")
+    p.add_argument("--prefill-batch-sizes", type=_ints, default=(1, 4), help="vllm: prompts prefilled together")
+    p.add_argument("--rounds", type=int, default=2, help="vllm: shuffled passes over the cells (spreads load drift)")
     _options.add_out(p, "write the cost table JSON here", required=False)
     _options.add_json(p)
     p.set_defaults(func=run)
@@ -81,14 +84,17 @@ def run_vllm(args: argparse.Namespace) -> int:
 
     cfg = config(args)
     engine = shared_engine(VLLMEngineConfig(model=cfg.env.target, method="draftrl", num_speculative_tokens=max(args.depths),
-                                            dtype=cfg.env.dtype, max_num_seqs=max(args.batch_sizes), threads=cfg.threads))
+                                            dtype=cfg.env.dtype, max_num_seqs=max(args.batch_sizes + args.prefill_batch_sizes), threads=cfg.threads))
     result = calibrate_vllm(engine, batch_sizes=args.batch_sizes, depths=args.depths, steps=args.steps,
+                            prefill_lens=args.prefill_lens, prefill_batch_sizes=args.prefill_batch_sizes,
+                            rounds=args.rounds, seed=cfg.seed,
                             progress=lambda msg: print(f"[calibrate] {msg}", file=sys.stderr))
     if args.out:
         write_json(args.out, result)
     f = result["fit"]
     print(f"step_seconds = {f['base'] * 1e3:.2f} ms + {f['per_seq'] * 1e3:.2f} ms x seqs + "
-          f"{f['per_token'] * 1e3:.3f} ms x tokens_verified  (residual sd {f['residual_std'] * 1e3:.2f} ms)")
+          f"{f['per_token'] * 1e3:.3f} ms x tokens_verified + {f['per_prefill_token'] * 1e3:.3f} ms x prompt_tokens  "
+          f"(residual sd {f['residual_std'] * 1e3:.2f} ms)")
     if args.json:
         print(json.dumps(result))
     return 0

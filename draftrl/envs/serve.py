@@ -232,8 +232,7 @@ class ServeVLLMEnv(gym.Env[np.ndarray, np.ndarray]):
             self._seeded = True
             self.rewards.restart()
         self.rewards.start_episode()
-        if self.engine.has_unfinished_requests():
-            self.engine.abort_all()
+        self.engine.abort_all()  # and a cold prefix cache: every episode pays its prefills
         options = options or {}
         unknown = set(options) - {"prompt_ids"}
         if unknown:

@@ -35,10 +35,10 @@ class ServeReplayEnv(ServeVLLMEnv):
 
     Exactly ``ServeVLLM-v0``'s (the same class code, ``draftrl.envs.serve``): a policy moves
     between the two unchanged. ``seconds`` (reward, clock, TTFT, ITL) are the cost model's:
-    ``(base + per_seq * B) * j1 + per_token * tokens * j2 + residual_std * z``, with ``B`` the
-    sequences in the step, ``tokens`` the tokens its forward verifies (drafts + 1 of decoding
-    requests; a prefilling request counts 1: prefill is not calibrated, see
-    ``ReplayEngine.step``), ``j1, j2`` mean-one lognormal factors of sigma
+    ``(base + per_seq * B) * j1 + (per_token * tokens + per_prefill_token * prompt_tokens) * j2
+    + residual_std * z``, with ``B`` the sequences in the step, ``tokens`` the tokens its forward
+    verifies (drafts + 1 of decoding requests), ``prompt_tokens`` the prompts of the requests it
+    prefills (calibrated apart: a prompt token costs far less than a decode token), ``j1, j2`` mean-one lognormal factors of sigma
     ``cost_jitter`` drawn per episode, ``z ~ N(0, 1)`` per step when ``cost_noise`` (floored at a
     tenth of the mean). Deterministic given the seed.
 

@@ -13,7 +13,7 @@ accepts. Acceptance is then exact: ``min(accepted_prefix, admitted) + 1`` tokens
 
 **The engine** (:class:`ReplayEngine`) keeps vLLM's step semantics (what ``VLLMEngine`` does):
 a waiting queue admitted up to ``max_num_seqs`` at the start of a step (a request's first step is
-its prefill and yields one token), drafts proposed at the end of a step under that step's action
+its prefill, charged per prompt token, and yields one token), drafts proposed at the end of a step under that step's action
 and verified in the next (``action_lag = 1``), drafts also proposed for requests that just
 finished (the proposer cannot know), admission through :func:`draftrl.decoding.admission.admit_drafts`
 with the proposer's own history, decay and rules. Each step costs the seconds of a
@@ -331,16 +331,14 @@ class ReplayEngine(QueuedBatch):
         running = self._place(new)
         props = self.proposals
         cont = self.recordings.requests
-        num_tokens = 0
+        num_tokens = prompt_tokens = 0
         steps, verified = [], []
         for req in running:
             t = req.generated
-            if t == 0:  # prefill: the prompt's forward yields the first token
-                # charged as one token: calibrate --engine vllm measures decode steps only (<= 16 x 9
-                # tokens); charging a prompt's hundreds of tokens at that fit's per-token slope put the
-                # simulated TTFT ~30x above vLLM's (18 s vs 0.6 s at 1 request/s, measured here). Until
-                # calibration measures prefill, a prompt costs one more sequence: TTFT is underestimated.
-                num_tokens += 1
+            if t == 0:  # prefill: the prompt's forward yields the first token, at the calibrated prefill
+                # slope (calibrate --engine vllm times prompts apart from decode tokens; the whole prompt
+                # in one step: vLLM's chunking of long prompts over steps is not modelled)
+                prompt_tokens += req.num_prompt_tokens
                 v, drafted = 1, 0
             else:  # accepted drafts + 1, as the step verified them (past the limit too; the output stops at it)
                 drafted = req.history.last_proposed
@@ -351,7 +349,7 @@ class ReplayEngine(QueuedBatch):
             verified.append((v, t + v))
             steps.append(RequestStep(req.request_id, cont[req.index].token_ids[t: t + gained], drafted,
                                      min(gained - 1, drafted), req.generated >= req.length))
-        seconds = self.cost.seconds(len(running), num_tokens, self.rng)
+        seconds = self.cost.seconds(len(running), num_tokens, self.rng, prompt_tokens)
         # the proposer, at the end of the step, for every request that decoded (finished ones too),
         # on every token the step verified
         heuristic = self.rule == "heuristic"

@@ -33,3 +33,31 @@ def test_policies_in_the_simulator_under_load(tmp_path):
     assert four["fixed:4:4"]["num_drafted"] <= 4 * four["fixed:4:4"]["num_steps"]  # the budget binds
     assert results["concurrency"]["4"]["policies"]["none"]["mean_batch"] > \
         results["concurrency"]["1"]["policies"]["none"]["mean_batch"] == pytest.approx(1.0)
+
+
+def test_dsd_grid_search_scores_tables_as_the_evaluation_does(tmp_path):
+    """A constant table is the fixed depth: its score is the geometric mean of run_serving_eval's
+    speedups of fixed:K at the same loads; only tables whose K never grows are searched."""
+    import numpy as np
+
+    from draftrl.eval.serving import search_dsd
+
+    recordings = synthetic_recordings(8)
+    config = ServeConfig(max_new_tokens=TOKENS, shuffle=False, seed=0)
+    make_env = lambda cfg, spec: ServeReplayEnv(recordings, COST, cfg)  # noqa: E731
+    scored = search_dsd(make_env, config, [{"concurrency": 1}, {"concurrency": 8}], ranges=((1, 1), (2, 16)),
+                        ks=(0, 2, 8))
+    assert sorted(r["label"] for r in scored) == sorted(
+        f"dsd:1-1:{a},2-16:{b}" for a in (0, 2, 8) for b in (0, 2, 8) if a >= b)
+    assert [r["score"] for r in scored] == sorted((r["score"] for r in scored), reverse=True)
+    results = run_serving_eval(tmp_path, policies="none,fixed:2,fixed:8", concurrency=[1, 8], config=config,
+                               make_env=make_env)
+    for k in (0, 2, 8):
+        entry = next(r for r in scored if r["label"] == f"dsd:1-1:{k},2-16:{k}")
+        if k == 0:
+            assert entry["score"] == pytest.approx(1.0)
+            continue
+        speedups = [results["concurrency"][c]["policies"][f"fixed:{k}"]["speedup_vs_none"] for c in ("1", "8")]
+        assert entry["score"] == pytest.approx(float(np.exp(np.mean(np.log(speedups)))))
+    with pytest.raises(ValueError, match="contiguous"):
+        search_dsd(make_env, config, [{"concurrency": 1}], ranges=((1, 1), (3, 16)))

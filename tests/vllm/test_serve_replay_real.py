@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from draftrl.decoding.vllm.calibrate import StepCostModel, calibrate
+from draftrl.decoding.vllm.calibrate import StepCostModel, calibrate, decode_table
 from draftrl.decoding.vllm.engine import VLLMEngineConfig, shared_engine
 from draftrl.envs.serve import ServeVLLMEnv
 from draftrl.config.serve import ServeConfig
@@ -48,12 +48,20 @@ def test_simulator_replays_real_vllm_step_by_step(recordings, vllm_tokenizer, ac
 
 def test_cost_model_refits_on_a_fresh_tiny_calibration():
     engine = shared_engine(VLLMEngineConfig(method="draftrl"))
-    result = calibrate(engine, batch_sizes=(1, 4), depths=(0, 4), steps=4, warmup=1)
+    result = calibrate(engine, batch_sizes=(1, 4), depths=(0, 4), steps=4, warmup=1, prefill_lens=(64,),
+                       prefill_batch_sizes=(1,), rounds=2)
     model = StepCostModel.from_calibration(result)
-    assert (model.base, model.per_seq, model.per_token) == pytest.approx(
-        (result["fit"]["base"], result["fit"]["per_seq"], result["fit"]["per_token"]))
-    samples = [(p["num_seqs"], p["tokens_verified"], s) for p in result["points"] for s in p["seconds"]]
-    predicted = [model.mean(b, t) for b, t, _ in samples]
-    assert sum(predicted) == pytest.approx(sum(s for _, _, s in samples), rel=1e-6)  # least squares with an intercept
-    assert model.residual_std == pytest.approx(np.std([s - p for (_, _, s), p in zip(samples, predicted)]), rel=1e-6)
+    assert (model.base, model.per_seq, model.per_token, model.per_prefill_token) == pytest.approx(
+        (result["fit"]["base"], result["fit"]["per_seq"], result["fit"]["per_token"],
+         result["fit"]["per_prefill_token"]))
+    decode = [p for p in result["points"] if p["kind"] == "decode"]
+    assert {(p["num_seqs"], p["depth"]) for p in decode} == {(1, 0), (1, 4), (4, 0), (4, 4)}
+    assert all(p["samples"] == 4 for p in result["points"])
+    table = decode_table(result["points"])
+    for p in decode:  # the model reproduces each measured cell (medians made non-decreasing in tokens)
+        tokens, secs = table[p["num_seqs"]]
+        assert model.mean(p["num_seqs"], p["tokens_verified"]) == pytest.approx(secs[tokens.index(p["tokens_verified"])])
+    spread = [s - model.mean(p["num_seqs"], p["tokens_verified"]) for p in decode for s in p["seconds"]]
+    assert model.residual_std == pytest.approx(np.std(spread), rel=1e-6)
+    assert result["fit"]["prefill_calibrated"] and model.per_prefill_token > 0  # a prompt token costs something
     assert model.mean(4, 20) > model.mean(1, 1) > 0  # more sequences and tokens cost more, here too

@@ -3,13 +3,20 @@
 For each batch size ``B`` (running sequences) and depth ``d`` the engine decodes ``B`` requests
 whose proposer drafts exactly ``d`` tokens each (rule ``fill``: the n-gram continuation, padded
 with the last token), so each step verifies ``B * (d + 1)`` tokens; the step's wall seconds are
-recorded after a warm-up (the action changes one step before it is verified). The result is a
-table of step seconds (median, p10, p90 over ``steps`` samples) and a least-squares fit
+recorded after a warm-up (the action changes one step before it is verified). Prefill is timed
+too: ``B`` fresh requests of ``P`` random prompt tokens each (never seen before, so no cached
+prefix) admitted together, and the seconds of the one step that runs their prompts. The cells
+are measured in ``rounds`` passes over a shuffled order, so a burst of load on a shared machine
+spreads over many cells instead of bending one. The result is a table of step seconds (median,
+p10, p90 per cell) and a least-squares fit over every sample
 
-    seconds = base + per_seq * B + per_token * B * (d + 1)
+    seconds = base + per_seq * B + per_token * B * (d + 1) + per_prefill_token * B * P
 
-with its residual standard deviation (the measurement noise), the cost model a serving
-simulator needs (issue "Learning under load").
+(``P = 0`` in decode steps, ``d + 1 = 0`` in prefill steps) with its residual standard deviation
+(the measurement noise), the cost model a serving simulator needs (issue "Learning under load").
+Why a separate prefill slope: one prompt token costs far less than one verified decode token
+(the prompt runs as one large matrix product); charging prompts at the decode slope put the
+simulated time to first token ~30x above vLLM's.
 """
 
 from __future__ import annotations
@@ -29,65 +36,149 @@ FORMAT = "draftrl-vllm-step-costs/1"
 
 def calibrate(engine, *, batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16), depths: tuple[int, ...] = (0, 1, 2, 4, 8),
               steps: int = 8, warmup: int = 2, prompt_ids: list[int] | None = None,
-              progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Step seconds of ``engine`` (a ``VLLMEngine`` with draftrl's proposer) per (B, d)."""
+              prefill_lens: tuple[int, ...] = (32, 128, 384), prefill_batch_sizes: tuple[int, ...] = (1, 4),
+              rounds: int = 2, seed: int = 0, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Step seconds of ``engine`` (a ``VLLMEngine`` with draftrl's proposer) per decode cell
+    (B, d) and per prefill cell (B, P) (module docstring); ``steps`` samples per cell in all."""
     if engine.proposer is None:
         raise ValueError("calibration needs the engine built with method='draftrl' (its proposer sets the drafts).")
-    if max(batch_sizes) > engine.max_num_seqs:
-        raise ValueError(f"batch size {max(batch_sizes)} exceeds the engine's max_num_seqs={engine.max_num_seqs}.")
+    if max(batch_sizes) > engine.max_num_seqs or max(prefill_batch_sizes, default=1) > engine.max_num_seqs:
+        raise ValueError(f"batch size {max(batch_sizes + tuple(prefill_batch_sizes))} exceeds the engine's "
+                         f"max_num_seqs={engine.max_num_seqs}.")
+    if max(prefill_lens, default=0) + 2 > engine.config.max_model_len:
+        raise ValueError(f"prefill length {max(prefill_lens)} leaves no room below max_model_len="
+                         f"{engine.config.max_model_len}; lower --prefill-lens.")
+    if rounds < 1 or steps < rounds:
+        raise ValueError(f"steps={steps} must be >= rounds={rounds} >= 1 (each round takes steps / rounds samples).")
     depths = tuple(d for d in depths if d <= engine.max_depth)
     prompt_ids = prompt_ids or [int(t) for t in np.arange(400, 464)]
+    rng = np.random.default_rng(seed)
+    cells = [("decode", b, d) for b in batch_sizes for d in depths] + \
+        [("prefill", b, p) for b in prefill_batch_sizes for p in prefill_lens]
+    samples: dict[tuple, list[float]] = {c: [] for c in cells}
     rule = engine.proposer.rule
     engine.proposer.set_rule("fill")
-    points = []
     try:
-        for b in batch_sizes:
-            for d in depths:
-                engine.abort_all()
-                for i in range(b):
-                    engine.add_request(f"cal{b}-{d}-{i}", prompt_ids, warmup + steps + 4)
-                samples = []
-                for k in range(warmup + steps + 1):
-                    result = engine.step(StepAction(d))
-                    if k > warmup and len(result.requests) == b:
-                        samples.append(result.seconds)
-                engine.abort_all()
-                s = np.asarray(samples)
-                points.append({"num_seqs": b, "depth": d, "tokens_verified": b * (d + 1), "samples": len(s),
-                               "seconds_median": float(np.median(s)), "seconds_p10": float(np.percentile(s, 10)),
-                               "seconds_p90": float(np.percentile(s, 90)), "seconds": s.round(6).tolist()})
-                if progress:
-                    progress(f"B={b} d={d}: {np.median(s) * 1e3:.1f} ms")
+        for r in range(rounds):
+            per_round = steps // rounds + (1 if r < steps % rounds else 0)
+            for i in rng.permutation(len(cells)):
+                kind, b, x = cells[i]
+                measure = _decode_samples if kind == "decode" else _prefill_samples
+                samples[cells[i]] += measure(engine, b, x, per_round, warmup, prompt_ids, rng)
     finally:
+        engine.abort_all()
         engine.proposer.set_rule(rule)
+    points = []
+    for kind, b, x in cells:
+        s = np.asarray(samples[(kind, b, x)])
+        point = {"kind": kind, "num_seqs": b}
+        point.update({"depth": x, "tokens_verified": b * (x + 1), "prompt_tokens": 0} if kind == "decode"
+                     else {"prompt_len": x, "tokens_verified": 0, "prompt_tokens": b * x})
+        point.update({"samples": len(s), "seconds_median": float(np.median(s)),
+                      "seconds_p10": float(np.percentile(s, 10)), "seconds_p90": float(np.percentile(s, 90)),
+                      "seconds": s.round(6).tolist()})
+        points.append(point)
+        if progress:
+            what = f"d={x}" if kind == "decode" else f"prefill P={x}"
+            progress(f"B={b} {what}: {np.median(s) * 1e3:.1f} ms")
     return {"format": FORMAT, "engine": engine.describe(), "points": points, "fit": fit(points),
             "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
 
+def _decode_samples(engine, b: int, d: int, n: int, warmup: int, prompt_ids: list[int], rng) -> list[float]:
+    """``n`` step seconds with ``b`` requests each verifying ``d`` drafts, after ``warmup`` steps."""
+    engine.abort_all()
+    for i in range(b):
+        engine.add_request(f"cal{b}-{d}-{i}", prompt_ids, warmup + n + 4)
+    out = []
+    for k in range(warmup + n + 1):
+        result = engine.step(StepAction(d))
+        if k > warmup and len(result.requests) == b:
+            out.append(result.seconds)
+    engine.abort_all()
+    return out
+
+
+def _prefill_samples(engine, b: int, p: int, n: int, warmup: int, prompt_ids: list[int], rng) -> list[float]:
+    """``n`` seconds of a step that runs ``b`` fresh prompts of ``p`` random tokens (and nothing else)."""
+    out = []
+    for k in range(n):
+        engine.abort_all()
+        for i in range(b):
+            engine.add_request(f"pre{b}-{p}-{k}-{i}", rng.integers(1000, 30000, size=p).tolist(), 2)
+        result = engine.step(StepAction(0))
+        if len(result.requests) != b:  # a prompt was split over steps (chunked prefill): not this cell's cost
+            raise ValueError(f"{b} prompts of {p} tokens did not run in one step; lower --prefill-lens or the "
+                             "prefill batch sizes below vLLM's max_num_batched_tokens.")
+        out.append(result.seconds)
+    engine.abort_all()
+    return out
+
+
 def fit(points: list[dict]) -> dict[str, float]:
-    """Least squares ``seconds = base + per_seq * B + per_token * tokens`` over every sample."""
-    rows, y = [], []
+    """Least squares ``seconds = base + per_seq * B + per_token * tokens`` over every decode sample
+    (``residual_std``: their residuals), then ``per_prefill_token`` over the prefill samples'
+    seconds beyond ``base + per_seq * B``. Decode first and alone: prefill steps last seconds and
+    vary by hundreds of milliseconds, and fitted together they bent the decode terms (measured here:
+    a plain batch-1 step predicted 40% too slow). A calibration without prefill points (older
+    files) gets ``per_prefill_token = 0`` and ``prefill_calibrated = False``: a prompt then costs
+    one sequence."""
+    rows, y, pre_rows, pre_y = [], [], [], []
     for p in points:
         for s in p["seconds"]:
-            rows.append([1.0, p["num_seqs"], p["tokens_verified"]])
-            y.append(s)
-    x, y = np.asarray(rows), np.asarray(y)
+            if p.get("prompt_tokens", 0):
+                pre_rows.append((p["num_seqs"], p["prompt_tokens"]))
+                pre_y.append(s)
+            else:
+                rows.append([1.0, p["num_seqs"], p["tokens_verified"]])
+                y.append(s)
+    x, y = np.asarray(rows, dtype=float), np.asarray(y)
     coef, *_ = np.linalg.lstsq(x, y, rcond=None)
     residual = y - x @ coef
+    per_prefill = 0.0
+    if pre_rows:
+        seqs, prompt = np.asarray(pre_rows, dtype=float).T
+        beyond = np.asarray(pre_y) - coef[0] - coef[1] * seqs
+        per_prefill = float(beyond @ prompt / (prompt @ prompt))
     return {"base": float(coef[0]), "per_seq": float(coef[1]), "per_token": float(coef[2]),
-            "residual_std": float(residual.std()), "num_samples": int(len(y))}
+            "per_prefill_token": per_prefill, "prefill_calibrated": bool(pre_rows),
+            "residual_std": float(residual.std()), "num_samples": int(len(y) + len(pre_y))}
 
 
-def predict(fit_: dict[str, float], num_seqs: int, tokens_verified: int) -> float:
+def decode_table(points: list[dict]) -> dict[int, tuple[list[int], list[float]]]:
+    """Batch size -> (tokens verified, median seconds) of the decode cells, the medians made
+    non-decreasing in tokens (a running maximum: more tokens never cost less; a cell that came out
+    cheaper than a smaller one was noise on a shared machine)."""
+    rows: dict[int, list[tuple[int, float]]] = {}
+    for p in points:
+        if not p.get("prompt_tokens", 0):
+            rows.setdefault(int(p["num_seqs"]), []).append((int(p["tokens_verified"]), float(np.median(p["seconds"]))))
+    table = {}
+    for b, cells in sorted(rows.items()):
+        cells.sort()
+        table[b] = ([t for t, _ in cells], np.maximum.accumulate([s for _, s in cells]).tolist())
+    return table
+
+
+def predict(fit_: dict[str, float], num_seqs: int, tokens_verified: int, prompt_tokens: int = 0) -> float:
     """Step seconds the fit predicts."""
-    return fit_["base"] + fit_["per_seq"] * num_seqs + fit_["per_token"] * tokens_verified
+    return (fit_["base"] + fit_["per_seq"] * num_seqs + fit_["per_token"] * tokens_verified
+            + fit_.get("per_prefill_token", 0.0) * prompt_tokens)
 
 
 @dataclass
 class StepCostModel:
-    """Step seconds ``base + per_seq * B + per_token * tokens`` with Gaussian measurement noise
-    (``residual_std``) and a per-episode machine jitter: ``jitter_fixed`` scales ``base + per_seq * B``,
-    ``jitter_token`` scales ``per_token * tokens`` (both 1 = the calibrated machine)."""
+    """Step seconds of ``B`` sequences verifying ``tokens`` decode tokens and prefilling
+    ``prompt_tokens``: ``fixed + decode + per_prefill_token * prompt_tokens`` with ``fixed = base +
+    per_seq * B``, Gaussian measurement noise (``residual_std``) and a per-episode machine jitter
+    (``jitter_fixed`` scales ``fixed``, ``jitter_token`` the rest; both 1 = the calibrated machine).
+
+    ``decode`` is ``per_token * tokens`` or, with a ``table`` (:func:`decode_table`, what
+    :meth:`from_calibration` builds), the measured medians interpolated: piecewise linear in
+    tokens within a calibrated batch size, linear between batch sizes, extended past the grid with
+    the fitted slopes. Why a table: on a CPU a step costs about the same for 1 to ~5 tokens and
+    then grows linearly, which one line misprices where speculation is decided (measured here: a
+    plain batch-1 step 13% too slow, a 9-token one right)."""
 
     base: float
     per_seq: float
@@ -95,10 +186,18 @@ class StepCostModel:
     residual_std: float = 0.0
     jitter_fixed: float = 1.0
     jitter_token: float = 1.0
+    per_prefill_token: float = 0.0
+    """seconds per prompt token in a prefill (0 = uncalibrated: a prompt costs its sequence only)"""
+    table: dict[int, tuple[list[int], list[float]]] | None = None
+    """measured decode medians per batch size (None = the linear model)"""
+
+    def __post_init__(self) -> None:
+        self._decode_cache: dict[tuple[int, int], float] = {}
 
     @classmethod
     def from_calibration(cls, calibration: dict[str, Any] | str | Path) -> "StepCostModel":
-        """Refit on a calibration's points (``draftrl calibrate --engine vllm --out FILE``; a dict or the file)."""
+        """Refit on a calibration's points (``draftrl calibrate --engine vllm --out FILE``; a dict or
+        the file): the fit, the decode table, and the noise as the decode samples' spread around it."""
         if not isinstance(calibration, dict):
             path = Path(calibration)
             if not path.is_file():
@@ -109,17 +208,49 @@ class StepCostModel:
         if calibration.get("format") != FORMAT or not calibration.get("points"):
             raise ValueError(f"not a vLLM step-cost calibration (format {calibration.get('format')!r}, expected "
                              f"{FORMAT!r} with points); run draftrl calibrate --engine vllm --out FILE.")
-        f = fit(calibration["points"])
-        return cls(f["base"], f["per_seq"], f["per_token"], f["residual_std"])
+        points = calibration["points"]
+        f = fit(points)
+        model = cls(f["base"], f["per_seq"], f["per_token"], per_prefill_token=f["per_prefill_token"],
+                    table=decode_table(points))
+        spread = [s - model.decode_seconds(p["num_seqs"], p["tokens_verified"]) for p in points
+                  if not p.get("prompt_tokens", 0) for s in p["seconds"]]
+        model.residual_std = float(np.std(spread))
+        return model
 
-    def mean(self, num_seqs: int, num_tokens: int) -> float:
-        """Expected seconds of a step over ``num_seqs`` sequences processing ``num_tokens`` tokens."""
-        return (self.base + self.per_seq * num_seqs) * self.jitter_fixed + self.per_token * num_tokens * self.jitter_token
+    def decode_seconds(self, num_seqs: int, num_tokens: int) -> float:
+        """Seconds of a step of ``num_seqs`` sequences verifying ``num_tokens`` tokens (no jitter, no prefill)."""
+        if self.table is None:
+            return self.base + self.per_seq * num_seqs + self.per_token * num_tokens
+        key = (num_seqs, num_tokens)
+        if key not in self._decode_cache:
+            sizes = sorted(self.table)
 
-    def seconds(self, num_seqs: int, num_tokens: int, rng: Any = None) -> float:
+            def row(b: int) -> float:
+                tokens, secs = self.table[b]
+                t = min(max(num_tokens, tokens[0]), tokens[-1])
+                return float(np.interp(t, tokens, secs)) + self.per_token * (num_tokens - t)
+
+            lo = max([b for b in sizes if b <= num_seqs], default=sizes[0])
+            hi = min([b for b in sizes if b >= num_seqs], default=sizes[-1])
+            if lo == hi:
+                value = row(lo) + self.per_seq * (num_seqs - lo)
+            else:
+                w = (num_seqs - lo) / (hi - lo)
+                value = (1 - w) * row(lo) + w * row(hi)
+            self._decode_cache[key] = value
+        return self._decode_cache[key]
+
+    def mean(self, num_seqs: int, num_tokens: int, prompt_tokens: int = 0) -> float:
+        """Expected seconds of a step over ``num_seqs`` sequences verifying ``num_tokens`` decode
+        tokens and prefilling ``prompt_tokens`` prompt tokens."""
+        fixed = self.base + self.per_seq * num_seqs
+        rest = self.decode_seconds(num_seqs, num_tokens) - fixed + self.per_prefill_token * prompt_tokens
+        return fixed * self.jitter_fixed + rest * self.jitter_token
+
+    def seconds(self, num_seqs: int, num_tokens: int, rng: Any = None, prompt_tokens: int = 0) -> float:
         """One step's seconds: the mean plus ``residual_std`` Gaussian noise drawn from ``rng``
         (None = no noise), floored at a tenth of the mean (a step never costs nothing)."""
-        mean = self.mean(num_seqs, num_tokens)
+        mean = self.mean(num_seqs, num_tokens, prompt_tokens)
         if rng is None or self.residual_std <= 0:
             return mean
         return max(0.1 * mean, mean + self.residual_std * float(rng.standard_normal()))
@@ -130,4 +261,7 @@ class StepCostModel:
         if sigma <= 0:
             return self
         draw = lambda: math.exp(sigma * float(rng.standard_normal()) - 0.5 * sigma * sigma)  # noqa: E731
-        return StepCostModel(self.base, self.per_seq, self.per_token, self.residual_std, draw(), draw())
+        other = StepCostModel(self.base, self.per_seq, self.per_token, self.residual_std, draw(), draw(),
+                              self.per_prefill_token, self.table)
+        other._decode_cache = self._decode_cache  # the decode table's values do not depend on the jitter
+        return other
