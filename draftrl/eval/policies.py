@@ -131,7 +131,7 @@ def ppo_env_config(path: str, base: EnvConfig) -> tuple[EnvConfig, str]:
     manifest = read_policy_manifest(manifest_path)
     trained: dict[str, Any] = {}
     section = _trained_env(path, manifest.get("kind", "size"))
-    if section is not None:
+    if section is not None and section.family is None:  # an EnvConfig env (analytic/serving ones have none)
         trained = {f.name: getattr(section, f.name) for f in dataclasses.fields(EnvConfig)}
         if not trained["cost_table"] and section.traces:
             from draftrl.runs import stored_cost_table_path
