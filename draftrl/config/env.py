@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -24,6 +24,9 @@ REWARD_MODES: tuple[str, ...] = ("ratio", "throughput")
 @dataclass
 class EnvConfig:
     """Workload, models, sampling, action grid and reward of a speculative-decoding env."""
+
+    section: ClassVar[str] = "env"
+    """the config section these fields are read from, for errors (``EnvSpec`` subclasses: depth_env, ...)"""
 
     # ---- workload
     prompts: str | None = None
@@ -102,7 +105,7 @@ class EnvConfig:
         from draftrl.config import KERNELS
 
         if self.kernels is not None and self.kernels not in KERNELS:
-            raise ValueError(f"env.kernels={self.kernels!r} is not a kernel choice; use one of {', '.join(KERNELS)}.")
+            raise ValueError(f"{self.section}.kernels={self.kernels!r} is not a kernel choice; use one of {', '.join(KERNELS)}.")
         self.depths = _grid(self.depths, "depths", minimum=0)
         self.verify_sizes = _grid(self.verify_sizes, "verify_sizes", minimum=0)
         if self.languages is not None:

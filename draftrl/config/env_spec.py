@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from draftrl.config import from_dict
 from draftrl.config.env import EnvConfig
@@ -89,7 +89,10 @@ class ServeArgs(ServeConfig):
 
 @dataclass
 class EnvSpec(EnvConfig):
-    """The env a training phase makes: an id, the EnvConfig fields, the id's own arguments."""
+    """The env a training phase makes: an id, the EnvConfig fields, the id's own arguments.
+
+    Each config section has its own subclass (``DepthEnvSpec``, ``FinetuneEnvSpec``, see ``ENV_SECTIONS``),
+    so errors name the section the bad key is in."""
 
     id: str = "draftrl/TraceReplay-v0"
     """gymnasium id: draftrl/TraceReplay-v0 (recorded traces), draftrl/Analytic-v0, draftrl/SpecDecode-v0, ..."""
@@ -111,8 +114,9 @@ class EnvSpec(EnvConfig):
         if family is not None:
             changed = [f.name for f in dataclasses.fields(EnvConfig) if getattr(self, f.name) != getattr(default, f.name)]
             if changed:
-                raise ValueError(f"env.{changed[0]} is not an argument of {self.id}; set env.{family}.{changed[0]} "
-                                 f"(its arguments are env.{family}.*).")
+                name, section = changed[0], self.section
+                raise ValueError(f"{section}.{name} is not an argument of {self.id}; set {section}.{family}.{name} "
+                                 f"(its arguments are {section}.{family}.*).")
         if self.eval:
             self.evaluation()  # unknown or ill-typed keys fail now, not after training
 
@@ -141,7 +145,7 @@ class EnvSpec(EnvConfig):
         for prefix, section in FAMILIES.items():
             if name.startswith(prefix):
                 return section
-        raise ValueError(f"env.id={self.id!r} names no env family this config can describe; use an id whose name "
+        raise ValueError(f"{self.section}.id={self.id!r} names no env family this config can describe; use an id whose name "
                          f"starts with {', '.join(FAMILIES)} (e.g. draftrl/TraceReplay-v0).")
 
     def env_config(self) -> EnvConfig:
@@ -150,7 +154,7 @@ class EnvSpec(EnvConfig):
 
     def evaluation(self) -> EnvSpec:
         """The section of the final evaluation's env: this one with ``eval``'s keys on top."""
-        return from_dict(type(self), self.eval, prefix="env.eval.", base=dataclasses.replace(self, eval={}))
+        return from_dict(type(self), self.eval, prefix=f"{self.section}.eval.", base=dataclasses.replace(self, eval={}))
 
     def make_kwargs(self) -> dict[str, Any]:
         """The ``gymnasium.make(self.id, ...)`` arguments (module docstring's table)."""
@@ -163,14 +167,37 @@ class EnvSpec(EnvConfig):
             if not name.startswith("ServeReplay"):
                 return {"config": serve.serve_config(), **depth}
             if not (serve.recordings and serve.calibration):
-                raise ValueError(f"env.serve.recordings and env.serve.calibration must both be set for {self.id} "
+                raise ValueError(f"{self.section}.serve.recordings and {self.section}.serve.calibration must both be "
+                                 f"set for {self.id} "
                                  "(see configs/serve_sim_cpu.yaml).")
             return {"recordings": serve.recordings, "calibration": serve.calibration, "config": serve.serve_config(),
                     "cost_jitter": serve.cost_jitter, "cost_noise": serve.cost_noise, "loads": list(serve.loads),
                     **depth}
         if name.startswith("TraceReplay"):
             if not self.traces:
-                raise ValueError(f"env.traces is not set; {self.id} replays a directory written by draftrl collect "
+                raise ValueError(f"{self.section}.traces is not set; {self.id} replays a directory written by draftrl collect "
                                  "(see configs/cpu_default.yaml).")
             return {"traces": self.traces, "config": self.env_config(), **depth}
         return {"config": self.env_config(), **depth}
+
+
+@dataclass
+class DepthEnvSpec(EnvSpec):
+    """The step-level env of depth policies (a section of its own so that its id defaults right)."""
+
+    section: ClassVar[str] = "depth_env"
+    id: str = "draftrl/TraceReplayDepth-v0"
+    """draftrl/TraceReplayDepth-v0 (recorded traces) or draftrl/SpecDecodeDepth-v0 (real engine)."""
+
+
+@dataclass
+class FinetuneEnvSpec(EnvSpec):
+    """The real-engine env of the fine-tuning phase."""
+
+    section: ClassVar[str] = "finetune_env"
+    id: str = "draftrl/SpecDecode-v0"
+    """draftrl/SpecDecode-v0 (size policies) or draftrl/SpecDecodeDepth-v0 (depth policies)."""
+
+
+#: The training config's env sections, each with its spec class (its default id, its name in errors).
+ENV_SECTIONS: dict[str, type[EnvSpec]] = {"env": EnvSpec, "depth_env": DepthEnvSpec, "finetune_env": FinetuneEnvSpec}

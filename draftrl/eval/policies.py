@@ -107,11 +107,11 @@ def _trained_env(path: str, kind: str):
     """The ``EnvSpec`` a PPO policy of ``kind`` trained on (``depth_env`` for depth policies), None without
     the run's ``config.json``."""
     from draftrl.config import from_dict
-    from draftrl.config.env_spec import EnvSpec
+    from draftrl.config.env_spec import ENV_SECTIONS
 
     cfg = _run_config(path)
     key = "depth_env" if kind == "depth" and cfg.get("depth_env") else "env"
-    return from_dict(EnvSpec, cfg[key], prefix=f"{key}.") if cfg.get(key) else None
+    return from_dict(ENV_SECTIONS[key], cfg[key], prefix=f"{key}.") if cfg.get(key) else None
 
 
 def ppo_env_config(path: str, base: EnvConfig) -> tuple[EnvConfig, str]:

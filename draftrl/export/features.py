@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from draftrl.config import from_dict
-from draftrl.config.env_spec import EnvSpec
+from draftrl.config.env_spec import ENV_SECTIONS, EnvSpec
 from draftrl.signals.costs import CostTable
 from draftrl.signals.features import CostTracker, FeatureBuilder, feature_names
 
@@ -40,10 +40,10 @@ BUILDER_NAMES: tuple[str, ...] = (BUILDER, "draftrl.envs.features.FeatureBuilder
 def env_spec(train_config: dict[str, Any] | None, env_id: str) -> EnvSpec:
     """The env section (``env``, ``depth_env`` or ``finetune_env``) of the training config that made ``env_id``;
     the defaults with that id when no section did."""
-    for key in ("env", "depth_env", "finetune_env"):
+    for key, spec_class in ENV_SECTIONS.items():
         section = (train_config or {}).get(key)
         if isinstance(section, dict) and section.get("id") == env_id:
-            return from_dict(EnvSpec, section, prefix=f"{key}.")
+            return from_dict(spec_class, section, prefix=f"{key}.")
     return EnvSpec(id=env_id)
 
 

@@ -14,27 +14,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from draftrl.config import BASELINES
-from draftrl.config.env_spec import EnvSpec
+from draftrl.config.env_spec import DepthEnvSpec, EnvSpec, FinetuneEnvSpec
 from draftrl.config.wandb import WandbConfig
 
 #: Recipes ``draftrl train`` can run: module ``draftrl.train.<recipe>`` with ``train(cfg, out, ...)``.
 RECIPES: tuple[str, ...] = ("ppo_size", "ppo_depth", "cotrain")
-
-
-@dataclass
-class DepthEnvSpec(EnvSpec):
-    """The step-level env of depth policies (a section of its own so that its id defaults right)."""
-
-    id: str = "draftrl/TraceReplayDepth-v0"
-    """draftrl/TraceReplayDepth-v0 (recorded traces) or draftrl/SpecDecodeDepth-v0 (real engine)."""
-
-
-@dataclass
-class FinetuneEnvSpec(EnvSpec):
-    """The real-engine env of the fine-tuning phase."""
-
-    id: str = "draftrl/SpecDecode-v0"
-    """draftrl/SpecDecode-v0 (size policies) or draftrl/SpecDecodeDepth-v0 (depth policies)."""
 
 
 @dataclass

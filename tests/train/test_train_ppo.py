@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import re
 from pathlib import Path
 
 import gymnasium as gym
@@ -262,6 +263,33 @@ def test_the_old_env_shape_names_the_new_key(override, message, tmp_path, capsys
     assert main(["train", "--config", str(old), "--out", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "env.kwargs.traces is now env.traces" in err
+
+
+@pytest.mark.parametrize("section", ["env", "depth_env", "finetune_env"])
+def test_env_section_errors_name_their_section(section):
+    """Each of the three env sections (one EnvSpec class) names itself in every error, not ``env.``."""
+    from draftrl.export.features import env_spec
+
+    def fails(message: str) -> pytest.RaisesContext:  # the section's name, not a longer one ending in it
+        return pytest.raises(ValueError, match=rf"(?<![\w.]){re.escape(message)}")
+
+    for override, message in [
+        (f"{section}.kwargs.target=x", f"{section}.kwargs.target is now {section}.target"),
+        (f"{section}={{id: draftrl/Analytic-v0, depths: [0, 1]}}",
+         f"{section}.depths is not an argument of draftrl/Analytic-v0; set {section}.analytic.depths "
+         f"(its arguments are {section}.analytic.*)"),
+        (f"{section}.id=draftrl/Foo-v0", f"{section}.id='draftrl/Foo-v0' names no env family"),
+        (f"{section}.eval={{dephts: [0]}}", f"'{section}.eval.dephts'; did you mean '{section}.eval.depths'"),
+        (f"{section}.kernels=fastest", f"{section}.kernels='fastest' is not a kernel choice"),
+    ]:
+        with fails(message):
+            load_config(TrainConfig, None, [override])
+    with fails(f"{section}.traces is not set"):
+        getattr(load_config(TrainConfig, None, [f"{section}.id=draftrl/TraceReplay-v0"]), section).make_kwargs()
+    with fails(f"{section}.serve.recordings and {section}.serve.calibration must both be set"):
+        getattr(load_config(TrainConfig, None, [f"{section}.id=draftrl/ServeReplay-v0"]), section).make_kwargs()
+    with fails(f"{section}.id='draftrl/Foo-v0' names no env family"):  # a saved run's section, read back
+        env_spec({section: {"id": "draftrl/Foo-v0"}}, "draftrl/Foo-v0")
 
 
 def test_train_env_section_is_typed_like_every_commands():
