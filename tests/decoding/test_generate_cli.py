@@ -62,6 +62,15 @@ def multi_eos_model(tmp_path_factory):
     return directory
 
 
+@pytest.fixture
+def tmp_kernel_cache(multi_eos_model, tmp_path, monkeypatch):
+    """``DRAFTRL_CACHE`` in ``tmp_path`` for the test (after the module's model fixture fetched SmolLM2's
+    tokenizer from the real cache): the kernel plan probed for a temporary model is keyed by its temporary
+    directory's name, so written to the user's ``~/.cache/draftrl/kernels`` it would stay there forever."""
+    monkeypatch.setenv("DRAFTRL_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
 def _generate(capsys, model_dir, *extra: str) -> dict:
     code = main(["generate", "--target", str(model_dir), "--prompt", PROMPT, "--max-new-tokens", "12",
                  "--depth", "2", "--json", *extra])
@@ -70,13 +79,16 @@ def _generate(capsys, model_dir, *extra: str) -> dict:
     return json.loads(captured.out)
 
 
-def test_generate_with_several_eos_ids_in_the_model_config(multi_eos_model, capsys):
+def test_generate_with_several_eos_ids_in_the_model_config(multi_eos_model, tmp_kernel_cache, capsys):
     """A list-valued ``eos_token_id`` (Llama 3.x) is read, and decoding stops at any of the ids."""
     import json as jsonlib
 
     from draftrl.models import load_model
+    from draftrl.models.kernels import plan_key, plan_path
 
     loaded = load_model(str(multi_eos_model))
+    # its kernel plan (probed, or skipped on a busy machine) is cached under tmp, not in the user's cache
+    assert plan_path(plan_key(loaded.model, loaded.name)).is_relative_to(tmp_kernel_cache)
     assert loaded.eos_token_ids == sorted({loaded.tokenizer.eos_token_id, 7})
     first = _generate(capsys, multi_eos_model)
     assert len(first["token_ids"]) == 12  # the random model emits neither EOS in 12 greedy tokens
