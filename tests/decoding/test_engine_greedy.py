@@ -121,3 +121,24 @@ def test_prompt_beyond_the_context_is_refused_or_truncated_explicitly(capsys):
         fit_prompt(list(range(30)), 8, 32, truncate=False)
     assert fit_prompt(list(range(30)), 8, 32, truncate=True) == list(range(6, 30))
     assert "truncated from 30 to its last 24 tokens" in capsys.readouterr().err
+
+
+def test_tiny_lm_beyond_its_context_gets_the_engine_error():
+    """The engine-law tests' TinyLM has 64 position embeddings and says so: a longer request fails with
+    the engine's one-line error, not an IndexError from the model, and a request that fills it runs."""
+    from tiny_lm import TinyLM, draft_of
+
+    from draftrl.decoding.drafters import ModelDrafter
+
+    target = TinyLM(3, max_len=64)
+    engine = SpeculativeDecoder(target, ModelDrafter(draft_of(target, 0.7, 1), sampled=True),
+                                EngineConfig(max_new_tokens=8, temperature=1.0, seed=0))
+    assert engine.max_context == 64
+    with pytest.raises(ValueError, match=r"60 tokens and max_new_tokens=8, 68 in all, beyond the target's context "
+                                         r"of 64 tokens; shorten the prompt to 56 tokens") as err:
+        engine.start([0, 1, 2] * 20)
+    assert "\n" not in str(err.value)
+    engine.start(([0, 1, 2] * 19)[:56])  # 56 + 8 = 64: every position the request reaches exists
+    while not engine.finished:
+        engine.round(4, None, 2)
+    assert len(engine.output_ids) == 8

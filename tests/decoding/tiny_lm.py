@@ -31,6 +31,8 @@ class TinyLM(nn.Module):
         self.pos = nn.Parameter(0.5 * torch.randn(max_len, dim, generator=g), requires_grad=False)
         self.qkv = nn.Parameter(2.0 * torch.randn(3, dim, dim, generator=g) / math.sqrt(dim), requires_grad=False)
         self.out = nn.Parameter(scale * torch.randn(dim, vocab, generator=g) / math.sqrt(dim), requires_grad=False)
+        # the context the engine reads (as from a transformers config): max_len position embeddings
+        self.config = SimpleNamespace(max_position_embeddings=max_len)
 
     def forward(self, input_ids, position_ids=None, attention_mask=None, past_key_values=None, use_cache=True):
         cache = past_key_values if past_key_values is not None else DynamicCache()
