@@ -98,6 +98,27 @@ def from_dict(cls: type[T], data: dict[str, Any], prefix: str = "", base: T | No
     return dataclasses.replace(base, **kwargs) if base is not None else cls(**kwargs)
 
 
+def resolve(cls: type[T], config: T | dict[str, Any] | None, overrides: dict[str, Any]) -> T:
+    """A ``cls`` from a config, a mapping of its fields or None, plus keyword overrides: how the
+    envs take their ``gym.make`` arguments. Unknown keys fail naming the closest valid one
+    (``gym.make("draftrl/SpecDecode-v0", depth=4)`` names ``depths``)."""
+    if config is None:
+        config = cls()
+    elif isinstance(config, dict):
+        config = from_dict(cls, config)
+    elif not isinstance(config, cls):
+        article = "an" if cls.__name__[0] in "AEIOU" else "a"
+        raise TypeError(f"config must be {article} {cls.__name__}, a dict of its fields or None, "
+                        f"got {type(config).__name__}.")
+    if not overrides:
+        return config
+    merged = {f.name: getattr(config, f.name) for f in dataclasses.fields(cls)}
+    for key in overrides:
+        if key not in merged:
+            from_dict(cls, {key: overrides[key]})  # raises naming the closest valid key
+    return cls(**{**merged, **overrides})
+
+
 def _field_default(f: dataclasses.Field) -> Any:
     if f.default_factory is not dataclasses.MISSING:
         return f.default_factory()

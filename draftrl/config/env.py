@@ -8,7 +8,6 @@ Defaults live here; YAML files in ``configs/`` override what differs under an ``
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -159,28 +158,6 @@ def _grid(values, name: str, minimum: int) -> tuple[int, ...]:
     if len(set(items)) != len(items):
         raise ValueError(f"EnvConfig.{name}={list(items)} repeats a value; each action index must mean one setting.")
     return tuple(int(v) for v in items)
-
-
-def resolve_config(config: EnvConfig | dict | None, overrides: dict[str, Any]) -> EnvConfig:
-    """An :class:`EnvConfig` from a config, a mapping of its fields, or None, plus keyword overrides.
-
-    Unknown keys fail with the valid names (``gym.make("draftrl/SpecDecode-v0", depth=4)`` names
-    ``depths``).
-    """
-    if config is None:
-        config = EnvConfig()
-    elif isinstance(config, dict):
-        config = from_dict(EnvConfig, config)
-    elif not isinstance(config, EnvConfig):
-        raise TypeError(f"config must be an EnvConfig, a dict of its fields or None, got {type(config).__name__}.")
-    if overrides:
-        merged = {f.name: getattr(config, f.name) for f in dataclasses.fields(EnvConfig)}
-        for key, value in overrides.items():
-            if key not in merged:
-                return from_dict(EnvConfig, {key: value})  # raises with the closest valid key
-            merged[key] = value
-        config = EnvConfig(**merged)
-    return config
 
 
 def load_env_config(path: str | None = None, overrides: list[str] | None = None) -> EnvConfig:

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
-from typing import Any
 
-from draftrl.config import from_dict
 from draftrl.config.env import REWARD_MODES, EnvConfig
 
 ARRIVALS = ("fixed", "poisson", "burst")
@@ -101,21 +98,3 @@ class ServeConfig:
                          limit_per_group=self.limit_per_group, shuffle=self.shuffle, chat_template=self.chat_template,
                          max_new_tokens=self.max_new_tokens, max_new_tokens_cap=self.max_new_tokens_cap,
                          target=self.model)
-
-
-def resolve_serve_config(config: ServeConfig | dict | None, overrides: dict[str, Any]) -> ServeConfig:
-    """A :class:`ServeConfig` from a config, a dict of its fields or None, plus keyword overrides."""
-    if config is None:
-        config = ServeConfig()
-    elif isinstance(config, dict):
-        config = from_dict(ServeConfig, config)
-    elif not isinstance(config, ServeConfig):
-        raise TypeError(f"config must be a ServeConfig, a dict of its fields or None, got {type(config).__name__}.")
-    if overrides:
-        merged = dataclasses.asdict(config)
-        for key, value in overrides.items():
-            if key not in merged:
-                return from_dict(ServeConfig, {key: value})  # raises naming the closest valid key
-            merged[key] = value
-        config = ServeConfig(**merged)
-    return config

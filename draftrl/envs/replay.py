@@ -16,7 +16,8 @@ import numpy as np
 from gymnasium import spaces
 
 from draftrl.decoding.stats import TokenStats
-from draftrl.config.env import EnvConfig, resolve_config
+from draftrl.config import resolve
+from draftrl.config.env import EnvConfig
 from draftrl.signals.costs import CostTable
 from draftrl.signals.features import DRAFT_FEATURES, CostTracker, FeatureBuilder, RoundSummary
 from draftrl.envs.rewards import RewardModel
@@ -106,7 +107,7 @@ class TraceReplayEnv(SeededEpisodes, gym.Env[np.ndarray, np.ndarray]):
             trace_dir = Path(traces)
             traces = Traces.load(trace_dir)
         self.traces = traces
-        self.config = config = resolve_config(config if config is not None else traces.config, overrides)
+        self.config = config = resolve(EnvConfig, config if config is not None else traces.config, overrides)
         if render_mode is not None:
             raise ValueError(f"render_mode={render_mode!r} is not supported; TraceReplayEnv does not render.")
         self.render_mode = render_mode

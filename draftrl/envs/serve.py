@@ -11,7 +11,8 @@ from gymnasium import spaces
 
 from draftrl.decoding.admission import StepAction
 from draftrl.envs.rewards import RewardModel
-from draftrl.config.serve import ServeConfig, resolve_serve_config
+from draftrl.config import resolve
+from draftrl.config.serve import ServeConfig
 from draftrl.envs.workload import Workload
 
 #: (name, low, high) of every observation entry, in order (the table in ServeVLLMEnv's docstring).
@@ -171,7 +172,7 @@ class ServeVLLMEnv(gym.Env[np.ndarray, np.ndarray]):
 
     def __init__(self, config: ServeConfig | dict | None = None, *, engine=None, tokenizer=None,
                  render_mode: str | None = None, **overrides: Any):
-        config = resolve_serve_config(config, overrides)
+        config = resolve(ServeConfig, config, overrides)
         if render_mode is not None:
             raise ValueError(f"render_mode={render_mode!r} is not supported; the serving env does not render.")
         if engine is None:

@@ -11,7 +11,8 @@ import numpy as np
 from draftrl.decoding.admission import StepAction
 from draftrl.decoding.vllm.calibrate import StepCostModel
 from draftrl.envs.serve import ServeVLLMEnv
-from draftrl.config.serve import ServeConfig, resolve_serve_config
+from draftrl.config import resolve
+from draftrl.config.serve import ServeConfig
 from draftrl.envs.serve_sim import Proposals, Recordings, ReplayEngine
 from draftrl.envs.workload import Workload
 
@@ -68,7 +69,7 @@ class ServeReplayEnv(ServeVLLMEnv):
                  config: ServeConfig | dict | None = None, *, cost_jitter: float = 0.0, cost_noise: bool = True,
                  loads: list[dict[str, Any]] | None = None, proposals: Proposals | None = None,
                  render_mode: str | None = None, **overrides: Any):
-        config = resolve_serve_config(config, overrides)
+        config = resolve(ServeConfig, config, overrides)
         unknown = {k for load in loads or () for k in load} - set(LOAD_KEYS)
         if unknown:
             raise ValueError(f"loads may set only {', '.join(LOAD_KEYS)}, not {', '.join(sorted(unknown))}.")

@@ -13,7 +13,8 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from draftrl.config.env import EnvConfig, resolve_config
+from draftrl.config import resolve
+from draftrl.config.env import EnvConfig
 from draftrl.signals.costs import CostTable
 from draftrl.envs.engines import build_engine, check_engine
 from draftrl.signals.features import CostTracker, FeatureBuilder, RoundSummary
@@ -28,7 +29,7 @@ class EngineEpisodes(SeededEpisodes, gym.Env[np.ndarray, Any]):
 
     def __init__(self, config: EnvConfig | dict | None = None, *, engine=None, tokenizer=None, target=None,
                  render_mode: str | None = None, **overrides: Any):
-        self.config = config = resolve_config(config, overrides)
+        self.config = config = resolve(EnvConfig, config, overrides)
         if render_mode is not None:
             raise ValueError(f"render_mode={render_mode!r} is not supported; the speculative-decoding envs do not render.")
         self.render_mode = render_mode

@@ -319,7 +319,8 @@ TRAIN_CONFIGS = ("analytic_regimes.yaml", "cpu_default.yaml", "qwen3_8b_0.6b.yam
 @pytest.mark.parametrize("name", TRAIN_CONFIGS)
 def test_shipped_configs_load(name):
     """Every shipped config loads, and its env arguments are real EnvConfig fields (checked without models)."""
-    from draftrl.config.env import resolve_config
+    from draftrl.config import resolve
+    from draftrl.config.env import EnvConfig
 
     cfg = load_config(TrainConfig, CONFIGS / name)
     assert cfg.env.id.startswith("draftrl/")
@@ -327,7 +328,7 @@ def test_shipped_configs_load(name):
         return
     for spec in (cfg.env, cfg.depth_env, cfg.finetune_env):
         for section in (spec, spec.evaluation()):
-            resolve_config(section.env_config(), {})
+            resolve(EnvConfig, section.env_config(), {})
 
 
 @pytest.mark.parametrize("name, target, drafter", [
