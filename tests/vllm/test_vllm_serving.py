@@ -110,8 +110,13 @@ def test_calibrate_fill_rule_verifies_exactly_the_depth():
     finally:
         engine.abort_all()
         engine.proposer.set_rule("match")
-    result = calibrate(engine, batch_sizes=(1, 2), depths=(0, 2), steps=3, warmup=1)
-    assert [(p["num_seqs"], p["depth"], p["tokens_verified"]) for p in result["points"]] == \
+    result = calibrate(engine, batch_sizes=(1, 2), depths=(0, 2), steps=3, warmup=1, prefill_lens=(16,),
+                       prefill_batch_sizes=(2,))
+    decode = [p for p in result["points"] if p["kind"] == "decode"]
+    assert [(p["num_seqs"], p["depth"], p["tokens_verified"]) for p in decode] == \
         [(1, 0, 1), (1, 2, 3), (2, 0, 2), (2, 2, 6)]
-    assert all(p["samples"] >= 2 and p["seconds_median"] > 0 for p in result["points"])
+    prefill = [p for p in result["points"] if p["kind"] == "prefill"]
+    assert [(p["num_seqs"], p["prompt_len"], p["prompt_tokens"], p["tokens_verified"]) for p in prefill] == \
+        [(2, 16, 32, 0)]
+    assert all(p["samples"] == 3 and p["seconds_median"] > 0 for p in result["points"])
     assert np.isfinite(result["fit"]["per_token"]) and engine.proposer.rule == "match"
