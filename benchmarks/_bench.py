@@ -4,6 +4,12 @@ Every comparison on a shared, noisy CPU must be *interleaved*: for each repeat a
 all methods run back to back in a fresh random order, so a burst of load from another process
 hits every method alike. A method's time on a prompt is the median over repeats; its throughput
 is sum(tokens) / sum(median seconds) over prompts, and ratios between methods are taken on those.
+
+Each run also records the calling thread's CPU time. With one torch thread on a CPU every
+operation runs on that thread, so CPU-time ratios (``clock="cpu"``) are what other processes on a
+shared box cannot skew (their time slices stop this thread's CPU clock, not the wall clock);
+wall time stays the measure that counts (DESIGN.md), the CPU ratio says how much of a wall-clock
+difference is load.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
+import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
@@ -40,22 +47,25 @@ class Run:
     seconds: float
     rounds: int
     """what the script counts per request: speculative rounds, or target forwards (prefill included)"""
+    cpu_seconds: float = 0.0
+    """the calling thread's CPU time (meaningful with one torch thread on a CPU)"""
 
 
 @dataclass
 class Timings:
     runs: dict[tuple[str, int], list[Run]] = field(default_factory=dict)
 
-    def median_seconds(self, method: str, item: int) -> float:
-        return statistics.median(r.seconds for r in self.runs[(method, item)])
+    def median_seconds(self, method: str, item: int, clock: str = "wall") -> float:
+        """Median over repeats of the wall seconds, or of the thread's CPU seconds (``clock="cpu"``)."""
+        return statistics.median(r.cpu_seconds if clock == "cpu" else r.seconds for r in self.runs[(method, item)])
 
     def tokens(self, method: str, item: int) -> list[int]:
         return self.runs[(method, item)][0].tokens
 
-    def throughput(self, method: str, items: list[int]) -> float:
+    def throughput(self, method: str, items: list[int], clock: str = "wall") -> float:
         """tokens / second over ``items``: total tokens over the sum of per-request median times."""
         num = sum(len(self.tokens(method, i)) for i in items)
-        return num / sum(self.median_seconds(method, i) for i in items)
+        return num / sum(self.median_seconds(method, i, clock) for i in items)
 
     def tokens_per_round(self, method: str, items: list[int]) -> float:
         num = sum(len(self.tokens(method, i)) for i in items)
@@ -137,10 +147,10 @@ def interleave(
             order = names[:]
             rng.shuffle(order)
             for name in order:
-                start = device_clock(device)
+                start, cpu_start = device_clock(device), time.thread_time()
                 tokens, rounds = methods[name](req)
-                seconds = device_clock(device) - start
-                timings.runs[(name, i)].append(Run(list(tokens), seconds, rounds))
+                seconds, cpu_seconds = device_clock(device) - start, time.thread_time() - cpu_start
+                timings.runs[(name, i)].append(Run(list(tokens), seconds, rounds, cpu_seconds))
         if progress:
             print(f"# repeat {repeat + 1}/{repeats} done", flush=True)
     return timings

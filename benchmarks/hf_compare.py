@@ -15,7 +15,9 @@ for both: a draftrl round is one verification forward (the prefill emits nothing
 one forward, the prefill included (HF verifies its first candidates inside the prefill).
 Greedy outputs are checked against ``hf_ar`` (float ties between kernel layouts may differ;
 mismatches are listed). ``load_avg`` is printed: above ~2 on this 2-core box, the machine was
-loaded and absolute tokens/s mean little (ratios from one interleaved run still hold).
+loaded and absolute tokens/s mean little (ratios from one interleaved run still hold). With
+``--threads 1`` each ratio is also printed in the thread's CPU time (``cpu=``, see ``_bench.py``):
+other processes cannot skew it, so where wall and CPU ratios differ, the difference is load.
 
     python benchmarks/hf_compare.py --threads 1                   # 1 prompt per (language, task)
     python benchmarks/hf_compare.py --quick --threads 1          # en + zh, 32 tokens, 2 repeats
@@ -101,8 +103,13 @@ def main() -> None:
     where = (f"ngram<={args.ngram}  prompts={len(reqs)}  tasks={','.join(tasks)}  max_new_tokens={args.max_new_tokens}  "
              f"repeats={args.repeats}  kernels={loaded.kernels.layout}  load_avg={load:.1f}  "
              + context(args.device, loaded.name))
+    one_thread = args.device == "cpu" and torch.get_num_threads() == 1
+
+    def cpu_ratio(a: str, b: str) -> str:
+        return f"(cpu={t.throughput(a, items, 'cpu') / t.throughput(b, items, 'cpu'):.3f}x)  " if one_thread else ""
+
     ratio = t.throughput("draftrl_ar", items) / t.throughput("hf_ar", items)
-    print(f"draftrl_ar_vs_hf_ar={ratio:.3f}x  goal>=0.98x {'MET' if ratio >= 0.98 else 'MISSED'}  "
+    print(f"draftrl_ar_vs_hf_ar={ratio:.3f}x  {cpu_ratio('draftrl_ar', 'hf_ar')}goal>=0.98x {'MET' if ratio >= 0.98 else 'MISSED'}  "
           f"tok_s hf_ar={t.throughput('hf_ar', items):.1f} draftrl_ar={t.throughput('draftrl_ar', items):.1f}  "
           f"mismatches draftrl_ar={mismatches('draftrl_ar') or 0}  {where}")
     for g in gammas:
@@ -113,7 +120,7 @@ def main() -> None:
             for task in tasks if (idx := [i for i in items if reqs[i].task == task]))
         worse = [task for task in tasks
                  if (idx := [i for i in items if reqs[i].task == task]) and accepted(dr, idx) < accepted(hl, idx) - 1e-9]
-        print(f"gamma={g}  draftrl_vs_hf_lookup={ratio:.3f}x  goal>=1.0x {'MET' if ratio >= 1.0 else 'MISSED'}  "
+        print(f"gamma={g}  draftrl_vs_hf_lookup={ratio:.3f}x  {cpu_ratio(dr, hl)}goal>=1.0x {'MET' if ratio >= 1.0 else 'MISSED'}  "
               f"draftrl_vs_hf_ar={t.throughput(dr, items) / t.throughput('hf_ar', items):.2f}x  "
               f"hf_lookup_vs_hf_ar={t.throughput(hl, items) / t.throughput('hf_ar', items):.2f}x  "
               f"accepted_per_round draftrl/hf all:{accepted(dr, items):.2f}/{accepted(hl, items):.2f}  {per_task}  "
