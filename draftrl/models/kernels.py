@@ -203,7 +203,7 @@ def probe(model: nn.Module, rows: tuple[int, ...] = PROBE_ROWS, *, context: int 
     times: dict[tuple[str, int], list[float]] = {cell: [] for cell in cells}
     rng = random.Random(seed)
 
-    clock = probe_clock(device)
+    clock = probe_clock(device, torch.get_num_threads())
 
     def forward(layout: str, k: int) -> float:
         remove_fast_linear(model)
@@ -228,7 +228,7 @@ def probe(model: nn.Module, rows: tuple[int, ...] = PROBE_ROWS, *, context: int 
     return {layout: {k: statistics.median(times[layout, k]) for k in rows} for layout in layouts}
 
 
-def probe_clock(device: torch.device) -> Callable[[], float]:
+def probe_clock(device: torch.device, threads: int) -> Callable[[], float]:
     """The probe's clock: the calling thread's CPU time when torch computes on this one CPU thread,
     else wall time.
 
@@ -239,7 +239,7 @@ def probe_clock(device: torch.device) -> Callable[[], float]:
     136 and 130 ms in thread CPU time, and the wall-clock probes chose different layouts.
     With several threads the work is spread over a pool that one thread's clock cannot see.
     """
-    if device.type == "cpu" and torch.get_num_threads() == 1:
+    if device.type == "cpu" and threads == 1:
         return time.thread_time
     return time.perf_counter
 
@@ -275,7 +275,7 @@ def apply_kernels(model: nn.Module, name: str, kernels: str | None = None, *, us
         plan = _read_plan(path, key) if use_cache else None
         load = _load_average()
         busy = load is not None and load > BUSY_LOAD_PER_CPU * (os.cpu_count() or 1)
-        if plan is None and busy and probe_clock(device) is time.perf_counter:
+        if plan is None and busy and probe_clock(device, key["threads"]) is time.perf_counter:
             plan = KernelPlan(choice, (), "busy", dict(key, load_average=load))
         elif plan is None:
             started = time.perf_counter()

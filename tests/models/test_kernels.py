@@ -143,21 +143,13 @@ def test_a_plan_for_another_key_is_not_reused(cache_dir, counted_probe) -> None:
     assert apply_kernels(model, "tiny").source == "probe" and len(counted_probe) == 3
 
 
-@pytest.fixture
-def torch_threads():
-    """Restores torch's thread count after a test that sets it."""
-    threads = torch.get_num_threads()
-    yield torch.set_num_threads
-    torch.set_num_threads(threads)
-
-
-def test_a_busy_machine_is_not_measured_on_the_wall_clock(cache_dir, counted_probe, monkeypatch, torch_threads) -> None:
+def test_a_busy_machine_is_not_measured_on_the_wall_clock(cache_dir, counted_probe, monkeypatch) -> None:
     monkeypatch.setattr(kmod, "_load_average", lambda: 99.0)
-    torch_threads(2)
+    monkeypatch.setattr(kmod.torch, "get_num_threads", lambda: 2)  # the plan's key reads the thread count
     plan = apply_kernels(tiny_model(), "tiny")
     assert plan.source == "busy" and plan.fast_rows == () and not counted_probe
     assert not (cache_dir / "kernels").exists()  # the next load measures again
-    torch_threads(1)  # one thread: the probe reads CPU time, which other processes do not advance
+    monkeypatch.setattr(kmod.torch, "get_num_threads", lambda: 1)  # one thread: the probe reads CPU time
     assert apply_kernels(tiny_model(), "tiny").source == "probe" and len(counted_probe) == 1
 
 
@@ -183,15 +175,14 @@ def test_env_config_key_is_checked() -> None:
         EnvConfig(kernels="fastest")
 
 
-def test_probe_clock_counts_this_threads_cpu_time_on_one_thread(torch_threads) -> None:
+def test_probe_clock_counts_this_threads_cpu_time_on_one_thread() -> None:
     """On one torch thread the probe reads the thread's CPU time, which time spent off the CPU
     (another process's time slice, here a sleep) does not advance; with a pool, wall time."""
     import time
 
-    torch_threads(1)
-    clock = kmod.probe_clock(torch.device("cpu"))
+    clock = kmod.probe_clock(torch.device("cpu"), threads=1)
     t0 = clock()
     time.sleep(0.2)
     assert clock() - t0 < 0.05
-    torch_threads(2)
-    assert kmod.probe_clock(torch.device("cpu")) is time.perf_counter
+    assert kmod.probe_clock(torch.device("cpu"), threads=2) is time.perf_counter
+    assert kmod.probe_clock(torch.device("meta"), threads=1) is time.perf_counter
