@@ -56,6 +56,7 @@ def measure_verify(model, stream: list[int], num_tokens, contexts, repeats: int,
     for ctx in contexts:  # the cache holds ctx tokens; the root is token ctx
         engine = SpeculativeDecoder(model, None, EngineConfig(max_new_tokens=1))
         engine.start(stream[: ctx + 1])
+        engine.rewind(len(engine.ids))  # drop the prefill's root logits: every timed forward feeds root + drafts
         engines[ctx] = engine
     trees = {n: _chain(stream[-(n - 1):] if n > 1 else []) for n in num_tokens}
     samples = {(c, n): [] for c in contexts for n in num_tokens}

@@ -46,7 +46,8 @@ def test_rewind_restores_an_earlier_state(smollm2):
 
 def test_prefills_project_only_the_last_position(smollm2):
     """The target's prefill and the draft's catch-up feed score one position, not the whole prompt
-    (HF generate does the same); verification still scores every fed token."""
+    (HF generate does the same). The prefill feeds the whole prompt and keeps the last token's
+    logits, so the first verification feeds only the drafts; later ones feed the root and drafts."""
     model = smollm2.model
     rows: list[int] = []
     hook = model.lm_head.register_forward_hook(lambda _m, inputs, _out: rows.append(inputs[0].shape[1]))
@@ -55,8 +56,15 @@ def test_prefills_project_only_the_last_position(smollm2):
         engine = SpeculativeDecoder(model, ModelDrafter(model), EngineConfig(max_new_tokens=8))
         engine.start(prompt)
         assert rows == [1]  # the target's prefill
-        result = engine.round(3)
+        first = engine.round(3)
+        assert rows[1] == 1  # the draft's feed of the 40-token prompt, for the root's logits
+        assert rows[-1] == first.num_verified > 0  # the drafts only: the root came with the prefill
+        second = engine.round(3)
+        assert rows[-1] == 1 + second.num_verified  # the root and every draft
+        plain = SpeculativeDecoder(model, None, EngineConfig(max_new_tokens=8))
+        plain.start(prompt)
+        before = len(rows)
+        plain.round(0)
+        assert len(rows) == before  # a plain first step takes its token from the prefill
     finally:
         hook.remove()
-    assert rows[1] == 1  # the draft's feed of the 40-token prompt, for the root's logits
-    assert rows[-1] == 1 + result.num_verified  # verification: the root and every draft
