@@ -6,7 +6,9 @@ the deepest accepted node when no child of it was verified. A round emits
 ``num_accepted + 1`` tokens (fewer only when EOS or the length limit cuts it).
 
 Invariant between rounds: ``ids`` is prompt + output; the target cache holds ``ids[:-1]``; the
-last token (the *root*) is fed at the start of the next round together with the draft tree.
+last token (the *root*) is fed at the start of the next round together with the draft tree. The
+one exception is right after ``start``: the prefill fed the whole prompt and kept the root's
+logits, so the first round feeds only its drafts (``verify_forward``).
 """
 
 from __future__ import annotations
