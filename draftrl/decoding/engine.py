@@ -146,7 +146,7 @@ class SpeculativeDecoder:
         self.device = next(target.parameters()).device
         self.dtype = next(target.parameters()).dtype
         self._cache_arg = cache_argument(target)
-        self._prefill_kwargs = last_logits_only(target)  # the prefill's logits are never read
+        self._prefill_kwargs = last_logits_only(target)  # the prefill reads only the last position
         #: positions the target can attend over (None: unknown); a request must fit in it
         self.max_context: int | None = getattr(getattr(target, "config", None), "max_position_embeddings", None)
         self.params = self.config.sampling
