@@ -53,6 +53,8 @@ def main() -> None:
     p.add_argument("--tasks", default="", help="keep these tasks (comma-separated; default all four)")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--repeats", type=int, default=1,
+                   help="episodes per (load, policy), rotated; each cell reports its median-time episode")
     p.add_argument("--hf-lookup", type=int, default=8, help="HF prompt_lookup_num_tokens (0 = skip HF anchors)")
     p.add_argument("--out", default="runs/serve_compare")
     args = p.parse_args()
@@ -71,7 +73,7 @@ def main() -> None:
                          max_new_tokens=args.max_new_tokens, dtype=args.dtype, threads=args.threads)
     levels = [int(c) for c in args.concurrency.split(",") if c]
     t0, load_start = time.perf_counter(), os.getloadavg()[0]
-    results = run_serving_eval(args.out, policies=policies, concurrency=levels, config=config,
+    results = run_serving_eval(args.out, policies=policies, concurrency=levels, config=config, repeats=args.repeats,
                                progress=lambda d, t, m: print(f"[{d}/{t}] {m}", flush=True))
     anchors = {}
     if args.hf_lookup:
@@ -101,7 +103,7 @@ def main() -> None:
         ratio = f"{rate / none1['tokens_per_second']:.2f}x" if none1 else "-"
         print(f"vs_vllm_none_c1={ratio}  tok_s={rate:.1f}  anchor={name}  batch=1  cpu={cpu}")
     print(f"exactness={'PASSED' if results['exactness']['passed'] else 'FAILED'}  dtype={args.dtype}  "
-          f"max_new_tokens={args.max_new_tokens}  "
+          f"max_new_tokens={args.max_new_tokens}  repeats={args.repeats}  "
           f"requests={results['concurrency'][str(levels[0])]['policies']['none']['num_requests']}  "
           f"wall_s={time.perf_counter() - t0:.0f}  load1={load_start:.2f}->{os.getloadavg()[0]:.2f} "
           f"on {os.cpu_count()} cpus")

@@ -331,6 +331,8 @@ def run_serving_eval(out: str | Path, *, policies: list[str] | str, concurrency:
     loads += [("rates", f"{r:g}", {"arrival": "poisson", "rate": float(r)}) for r in rates]
     if not loads:
         raise ValueError("no load to evaluate: give --concurrency and/or --rates.")
+    if repeats < 1:
+        raise ValueError(f"repeats={repeats} must be >= 1 (episodes per load and policy; the median-time one is kept).")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()

@@ -33,6 +33,10 @@ def test_policies_in_the_simulator_under_load(tmp_path):
     assert four["fixed:4:4"]["num_drafted"] <= 4 * four["fixed:4:4"]["num_steps"]  # the budget binds
     assert results["concurrency"]["4"]["policies"]["none"]["mean_batch"] > \
         results["concurrency"]["1"]["policies"]["none"]["mean_batch"] == pytest.approx(1.0)
+    assert results["repeats"] == 2
+    with pytest.raises(ValueError, match="repeats=0"):
+        run_serving_eval(tmp_path, policies="none", concurrency=[1], repeats=0, config=config,
+                         make_env=lambda cfg, spec: ServeReplayEnv(recordings, COST, cfg))
 
 
 def test_dsd_grid_search_scores_tables_as_the_evaluation_does(tmp_path):
