@@ -105,42 +105,42 @@ class EnvConfig:
 
         if self.kernels is not None and self.kernels not in KERNELS:
             raise ValueError(f"{self.section}.kernels={self.kernels!r} is not a kernel choice; use one of {', '.join(KERNELS)}.")
-        self.depths = _grid(self.depths, "depths", minimum=0)
-        self.verify_sizes = _grid(self.verify_sizes, "verify_sizes", minimum=0)
+        self.depths = _grid(self.depths, f"{self.section}.depths", minimum=0)
+        self.verify_sizes = _grid(self.verify_sizes, f"{self.section}.verify_sizes", minimum=0)
         if self.languages is not None:
             self.languages = tuple(self.languages)
         if self.tasks is not None:
             self.tasks = tuple(self.tasks)
         if self.split is not None and self.split not in SPLITS:
-            raise ValueError(f"EnvConfig.split={self.split!r} is unknown; use one of {', '.join(SPLITS)} or null.")
+            raise ValueError(f"{self.section}.split={self.split!r} is unknown; use one of {', '.join(SPLITS)} or null.")
         if self.max_new_tokens is not None and self.max_new_tokens < 1:
-            raise ValueError(f"EnvConfig.max_new_tokens={self.max_new_tokens} must be >= 1 (or null for the prompt's).")
+            raise ValueError(f"{self.section}.max_new_tokens={self.max_new_tokens} must be >= 1 (or null for the prompt's).")
         if self.max_new_tokens_cap < 1:
-            raise ValueError(f"EnvConfig.max_new_tokens_cap={self.max_new_tokens_cap} must be >= 1.")
+            raise ValueError(f"{self.section}.max_new_tokens_cap={self.max_new_tokens_cap} must be >= 1.")
         if self.width < 1:
-            raise ValueError(f"EnvConfig.width={self.width} must be >= 1 (1 = chain drafting).")
+            raise ValueError(f"{self.section}.width={self.width} must be >= 1 (1 = chain drafting).")
         if self.reward not in REWARD_MODES:
-            raise ValueError(f"EnvConfig.reward={self.reward!r} is unknown; use one of {', '.join(REWARD_MODES)}.")
+            raise ValueError(f"{self.section}.reward={self.reward!r} is unknown; use one of {', '.join(REWARD_MODES)}.")
         if self.history < 1:
-            raise ValueError(f"EnvConfig.history={self.history} must be >= 1 round.")
+            raise ValueError(f"{self.section}.history={self.history} must be >= 1 round.")
         for name in ("ema_decay", "cost_decay"):
             value = getattr(self, name)
             if not 0.0 <= value < 1.0:
-                raise ValueError(f"EnvConfig.{name}={value} must be in [0, 1).")
+                raise ValueError(f"{self.section}.{name}={value} must be in [0, 1).")
         if not 0.0 <= self.rho_rate <= 1.0:
-            raise ValueError(f"EnvConfig.rho_rate={self.rho_rate} must be in [0, 1] (0 keeps rho fixed).")
+            raise ValueError(f"{self.section}.rho_rate={self.rho_rate} must be in [0, 1] (0 keeps rho fixed).")
         if self.rho < 0:
-            raise ValueError(f"EnvConfig.rho={self.rho} must be >= 0 tokens/s (0 = estimate it).")
+            raise ValueError(f"{self.section}.rho={self.rho} must be >= 0 tokens/s (0 = estimate it).")
         for name in ("cost_noise", "cost_jitter"):
             if getattr(self, name) < 0:
-                raise ValueError(f"EnvConfig.{name}={getattr(self, name)} must be >= 0 (a lognormal sigma).")
+                raise ValueError(f"{self.section}.{name}={getattr(self, name)} must be >= 0 (a lognormal sigma).")
         if self.depth_shaping and self.reward != "ratio":
             raise ValueError(
-                f"EnvConfig.depth_shaping=true needs reward=ratio (got {self.reward!r}): only the ratio "
+                f"{self.section}.depth_shaping=true needs reward=ratio (got {self.reward!r}): only the ratio "
                 "reward splits into per-step terms that sum to the round's reward."
             )
         if self.temperature < 0:
-            raise ValueError(f"EnvConfig.temperature={self.temperature} must be >= 0 (0 = greedy).")
+            raise ValueError(f"{self.section}.temperature={self.temperature} must be >= 0 (0 = greedy).")
 
     @property
     def max_depth(self) -> int:
@@ -151,12 +151,13 @@ class EnvConfig:
 def _grid(values, name: str, minimum: int) -> tuple[int, ...]:
     items = tuple(values)
     if not items:
-        raise ValueError(f"EnvConfig.{name} is empty; give at least one value, e.g. {name}: [0].")
+        key = name.rpartition(".")[2]
+        raise ValueError(f"{name} is empty; give at least one value, e.g. {key}: [0].")
     for v in items:
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < minimum:
-            raise ValueError(f"EnvConfig.{name}={list(items)} must hold integers >= {minimum}; {v!r} is not one.")
+            raise ValueError(f"{name}={list(items)} must hold integers >= {minimum}; {v!r} is not one.")
     if len(set(items)) != len(items):
-        raise ValueError(f"EnvConfig.{name}={list(items)} repeats a value; each action index must mean one setting.")
+        raise ValueError(f"{name}={list(items)} repeats a value; each action index must mean one setting.")
     return tuple(int(v) for v in items)
 
 

@@ -153,8 +153,18 @@ class EnvSpec(EnvConfig):
         return EnvConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(EnvConfig)})
 
     def evaluation(self) -> EnvSpec:
-        """The section of the final evaluation's env: this one with ``eval``'s keys on top."""
-        return from_dict(type(self), self.eval, prefix=f"{self.section}.eval.", base=dataclasses.replace(self, eval={}))
+        """The section of the final evaluation's env: this one with ``eval``'s keys on top.
+
+        The fields' own checks name ``section.key``; a bad value here came from the eval block
+        (the section itself was checked when it was built), so the error names ``section.eval.key``."""
+        prefix = f"{self.section}.eval."
+        try:
+            return from_dict(type(self), self.eval, prefix=prefix, base=dataclasses.replace(self, eval={}))
+        except ValueError as error:
+            message = str(error)
+            if prefix in message:
+                raise
+            raise ValueError(message.replace(f"{self.section}.", prefix, 1)) from None
 
     def make_kwargs(self) -> dict[str, Any]:
         """The ``gymnasium.make(self.id, ...)`` arguments (module docstring's table)."""

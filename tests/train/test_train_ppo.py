@@ -281,6 +281,10 @@ def test_env_section_errors_name_their_section(section):
         (f"{section}.id=draftrl/Foo-v0", f"{section}.id='draftrl/Foo-v0' names no env family"),
         (f"{section}.eval={{dephts: [0]}}", f"'{section}.eval.dephts'; did you mean '{section}.eval.depths'"),
         (f"{section}.kernels=fastest", f"{section}.kernels='fastest' is not a kernel choice"),
+        (f"{section}.eval={{kernels: fastest}}", f"{section}.eval.kernels='fastest' is not a kernel choice"),
+        (f"{section}.depths=[0,-1]", f"{section}.depths=[0, -1] must hold integers >= 0"),
+        (f"{section}.eval={{depths: [0, -1]}}", f"{section}.eval.depths=[0, -1] must hold integers >= 0"),
+        (f"{section}.eval={{history: 0}}", f"{section}.eval.history=0 must be >= 1 round"),
     ]:
         with fails(message):
             load_config(TrainConfig, None, [override])
