@@ -11,14 +11,15 @@ the numbers can be checked by hand, and a policy trains in seconds.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any, SupportsFloat
 
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from draftrl.signals.speedup import check_alpha, check_cost, expected_tokens, num_verified
+from draftrl.signals.speedup import (DRAFT_COST, VERIFY_COST, VerifyCost, check_alpha, check_cost, expected_tokens,
+                                     num_verified, verify_cost_table)
 
 #: Observation features, in the order of the observation vector (see ``AnalyticEnv``).
 FEATURE_NAMES: tuple[str, ...] = (
@@ -32,9 +33,6 @@ FEATURE_NAMES: tuple[str, ...] = (
 
 #: Reward modes accepted by ``AnalyticEnv(reward=...)``.
 REWARD_MODES: tuple[str, ...] = ("ratio", "throughput")
-
-VerifyCost = float | Mapping[int, float] | Callable[[int], float]
-
 
 def _index_tuple(values: Any, name: str) -> tuple[int, ...]:
     """Validate a tuple of distinct non-negative integers (``depths``, ``verify_sizes``)."""
@@ -199,8 +197,8 @@ class AnalyticEnv(gym.Env[np.ndarray, np.ndarray]):
     def __init__(
         self,
         alpha: float | None = None,
-        draft_cost: float = 0.05,
-        verify_cost: VerifyCost = 1.0,
+        draft_cost: float = DRAFT_COST,
+        verify_cost: VerifyCost = VERIFY_COST,
         depths: Sequence[int] = tuple(range(13)),
         verify_sizes: Sequence[int] = (0,),
         regimes: Sequence[float] | None = None,
@@ -229,7 +227,7 @@ class AnalyticEnv(gym.Env[np.ndarray, np.ndarray]):
         self.draft_cost = float(draft_cost)
         self.depths = _index_tuple(depths, "depths")
         self.verify_sizes = _index_tuple(verify_sizes, "verify_sizes")
-        self._verify_cost = self._cost_table(verify_cost)  # [max(depths) + 1], index = num_verified
+        self._verify_cost = verify_cost_table(verify_cost, max(self.depths), f"depths={self.depths}")  # index = num_verified
         self._transition = self._transition_matrix(regime_switch)  # [K, K], rows sum to 1
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens={max_new_tokens!r} must be a positive integer.")
@@ -265,25 +263,6 @@ class AnalyticEnv(gym.Env[np.ndarray, np.ndarray]):
         self._reset_episode()
 
     # ----------------------------------------------------------------------------- construction
-    def _cost_table(self, verify_cost: VerifyCost) -> np.ndarray:
-        """``g`` tabulated for every reachable ``num_verified``; entry 0 is a plain target step."""
-        sizes = range(1, max(self.depths) + 1)
-        if callable(verify_cost):
-            costs = {n: verify_cost(n) for n in sizes}
-        elif isinstance(verify_cost, Mapping):
-            missing = [n for n in sizes if n not in verify_cost]
-            if missing:
-                raise ValueError(
-                    f"verify_cost mapping lacks sizes {missing} reachable with depths={self.depths}; "
-                    "give a cost for each or pass a callable n -> cost."
-                )
-            costs = {n: verify_cost[n] for n in sizes}
-        else:
-            costs = {n: verify_cost for n in sizes}
-        for n, cost in costs.items():
-            check_cost(cost, f"verify_cost({n})", allow_zero=False)
-        return np.array([1.0] + [float(costs[n]) for n in sizes])
-
     def _transition_matrix(self, regime_switch: float | Sequence[Sequence[float]]) -> np.ndarray:
         k = len(self.alphas)
         if np.ndim(regime_switch) == 0:

@@ -49,7 +49,7 @@ import numpy as np
 from draftrl.export.artifacts import TrainedPolicy, resolve
 from draftrl.export.features import env_spec, features_entry
 from draftrl.signals.costs import CostTable
-from draftrl.signals.speedup import expected_tokens, num_verified
+from draftrl.signals.speedup import DRAFT_COST, VERIFY_COST, expected_tokens, num_verified, verify_cost_table
 
 FORMAT = "draftrl-engine-config/1"
 #: vLLM release whose custom_class proposer interface and config keys the vLLM outputs target.
@@ -138,12 +138,8 @@ def training_costs(trained: TrainedPolicy, max_depth: int) -> dict[str, Any]:
     """``{"draft_cost": c, "verify_cost": [g(0)=1, g(1), ..., g(max_depth)], "source"}`` of the training env."""
     if trained.env_id == "draftrl/Analytic-v0":
         kwargs = env_spec(trained.train_config, trained.env_id).analytic.kwargs()
-        c = float(kwargs.get("draft_cost", 0.05))
-        v = kwargs.get("verify_cost", 1.0)
-        if isinstance(v, Mapping):
-            g = [1.0] + [float(v.get(n, v.get(str(n), 1.0))) for n in range(1, max_depth + 1)]
-        else:
-            g = [1.0] + [float(v)] * max_depth
+        c = float(kwargs.get("draft_cost", DRAFT_COST))
+        g = verify_cost_table(kwargs.get("verify_cost", VERIFY_COST), max_depth, "the policy's depths").tolist()
         return {"draft_cost": c, "verify_cost": g, "source": "analytic env (draft_cost, verify_cost)"}
     entry = features_entry(trained.train_config, trained.env_id, trained.feature_names, trained.run_dir)
     table = entry.get("cost_table")
@@ -154,8 +150,8 @@ def training_costs(trained: TrainedPolicy, max_depth: int) -> dict[str, Any]:
         g = [1.0] + [t.verify(n + 1, ctx) / ar for n in range(1, max_depth + 1)]
         c = t.draft_level(int(entry.get("width") or 1)) / ar
         return {"draft_cost": c, "verify_cost": g, "source": f"cost table at context {ctx:.0f}"}
-    return {"draft_cost": 0.05, "verify_cost": [1.0] * (max_depth + 1),
-            "source": "defaults (no cost table in the training config): c = 0.05, g = 1"}
+    return {"draft_cost": DRAFT_COST, "verify_cost": verify_cost_table(VERIFY_COST, max_depth).tolist(),
+            "source": f"defaults (no cost table in the training config): c = {DRAFT_COST}, g = {VERIFY_COST}"}
 
 
 def verify_cost_at_batch(g: list[float], n: int, batch: int, saturation: float) -> float:

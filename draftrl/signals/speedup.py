@@ -8,6 +8,7 @@ with probability ``alpha``; costs are in units of one plain target step.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -63,6 +64,37 @@ def check_alpha(alpha: Any, name: str) -> None:
         raise TypeError(f"{name}={alpha!r} must be a number in [0, 1].")
     if not 0.0 <= float(alpha) <= 1.0:
         raise ValueError(f"{name}={alpha!r} is not a probability; pass a value in [0, 1].")
+
+
+#: The article's default costs (``draftrl/Analytic-v0``'s defaults): a draft step and a
+#: verification of any size, in target steps.
+DRAFT_COST = 0.05
+VERIFY_COST = 1.0
+
+#: ``g(n)``, the seconds of verifying ``n >= 1`` drafted tokens in target steps: one number for
+#: every ``n``, ``{n: cost}`` or a function of ``n``.
+VerifyCost = float | Mapping[int, float] | Callable[[int], float]
+
+
+def verify_cost_table(verify_cost: VerifyCost, max_size: int, reach: str = "") -> np.ndarray:
+    """``g`` tabulated for ``n = 0..max_size`` (entry 0 = a plain target step, 1), each checked.
+
+    :param reach: what makes ``max_size`` reachable, for the error of a mapping that lacks sizes.
+    """
+    sizes = range(1, max_size + 1)
+    if callable(verify_cost):
+        costs = {n: verify_cost(n) for n in sizes}
+    elif isinstance(verify_cost, Mapping):
+        missing = [n for n in sizes if n not in verify_cost]
+        if missing:
+            raise ValueError(f"verify_cost mapping lacks sizes {missing}{' reachable with ' + reach if reach else ''}; "
+                             "give a cost for each or pass a callable n -> cost.")
+        costs = {n: verify_cost[n] for n in sizes}
+    else:
+        costs = {n: verify_cost for n in sizes}
+    for n, cost in costs.items():
+        check_cost(cost, f"verify_cost({n})", allow_zero=False)
+    return np.array([1.0] + [float(costs[n]) for n in sizes])
 
 
 def check_cost(cost: Any, name: str, *, allow_zero: bool) -> None:

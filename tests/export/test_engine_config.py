@@ -135,3 +135,20 @@ def test_checkpoint_depths_come_from_a_rollout(analytic_run):
 def test_bad_arguments_are_refused(analytic_run):
     with pytest.raises(ValueError, match="saturation_tokens"):
         ec.derive(analytic_run, saturation_tokens=0)
+
+
+def test_training_costs_read_the_analytic_envs_cost_model():
+    """The exported cost model is the one the Analytic env trained with: its g(n) mapping, its
+    defaults where the config left them out, and the env's error for a mapping that lacks a size."""
+    from types import SimpleNamespace
+
+    def trained(analytic: dict) -> SimpleNamespace:
+        return SimpleNamespace(env_id="draftrl/Analytic-v0",
+                               train_config={"env": {"id": "draftrl/Analytic-v0", "analytic": analytic}})
+
+    costs = ec.training_costs(trained({"draft_cost": 0.2, "verify_cost": {1: 1.1, 2: 1.3}}), max_depth=2)
+    assert costs["draft_cost"] == 0.2 and costs["verify_cost"] == [1.0, 1.1, 1.3]
+    costs = ec.training_costs(trained({}), max_depth=3)
+    assert costs["draft_cost"] == 0.05 and costs["verify_cost"] == [1.0] * 4
+    with pytest.raises(ValueError, match=r"verify_cost mapping lacks sizes \[3\] reachable with the policy's depths"):
+        ec.training_costs(trained({"verify_cost": {1: 1.1, 2: 1.3}}), max_depth=3)
