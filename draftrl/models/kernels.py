@@ -288,9 +288,35 @@ def apply_kernels(model: nn.Module, name: str, kernels: str | None = None, *, us
                 from draftrl.io import write_json
 
                 write_json(path, plan.to_dict())
+                remove_superseded_plans(key)
     apply_fast_linear(model, plan.fast_rows)
     setattr(model, _PLAN_ATTR, plan)
     return plan
+
+
+def remove_superseded_plans(key: dict) -> list[Path]:
+    """Delete cached plans that differ from ``key`` only by an older ``probe_version``.
+
+    Why: no version of this code reads them again (a plan is reused only for its exact key), so
+    each probe change would otherwise leave one dead file per model, dtype and thread count.
+    Plans for another CPU, torch build or model stay: another environment may still use them.
+    :return: the deleted paths.
+    """
+    folder = plan_path(key).parent
+    same = {k: v for k, v in key.items() if k != "probe_version"}
+    removed = []
+    for path in folder.glob("*.json"):
+        try:
+            stored = json.loads(path.read_text()).get("key")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if not isinstance(stored, dict) or not isinstance(stored.get("probe_version"), int):
+            continue
+        rest = {k: v for k, v in stored.items() if k not in _CONDITIONS and k != "probe_version"}
+        if rest == same and stored["probe_version"] < key["probe_version"]:
+            path.unlink(missing_ok=True)
+            removed.append(path)
+    return removed
 
 
 def _read_plan(path: Path, key: dict) -> KernelPlan | None:

@@ -143,6 +143,23 @@ def test_a_plan_for_another_key_is_not_reused(cache_dir, counted_probe) -> None:
     assert apply_kernels(model, "tiny").source == "probe" and len(counted_probe) == 3
 
 
+def test_a_new_probe_removes_only_the_plans_it_supersedes(cache_dir, counted_probe) -> None:
+    """A plan from an older probe version of the same key is deleted when the new one is written;
+    plans for another key (another torch build here) stay."""
+    model = tiny_model()
+    key = plan_key(model, "tiny")
+    folder = cache_dir / "kernels"
+    folder.mkdir(parents=True)
+    old = folder / "tiny-float32-old.json"
+    old.write_text(json.dumps({"key": dict(key, probe_version=key["probe_version"] - 1, load_average=0.3)}))
+    other = folder / "tiny-float32-other-torch.json"
+    other.write_text(json.dumps({"key": dict(key, probe_version=key["probe_version"] - 1, torch="0.0")}))
+    (folder / "notes.json").write_text("[1, 2]")
+    plan = apply_kernels(model, "tiny", "auto")
+    assert plan.source == "probe" and Path(plan.path).is_file()
+    assert not old.exists() and other.exists() and (folder / "notes.json").exists()
+
+
 def test_a_busy_machine_is_not_measured_on_the_wall_clock(cache_dir, counted_probe, monkeypatch) -> None:
     monkeypatch.setattr(kmod, "_load_average", lambda: 99.0)
     monkeypatch.setattr(kmod.torch, "get_num_threads", lambda: 2)  # the plan's key reads the thread count
