@@ -83,10 +83,17 @@ def test_eval_engine_vllm_writes_the_documented_results(tmp_path):
 
 
 def test_engines_build_after_an_ngram_engine():
-    """vLLM 0.32's kernel scan crashed on numba's llvmlite after an ngram engine (guard_llvmlite)."""
+    """vLLM 0.32's kernel scan crashed on numba's llvmlite after an ngram engine (guard_llvmlite);
+    and an ngram step must leave torch's thread count as configured (numba reset it to every CPU)."""
+    import torch
+
     from draftrl.decoding.vllm.engine import guard_llvmlite
 
-    shared_engine(VLLMEngineConfig(method="ngram", num_speculative_tokens=2))
+    ngram = shared_engine(VLLMEngineConfig(method="ngram", num_speculative_tokens=2))
+    ngram.add_request("ngram-threads", [5, 6, 7, 5, 6, 7, 5, 6], 6)
+    while ngram.has_unfinished_requests():
+        ngram.step()
+        assert torch.get_num_threads() == ngram.config.threads
     import llvmlite.binding.ffi as ffi
 
     guard_llvmlite()

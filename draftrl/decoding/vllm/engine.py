@@ -13,10 +13,16 @@ n-gram drafter, depth cap and budget per step, :mod:`draftrl.decoding.vllm.propo
 built, so each method/K is its own engine: :func:`shared_engine` keeps one per config in the
 process.
 
-CPU defaults (set only when the variables are unset): ``VLLM_CPU_OMP_THREADS_BIND=nobind``
-and ``OMP_NUM_THREADS=threads``. On a shared 2-core machine vLLM's default binding of its OMP
-threads made every kernel wait on a descheduled thread (measured here: ~1.2 s per step of
-SmolLM2-135M instead of ~0.1 s).
+CPU defaults (set only when the variables are unset): ``VLLM_CPU_OMP_THREADS_BIND=nobind``,
+``OMP_NUM_THREADS=threads`` and ``NUMBA_NUM_THREADS=threads``. On a shared 2-core machine vLLM's
+default binding of its OMP threads made every kernel wait on a descheduled thread (measured here:
+~1.2 s per step of SmolLM2-135M instead of ~0.1 s). The numba one is for vLLM's ``ngram``
+method: its matcher runs under numba's OpenMP layer and, after every call, resets the OpenMP
+thread count to numba's own (every CPU by default), which is also torch's. From the first
+``ngram`` step on, every forward of every engine in the process then ran on 2 threads instead of
+``threads`` (measured here under load, batch 1: ``ngram`` K=4 decode steps took 160-210 ms of
+main-thread CPU on 2 threads and 89-94 ms on 1). :meth:`VLLMEngine.step` also puts torch's
+count back if numba was loaded before these defaults.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from draftrl.decoding.admission import StepAction
 from draftrl.decoding.interface import EngineStep, RequestStep
@@ -126,9 +133,8 @@ def set_cpu_defaults(config: VLLMEngineConfig) -> None:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(int(config.kv_cache_gib)))
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
     os.environ.setdefault("OMP_NUM_THREADS", str(config.threads))
+    os.environ.setdefault("NUMBA_NUM_THREADS", str(config.threads))
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-    import torch
-
     torch.set_num_threads(config.threads)
 
 
@@ -244,6 +250,8 @@ class VLLMEngine:
         t0 = time.perf_counter()
         outputs = self.llm.step()
         seconds = time.perf_counter() - t0
+        if self.config.method == "ngram" and torch.get_num_threads() != self.config.threads:
+            torch.set_num_threads(self.config.threads)  # numba's reset (module docstring), for the next step
         requests = []
         for out in outputs:
             new = list(out.outputs[0].token_ids) if out.outputs else []
