@@ -35,7 +35,7 @@ from draftrl.decoding.admission import RequestAcceptance, StepAction, admit_draf
 from draftrl.decoding.drafters import NgramDrafter
 from draftrl.decoding.interface import EngineStep, QueuedBatch, RequestStep
 from draftrl.decoding.vllm.calibrate import StepCostModel
-from draftrl.decoding.vllm.proposer import ACCEPT_DECAY
+from draftrl.decoding.vllm.proposer import ACCEPT_DECAY, serving_drafter
 from draftrl.io import read_json, write_json
 from draftrl.prompts import Prompt
 
@@ -180,7 +180,7 @@ class Proposals:
     """
 
     def __init__(self, recordings: Recordings, max_depth: int, drafter: NgramDrafter | None = None):
-        drafter = drafter or NgramDrafter(min_ngram=1, max_ngram=3)  # the vLLM proposer's drafter
+        drafter = drafter or serving_drafter()
         self.max_depth = int(max_depth)
         self.match_len: list[list[int]] = []
         self.available: list[list[int]] = []

@@ -34,6 +34,33 @@ def test_width_one_chain_is_hf_prompt_lookup(vocab: int, depth: int) -> None:
         assert drafter.propose(ids, depth, 1, GREEDY, None).tokens == hf_candidates(ids, depth, 3), ids
 
 
+def latest_lookup(ids: list[int], depth: int, max_ngram: int) -> list[int]:
+    """The minimal prompt lookup of issue 10: the tokens after the latest earlier occurrence of
+    the longest suffix n-gram (n = max_ngram .. 1)."""
+    for n in range(min(max_ngram, len(ids) - 1), 0, -1):
+        starts = [i for i in range(len(ids) - n) if ids[i:i + n] == ids[-n:]]
+        if starts:
+            return ids[starts[-1] + n: starts[-1] + n + depth]
+    return []
+
+
+@pytest.mark.parametrize("vocab", [3, 6, 20])
+@pytest.mark.parametrize("depth", [1, 4, 8])
+def test_latest_first_chain_continues_the_latest_occurrence(vocab: int, depth: int) -> None:
+    """With first="latest" the width-1 chain starts with the latest occurrence's continuation
+    (and continues along the other matches when that one reaches the end of the history)."""
+    rng = np.random.default_rng(vocab * 100 + depth + 7)
+    drafter = NgramDrafter(1, 3, first="latest")
+    for _ in range(300):
+        ids = rng.integers(0, vocab, size=int(rng.integers(2, 60))).tolist()
+        chain = drafter.propose(ids, depth, 1, GREEDY, None).tokens
+        ref = latest_lookup(ids, depth, 3)
+        assert chain[: len(ref)] == ref and (len(ref) < depth or chain == ref), ids
+    assert NgramDrafter(1, 3, first="latest").features(ids) == NgramDrafter(1, 3).features(ids)
+    with pytest.raises(ValueError, match="first='last'"):
+        NgramDrafter(1, 3, first="last")
+
+
 def test_vote_is_the_second_alternative() -> None:
     # "1 2" is followed by 3 early on, by 4 twice later: earliest says 3, the vote says 4
     ids = [1, 2, 3, 9, 1, 2, 4, 8, 1, 2, 4, 7, 1, 2]
