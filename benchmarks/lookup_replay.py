@@ -1,0 +1,133 @@
+"""Prompt-lookup proposers replayed on recorded greedy continuations, no wall clock: engine steps,
+proposed and accepted drafts per step, and each proposer's own CPU time per ``propose`` call.
+
+At temperature 0 a request's tokens do not depend on the drafts, so a proposer's whole
+schedule at concurrency 1 follows from the recorded continuation (``draftrl collect --engine
+vllm``, which keeps ``lookahead`` tokens past the budget): each step the proposer sees the
+request's tokens as vLLM passes them, its draft is accepted up to the first token that differs
+from the recording, and the step emits accepted + 1 tokens. The first step is the prefill.
+
+Arms (``--arms``): ``fixed:K`` (draftrl's vLLM proposer as it is now, depth K every step), ``ngram:K``
+(vLLM's own numba matcher, ``prompt_lookup_min/max`` as ``VLLMEngineConfig`` sets them) and
+``ref_latest:K`` / ``ref_earliest:K`` (``benchmarks/ref_lookup.py``). One line per arm, ratios first:
+
+    steps_vs_none=0.437x  tokens_per_step=2.29  accepted_per_step=1.31  proposed_per_step=2.78  us_per_call=121  steps=594  arm=ref_latest:4
+
+    python benchmarks/lookup_replay.py --recordings runs/serve/rec_heldout --arms fixed:2,fixed:4,ngram:4,ref_latest:4
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Callable
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ref_lookup import RefLookupEarliest, RefLookupLatest  # noqa: E402
+
+MAX_MODEL_LEN = 1024
+
+
+def _vllm_config(k: int) -> Any:
+    return SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=k),
+                           model_config=SimpleNamespace(max_model_len=MAX_MODEL_LEN))
+
+
+def make_proposer(arm: str) -> Callable[[list[list[int]], np.ndarray, np.ndarray], list[list[int]]]:
+    """A ``propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)`` for one arm."""
+    kind, _, k = arm.partition(":")
+    k = int(k)
+    if kind == "fixed":
+        from draftrl.decoding.admission import StepAction
+        from draftrl.decoding.vllm.proposer import DraftrlProposer
+
+        proposer = DraftrlProposer(_vllm_config(8))
+        proposer.action = StepAction(k)
+        return proposer.propose
+    if kind == "ngram":
+        from vllm.v1.spec_decode.ngram_proposer import _find_longest_matched_ngram_and_propose_tokens as match
+
+        from draftrl.decoding.vllm.engine import VLLMEngineConfig
+
+        cfg = VLLMEngineConfig(method="ngram", num_speculative_tokens=k)
+
+        def propose(sampled, num_tokens, token_ids):
+            return [match(token_ids[i, : int(num_tokens[i])], cfg.prompt_lookup_min, cfg.prompt_lookup_max,
+                          MAX_MODEL_LEN, k).tolist() if s else [] for i, s in enumerate(sampled)]
+        return propose
+    if kind in ("ref_latest", "ref_earliest"):
+        return (RefLookupLatest if kind == "ref_latest" else RefLookupEarliest)(_vllm_config(k)).propose
+    raise ValueError(f"arm {arm!r} is unknown; use fixed:K, ngram:K, ref_latest:K or ref_earliest:K.")
+
+
+def replay(arm: str, requests: list[dict]) -> dict[str, Any]:
+    """Every request alone (concurrency 1) through one arm; per-request steps and drafts."""
+    propose = make_proposer(arm)
+    propose([[1]], np.array([2]), np.array([[1, 1]], dtype=np.int64))  # warm-up (numba compiles here)
+    out, cpu, calls = [], 0.0, 0
+    for req in requests:
+        prompt, recorded, budget = req["prompt_ids"], req["token_ids"], int(req["max_new_tokens"])
+        budget = min(budget, len(recorded))
+        buf = np.zeros((1, MAX_MODEL_LEN), dtype=np.int64)
+        buf[0, : len(prompt)] = prompt
+        length, t, steps, proposed, accepted = len(prompt), 1, 1, 0, 0  # step 1: prefill, first token
+        buf[0, length] = recorded[0]
+        length += 1
+        sampled = [recorded[0]]
+        while t < budget:
+            t0 = time.thread_time()
+            draft = propose([sampled], np.array([length]), buf)[0]
+            cpu += time.thread_time() - t0
+            calls += 1
+            a = 0
+            while a < len(draft) and t + a < len(recorded) and draft[a] == recorded[t + a]:
+                a += 1
+            gained = min(a + 1, budget - t)
+            sampled = recorded[t: t + gained]
+            buf[0, length: length + gained] = sampled
+            length, t, steps = length + gained, t + gained, steps + 1
+            proposed, accepted = proposed + len(draft), accepted + min(a, gained)
+        out.append({"id": req["prompt"]["id"], "task": req["prompt"]["task"], "tokens": budget, "steps": steps,
+                    "proposed": proposed, "accepted": accepted})
+    return {"arm": arm, "requests": out, "cpu_seconds": cpu, "calls": calls}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--recordings", default="runs/serve/rec_heldout", help="a draftrl collect --engine vllm directory")
+    p.add_argument("--arms", default="fixed:2,fixed:4,fixed:8,ngram:2,ngram:4,ngram:8,ref_latest:2,ref_latest:4,"
+                                     "ref_latest:8,ref_earliest:4")
+    p.add_argument("--by-task", action="store_true", help="also print steps per task")
+    p.add_argument("--out", default=None, help="write every arm's per-request counts here (JSON)")
+    args = p.parse_args()
+
+    requests = json.loads(Path(args.recordings, "recordings.json").read_text())["requests"]
+    tokens = sum(min(int(r["max_new_tokens"]), len(r["token_ids"])) for r in requests)
+    results = [replay(arm, requests) for arm in args.arms.split(",") if arm]
+    for res in results:
+        rs = res["requests"]
+        steps = sum(r["steps"] for r in rs)
+        print(f"steps_vs_none={steps / tokens:.3f}x  tokens_per_step={tokens / steps:.2f}  "
+              f"accepted_per_step={sum(r['accepted'] for r in rs) / steps:.2f}  "
+              f"proposed_per_step={sum(r['proposed'] for r in rs) / steps:.2f}  "
+              f"us_per_call={1e6 * res['cpu_seconds'] / max(1, res['calls']):.0f}  steps={steps}  arm={res['arm']}")
+        if args.by_task:
+            by_task: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+            for r in rs:
+                by_task[r["task"]][0] += r["tokens"]
+                by_task[r["task"]][1] += r["steps"]
+            print("    " + "  ".join(f"{task}={t / s:.2f}" for task, (t, s) in sorted(by_task.items())))
+    print(f"requests={len(requests)}  tokens={tokens}  recordings={args.recordings}  (tokens per step; no wall clock)")
+    if args.out:
+        Path(args.out).write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
