@@ -1,6 +1,7 @@
-"""Drafting inside vLLM under concurrent load: no speculation, vLLM's ngram at each K, draftrl's
-drafter at each fixed depth, the +2/-1 heuristic, a Dynamic SD table and (given) a PPO policy,
-at concurrency 1, 4 and 16 on the mixed held-out workload; Hugging Face anchors at batch 1.
+"""Drafting inside vLLM under concurrent load: no speculation, vLLM's ngram at each K, the minimal
+prompt-lookup proposer of issue 10 (``ref_lookup.py``) at each K, draftrl's drafter at each fixed
+depth, the +2/-1 heuristic, a Dynamic SD table and (given) a PPO policy, at concurrency 1, 4 and 16
+on the mixed held-out workload; Hugging Face anchors at batch 1.
 
 Everything runs through ``draftrl.eval.serving.run_serving_eval`` (one engine per speculative
 config, policies rotated per load, float32 greedy identity against no speculation), then HF
@@ -17,8 +18,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # vLLM imports ref_lookup's proposer by name
 
 
 def hf_anchors(prompts: list[tuple[str, list[int], int]], lookup: int) -> dict[str, float]:
@@ -45,7 +49,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--concurrency", default="1,4,16")
     p.add_argument("--ks", default="2,4,8", help="vLLM ngram K values")
+    p.add_argument("--ref-ks", default="4", help="K values of the reference proposer (ref_lookup.RefLookupLatest)")
     p.add_argument("--depths", default="2,4,8", help="draftrl fixed depths")
+    p.add_argument("--heuristic", action=argparse.BooleanOptionalAction, default=True, help="the +2/-1 heuristic")
     p.add_argument("--dsd", default="dsd", help="Dynamic SD policy spec (dsd or dsd:S-E:K,...); '' = skip")
     p.add_argument("--ppo", default=None, help="ppo:PATH policy trained on draftrl/ServeVLLM-v0")
     p.add_argument("--max-new-tokens", type=int, default=96)
@@ -63,7 +69,8 @@ def main() -> None:
     from draftrl.eval.serving import run_serving_eval
 
     policies = ["none"] + [f"ngram:{k}" for k in args.ks.split(",") if k] + \
-        [f"fixed:{d}" for d in args.depths.split(",") if d] + ["heuristic"]
+        [f"class:ref_lookup.RefLookupLatest:{k}" for k in args.ref_ks.split(",") if k] + \
+        [f"fixed:{d}" for d in args.depths.split(",") if d] + (["heuristic"] if args.heuristic else [])
     if args.dsd:
         policies.append(args.dsd)
     if args.ppo:

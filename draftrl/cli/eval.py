@@ -48,7 +48,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--engine", choices=["hf", "vllm"], default="hf",
                    help="hf: draftrl's exact engine, one request at a time (default); vllm: inside vLLM under load, "
-                        "policies none,fixed:D[:B],heuristic,ngram:K,dsd[:S-E:K,...],ppo:PATH; --set keys are "
+                        "policies none,fixed:D[:B],heuristic,ngram:K,class:MODULE.Class:K,dsd[:S-E:K,...],ppo:PATH; --set keys are "
                         "ServeConfig fields (e.g. --set max_new_tokens=48)")
     p.add_argument("--concurrency", default="1,4,16", help="vllm: requests kept in flight, comma-separated")
     p.add_argument("--rates", default="", help="vllm: Poisson arrival rates (requests/s), comma-separated")

@@ -13,6 +13,8 @@ Policies (``parse_serving_policies``):
 - ``fixed:D`` / ``fixed:D:B``: draftrl's n-gram drafter, depth cap D every step (and budget B);
 - ``heuristic``: Hugging Face's +2 / -1 depth per request inside the proposer, cap 8;
 - ``ngram:K``: vLLM's own prompt lookup (``method: ngram``), K tokens;
+- ``class:MODULE.Class:K``: vLLM with another ``custom_class`` proposer, K tokens (a reference
+  such as ``benchmarks/ref_lookup.py``; the module must be importable);
 - ``dsd`` / ``dsd:S-E:K,...``: vLLM's Dynamic SD schedule (K per batch-size range), applied as the
   depth cap of draftrl's drafter from the running batch size each step;
 - ``ppo:PATH``: an SB3 policy trained on ``draftrl/ServeVLLM-v0`` (``policy.zip`` + ``policy.json``
@@ -40,7 +42,7 @@ FORMAT = "draftrl-serve-eval/1"
 #: Dynamic SD schedule used by ``dsd`` without a table: (batch start, batch end, K).
 DEFAULT_DSD = ((1, 1, 6), (2, 4, 4), (5, 8, 2), (9, 1024, 1))
 MAX_DEPTH = 8
-KINDS = ("none", "fixed", "heuristic", "ngram", "dsd", "ppo")
+KINDS = ("none", "fixed", "heuristic", "ngram", "class", "dsd", "ppo")
 
 
 class ServingMismatch(RuntimeError):
@@ -60,8 +62,8 @@ class ServingPolicySpec:
 
 
 def _bad(item: str, why: str) -> ValueError:
-    return ValueError(f"serving policy {item!r} {why}; use none, fixed:D[:B], heuristic, ngram:K, dsd[:S-E:K,...] "
-                      "or ppo:PATH.")
+    return ValueError(f"serving policy {item!r} {why}; use none, fixed:D[:B], heuristic, ngram:K, "
+                      "class:MODULE.Class:K, dsd[:S-E:K,...] or ppo:PATH.")
 
 
 def parse_dsd(text: str, item: str) -> tuple[tuple[int, int, int], ...]:
@@ -99,6 +101,11 @@ def parse_serving_policies(items: list[str] | str) -> list[ServingPolicySpec]:
             if not arg.isdigit() or not 1 <= int(arg) <= 16:
                 raise _bad(item, "must look like ngram:K with 1 <= K <= 16")
             specs.append(ServingPolicySpec(item, kind, int(arg)))
+        elif kind == "class":
+            path, _, k = arg.rpartition(":")
+            if "." not in path or not k.isdigit() or not 1 <= int(k) <= 16:
+                raise _bad(item, "must look like class:MODULE.Class:K with 1 <= K <= 16")
+            specs.append(ServingPolicySpec(item, kind, int(k), path=path))
         elif kind == "dsd":
             specs.append(ServingPolicySpec(item, kind, dsd=parse_dsd(arg, item) if arg else DEFAULT_DSD))
         elif kind == "ppo":
@@ -174,7 +181,7 @@ class _Actor:
             running = max(1, round(float(obs[0]) * self.env.config.max_num_seqs))
             k = next((k for start, end, k in s.dsd if start <= running <= end), s.dsd[-1][2])
             return self._index(k, None)
-        if s.kind in ("none", "ngram"):
+        if s.kind in ("none", "ngram", "class"):
             return self._index(0, None)  # the engine ignores it (no draftrl proposer)
         return self._index(s.depth, s.budget)
 
@@ -188,6 +195,9 @@ def _engine_for(spec: ServingPolicySpec, config) -> Any:
         return shared_engine(VLLMEngineConfig(method="none", **common))
     if spec.kind == "ngram":
         return shared_engine(VLLMEngineConfig(method="ngram", num_speculative_tokens=spec.depth, **common))
+    if spec.kind == "class":
+        return shared_engine(VLLMEngineConfig(method="custom_class", proposer=spec.path, num_speculative_tokens=spec.depth,
+                                              **common))
     return shared_engine(VLLMEngineConfig(method="draftrl", num_speculative_tokens=MAX_DEPTH, **common))
 
 

@@ -65,3 +65,21 @@ def test_dsd_grid_search_scores_tables_as_the_evaluation_does(tmp_path):
         assert entry["score"] == pytest.approx(float(np.exp(np.mean(np.log(speedups)))))
     with pytest.raises(ValueError, match="contiguous"):
         search_dsd(make_env, config, [{"concurrency": 1}], ranges=((1, 1), (3, 16)))
+
+
+def test_class_policies_name_a_proposer_class_and_k():
+    """``class:MODULE.Class:K`` evaluates another custom_class proposer (a reference) in vLLM."""
+    from draftrl.decoding.vllm.engine import VLLMEngineConfig
+    from draftrl.eval.serving import parse_serving_policies
+
+    spec = parse_serving_policies("none,class:ref_lookup.RefLookupLatest:4")[1]
+    assert (spec.kind, spec.path, spec.depth) == ("class", "ref_lookup.RefLookupLatest", 4)
+    for bad in ("class:RefLookupLatest:4", "class:ref_lookup.RefLookupLatest", "class:ref_lookup.RefLookupLatest:0"):
+        with pytest.raises(ValueError, match="class:MODULE.Class:K"):
+            parse_serving_policies(bad)
+    config = VLLMEngineConfig(method="custom_class", proposer="ref_lookup.RefLookupLatest", num_speculative_tokens=4)
+    assert config.speculative_config() == {"method": "custom_class", "model": "ref_lookup.RefLookupLatest",
+                                           "num_speculative_tokens": 4}
+    for method, proposer in (("custom_class", None), ("ngram", "ref_lookup.RefLookupLatest")):
+        with pytest.raises(ValueError, match="custom_class"):
+            VLLMEngineConfig(method=method, proposer=proposer)

