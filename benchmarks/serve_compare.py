@@ -7,7 +7,9 @@ Everything runs through ``draftrl.eval.serving.run_serving_eval`` (one engine pe
 config, policies rotated per load, float32 greedy identity against no speculation), then HF
 ``generate`` plain and prompt lookup on the same requests, one at a time. Prints ratios first:
 
-    speedup_vs_none=1.23x  vs_best_ngram=1.10x  tok_s=...  policy=fixed:4  concurrency=4  cpu=...
+    speedup_vs_none=1.23x  vs_best_ngram=1.10x  cpu_vs_none=1.21x  cpu_vs_best_ngram=1.08x  tok_s=...  policy=fixed:4  ...
+
+(``cpu_*``: the same ratios in the engine thread's CPU time, which other processes cannot skew.)
 
     python benchmarks/serve_compare.py --out runs/serve_compare                   # full
     python benchmarks/serve_compare.py --concurrency 1,4 --ks 4 --depths 4 --max-new-tokens 32   # quick
@@ -25,24 +27,26 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # vLLM imports ref_lookup's proposer by name
 
 
-def hf_anchors(prompts: list[tuple[str, list[int], int]], lookup: int) -> dict[str, float]:
-    """tokens/s of HF generate, plain greedy and prompt lookup, one request at a time (float32)."""
+def hf_anchors(prompts: list[tuple[str, list[int], int]], lookup: int) -> dict[str, dict[str, float]]:
+    """tokens per wall second and per thread CPU second of HF generate, plain greedy and prompt
+    lookup, one request at a time (float32)."""
     import torch
 
     from draftrl.models import load_model
 
     loaded = load_model("smollm2-135m", kernels="stock")  # stock HF, as a user has it
     model = loaded.model
-    out: dict[str, list[float]] = {"hf_plain": [0, 0], f"hf_prompt_lookup_{lookup}": [0, 0]}
+    out: dict[str, list[float]] = {"hf_plain": [0, 0, 0], f"hf_prompt_lookup_{lookup}": [0, 0, 0]}
     for _, ids, max_new in prompts:
         x = torch.tensor([ids])
         for name, extra in (("hf_plain", {}), (f"hf_prompt_lookup_{lookup}", {"prompt_lookup_num_tokens": lookup})):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             y = model.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=max_new,
                                pad_token_id=loaded.tokenizer.eos_token_id, **extra)
             out[name][0] += y.shape[1] - x.shape[1]
             out[name][1] += time.perf_counter() - t0
-    return {k: v[0] / v[1] for k, v in out.items()}
+            out[name][2] += time.thread_time() - c0
+    return {k: {"tokens_per_second": v[0] / v[1], "tokens_per_cpu_second": v[0] / v[2]} for k, v in out.items()}
 
 
 def main() -> None:
@@ -100,15 +104,24 @@ def main() -> None:
     for level in levels:
         table = results["concurrency"][str(level)]["policies"]
         ngram = max((v["tokens_per_second"] for k, v in table.items() if k.startswith("ngram")), default=None)
+        ngram_cpu = max((v["tokens_per_cpu_second"] or 0 for k, v in table.items() if k.startswith("ngram")),
+                        default=None)
         for name, s in sorted(table.items(), key=lambda kv: -kv[1]["tokens_per_second"]):
             vs_ngram = f"{s['tokens_per_second'] / ngram:.2f}x" if ngram else "-"
+            cpu_x = f"{s['cpu_speedup_vs_none']:.2f}x" if s.get("cpu_speedup_vs_none") else "-"
+            cpu_ngram = (f"{s['tokens_per_cpu_second'] / ngram_cpu:.2f}x"
+                         if ngram_cpu and s.get("tokens_per_cpu_second") else "-")
             print(f"speedup_vs_none={s['speedup_vs_none']:.2f}x  vs_best_ngram={vs_ngram}  "
+                  f"cpu_vs_none={cpu_x}  cpu_vs_best_ngram={cpu_ngram}  "
                   f"tok_s={s['tokens_per_second']:.1f}  tokens_per_step={s['mean_tokens_per_step']:.2f}  "
                   f"itl_p95_ms={(s['itl_p95'] or 0) * 1e3:.0f}  policy={name}  concurrency={level}  cpu={cpu}")
     none1 = results["concurrency"].get("1", {}).get("policies", {}).get("none")
-    for name, rate in anchors.items():
-        ratio = f"{rate / none1['tokens_per_second']:.2f}x" if none1 else "-"
-        print(f"vs_vllm_none_c1={ratio}  tok_s={rate:.1f}  anchor={name}  batch=1  cpu={cpu}")
+    for name, rates in anchors.items():
+        ratio = f"{rates['tokens_per_second'] / none1['tokens_per_second']:.2f}x" if none1 else "-"
+        cpu_ratio = f"{rates['tokens_per_cpu_second'] / none1['tokens_per_cpu_second']:.2f}x" \
+            if none1 and none1.get("tokens_per_cpu_second") else "-"
+        print(f"vs_vllm_none_c1={ratio}  cpu_vs_vllm_none_c1={cpu_ratio}  tok_s={rates['tokens_per_second']:.1f}  "
+              f"anchor={name}  batch=1  cpu={cpu}")
     print(f"exactness={'PASSED' if results['exactness']['passed'] else 'FAILED'}  dtype={args.dtype}  "
           f"max_new_tokens={args.max_new_tokens}  repeats={args.repeats}  "
           f"requests={results['concurrency'][str(levels[0])]['policies']['none']['num_requests']}  "

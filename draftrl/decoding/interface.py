@@ -54,6 +54,9 @@ class EngineStep:
     """requests queued (not yet admitted) after the step"""
     num_proposed: int
     """draft tokens the step proposed under its action (verified in step t + action_lag)"""
+    cpu_seconds: float | None = None
+    """the calling thread's CPU seconds over the step, where the engine measures it (vLLM in-process:
+    with one thread, other processes' load stops this clock, not the wall clock); None otherwise"""
 
     # cached: read several times per step by the env (features, reward, info); ``requests`` is not changed
     @cached_property

@@ -145,7 +145,8 @@ class ServeVLLMEnv(gym.Env[np.ndarray, np.ndarray]):
 
     ## Information
 
-    ``tokens`` (also as ``num_emitted``, the policies' name), ``seconds``, ``num_drafted``, ``num_accepted``, ``num_proposed``, ``running``,
+    ``tokens`` (also as ``num_emitted``, the policies' name), ``seconds``, ``cpu_seconds`` (the
+    engine's thread CPU seconds, None in the simulator), ``num_drafted``, ``num_accepted``, ``num_proposed``, ``running``,
     ``waiting``, ``depth``, ``budget``, ``clock`` (engine seconds since reset), ``finished``
     (request ids finished in the step); at the end ``requests`` (:class:`RequestTimeline` list:
     arrival, token times and ids per request, for TTFT and inter-token latency).
@@ -315,6 +316,7 @@ class ServeVLLMEnv(gym.Env[np.ndarray, np.ndarray]):
         reward = self.rewards(result.num_tokens, result.seconds)
         self._done = not self._pending and self._in_flight == 0
         info = {"tokens": result.num_tokens, "num_emitted": result.num_tokens, "seconds": result.seconds,
+                "cpu_seconds": result.cpu_seconds,
                 "num_drafted": result.num_drafted,
                 "num_accepted": result.num_accepted, "num_proposed": result.num_proposed,
                 "running": result.num_running, "waiting": result.num_waiting, "decoding": len(result.requests),

@@ -28,6 +28,7 @@ def test_policies_in_the_simulator_under_load(tmp_path):
         assert set(table) == {"none", "fixed:1", "fixed:4:4", "heuristic", "dsd"}
         assert table["none"]["speedup_vs_none"] == 1.0 and table["none"]["num_drafted"] == 0
         assert table["fixed:1"]["num_drafted"] > 0
+        assert table["fixed:1"]["tokens_per_cpu_second"] is None  # the simulator has no CPU clock
         assert all(t["num_tokens"] == table["none"]["num_tokens"] for t in table.values())
     four = results["concurrency"]["4"]["policies"]
     assert four["fixed:4:4"]["num_drafted"] <= 4 * four["fixed:4:4"]["num_steps"]  # the budget binds

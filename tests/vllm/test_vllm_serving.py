@@ -80,6 +80,7 @@ def test_eval_engine_vllm_writes_the_documented_results(tmp_path):
         assert set(table) == {"none", "ngram:2", "fixed:4", "heuristic", other, f"ppo:{ppo}"}
         for p in table.values():
             assert p["tokens_per_second"] > 0 and p["itl_p50"] is not None and p["num_tokens"] > 0
+            assert p["tokens_per_cpu_second"] > 0 and p["cpu_speedup_vs_none"] > 0  # the engine thread's CPU clock
             assert set(p["per_language"]) and set(p["per_task"])
         assert table["fixed:4"]["greedy_identical_requests"] == table[other]["greedy_identical_requests"] == 2
 
