@@ -19,7 +19,7 @@ step in which it decodes (fewer only at EOS or its token limit).
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Protocol, runtime_checkable
 
@@ -40,6 +40,11 @@ class RequestStep:
     num_accepted: int
     """of which accepted"""
     finished: bool
+    draft_ids: list[int] = field(default_factory=list)
+    """the draft tokens verified for this request in this step, when the engine knows them"""
+    logprobs: list[dict[int, float]] | None = None
+    """per gained token ``{token id: raw logprob}`` of the most likely tokens and the gained one, when
+    the engine returned them (vLLM at temperature > 0: :mod:`draftrl.decoding.vllm.logprobs`)"""
 
 
 @dataclass

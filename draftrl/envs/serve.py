@@ -321,7 +321,7 @@ class ServeVLLMEnv(gym.Env[np.ndarray, np.ndarray]):
                 "num_accepted": result.num_accepted, "num_proposed": result.num_proposed,
                 "running": result.num_running, "waiting": result.num_waiting, "decoding": len(result.requests),
                 "depth": depth, "budget": budget,
-                "clock": self.clock, "finished": finished}
+                "clock": self.clock, "finished": finished, "request_steps": result.requests}
         if self._done:
             info["requests"] = self.requests
             info["idle_seconds"] = self.idle_seconds

@@ -6,6 +6,9 @@
   :class:`GreedyMismatch` with the first differing position and both continuations.
 - **Monitor** (any temperature): ``draftrl.decoding.monitor.ExactnessMonitor`` over each
   setting's stream; a failed test raises ``ExactnessViolation`` (its message is the evidence).
+- **Sampled streams in a serving engine** (temperature > 0, vLLM): :class:`SampledStreamCheck`
+  runs the same monitor on the tokens vLLM emitted, with p rebuilt from the raw logprobs it
+  returned (:mod:`draftrl.decoding.vllm.logprobs`); a failure is recorded, not raised.
 - **Power** on the real model: :func:`monitor_power` decodes with the known-wrong
   ``resample-from-p`` correction and with the correct one on the same requests and records
   after how many emitted tokens each statistic fired (or that it never did).
@@ -15,6 +18,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from draftrl.decoding.monitor import MonitorConfig
 
 
 class GreedyMismatch(RuntimeError):
@@ -78,6 +85,65 @@ def monitor_verdict(monitor) -> dict:
         "pit_histogram": rep["pit_histogram"],
         "failures": rep["failures"],
     }
+
+
+class SampledStreamCheck:
+    """The exactness monitor over a serving engine's sampled streams, pooled over every request and
+    step it observes (one check per policy in ``draftrl eval --engine vllm``).
+
+    Under exactness every emitted token, accepted, recovered or bonus, is drawn from the target's
+    p at its position whatever the policy drafted, so the monitor's four tests apply to the pooled
+    stream; the streams it pools must be independent draws (distinct request seeds).
+
+    :param temperature, top_k, top_p: the requests' sampling settings.
+    :param max_logprobs: the engine's ``max_logprobs``.
+    :param config: the monitor's settings (false-alarm rate, seed).
+    """
+
+    def __init__(self, temperature: float, top_k: int, top_p: float, max_logprobs: int,
+                 config: "MonitorConfig | None" = None):
+        from draftrl.decoding.monitor import ExactnessMonitor
+        from draftrl.decoding.vllm.logprobs import logprobs_needed
+
+        self.temperature, self.top_k = temperature, top_k
+        self.num_logprobs, self.reason = logprobs_needed(temperature, top_k, top_p, max_logprobs)
+        self.monitor = ExactnessMonitor(config)
+        self.num_unchecked = 0
+        """tokens that came without logprobs (an engine that does not return them)"""
+
+    @property
+    def checked(self) -> bool:
+        """Whether these sampling settings can be checked at all."""
+        return self.num_logprobs is not None
+
+    def observe(self, steps: list) -> None:
+        """Feed one engine step's :class:`~draftrl.decoding.interface.RequestStep` list."""
+        from draftrl.decoding.monitor import ExactnessViolation
+        from draftrl.decoding.vllm.logprobs import token_stats
+
+        if not self.checked:
+            return
+        for r in steps:
+            if not r.token_ids:
+                continue
+            if r.logprobs is None:
+                self.num_unchecked += len(r.token_ids)
+                continue
+            stats = token_stats(r.token_ids, r.logprobs, r.draft_ids, temperature=self.temperature,
+                                top_k=self.top_k, num_logprobs=self.num_logprobs)
+            try:
+                self.monitor.update(stats)
+            except ExactnessViolation:
+                pass  # kept in the monitor's report; the evaluation decides what a failure means
+
+    def verdict(self) -> dict:
+        """:func:`monitor_verdict` plus how p was obtained; ``verdict`` is ``"unchecked"`` (and
+        ``passed`` None) when the sampling settings cannot be checked from top-N logprobs."""
+        if not self.checked:
+            return {"passed": None, "verdict": "unchecked", "verdict_reason": self.reason}
+        out = monitor_verdict(self.monitor)
+        out.update({"p_from": "raw_logprobs", "num_logprobs": self.num_logprobs, "num_unchecked": self.num_unchecked})
+        return out
 
 
 class TimedMonitor:

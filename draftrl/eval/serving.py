@@ -27,7 +27,11 @@ and CPU ratios differ the difference is load), ``time_to_first_token_mean/p50/p9
 (a step's time spread over the tokens a request gained in it), ``mean_tokens_per_step`` per
 decoding request, ``acceptance`` (accepted / drafted, draftrl's proposer), ``per_language`` and
 ``per_task`` (tokens / request latency). Exactness at temperature 0: every policy's tokens equal
-``none``'s on every request (float32 by default: bf16 verification rounds differently).
+``none``'s on every request (float32 by default: bf16 verification rounds differently). At
+temperature > 0: the streaming monitor's tests on each policy's tokens, pooled over all loads
+and passes, with p rebuilt from the raw logprobs vLLM returned (``draftrl.eval.exactness.
+SampledStreamCheck``; top_k <= 16, or temperature 1 with top_k 0, else reported unchecked).
+Each pass then draws its own request seeds (and arrivals), so the pooled streams are independent.
 """
 
 from __future__ import annotations
@@ -48,7 +52,8 @@ KINDS = ("none", "fixed", "heuristic", "ngram", "class", "dsd", "ppo")
 
 
 class ServingMismatch(RuntimeError):
-    """A policy's greedy tokens differ from vLLM's without speculation (the message lists where)."""
+    """A policy failed an exactness check: greedy tokens that differ from vLLM's without speculation,
+    or a sampled stream the monitor rejects (the message lists which)."""
 
 
 @dataclass(frozen=True)
@@ -266,12 +271,16 @@ def _groups(requests: list, key: str) -> dict:
 
 
 # ----------------------------------------------------------------------------- the run
-def run_episode(env, actor: _Actor, prompt_ids: list[str], seed: int = 0) -> tuple[list, list[dict]]:
-    """One episode over ``prompt_ids``; returns the request timelines and per-step records."""
+def run_episode(env, actor: _Actor, prompt_ids: list[str], seed: int = 0,
+                check: Any = None) -> tuple[list, list[dict]]:
+    """One episode over ``prompt_ids``; returns the request timelines and per-step records.
+    ``check`` (a ``SampledStreamCheck``) observes every step's requests."""
     obs, _ = env.reset(seed=seed, options={"prompt_ids": prompt_ids})
     steps, done, info = [], False, {}
     while not done:
         obs, _, terminated, truncated, info = env.step(actor.act(obs))
+        if check is not None:
+            check.observe(info["request_steps"])
         steps.append({"seconds": info["seconds"], "cpu_seconds": info.get("cpu_seconds"), "tokens": info["tokens"],
                       "num_drafted": info["num_drafted"],
                       "num_accepted": info["num_accepted"], "depth": info["depth"], "budget": info["budget"],
@@ -367,6 +376,14 @@ def run_serving_eval(out: str | Path, *, policies: list[str] | str, concurrency:
     results: dict[str, Any] = {"format": FORMAT, "engine": "vllm", "config": dataclasses.asdict(config),
                                "policies": [s.label for s in specs], "repeats": repeats}
     mismatches: list[str] = []
+    checks = {}
+    if config.temperature > 0:
+        from draftrl.decoding.vllm.engine import VLLMEngineConfig
+        from draftrl.eval.exactness import SampledStreamCheck
+
+        max_logprobs = VLLMEngineConfig().max_logprobs
+        checks = {s.label: SampledStreamCheck(config.temperature, config.top_k, config.top_p, max_logprobs)
+                  for s in specs}
     total, done = len(loads) * len(specs) * repeats, 0
     reference_tokens: dict[str, dict[str, list[int]]] = {}
     for li, (section, key, arrival) in enumerate(loads):
@@ -379,8 +396,11 @@ def run_serving_eval(out: str | Path, *, policies: list[str] | str, concurrency:
                 env = make_env(dataclasses.replace(load_cfg, rule="heuristic" if spec.kind == "heuristic" else "match"),
                                spec)
                 prompt_ids = [p.id for p in env.workload.prompts][: config.num_requests or None]
-                requests, steps = run_episode(env, _Actor(spec, env), prompt_ids,
-                                              seed=config.seed if config.seed is not None else 0)
+                seed = config.seed if config.seed is not None else 0
+                if config.temperature > 0:  # independent sampled streams for the pooled check
+                    seed += 1000 * li + repeat
+                requests, steps = run_episode(env, _Actor(spec, env), prompt_ids, seed=seed,
+                                              check=checks.get(spec.label))
                 per_policy[spec.label].append((requests, steps))
                 done += 1
                 if progress:
@@ -410,21 +430,25 @@ def run_serving_eval(out: str | Path, *, policies: list[str] | str, concurrency:
             cpu_rate = summary["tokens_per_cpu_second"]
             summary["cpu_speedup_vs_none"] = cpu_rate / ref_cpu if cpu_rate and ref_cpu else None
         section_out[key] = {"policies": table}
+    monitor = {label: check.verdict() for label, check in checks.items()}
+    failures = mismatches + [f"the monitor rejects {label}'s sampled stream"
+                             for label, v in monitor.items() if v["verdict"] == "failed"]
     results["exactness"] = {
-        "passed": not mismatches,
+        "passed": not failures,
         "temperature": config.temperature,
         "dtype": config.dtype,
         "greedy_identity": {"checked": config.temperature == 0, "reference": "none (vLLM without speculation)",
                             "mismatches": mismatches},
+        "monitor": {"checked": bool(checks) and all(c.checked for c in checks.values()),
+                    "policies": monitor},
     }
     results["engines"] = {label: e.describe() for label, e in engines.items()} if engines else "make_env"
     results["hardware"] = hardware_info("cpu")
     results["wall_seconds"] = time.perf_counter() - started
     write_json(out / "results.json", results)
     (out / "report.md").write_text(render_report(results))
-    if mismatches:
-        raise ServingMismatch(f"{len(mismatches)} request(s) differ from vLLM without speculation: "
-                             + "; ".join(mismatches[:5]))
+    if failures:
+        raise ServingMismatch(f"{len(failures)} exactness failure(s): " + "; ".join(failures[:5]))
     return results
 
 
@@ -452,7 +476,13 @@ def render_report(results: dict) -> str:
                              f"{fmt(p['itl_p95'], 1e3, '{:.1f}')} | {fmt(p['itl_p99'], 1e3, '{:.1f}')} |")
             lines.append("")
     ex = results["exactness"]
+    if ex["greedy_identity"]["checked"]:
+        how = f"greedy identity, reference {ex['greedy_identity']['reference']}"
+    else:
+        how = "monitor on the sampled streams: " + ", ".join(
+            f"{name} {v['verdict']}" + (f" on {v['num_informative']} tokens" if "num_informative" in v else "")
+            for name, v in ex["monitor"]["policies"].items())
     lines.append(f"Exactness: {'PASSED' if ex['passed'] else 'FAILED'} (temperature {ex['temperature']}, "
-                 f"{ex['dtype']}, reference {ex['greedy_identity']['reference']}).")
+                 f"{ex['dtype']}, {how}).")
     lines.append(f"Hardware: {hw.get('cpu')} ({hw.get('cpu_count')} cores). Timings are wall clock on that machine.")
     return "\n".join(lines) + "\n"

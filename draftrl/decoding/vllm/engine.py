@@ -41,6 +41,8 @@ import torch
 
 from draftrl.decoding.admission import StepAction
 from draftrl.decoding.interface import EngineStep, RequestStep
+from draftrl.decoding.vllm.guards import guard_cpu_expand
+from draftrl.decoding.vllm.logprobs import logprobs_needed
 from draftrl.decoding.vllm.proposer import CLASS_PATH, DraftrlProposer
 
 METHODS = ("none", "draftrl", "ngram", "custom_class")
@@ -90,6 +92,8 @@ class VLLMEngineConfig:
     """OMP threads of the CPU worker"""
     seed: int = 0
     enforce_eager: bool = True
+    max_logprobs: int = 20
+    """most raw logprobs vLLM returns per token (the exactness check at temperature > 0 asks for them)"""
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -187,6 +191,7 @@ class VLLMEngine:
         self.config = config = config or VLLMEngineConfig()
         set_cpu_defaults(config)
         guard_llvmlite()
+        guard_cpu_expand()
         from vllm import EngineArgs, LLMEngine
 
         t0 = time.perf_counter()
@@ -194,6 +199,7 @@ class VLLMEngine:
             model=model_path(config.model), dtype=config.dtype, enforce_eager=config.enforce_eager,
             max_model_len=config.max_model_len, max_num_seqs=config.max_num_seqs, seed=config.seed,
             speculative_config=config.speculative_config(),
+            logprobs_mode="raw_logprobs", max_logprobs=config.max_logprobs,
         ))
         self.load_seconds = time.perf_counter() - t0
         self.max_depth = config.num_speculative_tokens if config.method == "draftrl" else 0
@@ -209,18 +215,25 @@ class VLLMEngine:
             self.proposer.runner = runner  # key requests by vLLM's request ids
         self._internal: dict[str, str] = {}
         """external request id -> vLLM's internal one"""
-        self._proposed: dict[str, int] = {}
-        """internal request id -> drafts proposed for it at the last step"""
+        self._proposed: dict[str, list[int]] = {}
+        """internal request id -> draft tokens proposed for it at the last step"""
 
     # ------------------------------------------------------------------ requests
     def add_request(self, request_id: str, prompt_ids: list[int], max_new_tokens: int, *,
                     temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int | None = None) -> None:
-        """Queue a request (token ids in, token ids out; no detokenisation)."""
+        """Queue a request (token ids in, token ids out; no detokenisation). At temperature > 0 it
+        asks for raw logprobs, as many as give its sampling distribution where they can
+        (:func:`~draftrl.decoding.vllm.logprobs.logprobs_needed`), else ``max_logprobs``: its
+        steps carry them for the exactness check."""
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
+        num_logprobs, _ = logprobs_needed(temperature, top_k, top_p, self.config.max_logprobs)
+        if num_logprobs is None and temperature > 0:
+            num_logprobs = self.config.max_logprobs
         params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                                max_tokens=max_new_tokens, detokenize=False, output_kind=RequestOutputKind.DELTA)
+                                max_tokens=max_new_tokens, detokenize=False, output_kind=RequestOutputKind.DELTA,
+                                logprobs=num_logprobs)
         self._internal[request_id] = self.llm.add_request(request_id, {"prompt_token_ids": list(prompt_ids)}, params)
 
     def has_unfinished_requests(self) -> bool:
@@ -273,16 +286,19 @@ class VLLMEngine:
         for out in outputs:
             new = list(out.outputs[0].token_ids) if out.outputs else []
             internal = self._internal.get(out.request_id, out.request_id)
-            drafted = self._proposed.pop(internal, 0)
+            drafts = self._proposed.pop(internal, [])
             # a request gains accepted + 1 tokens; vLLM's own methods do not say what they drafted
-            accepted = max(0, len(new) - 1) if proposer is None else max(0, min(len(new) - 1, drafted))
-            requests.append(RequestStep(out.request_id, new, drafted, accepted, bool(out.finished)))
+            accepted = max(0, len(new) - 1) if proposer is None else max(0, min(len(new) - 1, len(drafts)))
+            returned = out.outputs[0].logprobs if out.outputs else None
+            logprobs = [{t: lp.logprob for t, lp in entry.items()} for entry in returned] if returned else None
+            requests.append(RequestStep(out.request_id, new, len(drafts), accepted, bool(out.finished),
+                                        draft_ids=drafts, logprobs=logprobs))
             if out.finished:
                 self._internal.pop(out.request_id, None)
         num_proposed = 0
         if proposer is not None and proposer.step > before and proposer.last is not None:
             record = proposer.last
-            self._proposed = {k: int(n) for k, n in zip(record.keys, record.admitted) if n}
+            self._proposed = {k: d for k, d in zip(record.keys, record.draft_ids) if d}
             num_proposed = int(record.admitted.sum())
         running, waiting = self.request_counts()
         return EngineStep(seconds, requests, running, waiting, num_proposed, cpu_seconds)

@@ -47,6 +47,7 @@ import numpy as np
 
 from draftrl.decoding.admission import RequestAcceptance, StepAction, admit_drafts, draft_cap
 from draftrl.decoding.drafters import NgramDrafter
+from draftrl.decoding.vllm.guards import guard_cpu_expand
 
 CONFIG_ENV = "DRAFTRL_PROPOSER_CONFIG"
 CLASS_PATH = "draftrl.decoding.vllm.proposer.DraftrlProposer"
@@ -95,6 +96,8 @@ class ProposeRecord:
     """[A] drafts each request could and would propose under the depth cap"""
     admitted: np.ndarray
     """[A] drafts proposed after the budget (verified in the next step)"""
+    draft_ids: list[list[int]]
+    """[A] the proposed draft tokens themselves (``admitted`` of them each)"""
 
 
 class DraftrlProposer:
@@ -102,6 +105,7 @@ class DraftrlProposer:
     "draftrl.decoding.vllm.proposer.DraftrlProposer", "num_speculative_tokens": K}``."""
 
     def __init__(self, vllm_config: Any):
+        guard_cpu_expand()  # also under `vllm serve`, where no draftrl engine built vLLM
         spec = vllm_config.speculative_config
         self.max_depth = int(spec.num_speculative_tokens)
         self.max_model_len = int(vllm_config.model_config.max_model_len)
@@ -217,7 +221,7 @@ class DraftrlProposer:
         if self.step % 64 == 0:
             self.requests = {k: r for k, r in self.requests.items() if r.last_step >= self.step - 64}
         self.last = ProposeRecord(self.step, action, keys, emitted, accepted, match_len, acceptance, wanted,
-                                  admitted)
+                                  admitted, [drafts[row] for row in rows])
         if self.history is not None:
             self.history.append(self.last)
         return drafts
