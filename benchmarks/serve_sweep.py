@@ -16,55 +16,16 @@ vLLM's own ``ngram:K`` has no simulator (it is not draftrl's proposer) and is ru
 from __future__ import annotations
 
 import argparse
-import itertools
 import os
 from pathlib import Path
 
 from draftrl.decoding.vllm.calibrate import StepCostModel
 from draftrl.envs.serve_replay import ServeReplayEnv
 from draftrl.envs.serve_sim import Proposals, Recordings
-from draftrl.eval.serving import parse_serving_policies, run_serving_eval, serve_config
+from draftrl.eval.plots import load_sweep
+from draftrl.eval.serving import kendall_tau, loads_of, parse_serving_policies, run_serving_eval, serve_config
 from draftrl.io import read_json
 from draftrl.signals.costs import hardware_info, hardware_name
-
-
-def kendall_tau(a: list[float], b: list[float]) -> float | None:
-    """Tau-a: (concordant - discordant) / pairs; a pair tied in either list counts as neither."""
-    pairs = list(itertools.combinations(range(len(a)), 2))
-    if not pairs:
-        return None
-    sign = lambda x: (x > 0) - (x < 0)  # noqa: E731
-    return sum(sign(a[i] - a[j]) * sign(b[i] - b[j]) for i, j in pairs) / len(pairs)
-
-
-def loads_of(results: dict) -> list[tuple[str, str]]:
-    return [(section, key) for section in ("concurrency", "rates") for key in results.get(section, {})]
-
-
-def plot(real: dict, sim: dict, labels: list[str], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rates = sorted(real.get("rates", {}), key=float)
-    if not rates:
-        return
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for label, color in zip(labels, itertools.cycle(plt.rcParams["axes.prop_cycle"].by_key()["color"])):
-        for results, style, where in ((real, "-", "vLLM"), (sim, "--", "sim")):
-            rows = [results["rates"][r]["policies"].get(label) for r in rates]
-            if any(row is None for row in rows):
-                continue
-            x = [float(r) for r in rates]
-            axes[0].plot(x, [row["tokens_per_second"] for row in rows], style, color=color, label=f"{label} ({where})")
-            axes[1].plot(x, [(row["itl_p95"] or 0) * 1e3 for row in rows], style, color=color)
-    axes[0].set(xlabel="arrival rate (requests/s)", ylabel="tokens/s", title="throughput")
-    axes[1].set(xlabel="arrival rate (requests/s)", ylabel="ms", title="p95 inter-token latency")
-    axes[0].legend(fontsize=6)
-    fig.suptitle(f"{hardware_name(hardware_info())}: vLLM (solid) vs simulator (dashed)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
 
 
 def main() -> None:
@@ -120,7 +81,7 @@ def main() -> None:
     tau = kendall_tau(all_real, all_sim)
     print(f"kendall_tau_all={tau:.2f}  over {len(all_real)} (load, policy) speedups  "
           f"exactness_passed={real['exactness']['passed']}  repeats={args.repeats}  machine={machine}")
-    plot(real, sim, [s.label for s in specs], out / "sweep.png")
+    load_sweep(real, sim, [s.label for s in specs], out / "sweep.png")
 
 
 if __name__ == "__main__":

@@ -78,17 +78,15 @@ def g_lines(table) -> list[str]:
 
 
 def run_vllm(args: argparse.Namespace) -> int:
-    from draftrl.decoding.vllm.calibrate import calibrate as calibrate_vllm
-    from draftrl.decoding.vllm.engine import VLLMEngineConfig, shared_engine
+    from draftrl.decoding.vllm.calibrate import CalibrationSizes, calibrate_model
     from draftrl.io import write_json
 
     cfg = config(args)
-    engine = shared_engine(VLLMEngineConfig(model=cfg.env.target, method="draftrl", num_speculative_tokens=max(args.depths),
-                                            dtype=cfg.env.dtype, max_num_seqs=max(args.batch_sizes + args.prefill_batch_sizes), threads=cfg.threads))
-    result = calibrate_vllm(engine, batch_sizes=args.batch_sizes, depths=args.depths, steps=args.steps,
-                            prefill_lens=args.prefill_lens, prefill_batch_sizes=args.prefill_batch_sizes,
-                            rounds=args.rounds, seed=cfg.seed,
-                            progress=lambda msg: print(f"[calibrate] {msg}", file=sys.stderr))
+    sizes = CalibrationSizes(batch_sizes=args.batch_sizes, depths=args.depths, steps=args.steps,
+                             prefill_lens=args.prefill_lens, prefill_batch_sizes=args.prefill_batch_sizes,
+                             rounds=args.rounds)
+    result = calibrate_model(cfg.env.target, sizes, dtype=cfg.env.dtype, threads=cfg.threads, seed=cfg.seed,
+                             progress=lambda msg: print(f"[calibrate] {msg}", file=sys.stderr))
     if args.out:
         write_json(args.out, result)
     f = result["fit"]

@@ -7,6 +7,16 @@
 Prints a comparison table (plain decoding, best fixed, heuristic, threshold, bandit, PPO, the
 oracle bound) with speedups over plain decoding measured in the same run, the exactness
 verdict, and where the report and plots are. Exits 3 when an exactness check fails.
+
+Learning under load in real vLLM (needs vLLM installed; ``draftrl.eval.serve_demo``)::
+
+    draftrl demo --engine vllm             # about 15 minutes on 2 CPU cores -> runs/serve_demo
+    draftrl demo --engine vllm --quick     # a few minutes
+    draftrl demo --engine vllm --set rates=[1,4,16] --out runs/serve_demo2
+
+calibrate -> collect -> PPO in the serving simulator -> Dynamic SD grid -> every policy in vLLM
+under a Poisson load sweep; per rate a table, ratios to no speculation first (vLLM, then the
+simulator), and the sweep plot. Run it again after an interruption: finished steps are skipped.
 """
 
 from __future__ import annotations
@@ -27,7 +37,10 @@ def add_parser(subparsers) -> None:
     p = subparsers.add_parser("demo", help="end to end: calibrate, collect, train PPO, grid, evaluate, compare")
     add_eval_options(p)
     p.add_argument("--quick", action="store_true", help="a few minutes: fewer requests, tokens, cells and steps")
-    _options.add_out(p, "output directory (default: runs/demo)", required=False, default="runs/demo",
+    p.add_argument("--engine", choices=["hf", "vllm"], default="hf",
+                   help="hf: draftrl's exact engine, one request at a time (default); vllm: learning under load in "
+                        "real vLLM (--config/--set keys are ServeDemoConfig fields, draftrl/eval/serve_demo.py)")
+    _options.add_out(p, "output directory (default: runs/demo; --engine vllm: runs/serve_demo)", required=False,
                      overwrite="replace an earlier demo's outputs in --out (also --force)")
     p.add_argument("--force", dest="overwrite", action="store_true", help=argparse.SUPPRESS)
     p.set_defaults(func=run)
@@ -41,7 +54,22 @@ def config(args: argparse.Namespace):
     return _options.load(DemoConfig, args, base=base)
 
 
+def _step_printer(console, steps: tuple[str, ...]):
+    """``(started, done)`` callbacks that print one line per demo step."""
+
+    def started(i: int, step: str) -> None:
+        console.print(f"[bold cyan][{i + 1}/{len(steps)}] {step}[/] ...")
+
+    def done(i: int, step: str, seconds: float, note: str) -> None:
+        console.print(f"[green]  done[/] {step} in {seconds:.0f}s  {note}")
+
+    return started, done
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.engine == "vllm":
+        return run_vllm(args)
+    args.out = args.out or "runs/demo"
     from rich.console import Console
 
     from draftrl.decoding.monitor import ExactnessViolation
@@ -51,13 +79,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = config(args)
     console = Console(stderr=True)
     console.rule(f"[bold]draftrl demo{' --quick' if args.quick else ''}[/] -> {args.out}")
-
-    def started(i: int, step: str) -> None:
-        console.print(f"[bold cyan][{i + 1}/{len(STEPS)}] {step}[/] ...")
-
-    def done(i: int, step: str, seconds: float, note: str) -> None:
-        console.print(f"[green]  done[/] {step} in {seconds:.0f}s  {note}")
-
+    started, done = _step_printer(console, STEPS)
     try:
         with progress_bar("decoding") as update:
             summary = run_demo(cfg, args.out, force=args.overwrite, step_started=started, step_done=done,
@@ -133,3 +155,72 @@ def print_summary(summary: dict) -> None:
     wandb_note = "" if os.environ.get("WANDB_MODE") == "disabled" else f"; wandb runs: {out}/*/wandb (wandb sync)"
     console.print(f"report: {summary['report']}\nplots:  {out}/eval/*.png, {out}/grid/grid_heatmap.png\n"
                   f"results: {summary['results']}{wandb_note}")
+
+
+def run_vllm(args: argparse.Namespace) -> int:
+    """``draftrl demo --engine vllm``: :func:`draftrl.eval.serve_demo.run_serve_demo` with its table."""
+    from rich.console import Console
+
+    from draftrl.decoding.vllm.engine import require_vllm
+    from draftrl.eval.serve_demo import STEPS, ServeDemoConfig, run_serve_demo
+    from draftrl.eval.serving import ServingMismatch
+
+    require_vllm()
+    args.out = args.out or "runs/serve_demo"
+    cfg = _options.load(ServeDemoConfig, args, base=ServeDemoConfig.quick() if args.quick else None)
+    console = Console(stderr=True)
+    console.rule(f"[bold]draftrl demo --engine vllm{' --quick' if args.quick else ''}[/] -> {args.out}")
+    started, done = _step_printer(console, STEPS)
+    try:
+        with progress_bar("vllm sweep") as update:
+            summary = run_serve_demo(cfg, args.out, overwrite=args.overwrite, step_started=started, step_done=done,
+                                     progress=update)
+    except ServingMismatch as err:
+        print(f"draftrl demo: EXACTNESS FAILED: {err}", file=sys.stderr)
+        print(f"partial results in {args.out}/sweep/results.json", file=sys.stderr)
+        return 3
+    if args.json:
+        import json
+
+        from draftrl.io import plain
+
+        print(json.dumps(plain(summary)))
+        return 0
+    print_serve_summary(summary)
+    return 0
+
+
+def print_serve_summary(summary: dict) -> None:
+    """Per rate: every policy's speedup over no speculation in vLLM and in the simulator, then
+    throughput and latency; then the geometric mean over rates, exactness, time and files."""
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    from draftrl.signals.costs import hardware_name
+
+    console = Console(width=None if sys.stdout.isatty() else 160)
+    fmt = lambda v, scale=1.0, spec="{:.2f}": "-" if v is None else spec.format(v * scale)  # noqa: E731
+    for rate, rows in summary["rates"].items():
+        table = Table(title=f"Poisson {rate} requests/s, held-out requests, {hardware_name(summary['hardware'])}; "
+                            "policies interleaved, ratios from one run")
+        for i, col in enumerate(("policy", "vs none (vLLM)", "vs none (sim)", "tokens/s", "TTFT p50 s",
+                                 "ITL p50 ms", "ITL p95 ms")):
+            table.add_column(col, justify="left" if i == 0 else "right")
+        for name, r in sorted(rows.items(), key=lambda kv: -kv[1]["speedup_vs_none"]):
+            table.add_row(escape(name), f"{r['speedup_vs_none']:.2f}x", fmt(r["sim_speedup_vs_none"], spec="{:.2f}x"),
+                          f"{r['tokens_per_second']:.1f}", fmt(r["ttft_p50"]), fmt(r["itl_p50"], 1e3, "{:.0f}"),
+                          fmt(r["itl_p95"], 1e3, "{:.0f}"))
+        console.print(table)
+    geo = "  ".join(f"{escape(k)} {v:.2f}x" for k, v in sorted(summary["geomean_speedup_vs_none"].items(),
+                                                                 key=lambda kv: -kv[1]))
+    console.print(f"geometric mean over rates, vs none: {geo}")
+    tau = summary["kendall_tau"]
+    console.print(f"simulator vs vLLM ranking: Kendall tau {fmt(tau)} over every (rate, policy)")
+    ex = summary["exactness"]
+    how = ("float32 greedy identity against vLLM without speculation" if ex["greedy_identity"]["checked"]
+           else "the monitor on the sampled streams")
+    console.print(f"exactness: {'[bold green]PASSED[/]' if ex['passed'] else '[bold red]FAILED[/]'} ({how})")
+    steps = ", ".join(f"{k} {v['seconds']:.0f}s" for k, v in summary["steps"].items())
+    console.print(f"time: {summary['wall_seconds'] / 60:.1f} min ({steps})")
+    console.print(f"report: {summary['report']}\nplot:   {summary['plot']}\nsummary: {summary['out']}/serve_demo_summary.json")

@@ -8,10 +8,13 @@
   bonus token included) of every policy.
 - :func:`pit_histogram`: the exactness monitor's probability-integral-transform histogram
   (uniform under exactness) with the +-2 sigma band of a uniform multinomial.
+- :func:`load_sweep`: throughput and p95 inter-token latency against the Poisson arrival rate,
+  one line per serving policy (vLLM solid, the simulator dashed).
 """
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -190,5 +193,36 @@ def pit_histogram(counts_by_name: dict[str, list[int]], path: str | Path, note: 
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def load_sweep(real: dict, sim: dict | None, labels: list[str], path: str | Path) -> Path | None:
+    """Throughput and p95 ITL per Poisson rate of ``draftrl.eval.serving.run_serving_eval`` results
+    (``real``: vLLM, solid; ``sim``: the simulator, dashed, optional); None when no rate was run."""
+    from draftrl.signals.costs import hardware_info, hardware_name
+
+    rates = sorted(real.get("rates", {}), key=float)
+    if not rates:
+        return None
+    plt = _plt()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    runs = [(real, "-", "o", "vLLM")] + ([(sim, "--", "x", "sim")] if sim else [])
+    for label, color in zip(labels, itertools.cycle(plt.rcParams["axes.prop_cycle"].by_key()["color"])):
+        for results, style, marker, where in runs:
+            rows = [results["rates"][r]["policies"].get(label) for r in rates]
+            if any(row is None for row in rows):
+                continue
+            x = [float(r) for r in rates]
+            axes[0].plot(x, [row["tokens_per_second"] for row in rows], style, marker=marker, color=color,
+                         label=f"{label} ({where})")
+            axes[1].plot(x, [(row["itl_p95"] or 0) * 1e3 for row in rows], style, marker=marker, color=color)
+    for ax, what, unit in ((axes[0], "throughput", "tokens/s"), (axes[1], "p95 inter-token latency", "ms")):
+        ax.set(xlabel="arrival rate (requests/s)", ylabel=unit, title=what, xscale="log")  # rates span decades
+    axes[0].legend(fontsize=6)
+    fig.suptitle(f"{hardware_name(hardware_info())}: vLLM (solid)" + (" vs simulator (dashed)" if sim else ""))
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=120)
     plt.close(fig)
     return path

@@ -289,6 +289,22 @@ def run_episode(env, actor: _Actor, prompt_ids: list[str], seed: int = 0,
     return info["requests"], steps
 
 
+def kendall_tau(a: list[float], b: list[float]) -> float | None:
+    """Tau-a: (concordant - discordant) / pairs; a pair tied in either list counts as neither."""
+    import itertools
+
+    pairs = list(itertools.combinations(range(len(a)), 2))
+    if not pairs:
+        return None
+    sign = lambda x: (x > 0) - (x < 0)  # noqa: E731
+    return sum(sign(a[i] - a[j]) * sign(b[i] - b[j]) for i, j in pairs) / len(pairs)
+
+
+def loads_of(results: dict) -> list[tuple[str, str]]:
+    """``(section, key)`` of every load in :func:`run_serving_eval`'s results, in run order."""
+    return [(section, key) for section in ("concurrency", "rates") for key in results.get(section, {})]
+
+
 def dsd_label(table: tuple[tuple[int, int, int], ...]) -> str:
     """The policy spec of a Dynamic SD table: ``dsd:1-1:6,2-4:4,...``."""
     return "dsd:" + ",".join(f"{s}-{e}:{k}" for s, e, k in table)

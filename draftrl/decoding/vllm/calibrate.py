@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -32,6 +32,36 @@ import numpy as np
 from draftrl.decoding.admission import StepAction
 
 FORMAT = "draftrl-vllm-step-costs/1"
+
+
+@dataclass(frozen=True)
+class CalibrationSizes:
+    """The cells :func:`calibrate` measures (``draftrl calibrate --engine vllm``'s defaults)."""
+
+    batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16)
+    """running sequences per decode cell"""
+    depths: tuple[int, ...] = (0, 1, 2, 4, 8)
+    """draft tokens per sequence per decode cell"""
+    steps: int = 8
+    """timed steps per cell, over all rounds"""
+    prefill_lens: tuple[int, ...] = (32, 128, 384)
+    """prompt tokens per prefill cell"""
+    prefill_batch_sizes: tuple[int, ...] = (1, 4)
+    """prompts prefilled together"""
+    rounds: int = 2
+    """shuffled passes over the cells (spreads load drift)"""
+
+
+def calibrate_model(model: str, sizes: CalibrationSizes, *, dtype: str = "float32", threads: int = 1, seed: int = 0,
+                    progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """:func:`calibrate` the process's shared engine for ``model`` with draftrl's proposer, deep and
+    wide enough for ``sizes``."""
+    from draftrl.decoding.vllm.engine import VLLMEngineConfig, shared_engine
+
+    engine = shared_engine(VLLMEngineConfig(model=model, method="draftrl", num_speculative_tokens=max(sizes.depths),
+                                            dtype=dtype, max_num_seqs=max(sizes.batch_sizes + sizes.prefill_batch_sizes),
+                                            threads=threads))
+    return calibrate(engine, **asdict(sizes), seed=seed, progress=progress)
 
 
 def calibrate(engine, *, batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16), depths: tuple[int, ...] = (0, 1, 2, 4, 8),

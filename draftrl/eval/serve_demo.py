@@ -1,0 +1,282 @@
+"""``draftrl demo --engine vllm``: learning under load, end to end, in real vLLM.
+
+Steps, each through the owning package's public Python API, each writing under ``DIR``:
+
+1. **calibrate**: vLLM step seconds vs sequences and tokens verified, and prefill seconds
+   (``draftrl.decoding.vllm.calibrate.calibrate_model``) -> ``DIR/vllm_costs.json``;
+2. **collect**: every tune and held-out request's greedy continuation in vLLM
+   (``draftrl.envs.serve_sim.record_workload``) -> ``DIR/rec_tune/``, ``DIR/rec_heldout/``;
+3. **train**: batch-aware PPO on the serving simulator ``draftrl/ServeReplay-v0`` with the
+   recipe of ``configs/serve_sim_cpu.yaml`` (``draftrl.train.ppo_size``) -> ``DIR/ppo_sim/``;
+4. **dsd**: vLLM's Dynamic SD table grid-searched in the simulator on the tune split, the
+   strongest hand-made baseline (``draftrl.eval.serving.search_dsd``) -> ``DIR/dsd_grid.json``;
+5. **sweep**: every policy in real vLLM at each Poisson arrival rate, interleaved, exactness
+   checked, and the same sweep in the simulator (``draftrl.eval.serving.run_serving_eval``) ->
+   ``DIR/sweep/`` (``results.json``, ``report.md``, ``sweep.png``, ``sim/results.json``).
+
+``DIR/serve_demo_summary.json`` holds each step's seconds and, per rate and policy, the speedup
+over no speculation in vLLM and in the simulator. A step whose output is already in ``DIR``
+(from an interrupted run with the same settings, ``DIR/serve_demo_config.json``) is skipped.
+The default (``ServeDemoConfig()``) is sized for about 15 minutes on 2 quiet CPU cores;
+``ServeDemoConfig.quick()`` runs in a few.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from draftrl.decoding.vllm.calibrate import CalibrationSizes
+
+STEPS: tuple[str, ...] = ("calibrate", "collect", "train", "dsd", "sweep")
+#: What the demo writes in DIR (``--overwrite`` removes only these).
+OUTPUTS: tuple[str, ...] = ("serve_demo_config.json", "vllm_costs.json", "rec_tune", "rec_heldout", "ppo_sim",
+                            "dsd_grid.json", "sweep", "logs", "serve_demo_summary.json")
+
+
+@dataclass
+class ServeDemoConfig:
+    """Sizes of ``draftrl demo --engine vllm`` (defaults: about 15 minutes on 2 CPU cores)."""
+
+    calibrate: CalibrationSizes = field(default_factory=CalibrationSizes)
+    """the step-cost measurement (``draftrl calibrate --engine vllm``'s cells)"""
+    max_new_tokens: int = 32
+    """tokens per request in the recordings, the simulator and the sweep"""
+    train_config: str = "configs/serve_sim_cpu.yaml"
+    """the training recipe (relative paths are read from the working directory, else the repository)"""
+    total_timesteps: int = 30_000
+    """simulated engine steps of PPO training"""
+    train_overrides: tuple[str, ...] = ()
+    """more TrainConfig overrides, as for draftrl train --set"""
+    dsd_ks: tuple[int, ...] = (0, 1, 2, 3, 4, 6, 8)
+    """depths each batch-size range of the Dynamic SD table may take"""
+    policies: tuple[str, ...] = ("none", "fixed:2", "fixed:4", "heuristic", "ngram:4")
+    """serving policies of the sweep besides the searched DSD table and PPO (``draftrl eval --engine vllm`` names)"""
+    rates: tuple[float, ...] = (0.5, 2.0, 8.0)
+    """Poisson arrival rates of the sweep, requests per second, light to saturating"""
+    num_requests: int = 8
+    """held-out requests per (rate, policy) episode"""
+    repeats: int = 1
+    """interleaved passes of the sweep; the median-time pass is kept"""
+    threads: int = 1
+    """CPU threads of vLLM's worker"""
+    seed: int = 0
+
+    @classmethod
+    def quick(cls) -> "ServeDemoConfig":
+        """A few minutes: a small calibration, 12 tokens, 2048 training steps, one rate, 2 requests."""
+        return cls(calibrate=CalibrationSizes(batch_sizes=(1, 4), depths=(0, 2), steps=2, prefill_lens=(32,),
+                                              prefill_batch_sizes=(1,), rounds=1),
+                   max_new_tokens=12, total_timesteps=2048, dsd_ks=(0, 2, 4),
+                   train_overrides=("eval_episodes=2", "ppo.n_steps=256", "ppo.batch_size=64", "checkpoint_every=2048"),
+                   policies=("none", "fixed:2"), rates=(2.0,), num_requests=2)
+
+
+def _train_config_path(path: str) -> Path:
+    """``path`` as given, else under the repository draftrl runs from (an editable install)."""
+    given = Path(path)
+    if given.is_file():
+        return given
+    in_repo = Path(__file__).resolve().parents[2] / path
+    if not given.is_absolute() and in_repo.is_file():
+        return in_repo
+    raise FileNotFoundError(f"train_config={path} does not exist; pass --set train_config=PATH to "
+                            "configs/serve_sim_cpu.yaml of the draftrl repository.")
+
+
+@contextlib.contextmanager
+def _logged(path: Path):
+    """Send a step's own prints (training tables, vLLM's messages) to ``path`` instead of the terminal."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as f, contextlib.redirect_stdout(f), contextlib.redirect_stderr(f):
+        yield
+
+
+def _train_config(config: ServeDemoConfig, out: Path):
+    """The recipe of ``config.train_config`` on this demo's recordings and calibration."""
+    from draftrl.config import load_config
+    from draftrl.train.config import TrainConfig
+
+    tokens = f"max_new_tokens={config.max_new_tokens}"
+    return load_config(TrainConfig, _train_config_path(config.train_config), [
+        f"env.serve.recordings={out / 'rec_tune'}", f"env.serve.calibration={out / 'vllm_costs.json'}",
+        f"env.eval.serve.recordings={out / 'rec_heldout'}", f"env.serve.{tokens}",
+        f"total_timesteps={config.total_timesteps}", "progress_bar=false", f"seed={config.seed}",
+        *config.train_overrides])
+
+
+def run_serve_demo(config: ServeDemoConfig, out: str | Path, *, overwrite: bool = False,
+                   step_started: Callable[[int, str], None] | None = None,
+                   step_done: Callable[[int, str, float, str], None] | None = None,
+                   progress: Callable[[int, int, str], None] | None = None) -> dict:
+    """Run :data:`STEPS` into ``out``, skipping those whose outputs exist; returns the summary
+    (also ``out/serve_demo_summary.json``).
+
+    :param overwrite: remove the demo's own outputs (:data:`OUTPUTS`) in ``out`` first.
+    :param step_started: ``(index, step)`` before each step; ``step_done(index, step, seconds, note)``
+        after (``note`` starts with "skipped" for a step found done).
+    :param progress: ``(done, total, label)`` inside the sweep.
+    :raises ServingMismatch: (``draftrl.eval.serving``) when a policy fails an exactness check in
+        the sweep; its results are written first.
+    """
+    import importlib
+    import shutil
+
+    from draftrl.config import to_dict
+    from draftrl.io import plain, read_json, write_json
+
+    out = Path(out)
+    train_cfg = _train_config(config, out)  # a missing recipe fails before any work
+    settings = plain(to_dict(config))
+    if overwrite:
+        for name in OUTPUTS:
+            path = out / name
+            shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+    earlier = out / "serve_demo_config.json"
+    if earlier.exists() and read_json(earlier, "serve demo settings") != settings:
+        raise ValueError(f"{out} holds a serve demo run with other settings ({earlier}); pass --overwrite to replace "
+                         "it, or another --out.")
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(earlier, settings)
+    summary: dict = {"steps": {}, "out": str(out)}
+    started = time.perf_counter()
+
+    def step(i: int, done: Path, run: Callable[[], str]) -> None:
+        if step_started:
+            step_started(i, STEPS[i])
+        t0 = time.perf_counter()
+        if done.exists():
+            note = f"skipped: {done} exists"
+        else:
+            with _logged(out / "logs" / f"{STEPS[i]}.log"):
+                note = run()
+        seconds = time.perf_counter() - t0
+        summary["steps"][STEPS[i]] = {"seconds": seconds, "note": note}
+        if step_done:
+            step_done(i, STEPS[i], seconds, note)
+
+    def calibrate() -> str:
+        from draftrl.decoding.vllm.calibrate import calibrate_model
+
+        result = calibrate_model(train_cfg.env.serve.model, config.calibrate, dtype=train_cfg.env.serve.dtype,
+                                 threads=config.threads, seed=config.seed)
+        write_json(out / "vllm_costs.json", result)
+        f = result["fit"]
+        return f"{f['base'] * 1e3:.0f} ms + {f['per_seq'] * 1e3:.1f} ms/seq + {f['per_token'] * 1e3:.1f} ms/token"
+
+    def collect() -> str:
+        from draftrl.envs.serve_sim import record_workload
+
+        notes = []
+        for split in ("tune", "heldout"):
+            if not (out / f"rec_{split}").exists():
+                recordings = record_workload(_serve_config(config, split=split))
+                recordings.save(out / f"rec_{split}")
+                notes.append(f"{split}: {len(recordings)} requests")
+        return ", ".join(notes)
+
+    def train() -> str:
+        run_dir = out / "ppo_sim"  # an interrupted run continues from its newest checkpoint
+        summary_ = importlib.import_module(f"draftrl.train.{train_cfg.recipe}").train(train_cfg, run_dir,
+                                                                                      resume=run_dir.exists())
+        table = summary_["evaluation"]["table"]
+        best = max((k for k in table if k.startswith("fixed")), key=lambda k: table[k]["throughput"])
+        return f"PPO {table['ppo']['throughput'] / table[best]['throughput']:.3f}x the best fixed {best} (simulator)"
+
+    def dsd() -> str:
+        from draftrl.eval.serving import search_dsd
+
+        sim_env = _sim_env(out, "rec_tune")
+        scored = search_dsd(sim_env, _serve_config(config, split="tune"), list(train_cfg.env.serve.loads),
+                            ks=config.dsd_ks)
+        write_json(out / "dsd_grid.json", {"best": scored[0]["label"], "tables": scored})
+        return f"{scored[0]['label']} ({scored[0]['score']:.3f}x over no speculation, {len(scored)} tables)"
+
+    def sweep() -> str:
+        from draftrl.eval.plots import load_sweep
+        from draftrl.eval.serving import run_serving_eval
+
+        policies = _policies(config, out)
+        serve = _serve_config(config, split="heldout")
+        sim = run_serving_eval(out / "sweep" / "sim", policies=[p for p in policies if not p.startswith("ngram")],
+                               concurrency=(), rates=config.rates, repeats=config.repeats, config=serve,
+                               make_env=_sim_env(out, "rec_heldout"))
+        real = run_serving_eval(out / "sweep", policies=policies, concurrency=(), rates=config.rates,
+                                repeats=config.repeats, config=serve, progress=progress)
+        load_sweep(real, sim, real["policies"], out / "sweep" / "sweep.png")
+        return f"exactness {'passed' if real['exactness']['passed'] else 'FAILED'}"
+
+    step(0, out / "vllm_costs.json", calibrate)
+    step(1, out / "rec_heldout", collect)  # tune is recorded first: held-out present means both are
+    step(2, out / "ppo_sim" / "train_summary.json", train)
+    step(3, out / "dsd_grid.json", dsd)
+    step(4, out / "sweep" / "results.json", sweep)
+    summary["wall_seconds"] = time.perf_counter() - started
+    summary.update(sweep_summary(read_json(out / "sweep" / "results.json", "sweep results"),
+                                 read_json(out / "sweep" / "sim" / "results.json", "simulated sweep results")))
+    summary["plot"] = str(out / "sweep" / "sweep.png")
+    summary["report"] = str(out / "sweep" / "report.md")
+    write_json(out / "serve_demo_summary.json", summary)
+    return summary
+
+
+def _serve_config(config: ServeDemoConfig, *, split: str):
+    """The workload of the recordings and the sweep (file order, seed 0, ``config``'s sizes)."""
+    from draftrl.eval.serving import serve_config
+
+    return serve_config(None, [f"max_new_tokens={config.max_new_tokens}", f"threads={config.threads}"],
+                        split=split, num_requests=config.num_requests if split == "heldout" else None)
+
+
+def _sim_env(out: Path, recordings: str):
+    """``make_env`` for :func:`run_serving_eval`: ``draftrl/ServeReplay-v0`` on ``out/recordings``."""
+    from draftrl.decoding.vllm.calibrate import StepCostModel
+    from draftrl.envs.serve_replay import ServeReplayEnv
+    from draftrl.envs.serve_sim import Proposals, Recordings
+
+    loaded = Recordings.load(out / recordings)
+    cost = StepCostModel.from_calibration(out / "vllm_costs.json")
+    proposals: dict[int, Proposals] = {}
+
+    def make_env(cfg, spec):
+        if cfg.max_depth not in proposals:
+            proposals[cfg.max_depth] = Proposals(loaded, cfg.max_depth)
+        return ServeReplayEnv(loaded, cost, cfg, proposals=proposals[cfg.max_depth])
+    return make_env
+
+
+def _policies(config: ServeDemoConfig, out: Path) -> list[str]:
+    from draftrl.io import read_json
+
+    best_dsd = read_json(out / "dsd_grid.json", "DSD grid")["best"]
+    return [*config.policies, best_dsd, f"ppo:{out / 'ppo_sim'}"]
+
+
+def sweep_summary(real: dict, sim: dict) -> dict:
+    """Per rate and policy the speedup over no speculation in vLLM and in the simulator, the
+    geometric mean over rates, and Kendall's tau between the two rankings over every (rate, policy)."""
+    from draftrl.eval.serving import kendall_tau
+
+    rates: dict[str, dict] = {}
+    pairs_real, pairs_sim = [], []
+    for rate, entry in real.get("rates", {}).items():
+        sim_table = sim.get("rates", {}).get(rate, {}).get("policies", {})
+        rows = {}
+        for name, p in entry["policies"].items():
+            s = sim_table.get(name)
+            rows[name] = {"speedup_vs_none": p["speedup_vs_none"], "sim_speedup_vs_none": s and s["speedup_vs_none"],
+                          "tokens_per_second": p["tokens_per_second"], "ttft_p50": p["time_to_first_token_p50"],
+                          "itl_p50": p["itl_p50"], "itl_p95": p["itl_p95"]}
+            if s:
+                pairs_real.append(p["speedup_vs_none"])
+                pairs_sim.append(s["speedup_vs_none"])
+        rates[rate] = rows
+    names = list(real.get("policies", []))
+    geomean = {name: math.exp(sum(math.log(rates[r][name]["speedup_vs_none"]) for r in rates) / len(rates))
+               for name in names if rates and all(name in rates[r] for r in rates)}
+    return {"rates": rates, "geomean_speedup_vs_none": geomean, "kendall_tau": kendall_tau(pairs_real, pairs_sim),
+            "exactness": real["exactness"], "hardware": real.get("hardware", {})}
