@@ -56,10 +56,10 @@ class ServeDemoConfig:
     """depths each batch-size range of the Dynamic SD table may take"""
     policies: tuple[str, ...] = ("none", "fixed:2", "fixed:4", "heuristic", "ngram:4")
     """serving policies of the sweep besides the searched DSD table and PPO (``draftrl eval --engine vllm`` names)"""
-    rates: tuple[float, ...] = (0.5, 2.0, 8.0)
+    rates: tuple[float, ...] = (0.5, 1.0, 2.0, 8.0)
     """Poisson arrival rates of the sweep, requests per second, light to saturating"""
-    num_requests: int = 8
-    """held-out requests per (rate, policy) episode"""
+    num_requests: int = 16
+    """held-out requests per (rate, policy) episode (16: the mixed workload, 4 languages x 4 tasks)"""
     repeats: int = 1
     """interleaved passes of the sweep; the median-time pass is kept"""
     threads: int = 1
