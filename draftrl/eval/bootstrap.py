@@ -64,9 +64,12 @@ def compare(runs_a: Sequence, runs_b: Sequence, **kwargs) -> dict:
 
 
 def format_ci(ci: dict | None) -> str:
-    """``1.07x [1.02, 1.12]`` or ``1.03x [0.97, 1.09] not resolved`` (``-`` when missing)."""
+    """``1.07x [1.02, 1.12]``, ``1.03x [0.97, 1.09] not resolved``, ``1.00x (reference)`` for the
+    reference's own row, ``-`` when missing."""
     if not ci or ci.get("ratio") is None:
         return "-"
+    if ci.get("reference"):
+        return f"{ci['ratio']:.2f}x (reference)"
     text = f"{ci['ratio']:.2f}x [{ci['low']:.2f}, {ci['high']:.2f}]"
     return text if ci["resolved"] else text + " not resolved"
 

@@ -85,6 +85,9 @@ def add_anchors(results: dict, runs: list[RequestRun], anchor_runs: list, refere
         for ref, ref_runs in refs.items():
             if not ref_runs:
                 continue
+            if by_policy.get(name) is ref_runs:  # the reference itself: 1.00 by definition, no interval
+                p[f"ci_vs_{ref}"] = {"ratio": 1.0, "reference": True}
+                continue
             ci = compare(by_policy.get(name, []), ref_runs)
             p[f"ci_vs_{ref}"] = ci
             if ref in ("hf", "hf_lookup"):

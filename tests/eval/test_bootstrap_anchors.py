@@ -44,6 +44,7 @@ def test_identical_runs_and_edge_cases() -> None:
     same = paired_ratio_ci(ta, sa, ta, sa)
     assert same["ratio"] == pytest.approx(1.0) and not same["resolved"]
     assert paired_ratio_ci([], [], [], [])["ratio"] is None and format_ci(None) == "-"
+    assert format_ci({"ratio": 1.0, "reference": True}) == "1.00x (reference)"
     with pytest.raises(ValueError, match="differ in length"):
         paired_ratio_ci([1, 2], [1, 2], [1], [1])
 

@@ -119,8 +119,10 @@ def test_eval_writes_results_report_and_plots(smollm2, config, grid_dir, untrain
         assert p["speedup_vs_hf"] > 0 and p["speedup_vs_hf_lookup"] > 0
         for ref in ("ar", "hf", "hf_lookup", "best_fixed"):
             ci = p[f"ci_vs_{ref}"]
+            if (name, ref) in (("ar", "ar"), ("best-grid", "best_fixed")):  # a reference against itself: no interval
+                assert ci == {"ratio": 1.0, "reference": True}
+                continue
             assert ci["num_requests"] == 2 and ci["low"] <= ci["ratio"] <= ci["high"], (name, ref)
-    assert saved["policies"]["best-grid"]["ci_vs_best_fixed"]["ratio"] == pytest.approx(1.0)
     assert saved["policies"]["ar"]["tokens_per_round_histogram"] == {"1": saved["policies"]["ar"]["num_rounds"]}
     # the oracle never drafts a token that is rejected
     assert all(r in (None, 1.0) for r in saved["policies"]["oracle"]["acceptance_by_position"]["rate"])
