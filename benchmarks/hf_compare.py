@@ -11,8 +11,8 @@ interleaved per request in a fresh random order (see ``_bench.py``):
 
 Goals (issue 12): ``draftrl_ar_vs_hf_ar >= 0.98x``; ``draftrl{G}_vs_hf_lookup{G} >= 1.0x``; and
 accepted draft tokens per round >= HF's on every task. Accepted per round = emitted / rounds - 1
-for both: a draftrl round is one verification forward (the prefill emits nothing); an HF round is
-one forward, the prefill included (HF verifies its first candidates inside the prefill).
+for both, a round being one target forward, the prefill included: both verify their first drafts
+inside the prefill (draftrl's ``generate`` starts the engine with ``prefill=False``).
 Greedy outputs are checked against ``hf_ar`` (float ties between kernel layouts may differ;
 mismatches are listed). ``load_avg`` is printed: above ~2 on this 2-core box, the machine was
 loaded and absolute tokens/s mean little (ratios from one interleaved run still hold). With
@@ -83,7 +83,7 @@ def main() -> None:
     methods = {"hf_ar": hf(), "draftrl_ar": engine_method(model, None, eos, 0)}
     for g in gammas:
         methods[f"hf_lookup{g}"] = hf(prompt_lookup_num_tokens=g, max_matching_ngram_size=args.ngram)
-        methods[f"draftrl{g}"] = engine_method(model, NgramDrafter(1, args.ngram), eos, g)  # rounds, prefill excluded
+        methods[f"draftrl{g}"] = engine_method(model, NgramDrafter(1, args.ngram), eos, g)  # rounds = forwards
     print(f"# {len(reqs)} prompts x {len(methods)} methods x {args.repeats} repeats, interleaved; "
           f"draftrl kernels: {loaded.kernels.layout} ({loaded.kernels.source})", flush=True)
     t = interleave(methods, reqs, args.repeats, args.device)

@@ -30,6 +30,7 @@ class GenerationResult:
 
     token_ids: list[int]
     prefill_seconds: float
+    """``engine.start``'s seconds (the prompt's forward runs in the first round; see ``generate``)"""
     rounds: list[RoundResult] = field(default_factory=list)
     total_seconds: float = 0.0
     stop_reason: str | None = None
@@ -83,9 +84,13 @@ def generate(
     seed: int | None = None,
     on_round: Callable[[RoundResult], None] | None = None,
 ) -> GenerationResult:
-    """Decode one request to EOS or ``max_new_tokens``; ``monitor.update`` sees every round."""
+    """Decode one request to EOS or ``max_new_tokens``; ``monitor.update`` sees every round.
+
+    The first round verifies its drafts inside the prefill (``engine.start(..., prefill=False)``),
+    as Hugging Face prompt lookup does, so ``prefill_seconds`` is only the drafter's reset and the
+    prompt's forward is charged to the first round."""
     start = engine.clock()
-    prefill = engine.start(prompt_ids, seed=seed)
+    prefill = engine.start(prompt_ids, seed=seed, prefill=False)
     result = GenerationResult(token_ids=[], prefill_seconds=prefill)
     while not engine.finished:
         depth, verify_size, width = schedule(engine)

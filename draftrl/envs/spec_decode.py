@@ -68,7 +68,8 @@ class EngineEpisodes(SeededEpisodes, gym.Env[np.ndarray, Any]):
         self.request = self.workload.request(self.workload.pick(options, self.np_random))
         sampling_seed = int(self.np_random.integers(2**31))
         self.engine.config.max_new_tokens = self.request.max_new_tokens
-        prefill = self.engine.start(self.request.prompt_ids, seed=sampling_seed)
+        # the first round verifies inside the prefill (as decoding.generate does): its seconds include the prompt
+        prefill = self.engine.start(self.request.prompt_ids, seed=sampling_seed, prefill=False)
         self.features.start_episode(self.request.max_new_tokens)
         return {
             "prompt_id": self.request.prompt.id,
@@ -174,8 +175,9 @@ class SpecDecodeEnv(EngineEpisodes):
 
     ## Starting State
 
-    The episode's prompt is prefilled; no round has run (history 0, acceptance estimates 0.5),
-    the draft signals describe the first round. ``reset(seed=...)`` draws a new prompt order and
+    No round has run (history 0, acceptance estimates 0.5); the draft signals describe the first
+    round, which feeds the prompt together with its drafts (one forward, as Hugging Face prompt
+    lookup verifies its first candidates inside the prefill), so its seconds include the prompt's. ``reset(seed=...)`` draws a new prompt order and
     restarts the cost averages, ``rho`` and the exactness monitor, so a seed fixes the prompts
     and the sampling seeds (not the timings). ``reset(options={"prompt_id": ...})`` or
     ``{"prompt_index": i}`` decodes a given prompt.
@@ -216,7 +218,9 @@ class SpecDecodeEnv(EngineEpisodes):
 
     ## Version History
 
-    - v0: initial version.
+    - v0: initial version. The first round feeds the prompt with its drafts, so its seconds
+      include the prompt's forward (earlier builds prefilled in ``reset``; the reward formula and
+      the spaces are the same).
     """
 
     def __init__(self, config: EnvConfig | dict | None = None, *, engine=None, tokenizer=None, target=None,

@@ -56,7 +56,7 @@ class SpecDecodeDepthEnv(DepthControl, EngineEpisodes):
 
     ## Starting State
 
-    As ``SpecDecode-v0``: the prompt is prefilled, level 0 of the first round.
+    As ``SpecDecode-v0`` (the first round feeds the prompt with its drafts): level 0 of the first round.
 
     ## Episode End
 

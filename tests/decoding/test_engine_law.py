@@ -65,8 +65,10 @@ SHAPES = {
     "deterministic-tree": (False, 2, None),
     "sampled-tree": (True, 2, None),
     "sampled-tree-verify-4": (True, 2, 4),  # the target verifies whole sibling groups, 4 nodes at most
+    # the first round's tree verified inside the prefill (start(prefill=False), as generate and the envs run)
+    "sampled-tree-fused": (True, 2, None),
 }
-FAST = ["chain", "deterministic-tree", "sampled-tree"]
+FAST = ["chain", "deterministic-tree", "sampled-tree", "sampled-tree-fused"]
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/decoding/conftest.py
@@ -106,7 +108,7 @@ def run_requests(models, shape: str, sampler: str, runs: int, seed: int = 0, tok
     engine = SpeculativeDecoder(target, ModelDrafter(draft, sampled=sampled), config)
     outputs, positions, accepted, rounds = [], [], 0, 0
     for _ in range(runs):
-        engine.start(PROMPT)
+        engine.start(PROMPT, prefill=not shape.endswith("-fused"))
         where: list[int] = []
         while not engine.finished:
             result = engine.round(DEPTHS[rounds % len(DEPTHS)] if engine.output_ids else DEPTHS[0], verify_size, width)

@@ -66,5 +66,14 @@ def test_prefills_project_only_the_last_position(smollm2):
         before = len(rows)
         plain.round(0)
         assert len(rows) == before  # a plain first step takes its token from the prefill
+        # start(prefill=False): no forward yet; the first round feeds prompt + drafts and scores root + drafts
+        fused = SpeculativeDecoder(model, ModelDrafter(model), EngineConfig(max_new_tokens=8))
+        before = len(rows)
+        fused.start(prompt, prefill=False)
+        assert len(rows) == before  # no forward yet
+        first = fused.round(3)
+        assert rows[before] == 1  # the draft's catch-up feed
+        assert rows[-1] == 1 + first.num_verified > 1  # the target's one forward: prompt + drafts, root + drafts scored
+        assert fused.round(3).tokens == second.tokens  # greedy: the same state as after the eager prefill
     finally:
         hook.remove()

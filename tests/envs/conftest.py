@@ -81,7 +81,7 @@ class ScriptedEngine:
     def clock(self) -> float:
         return self.now
 
-    def start(self, prompt_ids, seed=None) -> float:
+    def start(self, prompt_ids, seed=None, prefill=True) -> float:  # the scripted costs charge rounds only
         self.now = 0.0  # each request restarts the fake clock, so float sums repeat exactly
         self.ids = list(prompt_ids)
         self.num_prompt_tokens = len(self.ids)
