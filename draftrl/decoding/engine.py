@@ -101,6 +101,9 @@ class RoundResult:
     stop_reason: str | None
     token_stats: TokenStats
     draft_features: dict[str, float] = field(default_factory=dict)
+    prompt_fed: bool = False
+    """the round's forward also fed the prompt (``start(prefill=False)``): ``verify_seconds``
+    include the prefill, so they are no sample of what verifying costs"""
 
     @property
     def num_emitted(self) -> int:
@@ -297,6 +300,7 @@ class SpeculativeDecoder:
         draft_seconds += t1 - t0 + self._pending_draft_seconds
         self._pending_draft_seconds = 0.0
 
+        prompt_fed = self._prompt_pending
         logits = self.verify_forward(selected)  # [1 + n, V]
         t2 = self.clock()
 
@@ -328,6 +332,7 @@ class SpeculativeDecoder:
             stop_reason=stop,
             token_stats=verdict.stats,
             draft_features=tree.features,
+            prompt_fed=prompt_fed,
         )
 
     def verify_forward(self, tree: DraftTree) -> torch.Tensor:

@@ -102,6 +102,8 @@ class RoundSummary:
     draft_seconds: float
     verify_seconds: float
     sample_seconds: float
+    prompt_fed: bool = False
+    """the round's verification also fed the prompt: its ``verify_seconds`` are not a verify cost"""
 
     @property
     def seconds(self) -> float:
@@ -119,6 +121,7 @@ class RoundSummary:
             draft_seconds=rnd.draft_seconds,
             verify_seconds=rnd.verify_seconds,
             sample_seconds=rnd.sample_seconds,
+            prompt_fed=rnd.prompt_fed,
         )
 
 
@@ -163,7 +166,8 @@ class CostTracker:
 
     def observe(self, summary: RoundSummary) -> None:
         b = verify_bucket(summary.num_verified)
-        self.verify[b] = self._ema(self.verify[b], summary.verify_seconds)
+        if not summary.prompt_fed:  # a fused prefill's seconds would pass the prompt's cost off as a verify cost
+            self.verify[b] = self._ema(self.verify[b], summary.verify_seconds)
         if summary.levels == 0:
             self.draft_base = self._ema(self.draft_base, summary.draft_seconds)
         else:

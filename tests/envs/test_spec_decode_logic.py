@@ -111,6 +111,25 @@ def test_cost_features_start_from_the_table():
     assert np.all(blank[16:23] == 1.0) and np.all(blank[23:] == 0.0)
 
 
+def test_a_round_that_fed_the_prompt_is_no_verify_cost_sample():
+    """The first round of a fused prefill (start(prefill=False)) took the prompt's time too: the
+    verify-cost averages must not take it, or every cost feature reads the prompt for a while."""
+    from draftrl.signals.features import RoundSummary
+
+    def summary(seconds, prompt_fed):
+        return RoundSummary(3, 2, 4, 4, 4, draft_seconds=0.001, verify_seconds=seconds, sample_seconds=0.0,
+                            prompt_fed=prompt_fed)
+
+    tracker = CostTracker(None, decay=0.5)
+    tracker.observe(summary(1.0, prompt_fed=True))  # a 1 s prefill + verify
+    assert tracker.verify[verify_bucket(4)] is None
+    tracker.observe(summary(0.06, prompt_fed=False))
+    tracker.observe(summary(1.0, prompt_fed=True))
+    assert tracker.verify[verify_bucket(4)] == pytest.approx(0.06)
+    tracker.observe(summary(0.08, prompt_fed=False))  # the control: an ordinary round moves the average
+    assert tracker.verify[verify_bucket(4)] == pytest.approx(0.07)
+
+
 def test_cost_table_lookup_and_roundtrip(tmp_path):
     table = synthetic_table()
     assert table.verify(1, 64) == pytest.approx(0.02)
