@@ -59,11 +59,14 @@ KERNELS_ENV = "DRAFTRL_KERNELS"
 PROBE_ROWS: tuple[int, ...] = tuple(range(1, 9))
 #: Tokens in the KV cache during the probe (a short chat prompt plus some output).
 PROBE_CONTEXT = 200
-#: Interleaved passes over every (layout, rows) cell; medians are kept. 8 row counts x 2 layouts x
-#: 3 passes = 48 forwards: ~2.5 s for SmolLM2-135M on one quiet Zen 4 core.
-PROBE_REPEATS = 3
+#: Interleaved passes over every row count, both layouts back to back; medians are kept. 8 row
+#: counts x 2 layouts x 5 passes = 80 forwards: ~7 s for SmolLM2-135M on one Zen 4 core. Three
+#: passes were too few: a plan probed while another process loaded models on the other core
+#: timed the padded 1-row layout at 1.33x stock, where 15 paired blocks (benchmarks/verify_cost.py)
+#: and three later probes measured 0.74-0.93x; decoding ran on the slower kernel from then on.
+PROBE_REPEATS = 5
 #: Fewer passes (at least one) when they would take longer than this: a loaded machine shortens the probe.
-PROBE_BUDGET_SECONDS = 10.0
+PROBE_BUDGET_SECONDS = 15.0
 #: ``fast_linear`` must be this much faster than stock (relative) to be chosen.
 MARGIN = 0.03
 #: Above this 1-minute load average per CPU the machine is too busy to measure wall time: a
@@ -72,8 +75,8 @@ MARGIN = 0.03
 #: 45 ms. A one-thread probe reads CPU time (:func:`probe_clock`) and runs at any load.
 BUSY_LOAD_PER_CPU = 2.0
 #: Bumped when the probe's method changes, so older cached plans are ignored (2: CPU-time clock
-#: with one torch thread).
-PROBE_VERSION = 2
+#: with one torch thread; 3: the two layouts of a row count timed back to back, 5 passes).
+PROBE_VERSION = 3
 #: CPU flags that decide which kernels are fast (part of the cache key).
 _CPU_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16")
 _PLAN_ATTR = "_draftrl_kernel_plan"
@@ -181,9 +184,10 @@ def probe(model: nn.Module, rows: tuple[int, ...] = PROBE_ROWS, *, context: int 
           seed: int = 0) -> dict[str, dict[int, float]]:
     """Median seconds of one ``k``-token forward after ``context`` cached tokens, per layout and ``k``.
 
-    Layouts are switched on the same model object (class swap, no copy); the order of the
-    (layout, k) cells is shuffled in every pass so that load spikes hit all cells alike, and the
-    clock is :func:`probe_clock`'s. After
+    Layouts are switched on the same model object (class swap, no copy). Every pass visits the
+    row counts in a shuffled order and times both layouts of a row count back to back (in a
+    random order), so a burst of load or memory traffic from another process hits the two
+    layouts being compared alike; the clock is :func:`probe_clock`'s. After
     one untimed forward per layout, passes run until ``repeats`` are done or the next pass would
     end past ``budget_seconds`` (at least one pass always runs: on a heavily loaded machine the
     probe is shorter, not longer). Leaves the model in the stock layout.
@@ -199,8 +203,8 @@ def probe(model: nn.Module, rows: tuple[int, ...] = PROBE_ROWS, *, context: int 
     remove_fast_linear(model)
     model(input_ids=ids[:, :context], **{cache_arg: cache}, use_cache=True)
     layouts = {"stock": (), "fast_linear": rows}
-    cells = [(layout, k) for layout in layouts for k in rows]
-    times: dict[tuple[str, int], list[float]] = {cell: [] for cell in cells}
+    order = list(rows)
+    times: dict[tuple[str, int], list[float]] = {(layout, k): [] for layout in layouts for k in rows}
     rng = random.Random(seed)
 
     clock = probe_clock(device, torch.get_num_threads())
@@ -221,9 +225,10 @@ def probe(model: nn.Module, rows: tuple[int, ...] = PROBE_ROWS, *, context: int 
     for done in range(repeats):
         if done and (time.perf_counter() - started) * (done + 1) / done > budget_seconds:
             break
-        rng.shuffle(cells)
-        for layout, k in cells:
-            times[layout, k].append(forward(layout, k))
+        rng.shuffle(order)
+        for k in order:
+            for layout in rng.sample(list(layouts), len(layouts)):
+                times[layout, k].append(forward(layout, k))
     remove_fast_linear(model)
     return {layout: {k: statistics.median(times[layout, k]) for k in rows} for layout in layouts}
 
