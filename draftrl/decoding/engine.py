@@ -374,8 +374,8 @@ class SpeculativeDecoder:
             mask = positions = None  # plain causal attention from position 0
         else:
             tree_rows = tree.attention_mask(past, self.dtype, self.device)  # [1, 1, 1 + n, past + 1 + n]
-            prompt_rows = torch.zeros(past, past + 1 + n, dtype=self.dtype, device=self.device)
-            prompt_rows.masked_fill_(~torch.ones_like(prompt_rows, dtype=torch.bool).tril(), torch.finfo(self.dtype).min)
+            blocked = torch.finfo(self.dtype).min  # above the diagonal: causal prompt rows
+            prompt_rows = torch.full((past, past + 1 + n), blocked, dtype=self.dtype, device=self.device).triu(1)
             mask = torch.cat([prompt_rows[None, None], tree_rows], dim=2)
             positions = torch.cat([torch.arange(past, device=self.device)[None], tree.position_ids(past, self.device)], 1)
         out = self.target(

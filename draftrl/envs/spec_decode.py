@@ -177,7 +177,8 @@ class SpecDecodeEnv(EngineEpisodes):
 
     No round has run (history 0, acceptance estimates 0.5); the draft signals describe the first
     round, which feeds the prompt together with its drafts (one forward, as Hugging Face prompt
-    lookup verifies its first candidates inside the prefill), so its seconds include the prompt's. ``reset(seed=...)`` draws a new prompt order and
+    lookup verifies its first candidates inside the prefill), so its seconds include the
+    prompt's. ``reset(seed=...)`` draws a new prompt order and
     restarts the cost averages, ``rho`` and the exactness monitor, so a seed fixes the prompts
     and the sampling seeds (not the timings). ``reset(options={"prompt_id": ...})`` or
     ``{"prompt_index": i}`` decodes a given prompt.

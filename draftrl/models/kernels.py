@@ -60,8 +60,8 @@ PROBE_ROWS: tuple[int, ...] = tuple(range(1, 9))
 #: Tokens in the KV cache during the probe (a short chat prompt plus some output).
 PROBE_CONTEXT = 200
 #: Interleaved passes over every row count, both layouts back to back; medians are kept. 8 row
-#: counts x 2 layouts x 5 passes = 80 forwards: 10 s for SmolLM2-135M on one Zen 4 core at load 1.6. Three
-#: passes were too few: a plan probed while another process loaded models on the other core
+#: counts x 2 layouts x 5 passes = 80 forwards: 10 s for SmolLM2-135M on one Zen 4 core at load
+#: 1.6. Three passes were too few: a plan probed while another process loaded models on the other core
 #: timed the padded 1-row layout at 1.33x stock, where 15 paired blocks (benchmarks/verify_cost.py)
 #: and three later probes measured 0.74-0.93x; decoding ran on the slower kernel from then on.
 PROBE_REPEATS = 5
