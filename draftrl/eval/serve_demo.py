@@ -48,8 +48,8 @@ class ServeDemoConfig:
     """tokens per request in the recordings, the simulator and the sweep"""
     train_config: str = "configs/serve_sim_cpu.yaml"
     """the training recipe (relative paths are read from the working directory, else the repository)"""
-    total_timesteps: int = 30_000
-    """simulated engine steps of PPO training"""
+    total_timesteps: int = 90_000
+    """simulated engine steps of PPO training (about 2 minutes; the recipe's own default)"""
     train_overrides: tuple[str, ...] = ()
     """more TrainConfig overrides, as for draftrl train --set"""
     dsd_ks: tuple[int, ...] = (0, 1, 2, 3, 4, 6, 8)
