@@ -8,12 +8,19 @@ request's tokens as vLLM passes them, its draft is accepted up to the first toke
 from the recording, and the step emits accepted + 1 tokens. The first step is the prefill.
 
 Arms (``--arms``): ``fixed:K`` (draftrl's vLLM proposer as it is now, depth K every step), ``ngram:K``
-(vLLM's own numba matcher, ``prompt_lookup_min/max`` as ``VLLMEngineConfig`` sets them) and
-``ref_latest:K`` / ``ref_earliest:K`` (``benchmarks/ref_lookup.py``). One line per arm, ratios first:
+(vLLM's own numba matcher, ``prompt_lookup_min/max`` as ``VLLMEngineConfig`` sets them),
+``ref_latest:K`` / ``ref_earliest:K`` (``benchmarks/ref_lookup.py``) and ``oracle:K``: draftrl's
+depth-K draft cut to the prefix that will be accepted, i.e. the best depth any per-request depth
+policy could choose each step for these drafts (its ceiling). One line per arm, ratios first:
 
     steps_vs_none=0.437x  tokens_per_step=2.29  accepted_per_step=1.31  proposed_per_step=2.78  us_per_call=121  steps=594  arm=ref_latest:4
 
+With ``--calibration`` (``draftrl calibrate --engine vllm``) each step is also charged the
+calibrated batch-1 step seconds (prefill by prompt tokens, decode by tokens verified) and the
+line starts with ``seconds_vs_none`` and ``seconds_vs_best_fixed`` (the best ``fixed:K`` arm).
+
     python benchmarks/lookup_replay.py --recordings runs/serve/rec_heldout --arms fixed:2,fixed:4,ngram:4,ref_latest:4
+    python benchmarks/lookup_replay.py --calibration runs/serve/vllm_costs.json --arms fixed:4,fixed:8,oracle:8,ngram:8
 """
 
 from __future__ import annotations
@@ -62,14 +69,18 @@ def make_proposer(arm: str) -> Callable[[list[list[int]], np.ndarray, np.ndarray
             return [match(token_ids[i, : int(num_tokens[i])], cfg.prompt_lookup_min, cfg.prompt_lookup_max,
                           MAX_MODEL_LEN, k).tolist() if s else [] for i, s in enumerate(sampled)]
         return propose
+    if kind == "oracle":  # the recording is known to replay(), which cuts this draft to its accepted prefix
+        return make_proposer(f"fixed:{k}")
     if kind in ("ref_latest", "ref_earliest"):
         return (RefLookupLatest if kind == "ref_latest" else RefLookupEarliest)(_vllm_config(k)).propose
-    raise ValueError(f"arm {arm!r} is unknown; use fixed:K, ngram:K, ref_latest:K or ref_earliest:K.")
+    raise ValueError(f"arm {arm!r} is unknown; use fixed:K, ngram:K, oracle:K, ref_latest:K or ref_earliest:K.")
 
 
-def replay(arm: str, requests: list[dict]) -> dict[str, Any]:
-    """Every request alone (concurrency 1) through one arm; per-request steps and drafts."""
+def replay(arm: str, requests: list[dict], cost: Any = None) -> dict[str, Any]:
+    """Every request alone (concurrency 1) through one arm; per-request steps and drafts, and with
+    ``cost`` (a ``StepCostModel``) the seconds those steps take at batch 1."""
     propose = make_proposer(arm)
+    oracle = arm.startswith("oracle:")
     propose([[1]], np.array([2]), np.array([[1, 1]], dtype=np.int64))  # warm-up (numba compiles here)
     out, cpu, calls = [], 0.0, 0
     for req in requests:
@@ -78,6 +89,7 @@ def replay(arm: str, requests: list[dict]) -> dict[str, Any]:
         buf = np.zeros((1, MAX_MODEL_LEN), dtype=np.int64)
         buf[0, : len(prompt)] = prompt
         length, t, steps, proposed, accepted = len(prompt), 1, 1, 0, 0  # step 1: prefill, first token
+        seconds = cost.mean(1, 0, len(prompt)) if cost is not None else 0.0
         buf[0, length] = recorded[0]
         length += 1
         sampled = [recorded[0]]
@@ -89,13 +101,17 @@ def replay(arm: str, requests: list[dict]) -> dict[str, Any]:
             a = 0
             while a < len(draft) and t + a < len(recorded) and draft[a] == recorded[t + a]:
                 a += 1
+            if oracle:
+                draft = draft[:a]
+            if cost is not None:
+                seconds += cost.mean(1, len(draft) + 1)
             gained = min(a + 1, budget - t)
             sampled = recorded[t: t + gained]
             buf[0, length: length + gained] = sampled
             length, t, steps = length + gained, t + gained, steps + 1
             proposed, accepted = proposed + len(draft), accepted + min(a, gained)
         out.append({"id": req["prompt"]["id"], "task": req["prompt"]["task"], "tokens": budget, "steps": steps,
-                    "proposed": proposed, "accepted": accepted})
+                    "proposed": proposed, "accepted": accepted, "seconds": seconds})
     return {"arm": arm, "requests": out, "cpu_seconds": cpu, "calls": calls}
 
 
@@ -105,15 +121,30 @@ def main() -> None:
     p.add_argument("--arms", default="fixed:2,fixed:4,fixed:8,ngram:2,ngram:4,ngram:8,ref_latest:2,ref_latest:4,"
                                      "ref_latest:8,ref_earliest:4")
     p.add_argument("--by-task", action="store_true", help="also print steps per task")
+    p.add_argument("--calibration", default=None, help="draftrl calibrate --engine vllm FILE: also charge step seconds")
     p.add_argument("--out", default=None, help="write every arm's per-request counts here (JSON)")
     args = p.parse_args()
 
     requests = json.loads(Path(args.recordings, "recordings.json").read_text())["requests"]
     tokens = sum(min(int(r["max_new_tokens"]), len(r["token_ids"])) for r in requests)
-    results = [replay(arm, requests) for arm in args.arms.split(",") if arm]
+    cost = None
+    if args.calibration:
+        from draftrl.decoding.vllm.calibrate import StepCostModel
+
+        cost = StepCostModel.from_calibration(args.calibration)
+    results = [replay(arm, requests, cost) for arm in args.arms.split(",") if arm]
+    if cost is not None:
+        plain = sum(cost.mean(1, 0, len(r["prompt_ids"])) + (min(int(r["max_new_tokens"]), len(r["token_ids"])) - 1)
+                    * cost.mean(1, 1) for r in requests)
+        best_fixed = min((sum(r["seconds"] for r in res["requests"]) for res in results
+                          if res["arm"].startswith("fixed:")), default=None)
     for res in results:
         rs = res["requests"]
         steps = sum(r["steps"] for r in rs)
+        if cost is not None:
+            secs = sum(r["seconds"] for r in rs)
+            vs_fixed = f"{best_fixed / secs:.3f}x" if best_fixed else "-"
+            print(f"seconds_vs_none={plain / secs:.3f}x  seconds_vs_best_fixed={vs_fixed}  ", end="")
         print(f"steps_vs_none={steps / tokens:.3f}x  tokens_per_step={tokens / steps:.2f}  "
               f"accepted_per_step={sum(r['accepted'] for r in rs) / steps:.2f}  "
               f"proposed_per_step={sum(r['proposed'] for r in rs) / steps:.2f}  "
@@ -124,7 +155,8 @@ def main() -> None:
                 by_task[r["task"]][0] += r["tokens"]
                 by_task[r["task"]][1] += r["steps"]
             print("    " + "  ".join(f"{task}={t / s:.2f}" for task, (t, s) in sorted(by_task.items())))
-    print(f"requests={len(requests)}  tokens={tokens}  recordings={args.recordings}  (tokens per step; no wall clock)")
+    clock = f"seconds: {args.calibration} at batch 1" if cost is not None else "no wall clock"
+    print(f"requests={len(requests)}  tokens={tokens}  recordings={args.recordings}  (tokens per step; {clock})")
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=1))
 
