@@ -336,57 +336,45 @@ class SpeculativeDecoder:
         )
 
     def verify_forward(self, tree: DraftTree) -> torch.Tensor:
-        """Target logits [1 + len(tree), V] at the root and at every node, in ONE forward under the
-        tree mask. The tree's entries stay in the cache until ``round`` compacts it or ``rewind``.
+        """Target logits [1 + len(tree), V] at the root and at every node, in ONE forward that
+        feeds whatever of ``ids`` the cache lacks, then the tree under its mask. The tree's
+        entries stay in the cache until ``round`` compacts it or ``rewind``.
 
-        Right after :meth:`start` the root is already in the cache with its logits kept, so only
-        the drafts are fed (the mask's and positions' root row dropped), and an empty tree costs
-        no forward; after ``start(prefill=False)`` the whole prompt is fed before the tree."""
-        if self._prompt_pending:
-            return self._prefill_with(tree)
-        past = len(self.ids) - 1
-        root, self._root_logits = self._root_logits, None
-        fed = 0 if root is None else 1  # leading rows (the root) the cache already holds
-        if fed and not tree.tokens:
-            return root[None]
-        tokens = ([self.ids[-1]] + tree.tokens)[fed:]
-        if tree.is_chain:
-            mask, positions = None, torch.arange(past + fed, past + 1 + len(tree), device=self.device)[None]
-        else:
-            mask = tree.attention_mask(past, self.dtype, self.device)[..., fed:, :]
-            positions = tree.position_ids(past, self.device)[..., fed:]
-        out = self.target(
-            input_ids=torch.tensor([tokens], device=self.device),
-            position_ids=positions,
-            attention_mask=mask,
-            **{self._cache_arg: self.cache},
-            use_cache=True,
-        )
-        return out.logits[0] if root is None else torch.cat([root[None].to(out.logits.dtype), out.logits[0]])
-
-    def _prefill_with(self, tree: DraftTree) -> torch.Tensor:
-        """The deferred prefill: prompt + ``tree`` in one forward, scoring only the root and the
-        nodes (``logits_to_keep``). The prompt's rows are causal; the tree's rows see the whole
-        prompt and their own ancestors, as in :meth:`verify_forward`."""
-        self._prompt_pending = False
+        The cache lacks the root alone after a round; nothing right after :meth:`start`, whose
+        root logits are kept (an empty tree then costs no forward); the whole prompt after
+        ``start(prefill=False)``. Rows fed before the root are causal and only the root's and the
+        nodes' logits are computed (``logits_to_keep``); the tree's rows see every earlier position
+        and their own ancestors."""
         past, n = len(self.ids) - 1, len(tree)
+        root, self._root_logits = self._root_logits, None
+        cached = 0 if self._prompt_pending else past + (root is not None)
+        self._prompt_pending = False
+        if root is not None and not n:
+            return root[None]
+        before = max(0, past - cached)  # rows fed before the root: the prompt, after a deferred prefill
+        skip = int(root is not None)  # tree rows the cache holds: the kept root
         if tree.is_chain:
-            mask = positions = None  # plain causal attention from position 0
+            mask = None
+            positions = None if cached == 0 else torch.arange(cached, past + 1 + n, device=self.device)[None]
         else:
-            tree_rows = tree.attention_mask(past, self.dtype, self.device)  # [1, 1, 1 + n, past + 1 + n]
-            blocked = torch.finfo(self.dtype).min  # above the diagonal: causal prompt rows
-            prompt_rows = torch.full((past, past + 1 + n), blocked, dtype=self.dtype, device=self.device).triu(1)
-            mask = torch.cat([prompt_rows[None, None], tree_rows], dim=2)
-            positions = torch.cat([torch.arange(past, device=self.device)[None], tree.position_ids(past, self.device)], 1)
+            mask = tree.attention_mask(past, self.dtype, self.device)[..., skip:, :]  # [1, 1, rows, past + 1 + n]
+            positions = tree.position_ids(past, self.device)[..., skip:]
+            if before:
+                blocked = torch.finfo(self.dtype).min  # above the diagonal: causal rows before the root
+                causal = torch.full((before, past + 1 + n), blocked, dtype=self.dtype, device=self.device)
+                mask = torch.cat([causal.triu(cached + 1)[None, None], mask], dim=2)
+                positions = torch.cat([torch.arange(cached, past, device=self.device)[None], positions], 1)
+        keep = {name: 1 + n for name in self._prefill_kwargs} if before else {}
         out = self.target(
-            input_ids=torch.tensor([self.ids + tree.tokens], device=self.device),
+            input_ids=torch.tensor([self.ids[cached:] + tree.tokens], device=self.device),
             position_ids=positions,
             attention_mask=mask,
             **{self._cache_arg: self.cache},
             use_cache=True,
-            **{name: 1 + n for name in self._prefill_kwargs},
+            **keep,
         )
-        return out.logits[0, -(1 + n):]
+        logits = out.logits[0, -(1 + n - skip):]
+        return logits if root is None else torch.cat([root[None].to(logits.dtype), logits])
 
     def _emit_count(self, tokens: list[int]) -> int:
         """How many of a round's tokens to emit: up to the first EOS and within the length limit."""
