@@ -219,6 +219,8 @@ def load_sweep(real: dict, sim: dict | None, labels: list[str], path: str | Path
             axes[1].plot(x, [(row["itl_p95"] or 0) * 1e3 for row in rows], style, marker=marker, color=color)
     for ax, what, unit in ((axes[0], "throughput", "tokens/s"), (axes[1], "p95 inter-token latency", "ms")):
         ax.set(xlabel="arrival rate (requests/s)", ylabel=unit, title=what, xscale="log")  # rates span decades
+        ax.set_xticks([float(r) for r in rates], [f"{float(r):g}" for r in rates])  # the measured rates
+        ax.minorticks_off()
     axes[0].legend(fontsize=6)
     fig.suptitle(f"{hardware_name(hardware_info())}: vLLM (solid)" + (" vs simulator (dashed)" if sim else ""))
     fig.tight_layout()
