@@ -11,7 +11,8 @@ Arms (``--arms``): ``fixed:K`` (draftrl's vLLM proposer as it is now, depth K ev
 (vLLM's own numba matcher, ``prompt_lookup_min/max`` as ``VLLMEngineConfig`` sets them),
 ``ref_latest:K`` / ``ref_earliest:K`` (``benchmarks/ref_lookup.py``) and ``oracle:K``: draftrl's
 depth-K draft cut to the prefix that will be accepted, i.e. the best depth any per-request depth
-policy could choose each step for these drafts (its ceiling). One line per arm, ratios first:
+policy could choose each step for these drafts (its ceiling); ``none:0`` drafts nothing. One line
+per arm, ratios first:
 
     steps_vs_none=0.437x  tokens_per_step=2.29  accepted_per_step=1.31  proposed_per_step=2.78  us_per_call=121  steps=594  arm=ref_latest:4
 
@@ -26,7 +27,6 @@ line starts with ``seconds_vs_none`` and ``seconds_vs_best_fixed`` (the best ``f
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from collections import defaultdict
@@ -35,6 +35,8 @@ from types import SimpleNamespace
 from typing import Any, Callable
 
 import numpy as np
+
+from draftrl.io import read_json, write_json
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ref_lookup import RefLookupEarliest, RefLookupLatest  # noqa: E402
@@ -69,11 +71,13 @@ def make_proposer(arm: str) -> Callable[[list[list[int]], np.ndarray, np.ndarray
             return [match(token_ids[i, : int(num_tokens[i])], cfg.prompt_lookup_min, cfg.prompt_lookup_max,
                           MAX_MODEL_LEN, k).tolist() if s else [] for i, s in enumerate(sampled)]
         return propose
+    if kind == "none":  # no drafts: plain decoding, the reference of seconds_vs_none
+        return lambda sampled, num_tokens, token_ids: [[] for _ in sampled]
     if kind == "oracle":  # the recording is known to replay(), which cuts this draft to its accepted prefix
         return make_proposer(f"fixed:{k}")
     if kind in ("ref_latest", "ref_earliest"):
         return (RefLookupLatest if kind == "ref_latest" else RefLookupEarliest)(_vllm_config(k)).propose
-    raise ValueError(f"arm {arm!r} is unknown; use fixed:K, ngram:K, oracle:K, ref_latest:K or ref_earliest:K.")
+    raise ValueError(f"arm {arm!r} is unknown; use none:0, fixed:K, ngram:K, oracle:K, ref_latest:K or ref_earliest:K.")
 
 
 def replay(arm: str, requests: list[dict], cost: Any = None) -> dict[str, Any]:
@@ -125,7 +129,7 @@ def main() -> None:
     p.add_argument("--out", default=None, help="write every arm's per-request counts here (JSON)")
     args = p.parse_args()
 
-    requests = json.loads(Path(args.recordings, "recordings.json").read_text())["requests"]
+    requests = read_json(Path(args.recordings, "recordings.json"), "recordings")["requests"]
     tokens = sum(min(int(r["max_new_tokens"]), len(r["token_ids"])) for r in requests)
     cost = None
     if args.calibration:
@@ -134,8 +138,7 @@ def main() -> None:
         cost = StepCostModel.from_calibration(args.calibration)
     results = [replay(arm, requests, cost) for arm in args.arms.split(",") if arm]
     if cost is not None:
-        plain = sum(cost.mean(1, 0, len(r["prompt_ids"])) + (min(int(r["max_new_tokens"]), len(r["token_ids"])) - 1)
-                    * cost.mean(1, 1) for r in requests)
+        plain = sum(r["seconds"] for r in replay("none:0", requests, cost)["requests"])
         best_fixed = min((sum(r["seconds"] for r in res["requests"]) for res in results
                           if res["arm"].startswith("fixed:")), default=None)
     for res in results:
@@ -158,7 +161,7 @@ def main() -> None:
     clock = f"seconds: {args.calibration} at batch 1" if cost is not None else "no wall clock"
     print(f"requests={len(requests)}  tokens={tokens}  recordings={args.recordings}  (tokens per step; {clock})")
     if args.out:
-        Path(args.out).write_text(json.dumps(results, indent=1))
+        write_json(args.out, results)
 
 
 if __name__ == "__main__":
