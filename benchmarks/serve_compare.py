@@ -18,7 +18,6 @@ config, policies rotated per load, float32 greedy identity against no speculatio
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -71,6 +70,7 @@ def main() -> None:
 
     from draftrl.config.serve import ServeConfig
     from draftrl.eval.serving import run_serving_eval
+    from draftrl.io import write_json
 
     policies = ["none"] + [f"ngram:{k}" for k in args.ks.split(",") if k] + \
         [f"class:ref_lookup.RefLookupLatest:{k}" for k in args.ref_ks.split(",") if k] + \
@@ -99,7 +99,7 @@ def main() -> None:
         anchors = hf_anchors(prompts, args.hf_lookup)
         results["hf_anchors"] = anchors
     results["load1"] = {"start": load_start, "end": os.getloadavg()[0], "cpus": os.cpu_count()}
-    Path(args.out, "results.json").write_text(json.dumps(results, indent=1, default=str))
+    write_json(Path(args.out, "results.json"), results)  # run_serving_eval's file, with the anchors added
     cpu = results["hardware"]["cpu"]
     for level in levels:
         table = results["concurrency"][str(level)]["policies"]
