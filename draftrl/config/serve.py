@@ -53,7 +53,8 @@ class ServeConfig:
     seed: int | None = None
     """seed of the first reset() when none is passed"""
     rule: str = "match"
-    """each request's own depth before the cap and budget: match | heuristic (see the proposer)"""
+    """each request's own depth before the cap and budget: match | heuristic (see the proposer);
+    hindsight in ServeReplay-v0 only (drafts only what will be accepted: a ceiling, not a policy)"""
     # ---- action grid
     depths: tuple[int, ...] = (0, 1, 2, 3, 4, 6, 8)
     """depth caps; 0 = no speculation"""

@@ -56,7 +56,9 @@ class ServeReplayEnv(ServeVLLMEnv):
     ``cost_noise`` (default True), ``loads`` (a list of dicts of arrival fields, e.g.
     ``[{"concurrency": 1}, {"arrival": "poisson", "rate": 8.0}]``: each episode draws one, so a
     policy trains across loads; default: the config's), then ``ServeConfig`` and its keyword
-    overrides as ``ServeVLLM-v0``. ``temperature`` must be 0 and ``rule`` ``match`` or ``heuristic``.
+    overrides as ``ServeVLLM-v0``. ``temperature`` must be 0 and ``rule`` ``match``, ``heuristic``
+    or ``hindsight`` (this env only: each request drafts just what it will accept, the ceiling of
+    per-request depth control; ``benchmarks/serve_headroom.py``).
 
     ``env.unwrapped.oracle_action()``: the greedy one-step oracle (the ``Oracle`` baseline).
 

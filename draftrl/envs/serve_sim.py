@@ -42,8 +42,10 @@ from draftrl.prompts import Prompt
 FORMAT = "draftrl-serve-recordings/1"
 #: File of a recordings directory.
 RECORDINGS_FILE = "recordings.json"
-#: Rules of the proposer the simulator replays (``fill`` pads drafts: calibration only).
-RULES = ("match", "heuristic")
+#: Rules of the proposer the simulator replays (``fill`` pads drafts: calibration only). ``hindsight``
+#: exists only here: each request drafts just the tokens its continuation will accept (under the
+#: step's cap and budget), the most any per-request depth policy could get from this drafter.
+RULES = ("match", "heuristic", "hindsight")
 #: Tokens recorded past each request's limit (see :class:`Recording`).
 LOOKAHEAD = 16
 
@@ -226,7 +228,8 @@ class ReplayEngine(QueuedBatch):
     :param max_depth: the proposer's largest depth (vLLM's ``num_speculative_tokens``).
     :param max_num_seqs: most requests in one step; more wait.
     :param max_model_len: the engine's context limit (the proposer leaves room below it).
-    :param rule: each request's own depth before the cap and budget: ``match`` or ``heuristic``.
+    :param rule: each request's own depth before the cap and budget: ``match``, ``heuristic`` or
+        ``hindsight`` (the accepted prefix of its proposal: a ceiling, see ``RULES``).
     :param rng: draws the step-cost noise (``cost.seconds``); None = no noise.
     """
 
@@ -359,7 +362,8 @@ class ReplayEngine(QueuedBatch):
             own = req.history.heuristic_depth if heuristic else self.max_depth
             cap = draft_cap(action.depth, own, self.max_depth, self.max_model_len, req.num_prompt_tokens + t)
             match.append(props.match_len[req.index][t])
-            wanted.append(min(cap, props.available[req.index][t]))
+            can = props.accepted[req.index][t] if self.rule == "hindsight" else props.available[req.index][t]
+            wanted.append(min(cap, can))
         acceptance, admitted = admit_drafts([r.history for r in running], np.array(match, dtype=np.int64),
                                             np.array(wanted, dtype=np.int64), action.budget)
         self._signals = (acceptance, np.array(match, dtype=np.int64))

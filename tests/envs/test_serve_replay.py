@@ -80,7 +80,7 @@ POLICIES = {**{f"depth{d}": fixed(d, 7) for d in range(7)}, "budget0": fixed(6, 
 @pytest.mark.parametrize("arrival", [{"concurrency": 1}, {"concurrency": 5}, {"concurrency": 16},
                                      {"arrival": "poisson", "rate": 20.0}, {"arrival": "burst", "burst_size": 5},
                                      {"concurrency": 12, "max_num_seqs": 4}])
-@pytest.mark.parametrize("rule", ["match", "heuristic"])
+@pytest.mark.parametrize("rule", ["match", "heuristic", "hindsight"])
 def test_every_policy_emits_exactly_the_recorded_continuations(recordings, arrival, rule):
     env = make(recordings, rule=rule, **arrival)
     recorded = {r.prompt.id: r.token_ids for r in recordings.requests}
@@ -92,6 +92,25 @@ def test_every_policy_emits_exactly_the_recorded_continuations(recordings, arriv
             assert r.token_ids == recorded[r.prompt_id][:TOKENS], (name, r.prompt_id)
             assert len(r.token_times) == len(r.token_ids) and r.finished
         assert sum(i["tokens"] for i in infos) == sum(min(len(t), TOKENS) for t in recorded.values())
+
+
+@pytest.mark.parametrize("concurrency", [1, 5])
+def test_hindsight_drafts_only_what_is_accepted_and_no_less(recordings, concurrency):
+    """The ceiling of per-request depth control: no rejected draft is ever verified, and each step
+    still gains what the n-gram drafter's full proposal would have (so the same steps, cheaper)."""
+    results = {}
+    for rule in ("match", "hindsight"):
+        infos = rollout(make(recordings, rule=rule, concurrency=concurrency, cost_noise=False), fixed(6, 7))
+        results[rule] = ([i["tokens"] for i in infos], sum(i["num_drafted"] for i in infos),
+                         sum(i["num_accepted"] for i in infos), sum(i["seconds"] for i in infos),
+                         [r for i in infos for r in i["request_steps"]])
+    match, hind = results["match"], results["hindsight"]
+    assert hind[0] == match[0]  # the same tokens in every step
+    assert hind[2] == match[2] and hind[1] < match[1]  # as many accepted, fewer verified
+    # every draft accepted, except past a request's limit in its last step (verified, not emitted)
+    assert all(r.num_accepted == r.num_drafted for r in hind[4] if not r.finished)
+    assert any(r.num_accepted < r.num_drafted for r in match[4] if not r.finished)
+    assert hind[3] < match[3]
 
 
 def plain_steps(lengths: list[int], concurrency: int) -> int:

@@ -1,0 +1,144 @@
+"""How much any drafting schedule can gain over the best fixed K, in the serving simulator.
+
+Issue "Learning under load" asks a learned policy for >= 1.10x the best single fixed K over a load
+sweep (geometric mean of per-load speedups). Before training for it, measure the ceiling on this
+machine's calibrated step cost, on the held-out recordings, at each load (noise-free step cost, the
+same seeds and arrivals for every arm):
+
+- **fixed K**: depth cap K every step, no budget (the baseline the goal names);
+- **static**: the best fixed (depth, budget) setting of the action grid chosen *per load*, i.e. a
+  policy that knows the load and never changes its action within it;
+- **oracle**: the greedy one-step oracle (``ServeReplay-v0.oracle_action``: every action of the
+  grid tried one step ahead on a copy of the engine);
+- **hindsight**: every request drafts only the tokens its continuation will accept (``rule=
+  hindsight``), with the best (depth, budget) per load: no per-request depth or admission policy
+  over this drafter can verify fewer wasted tokens;
+- any ``--policies`` (``dsd:...``, ``ppo:PATH``) through the usual serving runner.
+
+Prints one line per load (speedups over no speculation, best arm of each kind), then each kind's
+geometric mean over the loads and its ratio to the best single fixed K, and writes
+``OUT/headroom.json``.
+
+    python benchmarks/serve_headroom.py --recordings runs/serve/rec_heldout --calibration runs/serve/vllm_costs.json \\
+        --policies dsd:1-1:6,2-4:4,5-8:2,9-16:1,ppo:runs/serve/ppo_sim --out runs/serve/headroom
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from draftrl.decoding.vllm.calibrate import StepCostModel
+from draftrl.envs.serve_replay import ServeReplayEnv
+from draftrl.envs.serve_sim import Proposals, Recordings
+from draftrl.eval.serving import loads_of, parse_serving_policies, run_serving_eval, serve_config
+from draftrl.io import write_json
+from draftrl.signals.costs import hardware_info, hardware_name
+
+LOADS = {"concurrency": (1, 4, 16), "rates": (1.0, 4.0)}
+
+
+def throughput(env: ServeReplayEnv, choose: Callable[[np.ndarray], np.ndarray], seed: int) -> float:
+    """Tokens per engine second of one episode over the env's workload, ``choose(obs)`` acting."""
+    config = env.unwrapped.config
+    prompt_ids = [p.id for p in env.workload.prompts][: config.num_requests or None]
+    obs, _ = env.reset(seed=seed, options={"prompt_ids": prompt_ids})
+    tokens = seconds = 0.0
+    done = False
+    while not done:
+        obs, _, terminated, truncated, info = env.step(choose(obs))
+        tokens, seconds = tokens + info["tokens"], seconds + info["seconds"]
+        done = terminated or truncated
+    return tokens / seconds
+
+
+def geomean(values: list[float]) -> float:
+    return float(np.exp(np.mean(np.log(values))))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--recordings", required=True, help="held-out recordings (draftrl collect --engine vllm)")
+    p.add_argument("--calibration", required=True, help="draftrl calibrate --engine vllm --out FILE")
+    p.add_argument("--policies", default="", help="more serving policies to place, e.g. dsd:1-1:6,...,ppo:DIR")
+    p.add_argument("--concurrency", default="1,4,16")
+    p.add_argument("--rates", default="1,4", help="Poisson arrival rates, requests per second")
+    p.add_argument("--set", dest="overrides", action="append", default=["max_new_tokens=48"],
+                   help="ServeConfig key=value (default max_new_tokens=48)")
+    p.add_argument("--out", required=True)
+    args = p.parse_args()
+    t0 = time.perf_counter()
+    recordings = Recordings.load(args.recordings)
+    config = serve_config(None, args.overrides, split=recordings.requests[0].prompt.split)
+    cost = StepCostModel.from_calibration(args.calibration)
+    proposals = Proposals(recordings, config.max_depth)
+    concurrency = [int(c) for c in args.concurrency.split(",") if c]
+    rates = [float(r) for r in args.rates.split(",") if r]
+    loads = [("concurrency", str(c), {"arrival": "fixed", "concurrency": c}) for c in concurrency]
+    loads += [("rates", f"{r:g}", {"arrival": "poisson", "rate": r}) for r in rates]
+    seed = config.seed if config.seed is not None else 0
+
+    def env_for(load: dict, rule: str = "match") -> ServeReplayEnv:
+        return ServeReplayEnv(recordings, cost, dataclasses.replace(config, rule=rule, **load), cost_noise=False,
+                              proposals=proposals)
+
+    depths = [d for d in config.depths if d > 0]
+    budgets = [b for b in config.budgets if b > 0]
+    grid = [(i, j) for i, d in enumerate(config.depths) if d > 0 for j, b in enumerate(config.budgets) if b > 0]
+    none = np.array([config.depths.index(0), config.budgets.index(0)])
+    no_limit = config.budgets.index(max(config.budgets))  # 128 by default: >= depth x running for every depth
+    rows = []
+    for section, key, load in loads:
+        env, hind = env_for(load), env_for(load, "hindsight")
+        plain = throughput(env, lambda obs: none, seed)
+        speed = lambda e, a: throughput(e, lambda obs: np.asarray(a), seed) / plain  # noqa: E731
+        fixed_k = {f"fixed:{d}": speed(env, (i, no_limit)) for i, d in enumerate(config.depths) if d > 0}
+        static = {f"fixed:{config.depths[i]}:{config.budgets[j]}": speed(env, (i, j)) for i, j in grid}
+        hindsight = {f"hindsight:{config.depths[i]}:{config.budgets[j]}": speed(hind, (i, j)) for i, j in grid}
+        oracle = throughput(env, lambda obs: env.unwrapped.oracle_action(), seed) / plain
+        rows.append({"load": f"{section}={key}", "none_tokens_per_second": plain, "fixed_k": fixed_k,
+                     "static": static, "oracle": oracle, "hindsight": hindsight})
+        best = lambda d: max(d, key=d.get)  # noqa: E731
+        print(f"{section}={key}: none {plain:.1f} tok/s  best fixed K {best(fixed_k)} {max(fixed_k.values()):.3f}x  "
+              f"static {best(static)} {max(static.values()):.3f}x  oracle {oracle:.3f}x  "
+              f"hindsight {best(hindsight)} {max(hindsight.values()):.3f}x", flush=True)
+    extra = {}
+    if args.policies:
+        specs = [s.label for s in parse_serving_policies(args.policies)]
+        res = run_serving_eval(Path(args.out) / "policies", policies=args.policies, concurrency=concurrency,
+                               rates=rates, config=config, make_env=lambda cfg, spec: env_for(
+                                   {k: getattr(cfg, k) for k in ("arrival", "concurrency", "rate")}, cfg.rule))
+        extra = {label: [res[s][k]["policies"][label]["speedup_vs_none"] for s, k in loads_of(res)]
+                 for label in specs if label != "none"}
+    fixed_labels = list(rows[0]["fixed_k"])
+    k_best = max(fixed_labels, key=lambda k: geomean([r["fixed_k"][k] for r in rows]))
+    reference = geomean([r["fixed_k"][k_best] for r in rows])
+    single = max(rows[0]["static"], key=lambda k: geomean([r["static"][k] for r in rows]))
+    kinds = {f"best single fixed K ({k_best})": [r["fixed_k"][k_best] for r in rows],
+             f"best single (depth, budget) ({single})": [r["static"][single] for r in rows],
+             "static per load": [max(r["static"].values()) for r in rows],
+             "greedy one-step oracle": [r["oracle"] for r in rows],
+             "hindsight per load": [max(r["hindsight"].values()) for r in rows],
+             **extra}
+    print(f"--- geometric mean over {len(rows)} loads ({', '.join(r['load'] for r in rows)}), "
+          "speedup over none, then vs the best single fixed K")
+    for name, values in kinds.items():
+        print(f"{geomean(values):.3f}x  {geomean(values) / reference:.3f}x fixed K  "
+              f"[{' '.join(f'{v:.2f}' for v in values)}]  {name}")
+    machine = f"{hardware_name(hardware_info())}  load1={os.getloadavg()[0]:.2f} on {os.cpu_count()} cpus"
+    print(f"simulator, {args.recordings}, {args.calibration}, {time.perf_counter() - t0:.0f} s  machine: {machine}")
+    write_json(Path(args.out) / "headroom.json", {
+        "recordings": args.recordings, "calibration": args.calibration, "machine": machine,
+        "depths": depths, "budgets": budgets, "loads": rows,
+        "summary": {name: {"speedups": values, "geomean": geomean(values), "vs_best_fixed_k": geomean(values) / reference}
+                    for name, values in kinds.items()}})
+
+
+if __name__ == "__main__":
+    main()
