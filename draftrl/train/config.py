@@ -19,6 +19,8 @@ from draftrl.config.wandb import WandbConfig
 
 #: Recipes ``draftrl train`` can run: module ``draftrl.train.<recipe>`` with ``train(cfg, out, ...)``.
 RECIPES: tuple[str, ...] = ("ppo_size", "ppo_depth", "cotrain")
+#: Which checkpoint a run keeps as its policy (``draftrl.train.selection``).
+KEEP: tuple[str, ...] = ("last", "best")
 
 
 @dataclass
@@ -107,6 +109,13 @@ class TrainConfig:
     """baselines evaluated besides the fixed grid: heuristic, threshold, bandit, oracle (draftrl.config.BASELINES)."""
     checkpoint_every: int = 10_000
     """env steps between checkpoints (taken at the next rollout boundary); --resume restarts there."""
+    keep: str = "last"
+    """which checkpoint becomes policy.zip: last | best (the best on select_episodes fresh episodes of
+    the training env, never the evaluation split; draftrl.train.selection)."""
+    select_episodes: int = 15
+    """keep=best: seeded episodes each checkpoint is scored on (the same ones for every checkpoint)."""
+    select_seed: int = 2_000_000
+    """keep=best: seed of the first selection episode; apart from training and evaluation seeds."""
     threads: int = 1
     """torch intra-op threads; 1 is fastest for small MLPs and fair to shared machines."""
     progress_bar: bool = True
@@ -118,7 +127,9 @@ class TrainConfig:
         _check_numbers(self)
         if self.recipe not in RECIPES:
             raise ValueError(f"recipe={self.recipe!r} is not a recipe; choose one of {RECIPES}.")
-        for name in ("total_timesteps", "eval_episodes", "checkpoint_every", "threads"):
+        if self.keep not in KEEP:
+            raise ValueError(f"keep={self.keep!r} is unknown; choose one of {', '.join(KEEP)}.")
+        for name in ("total_timesteps", "eval_episodes", "checkpoint_every", "threads", "select_episodes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)!r} must be >= 1.")
         if self.finetune_real_timesteps < 0 or self.cotrain_rounds < 1:

@@ -10,7 +10,9 @@ Reads top to bottom like CleanRL's ``ppo.py``, with SB3 doing the PPO update:
 4. PPO: SB3's ``"MlpPolicy"`` over the flat observation, ``MultiDiscrete([len(depths),
    len(verify_sizes)])`` actions, ``cfg.ppo``'s hyperparameters (:func:`new_ppo`), trained with
    the checkpoint and throughput callbacks (``draftrl.train.callbacks``) and yours;
-5. save ``policy.zip`` + ``vecnormalize.pkl`` + ``policy.json`` (``draftrl.runs``);
+5. keep the last checkpoint, or with ``keep: best`` the one that scores best on fresh episodes
+   of the training env (``draftrl.train.selection``); save it as ``policy.zip`` +
+   ``vecnormalize.pkl`` + ``policy.json`` (``draftrl.runs``);
 6. evaluate the saved policy, every fixed setting and the baselines on the same seeded episodes
    (``draftrl.train.evaluation``) and write ``train_summary.json``.
 
@@ -36,6 +38,7 @@ from draftrl.train.callbacks import start_wandb
 from draftrl.train.config import EnvSpec, TrainConfig
 from draftrl.train.envs import make_env, make_vec_env
 from draftrl.train.loop import Phase, finish_run, learn_phases, save_trained
+from draftrl.train.selection import score_checkpoints
 from draftrl.train.state import Stopwatch, open_run
 
 
@@ -120,12 +123,20 @@ def run(
                              new_model=lambda venv: new_ppo(cfg, venv, kind), callbacks=callbacks)
         if model is None:
             return None
-        # 5. the policy files
-        save_trained(model, out, kind=kind, env_id=spec.id, grids_env=grids_env,
-                     extra={"run_id": state["run_id"], **(extra or {})})
+        # 5. the policy files; with keep=best, then replaced by the checkpoint best on fresh training-env episodes
+        manifest_extra = {"run_id": state["run_id"], **(extra or {})}
+        save_trained(model, out, kind=kind, env_id=spec.id, grids_env=grids_env, extra=manifest_extra)
+        selection = None
+        if cfg.keep == "best":
+            selection = score_checkpoints(cfg, out, spec, env_kwargs)
+            best_path, best_vecnormalize = selection.pop("best_path"), selection.pop("best_vecnormalize")
+            if selection["best"] != model.num_timesteps:
+                model = PPO.load(best_path, device=cfg.ppo.device)
+                model.draftrl_normalizer_file = best_vecnormalize  # save_trained copies it
+                save_trained(model, out, kind=kind, env_id=spec.id, grids_env=grids_env, extra=manifest_extra)
         # 6. the evaluation against every fixed setting and the baselines, train_summary.json
         return finish_run(cfg, out, state, clock, model.num_timesteps, eval_spec=spec, extra_kwargs=env_kwargs,
-                          wandb_run=wandb_run)
+                          wandb_run=wandb_run, extra={"selection": selection} if selection else None)
     finally:
         if wandb_run is not None:
             wandb_run.finish()

@@ -22,6 +22,7 @@ from draftrl.config import load_config
 from draftrl.policies import ConfidenceThreshold, PPOPolicy, evaluate_policy_on_env, paired_difference
 from draftrl.train import ppo_size
 from draftrl.train.config import TrainConfig
+from draftrl.train.envs import make_env
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 ANALYTIC = CONFIGS / "analytic_regimes.yaml"
@@ -236,6 +237,8 @@ def test_mistyped_config_key_fails_with_one_line(tmp_path, capsys):
         ("ppo.batch_size=100", "does not divide"),
         ("baselines=[oracle, magic]", "magic"),
         ("wandb.mode=cloud", "wandb.mode"),
+        ("keep=first", "keep='first'"),
+        ("select_episodes=0", "select_episodes"),
     ],
 )
 def test_config_values_are_validated(override, message):
@@ -456,3 +459,24 @@ def test_resume_skips_a_damaged_newest_checkpoint(tmp_path, capsys, damage):
         path.write_bytes(b"not a zip")
     with pytest.raises(ValueError, match="no usable checkpoint"):
         ppo_size.train(cfg, tmp_path, resume=True)
+
+
+def test_keep_best_keeps_the_checkpoint_that_scores_best_on_fresh_training_episodes(tmp_path):
+    cfg = tiny("keep=best", "select_episodes=3")
+    summary = ppo_size.train(cfg, tmp_path / "run")
+    selection = summary["selection"]
+    steps = sorted(int(s) for s in selection["scores"])
+    assert steps == [256, 512, 768, 1024]  # every checkpoint, the final one included
+    best = max(steps, key=lambda s: (selection["scores"][str(s)], s))
+    assert selection["best"] == best
+    manifest = json.loads((tmp_path / "run" / "policy.json").read_text())
+    assert manifest["num_timesteps"] == best
+    # the kept policy is that checkpoint, and its score reproduces on the same episodes
+    env = make_env(cfg.env)  # the training env: what selection scores on
+    kept = evaluate_policy_on_env(PPOPolicy.load(tmp_path / "run", env), env, 3, cfg.select_seed)
+    score = float(np.exp(np.mean(np.log(kept["episode_throughputs"]))))
+    assert score == pytest.approx(selection["scores"][str(best)], rel=1e-9)
+    last = evaluate_policy_on_env(PPOPolicy.load(tmp_path / "run" / "checkpoints" / "ppo_1024_steps.zip", env),
+                                  env, 3, cfg.select_seed)
+    assert float(np.exp(np.mean(np.log(last["episode_throughputs"])))) == pytest.approx(selection["scores"]["1024"])
+    assert "selection" not in ppo_size.train(tiny(), tmp_path / "last")  # keep=last (the default) scores nothing

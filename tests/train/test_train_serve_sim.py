@@ -44,6 +44,7 @@ def test_ppo_trains_on_the_serving_simulator_and_meets_its_baselines(tmp_path):
         "ppo.batch_size=64", "ppo.n_epochs=2", "eval_episodes=2", "progress_bar=false", "checkpoint_every=512",
     ])
     summary = ppo_size.train(cfg, tmp_path / "run")
+    assert summary["selection"]["best"] == 512  # the recipe keeps its best checkpoint (here the only one)
     table = summary["evaluation"]["table"]
     env = make_env(cfg.env, evaluation=True)
     grid = {f"fixed(d={d},v={b})" for d in env.unwrapped.depths for b in env.unwrapped.budgets}
