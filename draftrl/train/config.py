@@ -129,6 +129,8 @@ class TrainConfig:
             raise ValueError(f"recipe={self.recipe!r} is not a recipe; choose one of {RECIPES}.")
         if self.keep not in KEEP:
             raise ValueError(f"keep={self.keep!r} is unknown; choose one of {', '.join(KEEP)}.")
+        if self.keep == "best" and self.recipe == "cotrain":
+            raise ValueError("keep=best scores one policy's checkpoints; recipe cotrain alternates two: use keep=last.")
         for name in ("total_timesteps", "eval_episodes", "checkpoint_every", "threads", "select_episodes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)!r} must be >= 1.")

@@ -124,6 +124,7 @@ def run(
         if model is None:
             return None
         # 5. the policy files; with keep=best, then replaced by the checkpoint best on fresh training-env episodes
+        trained_steps = model.num_timesteps
         manifest_extra = {"run_id": state["run_id"], **(extra or {})}
         save_trained(model, out, kind=kind, env_id=spec.id, grids_env=grids_env, extra=manifest_extra)
         selection = None
@@ -135,7 +136,7 @@ def run(
                 model.draftrl_normalizer_file = best_vecnormalize  # save_trained copies it
                 save_trained(model, out, kind=kind, env_id=spec.id, grids_env=grids_env, extra=manifest_extra)
         # 6. the evaluation against every fixed setting and the baselines, train_summary.json
-        return finish_run(cfg, out, state, clock, model.num_timesteps, eval_spec=spec, extra_kwargs=env_kwargs,
+        return finish_run(cfg, out, state, clock, trained_steps, eval_spec=spec, extra_kwargs=env_kwargs,
                           wandb_run=wandb_run, extra={"selection": selection} if selection else None)
     finally:
         if wandb_run is not None:

@@ -246,6 +246,11 @@ def test_config_values_are_validated(override, message):
         load_config(TrainConfig, ANALYTIC, [override])
 
 
+def test_keep_best_is_refused_where_two_policies_alternate():
+    with pytest.raises(ValueError, match="recipe cotrain"):
+        load_config(TrainConfig, ANALYTIC, ["keep=best", "recipe=cotrain"])
+
+
 def test_yaml_exponent_without_a_dot_is_a_float():
     """YAML 1.1 reads 1e-4 as a string; the config loader converts it for float fields."""
     assert load_config(TrainConfig, ANALYTIC, ["ppo.learning_rate=1e-4"]).ppo.learning_rate == 1e-4
@@ -470,7 +475,7 @@ def test_keep_best_keeps_the_checkpoint_that_scores_best_on_fresh_training_episo
     best = max(steps, key=lambda s: (selection["scores"][str(s)], s))
     assert selection["best"] == best
     manifest = json.loads((tmp_path / "run" / "policy.json").read_text())
-    assert manifest["num_timesteps"] == best
+    assert manifest["num_timesteps"] == best and summary["num_timesteps"] == 1024  # the policy's steps; the run's
     # the kept policy is that checkpoint, and its score reproduces on the same episodes
     env = make_env(cfg.env)  # the training env: what selection scores on
     kept = evaluate_policy_on_env(PPOPolicy.load(tmp_path / "run", env), env, 3, cfg.select_seed)
