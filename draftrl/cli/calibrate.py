@@ -13,6 +13,10 @@ import json
 import sys
 
 from draftrl.cli import _options
+from draftrl.decoding.vllm.calibrate import CalibrationSizes
+
+#: The vLLM cells measured by default (importing the module does not import vLLM).
+SIZES = CalibrationSizes()
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -42,12 +46,12 @@ def add_parser(subparsers) -> None:
     p.add_argument("--engine", choices=["hf", "vllm"], default="hf",
                    help="vllm: step seconds of an in-process vLLM engine vs sequences and tokens verified "
                         "(draftrl.decoding.vllm.calibrate; --target, --dtype, --threads apply)")
-    p.add_argument("--batch-sizes", type=_ints, default=(1, 2, 4, 8, 16), help="vllm: running sequences")
-    p.add_argument("--depths", type=_ints, default=(0, 1, 2, 4, 8), help="vllm: draft tokens per sequence")
-    p.add_argument("--steps", type=int, default=8, help="vllm: timed steps per (batch size, depth) and prefill cell")
-    p.add_argument("--prefill-lens", type=_ints, default=(32, 128, 384), help="vllm: prompt tokens per prefill")
-    p.add_argument("--prefill-batch-sizes", type=_ints, default=(1, 4), help="vllm: prompts prefilled together")
-    p.add_argument("--rounds", type=int, default=2, help="vllm: shuffled passes over the cells (spreads load drift)")
+    p.add_argument("--batch-sizes", type=_ints, default=SIZES.batch_sizes, help="vllm: running sequences")
+    p.add_argument("--depths", type=_ints, default=SIZES.depths, help="vllm: draft tokens per sequence")
+    p.add_argument("--steps", type=int, default=SIZES.steps, help="vllm: timed steps per (batch size, depth) and prefill cell")
+    p.add_argument("--prefill-lens", type=_ints, default=SIZES.prefill_lens, help="vllm: prompt tokens per prefill")
+    p.add_argument("--prefill-batch-sizes", type=_ints, default=SIZES.prefill_batch_sizes, help="vllm: prompts prefilled together")
+    p.add_argument("--rounds", type=int, default=SIZES.rounds, help="vllm: shuffled passes over the cells (spreads load drift)")
     _options.add_out(p, "write the cost table JSON here", required=False)
     _options.add_json(p)
     p.set_defaults(func=run)
@@ -78,7 +82,7 @@ def g_lines(table) -> list[str]:
 
 
 def run_vllm(args: argparse.Namespace) -> int:
-    from draftrl.decoding.vllm.calibrate import CalibrationSizes, calibrate_model
+    from draftrl.decoding.vllm.calibrate import calibrate_model
     from draftrl.io import write_json
 
     cfg = config(args)
