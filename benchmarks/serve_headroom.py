@@ -30,32 +30,16 @@ import dataclasses
 import os
 import time
 from pathlib import Path
-from typing import Callable
+from types import SimpleNamespace
 
 import numpy as np
 
 from draftrl.decoding.vllm.calibrate import StepCostModel
 from draftrl.envs.serve_replay import ServeReplayEnv
 from draftrl.envs.serve_sim import Proposals, Recordings
-from draftrl.eval.serving import loads_of, parse_serving_policies, run_serving_eval, serve_config
+from draftrl.eval.serving import episode_throughput, loads_of, parse_serving_policies, run_serving_eval, serve_config
 from draftrl.io import write_json
 from draftrl.signals.costs import hardware_info, hardware_name
-
-LOADS = {"concurrency": (1, 4, 16), "rates": (1.0, 4.0)}
-
-
-def throughput(env: ServeReplayEnv, choose: Callable[[np.ndarray], np.ndarray], seed: int) -> float:
-    """Tokens per engine second of one episode over the env's workload, ``choose(obs)`` acting."""
-    config = env.unwrapped.config
-    prompt_ids = [p.id for p in env.workload.prompts][: config.num_requests or None]
-    obs, _ = env.reset(seed=seed, options={"prompt_ids": prompt_ids})
-    tokens = seconds = 0.0
-    done = False
-    while not done:
-        obs, _, terminated, truncated, info = env.step(choose(obs))
-        tokens, seconds = tokens + info["tokens"], seconds + info["seconds"]
-        done = terminated or truncated
-    return tokens / seconds
 
 
 def geomean(values: list[float]) -> float:
@@ -84,9 +68,13 @@ def main() -> None:
     loads += [("rates", f"{r:g}", {"arrival": "poisson", "rate": r}) for r in rates]
     seed = config.seed if config.seed is not None else 0
 
-    def env_for(load: dict, rule: str = "match") -> ServeReplayEnv:
-        return ServeReplayEnv(recordings, cost, dataclasses.replace(config, rule=rule, **load), cost_noise=False,
-                              proposals=proposals)
+    def env_for(cfg) -> ServeReplayEnv:
+        return ServeReplayEnv(recordings, cost, cfg, cost_noise=False, proposals=proposals)
+
+    def throughput(env: ServeReplayEnv, act) -> float:
+        """Tokens per engine second of one episode over the workload, ``act(obs)`` choosing each action."""
+        prompt_ids = [prompt.id for prompt in env.workload.prompts][: config.num_requests or None]
+        return episode_throughput(env, SimpleNamespace(act=act), prompt_ids, seed)
 
     depths = [d for d in config.depths if d > 0]
     budgets = [b for b in config.budgets if b > 0]
@@ -95,13 +83,14 @@ def main() -> None:
     no_limit = config.budgets.index(max(config.budgets))  # 128 by default: >= depth x running for every depth
     rows = []
     for section, key, load in loads:
-        env, hind = env_for(load), env_for(load, "hindsight")
-        plain = throughput(env, lambda obs: none, seed)
-        speed = lambda e, a: throughput(e, lambda obs: np.asarray(a), seed) / plain  # noqa: E731
+        env = env_for(dataclasses.replace(config, **load))
+        hind = env_for(dataclasses.replace(config, rule="hindsight", **load))
+        plain = throughput(env, lambda obs: none)
+        speed = lambda e, a: throughput(e, lambda obs: np.asarray(a)) / plain  # noqa: E731
         fixed_k = {f"fixed:{d}": speed(env, (i, no_limit)) for i, d in enumerate(config.depths) if d > 0}
         static = {f"fixed:{config.depths[i]}:{config.budgets[j]}": speed(env, (i, j)) for i, j in grid}
         hindsight = {f"hindsight:{config.depths[i]}:{config.budgets[j]}": speed(hind, (i, j)) for i, j in grid}
-        oracle = throughput(env, lambda obs: env.unwrapped.oracle_action(), seed) / plain
+        oracle = throughput(env, lambda obs: env.unwrapped.oracle_action()) / plain
         rows.append({"load": f"{section}={key}", "none_tokens_per_second": plain, "fixed_k": fixed_k,
                      "static": static, "oracle": oracle, "hindsight": hindsight})
         best = lambda d: max(d, key=d.get)  # noqa: E731
@@ -112,8 +101,7 @@ def main() -> None:
     if args.policies:
         specs = [s.label for s in parse_serving_policies(args.policies)]
         res = run_serving_eval(Path(args.out) / "policies", policies=args.policies, concurrency=concurrency,
-                               rates=rates, config=config, make_env=lambda cfg, spec: env_for(
-                                   {k: getattr(cfg, k) for k in ("arrival", "concurrency", "rate")}, cfg.rule))
+                               rates=rates, config=config, make_env=lambda cfg, spec: env_for(cfg))
         extra = {label: [res[s][k]["policies"][label]["speedup_vs_none"] for s, k in loads_of(res)]
                  for label in specs if label != "none"}
     fixed_labels = list(rows[0]["fixed_k"])

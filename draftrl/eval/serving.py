@@ -289,6 +289,12 @@ def run_episode(env, actor: _Actor, prompt_ids: list[str], seed: int = 0,
     return info["requests"], steps
 
 
+def episode_throughput(env, actor: Any, prompt_ids: list[str], seed: int = 0) -> float:
+    """Tokens per engine second of one :func:`run_episode` (``actor.act(obs)`` choosing each action)."""
+    requests, steps = run_episode(env, actor, prompt_ids, seed=seed)
+    return sum(len(r.token_ids) for r in requests) / sum(st["seconds"] for st in steps)
+
+
 def kendall_tau(a: list[float], b: list[float]) -> float | None:
     """Tau-a: (concordant - discordant) / pairs; a pair tied in either list counts as neither."""
     import itertools
@@ -332,8 +338,7 @@ def search_dsd(make_env: Callable[[Any, ServingPolicySpec], Any], config, loads:
     seed = config.seed if config.seed is not None else 0
 
     def throughput(spec: ServingPolicySpec, i: int) -> float:
-        requests, steps = run_episode(envs[i], _Actor(spec, envs[i]), prompt_ids[i], seed=seed)
-        return sum(len(r.token_ids) for r in requests) / sum(st["seconds"] for st in steps)
+        return episode_throughput(envs[i], _Actor(spec, envs[i]), prompt_ids[i], seed=seed)
 
     plain = [throughput(ServingPolicySpec("none", "none"), i) for i in range(len(envs))]
     names = [",".join(f"{k}={v}" for k, v in load.items()) for load in loads]
