@@ -1,5 +1,5 @@
 """``draftrl demo --engine vllm``'s pieces that need no vLLM: the sweep summary and the resume guard
-(tests/vllm/test_serve_demo_real.py runs the demo in vLLM)."""
+(tests/real_vllm/test_serve_demo_real.py runs the demo in vLLM)."""
 
 from __future__ import annotations
 

@@ -44,7 +44,7 @@ def test_exported_policy_runs_in_vllm(replay_run, tmp_path, monkeypatch):
     assert type(proposer).__name__ == "PolicyProposer" and proposer.rule == "policy"
     assert proposer.core.controller.path.name == "policy.onnx"
 
-    plain = shared_engine(VLLMEngineConfig(method="none"))  # the engine tests/vllm share
+    plain = shared_engine(VLLMEngineConfig(method="none"))  # the engine tests/real_vllm share
     for i, p in enumerate(prompts):
         plain.add_request(str(i), p["prompt_token_ids"], 24)
     expected: dict[str, list[int]] = {}
@@ -55,9 +55,5 @@ def test_exported_policy_runs_in_vllm(replay_run, tmp_path, monkeypatch):
     assert proposer.step > 0 and sum(r.acceptance.num_accepted for r in proposer.requests.values()) > 0
     # Keep this LLM for the session: destroying an in-process vLLM engine tears down vLLM's
     # process-global parallel groups, and the next step of any other engine (the shared ones of
-    # tests/vllm) then fails with "pipeline model parallel group is not initialized".
+    # tests/real_vllm) then fails with "pipeline model parallel group is not initialized".
     _KEPT.append(llm)
-
-
-def test_export_refuses_a_policy_no_engine_can_feed(analytic_run, tmp_path, capsys):
-    assert main(["export", str(analytic_run), "--format", "vllm", "--out", str(tmp_path / "b")]) == 2

@@ -3,7 +3,7 @@ recipe, is evaluated against every fixed (depth cap, budget), the per-request he
 greedy one-step oracle, and loads back onto the simulator's (= ServeVLLM-v0's) spaces.
 
 Synthetic recordings and a synthetic calibration file stand for the vLLM ones (tests/envs checks
-the simulator itself; tests/vllm checks it against vLLM), so this runs in seconds.
+the simulator itself; tests/real_vllm checks it against vLLM), so this runs in seconds.
 """
 
 from __future__ import annotations

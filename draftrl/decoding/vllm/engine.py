@@ -28,7 +28,6 @@ count back if numba was loaded before these defaults.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 import time
@@ -40,6 +39,7 @@ import numpy as np
 import torch
 
 from draftrl.decoding.admission import StepAction
+from draftrl.deps import installed
 from draftrl.decoding.interface import EngineStep, RequestStep
 from draftrl.decoding.vllm.guards import guard_cpu_expand
 from draftrl.decoding.vllm.logprobs import logprobs_needed
@@ -53,8 +53,8 @@ INSTALL_GPU = f"pip install vllm=={VLLM_VERSION}"
 
 
 def vllm_available() -> bool:
-    """Whether ``import vllm`` can work (the package is installed)."""
-    return importlib.util.find_spec("vllm") is not None
+    """Whether the real vLLM is installed (a folder named ``vllm`` on ``sys.path`` does not count)."""
+    return installed("vllm")
 
 
 def require_vllm() -> None:

@@ -6,8 +6,9 @@ nothing where the bug cannot occur.
 
 from __future__ import annotations
 
-import importlib.util
 from typing import Any
+
+from draftrl.deps import installed
 
 
 def guard_cpu_expand() -> None:
@@ -23,7 +24,7 @@ def guard_cpu_expand() -> None:
     for engines still to be built (the module attribute vLLM registers from) and for the
     override already registered in this process. Nothing changes off CPU or without vLLM.
     """
-    if importlib.util.find_spec("vllm") is None:
+    if not installed("vllm"):
         return
     from vllm.platforms import current_platform
 

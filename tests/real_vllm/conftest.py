@@ -14,7 +14,7 @@ from draftrl.decoding.vllm.engine import INSTALL_CPU, vllm_available
 def pytest_collection_modifyitems(config, items):
     skip = pytest.mark.skip(reason=f"vllm is not installed ({INSTALL_CPU})")
     for item in items:
-        if "tests/vllm/" in str(item.fspath).replace("\\", "/"):
+        if "tests/real_vllm/" in str(item.fspath).replace("\\", "/"):
             item.add_marker(pytest.mark.vllm)
             if not vllm_available():
                 item.add_marker(skip)
