@@ -74,8 +74,8 @@ def main() -> None:
         traces = str(collect(config, engine, tokenizer).save(work / "traces"))
 
     rates = {
-        "draftrl/SpecDecode-v0": steps_per_second(gym.make("draftrl/SpecDecode-v0", config=config), args.seconds),
-        "draftrl/SpecDecodeDepth-v0": steps_per_second(gym.make("draftrl/SpecDecodeDepth-v0", config=config),
+        "draftrl/SpecDecode-v1": steps_per_second(gym.make("draftrl/SpecDecode-v1", config=config), args.seconds),
+        "draftrl/SpecDecodeDepth-v1": steps_per_second(gym.make("draftrl/SpecDecodeDepth-v1", config=config),
                                                        args.seconds),
         "draftrl/TraceReplay-v0": steps_per_second(
             gym.make("draftrl/TraceReplay-v0", traces=traces, cost_table=cost_table), args.seconds),
@@ -83,7 +83,7 @@ def main() -> None:
             gym.make("draftrl/TraceReplayDepth-v0", traces=traces, cost_table=cost_table), args.seconds),
         "draftrl/Analytic-v0": steps_per_second(gym.make("draftrl/Analytic-v0"), args.seconds),
     }
-    real = rates["draftrl/SpecDecode-v0"]
+    real = rates["draftrl/SpecDecode-v1"]
     for env_id, rate in rates.items():
         print(f"vs_real={rate / real:.1f}x  steps_per_s={rate:.1f}  env={env_id}  config={Path(args.config).name}  "
               f"hardware={hardware}  threads={args.threads}")

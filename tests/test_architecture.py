@@ -176,7 +176,7 @@ def test_gym_make_in_a_fresh_interpreter_without_importing_draftrl():
         "before = 'draftrl' in sys.modules\n"
         "env = gym.make('draftrl.envs:draftrl/Analytic-v0', alpha=0.7, max_new_tokens=8)\n"
         "obs, info = env.reset(seed=0)\n"
-        "spec = gym.spec('draftrl/SpecDecode-v0')\n"
+        "spec = gym.spec('draftrl/SpecDecode-v1')\n"
         "print(json.dumps({'before': before, 'obs': len(obs), 'entry': spec.entry_point,"
         " 'torch': 'torch' in sys.modules}))"
     )

@@ -101,7 +101,7 @@ def from_dict(cls: type[T], data: dict[str, Any], prefix: str = "", base: T | No
 def resolve(cls: type[T], config: T | dict[str, Any] | None, overrides: dict[str, Any]) -> T:
     """A ``cls`` from a config, a mapping of its fields or None, plus keyword overrides: how the
     envs take their ``gym.make`` arguments. Unknown keys fail naming the closest valid one
-    (``gym.make("draftrl/SpecDecode-v0", depth=4)`` names ``depths``)."""
+    (``gym.make("draftrl/SpecDecode-v1", depth=4)`` names ``depths``)."""
     if config is None:
         config = cls()
     elif isinstance(config, dict):

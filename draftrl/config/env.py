@@ -2,7 +2,7 @@
 
 Defaults live here; YAML files in ``configs/`` override what differs under an ``env:`` section
 (``draftrl.config.load_config``), e.g. ``configs/tiny_cpu.yaml``. The same config drives
-``draftrl/SpecDecode-v0``, ``draftrl/SpecDecodeDepth-v0``, ``draftrl collect`` and
+``draftrl/SpecDecode-v1``, ``draftrl/SpecDecodeDepth-v1``, ``draftrl collect`` and
 ``draftrl/TraceReplay-v0``, so a policy trained on replay meets the same spaces on the real env.
 """
 
@@ -98,7 +98,7 @@ class EnvConfig:
     monitor: bool = True
     """run the streaming exactness monitor on every emitted token (SpecDecode envs)"""
     depth_shaping: bool = False
-    """SpecDecodeDepth-v0 with reward=ratio: pay -rho * draft seconds on every draft step"""
+    """SpecDecodeDepth-v1 with reward=ratio: pay -rho * draft seconds on every draft step"""
 
     def __post_init__(self) -> None:
         from draftrl.config import KERNELS

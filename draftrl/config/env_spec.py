@@ -95,7 +95,7 @@ class EnvSpec(EnvConfig):
     so errors name the section the bad key is in."""
 
     id: str = "draftrl/TraceReplay-v0"
-    """gymnasium id: draftrl/TraceReplay-v0 (recorded traces), draftrl/Analytic-v0, draftrl/SpecDecode-v0, ..."""
+    """gymnasium id: draftrl/TraceReplay-v0 (recorded traces), draftrl/Analytic-v0, draftrl/SpecDecode-v1, ..."""
     traces: str | None = None
     """TraceReplay ids: a directory from draftrl collect (recorded with the same target, drafter, width)"""
     verify_size: int = 0
@@ -197,7 +197,7 @@ class DepthEnvSpec(EnvSpec):
 
     section: ClassVar[str] = "depth_env"
     id: str = "draftrl/TraceReplayDepth-v0"
-    """draftrl/TraceReplayDepth-v0 (recorded traces) or draftrl/SpecDecodeDepth-v0 (real engine)."""
+    """draftrl/TraceReplayDepth-v0 (recorded traces) or draftrl/SpecDecodeDepth-v1 (real engine)."""
 
 
 @dataclass
@@ -205,8 +205,8 @@ class FinetuneEnvSpec(EnvSpec):
     """The real-engine env of the fine-tuning phase."""
 
     section: ClassVar[str] = "finetune_env"
-    id: str = "draftrl/SpecDecode-v0"
-    """draftrl/SpecDecode-v0 (size policies) or draftrl/SpecDecodeDepth-v0 (depth policies)."""
+    id: str = "draftrl/SpecDecode-v1"
+    """draftrl/SpecDecode-v1 (size policies) or draftrl/SpecDecodeDepth-v1 (depth policies)."""
 
 
 #: The training config's env sections, each with its spec class (its default id, its name in errors).

@@ -76,7 +76,7 @@ class AnalyticEnv(gym.Env[np.ndarray, np.ndarray]):
     ``verify_size=0`` means "verify every drafted token" (``n = depth``, the default and the
     article's model). Drafted tokens beyond ``n`` are paid for (``draft_cost`` each) and thrown
     away. ``depth=0`` verifies nothing whatever ``verify_size`` is. The second action dimension
-    exists for interface parity with ``draftrl/SpecDecode-v0``, where ``verify_size`` counts
+    exists for interface parity with ``draftrl/SpecDecode-v1``, where ``verify_size`` counts
     tree nodes.
 
     ## Action Space
@@ -166,7 +166,7 @@ class AnalyticEnv(gym.Env[np.ndarray, np.ndarray]):
 
     ```python
     import gymnasium as gym
-    import draftrl.envs  # registers the ids; an installed draftrl needs no import (draftrl_gym.pth)
+    import draftrl.envs  # registers the ids (or: gym.make("draftrl.envs:draftrl/..."))
     env = gym.make("draftrl/Analytic-v0", alpha=0.7, draft_cost=0.05)
     ```
 

@@ -1,6 +1,6 @@
 """What the two per-level envs share: the STOP/CONTINUE action, their spaces, the verify size.
 
-``SpecDecodeDepth-v0`` (real engine) and ``TraceReplayDepth-v0`` (recorded trees) differ in how a
+``SpecDecodeDepth-v1`` (real engine) and ``TraceReplayDepth-v0`` (recorded trees) differ in how a
 level is drafted and a round verified, not in what the agent sees or does; this mixin holds the
 latter so that the two cannot drift apart.
 """

@@ -1,10 +1,9 @@
 """The draftrl gymnasium ids and their ``register`` arguments, defined once.
 
-Two callers register them: ``import draftrl.envs``, and, in an interpreter that has not imported
-draftrl, the start-up hook ``_draftrl_gym`` (``draftrl_gym.pth``) right after gymnasium's
-registry module loads. The hook loads this file by path, so it must import nothing: entry points
-are strings, and ``gymnasium.make`` imports an env's module only when that env is made. Time
-limits live here (``max_episode_steps``), not in ``step``.
+``import draftrl.envs`` registers them. Entry points are strings, so this module imports nothing
+and ``gymnasium.make`` imports an env's module only when that env is made. Time limits live here
+(``max_episode_steps``), not in ``step``. An id's version goes up whenever its reward or spaces
+change (its env's docstring keeps the Version History).
 """
 
 from __future__ import annotations
@@ -18,14 +17,14 @@ ENVS: tuple[dict[str, Any], ...] = (
     dict(id="draftrl/Analytic-v0", entry_point="draftrl.envs.analytic:AnalyticEnv", max_episode_steps=1024),
     # The real engine (torch + transformers, imported only when made). Rewards are wall clock, so
     # the ids are marked nondeterministic (gymnasium's checker then skips step determinism).
-    dict(id="draftrl/SpecDecode-v0", entry_point="draftrl.envs.spec_decode:SpecDecodeEnv", max_episode_steps=1024,
+    dict(id="draftrl/SpecDecode-v1", entry_point="draftrl.envs.spec_decode:SpecDecodeEnv", max_episode_steps=1024,
          nondeterministic=True),
     # One step per draft level: a round is at most max(depths) + 1 steps.
-    dict(id="draftrl/SpecDecodeDepth-v0", entry_point="draftrl.envs.spec_decode_depth:SpecDecodeDepthEnv",
+    dict(id="draftrl/SpecDecodeDepth-v1", entry_point="draftrl.envs.spec_decode_depth:SpecDecodeDepthEnv",
          max_episode_steps=16384, nondeterministic=True),
     # Recorded greedy traces with seconds from a cost table: deterministic given the seed.
     dict(id="draftrl/TraceReplay-v0", entry_point="draftrl.envs.replay:TraceReplayEnv", max_episode_steps=1024),
-    # Per-level CONTINUE/STOP on recorded traces (SpecDecodeDepth-v0 at replay speed).
+    # Per-level CONTINUE/STOP on recorded traces (SpecDecodeDepth-v1 at replay speed).
     dict(id="draftrl/TraceReplayDepth-v0", entry_point="draftrl.envs.replay_depth:TraceReplayDepthEnv",
          max_episode_steps=16384),
     # A serving engine under load (vLLM in-process by default): one step = one engine step over the
@@ -38,8 +37,8 @@ ENVS: tuple[dict[str, Any], ...] = (
 
 
 def register_all(registry: dict[str, Any], register: Callable[..., Any]) -> None:
-    """``register(**kwargs)`` for every id of :data:`ENVS` not in ``registry`` yet (the start-up hook
-    may have registered them first; registering again would warn "Overriding environment")."""
+    """``register(**kwargs)`` for every id of :data:`ENVS` not in ``registry`` yet (a reloaded
+    ``draftrl.envs`` registers nothing twice: gymnasium would warn "Overriding environment")."""
     for kwargs in ENVS:
         if kwargs["id"] not in registry:
             register(**kwargs)

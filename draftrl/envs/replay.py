@@ -1,8 +1,8 @@
-"""``draftrl/TraceReplay-v0``: ``SpecDecode-v0`` replayed from greedy traces, without models.
+"""``draftrl/TraceReplay-v0``: ``SpecDecode-v1`` replayed from greedy traces, without models.
 
 Tokens per round are exact (see ``draftrl.envs.traces``); seconds come from a cost table
 (``draftrl calibrate``). The observation is built by the same :class:`FeatureBuilder` as the
-real env's, so a policy trained here runs unchanged on ``draftrl/SpecDecode-v0``.
+real env's, so a policy trained here runs unchanged on ``draftrl/SpecDecode-v1``.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ class TraceReplayEnv(SeededEpisodes, gym.Env[np.ndarray, np.ndarray]):
     """
     ## Description
 
-    ``draftrl/SpecDecode-v0`` at temperature 0, replayed from traces recorded by
+    ``draftrl/SpecDecode-v1`` at temperature 0, replayed from traces recorded by
     ``draftrl collect``: an episode is one recorded request, a step one round. The round's
     draft tree is the first ``depth`` levels of the tree recorded at the current position, the
     target verifies its ``verify_size`` best nodes (``DraftTree.select``'s rule), and the accepted
@@ -39,20 +39,20 @@ class TraceReplayEnv(SeededEpisodes, gym.Env[np.ndarray, np.ndarray]):
 
     ## Action Space
 
-    As ``SpecDecode-v0``: ``MultiDiscrete([len(depths), len(verify_sizes)])`` indexing
+    As ``SpecDecode-v1``: ``MultiDiscrete([len(depths), len(verify_sizes)])`` indexing
     ``env.unwrapped.depths`` (0 = no speculation) and ``env.unwrapped.verify_sizes`` (0 = all).
     ``max(depths)`` may not exceed the recorded depth and ``width`` must equal the recorded one.
 
     ## Observation Space
 
-    Identical to ``SpecDecode-v0`` (``env.unwrapped.feature_names``, same table): the draft
+    Identical to ``SpecDecode-v1`` (``env.unwrapped.feature_names``, same table): the draft
     signals recorded at each position, the same history and context features, and cost features
     built by the same running averages, fed with the replayed seconds (so they sit at the cost
     table's ratios, plus noise when ``cost_noise > 0``).
 
     ## Rewards
 
-    As ``SpecDecode-v0`` (``ratio`` or ``throughput``), but ``seconds`` are the cost table's:
+    As ``SpecDecode-v1`` (``ratio`` or ``throughput``), but ``seconds`` are the cost table's:
     draft ``base + levels * level(width)``, verify ``forward(1 + num_verified, context)``, sample
     ``base + tokens * per_token``, each times ``exp(sigma * z - sigma^2 / 2)`` with
     ``sigma = EnvConfig.cost_noise`` and ``z ~ N(0, 1)`` from the env's RNG. Deterministic given
@@ -72,7 +72,7 @@ class TraceReplayEnv(SeededEpisodes, gym.Env[np.ndarray, np.ndarray]):
 
     ## Information
 
-    The keys of ``SpecDecode-v0``; ``token_stats`` are the greedy statistics the engine would
+    The keys of ``SpecDecode-v1``; ``token_stats`` are the greedy statistics the engine would
     report (p = 1 on the emitted token); ``exactness_passed`` is None (nothing to test at
     temperature 0).
 

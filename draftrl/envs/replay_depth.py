@@ -1,4 +1,4 @@
-"""``draftrl/TraceReplayDepth-v0``: ``SpecDecodeDepth-v0`` replayed from greedy traces.
+"""``draftrl/TraceReplayDepth-v0``: ``SpecDecodeDepth-v1`` replayed from greedy traces.
 
 The per-level CONTINUE/STOP decision of Learning to Draft's depth policy, at replay speed: the
 level signals come from the recorded trees (the same values ``TreeBuilder.level_features``
@@ -25,7 +25,7 @@ class TraceReplayDepthEnv(DepthControl, TraceReplayEnv):
     """
     ## Description
 
-    ``draftrl/SpecDecodeDepth-v0`` at temperature 0, replayed from ``draftrl collect`` traces:
+    ``draftrl/SpecDecodeDepth-v1`` at temperature 0, replayed from ``draftrl collect`` traces:
     after each draft level the agent chooses STOP (0: verify now) or CONTINUE (1: one more
     level). A round ends in the same step as its last level when it reaches
     ``max(EnvConfig.depths)`` levels or the remaining budget, or when the recorded tree has no
@@ -38,12 +38,12 @@ class TraceReplayDepthEnv(DepthControl, TraceReplayEnv):
 
     ## Observation Space
 
-    Identical to ``SpecDecodeDepth-v0``: the ``SpecDecode-v0`` features followed by `level`,
+    Identical to ``SpecDecodeDepth-v1``: the ``SpecDecode-v1`` features followed by `level`,
     `level_best_prob`, `level_num_nodes` of the recorded tree cut at the current level.
 
     ## Rewards
 
-    As ``SpecDecodeDepth-v0`` with the cost table's seconds: a draft level costs
+    As ``SpecDecodeDepth-v1`` with the cost table's seconds: a draft level costs
     ``draft.level_seconds(width)``, the per-round draft base is charged with the verification.
     Intermediate steps pay 0, or ``-rho * level seconds`` with ``EnvConfig.depth_shaping``.
 

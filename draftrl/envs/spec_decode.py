@@ -1,4 +1,4 @@
-"""``draftrl/SpecDecode-v0``: the real speculative decoding engine as a Gymnasium env.
+"""``draftrl/SpecDecode-v1``: the real speculative decoding engine as a Gymnasium env.
 
 A step is one round of :class:`~draftrl.decoding.engine.SpeculativeDecoder`; the env turns the
 round's result into an observation (``draftrl.signals.features``) and a reward
@@ -204,9 +204,9 @@ class SpecDecodeEnv(EngineEpisodes):
 
     ```python
     import gymnasium as gym
-    import draftrl.envs  # registers the ids; an installed draftrl needs no import (draftrl_gym.pth)
-    env = gym.make("draftrl/SpecDecode-v0", config=EnvConfig(drafter="ngram", languages=("en",)))
-    env = gym.make("draftrl/SpecDecode-v0", depths=(0, 2, 4), max_new_tokens=32)   # field overrides
+    import draftrl.envs  # registers the ids (or: gym.make("draftrl.envs:draftrl/..."))
+    env = gym.make("draftrl/SpecDecode-v1", config=EnvConfig(drafter="ngram", languages=("en",)))
+    env = gym.make("draftrl/SpecDecode-v1", depths=(0, 2, 4), max_new_tokens=32)   # field overrides
     env = SpecDecodeEnv(config, engine=engine, tokenizer=tokenizer)                # a prebuilt engine
     ```
 
@@ -219,9 +219,10 @@ class SpecDecodeEnv(EngineEpisodes):
 
     ## Version History
 
-    - v0: initial version. The first round feeds the prompt with its drafts, so its seconds
-      include the prompt's forward (earlier builds prefilled in ``reset``; the reward formula and
-      the spaces are the same).
+    - v1: the first round feeds the prompt with its drafts (as Hugging Face prompt lookup does),
+      so its seconds, and hence its reward, include the prompt's forward. The reward formula and
+      the spaces are unchanged.
+    - v0: initial version; ``reset`` prefilled the prompt, outside every round's seconds.
     """
 
     def __init__(self, config: EnvConfig | dict | None = None, *, engine=None, tokenizer=None, target=None,

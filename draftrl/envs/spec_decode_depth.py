@@ -1,9 +1,9 @@
-"""``draftrl/SpecDecodeDepth-v0``: stop or continue drafting after every draft level.
+"""``draftrl/SpecDecodeDepth-v1``: stop or continue drafting after every draft level.
 
 Learning to Draft's depth policy on the real engine: the tree is grown one level per step
 (``Drafter.begin`` / ``TreeBuilder.step``, one batched draft forward per level) and verified
 with ``SpeculativeDecoder.round_from_tree`` when the agent stops. Observations and rewards come
-from the same builder and reward model as ``draftrl/SpecDecode-v0``.
+from the same builder and reward model as ``draftrl/SpecDecode-v1``.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ class SpecDecodeDepthEnv(DepthControl, EngineEpisodes):
     ## Observation Space
 
     ``Box(float32, shape=(28,))`` for ``history=4``: the 25 features of
-    ``draftrl/SpecDecode-v0`` (same order, same meaning, computed once at the start of the
+    ``draftrl/SpecDecode-v1`` (same order, same meaning, computed once at the start of the
     round), then the current level's signals (``TreeBuilder.level_features``):
 
     | Num | Observation       | Min | Max  | Meaning |
@@ -49,14 +49,14 @@ class SpecDecodeDepthEnv(DepthControl, EngineEpisodes):
     ## Rewards
 
     Wall clock, NOT reproducible. Paid when the round is verified: the round's reward exactly
-    as in ``SpecDecode-v0`` (``ratio`` or ``throughput``); intermediate draft steps pay 0. With
+    as in ``SpecDecode-v1`` (``ratio`` or ``throughput``); intermediate draft steps pay 0. With
     ``EnvConfig.depth_shaping=True`` (``reward="ratio"`` only) each draft step pays
     ``-rho * (its draft seconds)`` and the verifying step pays ``tokens - rho * (the round's
     remaining seconds)``: the same round total, credited where the time is spent.
 
     ## Starting State
 
-    As ``SpecDecode-v0`` (the first round feeds the prompt with its drafts): level 0 of the first round.
+    As ``SpecDecode-v1`` (the first round feeds the prompt with its drafts): level 0 of the first round.
 
     ## Episode End
 
@@ -66,17 +66,19 @@ class SpecDecodeDepthEnv(DepthControl, EngineEpisodes):
     ## Information
 
     Draft steps: ``phase="draft"``, ``level``, ``step_seconds``. Verifying steps:
-    ``phase="verify"`` plus every key of ``SpecDecode-v0``'s info (``depth`` = levels drafted).
+    ``phase="verify"`` plus every key of ``SpecDecode-v1``'s info (``depth`` = levels drafted).
 
     ## Arguments
 
-    ``config`` / overrides / ``engine`` + ``tokenizer`` / ``target`` as ``SpecDecode-v0``;
+    ``config`` / overrides / ``engine`` + ``tokenizer`` / ``target`` as ``SpecDecode-v1``;
     ``verify_size`` (int, 0 = all drafted nodes); ``size_policy`` (callable or None).
     ``EnvConfig.verify_sizes`` is not used here.
 
     ## Version History
 
-    - v0: initial version.
+    - v1: the first round's verification feeds the prompt (as in ``SpecDecode-v1``), so its
+      seconds and reward include the prompt's forward; spaces unchanged.
+    - v0: initial version; ``reset`` prefilled the prompt.
     """
 
     def __init__(self, config: EnvConfig | dict | None = None, *, engine=None, tokenizer=None, target=None,
@@ -89,7 +91,7 @@ class SpecDecodeDepthEnv(DepthControl, EngineEpisodes):
                 f"verify_size={verify_size} must lie in 0..{self.engine.config.max_verify_size} (0 = all drafted nodes)."
             )
         if self.config.max_depth > 0 and self.engine.drafter is None:
-            raise ValueError("SpecDecodeDepth-v0 needs a drafter; EnvConfig.drafter is 'none'.")
+            raise ValueError("SpecDecodeDepth-v1 needs a drafter; EnvConfig.drafter is 'none'.")
         self._init_depth_control(verify_size, size_policy)
         self._reset_round()
 

@@ -1,6 +1,6 @@
 """Policy names of ``draftrl eval --policies`` and how each one is built on the real engine.
 
-Each policy gets its own real-engine env (``draftrl/SpecDecode-v0``, or ``SpecDecodeDepth-v0``
+Each policy gets its own real-engine env (``draftrl/SpecDecode-v1``, or ``SpecDecodeDepth-v1``
 for a PPO depth policy) around the shared target model, so it sees exactly the observation it
 was trained on, built by the envs' feature builder, and its cost features persist over the
 requests as in training. Names:

@@ -4,7 +4,7 @@ Two paths, one record (:class:`RequestRun`):
 
 - :func:`run_fixed`: ``draftrl.decoding.generate`` with a fixed ``(depth, verify_size, width)``
   schedule (the grid search; no observation is needed, so none is built).
-- :func:`run_policy`: one episode of ``draftrl/SpecDecode-v0`` (or ``SpecDecodeDepth-v0``) on a
+- :func:`run_policy`: one episode of ``draftrl/SpecDecode-v1`` (or ``SpecDecodeDepth-v1``) on a
   prebuilt engine: the policy sees exactly the observation it saw in training, built by the
   envs' own feature builder.
 

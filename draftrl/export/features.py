@@ -1,7 +1,7 @@
 """The training env's observation settings, and its ``FeatureBuilder`` rebuilt from them.
 
 A deployed policy must see the features it was trained on, computed the same way. The envs that
-wrap the engine (``SpecDecode-v0``, ``TraceReplay-v0`` and their depth variants) build every
+wrap the engine (``SpecDecode-v1``, ``TraceReplay-v0`` and their depth variants) build every
 observation with :class:`draftrl.signals.features.FeatureBuilder`; this module records that
 builder's settings in the export manifest (``features_entry``) and rebuilds the very same class
 from them at run time (``make_feature_builder``), so no feature is re-implemented here.
@@ -27,8 +27,8 @@ from draftrl.signals.features import CostTracker, FeatureBuilder, feature_names
 
 #: Env ids whose observations ``FeatureBuilder`` builds (plus ``level`` features for depth envs).
 BUILDER_ENVS: tuple[str, ...] = (
-    "draftrl/SpecDecode-v0",
-    "draftrl/SpecDecodeDepth-v0",
+    "draftrl/SpecDecode-v1",
+    "draftrl/SpecDecodeDepth-v1",
     "draftrl/TraceReplay-v0",
     "draftrl/TraceReplayDepth-v0",
 )
@@ -124,7 +124,7 @@ def make_feature_builder(entry: dict[str, Any], names: list[str] | tuple[str, ..
         reason = (entry or {}).get("reason", "the manifest names no feature builder")
         raise ValueError(
             f"this policy cannot drive an engine: {reason} Train it on draftrl/TraceReplay-v0 or "
-            "draftrl/SpecDecode-v0 (whose observations draftrl.signals.features.FeatureBuilder builds)."
+            "draftrl/SpecDecode-v1 (whose observations draftrl.signals.features.FeatureBuilder builds)."
         )
     table = CostTable.from_dict(entry["cost_table"]) if entry.get("cost_table") else None
     builder = FeatureBuilder(

@@ -23,7 +23,7 @@ def evaluate_policy_on_env(policy: Policy, env: Any, episodes: int = 20, seed: i
     """Run ``episodes`` seeded episodes of ``policy`` on ``env``.
 
     Round-level envs (``MultiDiscrete`` actions) call ``policy.act``; step-level envs
-    (``Discrete(2)`` actions, e.g. ``draftrl/SpecDecodeDepth-v0``) call ``policy.act_step`` and
+    (``Discrete(2)`` actions, e.g. ``draftrl/SpecDecodeDepth-v1``) call ``policy.act_step`` and
     pass ``int(decision)`` as the action.
 
     :param policy: built for ``env``'s grids (``Policy.for_env(env)``).

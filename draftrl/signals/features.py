@@ -1,6 +1,6 @@
 """The observation of the speculative-decoding envs: features known BEFORE the target verifies.
 
-One builder serves ``SpecDecode-v0``, ``SpecDecodeDepth-v0`` and ``TraceReplay-v0`` so that a
+One builder serves ``SpecDecode-v1``, ``SpecDecodeDepth-v1`` and ``TraceReplay-v0`` so that a
 policy trained on replayed traces sees the same vector, in the same order, on the real engine.
 Four groups (the class docstring of :class:`~draftrl.envs.spec_decode.SpecDecodeEnv` has the
 table with bounds):
@@ -41,7 +41,7 @@ VERIFY_BUCKETS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
 REMAINING_SCALE: int = 16
 #: ``context_len`` unit (tokens).
 CONTEXT_SCALE: int = 1024
-#: Draft-level signals appended by ``SpecDecodeDepth-v0`` (``TreeBuilder.level_features``).
+#: Draft-level signals appended by ``SpecDecodeDepth-v1`` (``TreeBuilder.level_features``).
 LEVEL_FEATURES: tuple[str, ...] = ("level", "level_best_prob", "level_num_nodes")
 
 _BOUNDS = {

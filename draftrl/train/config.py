@@ -96,7 +96,7 @@ class TrainConfig:
     finetune_env: FinetuneEnvSpec = field(default_factory=FinetuneEnvSpec)
     """the real env of the fine-tuning phase; must share the training env's grids and features."""
     depth_env: DepthEnvSpec = field(default_factory=DepthEnvSpec)
-    """step-level env of the depth policy (ppo_depth, cotrain): TraceReplayDepth-v0 or SpecDecodeDepth-v0."""
+    """step-level env of the depth policy (ppo_depth, cotrain): TraceReplayDepth-v0 or SpecDecodeDepth-v1."""
     cotrain_rounds: int = 2
     """cotrain: alternations, each training the depth policy (size frozen) then the size policy (depth frozen)."""
     frozen_size_policy: str | None = None

@@ -1,6 +1,6 @@
 """TraceReplay-v0 against the real engine, plus ``draftrl collect`` / ``draftrl calibrate``.
 
-The central test: for the same action sequence at temperature 0, the real SpecDecode-v0 (real
+The central test: for the same action sequence at temperature 0, the real SpecDecode-v1 (real
 SmolLM2, n-gram drafter) and the replay emit identical tokens every round, and see identical
 observations apart from the measured-cost features; the replay steps >= 100x faster.
 """

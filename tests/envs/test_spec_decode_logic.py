@@ -273,7 +273,7 @@ def test_checkers_pass_on_the_scripted_engine(scripted):
 # ----------------------------------------------------------------------------- configuration errors
 def test_bad_config_keys_name_the_fix(tmp_path):
     with pytest.raises(ValueError, match="did you mean 'depths'"):
-        gym.make("draftrl/SpecDecode-v0", depth=(0, 1))
+        gym.make("draftrl/SpecDecode-v1", depth=(0, 1))
     path = tmp_path / "bad.yaml"
     path.write_text("env:\n  verify_size: [0]\n")
     with pytest.raises(ValueError, match="unknown config key 'env.verify_size'; did you mean 'env.verify_sizes'"):

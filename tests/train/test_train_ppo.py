@@ -418,7 +418,7 @@ def test_env_sections_keep_their_own_default_ids():
     """A section given in YAML without an id keeps that section's default env, not env's."""
     cfg = load_config(TrainConfig, CONFIGS / "cpu_default.yaml")
     assert (cfg.env.id, cfg.depth_env.id, cfg.finetune_env.id) == (
-        "draftrl/TraceReplay-v0", "draftrl/TraceReplayDepth-v0", "draftrl/SpecDecode-v0")
+        "draftrl/TraceReplay-v0", "draftrl/TraceReplayDepth-v0", "draftrl/SpecDecode-v1")
 
 
 def test_recipe_refuses_an_env_of_the_other_kind(tmp_path):
