@@ -10,7 +10,10 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +48,24 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+@contextmanager
+def staged_files(folder: str | Path) -> Iterator[Path]:
+    """A staging folder beside ``folder``: what the block writes there moves into ``folder`` only if
+    the block succeeds, so a command that refuses half-way (a check that fails after the first
+    file was written) leaves nothing behind. Files already in ``folder`` are kept, except those
+    the block wrote again."""
+    folder = Path(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=f".{folder.name}.staging-", dir=folder.parent))
+    try:
+        yield stage
+        folder.mkdir(parents=True, exist_ok=True)
+        for item in sorted(stage.iterdir()):
+            os.replace(item, folder / item.name)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
 
 
 def atomic_write_text(path: str | Path, text: str) -> Path:

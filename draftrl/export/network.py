@@ -30,6 +30,7 @@ from torch import nn
 
 import draftrl
 from draftrl.deps import require
+from draftrl.io import staged_files
 from draftrl.export.artifacts import TrainedPolicy, resolve
 from draftrl.export.controller import OnnxRunner
 from draftrl.export.features import features_entry
@@ -40,6 +41,7 @@ from draftrl.export.manifest import (
     INPUT_NAME,
     Normalization,
     logits_name,
+    manifest_path,
     write_manifest,
 )
 from draftrl.export.torchscript import TorchScriptRunner
@@ -241,22 +243,23 @@ def export(
     trained = resolve(policy)
     model, normalizer = load_sb3(trained)
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     manifest = build_manifest(trained, model, normalizer, backend, out)
     net = PolicyNetwork(model.policy, manifest["action"]["nvec"], Normalization.from_manifest(manifest["normalization"]))
     example = torch.zeros(1, len(trained.feature_names), dtype=torch.float32)
     heads = manifest["action"]["heads"]
     output_names = [logits_name(h) for h in heads] + [ACTION_NAME]
-    with torch.no_grad():
+    with staged_files(out.parent) as stage:  # a failed check leaves no network without its manifest
+        staged = stage / out.name
+        with torch.no_grad():
+            if backend == "onnx":
+                _export_onnx(net, example, staged, output_names)
+            else:
+                torch.jit.save(torch.jit.trace(net, example), str(staged))
+        manifest["check"] = check_export(staged, manifest, model, check_observations, seed)
         if backend == "onnx":
-            _export_onnx(net, example, out, output_names)
-        else:
-            torch.jit.save(torch.jit.trace(net, example), str(out))
-    manifest["check"] = check_export(out, manifest, model, check_observations, seed)
-    if backend == "onnx":
-        _embed_manifest(out, manifest)
-    manifest_file = write_manifest(out, manifest)
-    return manifest_file, manifest
+            _embed_manifest(staged, manifest)
+        write_manifest(staged, manifest)
+    return manifest_path(out), manifest
 
 
 def _embed_manifest(out: Path, manifest: dict[str, Any]) -> None:

@@ -49,6 +49,18 @@ def check_table(table, max_batch, k_max):
         assert isinstance(k, int) and 0 <= k <= k_max and start <= end
 
 
+def test_a_refused_bundle_export_leaves_nothing_behind(analytic_run, tmp_path, capsys):
+    """The analytic policy's network exports, then the engine check refuses it: no file may stay."""
+    out = tmp_path / "bundle"
+    assert main(["export", str(analytic_run), "--format", "vllm", "--out", str(out), "--check-observations", "16"]) == 2
+    assert "cannot drive an engine" in capsys.readouterr().err
+    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == []
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    assert main(["export", str(analytic_run), "--format", "vllm", "--out", str(out), "--check-observations", "16"]) == 2
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"] and len(list(tmp_path.iterdir())) == 1
+
+
 def test_vllm_config_has_the_expected_keys(analytic_run, tmp_path):
     out = tmp_path / "vllm.json"
     assert main(["export", str(analytic_run), "--format", "vllm", "--out", str(out)]) == 0
