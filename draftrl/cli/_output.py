@@ -4,29 +4,46 @@ from __future__ import annotations
 
 import contextlib
 import sys
+from typing import Callable
 
 
 #: seconds between progress lines when stderr is not a terminal (a log file, CI)
 HEARTBEAT_SECONDS = 30.0
 
 
+class ProgressUpdate:
+    """``update(done, total, label)`` plus ``update.phase(name)``: a new phase renames the line and
+    starts its count afresh, so a multi-step command (the demos) never prints one step's name
+    while another runs."""
+
+    def __init__(self, report: Callable[[int, int | None, str], None], rename: Callable[[str], None]):
+        self._report, self._rename = report, rename
+
+    def __call__(self, done: int, total: int | None, label: str) -> None:
+        self._report(done, total, label)
+
+    def phase(self, name: str) -> None:
+        self._rename(name)
+
+
 @contextlib.contextmanager
 def progress_lines(description: str, interval: float = HEARTBEAT_SECONDS, stream=None):
     """Plain progress lines for logs: one per update at most every ``interval`` seconds, and a
     heartbeat line every ``interval`` seconds while nothing updates (a long cell, training), so a
-    non-TTY log never goes quiet for minutes. Yields ``update(done, total, label)``."""
+    non-TTY log never goes quiet for minutes. Yields a :class:`ProgressUpdate`."""
     import threading
     import time
 
     stream = stream or sys.stderr
     start = time.monotonic()
-    state = {"done": 0, "total": None, "label": "", "printed": start - interval}  # the first update prints
+    state = {"description": description, "done": 0, "total": None, "label": "",
+             "printed": start - interval}  # the first update prints
     lock = threading.Lock()
     stop = threading.Event()
 
     def emit(now: float) -> None:
         total = "?" if state["total"] is None else state["total"]
-        print(f"[{description}] {state['done']}/{total} {state['label']} ({now - start:.0f}s)".rstrip(),
+        print(f"[{state['description']}] {state['done']}/{total} {state['label']} ({now - start:.0f}s)".rstrip(),
               file=stream, flush=True)
         state["printed"] = now
 
@@ -44,10 +61,15 @@ def progress_lines(description: str, interval: float = HEARTBEAT_SECONDS, stream
             if now - state["printed"] >= interval or (total and done >= total):
                 emit(now)
 
+    def rename(name: str) -> None:
+        with lock:
+            state.update(description=name, done=0, total=None, label="",
+                         printed=time.monotonic() - interval)  # the phase's first update prints
+
     thread = threading.Thread(target=heartbeat, name=f"draftrl-{description}-progress", daemon=True)
     thread.start()
     try:
-        yield update
+        yield ProgressUpdate(update, rename)
     finally:
         stop.set()
         thread.join()
@@ -56,7 +78,7 @@ def progress_lines(description: str, interval: float = HEARTBEAT_SECONDS, stream
 @contextlib.contextmanager
 def progress_bar(description: str, enabled: bool = True):
     """A rich progress bar on stderr (plain lines every <= 30 s when stderr is not a terminal);
-    yields ``update(done, total, label)``."""
+    yields a :class:`ProgressUpdate`."""
     if not enabled:
         yield None
         return
@@ -71,10 +93,13 @@ def progress_bar(description: str, enabled: bool = True):
                   TextColumn("{task.fields[label]}"), console=Console(stderr=True), transient=False) as bar:
         task = bar.add_task(description, total=None, label="")
 
-        def update(done: int, total: int, label: str) -> None:
+        def update(done: int, total: int | None, label: str) -> None:
             bar.update(task, completed=done, total=total, label=label)
 
-        yield update
+        def rename(name: str) -> None:
+            bar.update(task, description=name, completed=0, total=None, label="")
+
+        yield ProgressUpdate(update, rename)
 
 
 def exactness_failure(command: str, err: Exception) -> int:

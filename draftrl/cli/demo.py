@@ -54,11 +54,13 @@ def config(args: argparse.Namespace):
     return _options.load(DemoConfig, args, base=base)
 
 
-def _step_printer(console, steps: tuple[str, ...]):
-    """``(started, done)`` callbacks that print one line per demo step."""
+def _step_printer(console, steps: tuple[str, ...], progress):
+    """``(started, done)`` callbacks that print one line per demo step and name the step on the
+    progress line (``[train] 0/?`` while training, not the previous step's name)."""
 
     def started(i: int, step: str) -> None:
         console.print(f"[bold cyan][{i + 1}/{len(steps)}] {step}[/] ...")
+        progress.phase(step)
 
     def done(i: int, step: str, seconds: float, note: str) -> None:
         console.print(f"[green]  done[/] {step} in {seconds:.0f}s  {note}")
@@ -79,9 +81,9 @@ def run(args: argparse.Namespace) -> int:
     cfg = config(args)
     console = Console(stderr=True)
     console.rule(f"[bold]draftrl demo{' --quick' if args.quick else ''}[/] -> {args.out}")
-    started, done = _step_printer(console, STEPS)
     try:
-        with progress_bar("decoding") as update:
+        with progress_bar(STEPS[0]) as update:
+            started, done = _step_printer(console, STEPS, update)
             summary = run_demo(cfg, args.out, force=args.overwrite, step_started=started, step_done=done,
                                progress=update)
     except (ExactnessViolation, GreedyMismatch) as err:
@@ -170,9 +172,9 @@ def run_vllm(args: argparse.Namespace) -> int:
     cfg = _options.load(ServeDemoConfig, args, base=ServeDemoConfig.quick() if args.quick else None)
     console = Console(stderr=True)
     console.rule(f"[bold]draftrl demo --engine vllm{' --quick' if args.quick else ''}[/] -> {args.out}")
-    started, done = _step_printer(console, STEPS)
     try:
-        with progress_bar("vllm sweep") as update:
+        with progress_bar(STEPS[0]) as update:
+            started, done = _step_printer(console, STEPS, update)
             summary = run_serve_demo(cfg, args.out, overwrite=args.overwrite, step_started=started, step_done=done,
                                      progress=update)
     except ServingMismatch as err:

@@ -258,6 +258,42 @@ def test_progress_lines_keep_a_log_alive(monkeypatch):
     assert lines[0].startswith("[grid] 1/4 d2_v0_w1") and lines[-1].startswith("[grid] 4/4 done")
 
 
+def test_a_new_phase_renames_the_progress_line():
+    """The demos printed ``[decoding] 0/?`` while fetching the model and training: each step names its line."""
+    import io
+    import time
+
+    from draftrl.cli._output import progress_lines
+
+    stream = io.StringIO()
+    with progress_lines("model", interval=0.2, stream=stream) as update:
+        update(1, 1, "smollm2-135m")
+        update.phase("train")
+        time.sleep(0.5)  # training reports nothing: the heartbeat names the phase
+    lines = stream.getvalue().splitlines()
+    assert lines[0].startswith("[model] 1/1 smollm2-135m")
+    assert lines[1:] and all(line.startswith("[train] 0/?") for line in lines[1:]), lines
+
+
+def test_the_demo_names_each_step_on_its_progress_line(tmp_path, capsys, monkeypatch):
+    from draftrl.eval import demo
+
+    def fake_run_demo(config, out, *, step_started, step_done, progress, **kwargs):
+        for i, step in enumerate(demo.STEPS):
+            step_started(i, step)
+            progress(1, 2, f"{step}-cell")
+            step_done(i, step, 0.0, "")
+        return {"results_dict": {}}
+
+    monkeypatch.setattr(demo, "run_demo", fake_run_demo)
+    monkeypatch.setattr("draftrl.cli.demo.print_summary", lambda summary: None)
+    assert main(["demo", "--quick", "--out", str(tmp_path / "d")]) == 0
+    err = capsys.readouterr().err
+    for step in demo.STEPS:
+        assert f"[{step}] 1/2 {step}-cell" in err
+    assert "[decoding]" not in err
+
+
 def test_grid_prints_each_cell_against_the_hf_anchors(tmp_path, capsys, monkeypatch):
     """Issue 12: every printed speed table gives the ratio over stock HF generate and HF prompt lookup too."""
     cell = {"depth": 4, "verify_size": 0, "width": 1, "tokens_per_second": 30.0, "speedup_vs_ar": 1.5,
