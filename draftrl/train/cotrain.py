@@ -147,15 +147,15 @@ def train(
                         state.update(phase=where, num_timesteps=num_timesteps, wall_seconds=clock.elapsed())
                         write_json(out / STATE_FILE, state)
 
-                    model = learn_phases(
+                    learned = learn_phases(
                         cfg, [Phase(f"{rnd}_{kind}", make, cfg.total_timesteps)], phase_dir, kind=kind,
                         resume=resume, wandb_run=wandb_run, on_save=record_state,
                         new_model=lambda venv, kind=kind: new_ppo(cfg, venv, kind), callbacks=callbacks,
                         start_from=previous,
                     )
-                    if model is None:
+                    if learned is None:
                         return None
-                    save_trained(model, phase_dir, kind="size" if kind == "size" else "depth",
+                    save_trained(learned, phase_dir, kind="size" if kind == "size" else "depth",
                                  env_id=cfg.depth_env.id, grids_env=grids_env,
                                  extra={"run_id": state["run_id"], "cotrain_round": rnd})
                 if kind == "depth":

@@ -14,7 +14,7 @@ import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from gymnasium import spaces
 from stable_baselines3 import PPO
@@ -102,6 +102,14 @@ def resume_checkpoint(directory: Path, normalizes: bool) -> tuple[Path, Path | N
     return None
 
 
+class Learned(NamedTuple):
+    """A trained model and, when it was loaded from a checkpoint (no env attached), the file of its
+    observation statistics: passed explicitly, since a loaded model does not carry them."""
+
+    model: PPO
+    normalizer_file: Path | None
+
+
 def learn_phases(
     cfg: TrainConfig,
     phases: Sequence[Phase],
@@ -114,7 +122,7 @@ def learn_phases(
     new_model: Callable[[VecEnv], PPO],
     callbacks: Sequence[BaseCallback] = (),
     start_from: Path | None = None,
-) -> PPO | None:
+) -> Learned | None:
     """Train one PPO model through ``phases``; returns it, or None if a callback stopped the session.
 
     :param directory: where ``checkpoints/`` and ``logs/`` go.
@@ -179,9 +187,8 @@ def learn_phases(
 
     if model is None:  # every phase was already done: the newest checkpoint is the result
         assert checkpoint is not None, "no phase ran and there is no checkpoint"
-        model = PPO.load(checkpoint[0], device=cfg.ppo.device)
-        model.draftrl_normalizer_file = checkpoint[1]  # save_trained copies it
-    return model
+        return Learned(PPO.load(checkpoint[0], device=cfg.ppo.device), checkpoint[1])
+    return Learned(model, None)
 
 
 def _check_kind(kind: str, venv: VecEnv, phase: str) -> None:
@@ -195,11 +202,12 @@ def _check_kind(kind: str, venv: VecEnv, phase: str) -> None:
         )
 
 
-def save_trained(model: PPO, directory: Path, *, kind: str, env_id: str, grids_env: Any, extra: dict[str, Any]) -> None:
+def save_trained(learned: Learned, directory: Path, *, kind: str, env_id: str, grids_env: Any,
+                 extra: dict[str, Any]) -> None:
     """``policy.zip``, ``vecnormalize.pkl`` and the manifest ``policy.json`` in ``directory``."""
+    model, normalizer_file = learned
     directory.mkdir(parents=True, exist_ok=True)
     save_policy(model, directory)
-    normalizer_file = getattr(model, "draftrl_normalizer_file", None)
     if normalizer_file is not None:
         shutil.copyfile(normalizer_file, directory / VECNORMALIZE_FILE)
     depths, verify_sizes, feature_names = env_grids(grids_env)

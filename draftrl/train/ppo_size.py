@@ -37,7 +37,7 @@ from draftrl.runs import STATE_FILE
 from draftrl.train.callbacks import start_wandb
 from draftrl.train.config import EnvSpec, TrainConfig
 from draftrl.train.envs import make_env, make_vec_env
-from draftrl.train.loop import Phase, finish_run, learn_phases, save_trained
+from draftrl.train.loop import Learned, Phase, finish_run, learn_phases, save_trained
 from draftrl.train.selection import score_checkpoints
 from draftrl.train.state import Stopwatch, open_run
 
@@ -119,22 +119,21 @@ def run(
         phases.append(Phase("finetune", envs(cfg.finetune_env), cfg.total_timesteps + cfg.finetune_real_timesteps))
     try:
         # 4. PPO through the phases (fresh, or from the newest checkpoint)
-        model = learn_phases(cfg, phases, out, kind=kind, resume=resume, wandb_run=wandb_run, on_save=record_state,
-                             new_model=lambda venv: new_ppo(cfg, venv, kind), callbacks=callbacks)
-        if model is None:
+        learned = learn_phases(cfg, phases, out, kind=kind, resume=resume, wandb_run=wandb_run, on_save=record_state,
+                               new_model=lambda venv: new_ppo(cfg, venv, kind), callbacks=callbacks)
+        if learned is None:
             return None
         # 5. the policy files; with keep=best, then replaced by the checkpoint best on fresh training-env episodes
-        trained_steps = model.num_timesteps
+        trained_steps = learned.model.num_timesteps
         manifest_extra = {"run_id": state["run_id"], **(extra or {})}
-        save_trained(model, out, kind=kind, env_id=spec.id, grids_env=grids_env, extra=manifest_extra)
+        save_trained(learned, out, kind=kind, env_id=spec.id, grids_env=grids_env, extra=manifest_extra)
         selection = None
         if cfg.keep == "best":
             selection = score_checkpoints(cfg, out, spec, env_kwargs)
             best_path, best_vecnormalize = selection.pop("best_path"), selection.pop("best_vecnormalize")
-            if selection["best"] != model.num_timesteps:
-                model = PPO.load(best_path, device=cfg.ppo.device)
-                model.draftrl_normalizer_file = best_vecnormalize  # save_trained copies it
-                save_trained(model, out, kind=kind, env_id=spec.id, grids_env=grids_env, extra=manifest_extra)
+            if selection["best"] != trained_steps:
+                best = Learned(PPO.load(best_path, device=cfg.ppo.device), best_vecnormalize)
+                save_trained(best, out, kind=kind, env_id=spec.id, grids_env=grids_env, extra=manifest_extra)
         # 6. the evaluation against every fixed setting and the baselines, train_summary.json
         return finish_run(cfg, out, state, clock, trained_steps, eval_spec=spec, extra_kwargs=env_kwargs,
                           wandb_run=wandb_run, extra={"selection": selection} if selection else None)

@@ -52,7 +52,7 @@ def _untrained_ppo(path):
 
     from draftrl.envs.serve import FEATURE_NAMES, OBSERVATION
     from draftrl.config.serve import ServeConfig
-    from draftrl.train.loop import save_trained
+    from draftrl.train.loop import Learned, save_trained
 
     class Spaces(gym.Env):
         observation_space = gym.spaces.Box(np.array([lo for _, lo, _ in OBSERVATION], dtype=np.float32),
@@ -60,7 +60,7 @@ def _untrained_ppo(path):
         action_space = gym.spaces.MultiDiscrete([7, 8])
         depths, verify_sizes, feature_names = ServeConfig().depths, ServeConfig().budgets, FEATURE_NAMES
 
-    save_trained(PPO("MlpPolicy", Spaces(), n_steps=8, seed=0), path, kind="size", env_id="draftrl/ServeVLLM-v0",
+    save_trained(Learned(PPO("MlpPolicy", Spaces(), n_steps=8, seed=0), None), path, kind="size", env_id="draftrl/ServeVLLM-v0",
                  grids_env=Spaces(), extra={})
     return path
 
