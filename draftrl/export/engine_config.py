@@ -91,17 +91,11 @@ def depth_statistics(trained: TrainedPolicy, episodes: int = 20, seed: int = 0) 
 
 
 def _rollout(trained: TrainedPolicy, episodes: int, seed: int) -> dict[str, Any]:
-    import gymnasium as gym
-
-    from draftrl.policies import PPOPolicy, evaluate_policy_on_env
+    from draftrl.policies.evaluate import evaluate_saved_policy
 
     spec = env_spec(trained.train_config, trained.env_id).evaluation()
-    env = gym.make(f"draftrl.envs:{trained.env_id}", **spec.make_kwargs())  # gymnasium imports draftrl.envs
-    try:
-        policy = PPOPolicy.load(trained.model_path, env)  # a checkpoint's own statistics, not the final ones
-        return evaluate_policy_on_env(policy, env, episodes=episodes, seed=seed)
-    finally:
-        env.close()
+    # a checkpoint's own normaliser statistics, not the final ones
+    return evaluate_saved_policy(trained.model_path, spec, episodes=episodes, seed=seed)
 
 
 def weighted_median(hist: Mapping[int, int]) -> int:
