@@ -22,8 +22,8 @@ from draftrl.cli import main
 from draftrl.config.env import EnvConfig
 from draftrl.signals.costs import CostTable
 from draftrl.envs.engines import build_engine
-from draftrl.envs.replay import TraceReplayEnv
-from draftrl.envs.replay_depth import TraceReplayDepthEnv
+from draftrl.envs.trace_replay import TraceReplayEnv
+from draftrl.envs.trace_replay_depth import TraceReplayDepthEnv
 from draftrl.envs.spec_decode import SpecDecodeEnv
 from draftrl.envs.spec_decode_depth import SpecDecodeDepthEnv
 from draftrl.envs.traces import Traces, collect
