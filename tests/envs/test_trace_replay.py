@@ -305,7 +305,7 @@ def test_real_and_replay_depth_envs_agree(recorded):
 
 
 def test_collect_keeps_finished_prompts_and_resumes(shared_smollm2, tmp_path):
-    """Finding 8 (SIGINT during collect lost all work): each finished prompt is kept in the partial
+    """A SIGINT during collect loses no work: each finished prompt is kept in the partial
     directory; the next run decodes only the rest and yields the same traces as one whole run."""
     import dataclasses
 
