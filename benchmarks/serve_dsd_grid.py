@@ -17,9 +17,9 @@ import os
 import time
 from pathlib import Path
 
+from draftrl.decoding.replay import Proposals, Recordings
 from draftrl.decoding.vllm.calibrate import StepCostModel
 from draftrl.envs.serve_replay import ServeReplayEnv
-from draftrl.envs.serve_sim import Proposals, Recordings
 from draftrl.eval.serving import search_dsd, serve_config
 from draftrl.io import write_json
 

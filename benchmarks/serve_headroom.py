@@ -34,9 +34,9 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from draftrl.decoding.replay import Proposals, Recordings
 from draftrl.decoding.vllm.calibrate import StepCostModel
 from draftrl.envs.serve_replay import ServeReplayEnv
-from draftrl.envs.serve_sim import Proposals, Recordings
 from draftrl.eval.serving import episode_throughput, loads_of, parse_serving_policies, run_serving_eval, serve_config
 from draftrl.io import write_json
 from draftrl.signals.costs import hardware_info, hardware_name

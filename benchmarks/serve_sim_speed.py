@@ -17,9 +17,9 @@ import time
 
 import numpy as np
 
-from draftrl.envs.serve import ServeVLLMEnv
+from draftrl.decoding.replay import Recordings
 from draftrl.envs.serve_replay import ServeReplayEnv
-from draftrl.envs.serve_sim import Recordings
+from draftrl.envs.serve_vllm import ServeVLLMEnv
 from draftrl.signals.costs import hardware_info, hardware_name
 
 

@@ -19,9 +19,9 @@ import argparse
 import os
 from pathlib import Path
 
+from draftrl.decoding.replay import Proposals, Recordings
 from draftrl.decoding.vllm.calibrate import StepCostModel
 from draftrl.envs.serve_replay import ServeReplayEnv
-from draftrl.envs.serve_sim import Proposals, Recordings
 from draftrl.eval.plots import load_sweep
 from draftrl.eval.serving import kendall_tau, loads_of, parse_serving_policies, run_serving_eval, serve_config
 from draftrl.io import read_json

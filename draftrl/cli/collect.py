@@ -63,8 +63,9 @@ def check_out(out: Path, overwrite: bool) -> None:
 
 
 def run_vllm(args: argparse.Namespace) -> int:
-    """Recordings for ``draftrl/ServeReplay-v0`` (``draftrl.envs.serve_sim.record_workload``)."""
-    from draftrl.envs.serve_sim import RECORDINGS_FILE, record_workload
+    """Recordings for ``draftrl/ServeReplay-v0`` (``draftrl.envs.serve_replay.record_workload``)."""
+    from draftrl.decoding.replay import RECORDINGS_FILE
+    from draftrl.envs.serve_replay import record_workload
     from draftrl.eval.serving import serve_config
     from draftrl.io import prepare_out
 

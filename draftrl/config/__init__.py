@@ -140,7 +140,7 @@ def _set(data: dict[str, Any], dotted: str, value: Any) -> None:
     node[leaf] = value
 
 
-#: Every top-level key some command's config reads (``tests/test_cli_options.py`` keeps it equal to
+#: Every top-level key some command's config reads (``tests/cli/test_cli_options.py`` keeps it equal to
 #: the union of their fields). A ``partial`` load skips the ones its command does not read, since
 #: one file may drive ``collect``, ``grid``, ``eval``, ``demo`` and ``train``, and refuses any other.
 SECTIONS = frozenset({

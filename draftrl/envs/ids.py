@@ -23,13 +23,13 @@ ENVS: tuple[dict[str, Any], ...] = (
     dict(id="draftrl/SpecDecodeDepth-v1", entry_point="draftrl.envs.spec_decode_depth:SpecDecodeDepthEnv",
          max_episode_steps=16384, nondeterministic=True),
     # Recorded greedy traces with seconds from a cost table: deterministic given the seed.
-    dict(id="draftrl/TraceReplay-v0", entry_point="draftrl.envs.replay:TraceReplayEnv", max_episode_steps=1024),
+    dict(id="draftrl/TraceReplay-v0", entry_point="draftrl.envs.trace_replay:TraceReplayEnv", max_episode_steps=1024),
     # Per-level CONTINUE/STOP on recorded traces (SpecDecodeDepth-v1 at replay speed).
-    dict(id="draftrl/TraceReplayDepth-v0", entry_point="draftrl.envs.replay_depth:TraceReplayDepthEnv",
+    dict(id="draftrl/TraceReplayDepth-v0", entry_point="draftrl.envs.trace_replay_depth:TraceReplayDepthEnv",
          max_episode_steps=16384),
     # A serving engine under load (vLLM in-process by default): one step = one engine step over the
     # batch; wall-clock rewards.
-    dict(id="draftrl/ServeVLLM-v0", entry_point="draftrl.envs.serve:ServeVLLMEnv", max_episode_steps=8192,
+    dict(id="draftrl/ServeVLLM-v0", entry_point="draftrl.envs.serve_vllm:ServeVLLMEnv", max_episode_steps=8192,
          nondeterministic=True),
     # ServeVLLM-v0 simulated: recorded greedy continuations, recomputed drafts, a calibrated step cost.
     dict(id="draftrl/ServeReplay-v0", entry_point="draftrl.envs.serve_replay:ServeReplayEnv", max_episode_steps=8192),

@@ -1,4 +1,5 @@
-"""``draftrl/ServeReplay-v0``: ``ServeVLLM-v0`` simulated from recordings and a calibrated step cost."""
+"""``draftrl/ServeReplay-v0``: ``ServeVLLM-v0`` simulated from recordings and a calibrated step cost,
+and the recordings of a workload it replays (:func:`record_workload`)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,10 @@ import numpy as np
 
 from draftrl.decoding.admission import StepAction
 from draftrl.decoding.vllm.calibrate import StepCostModel
-from draftrl.envs.serve import ServeVLLMEnv
 from draftrl.config import resolve
 from draftrl.config.serve import ServeConfig
-from draftrl.envs.serve_sim import Proposals, Recordings, ReplayEngine
+from draftrl.decoding.replay import Proposals, Recordings, ReplayEngine, record
+from draftrl.envs.serve_vllm import ServeVLLMEnv
 from draftrl.envs.workload import Workload
 
 #: ServeConfig fields a per-episode load (``loads``) may set.
@@ -25,7 +26,7 @@ class ServeReplayEnv(ServeVLLMEnv):
     ## Description
 
     ``draftrl/ServeVLLM-v0`` with the engine replaced by a continuous-batching simulator
-    (:class:`draftrl.envs.serve_sim.ReplayEngine`): the recorded greedy continuations of the
+    (:class:`draftrl.decoding.replay.ReplayEngine`): the recorded greedy continuations of the
     workload's requests (``draftrl collect --engine vllm``), the n-gram drafter's proposal
     recomputed at every true prefix (exact acceptance at temperature 0), vLLM's step semantics
     (prefill step, one-step action lag, ``max_num_seqs``, admission by survival score) and step
@@ -34,7 +35,7 @@ class ServeReplayEnv(ServeVLLMEnv):
 
     ## Action Space, Observation Space, Rewards, Starting State, Episode End, Information
 
-    Exactly ``ServeVLLM-v0``'s (the same class code, ``draftrl.envs.serve``): a policy moves
+    Exactly ``ServeVLLM-v0``'s (the same class code, ``draftrl.envs.serve_vllm``): a policy moves
     between the two unchanged. ``seconds`` (reward, clock, TTFT, ITL) are the cost model's:
     ``(base + per_seq * B) * j1 + (per_token * tokens + per_prefill_token * prompt_tokens) * j2
     + residual_std * z``, with ``B`` the sequences in the step, ``tokens`` the tokens its forward
@@ -134,3 +135,28 @@ class ServeReplayEnv(ServeVLLMEnv):
                 if score > best_score + 1e-12:
                     best, best_score = np.array([i, j]), score
         return best
+
+
+def record_workload(config: ServeConfig, engine=None, tokenizer=None, progress=None) -> Recordings:
+    """Record every request of a :class:`~draftrl.config.serve.ServeConfig`'s workload.
+
+    Default engine: vLLM without speculation in ``config.dtype`` (float32 by default: there vLLM
+    with draftrl's proposer is token-identical to it, so the recording is what ``ServeVLLM-v0``
+    emits under every policy; a Hugging Face greedy decode may break float ties differently).
+    """
+    if engine is None:
+        from draftrl.decoding.vllm.engine import VLLMEngineConfig, shared_engine
+
+        engine = shared_engine(VLLMEngineConfig(model=config.model, method="none", dtype=config.dtype,
+                                                max_num_seqs=config.max_num_seqs, max_model_len=config.max_model_len,
+                                                kv_cache_gib=config.kv_cache_gib, threads=config.threads))
+    if tokenizer is None:
+        from transformers import AutoTokenizer
+
+        from draftrl.decoding.vllm.engine import model_path
+
+        tokenizer = AutoTokenizer.from_pretrained(model_path(config.model))
+    workload = Workload(config.workload_config(), tokenizer)
+    requests = [(r.prompt, r.prompt_ids, r.max_new_tokens) for r in map(workload.request, range(len(workload)))]
+    describe = engine.describe() if hasattr(engine, "describe") else {"engine": type(engine).__name__}
+    return record(engine, requests, meta={"config": dataclasses.asdict(config), "engine": describe}, progress=progress)

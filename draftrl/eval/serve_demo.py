@@ -5,7 +5,7 @@ Steps, each through the owning package's public Python API, each writing under `
 1. **calibrate**: vLLM step seconds vs sequences and tokens verified, and prefill seconds
    (``draftrl.decoding.vllm.calibrate.calibrate_model``) -> ``DIR/vllm_costs.json``;
 2. **collect**: every tune and held-out request's greedy continuation in vLLM
-   (``draftrl.envs.serve_sim.record_workload``) -> ``DIR/rec_tune/``, ``DIR/rec_heldout/``;
+   (``draftrl.envs.serve_replay.record_workload``) -> ``DIR/rec_tune/``, ``DIR/rec_heldout/``;
 3. **train**: batch-aware PPO on the serving simulator ``draftrl/ServeReplay-v0`` with the
    recipe of ``configs/serve_sim_cpu.yaml`` (``draftrl.train.ppo_size``) -> ``DIR/ppo_sim/``;
 4. **dsd**: vLLM's Dynamic SD table grid-searched in the simulator on the tune split, the
@@ -169,7 +169,7 @@ def run_serve_demo(config: ServeDemoConfig, out: str | Path, *, overwrite: bool 
         return f"{f['base'] * 1e3:.0f} ms + {f['per_seq'] * 1e3:.1f} ms/seq + {f['per_token'] * 1e3:.1f} ms/token"
 
     def collect() -> str:
-        from draftrl.envs.serve_sim import record_workload
+        from draftrl.envs.serve_replay import record_workload
 
         notes = []
         for split in ("tune", "heldout"):
@@ -234,9 +234,9 @@ def _serve_config(config: ServeDemoConfig, *, split: str):
 
 def _sim_env(out: Path, recordings: str):
     """``make_env`` for :func:`run_serving_eval`: ``draftrl/ServeReplay-v0`` on ``out/recordings``."""
+    from draftrl.decoding.replay import Proposals, Recordings
     from draftrl.decoding.vllm.calibrate import StepCostModel
     from draftrl.envs.serve_replay import ServeReplayEnv
-    from draftrl.envs.serve_sim import Proposals, Recordings
 
     loaded = Recordings.load(out / recordings)
     cost = StepCostModel.from_calibration(out / "vllm_costs.json")

@@ -368,7 +368,7 @@ def run_serving_eval(out: str | Path, *, policies: list[str] | str, concurrency:
     policy's tokens differ from ``none``'s at temperature 0.
     """
     from draftrl.signals.costs import hardware_info
-    from draftrl.envs.serve import ServeVLLMEnv
+    from draftrl.envs.serve_vllm import ServeVLLMEnv
     from draftrl.config.serve import ServeConfig
     from draftrl.io import write_json
 

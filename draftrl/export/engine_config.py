@@ -5,23 +5,14 @@ A serving engine that cannot ask a policy every round gets the policy summarised
 1. **Depth at batch size 1** (``k1``): the median of the depths the policy chose, per round,
    in the run's final evaluation (``train_summary.json``; or a fresh rollout when the summary is
    missing). The histogram, mean and mode are recorded too.
-2. **Depth at batch size B** (``k(B)``), from the cost model of docs/design.md: with acceptance
-   ``alpha``, a draft level costing ``c`` target steps and verification of ``n`` drafts costing
-   ``g_B(n)`` target steps, a round of depth ``d`` yields ``E(alpha, d) / (g_B(d) + c d)`` tokens
-   per step (``d = 0``: 1). Larger batches make verification relatively dearer: a forward over
-   ``T`` tokens costs ``max(1, T / S)`` units (flat while memory-bound, linear once ``T`` passes
-   the saturation size ``S``), so ``g_B(n) = max(g(n), max(1, B (n + 1) / S) / max(1, B / S))``
-   with ``g`` the training hardware's batch-1 verification cost. ``k*(B)`` is the best depth of
-   every depth ``0..max(depths)`` under that model (made non-increasing in B); the rule is
-
-       k(B) = k1 * k*(B) / k*(1), snapped down to the policy's grid and non-increasing in B:
-
-   the policy decides batch 1, the cost model decides by which factor larger batches go
-   shallower (to 0 once ``k*(B) = 0``: speculation off).
+2. **Depth at batch size B** (``k(B)``): ``k1`` carried to batch B by the factor ``k*(B) / k*(1)``
+   of the batch cost model (:mod:`draftrl.signals.batch_scaling`, which states the model), snapped
+   down to the policy's grid and non-increasing in B: the policy decides batch 1, the cost model
+   decides by which factor larger batches go shallower (to 0 once ``k*(B) = 0``: speculation off).
    ``alpha`` is fitted to the policy's own evaluation (mean tokens per round given its depth
    histogram, i.i.d. acceptance); ``c`` and ``g`` come from the training env (the analytic env's
-   ``draft_cost`` / ``verify_cost``, or the cost table); ``S`` is an input (``--saturation-tokens``,
-   default 256 tokens: calibrate it on the serving GPU).
+   ``draft_cost`` / ``verify_cost``, or the cost table); the saturation size ``S`` is an input
+   (``--saturation-tokens``, default 256 tokens: calibrate it on the serving GPU).
 3. **Engine keys**: vLLM ``speculative_config`` (``num_speculative_tokens = k1`` and
    ``num_speculative_tokens_per_batch_size = [[start_bs, end_bs, k], ...]``, vLLM's dynamic
    speculative decoding table), plus a ``custom_class`` variant that runs the policy itself
@@ -48,8 +39,16 @@ import numpy as np
 
 from draftrl.export.artifacts import TrainedPolicy, resolve
 from draftrl.export.features import env_spec, features_entry
+from draftrl.signals.batch_scaling import (
+    DEFAULT_SATURATION_TOKENS,
+    RULE,
+    depth_by_batch,
+    depth_scale,
+    fit_alpha,
+    relative_costs,
+)
 from draftrl.signals.costs import CostTable
-from draftrl.signals.speedup import DRAFT_COST, VERIFY_COST, expected_tokens, num_verified, verify_cost_table
+from draftrl.signals.speedup import DRAFT_COST, VERIFY_COST, verify_cost_table
 
 FORMAT = "draftrl-engine-config/1"
 #: vLLM release whose custom_class proposer interface and config keys the vLLM outputs target.
@@ -59,12 +58,6 @@ SGLANG_VERSION = "main as of 2026 (speculative_adaptive, speculative_adaptive_co
 PROPOSER_CLASS = "draftrl.export.vllm_proposer.PolicyProposer"
 #: Batch sizes the SGLang tiers and the vLLM table are evaluated on (up to ``max_batch_size``).
 DEFAULT_MAX_BATCH = 512
-DEFAULT_SATURATION_TOKENS = 256
-RULE = (
-    "k(B) = k1 * k*(B) / k*(1) snapped down to the policy's depth grid, non-increasing in B; "
-    "k1 = median per-round depth of the policy; k*(B) = argmax over d = 0..max depth of "
-    "E(alpha, d) / (g_B(d) + c d), with g_B(n) = max(g(n), max(1, B (n+1) / S) / max(1, B / S))"
-)
 
 
 # ----------------------------------------------------------------------------- the policy's depths
@@ -91,17 +84,11 @@ def depth_statistics(trained: TrainedPolicy, episodes: int = 20, seed: int = 0) 
 
 
 def _rollout(trained: TrainedPolicy, episodes: int, seed: int) -> dict[str, Any]:
-    import gymnasium as gym
-
-    from draftrl.policies import PPOPolicy, evaluate_policy_on_env
+    from draftrl.policies.evaluate import evaluate_saved_policy
 
     spec = env_spec(trained.train_config, trained.env_id).evaluation()
-    env = gym.make(f"draftrl.envs:{trained.env_id}", **spec.make_kwargs())  # gymnasium imports draftrl.envs
-    try:
-        policy = PPOPolicy.load(trained.model_path, env)  # a checkpoint's own statistics, not the final ones
-        return evaluate_policy_on_env(policy, env, episodes=episodes, seed=seed)
-    finally:
-        env.close()
+    # a checkpoint's own normaliser statistics, not the final ones
+    return evaluate_saved_policy(trained.model_path, spec, episodes=episodes, seed=seed)
 
 
 def weighted_median(hist: Mapping[int, int]) -> int:
@@ -116,24 +103,6 @@ def weighted_median(hist: Mapping[int, int]) -> int:
 
 
 # ----------------------------------------------------------------------------- cost model
-def fit_alpha(hist: Mapping[int, int], mean_tokens: float, verify_size: int = 0) -> float:
-    """The i.i.d. acceptance that reproduces ``mean_tokens`` per round under the depth histogram."""
-    total = sum(hist.values())
-
-    def mean(alpha: float) -> float:
-        return sum(w * expected_tokens(alpha, num_verified(d, verify_size)) for d, w in hist.items()) / total
-
-    if total == 0 or mean(1.0) <= 1.0 or mean_tokens <= 1.0:
-        return 0.0
-    if mean_tokens >= mean(1.0):
-        return 1.0
-    low, high = 0.0, 1.0
-    for _ in range(60):
-        mid = (low + high) / 2
-        low, high = (mid, high) if mean(mid) < mean_tokens else (low, mid)
-    return (low + high) / 2
-
-
 def training_costs(trained: TrainedPolicy, max_depth: int) -> dict[str, Any]:
     """``{"draft_cost": c, "verify_cost": [g(0)=1, g(1), ..., g(max_depth)], "source"}`` of the training env."""
     if trained.env_id == "draftrl/Analytic-v0":
@@ -145,62 +114,10 @@ def training_costs(trained: TrainedPolicy, max_depth: int) -> dict[str, Any]:
     table = entry.get("cost_table")
     if table:
         t = CostTable.from_dict(table)
-        ctx = float(np.median(t.context_lens))
-        ar = t.verify(1, ctx)
-        g = [1.0] + [t.verify(n + 1, ctx) / ar for n in range(1, max_depth + 1)]
-        c = t.draft_level(int(entry.get("width") or 1)) / ar
-        return {"draft_cost": c, "verify_cost": g, "source": f"cost table at context {ctx:.0f}"}
+        c, g = relative_costs(t, int(entry.get("width") or 1), max_depth)
+        return {"draft_cost": c, "verify_cost": g, "source": f"cost table at context {np.median(t.context_lens):.0f}"}
     return {"draft_cost": DRAFT_COST, "verify_cost": verify_cost_table(VERIFY_COST, max_depth).tolist(),
             "source": f"defaults (no cost table in the training config): c = {DRAFT_COST}, g = {VERIFY_COST}"}
-
-
-def verify_cost_at_batch(g: list[float], n: int, batch: int, saturation: float) -> float:
-    """``g_B(n)``: verification of ``n`` drafts per sequence at batch ``B``, in batch-B plain steps."""
-    if n <= 0:
-        return 1.0
-    roofline = max(1.0, batch * (n + 1) / saturation) / max(1.0, batch / saturation)
-    return max(g[min(n, len(g) - 1)], roofline)
-
-
-def best_depth(depths: list[int], alpha: float, c: float, g: list[float], batch: int, saturation: float,
-               verify_size: int = 0) -> int:
-    """``k*(B)``: the grid depth with the most modelled tokens per step at batch ``B``."""
-    def rate(d: int) -> float:
-        if d == 0:
-            return 1.0
-        n = num_verified(d, verify_size)
-        return expected_tokens(alpha, n) / (verify_cost_at_batch(g, n, batch, saturation) + c * d)
-
-    return max(sorted(depths), key=rate)  # max() keeps the first (shallowest) of equal rates
-
-
-def depth_scale(max_depth: int, alpha: float, c: float, g: list[float], saturation: float, max_batch: int,
-                verify_size: int = 0) -> tuple[list[float], list[int]]:
-    """``([k*(B) / k*(1) for B = 1..max_batch], [k*(B)])``, ``k*`` over every depth ``0..max_depth``.
-
-    ``k*`` is made non-increasing in B. When the model says "do not speculate" already at batch 1
-    (``k*(1) = 0``) while the policy does, the factor is 1 while a round of the deepest depth
-    stays memory-bound (``B (max_depth + 1) <= S``) and 0 beyond.
-    """
-    grid = list(range(max_depth + 1))
-    k_star, previous = [], max_depth
-    for b in range(1, max_batch + 1):
-        previous = min(previous, best_depth(grid, alpha, c, g, b, saturation, verify_size))
-        k_star.append(previous)
-    if k_star[0] == 0:
-        return [1.0 if b * (max_depth + 1) <= saturation else 0.0 for b in range(1, max_batch + 1)], k_star
-    return [k / k_star[0] for k in k_star], k_star
-
-
-def depth_by_batch(k_top: int, depths: list[int], scale: list[float]) -> list[int]:
-    """``[k(1), ..., k(max_batch)]``: ``k_top * scale(B)`` snapped down to the grid, non-increasing."""
-    grid = sorted(depths)
-    out, previous = [], k_top
-    for f in scale:
-        k = k_top * f + 1e-9
-        previous = min(previous, max([d for d in grid if d <= k], default=0))
-        out.append(previous)
-    return out
 
 
 def runs(values: list[int]) -> list[list[int]]:

@@ -33,8 +33,6 @@ BUILDER_ENVS: tuple[str, ...] = (
     "draftrl/TraceReplayDepth-v0",
 )
 BUILDER = "draftrl.signals.features.FeatureBuilder"
-#: Names manifests have recorded for the same builder (before it moved from ``draftrl.envs``).
-BUILDER_NAMES: tuple[str, ...] = (BUILDER, "draftrl.envs.features.FeatureBuilder")
 
 
 def env_spec(train_config: dict[str, Any] | None, env_id: str) -> EnvSpec:
@@ -120,7 +118,11 @@ def make_feature_builder(entry: dict[str, Any], names: list[str] | tuple[str, ..
     :raises ValueError: for policies whose features no engine can build (e.g. ``Analytic-v0``) or
         whose feature list the rebuilt builder does not reproduce.
     """
-    if not entry or entry.get("builder") not in BUILDER_NAMES:
+    builder_name = (entry or {}).get("builder")
+    if builder_name is not None and builder_name != BUILDER:
+        raise ValueError(f"the manifest names the feature builder {builder_name!r}, not {BUILDER!r}; export the "
+                         "policy again (draftrl export RUN) to write its manifest with this draftrl.")
+    if not entry or builder_name is None:
         reason = (entry or {}).get("reason", "the manifest names no feature builder")
         raise ValueError(
             f"this policy cannot drive an engine: {reason} Train it on draftrl/TraceReplay-v0 or "

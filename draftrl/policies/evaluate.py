@@ -11,11 +11,13 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 from gymnasium import spaces
 
+from draftrl.config.env_spec import EnvSpec
 from draftrl.policies.base import Policy
 
 
@@ -93,6 +95,25 @@ def evaluate_policy_on_env(policy: Policy, env: Any, episodes: int = 20, seed: i
         "episodes": episodes,
         "seed": seed,
     }
+
+
+def evaluate_saved_policy(path: str | Path, spec: EnvSpec, episodes: int = 20, seed: int = 0) -> dict[str, Any]:
+    """:func:`evaluate_policy_on_env` of the PPO policy saved at ``path`` (a run directory or a
+    checkpoint, with its own normaliser statistics) on the env ``spec`` makes, as training made it.
+
+    What ``export`` reads when a run's summary has no evaluation (a checkpoint): it may not make
+    envs itself, this layer may.
+    """
+    import gymnasium as gym
+
+    import draftrl.envs  # noqa: F401  registers the draftrl/* ids
+    from draftrl.policies.ppo import PPOPolicy
+
+    env = gym.make(spec.id, **spec.make_kwargs())
+    try:
+        return evaluate_policy_on_env(PPOPolicy.load(path, env), env, episodes=episodes, seed=seed)
+    finally:
+        env.close()
 
 
 def paired_difference(a: Sequence[float], b: Sequence[float]) -> dict[str, float]:

@@ -6,5 +6,6 @@ derivation evaluate the same cost model:
 
 - ``features``: ``FeatureBuilder`` (feature names, order and bounds) and ``RoundSummary``;
 - ``costs``: ``CostTable``, the measured cost of a round on one machine (``draftrl calibrate``);
-- ``speedup``: the article's expected tokens per round and expected speedup.
+- ``speedup``: the article's expected tokens per round and expected speedup;
+- ``batch_scaling``: the same model at batch size B (best depth per batch, alpha fitted to a policy).
 """

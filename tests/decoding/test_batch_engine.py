@@ -43,7 +43,7 @@ def test_hf_batch_engine_is_exact_and_keeps_the_budget(smollm2):
 
 
 def test_serving_env_runs_on_the_hf_engine(smollm2):
-    from draftrl.envs.serve import ServeVLLMEnv
+    from draftrl.envs.serve_vllm import ServeVLLMEnv
 
     engine = HFBatchEngine(smollm2, max_depth=8, max_num_seqs=4, eos_token_ids=tuple(smollm2.eos_token_ids))
     env = ServeVLLMEnv(engine=engine, tokenizer=smollm2.tokenizer, num_requests=3, max_new_tokens=8, concurrency=2,

@@ -13,12 +13,12 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 import draftrl.envs  # noqa: F401  registers the ids
+from draftrl.config.serve import ServeConfig
 from draftrl.decoding.admission import StepAction
+from draftrl.decoding.replay import Recording, Recordings, ReplayEngine
 from draftrl.decoding.vllm.calibrate import FORMAT, StepCostModel
 from draftrl.decoding.vllm.proposer import DraftrlProposer
-from draftrl.envs.serve import FEATURE_NAMES, ServeVLLMEnv
-from draftrl.config.serve import ServeConfig
-from draftrl.envs.serve_sim import Recording, Recordings, ReplayEngine
+from draftrl.envs.serve_vllm import FEATURE_NAMES, ServeVLLMEnv
 from draftrl.prompts import Prompt
 
 COST = StepCostModel(base=0.03, per_seq=0.002, per_token=0.0005, residual_std=0.002)

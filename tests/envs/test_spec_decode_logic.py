@@ -1,6 +1,6 @@
 """Env logic on a scripted engine and synthetic tables: features, rewards, shaping, config errors.
 
-No model runs here; ``test_spec_decode_real.py`` and ``test_replay.py`` cover the real engine.
+No model runs here; ``test_spec_decode_real.py`` and ``test_trace_replay.py`` cover the real engine.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from gymnasium.utils.env_checker import check_env as gym_check_env
 from stable_baselines3.common.env_checker import check_env as sb3_check_env
 
 import draftrl.envs  # noqa: F401  registers the env ids (gymnasium.register_envs idiom)
-from draftrl.config.env import EnvConfig, load_env_config
+from draftrl.config.env import EnvConfig
 from draftrl.signals.costs import CostTable
-from draftrl.signals.features import CostTracker, FeatureBuilder, feature_names, verify_bucket
+from draftrl.signals.features import feature_names
 from draftrl.envs.rewards import RewardModel
 from draftrl.envs.spec_decode import SpecDecodeEnv
 from draftrl.envs.depth_control import CONTINUE, STOP
@@ -90,59 +90,6 @@ def test_history_features_follow_the_rounds(scripted):
     obs, *_ = env.step(depth4)
     assert obs[idx["verify_cost_4"]] == pytest.approx((PLAIN_STEP + 4 * PER_NODE) / PLAIN_STEP, rel=1e-5)
     assert obs[idx["draft_cost_level"]] == pytest.approx(PER_LEVEL / PLAIN_STEP, rel=1e-5)
-
-
-def test_verify_buckets():
-    assert [verify_bucket(n) for n in (0, 1, 2, 3, 4, 7, 8, 63, 64, 500)] == [0, 1, 2, 2, 3, 3, 4, 6, 7, 7]
-
-
-def test_cost_features_start_from_the_table():
-    table = synthetic_table()
-    tracker = CostTracker(table, decay=0.9, width=1)
-    builder = FeatureBuilder(4, 0.8, tracker)
-    builder.start_episode(16)
-    obs = builder.observation({}, 100, 0)
-    names = builder.names
-    g1 = obs[names.index("verify_cost_1")]
-    assert g1 == pytest.approx(table.g(2), rel=1e-5)  # one node + the root: two tokens
-    assert obs[names.index("draft_cost_level")] == pytest.approx(0.001 / table.ar_step(np.median([64, 1024])), rel=1e-5)
-    # unknown without a table: every ratio 1, draft costs 0
-    blank = FeatureBuilder(4, 0.8, CostTracker(None, 0.9)).observation({}, 10, 0)
-    assert np.all(blank[16:23] == 1.0) and np.all(blank[23:] == 0.0)
-
-
-def test_a_round_that_fed_the_prompt_is_no_verify_cost_sample():
-    """The first round of a fused prefill (start(prefill=False)) took the prompt's time too: the
-    verify-cost averages must not take it, or every cost feature reads the prompt for a while."""
-    from draftrl.signals.features import RoundSummary
-
-    def summary(seconds, prompt_fed):
-        return RoundSummary(3, 2, 4, 4, 4, draft_seconds=0.001, verify_seconds=seconds, sample_seconds=0.0,
-                            prompt_fed=prompt_fed)
-
-    tracker = CostTracker(None, decay=0.5)
-    tracker.observe(summary(1.0, prompt_fed=True))  # a 1 s prefill + verify
-    assert tracker.verify[verify_bucket(4)] is None
-    tracker.observe(summary(0.06, prompt_fed=False))
-    tracker.observe(summary(1.0, prompt_fed=True))
-    assert tracker.verify[verify_bucket(4)] == pytest.approx(0.06)
-    tracker.observe(summary(0.08, prompt_fed=False))  # the control: an ordinary round moves the average
-    assert tracker.verify[verify_bucket(4)] == pytest.approx(0.07)
-
-
-def test_cost_table_lookup_and_roundtrip(tmp_path):
-    table = synthetic_table()
-    assert table.verify(1, 64) == pytest.approx(0.02)
-    assert table.verify(1, 544) == pytest.approx(0.03)  # halfway in context
-    assert table.verify(100, 64) == pytest.approx(0.02 * 1.8)  # clamped past the grid
-    assert table.draft(3, 1) == pytest.approx(0.0005 + 3 * 0.001)
-    table.save(tmp_path / "t.json")
-    again = CostTable.load(tmp_path / "t.json")
-    assert np.array_equal(again.verify_seconds, table.verify_seconds) and again.draft_base_seconds == 0.0005
-    with pytest.raises(FileNotFoundError, match="draftrl calibrate"):
-        CostTable.load(tmp_path / "missing.json")
-    with pytest.raises(ValueError, match="must start at 1"):
-        CostTable(num_tokens=[2, 4], context_lens=[8], verify_seconds=[[1, 2]], draft_widths=[1], draft_level_seconds=[0])
 
 
 # ----------------------------------------------------------------------------- rewards
@@ -271,21 +218,9 @@ def test_checkers_pass_on_the_scripted_engine(scripted):
 
 
 # ----------------------------------------------------------------------------- configuration errors
-def test_bad_config_keys_name_the_fix(tmp_path):
+def test_bad_env_arguments_name_the_fix(tmp_path):
     with pytest.raises(ValueError, match="did you mean 'depths'"):
         gym.make("draftrl/SpecDecode-v1", depth=(0, 1))
-    path = tmp_path / "bad.yaml"
-    path.write_text("env:\n  verify_size: [0]\n")
-    with pytest.raises(ValueError, match="unknown config key 'env.verify_size'; did you mean 'env.verify_sizes'"):
-        load_env_config(str(path))
-    with pytest.raises(ValueError, match="must look like env.key=value"):
-        load_env_config(None, ["depths=[0]"])
-    with pytest.raises(ValueError, match="repeats a value"):
-        EnvConfig(depths=(0, 1, 1))
-    with pytest.raises(ValueError, match="reward='speed' is unknown"):
-        EnvConfig(reward="speed")
-    with pytest.raises(ValueError, match="depth_shaping=true needs reward=ratio"):
-        EnvConfig(reward="throughput", depth_shaping=True)
     with pytest.raises(ValueError, match="no prompt matches"):
         from draftrl.envs.workload import select_prompts
 
@@ -306,12 +241,6 @@ def test_engine_that_contradicts_the_config_is_refused(scripted):
     engine, _ = scripted()
     with pytest.raises(ValueError, match="tokenizer"):
         SpecDecodeEnv(EnvConfig(**SMALL), engine=engine)
-
-
-def test_tiny_cpu_config_loads():
-    config = load_env_config("configs/tiny_cpu.yaml", ["env.max_new_tokens=16"])
-    assert config.target == "smollm2-135m" and config.drafter == "ngram" and 0 in config.depths
-    assert config.max_new_tokens == 16 and config.languages == ("en",)
 
 
 def test_import_stays_light():

@@ -1,12 +1,11 @@
-"""Two small trained policies for the export tests, trained once per session in seconds.
+"""A small policy trained on real traces for the export tests, once per session in seconds
+(the analytic one, ``analytic_run``, is in tests/conftest.py: other packages' tests use it too).
 
-- ``analytic_run``: PPO on the analytic regime workload (``configs/analytic_regimes.yaml``
-  shrunk to 2,048 steps): 6 features, 13 depths, VecNormalize on.
 - ``replay_run``: PPO on ``TraceReplay-v0`` over greedy traces of the real SmolLM2 + n-gram
   drafter (2 prompts, 24 tokens, depths 0/1/2/4, a hand-made cost table): the 25
   ``FeatureBuilder`` features, so it can drive draftrl's engine and transformers.
 
-Each is exported to ONNX and TorchScript (``*_exports``).
+It is exported to ONNX and TorchScript (``replay_exports``).
 """
 
 from __future__ import annotations
@@ -15,11 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from draftrl.config import from_dict, load_config
+from draftrl.config import from_dict
 from draftrl.train import ppo_size
 from draftrl.train.config import TrainConfig
 
-ROOT = Path(__file__).resolve().parents[2]
 REPLAY_WORKLOAD = dict(languages=("en",), tasks=("code_edit",), limit_per_group=2, max_new_tokens=24,
                        depths=(0, 1, 2, 4), seed=0)
 
@@ -33,19 +31,6 @@ def cost_table():
         draft_widths=[1, 2, 4], draft_level_seconds=[1e-4, 1.5e-4, 2e-4], draft_base_seconds=2e-4,
         sample_base_seconds=1e-3, sample_token_seconds=2e-4, noise=0.05,
     )
-
-
-@pytest.fixture(scope="session")
-def analytic_run(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("analytic") / "run"
-    cfg = load_config(TrainConfig, ROOT / "configs" / "analytic_regimes.yaml", [
-        "total_timesteps=2048", "ppo.n_steps=64", "checkpoint_every=1024", "eval_episodes=3",
-        "baselines=[]", "progress_bar=false",
-    ])
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("WANDB_MODE", "disabled")
-        ppo_size.train(cfg, out)
-    return out
 
 
 @pytest.fixture(scope="session")
@@ -95,20 +80,6 @@ def replay_run(replay_traces, tmp_path_factory) -> Path:
     return out
 
 
-def _export(run: Path, directory: Path) -> dict[str, Path]:
-    from draftrl.export.network import export
-
-    files = {"onnx": directory / "policy.onnx", "torchscript": directory / "policy.pt"}
-    for backend, file in files.items():
-        export(run, file, backend, check_observations=512)
-    return files
-
-
 @pytest.fixture(scope="session")
-def analytic_exports(analytic_run, tmp_path_factory) -> dict[str, Path]:
-    return _export(analytic_run, tmp_path_factory.mktemp("analytic_export"))
-
-
-@pytest.fixture(scope="session")
-def replay_exports(replay_run, tmp_path_factory) -> dict[str, Path]:
-    return _export(replay_run, tmp_path_factory.mktemp("replay_export"))
+def replay_exports(replay_run, export_policy, tmp_path_factory) -> dict[str, Path]:
+    return export_policy(replay_run, tmp_path_factory.mktemp("replay_export"))

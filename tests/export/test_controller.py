@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -65,7 +66,8 @@ def test_inputs_are_checked_and_can_be_given_by_name(analytic_exports):
     controller = PolicyController(analytic_exports["onnx"])
     names = controller.feature_names
     obs = np.asarray([3.0, 0.6, 0.5, 0.55, 0.2, 0.9], dtype=np.float32)
-    assert controller.act(controller.observation(dict(zip(names, obs.tolist())))) == controller.act(obs)
+    by_name = dict(reversed(list(zip(names, obs.tolist()))))  # a mapping's order is not the features' order
+    np.testing.assert_array_equal(controller.observation(by_name), obs)
     with pytest.raises(ValueError, match="draft_confidence"):
         controller.act(obs[:5])
     with pytest.raises(ValueError, match="missing"):
@@ -82,3 +84,28 @@ def test_inputs_are_checked_and_can_be_given_by_name(analytic_exports):
 def test_controller_refuses_other_exports(analytic_exports):
     with pytest.raises(ValueError, match="TorchScript"):
         PolicyController(analytic_exports["torchscript"])
+
+
+def test_exported_onnx_runs_alone_and_refuses_non_finite_observations(analytic_run, analytic_exports, tmp_path):
+    """The graph normalises raw observations itself, so the .onnx needs no JSON beside it; its
+    actions equal SB3's on SB3-normalised observations; NaN observations are refused."""
+    import onnxruntime
+
+    from draftrl.export.artifacts import resolve
+    from draftrl.export.controller import PolicyController
+    from draftrl.export.network import load_sb3, sample_observations
+
+    model, normalizer = load_sb3(resolve(analytic_run))
+    obs = sample_observations(model, 256, seed=3)
+    expected, _ = model.predict(normalizer.normalize_obs(obs), deterministic=True)
+    session = onnxruntime.InferenceSession(str(analytic_exports["onnx"]))
+    raw_actions = session.run(["action"], {"observation": obs})[0]  # no draftrl code, raw observations
+    np.testing.assert_array_equal(raw_actions, expected)
+    alone = tmp_path / "alone.onnx"
+    shutil.copyfile(analytic_exports["onnx"], alone)  # no alone.onnx.json: the embedded manifest is used
+    controller = PolicyController(alone)
+    np.testing.assert_array_equal(controller.act_indices(obs), expected)
+    bad = obs[0].copy()
+    bad[2] = np.nan
+    with pytest.raises(ValueError, match=f"features \\['{controller.feature_names[2]}'\\] are not finite"):
+        controller.act(bad)

@@ -10,32 +10,8 @@ from draftrl.cli import main
 from draftrl.export import engine_config as ec
 
 
-# ----------------------------------------------------------------------------- the cost model
-def test_cost_model_reproduces_the_design_vectors():
-    g = [1.0] * 17
-    assert ec.expected_tokens(0.7, 6) == pytest.approx(3.058819, abs=1e-6)
-    assert ec.best_depth(list(range(1, 17)), 0.7, 0.05, g, batch=1, saturation=1e9) == 6
-    assert ec.best_depth(list(range(1, 17)), 0.7, 0.20, g, batch=1, saturation=1e9) == 3
-    assert ec.best_depth(list(range(0, 17)), 0.0, 0.05, g, batch=1, saturation=1e9) == 0  # alpha 0: no speculation
-
-
-def test_larger_batches_never_speculate_deeper():
-    scale, k_star = ec.depth_scale(12, 0.8, 0.05, [1.0] * 13, saturation=256, max_batch=512)
-    assert k_star[0] == ec.best_depth(list(range(13)), 0.8, 0.05, [1.0] * 13, 1, 256)
-    assert all(a >= b for a, b in zip(k_star, k_star[1:])) and k_star[-1] == 0
-    table = ec.depth_by_batch(6, [0, 1, 2, 4, 6, 8], scale)
-    assert table[0] == 6 and table[-1] == 0 and all(a >= b for a, b in zip(table, table[1:]))
-    assert set(table) <= {0, 1, 2, 4, 6, 8}
-    # memory-bound batches (B (n + 1) <= S) cost nothing extra: the batch-1 depth holds
-    assert ec.verify_cost_at_batch([1.0] * 13, 6, batch=16, saturation=256) == 1.0
-    assert ec.verify_cost_at_batch([1.0] * 13, 6, batch=256, saturation=256) == 7.0
-
-
-def test_alpha_is_fitted_to_the_policys_own_tokens_per_round():
-    hist = {0: 5, 2: 10, 6: 30}
-    mean = sum(n * ec.expected_tokens(0.6, d) for d, n in hist.items()) / sum(hist.values())
-    assert ec.fit_alpha(hist, mean) == pytest.approx(0.6, abs=1e-9)
-    assert ec.fit_alpha(hist, 1.0) == 0.0 and ec.fit_alpha({0: 3}, 1.0) == 0.0
+# ----------------------------------------------------------------------------- the policy's summary
+def test_the_depth_summary_and_the_vllm_table():
     assert ec.weighted_median({0: 11, 5: 8, 10: 2}) == 0 and ec.weighted_median({0: 9, 5: 10, 10: 2}) == 5
     assert ec.runs([3, 3, 2, 0, 0]) == [[1, 2, 3], [3, 3, 2], [4, 5, 0]]
 

@@ -10,10 +10,10 @@ import pytest
 
 from draftrl.decoding.vllm.calibrate import StepCostModel, calibrate, decode_table
 from draftrl.decoding.vllm.engine import VLLMEngineConfig, shared_engine
-from draftrl.envs.serve import ServeVLLMEnv
+from draftrl.envs.serve_vllm import ServeVLLMEnv
 from draftrl.config.serve import ServeConfig
 from draftrl.envs.serve_replay import ServeReplayEnv
-from draftrl.envs.serve_sim import record_workload
+from draftrl.envs.serve_replay import record_workload
 
 CONFIG = ServeConfig(split="heldout", languages=("en", "it", "zh", "es"), tasks=("code_edit", "summarize"),
                      max_new_tokens=24, concurrency=4, shuffle=False)

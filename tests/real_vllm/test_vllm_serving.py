@@ -11,7 +11,7 @@ import numpy as np
 from draftrl.cli import main
 from draftrl.decoding.admission import StepAction
 from draftrl.decoding.vllm.engine import VLLMEngineConfig, shared_engine
-from draftrl.envs.serve import FEATURE_NAMES
+from draftrl.envs.serve_vllm import FEATURE_NAMES
 
 
 def test_serve_env_steps_one_engine_step_and_keeps_the_budget():
@@ -50,7 +50,7 @@ def _untrained_ppo(path):
     """A PPO policy on ServeVLLM-v0's spaces (untrained: it exercises the ppo:PATH path, not learning)."""
     from stable_baselines3 import PPO
 
-    from draftrl.envs.serve import FEATURE_NAMES, OBSERVATION
+    from draftrl.envs.serve_vllm import FEATURE_NAMES, OBSERVATION
     from draftrl.config.serve import ServeConfig
     from draftrl.train.loop import Learned, save_trained
 

@@ -251,11 +251,6 @@ def test_keep_best_is_refused_where_two_policies_alternate():
         load_config(TrainConfig, ANALYTIC, ["keep=best", "recipe=cotrain"])
 
 
-def test_yaml_exponent_without_a_dot_is_a_float():
-    """YAML 1.1 reads 1e-4 as a string; the config loader converts it for float fields."""
-    assert load_config(TrainConfig, ANALYTIC, ["ppo.learning_rate=1e-4"]).ppo.learning_rate == 1e-4
-
-
 @pytest.mark.parametrize("override, message", [
     ("env.kwargs.target=x", "env.kwargs.target is now env.target"),
     ("env.eval_kwargs.split=heldout", "env.eval_kwargs.split is now env.eval.split"),

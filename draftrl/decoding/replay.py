@@ -1,8 +1,8 @@
 """A continuous-batching serving engine replayed from recordings: ``draftrl/ServeReplay-v0``'s engine.
 
 **Recordings** (:func:`record`, :class:`Recordings`): each request's greedy continuation, decoded
-by a real serving engine without speculation (``draftrl collect --engine vllm``: vLLM, float32,
-the engine the simulator stands for). At temperature 0 a correct speculative engine emits
+by a real serving engine without speculation (``draftrl collect --engine vllm``, through
+:func:`draftrl.envs.serve_replay.record_workload`: vLLM, float32, the engine the simulator stands for). At temperature 0 a correct speculative engine emits
 exactly that continuation whatever it drafts, so the tokens need no model.
 
 **Proposals** (:class:`Proposals`): the n-gram drafter is deterministic given the context, so its
@@ -140,35 +140,6 @@ def record(engine, requests: list[tuple[Prompt, list[int], int]], *, lookahead: 
     meta = {**(meta or {}), "record_seconds": time.perf_counter() - t0, "record_steps": num_steps}
     return Recordings([Recording(p, list(ids), int(m), tokens[f"rec{i}"], lookahead)
                        for i, (p, ids, m) in enumerate(requests)], meta)
-
-
-def record_workload(config, engine=None, tokenizer=None, progress=None) -> Recordings:
-    """Record every request of a :class:`~draftrl.config.serve.ServeConfig`'s workload.
-
-    Default engine: vLLM without speculation in ``config.dtype`` (float32 by default: there vLLM
-    with draftrl's proposer is token-identical to it, so the recording is what ``ServeVLLM-v0``
-    emits under every policy; a Hugging Face greedy decode may break float ties differently).
-    """
-    import dataclasses
-
-    from draftrl.envs.workload import Workload
-
-    if engine is None:
-        from draftrl.decoding.vllm.engine import VLLMEngineConfig, shared_engine
-
-        engine = shared_engine(VLLMEngineConfig(model=config.model, method="none", dtype=config.dtype,
-                                                max_num_seqs=config.max_num_seqs, max_model_len=config.max_model_len,
-                                                kv_cache_gib=config.kv_cache_gib, threads=config.threads))
-    if tokenizer is None:
-        from transformers import AutoTokenizer
-
-        from draftrl.decoding.vllm.engine import model_path
-
-        tokenizer = AutoTokenizer.from_pretrained(model_path(config.model))
-    workload = Workload(config.workload_config(), tokenizer)
-    requests = [(r.prompt, r.prompt_ids, r.max_new_tokens) for r in map(workload.request, range(len(workload)))]
-    describe = engine.describe() if hasattr(engine, "describe") else {"engine": type(engine).__name__}
-    return record(engine, requests, meta={"config": dataclasses.asdict(config), "engine": describe}, progress=progress)
 
 
 class Proposals:

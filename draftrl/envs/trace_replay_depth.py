@@ -3,7 +3,7 @@
 The per-level CONTINUE/STOP decision of Learning to Draft's depth policy, at replay speed: the
 level signals come from the recorded trees (the same values ``TreeBuilder.level_features``
 gives), draft seconds per level from the cost table, and the round itself is replayed by
-:class:`~draftrl.envs.replay.TraceReplayEnv`'s code.
+:class:`~draftrl.envs.trace_replay.TraceReplayEnv`'s code.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from draftrl.config.env import EnvConfig
 from draftrl.signals.costs import CostTable
 from draftrl.envs.depth_control import DepthControl, SizePolicy
 from draftrl.signals.features import tree_level_features
-from draftrl.envs.replay import TraceReplayEnv
+from draftrl.envs.trace_replay import TraceReplayEnv
 from draftrl.envs.traces import Traces
 
 

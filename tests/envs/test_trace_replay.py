@@ -22,8 +22,8 @@ from draftrl.cli import main
 from draftrl.config.env import EnvConfig
 from draftrl.signals.costs import CostTable
 from draftrl.envs.engines import build_engine
-from draftrl.envs.replay import TraceReplayEnv
-from draftrl.envs.replay_depth import TraceReplayDepthEnv
+from draftrl.envs.trace_replay import TraceReplayEnv
+from draftrl.envs.trace_replay_depth import TraceReplayDepthEnv
 from draftrl.envs.spec_decode import SpecDecodeEnv
 from draftrl.envs.spec_decode_depth import SpecDecodeDepthEnv
 from draftrl.envs.traces import Traces, collect
@@ -305,7 +305,7 @@ def test_real_and_replay_depth_envs_agree(recorded):
 
 
 def test_collect_keeps_finished_prompts_and_resumes(shared_smollm2, tmp_path):
-    """Finding 8 (SIGINT during collect lost all work): each finished prompt is kept in the partial
+    """A SIGINT during collect loses no work: each finished prompt is kept in the partial
     directory; the next run decodes only the rest and yields the same traces as one whole run."""
     import dataclasses
 

@@ -98,7 +98,7 @@ class ServeVLLMEnv(gym.Env[np.ndarray, np.ndarray]):
     ## Observation Space
 
     ``Box(float32, shape=(20,))``, names in ``env.unwrapped.feature_names``
-    (``draftrl.envs.serve.FEATURE_NAMES``). "Last step" is the engine step that just ran.
+    (``draftrl.envs.serve_vllm.FEATURE_NAMES``). "Last step" is the engine step that just ran.
 
     | Num | Observation             | Min | Max  | Meaning |
     |-----|-------------------------|-----|------|---------|
