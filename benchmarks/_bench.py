@@ -97,6 +97,13 @@ def fmt(value: Any) -> str:
     return str(value)
 
 
+def ratio(value: float | None) -> str:
+    """A printed ratio: ``1.031x`` (``1169x`` from 100 on), None as '-'."""
+    if value is None:
+        return "-"
+    return f"{value:.3f}x" if abs(value) < 100 else f"{value:.0f}x"
+
+
 class Bench:
     """One benchmark run: checks ``--out``, sets the threads, prints the header, then the rows.
 
@@ -136,7 +143,7 @@ class Bench:
     def row(self, ratios: dict[str, float | None], values: dict[str, Any] | None = None, **context: Any) -> None:
         """Print one line, ratios first (``name=1.031x``), then absolute ``values``, then ``context``."""
         values = values or {}
-        parts = [f"{k}={'-' if v is None else f'{v:.3f}x'}" for k, v in ratios.items()]
+        parts = [f"{k}={ratio(v)}" for k, v in ratios.items()]
         parts += [f"{k}={fmt(v)}" for k, v in values.items()]
         parts += [f"{k}={fmt(v)}" for k, v in context.items()]
         print("  ".join(parts), flush=True)

@@ -93,10 +93,10 @@ def main() -> None:
         rows.append({"load": f"{section}={key}", "none_tokens_per_second": plain, "fixed_k": fixed_k,
                      "static": static, "oracle": oracle, "hindsight": hindsight})
         best = lambda d: max(d, key=d.get)  # noqa: E731
-        bench.row({"best_fixed_k": max(fixed_k.values()), "static": max(static.values()), "oracle": oracle,
-                   "hindsight": max(hindsight.values())},
-                  {"none_tok_s": plain}, load=f"{section}={key}", best_fixed_k=best(fixed_k), best_static=best(static),
-                  best_hindsight=best(hindsight))
+        bench.row({"best_fixed_k_vs_none": max(fixed_k.values()), "static_vs_none": max(static.values()),
+                   "oracle_vs_none": oracle, "hindsight_vs_none": max(hindsight.values())},
+                  {"none_tok_s": plain}, **{"concurrency" if section == "concurrency" else "rate": key},
+                  best_fixed_k=best(fixed_k), best_static=best(static), best_hindsight=best(hindsight))
     extra = {}
     if args.policies:
         specs = [s.label for s in parse_serving_policies(args.policies)]
