@@ -142,7 +142,7 @@ def main() -> None:
         plain = sum(r["seconds"] for r in replay("none:0", requests, cost)["requests"])
         best_fixed = min((sum(r["seconds"] for r in res["requests"]) for res in results
                           if res["arm"].startswith("fixed:")), default=None)
-    clock = f"{args.calibration} at batch 1" if cost is not None else "none"
+    clock = f"{args.calibration}@batch_1" if cost is not None else "none"
     where = dict(requests=len(requests), tokens=tokens, recordings=args.recordings, seconds_from=clock)
     for res in results:
         rs = res["requests"]
