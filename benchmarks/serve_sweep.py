@@ -59,6 +59,7 @@ def main() -> None:
         out / "real", policies=args.policies, concurrency=concurrency, rates=rates, repeats=args.repeats, config=config)
     all_real, all_sim = [], []
     for section, key in loads_of(real):
+        load = {"rate" if section == "rates" else "concurrency": key}
         r_table, s_table = real[section][key]["policies"], sim[section][key]["policies"]
         both = [label for label in r_table if label in s_table]
         bench.note(f"{section}={key}")
@@ -70,12 +71,12 @@ def main() -> None:
                        **{f"{who}{name}_ms": ms(t.get(field)) for who, t in (("", r), ("sim_", s))
                           for name, field in (("ttft_p50", "time_to_first_token_p50"), ("itl_p50", "itl_p50"),
                                               ("itl_p95", "itl_p95"), ("itl_p99", "itl_p99"))}},
-                      policy=label, load=f"{section}={key}")
+                      policy=label, **load)
         tau = kendall_tau([r_table[k]["speedup_vs_none"] for k in both], [s_table[k]["speedup_vs_none"] for k in both])
         all_real += [r_table[k]["speedup_vs_none"] for k in both]
         all_sim += [s_table[k]["speedup_vs_none"] for k in both]
         if tau is not None:
-            bench.row({}, {"kendall_tau": tau}, policies=len(both), load=f"{section}={key}")
+            bench.row({}, {"kendall_tau": tau}, policies=len(both), **load)
     bench.row({}, {"kendall_tau_all": kendall_tau(all_real, all_sim), "exactness_passed": real["exactness"]["passed"]},
               speedups=len(all_real), repeats=args.repeats)
     load_sweep(real, sim, [s.label for s in specs], out / "sweep.png")
