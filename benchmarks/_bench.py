@@ -51,7 +51,8 @@ def common_flags(threads: int = 1) -> argparse.ArgumentParser:
     group = parser.add_argument_group("common benchmark flags")
     group.add_argument("--threads", type=int, default=threads,
                        help=f"torch threads (0 = torch's default; default {threads}: steadier on a shared CPU)")
-    group.add_argument("--quick", action="store_true", help="the smallest sizes, a smoke run (explicit flags still win)")
+    group.add_argument("--quick", action="store_true",
+                       help="the smallest sizes, a smoke run (explicit flags still win)")
     group.add_argument("--out", default=None, help="directory for results.json and the script's other files; "
                                                    "refused if it holds earlier results, unless --overwrite")
     group.add_argument("--overwrite", action="store_true", help="replace this script's earlier results in --out")
@@ -162,8 +163,9 @@ class Bench:
         if self.out is None:
             return None
         args = {k: v for k, v in vars(self.args).items() if k not in ("out", "overwrite")}
-        path = write_json(self.out / "results.json", {"script": self.name, "argv": sys.argv[1:], "machine": self.machine,
-                                                      "args": args, "rows": self.rows, **extra})
+        path = write_json(self.out / "results.json", {"script": self.name, "argv": sys.argv[1:],
+                                                      "machine": self.machine, "args": args, "rows": self.rows,
+                                                      **extra})
         self.note(f"results written to {path}")
         return path
 

@@ -44,7 +44,8 @@ def main() -> None:
     methods = {"ar": engine_method(loaded.model, None, eos, 0)}
     for spec in drafters:
         for d in depths:  # one drafter object per method: model drafters keep their own KV cache
-            methods[f"{spec}@{d}"] = engine_method(loaded.model, build_drafter(spec, loaded, device=args.device), eos, d)
+            drafter = build_drafter(spec, loaded, device=args.device)
+            methods[f"{spec}@{d}"] = engine_method(loaded.model, drafter, eos, d)
     bench.note(f"{len(reqs)} prompts x {len(methods)} methods x {args.repeats} repeats, interleaved")
     t = interleave(methods, reqs, args.repeats, args.device)
 

@@ -115,8 +115,8 @@ def main() -> None:
         vs_lookup = ratio(dr, hl)
         per_task = {f"accepted_per_round_{task}": f"{accepted(dr, idx):.2f}/{accepted(hl, idx):.2f}"
                     for task in tasks if (idx := [i for i in items if reqs[i].task == task])}
-        worse = [task for task in tasks
-                 if (idx := [i for i in items if reqs[i].task == task]) and accepted(dr, idx) < accepted(hl, idx) - 1e-9]
+        worse = [task for task in tasks if (idx := [i for i in items if reqs[i].task == task])
+                 and accepted(dr, idx) < accepted(hl, idx) - 1e-9]
         bench.row({"draftrl_vs_hf_lookup": vs_lookup, **cpu_ratio("draftrl_vs_hf_lookup", dr, hl),
                    "draftrl_vs_hf_ar": ratio(dr, "hf_ar"), "hf_lookup_vs_hf_ar": ratio(hl, "hf_ar")},
                   {**goal(vs_lookup, 1.0),

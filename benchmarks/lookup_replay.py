@@ -150,12 +150,14 @@ def main() -> None:
         ratios = {}
         if cost is not None:
             secs = sum(r["seconds"] for r in rs)
-            ratios = {"seconds_vs_none": plain / secs, "seconds_vs_best_fixed": best_fixed / secs if best_fixed else None}
+            ratios = {"seconds_vs_none": plain / secs,
+                      "seconds_vs_best_fixed": best_fixed / secs if best_fixed else None}
         by_task: dict[str, list[int]] = defaultdict(lambda: [0, 0])
         for r in rs:
             by_task[r["task"]][0] += r["tokens"]
             by_task[r["task"]][1] += r["steps"]
-        per_task = {f"tokens_per_step_{task}": t / s for task, (t, s) in sorted(by_task.items())} if args.by_task else {}
+        per_task = ({f"tokens_per_step_{task}": t / s for task, (t, s) in sorted(by_task.items())}
+                    if args.by_task else {})
         bench.row({**ratios, "steps_vs_none": steps / tokens},
                   {"tokens_per_step": tokens / steps, "accepted_per_step": sum(r["accepted"] for r in rs) / steps,
                    "proposed_per_step": sum(r["proposed"] for r in rs) / steps,

@@ -100,7 +100,8 @@ def main() -> None:
     extra = {}
     if args.policies:
         specs = [s.label for s in parse_serving_policies(args.policies)]
-        res = run_serving_eval(bench.path("policies") or tempfile.mkdtemp(prefix="serve_headroom_"), policies=args.policies, concurrency=concurrency,
+        res = run_serving_eval(bench.path("policies") or tempfile.mkdtemp(prefix="serve_headroom_"),
+                               policies=args.policies, concurrency=concurrency,
                                rates=rates, config=config, make_env=lambda cfg, spec: env_for(cfg))
         extra = {label: [res[s][k]["policies"][label]["speedup_vs_none"] for s, k in loads_of(res)]
                  for label in specs if label != "none"}

@@ -4,7 +4,8 @@ For each Poisson arrival rate (and fixed concurrency, if given) every policy run
 (``draftrl.eval.serving.run_serving_eval``: policies interleaved, ``--repeats`` passes, the
 median-time pass kept, float32 greedy identity checked) and in ``draftrl/ServeReplay-v0`` (the
 same runner with the simulator's env). Per load, one line per policy, ratios first: speedup over
-no speculation in vLLM and in the simulator (``vllm_speedup_vs_none``, ``sim_speedup_vs_none``), then throughput, TTFT and ITL p50/p95/p99 of both;
+no speculation in vLLM and in the simulator (``vllm_speedup_vs_none``, ``sim_speedup_vs_none``),
+then throughput, TTFT and ITL p50/p95/p99 of both;
 then Kendall's tau between the two rankings of the policies (tau-a over pairs, per load and over
 every load's speedups together), and ``OUT/sweep.png``: throughput and p95 ITL against load per
 policy (the runner's files in ``OUT/real/`` and ``OUT/sim/``). vLLM's own ``ngram:K`` has no

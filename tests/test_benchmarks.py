@@ -31,7 +31,8 @@ def harness_names(script: Path) -> set[str]:
 def test_every_script_runs_through_the_harness(script):
     """Common flags (``common_flags``), the header and the guarded ``--out`` (``Bench``), or it is not in the suite."""
     missing = {"Bench", "common_flags", "parse_args"} - harness_names(script)
-    assert not missing, f"benchmarks/{script.name} does not use _bench.py's {sorted(missing)}; see benchmarks/README.md."
+    assert not missing, f"benchmarks/{script.name} does not use _bench.py's {sorted(missing)}; " \
+                        "see benchmarks/README.md."
 
 
 def test_every_file_has_a_section_in_the_readme_and_every_section_a_file():
