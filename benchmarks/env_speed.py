@@ -3,9 +3,12 @@
 Real envs (round and per-level) run SmolLM2 + n-gram on ``configs/tiny_cpu.yaml``; the replay envs replay
 traces of the same config (recorded here unless ``--traces`` is given, with a quick cost table
 unless ``--cost-table`` is given); the analytic env needs no model. Each env gets a warm-up
-episode, then random actions for ``--seconds`` of wall clock. One line per env, ratio first:
+episode, then random actions for ``--seconds`` of wall clock in all, cut into ``--repeats`` slices
+that rotate over the envs in a fresh random order (load from other processes hits every env
+alike); an env's rate is the median over its slices. One line per env, ratio first:
 
     python benchmarks/env_speed.py --seconds 20
+    python benchmarks/env_speed.py --quick            # 1 s per env
 """
 
 from __future__ import annotations
@@ -17,20 +20,28 @@ import time
 from pathlib import Path
 
 import gymnasium as gym
+from gymnasium.envs.registration import find_highest_version
 
 import draftrl.envs  # noqa: F401  registers the env ids
+from _bench import Bench, common_flags, median, parse_args, rotate
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def steps_per_second(env: gym.Env, seconds: float, seed: int = 0) -> float:
+def warm_up(env: gym.Env, seed: int = 0) -> gym.Env:
+    """One whole episode of random actions (untimed), then a reset."""
     env.action_space.seed(seed)
     env.reset(seed=seed)
     done = False
-    while not done:  # warm-up episode
+    while not done:
         _, _, term, trunc, _ = env.step(env.action_space.sample())
         done = term or trunc
     env.reset()
+    return env
+
+
+def steps_per_second(env: gym.Env, seconds: float) -> float:
+    """Random actions for ``seconds`` of wall clock (episodes reset as they end); steps per second."""
     steps, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
         _, _, term, trunc, _ = env.step(env.action_space.sample())
@@ -41,26 +52,22 @@ def steps_per_second(env: gym.Env, seconds: float, seed: int = 0) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], parents=[common_flags()])
     parser.add_argument("--config", default=str(ROOT / "configs" / "tiny_cpu.yaml"))
-    parser.add_argument("--seconds", type=float, default=20.0, help="timed wall clock per env")
+    parser.add_argument("--seconds", type=float, default=20.0, help="timed wall clock per env, over all slices")
+    parser.add_argument("--repeats", type=int, default=4, help="interleaved slices per env")
     parser.add_argument("--traces", default=None, help="trace directory from draftrl collect (default: record now)")
     parser.add_argument("--cost-table", default=None, help="cost table from draftrl calibrate (default: a quick one)")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (the CPU is shared; 1 is steadier)")
-    args = parser.parse_args()
-
-    import torch
+    args = parse_args(parser, quick=dict(seconds=1.0, repeats=2))
+    bench = Bench(args, __file__)
 
     from draftrl.config.commands import CalibrateSettings
     from draftrl.envs.calibrate import calibrate
     from draftrl.config.env import load_env_config
-    from draftrl.signals.costs import hardware_info, hardware_name
     from draftrl.envs.engines import build_engine
     from draftrl.envs.traces import collect
 
-    torch.set_num_threads(args.threads)
     config = load_env_config(args.config)
-    hardware = hardware_name(hardware_info(config.device))
     work = Path(tempfile.mkdtemp(prefix="env_speed_"))
     cost_table = args.cost_table
     if cost_table is None:
@@ -73,21 +80,20 @@ def main() -> None:
         engine, tokenizer = build_engine(config)
         traces = str(collect(config, engine, tokenizer).save(work / "traces"))
 
-    rates = {
-        "draftrl/SpecDecode-v1": steps_per_second(gym.make("draftrl/SpecDecode-v1", config=config), args.seconds),
-        "draftrl/SpecDecodeDepth-v1": steps_per_second(gym.make("draftrl/SpecDecodeDepth-v1", config=config),
-                                                       args.seconds),
-        "draftrl/TraceReplay-v0": steps_per_second(
-            gym.make("draftrl/TraceReplay-v0", traces=traces, cost_table=cost_table), args.seconds),
-        "draftrl/TraceReplayDepth-v0": steps_per_second(
-            gym.make("draftrl/TraceReplayDepth-v0", traces=traces, cost_table=cost_table), args.seconds),
-        "draftrl/Analytic-v0": steps_per_second(gym.make("draftrl/Analytic-v0"), args.seconds),
-    }
-    real = rates["draftrl/SpecDecode-v1"]
-    for env_id, rate in rates.items():
-        print(f"vs_real={rate / real:.1f}x  steps_per_s={rate:.1f}  env={env_id}  config={Path(args.config).name}  "
-              f"hardware={hardware}  threads={args.threads}")
-    print(f"replay_vs_real={rates['draftrl/TraceReplay-v0'] / real:.0f}x  hardware={hardware}  threads={args.threads}")
+    kwargs = {"SpecDecode": dict(config=config), "SpecDecodeDepth": dict(config=config),
+              "TraceReplay": dict(traces=traces, cost_table=cost_table),
+              "TraceReplayDepth": dict(traces=traces, cost_table=cost_table), "Analytic": {}}
+    ids = {name: f"draftrl/{name}-v{find_highest_version('draftrl', name)}" for name in kwargs}  # newest versions
+    envs = {name: warm_up(gym.make(ids[name], **kw)) for name, kw in kwargs.items()}
+    slices = rotate({name: (lambda env=env: steps_per_second(env, args.seconds / args.repeats))
+                     for name, env in envs.items()}, args.repeats)
+    rates = {name: median(values) for name, values in slices.items()}
+    real = rates["SpecDecode"]
+    where = dict(config=Path(args.config).name, seconds=args.seconds, repeats=args.repeats)
+    for name, rate in rates.items():
+        bench.row({"vs_real": rate / real}, {"steps_per_s": rate}, env=ids[name], **where)
+    bench.row({"replay_vs_real": rates["TraceReplay"] / real}, **where)
+    bench.save()
 
 
 if __name__ == "__main__":

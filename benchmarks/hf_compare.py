@@ -14,30 +14,29 @@ accepted draft tokens per round >= HF's on every task. Accepted per round = emit
 for both, a round being one target forward, the prefill included: both verify their first drafts
 inside the prefill (draftrl's ``generate`` starts the engine with ``prefill=False``).
 Greedy outputs are checked against ``hf_ar`` (float ties between kernel layouts may differ;
-mismatches are listed). ``load_avg`` is printed: above ~2 on this 2-core box, the machine was
-loaded and absolute tokens/s mean little (ratios from one interleaved run still hold). With
-``--threads 1`` each ratio is also printed in the thread's CPU time (``cpu=``, see ``_bench.py``):
-other processes cannot skew it, so where wall and CPU ratios differ, the difference is load.
+mismatches are listed). The header prints ``load1``: above ~2 on a 2-core box, the machine was
+loaded and absolute tokens/s mean little (ratios from one interleaved run still hold). With one
+thread (the default) each ratio is also printed in the thread's CPU time (``cpu_*``, see
+``_bench.py``): other processes cannot skew it, so where wall and CPU ratios differ, the difference is load.
 
-    python benchmarks/hf_compare.py --threads 1                   # 1 prompt per (language, task)
-    python benchmarks/hf_compare.py --quick --threads 1          # en + zh, 32 tokens, 2 repeats
+    python benchmarks/hf_compare.py                   # 1 prompt per (language, task)
+    python benchmarks/hf_compare.py --quick          # en + zh, 32 tokens, 2 repeats
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 
 import torch
 
-from _bench import context, engine_method, first_mismatch, interleave, requests
+from _bench import Bench, common_flags, engine_method, first_mismatch, interleave, parse_args, requests
 from draftrl.decoding.drafters import NgramDrafter
 from draftrl.models import load_model, stock_kernels
 from draftrl.prompts import TASKS
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], parents=[common_flags()])
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--languages", default="en,it,zh,es")
@@ -48,14 +47,8 @@ def main() -> None:
     parser.add_argument("--ngram", type=int, default=3, help="longest n-gram matched, ours and HF's")
     parser.add_argument("--kernels", default=None, help="draftrl's kernels: auto (default), stock or fast_linear")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
-    parser.add_argument("--quick", action="store_true", help="en+zh, 32 tokens, 2 repeats (explicit flags still win)")
-    args = parser.parse_args()
-    if args.quick:
-        parser.set_defaults(languages="en,zh", max_new_tokens=32, repeats=2)
-        args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    args = parse_args(parser, quick=dict(languages="en,zh", max_new_tokens=32, repeats=2))
+    bench = Bench(args, __file__, device=args.device)
 
     loaded = load_model(args.model, device=args.device, kernels=args.kernels)  # after the threads: the probe uses them
     model, tok = loaded.model, loaded.tokenizer
@@ -84,8 +77,8 @@ def main() -> None:
     for g in gammas:
         methods[f"hf_lookup{g}"] = hf(prompt_lookup_num_tokens=g, max_matching_ngram_size=args.ngram)
         methods[f"draftrl{g}"] = engine_method(model, NgramDrafter(1, args.ngram), eos, g)  # rounds = forwards
-    print(f"# {len(reqs)} prompts x {len(methods)} methods x {args.repeats} repeats, interleaved; "
-          f"draftrl kernels: {loaded.kernels.layout} ({loaded.kernels.source})", flush=True)
+    bench.note(f"{len(reqs)} prompts x {len(methods)} methods x {args.repeats} repeats, interleaved; "
+               f"draftrl kernels: {loaded.kernels.layout} ({loaded.kernels.source})")
     t = interleave(methods, reqs, args.repeats, args.device)
     items = list(range(len(reqs)))
     tasks = sorted({r.task for r in reqs}, key=lambda x: list(TASKS).index(x) if x in TASKS else 99)
@@ -99,38 +92,45 @@ def main() -> None:
         return [f"{reqs[i].id}@{pos}" for i in items
                 if (pos := first_mismatch(t.tokens("hf_ar", i), t.tokens(name, i))) is not None]
 
-    load = os.getloadavg()[0]
-    where = (f"ngram<={args.ngram}  prompts={len(reqs)}  tasks={','.join(tasks)}  max_new_tokens={args.max_new_tokens}  "
-             f"repeats={args.repeats}  kernels={loaded.kernels.layout}  load_avg={load:.1f}  "
-             + context(args.device, loaded.name))
+    where = dict(ngram_max=args.ngram, prompts=len(reqs), tasks=",".join(tasks), max_new_tokens=args.max_new_tokens,
+                 repeats=args.repeats, kernels=loaded.kernels.layout, model=loaded.name)
     one_thread = args.device == "cpu" and torch.get_num_threads() == 1
 
-    def cpu_ratio(a: str, b: str) -> str:
-        return f"(cpu={t.throughput(a, items, 'cpu') / t.throughput(b, items, 'cpu'):.3f}x)  " if one_thread else ""
+    def ratio(a: str, b: str, clock: str = "wall") -> float:
+        return t.throughput(a, items, clock) / t.throughput(b, items, clock)
 
-    ratio = t.throughput("draftrl_ar", items) / t.throughput("hf_ar", items)
-    print(f"draftrl_ar_vs_hf_ar={ratio:.3f}x  {cpu_ratio('draftrl_ar', 'hf_ar')}goal>=0.98x {'MET' if ratio >= 0.98 else 'MISSED'}  "
-          f"tok_s hf_ar={t.throughput('hf_ar', items):.1f} draftrl_ar={t.throughput('draftrl_ar', items):.1f}  "
-          f"mismatches draftrl_ar={mismatches('draftrl_ar') or 0}  {where}")
+    def cpu_ratio(name: str, a: str, b: str) -> dict[str, float]:
+        return {f"cpu_{name}": ratio(a, b, "cpu")} if one_thread else {}
+
+    def goal(value: float, target: float) -> dict[str, str]:
+        return {"goal": f"{target}x", "goal_met": "MET" if value >= target else "MISSED"}
+
+    ar = ratio("draftrl_ar", "hf_ar")
+    bench.row({"draftrl_ar_vs_hf_ar": ar, **cpu_ratio("draftrl_ar_vs_hf_ar", "draftrl_ar", "hf_ar")},
+              {**goal(ar, 0.98), "hf_ar_tok_s": t.throughput("hf_ar", items),
+               "draftrl_ar_tok_s": t.throughput("draftrl_ar", items),
+               "mismatches_draftrl_ar": ",".join(mismatches("draftrl_ar")) or 0}, **where)
     for g in gammas:
         hl, dr = f"hf_lookup{g}", f"draftrl{g}"
-        ratio = t.throughput(dr, items) / t.throughput(hl, items)
-        per_task = "  ".join(
-            f"{task}:{accepted(dr, idx):.2f}/{accepted(hl, idx):.2f}"
-            for task in tasks if (idx := [i for i in items if reqs[i].task == task]))
-        worse = [task for task in tasks
-                 if (idx := [i for i in items if reqs[i].task == task]) and accepted(dr, idx) < accepted(hl, idx) - 1e-9]
-        print(f"gamma={g}  draftrl_vs_hf_lookup={ratio:.3f}x  {cpu_ratio(dr, hl)}goal>=1.0x {'MET' if ratio >= 1.0 else 'MISSED'}  "
-              f"draftrl_vs_hf_ar={t.throughput(dr, items) / t.throughput('hf_ar', items):.2f}x  "
-              f"hf_lookup_vs_hf_ar={t.throughput(hl, items) / t.throughput('hf_ar', items):.2f}x  "
-              f"accepted_per_round draftrl/hf all:{accepted(dr, items):.2f}/{accepted(hl, items):.2f}  {per_task}  "
-              f"tasks_where_draftrl_accepts_less={worse or 'none'}  mismatches draftrl={mismatches(dr) or 0} "
-              f"hf_lookup={mismatches(hl) or 0}  {where}")
+        vs_lookup = ratio(dr, hl)
+        per_task = {f"accepted_per_round_{task}": f"{accepted(dr, idx):.2f}/{accepted(hl, idx):.2f}"
+                    for task in tasks if (idx := [i for i in items if reqs[i].task == task])}
+        worse = [task for task in tasks if (idx := [i for i in items if reqs[i].task == task])
+                 and accepted(dr, idx) < accepted(hl, idx) - 1e-9]
+        bench.row({"draftrl_vs_hf_lookup": vs_lookup, **cpu_ratio("draftrl_vs_hf_lookup", dr, hl),
+                   "draftrl_vs_hf_ar": ratio(dr, "hf_ar"), "hf_lookup_vs_hf_ar": ratio(hl, "hf_ar")},
+                  {**goal(vs_lookup, 1.0),
+                   "accepted_per_round_all": f"{accepted(dr, items):.2f}/{accepted(hl, items):.2f}", **per_task,
+                   "tasks_where_draftrl_accepts_less": ",".join(worse) or "none",
+                   "mismatches_draftrl": ",".join(mismatches(dr)) or 0,
+                   "mismatches_hf_lookup": ",".join(mismatches(hl)) or 0},
+                  gamma=g, **where)
     best_hf = max(gammas, key=lambda g: t.throughput(f"hf_lookup{g}", items))
     best_dr = max(gammas, key=lambda g: t.throughput(f"draftrl{g}", items))
-    print(f"best: draftrl gamma={best_dr} vs hf_lookup gamma={best_hf}: "
-          f"{t.throughput(f'draftrl{best_dr}', items) / t.throughput(f'hf_lookup{best_hf}', items):.3f}x  "
-          f"speedup_vs_hf_ar={t.throughput(f'draftrl{best_dr}', items) / t.throughput('hf_ar', items):.2f}x  {where}")
+    bench.row({"best_draftrl_vs_best_hf_lookup": ratio(f"draftrl{best_dr}", f"hf_lookup{best_hf}"),
+               "best_draftrl_vs_hf_ar": ratio(f"draftrl{best_dr}", "hf_ar")},
+              best_draftrl_gamma=best_dr, best_hf_lookup_gamma=best_hf, **where)
+    bench.save()
 
 
 if __name__ == "__main__":

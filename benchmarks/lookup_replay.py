@@ -9,12 +9,12 @@ from the recording, and the step emits accepted + 1 tokens. The first step is th
 
 Arms (``--arms``): ``fixed:K`` (draftrl's vLLM proposer as it is now, depth K every step), ``ngram:K``
 (vLLM's own numba matcher, ``prompt_lookup_min/max`` as ``VLLMEngineConfig`` sets them),
-``ref_latest:K`` / ``ref_earliest:K`` (``benchmarks/ref_lookup.py``) and ``oracle:K``: draftrl's
+``ref_latest:K`` / ``ref_earliest:K`` (:mod:`draftrl.decoding.vllm.ref_lookup`) and ``oracle:K``: draftrl's
 depth-K draft cut to the prefix that will be accepted, i.e. the best depth any per-request depth
 policy could choose each step for these drafts (its ceiling); ``none:0`` drafts nothing. One line
 per arm, ratios first:
 
-    steps_vs_none=0.437x  tokens_per_step=2.29  accepted_per_step=1.31  proposed_per_step=2.78  us_per_call=121  steps=594  arm=ref_latest:4
+    steps_vs_none=0.437x  tokens_per_step=2.29  accepted_per_step=1.31  proposed_per_step=2.78  us_per_call=121  steps=594  arm=ref_latest:4  requests=16  tokens=1360
 
 With ``--calibration`` (``draftrl calibrate --engine vllm``) each step is also charged the
 calibrated batch-1 step seconds (prefill by prompt tokens, decode by tokens verified) and the
@@ -22,12 +22,14 @@ line starts with ``seconds_vs_none`` and ``seconds_vs_best_fixed`` (the best ``f
 
     python benchmarks/lookup_replay.py --recordings runs/serve/rec_heldout --arms fixed:2,fixed:4,ngram:4,ref_latest:4
     python benchmarks/lookup_replay.py --calibration runs/serve/vllm_costs.json --arms fixed:4,fixed:8,oracle:8,ngram:8
+    python benchmarks/lookup_replay.py --quick        # ref_latest:4 and ref_earliest:4 (no vLLM needed)
+
+``fixed`` and ``ngram`` arms need vLLM (``draftrl[vllm]``); the ``ref_*``, ``oracle`` and ``none`` arms do not.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -36,10 +38,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from draftrl.io import read_json, write_json
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ref_lookup import RefLookupEarliest, RefLookupLatest  # noqa: E402
+from _bench import Bench, common_flags, parse_args
+from draftrl.decoding.vllm.ref_lookup import RefLookupEarliest, RefLookupLatest
+from draftrl.io import read_json
 
 MAX_MODEL_LEN = 1024
 
@@ -120,14 +121,14 @@ def replay(arm: str, requests: list[dict], cost: Any = None) -> dict[str, Any]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], parents=[common_flags()])
     p.add_argument("--recordings", default="runs/serve/rec_heldout", help="a draftrl collect --engine vllm directory")
     p.add_argument("--arms", default="fixed:2,fixed:4,fixed:8,ngram:2,ngram:4,ngram:8,ref_latest:2,ref_latest:4,"
                                      "ref_latest:8,ref_earliest:4")
     p.add_argument("--by-task", action="store_true", help="also print steps per task")
     p.add_argument("--calibration", default=None, help="draftrl calibrate --engine vllm FILE: also charge step seconds")
-    p.add_argument("--out", default=None, help="write every arm's per-request counts here (JSON)")
-    args = p.parse_args()
+    args = parse_args(p, quick=dict(arms="ref_latest:4,ref_earliest:4"))
+    bench = Bench(args, __file__)
 
     requests = read_json(Path(args.recordings, "recordings.json"), "recordings")["requests"]
     tokens = sum(min(int(r["max_new_tokens"]), len(r["token_ids"])) for r in requests)
@@ -141,27 +142,28 @@ def main() -> None:
         plain = sum(r["seconds"] for r in replay("none:0", requests, cost)["requests"])
         best_fixed = min((sum(r["seconds"] for r in res["requests"]) for res in results
                           if res["arm"].startswith("fixed:")), default=None)
+    clock = f"{args.calibration}@batch_1" if cost is not None else "none"
+    where = dict(requests=len(requests), tokens=tokens, recordings=args.recordings, seconds_from=clock)
     for res in results:
         rs = res["requests"]
         steps = sum(r["steps"] for r in rs)
+        ratios = {}
         if cost is not None:
             secs = sum(r["seconds"] for r in rs)
-            vs_fixed = f"{best_fixed / secs:.3f}x" if best_fixed else "-"
-            print(f"seconds_vs_none={plain / secs:.3f}x  seconds_vs_best_fixed={vs_fixed}  ", end="")
-        print(f"steps_vs_none={steps / tokens:.3f}x  tokens_per_step={tokens / steps:.2f}  "
-              f"accepted_per_step={sum(r['accepted'] for r in rs) / steps:.2f}  "
-              f"proposed_per_step={sum(r['proposed'] for r in rs) / steps:.2f}  "
-              f"us_per_call={1e6 * res['cpu_seconds'] / max(1, res['calls']):.0f}  steps={steps}  arm={res['arm']}")
-        if args.by_task:
-            by_task: dict[str, list[int]] = defaultdict(lambda: [0, 0])
-            for r in rs:
-                by_task[r["task"]][0] += r["tokens"]
-                by_task[r["task"]][1] += r["steps"]
-            print("    " + "  ".join(f"{task}={t / s:.2f}" for task, (t, s) in sorted(by_task.items())))
-    clock = f"seconds: {args.calibration} at batch 1" if cost is not None else "no wall clock"
-    print(f"requests={len(requests)}  tokens={tokens}  recordings={args.recordings}  (tokens per step; {clock})")
-    if args.out:
-        write_json(args.out, results)
+            ratios = {"seconds_vs_none": plain / secs,
+                      "seconds_vs_best_fixed": best_fixed / secs if best_fixed else None}
+        by_task: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+        for r in rs:
+            by_task[r["task"]][0] += r["tokens"]
+            by_task[r["task"]][1] += r["steps"]
+        per_task = ({f"tokens_per_step_{task}": t / s for task, (t, s) in sorted(by_task.items())}
+                    if args.by_task else {})
+        bench.row({**ratios, "steps_vs_none": steps / tokens},
+                  {"tokens_per_step": tokens / steps, "accepted_per_step": sum(r["accepted"] for r in rs) / steps,
+                   "proposed_per_step": sum(r["proposed"] for r in rs) / steps,
+                   "us_per_call": 1e6 * res["cpu_seconds"] / max(1, res["calls"]), "steps": steps, **per_task},
+                  arm=res["arm"], **where)
+    bench.save(arms=results)
 
 
 if __name__ == "__main__":

@@ -9,21 +9,20 @@ every runtime (torch and onnxruntime):
 
     python benchmarks/policy_latency.py runs/analytic            # trains nothing: give a run dir
     python benchmarks/policy_latency.py --train                  # or train a small analytic policy first
+    python benchmarks/policy_latency.py --train --quick          # 1,000 calls per runtime
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import platform
-import random
-import statistics
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
-import torch
+
+from _bench import Bench, common_flags, median, parse_args, rotations
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -41,15 +40,18 @@ def train_small(out: Path) -> Path:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], parents=[common_flags()])
     parser.add_argument("policy", nargs="?", help="run directory of draftrl train (or its policy.zip)")
     parser.add_argument("--train", action="store_true", help="train a small analytic policy to time")
     parser.add_argument("--calls", type=int, default=20000, help="timed calls per runtime")
     parser.add_argument("--block", type=int, default=200, help="calls per interleaved block")
-    args = parser.parse_args()
+    args = parse_args(parser, quick=dict(calls=1000, block=100))
     if not args.policy and not args.train:
         parser.error("give a run directory or --train")
-    torch.set_num_threads(1)
+    if args.threads != 1:
+        parser.error(f"--threads {args.threads}: every runtime is timed on one thread (the controller's setting); "
+                     "drop --threads.")
+    bench = Bench(args, __file__)
 
     from draftrl.export.controller import PolicyController
     from draftrl.export.network import export
@@ -73,21 +75,20 @@ def main() -> None:
                 act(obs)
         assert all(onnx.act(o) == sb3.act(o) == script.act(o) for o in observations), "runtimes disagree"
         times: dict[str, list[float]] = {name: [] for name in runtimes}
-        order = list(runtimes)
-        for _ in range(max(1, args.calls // args.block)):
-            random.shuffle(order)
+        for order in rotations(list(runtimes), max(1, args.calls // args.block)):
             for name in order:
                 act = runtimes[name]
                 for obs in observations:
                     t0 = time.perf_counter()
                     act(obs)
                     times[name].append(time.perf_counter() - t0)
-    median = {name: statistics.median(t) * 1e6 for name, t in times.items()}
-    base = median["onnxruntime_controller"]
+    medians = {name: median(t) * 1e6 for name, t in times.items()}
+    base = medians["onnxruntime_controller"]
     for name in runtimes:
-        print(f"vs_onnx={median[name] / base:.2f}x  median_us={median[name]:.1f}  "
-              f"p90_us={np.percentile(times[name], 90) * 1e6:.1f}  runtime={name}  calls={len(times[name])}  "
-              f"features={len(onnx.feature_names)}  cpu={platform.processor() or platform.machine()}  threads=1")
+        bench.row({"vs_onnx": medians[name] / base},
+                  {"median_us": medians[name], "p90_us": float(np.percentile(times[name], 90) * 1e6)},
+                  runtime=name, calls=len(times[name]), features=len(onnx.feature_names))
+    bench.save()
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """Drafting inside vLLM under concurrent load: no speculation, vLLM's ngram at each K, the minimal
-prompt-lookup proposer of issue 10 (``ref_lookup.py``) at each K, draftrl's drafter at each fixed
+prompt-lookup proposer of issue 10 (:mod:`draftrl.decoding.vllm.ref_lookup`) at each K, draftrl's drafter at each fixed
 depth, the +2/-1 heuristic, a Dynamic SD table and (given) a PPO policy, at concurrency 1, 4 and 16
 on the mixed held-out workload; Hugging Face anchors at batch 1.
 
@@ -7,23 +7,24 @@ Everything runs through ``draftrl.eval.serving.run_serving_eval`` (one engine pe
 config, policies rotated per load, float32 greedy identity against no speculation), then HF
 ``generate`` plain and prompt lookup on the same requests, one at a time. Prints ratios first:
 
-    speedup_vs_none=1.23x  vs_best_ngram=1.10x  cpu_vs_none=1.21x  cpu_vs_best_ngram=1.08x  tok_s=...  policy=fixed:4  ...
+    speedup_vs_none=1.230x  vs_best_ngram=1.100x  cpu_vs_none=1.210x  cpu_vs_best_ngram=1.080x  tok_s=...  policy=fixed:4  ...
 
 (``cpu_*``: the same ratios in the engine thread's CPU time, which other processes cannot skew.)
+With ``--out``, the serving runner's own files go to ``OUT/serving/``.
 
-    python benchmarks/serve_compare.py --out runs/serve_compare                   # full
-    python benchmarks/serve_compare.py --concurrency 1,4 --ks 4 --depths 4 --max-new-tokens 32   # quick
+    python benchmarks/serve_compare.py --out runs/bench/serve_compare        # full
+    python benchmarks/serve_compare.py --quick      # concurrency 1,4, K 4, depth 4, code_edit prompts, 16 tokens
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import sys
+import tempfile
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # vLLM imports ref_lookup's proposer by name
+from _bench import Bench, common_flags, parse_args
+
+REF_LOOKUP = "draftrl.decoding.vllm.ref_lookup.RefLookupLatest"
 
 
 def hf_anchors(prompts: list[tuple[str, list[int], int]], lookup: int) -> dict[str, dict[str, float]]:
@@ -49,10 +50,10 @@ def hf_anchors(prompts: list[tuple[str, list[int], int]], lookup: int) -> dict[s
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], parents=[common_flags()])
     p.add_argument("--concurrency", default="1,4,16")
     p.add_argument("--ks", default="2,4,8", help="vLLM ngram K values")
-    p.add_argument("--ref-ks", default="4", help="K values of the reference proposer (ref_lookup.RefLookupLatest)")
+    p.add_argument("--ref-ks", default="4", help=f"K values of the reference proposer ({REF_LOOKUP})")
     p.add_argument("--depths", default="2,4,8", help="draftrl fixed depths")
     p.add_argument("--heuristic", action=argparse.BooleanOptionalAction, default=True, help="the +2/-1 heuristic")
     p.add_argument("--dsd", default="dsd", help="Dynamic SD policy spec (dsd or dsd:S-E:K,...); '' = skip")
@@ -61,19 +62,20 @@ def main() -> None:
     p.add_argument("--limit-per-group", type=int, default=1, help="held-out prompts per language x task (1 = 16)")
     p.add_argument("--tasks", default="", help="keep these tasks (comma-separated; default all four)")
     p.add_argument("--dtype", default="float32")
-    p.add_argument("--threads", type=int, default=1)
     p.add_argument("--repeats", type=int, default=1,
                    help="episodes per (load, policy), rotated; each cell reports its median-time episode")
     p.add_argument("--hf-lookup", type=int, default=8, help="HF prompt_lookup_num_tokens (0 = skip HF anchors)")
-    p.add_argument("--out", default="runs/serve_compare")
-    args = p.parse_args()
+    args = parse_args(p, quick=dict(concurrency="1,4", ks="4", ref_ks="4", depths="4", dsd="", max_new_tokens=16,
+                                    tasks="code_edit", hf_lookup=4))
+    import torch
+
+    bench = Bench(args, __file__, owned=("serving",), device="cuda" if torch.cuda.is_available() else "cpu")
 
     from draftrl.config.serve import ServeConfig
     from draftrl.eval.serving import run_serving_eval
-    from draftrl.io import write_json
 
     policies = ["none"] + [f"ngram:{k}" for k in args.ks.split(",") if k] + \
-        [f"class:ref_lookup.RefLookupLatest:{k}" for k in args.ref_ks.split(",") if k] + \
+        [f"class:{REF_LOOKUP}:{k}" for k in args.ref_ks.split(",") if k] + \
         [f"fixed:{d}" for d in args.depths.split(",") if d] + (["heuristic"] if args.heuristic else [])
     if args.dsd:
         policies.append(args.dsd)
@@ -83,9 +85,10 @@ def main() -> None:
                          tasks=tuple(args.tasks.split(",")) if args.tasks else None,
                          max_new_tokens=args.max_new_tokens, dtype=args.dtype, threads=args.threads)
     levels = [int(c) for c in args.concurrency.split(",") if c]
-    t0, load_start = time.perf_counter(), os.getloadavg()[0]
-    results = run_serving_eval(args.out, policies=policies, concurrency=levels, config=config, repeats=args.repeats,
-                               progress=lambda d, t, m: print(f"[{d}/{t}] {m}", flush=True))
+    t0 = time.perf_counter()
+    serving_dir = bench.path("serving") or tempfile.mkdtemp(prefix="serve_compare_")
+    results = run_serving_eval(serving_dir, policies=policies, concurrency=levels, config=config, repeats=args.repeats,
+                               progress=lambda d, t, m: bench.note(f"[{d}/{t}] {m}"))
     anchors = {}
     if args.hf_lookup:
         from transformers import AutoTokenizer
@@ -97,36 +100,31 @@ def main() -> None:
         prompts = [(r.prompt.id, r.prompt_ids, r.max_new_tokens)
                    for r in (workload.request(i) for i in range(len(workload)))]
         anchors = hf_anchors(prompts, args.hf_lookup)
-        results["hf_anchors"] = anchors
-    results["load1"] = {"start": load_start, "end": os.getloadavg()[0], "cpus": os.cpu_count()}
-    write_json(Path(args.out, "results.json"), results)  # run_serving_eval's file, with the anchors added
-    cpu = results["hardware"]["cpu"]
+    where = dict(dtype=args.dtype, max_new_tokens=args.max_new_tokens, repeats=args.repeats)
     for level in levels:
         table = results["concurrency"][str(level)]["policies"]
         ngram = max((v["tokens_per_second"] for k, v in table.items() if k.startswith("ngram")), default=None)
         ngram_cpu = max((v["tokens_per_cpu_second"] or 0 for k, v in table.items() if k.startswith("ngram")),
                         default=None)
         for name, s in sorted(table.items(), key=lambda kv: -kv[1]["tokens_per_second"]):
-            vs_ngram = f"{s['tokens_per_second'] / ngram:.2f}x" if ngram else "-"
-            cpu_x = f"{s['cpu_speedup_vs_none']:.2f}x" if s.get("cpu_speedup_vs_none") else "-"
-            cpu_ngram = (f"{s['tokens_per_cpu_second'] / ngram_cpu:.2f}x"
-                         if ngram_cpu and s.get("tokens_per_cpu_second") else "-")
-            print(f"speedup_vs_none={s['speedup_vs_none']:.2f}x  vs_best_ngram={vs_ngram}  "
-                  f"cpu_vs_none={cpu_x}  cpu_vs_best_ngram={cpu_ngram}  "
-                  f"tok_s={s['tokens_per_second']:.1f}  tokens_per_step={s['mean_tokens_per_step']:.2f}  "
-                  f"itl_p95_ms={(s['itl_p95'] or 0) * 1e3:.0f}  policy={name}  concurrency={level}  cpu={cpu}")
+            bench.row({"speedup_vs_none": s["speedup_vs_none"],
+                       "vs_best_ngram": s["tokens_per_second"] / ngram if ngram else None,
+                       "cpu_vs_none": s.get("cpu_speedup_vs_none") or None,
+                       "cpu_vs_best_ngram": (s["tokens_per_cpu_second"] / ngram_cpu
+                                             if ngram_cpu and s.get("tokens_per_cpu_second") else None)},
+                      {"tok_s": s["tokens_per_second"], "tokens_per_step": s["mean_tokens_per_step"],
+                       "itl_p95_ms": (s["itl_p95"] or 0) * 1e3},
+                      policy=name, concurrency=level, **where)
     none1 = results["concurrency"].get("1", {}).get("policies", {}).get("none")
     for name, rates in anchors.items():
-        ratio = f"{rates['tokens_per_second'] / none1['tokens_per_second']:.2f}x" if none1 else "-"
-        cpu_ratio = f"{rates['tokens_per_cpu_second'] / none1['tokens_per_cpu_second']:.2f}x" \
-            if none1 and none1.get("tokens_per_cpu_second") else "-"
-        print(f"vs_vllm_none_c1={ratio}  cpu_vs_vllm_none_c1={cpu_ratio}  tok_s={rates['tokens_per_second']:.1f}  "
-              f"anchor={name}  batch=1  cpu={cpu}")
-    print(f"exactness={'PASSED' if results['exactness']['passed'] else 'FAILED'}  dtype={args.dtype}  "
-          f"max_new_tokens={args.max_new_tokens}  repeats={args.repeats}  "
-          f"requests={results['concurrency'][str(levels[0])]['policies']['none']['num_requests']}  "
-          f"wall_s={time.perf_counter() - t0:.0f}  load1={load_start:.2f}->{os.getloadavg()[0]:.2f} "
-          f"on {os.cpu_count()} cpus")
+        bench.row({"vs_vllm_none_c1": rates["tokens_per_second"] / none1["tokens_per_second"] if none1 else None,
+                   "cpu_vs_vllm_none_c1": (rates["tokens_per_cpu_second"] / none1["tokens_per_cpu_second"]
+                                           if none1 and none1.get("tokens_per_cpu_second") else None)},
+                  {"tok_s": rates["tokens_per_second"]}, anchor=name, batch=1, **where)
+    bench.row({}, {"exactness": "PASSED" if results["exactness"]["passed"] else "FAILED",
+                   "requests": results["concurrency"][str(levels[0])]["policies"]["none"]["num_requests"],
+                   "wall_s": time.perf_counter() - t0}, **where)
+    bench.save(serving=results, hf_anchors=anchors)
 
 
 if __name__ == "__main__":

@@ -15,31 +15,30 @@ same seeds and arrivals for every arm):
   over this drafter can verify fewer wasted tokens;
 - any ``--policies`` (``dsd:...``, ``ppo:PATH``) through the usual serving runner.
 
-Prints one line per load (speedups over no speculation, best arm of each kind), then each kind's
-geometric mean over the loads and its ratio to the best single fixed K, and writes
-``OUT/headroom.json``.
+Prints one line per load (speedups over no speculation of the best arm of each kind), then each
+kind's geometric mean over the loads and its ratio to the best single fixed K; ``--out`` keeps
+them in ``results.json`` (the serving runner's files of ``--policies`` in ``OUT/policies/``).
 
     python benchmarks/serve_headroom.py --recordings runs/serve/rec_heldout --calibration runs/serve/vllm_costs.json \\
-        --policies dsd:1-1:6,2-4:4,5-8:2,9-16:1,ppo:runs/serve/ppo_sim --out runs/serve/headroom
+        --policies dsd:1-1:6,2-4:4,5-8:2,9-16:1,ppo:runs/serve/ppo_sim --out runs/bench/serve_headroom
+    python benchmarks/serve_headroom.py --recordings ... --calibration ... --quick     # concurrency 1 and 4 only
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
+import tempfile
 import time
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 
+from _bench import Bench, common_flags, parse_args
 from draftrl.decoding.replay import Proposals, Recordings
 from draftrl.decoding.vllm.calibrate import StepCostModel
 from draftrl.envs.serve_replay import ServeReplayEnv
 from draftrl.eval.serving import episode_throughput, loads_of, parse_serving_policies, run_serving_eval, serve_config
-from draftrl.io import write_json
-from draftrl.signals.costs import hardware_info, hardware_name
 
 
 def geomean(values: list[float]) -> float:
@@ -47,7 +46,7 @@ def geomean(values: list[float]) -> float:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], parents=[common_flags()])
     p.add_argument("--recordings", required=True, help="held-out recordings (draftrl collect --engine vllm)")
     p.add_argument("--calibration", required=True, help="draftrl calibrate --engine vllm --out FILE")
     p.add_argument("--policies", default="", help="more serving policies to place, e.g. dsd:1-1:6,...,ppo:DIR")
@@ -55,8 +54,8 @@ def main() -> None:
     p.add_argument("--rates", default="1,4", help="Poisson arrival rates, requests per second")
     p.add_argument("--set", dest="overrides", action="append", default=["max_new_tokens=48"],
                    help="ServeConfig key=value (default max_new_tokens=48)")
-    p.add_argument("--out", required=True)
-    args = p.parse_args()
+    args = parse_args(p, quick=dict(concurrency="1,4", rates=""))
+    bench = Bench(args, __file__, owned=("policies",))
     t0 = time.perf_counter()
     recordings = Recordings.load(args.recordings)
     config = serve_config(None, args.overrides, split=recordings.requests[0].prompt.split)
@@ -94,13 +93,15 @@ def main() -> None:
         rows.append({"load": f"{section}={key}", "none_tokens_per_second": plain, "fixed_k": fixed_k,
                      "static": static, "oracle": oracle, "hindsight": hindsight})
         best = lambda d: max(d, key=d.get)  # noqa: E731
-        print(f"{section}={key}: none {plain:.1f} tok/s  best fixed K {best(fixed_k)} {max(fixed_k.values()):.3f}x  "
-              f"static {best(static)} {max(static.values()):.3f}x  oracle {oracle:.3f}x  "
-              f"hindsight {best(hindsight)} {max(hindsight.values()):.3f}x", flush=True)
+        bench.row({"best_fixed_k_vs_none": max(fixed_k.values()), "static_vs_none": max(static.values()),
+                   "oracle_vs_none": oracle, "hindsight_vs_none": max(hindsight.values())},
+                  {"none_tok_s": plain}, **{"concurrency" if section == "concurrency" else "rate": key},
+                  best_fixed_k=best(fixed_k), best_static=best(static), best_hindsight=best(hindsight))
     extra = {}
     if args.policies:
         specs = [s.label for s in parse_serving_policies(args.policies)]
-        res = run_serving_eval(Path(args.out) / "policies", policies=args.policies, concurrency=concurrency,
+        res = run_serving_eval(bench.path("policies") or tempfile.mkdtemp(prefix="serve_headroom_"),
+                               policies=args.policies, concurrency=concurrency,
                                rates=rates, config=config, make_env=lambda cfg, spec: env_for(cfg))
         extra = {label: [res[s][k]["policies"][label]["speedup_vs_none"] for s, k in loads_of(res)]
                  for label in specs if label != "none"}
@@ -108,24 +109,21 @@ def main() -> None:
     k_best = max(fixed_labels, key=lambda k: geomean([r["fixed_k"][k] for r in rows]))
     reference = geomean([r["fixed_k"][k_best] for r in rows])
     single = max(rows[0]["static"], key=lambda k: geomean([r["static"][k] for r in rows]))
-    kinds = {f"best single fixed K ({k_best})": [r["fixed_k"][k_best] for r in rows],
-             f"best single (depth, budget) ({single})": [r["static"][single] for r in rows],
-             "static per load": [max(r["static"].values()) for r in rows],
-             "greedy one-step oracle": [r["oracle"] for r in rows],
-             "hindsight per load": [max(r["hindsight"].values()) for r in rows],
+    kinds = {f"best_single_fixed_k:{k_best}": [r["fixed_k"][k_best] for r in rows],
+             f"best_single_depth_budget:{single}": [r["static"][single] for r in rows],
+             "static_per_load": [max(r["static"].values()) for r in rows],
+             "greedy_one_step_oracle": [r["oracle"] for r in rows],
+             "hindsight_per_load": [max(r["hindsight"].values()) for r in rows],
              **extra}
-    print(f"--- geometric mean over {len(rows)} loads ({', '.join(r['load'] for r in rows)}), "
-          "speedup over none, then vs the best single fixed K")
+    bench.note(f"geometric mean over {len(rows)} loads ({', '.join(r['load'] for r in rows)}): speedup over none, "
+               "then vs the best single fixed K")
     for name, values in kinds.items():
-        print(f"{geomean(values):.3f}x  {geomean(values) / reference:.3f}x fixed K  "
-              f"[{' '.join(f'{v:.2f}' for v in values)}]  {name}")
-    machine = f"{hardware_name(hardware_info())}  load1={os.getloadavg()[0]:.2f} on {os.cpu_count()} cpus"
-    print(f"simulator, {args.recordings}, {args.calibration}, {time.perf_counter() - t0:.0f} s  machine: {machine}")
-    write_json(Path(args.out) / "headroom.json", {
-        "recordings": args.recordings, "calibration": args.calibration, "machine": machine,
-        "depths": depths, "budgets": budgets, "loads": rows,
-        "summary": {name: {"speedups": values, "geomean": geomean(values), "vs_best_fixed_k": geomean(values) / reference}
-                    for name, values in kinds.items()}})
+        bench.row({"geomean_vs_none": geomean(values), "vs_best_fixed_k": geomean(values) / reference},
+                  {"per_load": "/".join(f"{v:.2f}" for v in values)}, kind=name)
+    bench.save(recordings=args.recordings, calibration=args.calibration, depths=depths, budgets=budgets, loads=rows,
+               seconds=time.perf_counter() - t0,
+               summary={name: {"speedups": values, "geomean": geomean(values),
+                               "vs_best_fixed_k": geomean(values) / reference} for name, values in kinds.items()})
 
 
 if __name__ == "__main__":

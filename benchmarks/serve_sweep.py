@@ -4,32 +4,33 @@ For each Poisson arrival rate (and fixed concurrency, if given) every policy run
 (``draftrl.eval.serving.run_serving_eval``: policies interleaved, ``--repeats`` passes, the
 median-time pass kept, float32 greedy identity checked) and in ``draftrl/ServeReplay-v0`` (the
 same runner with the simulator's env). Per load, one line per policy, ratios first: speedup over
-no speculation in vLLM and in the simulator, then throughput, TTFT and ITL p50/p95/p99 of both;
+no speculation in vLLM and in the simulator (``vllm_speedup_vs_none``, ``sim_speedup_vs_none``),
+then throughput, TTFT and ITL p50/p95/p99 of both;
 then Kendall's tau between the two rankings of the policies (tau-a over pairs, per load and over
-every load's speedups together), and a PNG of throughput and p95 ITL against load per policy.
-vLLM's own ``ngram:K`` has no simulator (it is not draftrl's proposer) and is run in vLLM only.
+every load's speedups together), and ``OUT/sweep.png``: throughput and p95 ITL against load per
+policy (the runner's files in ``OUT/real/`` and ``OUT/sim/``). vLLM's own ``ngram:K`` has no
+simulator (it is not draftrl's proposer) and is run in vLLM only.
 
     python benchmarks/serve_sweep.py --recordings runs/serve/rec_heldout --calibration runs/serve/vllm_costs.json \\
-        --policies none,fixed:2,fixed:4,fixed:8,heuristic,ppo:runs/serve/ppo_sim --rates 0.5,2,8 --out runs/serve/sweep
+        --policies none,fixed:2,fixed:4,fixed:8,heuristic,ppo:runs/serve/ppo_sim --rates 0.5,2,8 --out runs/bench/serve_sweep
+    python benchmarks/serve_sweep.py --recordings ... --calibration ... --quick --out DIR    # 2 rates, 1 repeat
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-from pathlib import Path
 
+from _bench import Bench, common_flags, parse_args
 from draftrl.decoding.replay import Proposals, Recordings
 from draftrl.decoding.vllm.calibrate import StepCostModel
 from draftrl.envs.serve_replay import ServeReplayEnv
 from draftrl.eval.plots import load_sweep
 from draftrl.eval.serving import kendall_tau, loads_of, parse_serving_policies, run_serving_eval, serve_config
 from draftrl.io import read_json
-from draftrl.signals.costs import hardware_info, hardware_name
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], parents=[common_flags()])
     parser.add_argument("--recordings", required=True, help="held-out recordings (draftrl collect --engine vllm)")
     parser.add_argument("--calibration", required=True, help="draftrl calibrate --engine vllm --out FILE")
     parser.add_argument("--policies", default="none,fixed:1,fixed:2,fixed:4,fixed:8,heuristic")
@@ -39,9 +40,9 @@ def main() -> None:
     parser.add_argument("--set", dest="overrides", action="append", default=["max_new_tokens=48"],
                         help="ServeConfig key=value (default max_new_tokens=48)")
     parser.add_argument("--real-results", default=None, help="reuse this vLLM results.json instead of running vLLM")
-    parser.add_argument("--out", required=True)
-    args = parser.parse_args()
-    out = Path(args.out)
+    args = parse_args(parser, quick=dict(policies="none,fixed:2,heuristic", rates="0.5,4", repeats=1))
+    bench = Bench(args, __file__, owned=("real", "sim", "sweep.png"), needs_out=True)
+    out = bench.out
     config = serve_config(None, args.overrides)
     rates = [float(r) for r in args.rates.split(",") if r]
     concurrency = [int(c) for c in args.concurrency.split(",") if c]
@@ -57,31 +58,30 @@ def main() -> None:
                            repeats=args.repeats, config=config, make_env=sim_env)
     real = read_json(args.real_results, "vLLM results") if args.real_results else run_serving_eval(
         out / "real", policies=args.policies, concurrency=concurrency, rates=rates, repeats=args.repeats, config=config)
-    machine = f"{hardware_name(hardware_info())}  load1={os.getloadavg()[0]:.2f} on {os.cpu_count()} cpus"
     all_real, all_sim = [], []
     for section, key in loads_of(real):
+        load = {"rate" if section == "rates" else "concurrency": key}
         r_table, s_table = real[section][key]["policies"], sim[section][key]["policies"]
         both = [label for label in r_table if label in s_table]
-        print(f"--- {section}={key}")
+        bench.note(f"{section}={key}")
         for label in sorted(r_table, key=lambda k: -r_table[k]["speedup_vs_none"]):
-            r, s = r_table[label], s_table.get(label)
-            ms = lambda v: f"{v * 1e3:.0f}" if v is not None else "-"  # noqa: E731
-            sim_part = (f"sim={s['speedup_vs_none']:.2f}x  sim_tok/s={s['tokens_per_second']:.1f}  "
-                        f"sim_ttft_p50={ms(s['time_to_first_token_p50'])}ms  sim_itl_p50/95/99="
-                        f"{ms(s['itl_p50'])}/{ms(s['itl_p95'])}/{ms(s['itl_p99'])}ms") if s else "sim=-"
-            print(f"vllm={r['speedup_vs_none']:.2f}x  {sim_part}  vllm_tok/s={r['tokens_per_second']:.1f}  "
-                  f"ttft_p50={ms(r['time_to_first_token_p50'])}ms  itl_p50/95/99={ms(r['itl_p50'])}/"
-                  f"{ms(r['itl_p95'])}/{ms(r['itl_p99'])}ms  {label}")
-        a = [r_table[k]["speedup_vs_none"] for k in both]
-        b = [s_table[k]["speedup_vs_none"] for k in both]
-        all_real += a
-        all_sim += b
-        tau = kendall_tau(a, b)
-        print(f"kendall_tau={tau:.2f}  over {len(both)} policies  {section}={key}" if tau is not None else "")
-    tau = kendall_tau(all_real, all_sim)
-    print(f"kendall_tau_all={tau:.2f}  over {len(all_real)} (load, policy) speedups  "
-          f"exactness_passed={real['exactness']['passed']}  repeats={args.repeats}  machine={machine}")
+            r, s = r_table[label], s_table.get(label, {})
+            ms = lambda v: v * 1e3 if v is not None else None  # noqa: E731
+            bench.row({"vllm_speedup_vs_none": r["speedup_vs_none"], "sim_speedup_vs_none": s.get("speedup_vs_none")},
+                      {"vllm_tok_s": r["tokens_per_second"], "sim_tok_s": s.get("tokens_per_second"),
+                       **{f"{who}{name}_ms": ms(t.get(field)) for who, t in (("", r), ("sim_", s))
+                          for name, field in (("ttft_p50", "time_to_first_token_p50"), ("itl_p50", "itl_p50"),
+                                              ("itl_p95", "itl_p95"), ("itl_p99", "itl_p99"))}},
+                      policy=label, **load)
+        tau = kendall_tau([r_table[k]["speedup_vs_none"] for k in both], [s_table[k]["speedup_vs_none"] for k in both])
+        all_real += [r_table[k]["speedup_vs_none"] for k in both]
+        all_sim += [s_table[k]["speedup_vs_none"] for k in both]
+        if tau is not None:
+            bench.row({}, {"kendall_tau": tau}, policies=len(both), **load)
+    bench.row({}, {"kendall_tau_all": kendall_tau(all_real, all_sim), "exactness_passed": real["exactness"]["passed"]},
+              speedups=len(all_real), repeats=args.repeats)
     load_sweep(real, sim, [s.label for s in specs], out / "sweep.png")
+    bench.save()
 
 
 if __name__ == "__main__":

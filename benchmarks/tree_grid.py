@@ -8,11 +8,12 @@ run interleaved per prompt in one process (see ``_bench.py``), greedy.
 
 Prints one line per cell (pooled over prompts, with per-group speedups), the best cell per group
 and drafter, and ``tree_vs_chain``: the best tree cell's throughput over the best chain cell's,
-measured side by side. Writes a heatmap PNG of speedup over (depth, V), one row per drafter and
-one column per group. Layer-skip uses 28 of 30 layers (see ``depth_by_language.py`` for why).
+measured side by side. With ``--out``, writes ``tree_grid.png``, a heatmap of speedup over
+(depth, V), one row per drafter and one column per group. Layer-skip uses 28 of 30 layers (see
+``depth_by_language.py`` for why).
 
-    python benchmarks/tree_grid.py --threads 1
-    python benchmarks/tree_grid.py --quick --threads 1 --out tree_grid.png
+    python benchmarks/tree_grid.py --out runs/bench/tree_grid
+    python benchmarks/tree_grid.py --quick
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import argparse
 
 import numpy as np
 
-from _bench import add_grid_args, context, engine_method, first_mismatch, interleave, load_grid
+from _bench import Bench, add_grid_args, common_flags, engine_method, first_mismatch, interleave, load_grid, parse_args
 from draftrl.decoding.factory import build_drafter
 
 
@@ -76,19 +77,14 @@ def heatmap(path: str, speedup: dict, widths: dict, drafters: list[str], groups:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], parents=[common_flags()])
     add_grid_args(parser, max_new_tokens=32)
     parser.add_argument("--verify-sizes", default="1,2,4,8,16,32")
     parser.add_argument("--max-width", type=int, default=4)
-    parser.add_argument("--out", default="tree_grid.png", help="heatmap PNG")
-    parser.add_argument("--quick", action="store_true",
-                        help="depths 1,2,4, V up to 8, 16 tokens, 1 repeat (explicit flags still win)")
-    args = parser.parse_args()
-    if args.quick:
-        parser.set_defaults(depths="1,2,4", verify_sizes="1,2,4,8", max_new_tokens=16, repeats=1)
-        args = parser.parse_args()
+    args = parse_args(parser, quick=dict(depths="1,2,4", verify_sizes="1,2,4,8", max_new_tokens=16, repeats=1))
+    bench = Bench(args, __file__, owned=("tree_grid.png",), device=args.device)
 
-    loaded, eos, reqs, groups = load_grid(args, code=True)
+    loaded, eos, reqs, groups = load_grid(args)
     depths = [int(d) for d in args.depths.split(",")]
     sizes = [int(v) for v in args.verify_sizes.split(",")]
     drafters = args.drafters.split(",")
@@ -99,11 +95,10 @@ def main() -> None:
         for d, v, w in grid:
             methods[(spec, d, v, w)] = engine_method(loaded.model, build_drafter(spec, loaded, device=args.device),
                                                      eos, d, v, w)
-    print(f"# {len(reqs)} prompts x {len(methods)} methods x {args.repeats} repeats, interleaved", flush=True)
+    bench.note(f"{len(reqs)} prompts x {len(methods)} methods x {args.repeats} repeats, interleaved")
     t = interleave(methods, reqs, args.repeats, args.device)
 
-    where = f"task={args.task}  max_new_tokens={args.max_new_tokens}  repeats={args.repeats}  " + context(
-        args.device, loaded.name)
+    where = dict(task=args.task, max_new_tokens=args.max_new_tokens, repeats=args.repeats, model=loaded.name)
     speedup = {}
     for spec in drafters:
         for d, v, w in grid:
@@ -113,12 +108,12 @@ def main() -> None:
         for d, v, w in grid:
             m, items = (spec, d, v, w), groups["all"]
             bad = sum(first_mismatch(t.tokens("ar", i), t.tokens(m, i)) is not None for i in items)
-            per_group = " ".join(f"{g}={speedup[(spec, g, d, v)]:.2f}" for g in groups if g != "all")
-            print(f"speedup_vs_autoregressive={speedup[(spec, 'all', d, v)]:.2f}x  "
-                  f"mean_tokens_per_round={t.tokens_per_round(m, items):.2f}  drafter={spec} depth={d} "
-                  f"verify_size={v} width={w}  per_group {per_group}  tok_s={t.throughput(m, items):.2f}  "
-                  f"greedy_mismatches={bad}/{len(items)}  {where}")
-    print("# best cell per group and drafter; tree_vs_chain = best width>1 cell / best width-1 cell")
+            per_group = {f"speedup_{g}": speedup[(spec, g, d, v)] for g in groups if g != "all"}
+            bench.row({"speedup_vs_autoregressive": speedup[(spec, "all", d, v)], **per_group},
+                      {"mean_tokens_per_round": t.tokens_per_round(m, items), "tok_s": t.throughput(m, items),
+                       "greedy_mismatches": f"{bad}/{len(items)}"},
+                      drafter=spec, depth=d, verify_size=v, width=w, **where)
+    bench.note("best cell per group and drafter; tree_vs_chain = best width>1 cell / best width-1 cell")
     for spec in drafters:
         for group, items in groups.items():
             def best(cands):
@@ -127,16 +122,19 @@ def main() -> None:
             top, chain, tree = best(grid), best([c for c in grid if c[2] == 1]), best([c for c in grid if c[2] > 1])
             d, v, w = top
             ratio = (speedup[(spec, group, tree[0], tree[1])] / speedup[(spec, group, chain[0], chain[1])]
-                     if tree and chain else float("nan"))
-            print(f"speedup_vs_autoregressive={speedup[(spec, group, d, v)]:.2f}x  tree_vs_chain={ratio:.2f}x  "
-                  f"mean_tokens_per_round={t.tokens_per_round((spec, d, v, w), items):.2f}  drafter={spec} depth={d} "
-                  f"verify_size={v} width={w}  best_chain=d{chain[0]}/V{chain[1]}  "
-                  f"best_tree={'d%d/V%d/w%d' % tree if tree else '-'}  group={group}  {where}")
-    title = (f"greedy speedup vs autoregressive (same engine, depth 0); "
-             f"wN = tree width (smallest that fills V), else a chain\n"
-             f"{context(args.device, loaded.name)}  max_new_tokens={args.max_new_tokens}  repeats={args.repeats}")
-    heatmap(args.out, speedup, {(d, v): w for d, v, w in grid}, drafters, list(groups), depths, sizes, title)
-    print(f"# heatmap written to {args.out}")
+                     if tree and chain else None)
+            bench.row({"speedup_vs_autoregressive": speedup[(spec, group, d, v)], "tree_vs_chain": ratio},
+                      {"mean_tokens_per_round": t.tokens_per_round((spec, d, v, w), items)},
+                      drafter=spec, depth=d, verify_size=v, width=w, best_chain=f"d{chain[0]}/V{chain[1]}",
+                      best_tree="d%d/V%d/w%d" % tree if tree else "-", group=group, **where)
+    if bench.out:
+        title = (f"greedy speedup vs autoregressive (same engine, depth 0); "
+                 f"wN = tree width (smallest that fills V), else a chain\n"
+                 f"{loaded.name}  cpu={bench.machine['cpu']}  threads={bench.machine['threads']}  "
+                 f"max_new_tokens={args.max_new_tokens}  repeats={args.repeats}")
+        heatmap(bench.path("tree_grid.png"), speedup, {(d, v): w for d, v, w in grid}, drafters, list(groups), depths,
+                sizes, title)
+    bench.save()
 
 
 if __name__ == "__main__":

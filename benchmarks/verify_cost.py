@@ -5,24 +5,25 @@ cost model in docs (S = E / (g(gamma) + c*gamma)) and the RL reward both depend 
 for ``fast_linear`` off and on (see ``draftrl/models/fast_linear.py``), interleaved in random
 order in small blocks so machine noise hits both alike; medians of per-block ratios.
 
-    python benchmarks/verify_cost.py                       # smollm2-135m, 200-token context
-    python benchmarks/verify_cost.py --threads 1 --clock cpu   # steadier on a shared machine
+    python benchmarks/verify_cost.py                       # smollm2-135m, 200-token context, 1 thread
+    python benchmarks/verify_cost.py --clock cpu           # steadier on a shared machine
+    python benchmarks/verify_cost.py --quick               # k 1,2,4,8, 3 repeats
 
-One line per k: ratios first, context last. ``on_vs_off`` is time(on) / time(off) at that k.
+One line per k: ratios first (g_off, g_on and ``on_vs_off`` = time(on) / time(off) at that k),
+context last; then the one-token forward in milliseconds.
 """
 
 from __future__ import annotations
 
 import argparse
-import platform
 import random
 import statistics
 import time
-from pathlib import Path
 
 import torch
 from transformers import DynamicCache
 
+from _bench import Bench, common_flags, parse_args
 from draftrl.decoding.kv import cache_argument
 from draftrl.models import apply_fast_linear, fast_linear, load_model, remove_fast_linear
 
@@ -34,29 +35,17 @@ TEXT = (
 )
 
 
-def cpu_name() -> str:
-    """The CPU model as the kernel reports it (``platform.processor()`` is often empty on Linux)."""
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.is_file():
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], parents=[common_flags()])
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--context", type=int, default=200, help="tokens already in the KV cache")
     parser.add_argument("--ks", default="1,2,3,4,6,8,12,16,24,32", help="comma-separated k values (1 is added)")
     parser.add_argument("--repeats", type=int, default=15)
-    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--clock", choices=["wall", "cpu"], default="wall", help="cpu: process time, ignores waiting")
     parser.add_argument("--max-rows", type=int, default=fast_linear.MAX_ROWS, help="fast_linear.MAX_ROWS to try")
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
-
-    torch.set_num_threads(args.threads)
+    args = parse_args(parser, quick=dict(ks="1,2,4,8", repeats=3))
+    bench = Bench(args, __file__)
     fast_linear.MAX_ROWS = args.max_rows
     clock = time.perf_counter if args.clock == "wall" else time.process_time
     ks = sorted({1, *(int(k) for k in args.ks.split(","))})
@@ -87,17 +76,14 @@ def main() -> None:
                 for on in (False, True):
                     one_token[on].append(seconds[(on, 1)])
     med = {key: statistics.median(values) for key, values in ratios.items()}
-    where = (
-        f"context={args.context}  model={loaded.name}  cpu={cpu_name()}  threads={args.threads}  "
-        f"clock={args.clock}  repeats={args.repeats}  max_rows={args.max_rows}"
-    )
+    where = dict(context=args.context, model=loaded.name, clock=args.clock, repeats=args.repeats,
+                 max_rows=args.max_rows)
     for k in ks:
-        print(
-            f"k={k:<3d} g_off={med[('g_off', k)]:5.2f}  g_on={med[('g_on', k)]:5.2f}  "
-            f"on_vs_off={med[('on_vs_off', k)]:.2f}x  {where}"
-        )
+        bench.row({"g_off": med[("g_off", k)], "g_on": med[("g_on", k)], "on_vs_off": med[("on_vs_off", k)]},
+                  k=k, **where)
     ms_off, ms_on = (statistics.median(one_token[on]) * 1e3 for on in (False, True))
-    print(f"one_token_ms_off={ms_off:.1f}  one_token_ms_on={ms_on:.1f}  {where}")
+    bench.row({}, {"one_token_ms_off": ms_off, "one_token_ms_on": ms_on}, **where)
+    bench.save()
 
 
 def _time_forward(model: torch.nn.Module, cache: DynamicCache, tokens: torch.Tensor, on: bool, clock) -> float:

@@ -5,7 +5,7 @@ correlated with it (:func:`target_and_draft`). Chain speculative decoding is sim
 round (depth 4, stop at the first rejection, bonus token after a fully accepted chain), so
 drafted, recovered and bonus tokens appear in realistic proportions. Wrong samplers: resampling
 from p after a rejection (docs/design.md), sampling at temperature 0.8 (or 1.25) while reporting p,
-and always accepting a greedy draft d when p(d) > 0.5. ``benchmarks/monitor_power.py`` reuses
+and always accepting a greedy draft d when p(d) > 0.5. ``tools/monitor_power.py`` reuses
 these samplers to measure detection delays.
 """
 

@@ -10,7 +10,7 @@ Methods (``VLLMEngineConfig.method``): ``none`` (no speculation), ``draftrl`` (d
 n-gram drafter, depth cap and budget per step, :mod:`draftrl.decoding.vllm.proposer`),
 ``ngram`` (vLLM's own prompt lookup at a fixed K, optionally its Dynamic SD table
 ``num_speculative_tokens_per_batch_size``) and ``custom_class`` (any other proposer class,
-``proposer``, up to K tokens: a baseline in the same harness, e.g. ``benchmarks/ref_lookup.py``). A speculative config is fixed when the engine is
+``proposer``, up to K tokens: a baseline in the same harness, e.g. :mod:`draftrl.decoding.vllm.ref_lookup`). A speculative config is fixed when the engine is
 built, so each method/K is its own engine: :func:`shared_engine` keeps one per config in the
 process.
 

@@ -1,12 +1,13 @@
 """A minimal prompt-lookup proposer for vLLM's ``custom_class`` method: the reference that
-issue 10 measured at 1.37x vLLM's own ``ngram`` (benchmark-only, not part of the library).
+issue 10 measured at 1.37x vLLM's own ``ngram``, a baseline for the serving evaluation and the
+benchmarks (``class:draftrl.decoding.vllm.ref_lookup.RefLookupLatest:4``), not draftrl's drafter.
 
 Each step, for every decoding request: match its last n tokens (n from ``max_n`` down to
 ``min_n``) against its earlier tokens and propose up to K tokens that followed the LATEST (or,
 ``RefLookupEarliest``, the earliest) occurrence. No per-request state, no scores, no policy.
 
-    speculative_config={"method": "custom_class", "model": "ref_lookup.RefLookupLatest",
-                        "num_speculative_tokens": 4}   # with benchmarks/ on PYTHONPATH
+    speculative_config={"method": "custom_class", "model": "draftrl.decoding.vllm.ref_lookup.RefLookupLatest",
+                        "num_speculative_tokens": 4}
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-#: longest suffix n-gram tried (SERVING.md: "longest of the last 4..1 tokens")
+#: longest suffix n-gram tried (then 3, 2 and 1 tokens, the longest that recurs wins)
 MAX_N = 4
 MIN_N = 1
 

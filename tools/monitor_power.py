@@ -4,9 +4,11 @@ Streams come from the simulated samplers in ``tests/decoding/test_monitor.py`` (
 the tests check), p over 50 tokens, chain depth 4. Detection points do not depend on how the
 stream is cut into rounds (tested), so each stream is fed in one piece; the per-round cost is
 timed separately on 3-token rounds. One line per (sampler, statistic); "any" is the monitor as
-a whole. Exact samplers should never be detected (their lines count false alarms).
+a whole. Exact samplers should never be detected (their lines count false alarms). A tool, not
+a benchmark: the numbers to quote when changing the monitor (``tests/decoding/test_monitor.py``
+checks that wrong samplers are caught and exact ones are not).
 
-    python benchmarks/monitor_power.py --seeds 20 --max-tokens 20000
+    python tools/monitor_power.py --seeds 20 --max-tokens 20000
 """
 
 from __future__ import annotations

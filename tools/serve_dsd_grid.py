@@ -2,11 +2,12 @@
 
 Every table of depths over the batch-size ranges (K never growing with the batch, by default) runs
 on ``draftrl/ServeReplay-v0`` with the tuning split's recordings and the calibrated step cost, at
-each load; the score is the geometric mean of its throughput over no speculation's. Prints the best
-tables, ratios first, and writes ``OUT/dsd_grid.json`` (``best``: the policy spec to pass as the
-Dynamic SD baseline, e.g. to ``benchmarks/serve_compare.py --dsd``).
+each load; the score is the geometric mean of its throughput over no speculation's. A tool, not a
+benchmark: it tunes a baseline. Prints the best tables, ratios first, and writes
+``OUT/dsd_grid.json`` (``best``: the policy spec to pass as the Dynamic SD baseline, e.g. to
+``benchmarks/serve_compare.py --dsd``); an ``OUT`` holding an earlier grid is refused unless ``--overwrite``.
 
-    python benchmarks/serve_dsd_grid.py --recordings runs/serve/rec_tune --calibration runs/serve/vllm_costs.json \\
+    python tools/serve_dsd_grid.py --recordings runs/serve/rec_tune --calibration runs/serve/vllm_costs.json \\
         --out runs/serve/dsd_grid
 """
 
@@ -15,13 +16,12 @@ from __future__ import annotations
 import argparse
 import os
 import time
-from pathlib import Path
 
 from draftrl.decoding.replay import Proposals, Recordings
 from draftrl.decoding.vllm.calibrate import StepCostModel
 from draftrl.envs.serve_replay import ServeReplayEnv
 from draftrl.eval.serving import search_dsd, serve_config
-from draftrl.io import write_json
+from draftrl.io import prepare_out, write_json
 
 
 def parse_loads(text: str) -> list[dict]:
@@ -49,7 +49,12 @@ def main() -> None:
     p.add_argument("--set", dest="overrides", action="append", default=[], help="ServeConfig key=value")
     p.add_argument("--top", type=int, default=8)
     p.add_argument("--out", required=True)
+    p.add_argument("--overwrite", action="store_true", help="replace an earlier dsd_grid.json in --out")
     args = p.parse_args()
+    try:
+        out = prepare_out(args.out, ("dsd_grid.json",), overwrite=args.overwrite, command="tools/serve_dsd_grid.py")
+    except ValueError as err:
+        p.error(str(err))
     recordings = Recordings.load(args.recordings)
     config = serve_config(None, args.overrides, split=recordings.requests[0].prompt.split)
     cost = StepCostModel.from_calibration(args.calibration)
@@ -68,7 +73,7 @@ def main() -> None:
     print(f"best={best['label']}  geomean={best['score']:.3f}x  best_constant={constant[0]['label']} "
           f"{constant[0]['score']:.3f}x  tables={len(scored)}  seconds={seconds:.0f}  "
           f"load1={os.getloadavg()[0]:.2f}  (simulator, {args.recordings})")
-    write_json(Path(args.out) / "dsd_grid.json", {"best": best["label"], "loads": args.loads, "ranges": args.ranges,
+    write_json(out / "dsd_grid.json", {"best": best["label"], "loads": args.loads, "ranges": args.ranges,
                                                   "calibration": args.calibration, "recordings": args.recordings,
                                                   "seconds": seconds, "tables": scored})
 
