@@ -25,9 +25,9 @@ import argparse
 import numpy as np
 import torch
 
-from draftrl.decoding.sampling import SamplingParams, logits_to_probs
 from draftrl.envs.workload import encode
 from draftrl.models import load_model
+from draftrl.models.distribution import SamplingParams, logits_to_probs
 from draftrl.prompts import load_prompts
 
 

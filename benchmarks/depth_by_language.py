@@ -29,7 +29,7 @@ import argparse
 
 
 from _bench import add_grid_args, context, engine_method, first_mismatch, interleave, load_grid
-from draftrl.decoding.factory import build_drafter
+from draftrl.drafters.registry import build_drafter
 
 
 def main() -> None:

@@ -31,7 +31,7 @@ import os
 import torch
 
 from _bench import context, engine_method, first_mismatch, interleave, requests
-from draftrl.decoding.drafters import NgramDrafter
+from draftrl.drafters.ngram import NgramDrafter
 from draftrl.models import load_model, stock_kernels
 from draftrl.prompts import TASKS
 

@@ -23,8 +23,8 @@ from pathlib import Path
 import torch
 from transformers import DynamicCache
 
-from draftrl.decoding.kv import cache_argument
 from draftrl.models import apply_fast_linear, fast_linear, load_model, remove_fast_linear
+from draftrl.models.kv import cache_argument
 
 TEXT = (
     "Speculative decoding lets a small draft model propose several tokens that the large target model "

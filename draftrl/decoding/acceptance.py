@@ -14,17 +14,14 @@ import numpy as np
 import torch
 
 from draftrl.decoding.sampling import (
-    SamplingParams,
     agree_expected_deterministic,
-    check_generator_device,
-    logits_to_probs,
-    sample,
     token_stats,
     verify_node_deterministic,
     verify_node_sampled,
 )
 from draftrl.decoding.stats import TokenStats
-from draftrl.decoding.tree import DraftTree
+from draftrl.drafters.tree import DraftTree
+from draftrl.models.distribution import SamplingParams, check_generator_device, logits_to_probs, sample
 
 
 @dataclass

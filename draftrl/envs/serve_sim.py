@@ -7,7 +7,7 @@ exactly that continuation whatever it drafts, so the tokens need no model.
 
 **Proposals** (:class:`Proposals`): the n-gram drafter is deterministic given the context, so its
 proposal from every true prefix ``prompt + continuation[:t]`` is recomputed here with the same
-:class:`~draftrl.decoding.drafters.NgramDrafter` (width 1) that the vLLM proposer runs: the matched
+:class:`~draftrl.drafters.ngram.NgramDrafter` (width 1) that the vLLM proposer runs: the matched
 n-gram length, how many draft tokens it can propose, and how many of them the continuation
 accepts. Acceptance is then exact: ``min(accepted_prefix, admitted) + 1`` tokens per step.
 
@@ -32,10 +32,10 @@ from typing import Any
 import numpy as np
 
 from draftrl.decoding.admission import RequestAcceptance, StepAction, admit_drafts, draft_cap
-from draftrl.decoding.drafters import NgramDrafter
 from draftrl.decoding.interface import EngineStep, QueuedBatch, RequestStep
 from draftrl.decoding.vllm.calibrate import StepCostModel
 from draftrl.decoding.vllm.proposer import ACCEPT_DECAY, serving_drafter
+from draftrl.drafters.ngram import NgramDrafter
 from draftrl.io import read_json, write_json
 from draftrl.prompts import Prompt
 

@@ -267,9 +267,9 @@ def collect(config: EnvConfig, engine, tokenizer, *, max_depth: int | None = Non
         what is collected (``collection.json``); one made for another config is refused.
     """
     from draftrl.config import to_dict
-    from draftrl.decoding.sampling import SamplingParams
-    from draftrl.signals.costs import hardware_info
     from draftrl.envs.workload import Workload
+    from draftrl.models.distribution import SamplingParams
+    from draftrl.signals.costs import hardware_info
 
     if config.temperature != 0 or engine.config.temperature != 0:
         raise ValueError(

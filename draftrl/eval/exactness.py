@@ -186,13 +186,10 @@ class PowerSetting:
 
 def power_engine(target, setting: PowerSetting):
     """The engine of :func:`monitor_power` around ``target`` (a ``LoadedModel``)."""
-    from draftrl.decoding.drafters import ModelDrafter
     from draftrl.decoding.engine import EngineConfig, SpeculativeDecoder
-    from draftrl.decoding.factory import build_drafter
+    from draftrl.drafters.registry import build_drafter
 
-    device = str(next(target.model.parameters()).device)
-    drafter = (ModelDrafter(target.model, name="self") if setting.drafter == "self"
-               else build_drafter(setting.drafter, target, device=device))
+    drafter = build_drafter(setting.drafter, target, device=str(next(target.model.parameters()).device))
     config = EngineConfig(max_new_tokens=setting.max_new_tokens, temperature=setting.temperature, top_k=setting.top_k)
     return SpeculativeDecoder(target.model, drafter, config, eos_token_ids=target.eos_token_ids)
 
@@ -214,9 +211,9 @@ def monitor_power(target, tokens: int, setting: PowerSetting | None = None, *, s
     """
     from dataclasses import asdict
 
+    from draftrl.config.env import EnvConfig
     from draftrl.decoding.generate import fixed_schedule, generate
     from draftrl.decoding.monitor import TESTS, ExactnessMonitor, ExactnessViolation
-    from draftrl.config.env import EnvConfig
     from draftrl.envs.workload import Workload
 
     if until not in ("all", "first"):

@@ -8,13 +8,11 @@ import pytest
 import torch
 
 from draftrl.decoding import sampling
+from draftrl.models.distribution import SamplingParams, logits_to_probs, sample
 from draftrl.decoding.sampling import (
     ChainVerdict,
-    SamplingParams,
     agree_expected_deterministic,
     chain_agree_expected,
-    logits_to_probs,
-    sample,
     token_stats,
     token_stats_batch,
     verify_chain,

@@ -5,9 +5,10 @@ from __future__ import annotations
 import torch
 
 from draftrl.decoding.acceptance import accept_tree
-from draftrl.decoding.kv import keep_tail
-from draftrl.decoding.sampling import SamplingParams, logits_to_probs, token_stats_batch
-from draftrl.decoding.tree import DraftTree
+from draftrl.decoding.sampling import token_stats_batch
+from draftrl.drafters.tree import DraftTree
+from draftrl.models.distribution import SamplingParams, logits_to_probs
+from draftrl.models.kv import keep_tail
 from transformers import DynamicCache
 
 VOCAB = 12

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from draftrl.decoding.engine import EngineConfig, RoundResult
-from draftrl.decoding.sampling import SamplingParams
 from draftrl.decoding.stats import TokenStats
-from draftrl.decoding.drafters import TreeBuilder
-from draftrl.decoding.tree import DraftTree
+from draftrl.drafters.base import LevelDrafter, TreeBuilder
+from draftrl.drafters.tree import DraftTree
+from draftrl.models.distribution import SamplingParams
 
 from scripted_costs import PER_LEVEL, PER_NODE, PLAIN_STEP  # seconds the scripted engine charges
 
@@ -44,7 +44,7 @@ class ScriptedBuilder(TreeBuilder):
         return True
 
 
-class ScriptedDrafter:
+class ScriptedDrafter(LevelDrafter):
     def __init__(self, engine, max_levels: int):
         self.engine, self.max_levels = engine, max_levels
 
