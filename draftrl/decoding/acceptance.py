@@ -15,7 +15,7 @@ import torch
 
 from draftrl.decoding.sampling import (
     agree_expected_deterministic,
-    token_stats,
+    target_stats,
     verify_node_deterministic,
     verify_node_sampled,
 )
@@ -65,7 +65,7 @@ def accept_tree(
         children = kids.get(node, [])
         if not children:
             y = int(sample(p, generator))
-            rows.append((*token_stats(p, y), False, 0.0, 0.0))
+            rows.append((*target_stats(p, y), False, 0.0, 0.0))
             tokens.append(y)
             break
         child_tokens = torch.tensor([tree.tokens[c] for c in children], device=device)
@@ -75,7 +75,7 @@ def accept_tree(
         else:
             q = tree.q[node].to(device)
             index, y, expected = verify_node_sampled(p, child_tokens, q, generator, method=sampler)
-        rows.append((*token_stats(p, y), True, float(bool((child_tokens == y).any())), expected))
+        rows.append((*target_stats(p, y), True, float(bool((child_tokens == y).any())), expected))
         tokens.append(y)
         if index < 0:
             break

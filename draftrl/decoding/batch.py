@@ -84,4 +84,4 @@ class HFBatchEngine(QueuedBatch):
                 still.append(req)
         self.running = still
         return EngineStep(self.clock() - t0, steps, len(self.running), len(self.waiting),
-                          int(sum(s.num_drafted for s in steps)))
+                          int(sum(s.num_verified for s in steps)))

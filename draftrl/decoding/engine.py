@@ -85,7 +85,7 @@ class RoundResult:
     depth: int
     width: int
     verify_size: int | None
-    num_drafted: int
+    num_proposed: int
     """nodes the drafter proposed"""
     num_verified: int
     """nodes the target verified (the selected subtree, root excluded)"""
@@ -321,7 +321,7 @@ class SpeculativeDecoder:
             depth=depth,
             width=width,
             verify_size=verify_size,
-            num_drafted=len(tree),
+            num_proposed=len(tree),
             num_verified=len(selected),
             num_accepted=len(verdict.accepted),
             verified_depth=max(selected.depths, default=0),

@@ -369,8 +369,8 @@ def verify_node_sampled(
 # --------------------------------------------------------------------------- per-token statistics
 
 
-def token_stats_batch(p: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Batched :func:`token_stats`: p [N, V], tokens [N] -> three [N] float64 tensors."""
+def target_stats_batch(p: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Batched :func:`target_stats`: p [N, V], tokens [N] -> three [N] float64 tensors."""
     p = _normalise(p)
     tokens = tokens.long().unsqueeze(-1)
     p_token = p.gather(-1, tokens)
@@ -381,8 +381,9 @@ def token_stats_batch(p: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor, Tensor
     return p_token.squeeze(-1), mass_before, entropy
 
 
-def token_stats(p: Tensor, token: int) -> tuple[float, float, float]:
-    """Exactness-monitor statistics of one emitted token, in O(V) without sorting.
+def target_stats(p: Tensor, token: int) -> tuple[float, float, float]:
+    """The target-side fields of :class:`~draftrl.decoding.stats.TokenStats` for one emitted
+    token (``p_token``, ``mass_before``, ``entropy``), in O(V) without sorting.
 
     :param p: [V] target distribution at the token's position (after temperature/top-k/top-p).
     :param token: the emitted token id.
@@ -395,5 +396,5 @@ def token_stats(p: Tensor, token: int) -> tuple[float, float, float]:
         # top-k / top-p rows: the zero-probability tokens change none of the three values
         token_index = torch.searchsorted(support, token_index)
         p = p[support]
-    p_token, mass_before, entropy = token_stats_batch(p.unsqueeze(0), token_index)
+    p_token, mass_before, entropy = target_stats_batch(p.unsqueeze(0), token_index)
     return float(p_token[0]), float(mass_before[0]), float(entropy[0])

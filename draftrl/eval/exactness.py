@@ -78,7 +78,7 @@ def monitor_verdict(monitor) -> dict:
         "verdict_reason": rep["verdict_reason"],
         "num_tokens": rep["num_tokens"],
         "num_informative": rep["num_informative"],
-        "num_drafted": rep["num_drafted"],
+        "num_drafted_positions": rep["num_drafted_positions"],
         "tests": {name: {k: v for k, v in test.items() if k in ("passed", "checkpoints", "p_value", "threshold",
                                                                 "failed_at_tokens", "z", "log_e_value")}
                   for name, test in rep["tests"].items()},
@@ -119,7 +119,7 @@ class SampledStreamCheck:
     def observe(self, steps: list) -> None:
         """Feed one engine step's :class:`~draftrl.decoding.interface.RequestStep` list."""
         from draftrl.decoding.monitor import ExactnessViolation
-        from draftrl.decoding.vllm.logprobs import token_stats
+        from draftrl.decoding.vllm.logprobs import token_stats_from_logprobs
 
         if not self.checked:
             return
@@ -129,8 +129,8 @@ class SampledStreamCheck:
             if r.logprobs is None:
                 self.num_unchecked += len(r.token_ids)
                 continue
-            stats = token_stats(r.token_ids, r.logprobs, r.draft_ids, temperature=self.temperature,
-                                top_k=self.top_k, num_logprobs=self.num_logprobs)
+            stats = token_stats_from_logprobs(r.token_ids, r.logprobs, r.draft_ids, temperature=self.temperature,
+                                              top_k=self.top_k, num_logprobs=self.num_logprobs)
             try:
                 self.monitor.update(stats)
             except ExactnessViolation:
@@ -251,7 +251,7 @@ def monitor_power(target, tokens: int, setting: PowerSetting | None = None, *, s
         out[sampler] = {
             "tokens": rep["num_tokens"],
             "informative": rep["num_informative"],
-            "drafted": rep["num_drafted"],
+            "drafted": rep["num_drafted_positions"],
             "seconds": decode_seconds,
             "monitor_seconds": monitor.seconds,
             "monitor_overhead": monitor.seconds / decode_seconds if decode_seconds > 0 else None,

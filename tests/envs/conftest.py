@@ -126,7 +126,7 @@ class ScriptedEngine:
                            agree_expected=(np.arange(emitted) < accepted).astype(float))
         return RoundResult(
             tokens=tokens, depth=depth if depth is not None else max(tree.depths, default=0), width=width,
-            verify_size=verify_size, num_drafted=len(tree), num_verified=n, num_accepted=min(accepted, emitted),
+            verify_size=verify_size, num_proposed=len(tree), num_verified=n, num_accepted=min(accepted, emitted),
             verified_depth=max(selected.depths, default=0), draft_seconds=draft_seconds, verify_seconds=verify,
             sample_seconds=0.0, finished=self.finished, stop_reason="length" if self.finished else None,
             token_stats=stats, draft_features=tree.features,
