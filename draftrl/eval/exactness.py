@@ -173,8 +173,8 @@ class PowerSetting:
     """A setting where drafts are often rejected, so a wrong correction shows quickly."""
 
     drafter: str = "self"
-    """"self": the target drafts for itself with its top-1 token (q one-hot, acceptance p(top));
-    otherwise a drafter spec (ngram, layerskip:N, a model)"""
+    """a drafter spec (``draftrl.drafters.registry``); "self": the target drafts for itself with its
+    top-1 token (q one-hot, acceptance p(top))"""
     temperature: float = 1.0
     top_k: int = 0
     depth: int = 1
