@@ -35,8 +35,9 @@ from draftrl.decoding.admission import RequestAcceptance, StepAction, admit_draf
 from draftrl.decoding.interface import EngineStep, QueuedBatch, RequestStep
 from draftrl.decoding.vllm.calibrate import StepCostModel
 from draftrl.decoding.vllm.proposer import ACCEPT_DECAY, serving_drafter
-from draftrl.drafters.ngram import NgramDrafter
+from draftrl.drafters.base import Drafter
 from draftrl.io import read_json, write_json
+from draftrl.models.distribution import SamplingParams
 from draftrl.prompts import Prompt
 
 FORMAT = "draftrl-serve-recordings/1"
@@ -181,7 +182,7 @@ class Proposals:
     simulator reads single entries, which lists do faster than numpy.
     """
 
-    def __init__(self, recordings: Recordings, max_depth: int, drafter: NgramDrafter | None = None):
+    def __init__(self, recordings: Recordings, max_depth: int, drafter: Drafter | None = None):
         drafter = drafter or serving_drafter()
         self.max_depth = int(max_depth)
         self.match_len: list[list[int]] = []
@@ -192,15 +193,12 @@ class Proposals:
             cont, m = rec.token_ids, len(rec.prompt_ids)
             match, avail, acc = [0], [0], [0]
             for t in range(1, len(cont) + 1):
-                builder = drafter.begin(ids[: m + t], 1, None, None)
-                for _ in range(self.max_depth):
-                    if not builder.step():
-                        break
-                draft = builder.tree.tokens
+                tree = drafter.propose(ids[: m + t], self.max_depth, 1, SamplingParams(), None)  # greedy, as vLLM drafts
+                draft = tree.tokens
                 a = 0
                 while a < len(draft) and t + a < len(cont) and draft[a] == cont[t + a]:
                     a += 1
-                match.append(int(builder.tree.features["ngram_match_len"]))
+                match.append(int(tree.features.get("ngram_match_len", 0)))
                 avail.append(len(draft))
                 acc.append(a)
             self.match_len.append(match)
