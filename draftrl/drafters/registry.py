@@ -113,8 +113,8 @@ def serving_usages() -> list[str]:
 
 
 def _unknown(spec: str, reason: Exception) -> ValueError:
-    return ValueError(f"drafter {spec!r} is unknown: no drafter kind ({', '.join(known_usages())}) and no model "
-                      f"({str(reason).splitlines()[0]})")
+    return ValueError(f"drafter {spec!r} is unknown; choose one of: {', '.join(known_usages())} "
+                      f"(as a model: {str(reason).splitlines()[0]})")
 
 
 def check_drafter_spec(spec: str) -> None:
