@@ -1,9 +1,9 @@
 """Exact verification for speculative decoding: pure tensor functions, no models.
 
 Notation. ``p`` is the target model's distribution and ``q`` the draft model's, both exactly as
-returned by :func:`draftrl.models.distribution.logits_to_probs` (after temperature, top-k and top-p), over the same vocabulary
-of size ``V``. Draft tokens are the proposals of one round; verification turns them into output
-tokens. Terms, as in vLLM's rejection sampler:
+returned by :func:`draftrl.models.distribution.logits_to_probs` (after temperature, top-k and
+top-p), over the same vocabulary of size ``V``. Draft tokens are the proposals of one round;
+verification turns them into output tokens. Terms, as in vLLM's rejection sampler:
 
 - **accepted token**: a draft token that verification keeps. Accepted tokens always form a prefix
   of the draft chain (or a root-to-node path of the draft tree).

@@ -193,7 +193,7 @@ class Proposals:
             cont, m = rec.token_ids, len(rec.prompt_ids)
             match, avail, acc = [0], [0], [0]
             for t in range(1, len(cont) + 1):
-                tree = drafter.propose(ids[: m + t], self.max_depth, 1, SamplingParams(), None)  # greedy, as vLLM drafts
+                tree = drafter.propose(ids[: m + t], self.max_depth, 1, SamplingParams(), None)  # greedy, as vLLM
                 draft = tree.tokens
                 a = 0
                 while a < len(draft) and t + a < len(cont) and draft[a] == cont[t + a]:

@@ -18,8 +18,9 @@ documents). Each step the proposer
 1. drafts for every running request with the drafter named by the config's ``drafter`` key
    (:func:`serving_drafter`, the registry of :mod:`draftrl.drafters.registry`; by default
    :data:`SERVING_DRAFTER`, draftrl's n-gram drafter, the one the policies train with) up to
-   ``min(action depth, the request's own depth)`` tokens (its ``propose`` verb, width 1), where the request's own depth follows ``rule``: ``"match"`` (as deep as the match
-   goes), ``"heuristic"`` (Hugging Face's +2 / -1 per request), a per-request policy
+   ``min(action depth, the request's own depth)`` tokens (its ``propose`` verb, width 1), where
+   the request's own depth follows ``rule``: ``"match"`` (as deep as the match goes),
+   ``"heuristic"`` (Hugging Face's +2 / -1 per request), a per-request policy
    (``draftrl.export.vllm_proposer``) or ``"fill"`` (exactly the cap, padded with the last
    token where the match runs out: calibration measures verification cost with it);
 2. scores each draft position by its survival estimate and admits the batch's best ``budget``
@@ -140,7 +141,8 @@ class DraftrlProposer:
     # ------------------------------------------------------------------ configuration
     def configure(self, config: dict[str, Any]) -> None:
         """Apply a proposer config (``draftrl export --format vllm``'s ``proposer.json``):
-        ``drafter`` (a spec, default :data:`SERVING_DRAFTER`), ``depth``, ``budget``, ``rule``, ``initial_depth``."""
+        ``drafter`` (a spec, default :data:`SERVING_DRAFTER`), ``depth``, ``budget``, ``rule``,
+        ``initial_depth``."""
         self.set_drafter(str(config.get("drafter", SERVING_DRAFTER)))
         depth = min(int(config.get("depth", self.max_depth)), self.max_depth)
         self.action = StepAction(depth, config.get("budget"))
@@ -161,7 +163,7 @@ class DraftrlProposer:
             req.acceptance.heuristic_depth = self.initial_depth
 
     def load_model(self, *args: Any, **kwargs: Any) -> None:
-        """The drafters that run here have no weights of vLLM's to load; vLLM's CPU runner calls this unconditionally."""
+        """The drafters that run here load no weights through vLLM; its CPU runner calls this unconditionally."""
 
     # ------------------------------------------------------------------ request tracking
     def _keys(self, rows: list[int], sampled: list[list[int]], lengths: list[int],
