@@ -148,7 +148,8 @@ class ServeVLLMEnv(gym.Env[np.ndarray, np.ndarray]):
     ``tokens`` (also as ``num_emitted``, the policies' name), ``seconds``, ``cpu_seconds`` (the
     engine's thread CPU seconds, None in the simulator), ``num_verified`` (drafts verified in the
     step), ``num_accepted``, ``num_proposed`` (drafts proposed for the next step), ``running``,
-    ``waiting``, ``depth``, ``budget``, ``clock`` (engine seconds since reset), ``finished`` (request ids finished in the step); at the end ``requests`` (:class:`RequestTimeline` list:
+    ``waiting``, ``depth``, ``budget``, ``clock`` (engine seconds since reset), ``finished``
+    (request ids finished in the step); at the end ``requests`` (:class:`RequestTimeline` list:
     arrival, token times and ids per request, for TTFT and inter-token latency).
 
     ## Arguments
