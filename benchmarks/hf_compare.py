@@ -30,7 +30,7 @@ import argparse
 import torch
 
 from _bench import Bench, common_flags, engine_method, first_mismatch, interleave, parse_args, requests
-from draftrl.decoding.drafters import NgramDrafter
+from draftrl.drafters.ngram import NgramDrafter
 from draftrl.models import load_model, stock_kernels
 from draftrl.prompts import TASKS
 

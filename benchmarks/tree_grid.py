@@ -23,7 +23,7 @@ import argparse
 import numpy as np
 
 from _bench import Bench, add_grid_args, common_flags, engine_method, first_mismatch, interleave, load_grid, parse_args
-from draftrl.decoding.factory import build_drafter
+from draftrl.drafters.registry import build_drafter
 
 
 def cells(depths: list[int], sizes: list[int], max_width: int) -> list[tuple[int, int, int]]:

@@ -24,7 +24,7 @@ import torch
 from transformers import DynamicCache
 
 from _bench import Bench, common_flags, parse_args
-from draftrl.decoding.kv import cache_argument
+from draftrl.models.kv import cache_argument
 from draftrl.models import apply_fast_linear, fast_linear, load_model, remove_fast_linear
 
 TEXT = (

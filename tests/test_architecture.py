@@ -28,13 +28,14 @@ BASE: tuple[str, ...] = ("draftrl", "draftrl.config", "draftrl.io", "draftrl.dep
 MAY_IMPORT: dict[str, set[str]] = {
     "signals": set(),
     "models": set(),
-    "decoding": {"models"},
-    "envs": {"signals", "models", "decoding"},
+    "drafters": {"models"},
+    "decoding": {"models", "drafters"},
+    "envs": {"signals", "models", "drafters", "decoding"},
     "policies": {"signals", "envs"},
-    "export": {"signals", "models", "decoding", "policies"},
-    "train": {"signals", "models", "decoding", "envs", "policies"},
-    "eval": {"signals", "models", "decoding", "envs", "policies", "train"},
-    "cli": {"signals", "models", "decoding", "envs", "policies", "export", "train", "eval"},
+    "export": {"signals", "models", "drafters", "decoding", "policies"},
+    "train": {"signals", "models", "drafters", "decoding", "envs", "policies"},
+    "eval": {"signals", "models", "drafters", "decoding", "envs", "policies", "train"},
+    "cli": {"signals", "models", "drafters", "decoding", "envs", "policies", "export", "train", "eval"},
     "__main__": {"cli"},
 }
 
@@ -142,6 +143,7 @@ def test_wrong_way_edges_are_caught():
     assert _wrong_way({"draftrl.export.features": {"draftrl.envs.traces"}})
     assert _wrong_way({"draftrl.config.env": {"draftrl.models"}})
     assert _wrong_way({"draftrl.policies.baselines": {"draftrl.signals.speedup"}}) == []
+    assert _wrong_way({"draftrl.drafters.ngram": {"draftrl.decoding.engine"}})  # drafters sit below the engine
 
 
 def test_string_imports_are_edges():

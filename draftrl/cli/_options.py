@@ -10,7 +10,7 @@ option             config key     meaning
 ``--config FILE``                 YAML overriding the command's defaults (``configs/``)
 ``--set K=V``      ``K``          one config key, e.g. ``env.max_new_tokens=32`` (repeatable)
 ``--target``       ``env.target``  target model: a known name, a local directory or a hub id
-``--drafter``      ``env.drafter`` ``ngram[:MIN:MAX]``, ``layerskip:N``, ``none`` or a model
+``--drafter``      ``env.drafter`` ``ngram[:MIN:MAX[:FIRST]]``, ``layerskip:N``, ``self``, ``none`` or a model
 ``--device``       ``env.device``  ``cpu`` or ``cuda[:N]``
 ``--dtype``        ``env.dtype``   ``float32``, ``bfloat16`` or ``float16``
 ``--kernels``      ``env.kernels`` ``auto`` (a timed probe on this machine), ``stock`` or ``fast_linear``
@@ -44,7 +44,7 @@ MODEL_KEYS: dict[str, str] = {
 }
 _MODEL_HELP = {
     "--target": "target model: smollm2-135m, a local path or hub id",
-    "--drafter": "ngram[:MIN:MAX] | layerskip:N | none | draft model path (same vocabulary)",
+    "--drafter": "ngram[:MIN:MAX[:earliest|latest]] | layerskip:N | self | none | draft model path (same vocabulary)",
     "--device": "cpu or cuda[:N]",
     "--dtype": "float32, bfloat16 or float16",
     "--kernels": "few-token CPU kernels: auto (timed probe, cached per machine), stock or fast_linear",

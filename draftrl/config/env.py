@@ -53,7 +53,8 @@ class EnvConfig:
     target: str = "smollm2-135m"
     """target model: a known name, a local directory or a hub id"""
     drafter: str = "ngram"
-    """ngram | ngram:MIN:MAX | layerskip:N | none | draft model path (same vocabulary)"""
+    """a spec of ``draftrl.drafters.registry``: ngram | ngram:MIN:MAX[:earliest|latest] | layerskip:N | self | none |
+    a draft model path (same vocabulary)"""
     dtype: str = "float32"
     device: str = "cpu"
     kernels: str | None = None

@@ -14,17 +14,14 @@ import numpy as np
 import torch
 
 from draftrl.decoding.sampling import (
-    SamplingParams,
     agree_expected_deterministic,
-    check_generator_device,
-    logits_to_probs,
-    sample,
-    token_stats,
+    target_stats,
     verify_node_deterministic,
     verify_node_sampled,
 )
 from draftrl.decoding.stats import TokenStats
-from draftrl.decoding.tree import DraftTree
+from draftrl.drafters.tree import DraftTree
+from draftrl.models.distribution import SamplingParams, check_generator_device, logits_to_probs, sample
 
 
 @dataclass
@@ -68,7 +65,7 @@ def accept_tree(
         children = kids.get(node, [])
         if not children:
             y = int(sample(p, generator))
-            rows.append((*token_stats(p, y), False, 0.0, 0.0))
+            rows.append((*target_stats(p, y), False, 0.0, 0.0))
             tokens.append(y)
             break
         child_tokens = torch.tensor([tree.tokens[c] for c in children], device=device)
@@ -78,7 +75,7 @@ def accept_tree(
         else:
             q = tree.q[node].to(device)
             index, y, expected = verify_node_sampled(p, child_tokens, q, generator, method=sampler)
-        rows.append((*token_stats(p, y), True, float(bool((child_tokens == y).any())), expected))
+        rows.append((*target_stats(p, y), True, float(bool((child_tokens == y).any())), expected))
         tokens.append(y)
         if index < 0:
             break

@@ -6,7 +6,7 @@
 running request, one request after the other (no batched forward: this is the exact reference,
 not a fast server). The step's depth cap and budget are admitted with the same scores as vLLM's
 proposer (:mod:`draftrl.decoding.admission`) and apply to the step they are given to
-(``action_lag = 0``). Drafting is prompt lookup (:class:`~draftrl.decoding.drafters.NgramDrafter`),
+(``action_lag = 0``). Drafting is prompt lookup (:class:`~draftrl.drafters.ngram.NgramDrafter`),
 each request drafting as deep as its match allows under the cap.
 """
 
@@ -18,9 +18,9 @@ import numpy as np
 
 from draftrl.decoding.admission import RequestAcceptance, StepAction, admit_drafts
 from draftrl.decoding.clock import clock_for
-from draftrl.decoding.drafters import NgramDrafter
 from draftrl.decoding.engine import EngineConfig, SpeculativeDecoder
 from draftrl.decoding.interface import EngineStep, QueuedBatch, RequestStep
+from draftrl.drafters.ngram import NgramDrafter
 
 ACCEPT_DECAY = 0.8
 
@@ -84,4 +84,4 @@ class HFBatchEngine(QueuedBatch):
                 still.append(req)
         self.running = still
         return EngineStep(self.clock() - t0, steps, len(self.running), len(self.waiting),
-                          int(sum(s.num_drafted for s in steps)))
+                          int(sum(s.num_verified for s in steps)))

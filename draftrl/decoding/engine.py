@@ -21,13 +21,13 @@ from torch import nn
 from transformers import DynamicCache
 
 from draftrl.config import SAMPLERS
-from draftrl.decoding.clock import device_clock
-from draftrl.decoding.drafters import Drafter
-from draftrl.decoding.kv import cache_argument, crop, keep_tail, last_logits_only
 from draftrl.decoding.acceptance import accept_tree
-from draftrl.decoding.sampling import SamplingParams, generator_for
+from draftrl.decoding.clock import device_clock
 from draftrl.decoding.stats import TokenStats
-from draftrl.decoding.tree import DraftTree
+from draftrl.drafters.base import Drafter
+from draftrl.drafters.tree import DraftTree
+from draftrl.models.distribution import SamplingParams, generator_for
+from draftrl.models.kv import cache_argument, crop, keep_tail, last_logits_only
 
 
 
@@ -85,7 +85,7 @@ class RoundResult:
     depth: int
     width: int
     verify_size: int | None
-    num_drafted: int
+    num_proposed: int
     """nodes the drafter proposed"""
     num_verified: int
     """nodes the target verified (the selected subtree, root excluded)"""
@@ -321,7 +321,7 @@ class SpeculativeDecoder:
             depth=depth,
             width=width,
             verify_size=verify_size,
-            num_drafted=len(tree),
+            num_proposed=len(tree),
             num_verified=len(selected),
             num_accepted=len(verdict.accepted),
             verified_depth=max(selected.depths, default=0),

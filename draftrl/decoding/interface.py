@@ -35,7 +35,7 @@ class RequestStep:
     request_id: str
     token_ids: list[int]
     """tokens the request gained in this step (the first step of a request: its first token)"""
-    num_drafted: int
+    num_verified: int
     """draft tokens verified for this request in this step"""
     num_accepted: int
     """of which accepted"""
@@ -65,12 +65,12 @@ class EngineStep:
 
     # cached: read several times per step by the env (features, reward, info); ``requests`` is not changed
     @cached_property
-    def num_tokens(self) -> int:
+    def num_emitted(self) -> int:
         return sum(len(r.token_ids) for r in self.requests)
 
     @cached_property
-    def num_drafted(self) -> int:
-        return sum(r.num_drafted for r in self.requests)
+    def num_verified(self) -> int:
+        return sum(r.num_verified for r in self.requests)
 
     @cached_property
     def num_accepted(self) -> int:

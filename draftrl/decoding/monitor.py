@@ -157,7 +157,7 @@ class ExactnessMonitor:
         self._alpha_test = cfg.alpha / len(TESTS)
         self._num_tokens = 0  # all emitted tokens seen
         self._num_informative = 0  # tokens with 0 < p(x) < 1
-        self._num_drafted = 0  # informative drafted tokens
+        self._num_drafted_positions = 0  # informative drafted tokens
         self._num_updates = 0
         self._min_tokens_at: int | None = None  # emitted-token count when min_tokens was reached
         # PIT: every informative u (for KS) and streaming bin counts
@@ -246,7 +246,7 @@ class ExactnessMonitor:
             "alpha_per_test": self._alpha_test,
             "num_tokens": self._num_tokens,
             "num_informative": self._num_informative,
-            "num_drafted": self._num_drafted,
+            "num_drafted_positions": self._num_drafted_positions,
             "num_impossible": self._impossible,
             "next_checkpoint": self._checkpoint(self._next_k),
             "tests": {name: dict(self._results[name]) for name in TESTS},
@@ -387,14 +387,14 @@ class ExactnessMonitor:
             sel = pos if idx is None else idx[pos]
             a = np.maximum(np.minimum(st.agree_expected[sel], 1.0), 0.0)
             agree = st.agree[sel]
-            d_before, var_before, drafted_before = self._d_sum, self._d_var, self._num_drafted
-            self._num_drafted += pos.shape[0]
+            d_before, var_before, drafted_before = self._d_sum, self._d_var, self._num_drafted_positions
+            self._num_drafted_positions += pos.shape[0]
             self._d_sum += float(agree.sum() - a.sum())
             self._d_var += float(a @ (1.0 - a))
             # log of the exact martingale factor exp(lam (agree - a)) / E[exp(lam (agree - a))]
             # for agree ~ Bernoulli(a) is lam * agree - log(1 - a + a e^lam)
             path = np.cumsum(_LAMBDAS[:, None] * agree - np.log1p(_EXPM1_LAMBDAS[:, None] * a), axis=1)
-            path += self._log_m[:, None]  # [num_lambdas, num_drafted]
+            path += self._log_m[:, None]  # [num_lambdas, num_drafted_positions]
             self._log_m = path[:, -1].copy()
             # the mixture's log e-value is at most the best lam's, so most rounds stop here
             if self._agree_cross is None and path.max() >= self._log_e_threshold:

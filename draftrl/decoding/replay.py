@@ -7,7 +7,7 @@ exactly that continuation whatever it drafts, so the tokens need no model.
 
 **Proposals** (:class:`Proposals`): the n-gram drafter is deterministic given the context, so its
 proposal from every true prefix ``prompt + continuation[:t]`` is recomputed here with the same
-:class:`~draftrl.decoding.drafters.NgramDrafter` (width 1) that the vLLM proposer runs: the matched
+:class:`~draftrl.drafters.ngram.NgramDrafter` (width 1) that the vLLM proposer runs: the matched
 n-gram length, how many draft tokens it can propose, and how many of them the continuation
 accepts. Acceptance is then exact: ``min(accepted_prefix, admitted) + 1`` tokens per step.
 
@@ -32,11 +32,12 @@ from typing import Any
 import numpy as np
 
 from draftrl.decoding.admission import RequestAcceptance, StepAction, admit_drafts, draft_cap
-from draftrl.decoding.drafters import NgramDrafter
 from draftrl.decoding.interface import EngineStep, QueuedBatch, RequestStep
 from draftrl.decoding.vllm.calibrate import StepCostModel
 from draftrl.decoding.vllm.proposer import ACCEPT_DECAY, serving_drafter
+from draftrl.drafters.base import Drafter
 from draftrl.io import read_json, write_json
+from draftrl.models.distribution import SamplingParams
 from draftrl.prompts import Prompt
 
 FORMAT = "draftrl-serve-recordings/1"
@@ -152,7 +153,7 @@ class Proposals:
     simulator reads single entries, which lists do faster than numpy.
     """
 
-    def __init__(self, recordings: Recordings, max_depth: int, drafter: NgramDrafter | None = None):
+    def __init__(self, recordings: Recordings, max_depth: int, drafter: Drafter | None = None):
         drafter = drafter or serving_drafter()
         self.max_depth = int(max_depth)
         self.match_len: list[list[int]] = []
@@ -163,15 +164,12 @@ class Proposals:
             cont, m = rec.token_ids, len(rec.prompt_ids)
             match, avail, acc = [0], [0], [0]
             for t in range(1, len(cont) + 1):
-                builder = drafter.begin(ids[: m + t], 1, None, None)
-                for _ in range(self.max_depth):
-                    if not builder.step():
-                        break
-                draft = builder.tree.tokens
+                tree = drafter.propose(ids[: m + t], self.max_depth, 1, SamplingParams(), None)  # greedy, as vLLM
+                draft = tree.tokens
                 a = 0
                 while a < len(draft) and t + a < len(cont) and draft[a] == cont[t + a]:
                     a += 1
-                match.append(int(builder.tree.features["ngram_match_len"]))
+                match.append(int(tree.features.get("ngram_match_len", 0)))
                 avail.append(len(draft))
                 acc.append(a)
             self.match_len.append(match)

@@ -20,6 +20,7 @@ import torch
 
 from draftrl.config import SAMPLERS
 from draftrl.decoding import sampling
+from draftrl.models.distribution import sample
 
 #: Pass criterion: every checked frequency within this many standard errors of its expectation.
 Z_TOLERANCE = 4.0
@@ -91,7 +92,7 @@ def _run_chunk(vec: Vector, trials: int, generator: Any, method: str) -> tuple[A
         if q is None:
             draft, draft_probs = torch.full((trials, 1), vec.proposals[0], dtype=torch.long), None
         else:
-            draft, draft_probs = sampling.sample(q, generator).unsqueeze(-1), q.unsqueeze(1)
+            draft, draft_probs = sample(q, generator).unsqueeze(-1), q.unsqueeze(1)
         num_accepted, next_token, _ = sampling.verify_chain_batch(target, draft, draft_probs, generator, method)
         token = torch.where(num_accepted >= 1, draft[:, 0], next_token)
         children = draft
@@ -101,7 +102,7 @@ def _run_chunk(vec: Vector, trials: int, generator: Any, method: str) -> tuple[A
         _, token = sampling.verify_node_deterministic_batch(p, children, generator)
         agree_expected = torch.full((trials,), sampling.agree_expected_deterministic(p[0], children[0]))
     else:
-        children = sampling.sample(q.unsqueeze(1).expand(trials, vec.num_children, vocab), generator)
+        children = sample(q.unsqueeze(1).expand(trials, vec.num_children, vocab), generator)
         node_method = "correct" if method == "correct" else "no-residual-update"
         _, token, agree_expected = sampling.verify_node_sampled_batch(p, children, q, generator, node_method)
     agree = (token.unsqueeze(-1) == children).any(dim=-1)

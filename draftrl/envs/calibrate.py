@@ -22,11 +22,11 @@ from draftrl.config.env import EnvConfig
 from draftrl.decoding.acceptance import accept_tree
 from draftrl.decoding.clock import clock_for
 from draftrl.decoding.engine import EngineConfig, SpeculativeDecoder
-from draftrl.decoding.factory import build_drafter
-from draftrl.decoding.sampling import SamplingParams, generator_for
-from draftrl.decoding.tree import DraftTree
+from draftrl.drafters.registry import build_drafter
+from draftrl.drafters.tree import DraftTree
 from draftrl.envs.engines import shared_model
 from draftrl.envs.workload import encode
+from draftrl.models.distribution import SamplingParams, generator_for
 from draftrl.prompts import load_prompts
 from draftrl.signals.costs import CostTable, hardware_info
 

@@ -39,7 +39,7 @@ def build_engine(config: EnvConfig, target: "LoadedModel | None" = None, *, max_
     ``max_new_tokens`` per episode; ``seed`` (default ``config.seed``, else 0) seeds the sampler.
     """
     from draftrl.decoding.engine import EngineConfig, SpeculativeDecoder
-    from draftrl.decoding.factory import build_drafter, check_drafter_spec
+    from draftrl.drafters.registry import build_drafter, check_drafter_spec
     from draftrl.models import check_model_spec
 
     if target is None:

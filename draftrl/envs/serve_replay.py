@@ -131,7 +131,7 @@ class ServeReplayEnv(ServeVLLMEnv):
                     if not engine.has_unfinished_requests():
                         break
                     result = engine.step(StepAction(depth, budget))
-                    score += result.num_tokens - rho * result.seconds
+                    score += result.num_emitted - rho * result.seconds
                 if score > best_score + 1e-12:
                     best, best_score = np.array([i, j]), score
         return best

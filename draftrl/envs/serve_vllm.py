@@ -146,7 +146,8 @@ class ServeVLLMEnv(gym.Env[np.ndarray, np.ndarray]):
     ## Information
 
     ``tokens`` (also as ``num_emitted``, the policies' name), ``seconds``, ``cpu_seconds`` (the
-    engine's thread CPU seconds, None in the simulator), ``num_drafted``, ``num_accepted``, ``num_proposed``, ``running``,
+    engine's thread CPU seconds, None in the simulator), ``num_verified`` (drafts verified in the
+    step), ``num_accepted``, ``num_proposed`` (drafts proposed for the next step), ``running``,
     ``waiting``, ``depth``, ``budget``, ``clock`` (engine seconds since reset), ``finished``
     (request ids finished in the step); at the end ``requests`` (:class:`RequestTimeline` list:
     arrival, token times and ids per request, for TTFT and inter-token latency).
@@ -313,11 +314,11 @@ class ServeVLLMEnv(gym.Env[np.ndarray, np.ndarray]):
         self._last_action = (depth, budget)
         self._record(result)
         self._admit()
-        reward = self.rewards(result.num_tokens, result.seconds)
+        reward = self.rewards(result.num_emitted, result.seconds)
         self._done = not self._pending and self._in_flight == 0
-        info = {"tokens": result.num_tokens, "num_emitted": result.num_tokens, "seconds": result.seconds,
+        info = {"tokens": result.num_emitted, "num_emitted": result.num_emitted, "seconds": result.seconds,
                 "cpu_seconds": result.cpu_seconds,
-                "num_drafted": result.num_drafted,
+                "num_verified": result.num_verified,
                 "num_accepted": result.num_accepted, "num_proposed": result.num_proposed,
                 "running": result.num_running, "waiting": result.num_waiting, "decoding": len(result.requests),
                 "depth": depth, "budget": budget,
@@ -344,11 +345,11 @@ class ServeVLLMEnv(gym.Env[np.ndarray, np.ndarray]):
         last = {
             "step_seconds": result.seconds,
             "seconds_per_seq": result.seconds / decoding,
-            "tokens_per_seq": result.num_tokens / decoding,
-            "drafted_per_seq": result.num_drafted / decoding,
-            "accept_rate_step": result.num_accepted / result.num_drafted if result.num_drafted else 0.5,
+            "tokens_per_seq": result.num_emitted / decoding,
+            "drafted_per_seq": result.num_verified / decoding,
+            "accept_rate_step": result.num_accepted / result.num_verified if result.num_verified else 0.5,
             "proposed": float(result.num_proposed),
-            "tokens_per_second": result.num_tokens / max(result.seconds, 1e-9),
+            "tokens_per_second": result.num_emitted / max(result.seconds, 1e-9),
         }
         d = self.config.ema_decay
         for key in ("step_seconds", "seconds_per_seq", "tokens_per_second"):

@@ -104,7 +104,7 @@ class EngineEpisodes(SeededEpisodes, gym.Env[np.ndarray, Any]):
             "sample_seconds": rnd.sample_seconds,
             "depth": rnd.depth,
             "verify_size": 0 if rnd.verify_size is None else rnd.verify_size,
-            "num_drafted": rnd.num_drafted,
+            "num_proposed": rnd.num_proposed,
             "num_verified": rnd.num_verified,
             "verified_depth": rnd.verified_depth,
             "token_ids": list(rnd.tokens),
@@ -193,7 +193,7 @@ class SpecDecodeEnv(EngineEpisodes):
     ## Information
 
     ``num_emitted``, ``num_accepted``, ``seconds``, ``draft_seconds``, ``verify_seconds``,
-    ``sample_seconds``, ``depth``, ``verify_size`` (0 = all), ``num_drafted``, ``num_verified``,
+    ``sample_seconds``, ``depth``, ``verify_size`` (0 = all), ``num_proposed``, ``num_verified``,
     ``verified_depth``, ``token_ids``, ``token_stats`` (``draftrl.decoding.stats.TokenStats`` of
     the emitted tokens), ``exactness_passed`` (the running verdict of
     ``draftrl.decoding.monitor.ExactnessMonitor``; None with ``monitor=False``; a failed test

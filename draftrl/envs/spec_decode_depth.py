@@ -13,6 +13,7 @@ from typing import Any, SupportsFloat
 import numpy as np
 
 from draftrl.config.env import EnvConfig
+from draftrl.drafters.base import LevelDrafter
 from draftrl.envs.depth_control import DepthControl, SizePolicy
 from draftrl.envs.spec_decode import EngineEpisodes
 
@@ -90,8 +91,9 @@ class SpecDecodeDepthEnv(DepthControl, EngineEpisodes):
             raise ValueError(
                 f"verify_size={verify_size} must lie in 0..{self.engine.config.max_verify_size} (0 = all drafted nodes)."
             )
-        if self.config.max_depth > 0 and self.engine.drafter is None:
-            raise ValueError("SpecDecodeDepth-v1 needs a drafter; EnvConfig.drafter is 'none'.")
+        if self.config.max_depth > 0 and not isinstance(self.engine.drafter, LevelDrafter):
+            raise ValueError(f"SpecDecodeDepth-v1 grows drafts level by level; drafter {self.config.drafter!r} cannot "
+                             "(it is none, or has no LevelDrafter.begin); use ngram, layerskip:N or a draft model.")
         self._init_depth_control(verify_size, size_policy)
         self._reset_round()
 
@@ -132,7 +134,7 @@ class SpecDecodeDepthEnv(DepthControl, EngineEpisodes):
         return self._verify(0.0)
 
     def _verify(self, step_shaping: float) -> tuple[np.ndarray, SupportsFloat, bool, bool, dict[str, Any]]:
-        from draftrl.decoding.tree import DraftTree
+        from draftrl.drafters.tree import DraftTree
 
         engine = self.engine
         tree = self._builder.tree if self._builder is not None else DraftTree()

@@ -255,8 +255,8 @@ class TraceReplayEnv(SeededEpisodes, gym.Env[np.ndarray, np.ndarray]):
         dep = self._dep
         while n < hi and dep[n] <= levels:
             n += 1
-        num_drafted = n - lo
-        if verify_size == 0 or verify_size >= num_drafted:
+        num_proposed = n - lo
+        if verify_size == 0 or verify_size >= num_proposed:
             keep = range(lo, n)
         else:
             score = self._score
@@ -279,7 +279,7 @@ class TraceReplayEnv(SeededEpisodes, gym.Env[np.ndarray, np.ndarray]):
             if child is None:
                 break
             node, k = child, k + 1
-        return num_drafted, len(keep), verified_depth, k, last_drafted
+        return num_proposed, len(keep), verified_depth, k, last_drafted
 
     def oracle_action(self) -> np.ndarray:
         """The per-round hindsight best action (grid indices) for the coming round.
@@ -317,7 +317,7 @@ class TraceReplayEnv(SeededEpisodes, gym.Env[np.ndarray, np.ndarray]):
         (already paid by per-level shaping)."""
         t, cont = self._t, self._cont
         start = self._cu_pos[self._prompt]
-        num_drafted, num_verified, verified_depth, k, last_drafted = self._walk(levels, verify_size)
+        num_proposed, num_verified, verified_depth, k, last_drafted = self._walk(levels, verify_size)
         num_emitted = min(k + 1, self._length - t)
         num_accepted = min(k, num_emitted)
         tokens = cont[start + t : start + t + num_emitted]
@@ -354,7 +354,7 @@ class TraceReplayEnv(SeededEpisodes, gym.Env[np.ndarray, np.ndarray]):
             "sample_seconds": sample_seconds,
             "depth": depth,
             "verify_size": verify_size,
-            "num_drafted": num_drafted,
+            "num_proposed": num_proposed,
             "num_verified": num_verified,
             "verified_depth": verified_depth,
             "token_ids": tokens,

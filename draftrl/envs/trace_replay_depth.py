@@ -14,11 +14,11 @@ from typing import Any, SupportsFloat
 import numpy as np
 
 from draftrl.config.env import EnvConfig
-from draftrl.signals.costs import CostTable
 from draftrl.envs.depth_control import DepthControl, SizePolicy
-from draftrl.signals.features import tree_level_features
 from draftrl.envs.trace_replay import TraceReplayEnv
 from draftrl.envs.traces import Traces
+from draftrl.signals.costs import CostTable
+from draftrl.signals.features import tree_level_features
 
 
 class TraceReplayDepthEnv(DepthControl, TraceReplayEnv):
@@ -116,7 +116,7 @@ class TraceReplayDepthEnv(DepthControl, TraceReplayEnv):
 
     def _tree(self):
         """The recorded tree cut at the current level, as a ``DraftTree`` (for size policies)."""
-        from draftrl.decoding.tree import DraftTree
+        from draftrl.drafters.tree import DraftTree
 
         lo, hi = self._nodes()
         tree = DraftTree()

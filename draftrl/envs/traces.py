@@ -267,9 +267,9 @@ def collect(config: EnvConfig, engine, tokenizer, *, max_depth: int | None = Non
         what is collected (``collection.json``); one made for another config is refused.
     """
     from draftrl.config import to_dict
-    from draftrl.decoding.sampling import SamplingParams
-    from draftrl.signals.costs import hardware_info
     from draftrl.envs.workload import Workload
+    from draftrl.models.distribution import SamplingParams
+    from draftrl.signals.costs import hardware_info
 
     if config.temperature != 0 or engine.config.temperature != 0:
         raise ValueError(
@@ -316,11 +316,7 @@ def collect(config: EnvConfig, engine, tokenizer, *, max_depth: int | None = Non
             if drafter is not None:
                 signals = drafter.features(prefix)
                 row = np.array([signals.get(name, 0.0) for name in DRAFT_FEATURES], dtype=np.float64)
-                builder = drafter.begin(prefix, width, greedy, None)
-                for _ in range(levels):
-                    if not builder.step():
-                        break
-                tree = builder.tree
+                tree = drafter.propose(prefix, levels, width, greedy, None)
                 node_tokens += tree.tokens
                 node_parents += tree.parents
                 node_depths += tree.depths

@@ -78,7 +78,7 @@ def monitor_verdict(monitor) -> dict:
         "verdict_reason": rep["verdict_reason"],
         "num_tokens": rep["num_tokens"],
         "num_informative": rep["num_informative"],
-        "num_drafted": rep["num_drafted"],
+        "num_drafted_positions": rep["num_drafted_positions"],
         "tests": {name: {k: v for k, v in test.items() if k in ("passed", "checkpoints", "p_value", "threshold",
                                                                 "failed_at_tokens", "z", "log_e_value")}
                   for name, test in rep["tests"].items()},
@@ -119,7 +119,7 @@ class SampledStreamCheck:
     def observe(self, steps: list) -> None:
         """Feed one engine step's :class:`~draftrl.decoding.interface.RequestStep` list."""
         from draftrl.decoding.monitor import ExactnessViolation
-        from draftrl.decoding.vllm.logprobs import token_stats
+        from draftrl.decoding.vllm.logprobs import token_stats_from_logprobs
 
         if not self.checked:
             return
@@ -129,8 +129,8 @@ class SampledStreamCheck:
             if r.logprobs is None:
                 self.num_unchecked += len(r.token_ids)
                 continue
-            stats = token_stats(r.token_ids, r.logprobs, r.draft_ids, temperature=self.temperature,
-                                top_k=self.top_k, num_logprobs=self.num_logprobs)
+            stats = token_stats_from_logprobs(r.token_ids, r.logprobs, r.draft_ids, temperature=self.temperature,
+                                              top_k=self.top_k, num_logprobs=self.num_logprobs)
             try:
                 self.monitor.update(stats)
             except ExactnessViolation:
@@ -173,8 +173,8 @@ class PowerSetting:
     """A setting where drafts are often rejected, so a wrong correction shows quickly."""
 
     drafter: str = "self"
-    """"self": the target drafts for itself with its top-1 token (q one-hot, acceptance p(top));
-    otherwise a drafter spec (ngram, layerskip:N, a model)"""
+    """a drafter spec (``draftrl.drafters.registry``); "self": the target drafts for itself with its
+    top-1 token (q one-hot, acceptance p(top))"""
     temperature: float = 1.0
     top_k: int = 0
     depth: int = 1
@@ -186,13 +186,10 @@ class PowerSetting:
 
 def power_engine(target, setting: PowerSetting):
     """The engine of :func:`monitor_power` around ``target`` (a ``LoadedModel``)."""
-    from draftrl.decoding.drafters import ModelDrafter
     from draftrl.decoding.engine import EngineConfig, SpeculativeDecoder
-    from draftrl.decoding.factory import build_drafter
+    from draftrl.drafters.registry import build_drafter
 
-    device = str(next(target.model.parameters()).device)
-    drafter = (ModelDrafter(target.model, name="self") if setting.drafter == "self"
-               else build_drafter(setting.drafter, target, device=device))
+    drafter = build_drafter(setting.drafter, target, device=str(next(target.model.parameters()).device))
     config = EngineConfig(max_new_tokens=setting.max_new_tokens, temperature=setting.temperature, top_k=setting.top_k)
     return SpeculativeDecoder(target.model, drafter, config, eos_token_ids=target.eos_token_ids)
 
@@ -214,9 +211,9 @@ def monitor_power(target, tokens: int, setting: PowerSetting | None = None, *, s
     """
     from dataclasses import asdict
 
+    from draftrl.config.env import EnvConfig
     from draftrl.decoding.generate import fixed_schedule, generate
     from draftrl.decoding.monitor import TESTS, ExactnessMonitor, ExactnessViolation
-    from draftrl.config.env import EnvConfig
     from draftrl.envs.workload import Workload
 
     if until not in ("all", "first"):
@@ -254,7 +251,7 @@ def monitor_power(target, tokens: int, setting: PowerSetting | None = None, *, s
         out[sampler] = {
             "tokens": rep["num_tokens"],
             "informative": rep["num_informative"],
-            "drafted": rep["num_drafted"],
+            "drafted": rep["num_drafted_positions"],
             "seconds": decode_seconds,
             "monitor_seconds": monitor.seconds,
             "monitor_overhead": monitor.seconds / decode_seconds if decode_seconds > 0 else None,

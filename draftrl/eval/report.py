@@ -118,7 +118,8 @@ def exactness_lines(ex: dict) -> list[str]:
     else:
         for name, v in mon.items():
             lines.append(f"- Monitor on `{name}`: {'passed' if v['passed'] else 'FAILED'} "
-                         f"({v['num_tokens']} tokens, {v['num_informative']} informative, {v['num_drafted']} drafted).")
+                         f"({v['num_tokens']} tokens, {v['num_informative']} informative, "
+                         f"{v['num_drafted_positions']} at drafted positions).")
     ov = ex.get("monitor_overhead", {})
     if ov.get("fraction") is not None:
         lines.append(f"- Monitor overhead: {ov['fraction'] * 100:.3f}% of the run's time "

@@ -25,7 +25,7 @@ Metrics per (load, policy): ``tokens_per_second`` (tokens / engine seconds, idle
 thread's CPU time, vLLM only: with one thread other processes cannot skew it, so where the wall
 and CPU ratios differ the difference is load), ``time_to_first_token_mean/p50/p95`` (arrival to first token), ``itl_p50/p95/p99``
 (a step's time spread over the tokens a request gained in it), ``mean_tokens_per_step`` per
-decoding request, ``acceptance`` (accepted / drafted, draftrl's proposer), ``per_language`` and
+decoding request, ``acceptance`` (accepted / verified, draftrl's proposer), ``per_language`` and
 ``per_task`` (tokens / request latency). Exactness at temperature 0: every policy's tokens equal
 ``none``'s on every request (float32 by default: bf16 verification rounds differently). At
 temperature > 0: the streaming monitor's tests on each policy's tokens, pooled over all loads
@@ -225,7 +225,7 @@ def summarize(requests: list, steps: list[dict]) -> dict:
             gap = times[start] - times[start - 1]
             itl.extend([gap / (end - start)] * int(end - start))
     itl = np.asarray(itl)
-    drafted = sum(s["num_drafted"] for s in steps)
+    verified = sum(s["num_verified"] for s in steps)
     accepted = sum(s["num_accepted"] for s in steps)
     decoding = sum(s["decoding"] for s in steps)
     cpu = [s.get("cpu_seconds") for s in steps]
@@ -244,9 +244,9 @@ def summarize(requests: list, steps: list[dict]) -> dict:
         "tokens_per_cpu_second": tokens / cpu_seconds if cpu_seconds else None,
         "mean_tokens_per_step": tokens / decoding if decoding else 0.0,
         "mean_batch": decoding / len(steps) if steps else 0.0,
-        "num_drafted": int(drafted),
+        "num_verified": int(verified),
         "num_accepted": int(accepted),
-        "acceptance": accepted / drafted if drafted else None,
+        "acceptance": accepted / verified if verified else None,
         "time_to_first_token_mean": float(ttft.mean()) if ttft.size else None,
         "time_to_first_token_p50": pct(ttft, 50),
         "time_to_first_token_p95": pct(ttft, 95),
@@ -282,7 +282,7 @@ def run_episode(env, actor: _Actor, prompt_ids: list[str], seed: int = 0,
         if check is not None:
             check.observe(info["request_steps"])
         steps.append({"seconds": info["seconds"], "cpu_seconds": info.get("cpu_seconds"), "tokens": info["tokens"],
-                      "num_drafted": info["num_drafted"],
+                      "num_verified": info["num_verified"],
                       "num_accepted": info["num_accepted"], "depth": info["depth"], "budget": info["budget"],
                       "decoding": info["decoding"]})
         done = terminated or truncated

@@ -191,9 +191,9 @@ def _vllm_method(drafter: str | None, method: str | None) -> tuple[str, dict[str
         return method, {}
     kind, _, arg = (drafter or "ngram").partition(":")
     if kind == "ngram":
-        low, high = (arg.split(":") if arg else ("1", "3"))
+        low, high = (arg.split(":")[:2] if arg else ("1", "3"))  # ngram:MIN:MAX[:FIRST]
         return "ngram", {"prompt_lookup_min": int(low), "prompt_lookup_max": int(high)}
-    if kind in ("none", "layerskip"):
+    if kind in ("none", "layerskip", "self"):
         return "ngram", {"prompt_lookup_min": 1, "prompt_lookup_max": 3}
     return "draft_model", {"model": drafter}
 
@@ -238,7 +238,7 @@ def _sglang_algorithm(drafter: str | None, algorithm: str | None) -> str:
     if algorithm:
         return algorithm.upper()
     kind = (drafter or "ngram").partition(":")[0]
-    return {"ngram": "NGRAM", "none": "NGRAM", "layerskip": "NGRAM"}.get(kind, "STANDALONE")
+    return {"ngram": "NGRAM", "none": "NGRAM", "layerskip": "NGRAM", "self": "NGRAM"}.get(kind, "STANDALONE")
 
 
 def _sglang_draft_model(drafter: str | None, algorithm: str) -> str | None:
@@ -249,7 +249,7 @@ def _sglang_draft_model(drafter: str | None, algorithm: str) -> str | None:
     if algorithm == "NGRAM":
         return None
     kind = (drafter or "ngram").partition(":")[0]
-    if kind not in ("ngram", "none", "layerskip") and algorithm == "STANDALONE":
+    if kind not in ("ngram", "none", "layerskip", "self") and algorithm == "STANDALONE":
         return drafter
     return "<EAGLE draft model path>" if algorithm.startswith("EAGLE") else "<draft model path>"
 

@@ -142,23 +142,19 @@ def make_feature_builder(entry: dict[str, Any], names: list[str] | tuple[str, ..
 
 
 def ngram_drafter(spec: str) -> Any:
-    """draftrl's ``NgramDrafter`` from a drafter spec (``ngram`` or ``ngram:MIN:MAX``).
+    """draftrl's ``NgramDrafter`` from a drafter spec (``ngram[:MIN:MAX[:FIRST]]``, the registry's grammar).
 
     The adapters that run inside other engines (transformers, vLLM) draft with it, so their
     proposals and n-gram features are the ones the policy was trained on.
 
     :raises ValueError: for other drafters, whose features only draftrl's engine measures.
     """
-    from draftrl.decoding.drafters import NgramDrafter
+    from draftrl.drafters.registry import build_drafter
 
-    kind, _, arg = spec.partition(":")
-    if kind != "ngram":
+    if spec.partition(":")[0] != "ngram":
         raise ValueError(
             f"the policy was trained with drafter {spec!r}; outside draftrl's engine the adapters compute only n-gram "
             "draft features. Train on traces collected with drafter=ngram, or drive draftrl's engine "
             "(draftrl generate --policy), which measures every drafter's features."
         )
-    if not arg:
-        return NgramDrafter()
-    low, high = arg.split(":")
-    return NgramDrafter(min_ngram=int(low), max_ngram=int(high))
+    return build_drafter(spec)

@@ -40,9 +40,9 @@ from transformers.generation.candidate_generator import PromptLookupCandidateGen
 from transformers.generation.utils import GenerationMixin
 
 from draftrl.decoding.clock import device_clock
-from draftrl.decoding.sampling import SamplingParams
-from draftrl.signals.features import RoundSummary
 from draftrl.export.features import make_feature_builder, ngram_drafter
+from draftrl.models.distribution import SamplingParams
+from draftrl.signals.features import RoundSummary
 
 PROPOSERS = ("draftrl", "hf")
 

@@ -7,6 +7,8 @@
 - :func:`list_models` / :func:`fetch_model`: the known names and their cache
 - :func:`apply_kernels` / :func:`kernel_plan`: the few-token CPU layout chosen by a timed probe
   (cached per machine); :func:`apply_fast_linear` / :func:`remove_fast_linear` switch it by hand
+- :mod:`~draftrl.models.distribution` (logits -> the sampled distribution, the one draw) and
+  :mod:`~draftrl.models.kv` (KV-cache bookkeeping): what drafters and the engine both use
 """
 
 from draftrl.models.fast_linear import apply_fast_linear, has_fast_linear, remove_fast_linear

@@ -33,11 +33,11 @@ def test_hf_batch_engine_is_exact_and_keeps_the_budget(smollm2):
     engine = HFBatchEngine(smollm2, max_depth=6, max_num_seqs=2, eos_token_ids=tuple(smollm2.eos_token_ids))
     assert isinstance(engine, ServingEngine) and engine.action_lag == 0
     plain, plain_steps = run(engine, smollm2.tokenizer, StepAction(0))
-    assert all(s.num_drafted == 0 for s in plain_steps)
+    assert all(s.num_verified == 0 for s in plain_steps)
     assert all(len(r.token_ids) == 1 for s in plain_steps for r in s.requests)
     drafted, steps = run(engine, smollm2.tokenizer, StepAction(6, 3))
     assert drafted == plain
-    assert max(s.num_drafted for s in steps) == 3 and all(s.num_drafted <= 3 for s in steps)
+    assert max(s.num_verified for s in steps) == 3 and all(s.num_verified <= 3 for s in steps)
     assert sum(s.num_accepted for s in steps) > 0
     assert max(s.num_running for s in steps) <= 2
 
@@ -54,5 +54,5 @@ def test_serving_env_runs_on_the_hf_engine(smollm2):
     while not done:
         obs, reward, done, truncated, info = env.step(np.array([4, 3]))
         assert env.observation_space.contains(obs)
-        assert info["num_drafted"] <= 8
+        assert info["num_verified"] <= 8
     assert [len(r.token_ids) for r in info["requests"]] == [8, 8, 8] or all(r.finished for r in info["requests"])

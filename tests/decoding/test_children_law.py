@@ -7,7 +7,7 @@ variation (TV) from q (reference in extended precision):
 - ``multinomial``: PyTorch's CPU kernel for more than one sample with replacement (what
   ``ModelDrafter`` used for width >= 2 before issue 14): a float32 running sum divided by the
   float32 total, the last entry forced to 1, then the first entry >= a float64 uniform;
-- ``draftrl``: :func:`draftrl.decoding.sampling.sample` (float64 CDF, searchsorted).
+- ``draftrl``: :func:`draftrl.models.distribution.sample` (float64 CDF, searchsorted).
 
 Rows: the adversarial row (one head token, 49151 tail tokens 1.4 float32 steps below 1 each), and
 SmolLM2-135M's next-token distributions at temperature 1 at the last positions of chat prompts.
@@ -21,7 +21,7 @@ import pytest
 import torch
 from scipy.stats import norm
 
-from draftrl.decoding.sampling import SamplingParams, logits_to_probs, sample
+from draftrl.models.distribution import SamplingParams, logits_to_probs, sample
 from draftrl.envs.workload import encode
 from draftrl.prompts import load_prompts
 

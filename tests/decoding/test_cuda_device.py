@@ -14,9 +14,9 @@ import torch
 from test_engine_law import LENGTH, NOISE, PROMPT, TEMPERATURE, run_requests
 from tiny_lm import TinyLM, chisquare_law, draft_of, sequence_law
 
-from draftrl.decoding.drafters import ModelDrafter
 from draftrl.decoding.engine import EngineConfig, SpeculativeDecoder
-from draftrl.decoding.sampling import SamplingParams
+from draftrl.drafters.model import ModelDrafter
+from draftrl.models.distribution import SamplingParams
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 ALPHA = 1e-4

@@ -17,9 +17,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from draftrl.decoding.drafters import NgramDrafter
 from draftrl.decoding.engine import EngineConfig, SpeculativeDecoder
 from draftrl.decoding.generate import fixed_schedule, generate
+from draftrl.drafters.ngram import NgramDrafter
 from draftrl.prompts import load_prompts
 
 pytestmark = pytest.mark.slow
@@ -91,7 +91,7 @@ def test_the_tie_check_rejects_a_sampler_that_accepts_what_the_target_did_not_ch
 def _accept_all(model, ids: list[int], depth: int) -> list[int]:
     """Prompt lookup that keeps every drafted token (the bug a verifier must not have); a plain
     greedy step where nothing is drafted."""
-    from draftrl.decoding.sampling import SamplingParams
+    from draftrl.models.distribution import SamplingParams
 
     drafter = NgramDrafter()
     out: list[int] = []

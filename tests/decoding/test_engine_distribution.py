@@ -16,10 +16,10 @@ import torch
 from scipy import stats
 
 from draftrl.decoding.acceptance import accept_tree
-from draftrl.decoding.drafters import ModelDrafter
 from draftrl.decoding.engine import EngineConfig, SpeculativeDecoder
-from draftrl.decoding.sampling import SamplingParams, logits_to_probs
-from draftrl.decoding.tree import DraftTree
+from draftrl.drafters.model import ModelDrafter
+from draftrl.drafters.tree import DraftTree
+from draftrl.models.distribution import SamplingParams, logits_to_probs
 
 P_VALUE = 1e-4  # a correct sampler fails with this probability per test
 PROMPT = "Tell me a fun fact."  # a flat first-token distribution: drafts are often rejected
@@ -57,7 +57,7 @@ def expected_joint(tree: DraftTree, probs: torch.Tensor) -> dict[tuple[int, ...]
     return out
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # tests/decoding/conftest.py
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

@@ -9,9 +9,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from draftrl.decoding.drafters import LayerSkipDrafter, NgramDrafter
 from draftrl.decoding.engine import EngineConfig, SpeculativeDecoder
 from draftrl.decoding.generate import fixed_schedule, generate
+from draftrl.drafters.layerskip import LayerSkipDrafter
+from draftrl.drafters.ngram import NgramDrafter
 from draftrl.prompts import LANGUAGES, load_prompts
 
 NUM_TOKENS = 24
@@ -128,7 +129,7 @@ def test_tiny_lm_beyond_its_context_gets_the_engine_error():
     the engine's one-line error, not an IndexError from the model, and a request that fills it runs."""
     from tiny_lm import TinyLM, draft_of
 
-    from draftrl.decoding.drafters import ModelDrafter
+    from draftrl.drafters.model import ModelDrafter
 
     target = TinyLM(3, max_len=64)
     engine = SpeculativeDecoder(target, ModelDrafter(draft_of(target, 0.7, 1), sampled=True),

@@ -39,9 +39,9 @@ from tiny_lm import (
     worst_case_detectable_tv,
 )
 
-from draftrl.decoding.drafters import ModelDrafter
 from draftrl.decoding.engine import EngineConfig, SpeculativeDecoder
-from draftrl.decoding.sampling import SamplingParams
+from draftrl.drafters.model import ModelDrafter
+from draftrl.models.distribution import SamplingParams
 
 VOCAB = 3
 PROMPT = [0, 1, 2]
@@ -71,7 +71,7 @@ SHAPES = {
 FAST = ["chain", "deterministic-tree", "sampled-tree", "sampled-tree-fused"]
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # tests/decoding/conftest.py
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

@@ -43,6 +43,13 @@ def test_bad_drafter_spec_is_one_clear_line(capsys):
     assert "layerskip:N" in capsys.readouterr().err
 
 
+def test_unknown_drafter_is_one_line_listing_the_known_kinds(capsys, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # a typo is not looked up on the hub
+    assert main(["generate", "--prompt", "hi", "--drafter", "ngramm"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "'ngramm' is unknown" in err and "ngram[:MIN:MAX" in err and "layerskip:N" in err and "\n" not in err
+
+
 @pytest.fixture(scope="module")
 def multi_eos_model(tmp_path_factory):
     """A tiny random Llama whose config lists several EOS ids (as Llama 3.x configs do), SmolLM2's tokenizer."""

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from draftrl.decoding.drafters import ModelDrafter
 from draftrl.decoding.engine import EngineConfig, SpeculativeDecoder
-from draftrl.decoding.kv import cache_length
-from draftrl.decoding.tree import DraftTree
+from draftrl.drafters.model import ModelDrafter
+from draftrl.drafters.tree import DraftTree
+from draftrl.models.kv import cache_length
 
 
 def test_caches_equal_fresh_prefill_after_tree_rounds(smollm2):

@@ -8,15 +8,13 @@ import pytest
 import torch
 
 from draftrl.decoding import sampling
+from draftrl.models.distribution import SamplingParams, logits_to_probs, sample
 from draftrl.decoding.sampling import (
     ChainVerdict,
-    SamplingParams,
     agree_expected_deterministic,
     chain_agree_expected,
-    logits_to_probs,
-    sample,
-    token_stats,
-    token_stats_batch,
+    target_stats,
+    target_stats_batch,
     verify_chain,
     verify_chain_batch,
     verify_node_deterministic,
@@ -298,25 +296,25 @@ def test_verify_node_sampled_values():
     assert (index, token, agree) == (-1, 2, 0.0)  # reachable only through the final residual
 
 
-# --------------------------------------------------------------------------- token_stats
+# --------------------------------------------------------------------------- target_stats
 
 
-def test_token_stats_on_hand_built_distributions():
+def test_target_stats_on_hand_built_distributions():
     p = torch.tensor([0.1, 0.4, 0.1, 0.4])
     entropy = -(2 * 0.1 * math.log(0.1) + 2 * 0.4 * math.log(0.4))
-    assert token_stats(p, 1) == pytest.approx((0.4, 0.0, entropy))
-    assert token_stats(p, 3) == pytest.approx((0.4, 0.4, entropy))  # tie with token 1, which ranks first
-    assert token_stats(p, 0) == pytest.approx((0.1, 0.8, entropy))
-    assert token_stats(p, 2) == pytest.approx((0.1, 0.9, entropy))
-    assert token_stats(torch.tensor([0.0, 1.0, 0.0]), 1) == (1.0, 0.0, 0.0)
-    assert token_stats(torch.tensor([0.0, 1.0, 0.0]), 2) == (0.0, 1.0, 0.0)
+    assert target_stats(p, 1) == pytest.approx((0.4, 0.0, entropy))
+    assert target_stats(p, 3) == pytest.approx((0.4, 0.4, entropy))  # tie with token 1, which ranks first
+    assert target_stats(p, 0) == pytest.approx((0.1, 0.8, entropy))
+    assert target_stats(p, 2) == pytest.approx((0.1, 0.9, entropy))
+    assert target_stats(torch.tensor([0.0, 1.0, 0.0]), 1) == (1.0, 0.0, 0.0)
+    assert target_stats(torch.tensor([0.0, 1.0, 0.0]), 2) == (0.0, 1.0, 0.0)
     uniform = torch.full((8,), 1 / 8)
-    assert token_stats(uniform, 5) == pytest.approx((0.125, 5 * 0.125, math.log(8)))
+    assert target_stats(uniform, 5) == pytest.approx((0.125, 5 * 0.125, math.log(8)))
 
 
-def test_token_stats_batch_matches_the_scalar_version():
+def test_target_stats_batch_matches_the_scalar_version():
     p = torch.softmax(torch.randn(5, 30, generator=gen()), -1)
     tokens = torch.tensor([0, 7, 29, 3, 3])
-    batch = token_stats_batch(p, tokens)
+    batch = target_stats_batch(p, tokens)
     for i in range(5):
-        assert token_stats(p[i], int(tokens[i])) == pytest.approx(tuple(float(t[i]) for t in batch))
+        assert target_stats(p[i], int(tokens[i])) == pytest.approx(tuple(float(t[i]) for t in batch))

@@ -22,11 +22,9 @@ import torch
 from scipy.stats import norm
 
 from draftrl.decoding.selftest import VECTORS, check_frequencies, run_selftest
+from draftrl.models.distribution import SamplingParams, logits_to_probs, sample
 from draftrl.decoding.sampling import (
-    SamplingParams,
     agree_expected_deterministic,
-    logits_to_probs,
-    sample,
     verify_chain_batch,
     verify_node_deterministic_batch,
     verify_node_sampled,
@@ -43,7 +41,7 @@ MIN_EXPECTED_COUNT = 25
 CONTROL_MARGIN = 8.0
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # tests/decoding/conftest.py
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def bonferroni_z(num_cells: int, alpha: float = 1e-3) -> float:

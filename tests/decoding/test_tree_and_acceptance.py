@@ -5,9 +5,10 @@ from __future__ import annotations
 import torch
 
 from draftrl.decoding.acceptance import accept_tree
-from draftrl.decoding.kv import keep_tail
-from draftrl.decoding.sampling import SamplingParams, logits_to_probs, token_stats_batch
-from draftrl.decoding.tree import DraftTree
+from draftrl.decoding.sampling import target_stats_batch
+from draftrl.drafters.tree import DraftTree
+from draftrl.models.distribution import SamplingParams, logits_to_probs
+from draftrl.models.kv import keep_tail
 from transformers import DynamicCache
 
 VOCAB = 12
@@ -79,15 +80,15 @@ def test_greedy_fast_path_equals_the_general_walk_on_one_hot_p():
         assert fast.stats == slow.stats
 
 
-def test_token_stats_on_top_k_rows_match_the_full_computation():
-    from draftrl.decoding.sampling import token_stats
+def test_target_stats_on_top_k_rows_match_the_full_computation():
+    from draftrl.decoding.sampling import target_stats
 
     gen = torch.Generator().manual_seed(2)
     logits = torch.randn(VOCAB, generator=gen)
     p = logits_to_probs(logits, SamplingParams(temperature=0.8, top_k=4))
     for token in torch.nonzero(p).flatten().tolist():
-        full = torch.tensor([float(x[0]) for x in token_stats_batch(p.unsqueeze(0), torch.tensor([token]))])
-        assert torch.allclose(torch.tensor(token_stats(p, token), dtype=torch.float64), full.double(), atol=1e-12)
+        full = torch.tensor([float(x[0]) for x in target_stats_batch(p.unsqueeze(0), torch.tensor([token]))])
+        assert torch.allclose(torch.tensor(target_stats(p, token), dtype=torch.float64), full.double(), atol=1e-12)
 
 
 def test_keep_tail_packs_the_accepted_path_after_the_prefix():

@@ -15,12 +15,13 @@ import pytest
 import torch
 from tiny_lm import TinyLM, draft_of
 
-from draftrl.decoding import acceptance, drafters
+from draftrl.decoding import acceptance
 from draftrl.decoding.acceptance import accept_tree
-from draftrl.decoding.drafters import ModelDrafter
 from draftrl.decoding.engine import EngineConfig, SpeculativeDecoder
-from draftrl.decoding.sampling import SamplingParams, check_generator_device, generator_for, logits_to_probs
-from draftrl.decoding.tree import DraftTree
+from draftrl.drafters import model as drafter_model
+from draftrl.drafters.model import ModelDrafter
+from draftrl.drafters.tree import DraftTree
+from draftrl.models.distribution import SamplingParams, check_generator_device, generator_for, logits_to_probs
 
 PARAMS = SamplingParams(temperature=1.0)
 
@@ -74,7 +75,7 @@ def test_the_drafter_draws_children_on_the_generator_device(monkeypatch):
         seen.append((q.device, generator.device))
         return torch.zeros(num_samples, dtype=torch.long, device=q.device)
 
-    monkeypatch.setattr(drafters, "sample", fake_sample)
+    monkeypatch.setattr(drafter_model, "sample", fake_sample)
     drafter = ModelDrafter(TinyLM(5), sampled=True)
     _, _, q = drafter._children(torch.randn(5), 2, PARAMS, SimpleNamespace(device=torch.device("meta")))
     assert seen == [(torch.device("meta"), torch.device("meta"))]
@@ -84,7 +85,7 @@ def test_the_drafter_draws_children_on_the_generator_device(monkeypatch):
 def test_a_sampled_tree_round_keeps_every_tensor_on_one_device(monkeypatch):
     """Spy on a real round: the drafter's draws and each node's verification see one device."""
     calls = []
-    real_node, real_sample = acceptance.verify_node_sampled, drafters.sample
+    real_node, real_sample = acceptance.verify_node_sampled, drafter_model.sample
 
     def spy_node(p, children, q, generator, method="correct"):
         calls.append(("verify", p.device, children.device, q.device, generator.device))
@@ -95,7 +96,7 @@ def test_a_sampled_tree_round_keeps_every_tensor_on_one_device(monkeypatch):
         return real_sample(q, generator, num_samples)
 
     monkeypatch.setattr(acceptance, "verify_node_sampled", spy_node)
-    monkeypatch.setattr(drafters, "sample", spy_sample)
+    monkeypatch.setattr(drafter_model, "sample", spy_sample)
     target = TinyLM(5)
     engine = SpeculativeDecoder(target, ModelDrafter(draft_of(target, 0.3, 1), sampled=True),
                                 EngineConfig(max_new_tokens=8, temperature=1.0))

@@ -9,7 +9,7 @@ import torch
 
 from draftrl.decoding.monitor import ExactnessMonitor, ExactnessViolation
 from draftrl.decoding.vllm.guards import _expand_kernel_impl
-from draftrl.decoding.vllm.logprobs import TIE_MARGIN, logprobs_needed, token_stats
+from draftrl.decoding.vllm.logprobs import TIE_MARGIN, logprobs_needed, token_stats_from_logprobs
 
 VOCAB = 200
 
@@ -50,7 +50,7 @@ def _verdict(stream, temperature: float, top_k: int, n: int) -> dict:
     monitor = ExactnessMonitor()
     for x, entry, draft in stream:
         try:
-            monitor.update(token_stats([x], [entry], [draft], temperature=temperature, top_k=top_k, num_logprobs=n))
+            monitor.update(token_stats_from_logprobs([x], [entry], [draft], temperature=temperature, top_k=top_k, num_logprobs=n))
         except ExactnessViolation:
             pass
     return monitor.report()
@@ -71,13 +71,13 @@ def test_top_k_stats_equal_the_exact_distribution():
     p = _p(logits, 0.7, 5)
     order = np.argsort(-p, kind="stable")
     for rank, x in enumerate(order[:5]):
-        st = token_stats([int(x)], [_returned(raw, x, 9)], [int(order[0])], temperature=0.7, top_k=5, num_logprobs=9)
+        st = token_stats_from_logprobs([int(x)], [_returned(raw, x, 9)], [int(order[0])], temperature=0.7, top_k=5, num_logprobs=9)
         assert st.p_token[0] == pytest.approx(p[x], rel=1e-9)
         assert st.mass_before[0] == pytest.approx(p[order[:rank]].sum(), abs=1e-12)
         assert st.entropy[0] == pytest.approx(-(p[p > 0] * np.log(p[p > 0])).sum(), rel=1e-9)
         assert st.drafted[0] and st.agree[0] == float(rank == 0) and st.agree_expected[0] == pytest.approx(p[order[0]])
     outside = int(order[7])  # returned (within the margin) but cut by top-k: impossible
-    st = token_stats([outside], [_returned(raw, outside, 9)], [], temperature=0.7, top_k=5, num_logprobs=9)
+    st = token_stats_from_logprobs([outside], [_returned(raw, outside, 9)], [], temperature=0.7, top_k=5, num_logprobs=9)
     assert st.p_token[0] == 0.0
 
 
@@ -86,7 +86,7 @@ def test_temperature_one_lumps_the_tail_into_one_event():
     raw = np.log(_softmax(rng.standard_normal(VOCAB)))
     order = np.argsort(-raw, kind="stable")
     x = int(order[50])
-    st = token_stats([x], [_returned(raw, x, 20)], [x], temperature=1.0, top_k=0, num_logprobs=20)
+    st = token_stats_from_logprobs([x], [_returned(raw, x, 20)], [x], temperature=1.0, top_k=0, num_logprobs=20)
     top = np.exp(raw[order[:20]])
     assert st.p_token[0] == pytest.approx(1.0 - top.sum(), rel=1e-9)
     assert st.mass_before[0] == pytest.approx(top.sum(), rel=1e-9)

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
-from draftrl.decoding.sampling import SamplingParams, logits_to_probs
+from draftrl.models.distribution import SamplingParams, logits_to_probs
 
 
 class TinyLM(nn.Module):

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from draftrl.decoding.engine import EngineConfig, RoundResult
-from draftrl.decoding.sampling import SamplingParams
 from draftrl.decoding.stats import TokenStats
-from draftrl.decoding.drafters import TreeBuilder
-from draftrl.decoding.tree import DraftTree
+from draftrl.drafters.base import LevelDrafter, TreeBuilder
+from draftrl.drafters.tree import DraftTree
+from draftrl.models.distribution import SamplingParams
 
 from scripted_costs import PER_LEVEL, PER_NODE, PLAIN_STEP  # seconds the scripted engine charges
 
@@ -44,7 +44,7 @@ class ScriptedBuilder(TreeBuilder):
         return True
 
 
-class ScriptedDrafter:
+class ScriptedDrafter(LevelDrafter):
     def __init__(self, engine, max_levels: int):
         self.engine, self.max_levels = engine, max_levels
 
@@ -126,7 +126,7 @@ class ScriptedEngine:
                            agree_expected=(np.arange(emitted) < accepted).astype(float))
         return RoundResult(
             tokens=tokens, depth=depth if depth is not None else max(tree.depths, default=0), width=width,
-            verify_size=verify_size, num_drafted=len(tree), num_verified=n, num_accepted=min(accepted, emitted),
+            verify_size=verify_size, num_proposed=len(tree), num_verified=n, num_accepted=min(accepted, emitted),
             verified_depth=max(selected.depths, default=0), draft_seconds=draft_seconds, verify_seconds=verify,
             sample_seconds=0.0, finished=self.finished, stop_reason="length" if self.finished else None,
             token_stats=stats, draft_features=tree.features,

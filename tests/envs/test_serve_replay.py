@@ -101,15 +101,15 @@ def test_hindsight_drafts_only_what_is_accepted_and_no_less(recordings, concurre
     results = {}
     for rule in ("match", "hindsight"):
         infos = rollout(make(recordings, rule=rule, concurrency=concurrency, cost_noise=False), fixed(6, 7))
-        results[rule] = ([i["tokens"] for i in infos], sum(i["num_drafted"] for i in infos),
+        results[rule] = ([i["tokens"] for i in infos], sum(i["num_verified"] for i in infos),
                          sum(i["num_accepted"] for i in infos), sum(i["seconds"] for i in infos),
                          [r for i in infos for r in i["request_steps"]])
     match, hind = results["match"], results["hindsight"]
     assert hind[0] == match[0]  # the same tokens in every step
     assert hind[2] == match[2] and hind[1] < match[1]  # as many accepted, fewer verified
     # every draft accepted, except past a request's limit in its last step (verified, not emitted)
-    assert all(r.num_accepted == r.num_drafted for r in hind[4] if not r.finished)
-    assert any(r.num_accepted < r.num_drafted for r in match[4] if not r.finished)
+    assert all(r.num_accepted == r.num_verified for r in hind[4] if not r.finished)
+    assert any(r.num_accepted < r.num_verified for r in match[4] if not r.finished)
     assert hind[3] < match[3]
 
 
@@ -134,7 +134,7 @@ def test_budget_zero_reproduces_the_no_speculation_schedule(recordings, concurre
         infos = rollout(env, fixed(depth, 0))
         assert [i["tokens"] for i in infos] == [i["tokens"] for i in plain]
         assert [i["seconds"] for i in infos] == [i["seconds"] for i in plain]  # the same seed: the same noise
-        assert all(i["num_drafted"] == 0 and i["num_proposed"] == 0 for i in infos)
+        assert all(i["num_verified"] == 0 and i["num_proposed"] == 0 for i in infos)
     drafting = rollout(env, fixed(6, 7))
     assert len(drafting) < len(plain)  # and speculation does shorten it on these requests
 
@@ -158,11 +158,11 @@ def test_admission_equals_the_vllm_proposers_on_the_same_steps(recordings):
             result = engine.step(action)
             sampled = []
             for r in result.requests:
-                assert r.num_drafted == expected.pop(r.request_id, 0)
+                assert r.num_verified == expected.pop(r.request_id, 0)
                 index, n = int(r.request_id[1:]), len(outputs[r.request_id])
                 rec = recordings.requests[index].token_ids
                 if r.finished and n:  # vLLM's proposer sees every token the last step verified, past the limit
-                    sampled.append(rec[n: n + min(min(engine.proposals.accepted[index][n], r.num_drafted) + 1,
+                    sampled.append(rec[n: n + min(min(engine.proposals.accepted[index][n], r.num_verified) + 1,
                                                   len(rec) - n)])
                 else:
                     sampled.append(r.token_ids)

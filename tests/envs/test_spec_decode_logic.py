@@ -37,7 +37,7 @@ EXPECTED_NAMES = (
 )
 INFO_KEYS = {
     "num_emitted", "num_accepted", "seconds", "draft_seconds", "verify_seconds", "sample_seconds", "depth", "verify_size",
-    "num_drafted", "num_verified", "verified_depth", "token_ids", "token_stats", "exactness_passed",
+    "num_proposed", "num_verified", "verified_depth", "token_ids", "token_stats", "exactness_passed",
     "stop_reason", "prompt_id",
 }
 

@@ -29,7 +29,7 @@ from draftrl.envs.spec_decode_depth import SpecDecodeDepthEnv
 from draftrl.envs.traces import Traces, collect
 
 WORKLOAD = dict(languages=("en",), tasks=("code_edit",), limit_per_group=2, max_new_tokens=20, depths=(0, 1, 2, 4))
-ROUND_KEYS = ("token_ids", "num_emitted", "num_accepted", "num_drafted", "num_verified", "verified_depth", "stop_reason",
+ROUND_KEYS = ("token_ids", "num_emitted", "num_accepted", "num_proposed", "num_verified", "verified_depth", "stop_reason",
               "token_stats", "depth", "verify_size")
 
 

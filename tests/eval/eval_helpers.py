@@ -61,7 +61,7 @@ def fake_results() -> tuple[dict, dict]:
         "exactness": {
             "passed": True, "temperature": 1.0, "sampler": "correct",
             "greedy_identity": {"checked": False, "why": "temperature > 0"}, "hf_reference": {"checked": 0},
-            "monitor": {name: {"passed": True, "num_tokens": 640, "num_informative": 600, "num_drafted": 300,
+            "monitor": {name: {"passed": True, "num_tokens": 640, "num_informative": 600, "num_drafted_positions": 300,
                                "tests": {}, "pit_histogram": rng.multinomial(600, [0.05] * 20).tolist(), "failures": []}
                         for name in ("ar", "heuristic", "ppo")},
             "monitor_overhead": {"fraction": 0.004, "seconds": 0.01, "run_seconds": 2.5, "target": 0.03, "note": ""},

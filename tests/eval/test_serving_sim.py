@@ -26,12 +26,12 @@ def test_policies_in_the_simulator_under_load(tmp_path):
     for section, key in (("concurrency", "1"), ("concurrency", "4"), ("rates", "3")):
         table = results[section][key]["policies"]
         assert set(table) == {"none", "fixed:1", "fixed:4:4", "heuristic", "dsd"}
-        assert table["none"]["speedup_vs_none"] == 1.0 and table["none"]["num_drafted"] == 0
-        assert table["fixed:1"]["num_drafted"] > 0
+        assert table["none"]["speedup_vs_none"] == 1.0 and table["none"]["num_verified"] == 0
+        assert table["fixed:1"]["num_verified"] > 0
         assert table["fixed:1"]["tokens_per_cpu_second"] is None  # the simulator has no CPU clock
         assert all(t["num_tokens"] == table["none"]["num_tokens"] for t in table.values())
     four = results["concurrency"]["4"]["policies"]
-    assert four["fixed:4:4"]["num_drafted"] <= 4 * four["fixed:4:4"]["num_steps"]  # the budget binds
+    assert four["fixed:4:4"]["num_verified"] <= 4 * four["fixed:4:4"]["num_steps"]  # the budget binds
     assert results["concurrency"]["4"]["policies"]["none"]["mean_batch"] > \
         results["concurrency"]["1"]["policies"]["none"]["mean_batch"] == pytest.approx(1.0)
     assert results["repeats"] == 2

@@ -11,9 +11,9 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import DynamicCache
 
-from draftrl.decoding.kv import cache_argument
 from draftrl.models import apply_fast_linear, has_fast_linear, remove_fast_linear
 from draftrl.models import fast_linear as fl
+from draftrl.models.kv import cache_argument
 
 #: Max |fast - plain| over logits of magnitude ~10-30; float32 summation-order noise is ~1e-5.
 LOGIT_ATOL = 5e-4

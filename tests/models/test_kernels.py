@@ -10,10 +10,10 @@ import pytest
 import torch
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
-from draftrl.decoding.kv import cache_argument
 from draftrl.models import kernels as kmod
 from draftrl.models.fast_linear import MAX_ROWS, fast_rows, has_fast_linear
 from draftrl.models.kernels import PROBE_ROWS, apply_kernels, choose_fast_rows, kernel_plan, plan_key, plan_path
+from draftrl.models.kv import cache_argument
 
 #: Max |layout - stock| over SmolLM2 logits (|logit| <= ~30); float32 summation-order noise is ~1e-5.
 LOGIT_ATOL = 5e-4

@@ -84,10 +84,10 @@ def test_budget_and_depth_never_exceeded_as_vllm_executes_them(drafting, mixed_p
         assert record.admitted.sum() <= 3 and record.admitted.max(initial=0) <= 6
     # vLLM's side: a request never gains more than (drafts proposed for it one step earlier) + 1
     for before, after in zip(steps, steps[1:]):
-        proposed = {r.request_id: r.num_drafted for r in after.requests}
+        proposed = {r.request_id: r.num_verified for r in after.requests}
         assert sum(proposed.values()) <= 3
         for r in after.requests:
-            assert len(r.token_ids) <= r.num_drafted + 1
+            assert len(r.token_ids) <= r.num_verified + 1
     assert sum(s.num_accepted for s in steps) > 0
 
 

@@ -43,8 +43,8 @@ def test_monitor_passes_the_proposer_and_rejects_a_flatter_sampler(mixed_prompts
     steps = _sampled_steps(mixed_prompts, runs)
     exact = _verdict(steps, ("a/", "b/"))
     assert exact["verdict"] == "passed", exact
-    assert exact["num_informative"] >= 200 and exact["num_drafted"] > 0  # the proposer speculated
-    print(f"exact: {exact['num_informative']} informative tokens, {exact['num_drafted']} drafted")
+    assert exact["num_informative"] >= 200 and exact["num_drafted_positions"] > 0  # the proposer speculated
+    print(f"exact: {exact['num_informative']} informative tokens, {exact['num_drafted_positions']} drafted")
     # negative control, the same engine, batch and logprobs: tokens sampled at temperature 1.5 read as
     # drawn at temperature 1 (a sampler that misses part of the temperature); 0.5 read as 1 needs more tokens
     wrong = _verdict(steps, ("flat/",))

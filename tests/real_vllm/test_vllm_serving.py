@@ -24,7 +24,7 @@ def test_serve_env_steps_one_engine_step_and_keeps_the_budget():
     while not done:
         obs, reward, terminated, truncated, info = env.step(np.array([u.depths.index(4), budget_index]))
         assert env.observation_space.contains(obs) and np.isfinite(reward)
-        assert info["num_proposed"] <= 2 and info["num_drafted"] <= 2 and info["running"] <= 2
+        assert info["num_proposed"] <= 2 and info["num_verified"] <= 2 and info["running"] <= 2
         infos.append(info)
         done, steps = terminated or truncated, steps + 1
     requests = info["requests"]
@@ -115,7 +115,7 @@ def test_calibrate_fill_rule_verifies_exactly_the_depth():
     try:
         for i in range(2):
             engine.add_request(f"fill{i}", list(range(500, 520)), 20)
-        drafted = [engine.step(StepAction(3)).num_drafted for _ in range(3)]
+        drafted = [engine.step(StepAction(3)).num_verified for _ in range(3)]
         assert drafted == [0, 6, 6]  # prefill, then 2 sequences x 3 drafts every step
     finally:
         engine.abort_all()

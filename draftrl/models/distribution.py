@@ -1,0 +1,194 @@
+"""The distribution a model's logits define, and the one draw from it: pure tensor functions.
+
+``logits_to_probs`` turns logits into exactly the distribution that is sampled (temperature,
+top-k, top-p), for the target and the draft alike; ``sample`` draws from it in float64. Drafters
+draw their children with it and verification (:mod:`draftrl.decoding.sampling`) checks them
+against the same rows, so both live below both (``models``, which drafters and decoding import).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+# top-p fast path: the candidate set must hold this much more than top_p before we trust it
+# (it guards against summation-order rounding; rows that miss it fall back to a wider search).
+_TOP_P_MARGIN = 1e-9
+_TOP_P_FIRST_CANDIDATES = 64
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How a model's logits become the distribution that is sampled (target and draft alike)."""
+
+    temperature: float = 0.0
+    """Softmax temperature; 0 means greedy (one-hot at the argmax, lowest id among ties)."""
+    top_k: int = 0
+    """Keep the top_k most likely tokens (ties broken by ascending id); 0 turns top-k off."""
+    top_p: float = 1.0
+    """Keep the smallest set of most likely tokens with mass >= top_p (after top-k); 1 = off."""
+
+    def __post_init__(self) -> None:
+        t = self.temperature
+        if isinstance(t, bool) or not isinstance(t, numbers.Real) or not math.isfinite(t) or t < 0:
+            raise ValueError(f"temperature={t!r} must be a finite number >= 0; use 0 for greedy, e.g. 0.7 to sample.")
+        k = self.top_k
+        if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 0:
+            raise ValueError(f"top_k={k!r} must be an integer >= 0; use 0 to turn top-k off.")
+        tp = self.top_p
+        if isinstance(tp, bool) or not isinstance(tp, numbers.Real) or not 0 < tp <= 1:
+            raise ValueError(f"top_p={tp!r} must be in (0, 1]; use 1.0 to turn top-p off.")
+
+    @property
+    def greedy(self) -> bool:
+        """True when temperature is 0: sampling is the argmax."""
+        return self.temperature == 0
+
+
+# --------------------------------------------------------------------------- logits -> probs
+
+
+def logits_to_probs(logits: Tensor, params: SamplingParams) -> Tensor:
+    """Turn logits into exactly the distribution that is sampled; use it for target and draft.
+
+    Order: temperature, then top-k (ties by ascending id), then top-p on the renormalised top-k
+    distribution (keep the shortest prefix, in order of decreasing probability with ties by
+    ascending id, whose mass is >= top_p), then renormalise. Greedy gives a one-hot row at the
+    argmax, the lowest id among ties. Logits of -inf mask a token.
+
+    :param logits: [..., V] logits of one model, any float dtype.
+    :param params: temperature, top-k and top-p.
+    :return: [..., V] float32 probabilities.
+    """
+    if not logits.is_floating_point():
+        raise TypeError(f"logits must be a float tensor, got dtype {logits.dtype}; pass the model's raw logits.")
+    if logits.dim() == 0 or logits.shape[-1] == 0:
+        raise ValueError(f"logits of shape {tuple(logits.shape)} have no vocabulary axis; pass [..., V] with V >= 1.")
+    top = logits.amax(dim=-1, keepdim=True)  # NaN if any NaN, +inf if any +inf, -inf if all -inf
+    if not bool(torch.isfinite(top).all()):
+        raise ValueError(_invalid_logits_message(logits))
+    if params.greedy:
+        out = torch.zeros(logits.shape, dtype=torch.float32, device=logits.device)
+        return out.scatter_(-1, logits.argmax(dim=-1, keepdim=True), 1.0)  # argmax: first maximal index
+    vocab = logits.shape[-1]
+    x = logits
+    if 0 < params.top_k < vocab:
+        x = x.masked_fill(~_top_k_mask(x, int(params.top_k)), -math.inf)
+    probs = torch.softmax((x.double() - top.double()) / float(params.temperature), dim=-1)
+    if params.top_p < 1:
+        probs = _top_p_filter(probs, float(params.top_p))
+    return probs.float()
+
+
+def _invalid_logits_message(logits: Tensor) -> str:
+    if bool(torch.isnan(logits).any()):
+        what = "contain NaN"
+    elif bool(torch.isposinf(logits).any()):
+        what = "contain +inf"
+    else:
+        what = "are -inf everywhere in some row (every token masked)"
+    return f"logits of shape {tuple(logits.shape)} {what}; check the model output and the masks applied to it."
+
+
+def _top_k_mask(x: Tensor, k: int) -> Tensor:
+    """[..., V] bool: the k largest entries of each row, ties at the boundary by ascending id (O(V))."""
+    kth = torch.topk(x, k, dim=-1).values[..., -1:]
+    above = x > kth
+    tied = x == kth
+    room = k - above.sum(dim=-1, keepdim=True)
+    return above | (tied & (tied.cumsum(dim=-1) <= room))
+
+
+def _top_p_filter(probs: Tensor, top_p: float) -> Tensor:
+    """Keep the smallest prefix (decreasing prob, ties by ascending id) with mass >= top_p; renormalise.
+
+    Avoids a full sort of V: a top-m candidate set is enough once the tokens strictly above its
+    smallest value already carry top_p (then the kept prefix lies inside them, in the same order
+    and with the same prefix sums as a full sort would give). m grows 8x until that holds.
+    """
+    shape = probs.shape
+    vocab = shape[-1]
+    flat = probs.reshape(-1, vocab)
+    m = min(vocab, _TOP_P_FIRST_CANDIDATES)
+    while True:
+        vals, ids = torch.topk(flat, m, dim=-1)  # [N, m], values descending
+        if m == vocab:
+            break
+        above = torch.where(flat > vals[:, -1:], flat, 0.0).sum(dim=-1)
+        if bool((above >= top_p + _TOP_P_MARGIN).all()):
+            break
+        m = min(vocab, m * 8)
+    # order the candidates by (probability descending, id ascending): ids first, then a stable sort
+    ids, perm = torch.sort(ids, dim=-1)
+    vals, perm = torch.sort(vals.gather(-1, perm), dim=-1, descending=True, stable=True)
+    ids = ids.gather(-1, perm)
+    mass_before = torch.cumsum(vals, dim=-1)
+    mass_before = torch.cat([torch.zeros_like(mass_before[:, :1]), mass_before[:, :-1]], dim=-1)
+    kept = torch.where(mass_before < top_p, vals, 0.0)
+    out = torch.zeros_like(flat).scatter_(-1, ids, kept)
+    return (out / out.sum(dim=-1, keepdim=True)).reshape(shape)
+
+
+# --------------------------------------------------------------------------- sampling
+
+
+def sample(probs: Tensor, generator: torch.Generator | None = None, num_samples: int | None = None) -> Tensor:
+    """Draw token ids with probability proportional to each row (inverse CDF in float64).
+
+    The one sampling routine of draftrl: draft children, recovered and bonus tokens all come from
+    it, so every draw follows exactly the float64-normalised row that verification assumes.
+    (``torch.multinomial`` with several samples accumulates its CDF in float32 on CPU: near the
+    end of a 49152-token row, tokens below ~3e-8 are never drawn and the rest move to float32 steps.)
+    Zero-probability tokens are never drawn. Draws one uniform per sample.
+
+    :param probs: [..., V] non-negative weights, e.g. from :func:`logits_to_probs`.
+    :param generator: torch generator on ``probs.device``; None uses the global one.
+    :param num_samples: draw this many i.i.d. ids per row; None draws one.
+    :return: [...] long token ids, or [..., num_samples] when ``num_samples`` is given.
+    """
+    if probs.dim() == 0 or probs.shape[-1] == 0:
+        raise ValueError(f"probs of shape {tuple(probs.shape)} have no vocabulary axis; pass [..., V] with V >= 1.")
+    if num_samples is not None and (isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1):
+        raise ValueError(f"num_samples={num_samples!r} must be an integer >= 1, or None for one draw per row.")
+    flat = probs.reshape(-1, probs.shape[-1])
+    if bool((flat < 0).any()):
+        raise ValueError("probs contain negative entries; pass probabilities from logits_to_probs, not logits.")
+    tokens = sample_rows(flat.double(), generator, 1 if num_samples is None else num_samples)
+    return tokens.reshape(probs.shape[:-1] if num_samples is None else (*probs.shape[:-1], num_samples))
+
+
+def sample_rows(weights: Tensor, generator: torch.Generator | None, num_samples: int = 1) -> Tensor:
+    """[N, V] float64 non-negative weights -> [N] long (one uniform per row), or [N, num_samples]
+    i.i.d. draws per row when ``num_samples`` > 1 (row-major uniforms)."""
+    cdf = weights.cumsum(dim=-1)
+    total = cdf[:, -1:]
+    if not bool(((total > 0) & torch.isfinite(total)).all()):
+        raise ValueError("a probability row sums to zero or is not finite; every row needs positive finite mass.")
+    u = torch.rand((total.shape[0], num_samples), dtype=torch.float64, device=weights.device, generator=generator)
+    # u * total < total, also after rounding; then the first cdf entry above it has positive weight
+    point = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
+    tokens = torch.searchsorted(cdf, point, right=True)
+    return tokens.squeeze(-1) if num_samples == 1 else tokens
+
+
+def generator_for(device: torch.device | str, seed: int) -> torch.Generator:
+    """A seeded generator on ``device``: the engine's one generator, on the device that holds its
+    rounds' tensors, so that drafting and verification draw from one stream on one device (torch
+    refuses a CPU generator for CUDA tensors, and a CUDA stream differs from the CPU one)."""
+    return torch.Generator(device=device).manual_seed(int(seed))
+
+
+def check_generator_device(generator: torch.Generator | None, device: torch.device) -> None:
+    """Refuse a generator on another device than the tensors it would draw for, naming the fix."""
+    if generator is None:
+        return
+    have, want = torch.device(generator.device), torch.device(device)
+    if have.type != want.type or (have.index is not None and want.index is not None and have.index != want.index):
+        raise ValueError(
+            f"the generator is on {generator.device} but the tensors are on {device}; make it with "
+            f"draftrl.models.distribution.generator_for({str(device)!r}, seed)."
+        )
