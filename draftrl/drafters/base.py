@@ -11,7 +11,7 @@ Everything else is optional, with a default that is right for a stateless drafte
   observation reads are ``signals.features.DRAFT_FEATURES``; others are ignored);
 - ``reset`` / ``commit`` / ``rewind``: a stateful drafter (its own KV cache) follows the history;
 - :class:`LevelDrafter`, the extension for level-by-level growth: ``begin`` returns a
-  :class:`TreeBuilder` that adds one level per ``step``, so a depth policy (``SpecDecodeDepth-v0``)
+  :class:`TreeBuilder` that adds one level per ``step``, so a depth policy (``SpecDecodeDepth-v1``)
   can stop drafting after any level; ``propose`` is then written once, on top of it.
 """
 
