@@ -2,7 +2,7 @@
 
     draftrl demo                 # about 10 minutes on 2 quiet CPU cores
     draftrl demo --quick         # a few minutes
-    draftrl demo --config configs/demo_cpu.yaml --out runs/demo --force
+    draftrl demo --config configs/demo_cpu.yaml --out runs/demo --overwrite
 
 Prints a comparison table (plain decoding, best fixed, heuristic, threshold, bandit, PPO, the
 oracle bound) with speedups over plain decoding measured in the same run, the exactness
@@ -41,8 +41,7 @@ def add_parser(subparsers) -> None:
                    help="hf: draftrl's exact engine, one request at a time (default); vllm: learning under load in "
                         "real vLLM (--config/--set keys are ServeDemoConfig fields, draftrl/eval/serve_demo.py)")
     _options.add_out(p, "output directory (default: runs/demo; --engine vllm: runs/serve_demo)", required=False,
-                     overwrite="replace an earlier demo's outputs in --out (also --force)")
-    p.add_argument("--force", dest="overwrite", action="store_true", help=argparse.SUPPRESS)
+                     overwrite="replace an earlier demo's outputs in --out")
     p.set_defaults(func=run)
 
 
@@ -82,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
     started, done = _step_printer(console, STEPS)
     try:
         with progress_bar("decoding") as update:
-            summary = run_demo(cfg, args.out, force=args.overwrite, step_started=started, step_done=done,
+            summary = run_demo(cfg, args.out, overwrite=args.overwrite, step_started=started, step_done=done,
                                progress=update)
     except (ExactnessViolation, GreedyMismatch) as err:
         code = exactness_failure("demo", err)

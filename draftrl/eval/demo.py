@@ -31,7 +31,7 @@ from draftrl.config.commands import CalibrateSettings
 from draftrl.eval.config import EvalConfig, EvalSettings, GridSettings
 
 STEPS: tuple[str, ...] = ("model", "calibrate", "collect", "train", "grid", "eval")
-#: Subdirectories and files the demo writes (``--force`` removes only these).
+#: Subdirectories and files the demo writes (``--overwrite`` removes only these).
 OUTPUTS: tuple[str, ...] = ("cost_table.json", "traces", "grid", "eval", "logs", "demo_summary.json")
 
 
@@ -153,13 +153,13 @@ def _train(config: DemoConfig, out: Path, trace_dir: Path) -> dict[str, Path]:
     return dirs
 
 
-def run_demo(config: DemoConfig, out: str | Path, *, force: bool = False,
+def run_demo(config: DemoConfig, out: str | Path, *, overwrite: bool = False,
              step_started: Callable[[int, str], None] | None = None,
              step_done: Callable[[int, str, float, str], None] | None = None,
              progress: Callable[[int, int, str], None] | None = None) -> dict:
     """Run :data:`STEPS` into ``out``; returns the summary (also ``out/demo_summary.json``).
 
-    :param force: remove the demo's own outputs (:data:`OUTPUTS` and the recipes' run
+    :param overwrite: remove the demo's own outputs (:data:`OUTPUTS` and the recipes' run
         directories) in ``out`` first; without it an existing demo in ``out`` is an error.
     :param step_started: ``(index, step)`` before each step; ``step_done(index, step, seconds, note)`` after.
     :param progress: ``(done, total, label)`` inside the grid and eval steps.
@@ -175,7 +175,7 @@ def run_demo(config: DemoConfig, out: str | Path, *, force: bool = False,
     out = Path(out)
     owned = [out / name for name in (*OUTPUTS, *config.train.recipes)]
     present = [p for p in owned if p.exists()]
-    if present and not force:
+    if present and not overwrite:
         raise ValueError(f"{out} already holds a demo ({', '.join(p.name for p in present)}); pass --overwrite to replace "
                          f"it or --out NEW_DIR.")
     for p in present:
