@@ -26,7 +26,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "models": set(),
     "decoding": {"models"},
     "envs": {"signals", "models", "decoding"},
-    "policies": {"signals", "envs"},
+    "policies": {"signals", "decoding", "envs"},
     "export": {"signals", "models", "decoding", "policies"},
     "train": {"signals", "models", "decoding", "envs", "policies"},
     "eval": {"signals", "models", "decoding", "envs", "policies", "train"},

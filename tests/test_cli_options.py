@@ -128,8 +128,8 @@ def test_command_specific_flags_are_their_keys():
                   "--no-monitor", "--draft-sampling", "--sampler", "resample-from-p")
     assert (cfg.env.temperature, cfg.env.max_new_tokens, cfg.env.width, cfg.verify_size) == (0.7, 9, 2, 3)
     assert (cfg.env.monitor, cfg.env.draft_sampling, cfg.sampler) == (False, True, "resample-from-p")
-    cfg = _config("eval", "--policies", "ar,heuristic", "--no-monitor", "--power-tokens", "5", "--ignore-eos")
-    assert (cfg.eval.policies, cfg.eval.monitor, cfg.eval.power_tokens) == (("ar", "heuristic"), False, 5)
+    cfg = _config("eval", "--policies", "none,heuristic", "--no-monitor", "--power-tokens", "5", "--ignore-eos")
+    assert (cfg.eval.policies, cfg.eval.monitor, cfg.eval.power_tokens) == (("none", "heuristic"), False, 5)
     assert cfg.env.ignore_eos and _config("generate", "--ignore-eos").env.ignore_eos
     cfg = _config("calibrate", "--num-tokens", "4,1,2", "--repeats", "2", "--temperature", "1.0")
     assert (cfg.calibrate.num_tokens, cfg.calibrate.repeats, cfg.env.temperature) == ((1, 2, 4), 2, 1.0)

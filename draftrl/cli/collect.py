@@ -33,7 +33,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--cost-table", default=None, help="cost table from draftrl calibrate, copied next to the traces")
     p.add_argument("--engine", choices=["hf", "vllm"], default="hf",
                    help="vllm: record each request's greedy continuation in vLLM (float32, no speculation) for "
-                        "draftrl/ServeReplay-v0; --config/--set then take ServeConfig fields (default split tune)")
+                        "draftrl/ServeReplay-v0; the env section is then a ServeConfig (the same workload keys, e.g. "
+                        "--set env.split=heldout)")
     _options.add_json(p)
     p.set_defaults(func=run)
 
@@ -65,10 +66,10 @@ def check_out(out: Path, overwrite: bool) -> None:
 def run_vllm(args: argparse.Namespace) -> int:
     """Recordings for ``draftrl/ServeReplay-v0`` (``draftrl.envs.serve_sim.record_workload``)."""
     from draftrl.envs.serve_sim import RECORDINGS_FILE, record_workload
-    from draftrl.eval.serving import serve_config
+    from draftrl.config.serve import load_serve_config
     from draftrl.io import prepare_out
 
-    config = serve_config(args.config, args.overrides, threads=args.threads, split="tune", shuffle=True, seed=None)
+    config = load_serve_config(args.config, _options.overrides(args), split="tune")
     prepare_out(args.out, (RECORDINGS_FILE,), overwrite=args.overwrite, command="collect")  # before vLLM loads
     recordings = record_workload(config, progress=lambda msg: print(f"[collect] {msg}", file=sys.stderr, flush=True))
     path = recordings.save(args.out)

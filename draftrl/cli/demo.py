@@ -29,7 +29,7 @@ from draftrl.cli._output import exactness_failure, progress_bar
 from draftrl.cli.grid import add_eval_options
 
 #: Display names of the demo's table.
-LABELS = {"ar": "plain decoding", "best-grid": "best fixed (grid)", "heuristic": "HF heuristic",
+LABELS = {"none": "plain decoding", "best-grid": "best fixed (grid)", "heuristic": "HF heuristic",
           "threshold": "confidence threshold", "bandit": "UCB bandit", "oracle": "oracle (upper bound)"}
 
 

@@ -79,17 +79,17 @@ class ServeReplayEnv(ServeVLLMEnv):
         if render_mode is not None:
             raise ValueError(f"render_mode={render_mode!r} is not supported; the serving env does not render.")
         if config.temperature != 0:
-            raise ValueError(f"ServeConfig.temperature={config.temperature}: ServeReplay-v0 replays greedy "
+            raise ValueError(f"{config.section}.temperature={config.temperature}: ServeReplay-v0 replays greedy "
                              "recordings; use temperature 0 (or ServeVLLM-v0 to sample).")
         if cost_jitter < 0:
             raise ValueError(f"cost_jitter={cost_jitter} must be >= 0 (a lognormal sigma).")
         if not isinstance(recordings, Recordings):
             recordings = Recordings.load(recordings)
         recorded = recordings.meta.get("config", {})
-        for name in ("model", "chat_template"):
+        for name in ("target", "chat_template"):
             if name in recorded and recorded[name] != getattr(config, name):
-                raise ValueError(f"ServeConfig.{name}={getattr(config, name)!r} differs from the recordings' "
-                                 f"{recorded[name]!r}; record again with --set {name}={getattr(config, name)}.")
+                raise ValueError(f"{config.section}.{name}={getattr(config, name)!r} differs from the recordings' "
+                                 f"{recorded[name]!r}; record again with --set env.{name}={getattr(config, name)}.")
         self.recordings = recordings
         self.cost_model = calibration if isinstance(calibration, StepCostModel) \
             else StepCostModel.from_calibration(calibration)
@@ -98,7 +98,7 @@ class ServeReplayEnv(ServeVLLMEnv):
                               max_num_seqs=config.max_num_seqs, max_model_len=config.max_model_len, rule=config.rule,
                               proposals=proposals)
         self.tokenizer = None
-        self._setup(config, engine, Workload(config.workload_config(), None, prompts=recordings.prompts,
+        self._setup(config, engine, Workload(config, None, prompts=recordings.prompts,
                                              prompt_ids=recordings.prompt_ids()))
 
     def _arrivals(self, n: int) -> np.ndarray:

@@ -156,7 +156,7 @@ def record_workload(config, engine=None, tokenizer=None, progress=None) -> Recor
     if engine is None:
         from draftrl.decoding.vllm.engine import VLLMEngineConfig, shared_engine
 
-        engine = shared_engine(VLLMEngineConfig(model=config.model, method="none", dtype=config.dtype,
+        engine = shared_engine(VLLMEngineConfig(model=config.target, method="none", dtype=config.dtype,
                                                 max_num_seqs=config.max_num_seqs, max_model_len=config.max_model_len,
                                                 kv_cache_gib=config.kv_cache_gib, threads=config.threads))
     if tokenizer is None:
@@ -164,8 +164,8 @@ def record_workload(config, engine=None, tokenizer=None, progress=None) -> Recor
 
         from draftrl.decoding.vllm.engine import model_path
 
-        tokenizer = AutoTokenizer.from_pretrained(model_path(config.model))
-    workload = Workload(config.workload_config(), tokenizer)
+        tokenizer = AutoTokenizer.from_pretrained(model_path(config.target))
+    workload = Workload(config, tokenizer)
     requests = [(r.prompt, r.prompt_ids, r.max_new_tokens) for r in map(workload.request, range(len(workload)))]
     describe = engine.describe() if hasattr(engine, "describe") else {"engine": type(engine).__name__}
     return record(engine, requests, meta={"config": dataclasses.asdict(config), "engine": describe}, progress=progress)

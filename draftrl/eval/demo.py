@@ -78,7 +78,7 @@ class DemoConfig(EvalConfig):
     env: EnvConfig = field(default_factory=_demo_env)
     grid: GridSettings = field(default_factory=lambda: GridSettings(depths=(0, 1, 2, 4, 6), repeats=1))
     eval: EvalSettings = field(default_factory=lambda: EvalSettings(
-        policies=("ar", "best-grid", "heuristic", "threshold", "bandit", "oracle"), power_tokens=300,
+        policies=("none", "best-grid", "heuristic", "threshold", "bandit", "oracle"), power_tokens=300,
         anchor_gammas=(2, 4, 8)))
     calibrate: CalibrateSettings = field(default_factory=lambda: CalibrateSettings(
         num_tokens=(1, 2, 3, 4, 5, 7, 9), contexts=(128, 512), widths=(1,)))
@@ -225,7 +225,7 @@ def run_demo(config: DemoConfig, out: str | Path, *, overwrite: bool = False,
     begin(4)
     grid = run_grid(config, out / "grid", target=target, progress=progress)
     best = grid["best"]
-    end(4, f"best fixed: depth {best['depth']} ({best['speedup_vs_ar']:.2f}x on tune)")
+    end(4, f"best fixed: depth {best['depth']} ({best['speedup_vs_none']:.2f}x on tune)")
 
     begin(5)
     policies = list(config.eval.policies)
@@ -242,7 +242,7 @@ def run_demo(config: DemoConfig, out: str | Path, *, overwrite: bool = False,
     summary["wall_seconds"] = time.perf_counter() - started
     summary["report"] = str(out / "eval" / "report.md")
     summary["results"] = str(out / "eval" / "results.json")
-    summary["policies"] = {name: {"speedup_vs_ar": p.get("speedup_vs_ar"), "speedup_vs_hf": p.get("speedup_vs_hf"),
+    summary["policies"] = {name: {"speedup_vs_none": p.get("speedup_vs_none"), "speedup_vs_hf": p.get("speedup_vs_hf"),
                                   "speedup_vs_hf_lookup": p.get("speedup_vs_hf_lookup"),
                                   "ci_vs_best_fixed": p.get("ci_vs_best_fixed"),
                                   "tokens_per_second": p["tokens_per_second"]}

@@ -53,7 +53,7 @@ class GreedyOracle(Policy):
         reference = self.references.get(base.request.prompt.id)
         if reference is None:
             raise ValueError(f"the oracle has no reference continuation for prompt {base.request.prompt.id!r}; "
-                             "plain decoding (ar) must run on a request before the oracle.")
+                             "plain decoding (none) must run on a request before the oracle.")
         depth = min(max(self.depths), engine.remaining - 1)
         if depth <= 0 or engine.drafter is None:
             return 0
