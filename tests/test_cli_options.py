@@ -137,3 +137,54 @@ def test_command_specific_flags_are_their_keys():
 
 def test_every_command_module_has_one_parser():
     assert set(COMMANDS) >= set(CONFIG_COMMANDS)
+
+
+#: ``--set`` items of workload keys (``draftrl.config.workload.WorkloadConfig``) and the value each must set.
+WORKLOAD_SETS = {
+    "env.temperature=1": ("temperature", 1.0),
+    "env.max_new_tokens=12": ("max_new_tokens", 12),
+    "env.max_new_tokens_cap=64": ("max_new_tokens_cap", 64),
+    "env.target=tiny-model": ("target", "tiny-model"),
+    "env.languages=[en,zh]": ("languages", ("en", "zh")),
+    "env.tasks=[chat]": ("tasks", ("chat",)),
+    "env.prompts=p.jsonl": ("prompts", "p.jsonl"),
+    "env.top_k=5": ("top_k", 5),
+}
+
+
+@pytest.mark.parametrize("item", sorted(WORKLOAD_SETS))
+def test_a_workload_key_sets_the_same_field_on_both_engines(item):
+    from draftrl.cli.eval import serving_config
+
+    name, expected = WORKLOAD_SETS[item]
+    hf = _config("eval", "--set", item).env
+    args = build_parser().parse_args(["eval", "--engine", "vllm", "--out", "o", "--set", item])
+    vllm = serving_config(args)
+    assert getattr(hf, name) == getattr(vllm, name) == expected
+
+
+def test_both_engines_share_the_workload_fields_and_defaults():
+    import dataclasses
+
+    from draftrl.config.env import EnvConfig
+    from draftrl.config.serve import ServeConfig
+    from draftrl.config.workload import WorkloadConfig
+
+    shared = {f.name for f in dataclasses.fields(WorkloadConfig)}
+    assert {"target", "prompts", "split", "languages", "tasks", "max_new_tokens", "temperature"} <= shared
+    differ = {name for name in shared if getattr(EnvConfig(), name) != getattr(ServeConfig(), name)}
+    assert differ == {"limit_per_group"}  # a serving episode serves one prompt per group (16 requests)
+
+
+def test_the_flags_set_the_serving_config_too():
+    from draftrl.cli.eval import serving_config
+
+    args = build_parser().parse_args(["eval", "--engine", "vllm", "--out", "o", "--target", "tiny-model",
+                                      "--dtype", "bfloat16", "--threads", "3", "--seed", "7"])
+    config = serving_config(args)
+    assert (config.target, config.dtype, config.threads, config.seed) == ("tiny-model", "bfloat16", 3, 7)
+    for argv, message in ((["--drafter", "ngram"], "env.drafter"), (["--no-monitor"], "eval.monitor"),
+                          (["--set", "temperature=1"], "env.KEY=VALUE")):
+        args = build_parser().parse_args(["eval", "--engine", "vllm", "--out", "o", *argv])
+        with pytest.raises(ValueError, match=message):
+            serving_config(args)

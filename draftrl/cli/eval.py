@@ -118,20 +118,28 @@ def print_policy_table(results: dict, title: str) -> None:
     Console(width=None if sys.stdout.isatty() else 160).print(table)  # pipes and logs get the full table
 
 
-def run_vllm(args: argparse.Namespace) -> int:
+def serving_config(args: argparse.Namespace):
+    """``--engine vllm``'s :class:`~draftrl.config.serve.ServeConfig`: held-out split, file order, seed 0,
+    then ``--config``'s env section, ``--set env.KEY=VALUE`` and the flags (the same keys as ``--engine hf``)."""
     from draftrl.config.serve import load_serve_config
+
+    items = _options.overrides(args)
+    hf_only = [item for item in items if item.startswith("eval.") and not item.startswith("eval.policies=")]
+    if hf_only:
+        raise ValueError(f"{hf_only[0].partition('=')[0]} is read by --engine hf only; drop it with --engine vllm.")
+    return load_serve_config(args.config, [item for item in items if not item.startswith("eval.")],
+                             split="heldout", shuffle=False, seed=0)
+
+
+def run_vllm(args: argparse.Namespace) -> int:
     from draftrl.eval.policy_names import parse_policies
     from draftrl.eval.serving import ServingMismatch, run_serving_eval
 
     policies = list(args.policies or VLLM_POLICIES)
     parse_policies(policies, engine="vllm")  # fail on a bad name before loading vLLM
-    hf_only = [item for item in _options.overrides(args) if item.startswith("eval.") and not item.startswith("eval.policies=")]
-    if hf_only:
-        raise ValueError(f"{hf_only[0].partition('=')[0]} is read by --engine hf only; drop it with --engine vllm.")
     concurrency = [int(c) for c in args.concurrency.split(",") if c]
     rates = [float(r) for r in args.rates.split(",") if r]
-    config = load_serve_config(args.config, [o for o in _options.overrides(args) if not o.startswith("eval.")],
-                               split="heldout", shuffle=False, seed=0)
+    config = serving_config(args)
     from draftrl.eval.evaluate import OUTPUTS
     from draftrl.io import prepare_out
 
