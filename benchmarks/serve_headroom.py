@@ -6,9 +6,9 @@ machine's calibrated step cost, on the held-out recordings, at each load (noise-
 same seeds and arrivals for every arm):
 
 - **fixed K**: depth cap K every step, no budget (the baseline the goal names);
-- **static**: the best fixed (depth, budget) setting of the action grid chosen *per load*, i.e. a
+- **best static**: the best fixed (depth, budget) setting of the action grid chosen *per load*, i.e. a
   policy that knows the load and never changes its action within it;
-- **oracle**: the greedy one-step oracle (``ServeReplay-v0.oracle_action``: every action of the
+- **lookahead**: the greedy one-step lookahead (``ServeReplay-v0.lookahead_action``: every action of the
   grid tried one step ahead on a copy of the engine);
 - **hindsight**: every request drafts only the tokens its continuation will accept (``rule=
   hindsight``), with the best (depth, budget) per load: no per-request depth or admission policy
@@ -40,7 +40,7 @@ from draftrl.config.serve import load_serve_config
 from draftrl.eval.policy_names import parse_policies
 from draftrl.eval.rollout import episode_throughput
 from draftrl.eval.serving import loads_of, run_serving_eval
-from draftrl.policies import Fixed, Oracle
+from draftrl.policies import Fixed, LookAhead
 from draftrl.io import write_json
 from draftrl.signals.costs import hardware_info, hardware_name
 
@@ -92,12 +92,12 @@ def main() -> None:
         fixed_k = {f"fixed:{d}": speed(env, d, no_limit) for d in depths}
         static = {f"fixed:{d}:{b}": speed(env, d, b) for d in depths for b in budgets}
         hindsight = {f"hindsight:{d}:{b}": speed(hind, d, b) for d in depths for b in budgets}
-        oracle = throughput(env, Oracle.for_env(env)) / plain
+        lookahead = throughput(env, LookAhead.for_env(env)) / plain
         rows.append({"load": f"{section}={key}", "none_tokens_per_second": plain, "fixed_k": fixed_k,
-                     "static": static, "oracle": oracle, "hindsight": hindsight})
+                     "static": static, "lookahead": lookahead, "hindsight": hindsight})
         best = lambda d: max(d, key=d.get)  # noqa: E731
         print(f"{section}={key}: none {plain:.1f} tok/s  best fixed K {best(fixed_k)} {max(fixed_k.values()):.3f}x  "
-              f"static {best(static)} {max(static.values()):.3f}x  oracle {oracle:.3f}x  "
+              f"static {best(static)} {max(static.values()):.3f}x  lookahead {lookahead:.3f}x  "
               f"hindsight {best(hindsight)} {max(hindsight.values()):.3f}x", flush=True)
     extra = {}
     if args.policies:
@@ -112,8 +112,8 @@ def main() -> None:
     single = max(rows[0]["static"], key=lambda k: geomean([r["static"][k] for r in rows]))
     kinds = {f"best single fixed K ({k_best})": [r["fixed_k"][k_best] for r in rows],
              f"best single (depth, budget) ({single})": [r["static"][single] for r in rows],
-             "static per load": [max(r["static"].values()) for r in rows],
-             "greedy one-step oracle": [r["oracle"] for r in rows],
+             "best static per load": [max(r["static"].values()) for r in rows],
+             "greedy one-step lookahead": [r["lookahead"] for r in rows],
              "hindsight per load": [max(r["hindsight"].values()) for r in rows],
              **extra}
     print(f"--- geometric mean over {len(rows)} loads ({', '.join(r['load'] for r in rows)}), "

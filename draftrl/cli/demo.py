@@ -5,7 +5,7 @@
     draftrl demo --config configs/demo_cpu.yaml --out runs/demo --overwrite
 
 Prints a comparison table (plain decoding, best fixed, heuristic, threshold, bandit, PPO, the
-oracle bound) with speedups over plain decoding measured in the same run, the exactness
+lookahead bound) with speedups over plain decoding measured in the same run, the exactness
 verdict, and where the report and plots are. Exits 3 when an exactness check fails.
 
 Learning under load in real vLLM (needs vLLM installed; ``draftrl.eval.serve_demo``)::
@@ -30,7 +30,7 @@ from draftrl.cli.grid import add_eval_options
 
 #: Display names of the demo's table.
 LABELS = {"none": "plain decoding", "best-grid": "best fixed (grid)", "heuristic": "HF heuristic",
-          "threshold": "confidence threshold", "bandit": "UCB bandit", "oracle": "oracle (upper bound)"}
+          "threshold": "confidence threshold", "bandit": "UCB bandit", "lookahead": "lookahead (upper bound)"}
 
 
 def add_parser(subparsers) -> None:

@@ -1,6 +1,6 @@
 """``draftrl eval``: compare drafting policies on the held-out split, with the exactness monitor on.
 
-    draftrl eval --config configs/eval_tiny_cpu.yaml --policies none,best-grid,heuristic,threshold,bandit,oracle \
+    draftrl eval --config configs/eval_tiny_cpu.yaml --policies none,best-grid,heuristic,threshold,bandit,lookahead \
         --grid runs/grid/grid.json --out runs/eval
     draftrl eval --config configs/eval_tiny_cpu.yaml --policies none,ppo:runs/ppo --out runs/eval_ppo
 

@@ -60,7 +60,7 @@ class ServeReplayEnv(ServeVLLMEnv):
     or ``hindsight`` (this env only: each request drafts just what it will accept, the ceiling of
     per-request depth control; ``benchmarks/serve_headroom.py``).
 
-    ``env.unwrapped.oracle_action()``: the greedy one-step oracle (the ``Oracle`` baseline).
+    ``env.unwrapped.lookahead_action()``: the greedy one-step lookahead (the ``LookAhead`` baseline).
 
     ## Version History
 
@@ -114,8 +114,8 @@ class ServeReplayEnv(ServeVLLMEnv):
         info["load"] = {k: getattr(self.config, k) for k in LOAD_KEYS}
         return obs, info
 
-    def oracle_action(self) -> np.ndarray:
-        """The greedy one-step oracle: the action whose drafts (verified in the next step, the
+    def lookahead_action(self) -> np.ndarray:
+        """The greedy one-step lookahead: the action whose drafts (verified in the next step, the
         one-step lag) give the most ``tokens - rho * seconds`` over this step and the next, each
         action tried on a copy of the engine with the noise-free step cost; ties go to the
         shallowest, smallest-budget action. ``rho`` is the reward's running tokens/s."""

@@ -9,7 +9,7 @@ Steps, each through the owning package's public Python API, each writing under `
 4. **train**: PPO on ``draftrl/TraceReplay-v0`` over those traces -> ``DIR/ppo_size/`` (and more
    recipes when configured) (``draftrl.train.<recipe>.train``);
 5. **grid**: fixed settings on the tune split, wall clock -> ``DIR/grid/`` (``draftrl.eval.grid``);
-6. **eval**: plain decoding, best fixed, heuristic, threshold, bandit, PPO and the oracle bound
+6. **eval**: plain decoding, best fixed, heuristic, threshold, bandit, PPO and the lookahead bound
    on the held-out split, exactness checks on -> ``DIR/eval/`` (``draftrl.eval.evaluate``).
 
 ``DIR/demo_summary.json`` records each step's seconds and the final table. The default
@@ -78,7 +78,7 @@ class DemoConfig(EvalConfig):
     env: EnvConfig = field(default_factory=_demo_env)
     grid: GridSettings = field(default_factory=lambda: GridSettings(depths=(0, 1, 2, 4, 6), repeats=1))
     eval: EvalSettings = field(default_factory=lambda: EvalSettings(
-        policies=("none", "best-grid", "heuristic", "threshold", "bandit", "oracle"), power_tokens=300,
+        policies=("none", "best-grid", "heuristic", "threshold", "bandit", "lookahead"), power_tokens=300,
         anchor_gammas=(2, 4, 8)))
     calibrate: CalibrateSettings = field(default_factory=lambda: CalibrateSettings(
         num_tokens=(1, 2, 3, 4, 5, 7, 9), contexts=(128, 512), widths=(1,)))
@@ -133,7 +133,7 @@ def _train(config: DemoConfig, out: Path, trace_dir: Path) -> dict[str, Path]:
             f"total_timesteps={config.train.total_timesteps}",
             f"eval_episodes={config.train.eval_episodes}",
             "progress_bar=false",
-            "baselines=[heuristic,threshold,bandit,oracle]",
+            "baselines=[heuristic,threshold,bandit,lookahead]",
             f"wandb.mode={os.environ.get('WANDB_MODE', config.wandb.mode)}",
             f"wandb.project={config.wandb.project}",
             *config.train.overrides,
@@ -230,9 +230,9 @@ def run_demo(config: DemoConfig, out: str | Path, *, overwrite: bool = False,
     begin(5)
     policies = list(config.eval.policies)
     ppo = [f"ppo:{d}" for d in policy_dirs.values()]
-    if "oracle" in policies:  # keep the upper bound last in the table
-        policies.remove("oracle")
-        policies += ppo + ["oracle"]
+    if "lookahead" in policies:  # keep the upper bound last in the table
+        policies.remove("lookahead")
+        policies += ppo + ["lookahead"]
     else:
         policies += ppo
     results = run_eval(config, out / "eval", policies=policies, grid_path=out / "grid" / "grid.json", target=target,

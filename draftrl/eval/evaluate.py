@@ -2,7 +2,7 @@
 
 Every policy decodes the same held-out requests with the same sampling seeds. For each request
 all policies run back to back, in an order rotated by one per request (plain decoding always
-runs before the oracle, which reads its output), then the next request; so load on a shared
+runs before the lookahead, which reads its output), then the next request; so load on a shared
 machine spreads over all policies. Policies act through their own ``draftrl/SpecDecode-v0``
 env on a prebuilt engine (``draftrl.eval.policies``): the observation is the envs' own.
 
@@ -44,7 +44,7 @@ REPORT_FILE = "report.md"
 OUTPUTS: tuple[str, ...] = (RESULTS_FILE, REPORT_FILE, "*.png", "wandb")
 #: Target share of the run's time spent in the exactness monitor.
 MONITOR_OVERHEAD_TARGET = 0.03
-ADAPTIVE = ("heuristic", "threshold", "bandit", "ppo", "oracle")
+ADAPTIVE = ("heuristic", "threshold", "bandit", "ppo", "lookahead")
 
 
 def eval_anchors(config: EvalConfig, grid: dict | None) -> list:
@@ -97,9 +97,9 @@ def add_anchors(results: dict, runs: list[RequestRun], anchor_runs: list, refere
 
 def _order(labels: list[str], shift: int) -> list[str]:
     order = labels[shift % len(labels):] + labels[: shift % len(labels)]
-    if "oracle" in order and order.index("oracle") < order.index(REFERENCE):
-        order.remove("oracle")
-        order.insert(order.index(REFERENCE) + 1, "oracle")
+    if "lookahead" in order and order.index("lookahead") < order.index(REFERENCE):
+        order.remove("lookahead")
+        order.insert(order.index(REFERENCE) + 1, "lookahead")
     return order
 
 
@@ -128,8 +128,8 @@ def run_eval(config: EvalConfig, out: str | Path, *, policies: list[str] | str |
                          "(written by draftrl grid --config C --out DIR).")
     settings = config.eval
     env_cfg = env_for_split(config.env, "heldout", settings.limit_per_group)
-    if any(s.kind == "oracle" for s in specs) and env_cfg.temperature != 0:
-        raise ValueError(f"policy oracle needs temperature 0 (got {env_cfg.temperature}); drop it from --policies.")
+    if any(s.kind == "lookahead" for s in specs) and env_cfg.temperature != 0:
+        raise ValueError(f"policy lookahead needs temperature 0 (got {env_cfg.temperature}); drop it from --policies.")
     if config.threads:
         torch.set_num_threads(config.threads)
     out = Path(out)

@@ -5,7 +5,7 @@ own real-engine env (``draftrl/SpecDecode-v0``, or ``SpecDecodeDepth-v0`` for a 
 around the shared target model, so it sees exactly the observation it was trained on, built by
 the envs' feature builder, and its cost features persist over the requests as in training.
 ``threshold`` reads ``draft_top1_prob`` for model drafters and ``accept_rate_1`` (the recent
-first-position acceptance) for n-gram drafters; ``oracle`` (temperature 0 only) looks ahead at
+first-position acceptance) for n-gram drafters; ``lookahead`` (temperature 0 only) looks ahead at
 plain decoding's output and drafts exactly as deep as the target will accept.
 """
 
@@ -82,7 +82,7 @@ def build_policy(spec: PolicySpec, base: EnvConfig, target, *, grid: dict | None
     """``(env, policy)`` for ``spec`` on the real engine around ``target`` (a ``LoadedModel``)."""
     from draftrl.envs.engines import build_engine
     from draftrl.envs.spec_decode import SpecDecodeEnv
-    from draftrl.eval.oracle import GreedyOracle
+    from draftrl.eval.lookahead import GreedyLookAhead
     from draftrl.policies import ConfidenceThreshold, Fixed, HFHeuristic, PPOPolicy, UCBBandit
 
     kind, cfg, env_kind = spec.kind, base, "size"
@@ -134,8 +134,8 @@ def build_policy(spec: PolicySpec, base: EnvConfig, target, *, grid: dict | None
         policy = PPOPolicy.load(spec.path, feature_names=env.unwrapped.feature_names, name=spec.label)
     elif kind == "ppo":
         policy = PPOPolicy.load(spec.path, env, name=spec.label)
-    elif kind == "oracle":
-        policy = GreedyOracle.for_env(env, env=env, references=references if references is not None else {},
+    elif kind == "lookahead":
+        policy = GreedyLookAhead.for_env(env, env=env, references=references if references is not None else {},
                                       width=cfg.width)
     else:  # pragma: no cover - parse_policies rejects the rest
         raise AssertionError(kind)

@@ -14,7 +14,7 @@ name                        hf       vllm     what it is
 ``ppo:DIR``                 yes      yes      a policy written by ``draftrl train`` for that engine's env
 ``best-grid``               yes      -        the best fixed setting of ``--grid DIR/grid.json``
 ``threshold``, ``bandit``   yes      -        ConfidenceThreshold, UCBBandit
-``oracle``                  yes      -        look-ahead at temperature 0: drafts what will be accepted
+``lookahead``               yes      -        temperature 0: drafts what the target will accept
 ``ngram:K``                 -        yes      vLLM's own prompt lookup, K tokens
 ``class:MODULE.Class:K``    -        yes      vLLM with another ``custom_class`` proposer
 ``dsd[:S-E:K,...]``         -        yes      vLLM's Dynamic SD: K per running-batch-size range
@@ -35,12 +35,12 @@ ALIASES = {"ar": REFERENCE}
 #: Each kind's form on the command line.
 FORMS: dict[str, str] = {
     "none": "none", "fixed": "fixed:D[:V[:W]]", "heuristic": "heuristic", "ppo": "ppo:DIR",
-    "best-grid": "best-grid", "threshold": "threshold", "bandit": "bandit", "oracle": "oracle",
+    "best-grid": "best-grid", "threshold": "threshold", "bandit": "bandit", "lookahead": "lookahead",
     "ngram": "ngram:K", "class": "class:MODULE.Class:K", "dsd": "dsd[:S-E:K,...]",
 }
 #: The kinds each engine runs.
 ENGINE_KINDS: dict[str, tuple[str, ...]] = {
-    "hf": ("none", "fixed", "heuristic", "ppo", "best-grid", "threshold", "bandit", "oracle"),
+    "hf": ("none", "fixed", "heuristic", "ppo", "best-grid", "threshold", "bandit", "lookahead"),
     "vllm": ("none", "fixed", "heuristic", "ppo", "ngram", "class", "dsd"),
 }
 #: The deepest draft of a vLLM engine with draftrl's proposer (its ``num_speculative_tokens``).
@@ -117,7 +117,7 @@ def _parse_one(item: str, engine: str) -> PolicySpec:
     if kind not in ENGINE_KINDS[engine]:
         other = next(e for e in ENGINE_KINDS if e != engine)
         raise _bad(item, f"runs on --engine {other} only", engine)
-    if kind in ("none", "heuristic", "best-grid", "threshold", "bandit", "oracle") and arg:
+    if kind in ("none", "heuristic", "best-grid", "threshold", "bandit", "lookahead") and arg:
         raise _bad(item, "takes no argument", engine)
     if kind == "fixed":
         parts = arg.split(":") if arg else []

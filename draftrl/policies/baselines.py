@@ -8,8 +8,8 @@
 - ``DynamicSD``: vLLM's Dynamic SD, the depth from the running batch size (serving envs).
 - ``UCBBandit``: UCB over ``(depth, verify_size)`` arms rewarded by observed tokens per second
   (BanditSpec).
-- ``Oracle``: knows what the policy cannot (the analytic env's acceptance regime, a trace's true
-  acceptance); the upper bound of every comparison. It is not a deployable policy.
+- ``LookAhead``: knows the coming round before it is played (the analytic env's acceptance
+  regime, a trace's true acceptance); the upper bound of every comparison, not a deployable policy.
 """
 
 from __future__ import annotations
@@ -297,48 +297,48 @@ class UCBBandit(Policy):
         self._last_arm = None
 
 
-class Oracle(Policy):
+class LookAhead(Policy):
     """The per-round best setting given what only the environment knows: the upper bound.
 
-    If the env provides ``env.unwrapped.oracle_action()`` (an action, i.e. indices, for the
+    If the env provides ``env.unwrapped.lookahead_action()`` (an action, i.e. indices, for the
     coming round, computed from hidden state such as a trace's true acceptance), ``act`` returns
-    it. Otherwise the env must be ``draftrl/Analytic-v0``: the oracle knows the coming round's
+    it. Otherwise the env must be ``draftrl/Analytic-v0``: the policy knows the coming round's
     regime ``alpha`` and plays the setting that maximises ``E(alpha, n) - rho * cost`` where
     ``rho`` is the best long-run throughput reachable with known regimes (a Dinkelbach fixed
     point over the regimes' long-run shares). This maximises total tokens / total cost, which
     per-round ``E / cost`` does not when regimes switch.
 
-    The oracle reads the env it was built for, so build it with ``Oracle.for_env(env)`` and use
+    It reads the env it was built for, so build it with ``LookAhead.for_env(env)`` and use
     it only on that env.
     """
 
-    name = "oracle"
+    name = "lookahead"
 
     def __init__(self, depths: Sequence[int], verify_sizes: Sequence[int], feature_names: Sequence[str], env: Any):
         super().__init__(depths, verify_sizes, feature_names)
         self.env = env
         base = env.unwrapped
-        self._has_hook = callable(getattr(base, "oracle_action", None))
+        self._has_hook = callable(getattr(base, "lookahead_action", None))
         if not self._has_hook:
             if not hasattr(base, "alphas") or not hasattr(base, "regime"):
                 raise TypeError(
-                    f"Oracle needs env.unwrapped.oracle_action() or the analytic env's regimes; "
+                    f"LookAhead needs env.unwrapped.lookahead_action() or the analytic env's regimes; "
                     f"{type(base).__name__} has neither."
                 )
-            self.regime_actions, self.rho = analytic_oracle_table(base)
+            self.regime_actions, self.rho = analytic_lookahead_table(base)
 
     @classmethod
-    def for_env(cls, env: Any, /, **kwargs: Any) -> Oracle:
+    def for_env(cls, env: Any, /, **kwargs: Any) -> LookAhead:
         return super().for_env(env, env=env, **kwargs)
 
     def act(self, observation: np.ndarray) -> tuple[int, int]:
         base = self.env.unwrapped
         if self._has_hook:
-            return self.from_action(base.oracle_action())
+            return self.from_action(base.lookahead_action())
         return self.regime_actions[base.regime]
 
 
-def analytic_oracle_table(base: Any, iterations: int = 50) -> tuple[list[tuple[int, int]], float]:
+def analytic_lookahead_table(base: Any, iterations: int = 50) -> tuple[list[tuple[int, int]], float]:
     """Best ``(depth, verify_size)`` per regime of an ``AnalyticEnv`` and the throughput it reaches.
 
     :param base: the unwrapped ``AnalyticEnv``.

@@ -307,7 +307,7 @@ def test_recordings_round_trip(recordings, tmp_path):
         [(r.prompt, r.prompt_ids, r.token_ids) for r in recordings.requests]
 
 
-def test_loads_are_drawn_per_episode_and_the_oracle_acts_in_the_grid(recordings):
+def test_loads_are_drawn_per_episode_and_the_lookahead_acts_in_the_grid(recordings):
     loads = [{"concurrency": 1}, {"arrival": "poisson", "rate": 50.0}, {"concurrency": 8}]
     env = make(recordings, loads=loads).unwrapped
     seen = {}
@@ -322,6 +322,6 @@ def test_loads_are_drawn_per_episode_and_the_oracle_acts_in_the_grid(recordings)
         make(recordings, loads=[{"max_num_seqs": 4}])
     env.reset(seed=0)
     before = [(r.generated, r.history.last_proposed) for r in env.engine.running]
-    action = env.oracle_action()
+    action = env.lookahead_action()
     assert env.action_space.contains(action)
     assert [(r.generated, r.history.last_proposed) for r in env.engine.running] == before  # explored on copies

@@ -97,11 +97,11 @@ def test_grid_writes_the_documented_files(grid_dir, config, smollm2):
 def test_eval_writes_results_report_and_plots(smollm2, config, grid_dir, untrained_ppo, tmp_path):
     from draftrl.eval.evaluate import run_eval
 
-    policies = f"none,best-grid,heuristic,threshold,bandit,ppo:{untrained_ppo},oracle"
+    policies = f"none,best-grid,heuristic,threshold,bandit,ppo:{untrained_ppo},lookahead"
     results = run_eval(config, tmp_path, policies=policies, grid_path=grid_dir / "grid.json", target=smollm2)
     saved = json.loads((tmp_path / "results.json").read_text())
     assert saved["policies"].keys() == results["policies"].keys()
-    assert list(saved["policies"]) == ["none", "best-grid", "heuristic", "threshold", "bandit", "ppo", "oracle"]
+    assert list(saved["policies"]) == ["none", "best-grid", "heuristic", "threshold", "bandit", "ppo", "lookahead"]
     for name, p in saved["policies"].items():
         for key in ("tokens_per_second", "speedup_vs_none", "time_to_first_token_mean", "itl_p50", "itl_p95", "itl_p99",
                     "peak_memory_bytes", "tokens_per_round_histogram", "acceptance_by_position", "per_language",
@@ -124,8 +124,8 @@ def test_eval_writes_results_report_and_plots(smollm2, config, grid_dir, untrain
                 continue
             assert ci["num_requests"] == 2 and ci["low"] <= ci["ratio"] <= ci["high"], (name, ref)
     assert saved["policies"]["none"]["tokens_per_round_histogram"] == {"1": saved["policies"]["none"]["num_rounds"]}
-    # the oracle never drafts a token that is rejected
-    assert all(r in (None, 1.0) for r in saved["policies"]["oracle"]["acceptance_by_position"]["rate"])
+    # the lookahead never drafts a token that is rejected
+    assert all(r in (None, 1.0) for r in saved["policies"]["lookahead"]["acceptance_by_position"]["rate"])
     ex = saved["exactness"]
     assert ex["passed"] is True
     assert ex["greedy_identity"]["checked"] and ex["greedy_identity"]["passed"]
@@ -134,11 +134,11 @@ def test_eval_writes_results_report_and_plots(smollm2, config, grid_dir, untrain
     assert set(ex["monitor"]) == set(saved["policies"])
     assert saved["best_grid"]["name"] in json.loads((grid_dir / "grid.json").read_text())["cells"]
     report = (tmp_path / "report.md").read_text()
-    assert "| ppo |" in report and "| oracle |" in report and "Verdict: PASSED" in report
+    assert "| ppo |" in report and "| lookahead |" in report and "Verdict: PASSED" in report
     assert "vs HF generate" in report and "`hf-lookup:2` (best)" in report and "not resolved" in report
     for png in ("grid_heatmap.png", "trajectory.png", "acceptance_hist.png", "pit_hist.png"):
         assert_png(tmp_path / png)
-    assert set(saved["trajectories"]["policies"]) == {"heuristic", "threshold", "bandit", "ppo", "oracle"}
+    assert set(saved["trajectories"]["policies"]) == {"heuristic", "threshold", "bandit", "ppo", "lookahead"}
 
 
 def test_eval_cli_fails_loudly_on_an_exactness_violation(monkeypatch, tmp_path, capsys):

@@ -174,12 +174,12 @@ def test_demo_table_prints_every_policy_and_the_verdict(capsys):
     from draftrl.cli.demo import print_summary
 
     results, _ = fake_results()
-    results["policies"]["oracle"] = results["policies"]["ppo"]
+    results["policies"]["lookahead"] = results["policies"]["ppo"]
     summary = {"results_dict": results, "steps": {"grid": {"seconds": 60.0}}, "wall_seconds": 300.0, "out": "runs/demo",
                "report": "runs/demo/eval/report.md", "results": "runs/demo/eval/results.json"}
     print_summary(summary)
     out = capsys.readouterr().out
-    for text in ("plain decoding", "HF heuristic", "PPO", "oracle (upper bound)", "1.30x", "PASSED",
+    for text in ("plain decoding", "HF heuristic", "PPO", "lookahead (upper bound)", "1.30x", "PASSED",
                  "runs/demo/eval/report.md", "monitor overhead"):
         assert text in out, text
 

@@ -59,15 +59,15 @@ def test_ar_is_an_alias_of_none_and_the_reference_comes_first(engine):
 
 
 def test_hf_labels_and_ppo_directories():
-    specs = parse_policies("heuristic, best-grid,fixed:4:0:2,ppo:runs/a,oracle")
-    assert [s.label for s in specs] == ["none", "heuristic", "best-grid", "fixed:4:0:2", "ppo", "oracle"]
+    specs = parse_policies("heuristic, best-grid,fixed:4:0:2,ppo:runs/a,lookahead")
+    assert [s.label for s in specs] == ["none", "heuristic", "best-grid", "fixed:4:0:2", "ppo", "lookahead"]
     assert specs[3].width == 2
     labels = [s.label for s in parse_policies("ppo:runs/size,ppo:runs/depth/policy.zip")]
     assert labels == ["none", "ppo[size]", "ppo[depth]"]
 
 
 @pytest.mark.parametrize("engine, name", [("hf", "ngram:4"), ("hf", "dsd:1-1:4,2-16:1"), ("hf", "class:m.C:4"),
-                                          ("vllm", "threshold"), ("vllm", "bandit"), ("vllm", "oracle"),
+                                          ("vllm", "threshold"), ("vllm", "bandit"), ("vllm", "lookahead"),
                                           ("vllm", "best-grid"), ("vllm", "fixed:4:8:2")])
 def test_a_name_the_engine_cannot_run_is_refused_naming_what_it_accepts(engine, name):
     with pytest.raises(ValueError) as err:
