@@ -1,4 +1,5 @@
-"""Summaries of :class:`~draftrl.eval.rollout.RequestRun` lists: throughput, latency, acceptance.
+"""Summaries of both engines' runs: :class:`~draftrl.eval.rollout.RequestRun` lists (``--engine hf``),
+serving episodes (:func:`summarize_serving`, ``--engine vllm``), and :func:`kendall_tau` between rankings.
 
 Terms (vLLM's, as in ``draftrl.decoding.engine``): a round emits its *accepted* draft tokens plus
 one *recovered* or *bonus* token, so **mean tokens per round (the mean acceptance length) counts

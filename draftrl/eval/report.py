@@ -1,4 +1,5 @@
-"""``report.md`` from a results dict: ratios first, context last (STYLE.md, benchmarks)."""
+"""``report.md`` from a results dict, either engine's (``render_report``, ``render_serving_report``):
+ratios first, context last (STYLE.md, benchmarks)."""
 
 from __future__ import annotations
 
