@@ -253,7 +253,7 @@ def _results(config, specs, runs, grid, env_cfg, monitors, references, hf, failu
         if reference is not None:
             add_speedups(s, reference)
             s["paired_speedup"] = paired_speedup(by_policy[spec.label], by_policy[REFERENCE])
-        s["spec"] = spec.kind + (f":{spec.arg}" if spec.arg else "")
+        s["spec"] = spec.text
         table[spec.label] = s
     monitor_seconds = sum(r.monitor_seconds for r in runs)
     run_seconds = sum(r.total_seconds for r in runs)

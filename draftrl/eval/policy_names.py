@@ -66,6 +66,8 @@ class PolicySpec:
     """dsd: (batch start, batch end, K) rows"""
     path: str | None = None
     """ppo: the run directory (or its policy.zip); class: MODULE.Class"""
+    text: str = ""
+    """the entry as written, with the alias resolved (``ppo:runs/x``, ``none`` for ``ar``)"""
 
 
 def accepted_names(engine: str) -> str:
@@ -110,6 +112,11 @@ def dsd_label(table: tuple[tuple[int, int, int], ...]) -> str:
 
 
 def _parse_one(item: str, engine: str) -> PolicySpec:
+    spec = _parse_kind(item, engine)
+    return dataclasses.replace(spec, text=spec.kind + item[item.index(":"):] if ":" in item else spec.kind)
+
+
+def _parse_kind(item: str, engine: str) -> PolicySpec:
     kind, _, arg = item.partition(":")
     kind = ALIASES.get(kind.strip().lower(), kind.strip().lower())
     if kind not in FORMS:
@@ -171,7 +178,7 @@ def parse_policies(items: str | list[str] | tuple[str, ...], engine: str = "hf")
     if dup:
         raise ValueError(f"policies {dup} are listed twice; list each once.")
     if REFERENCE not in labels:
-        specs.insert(0, PolicySpec(REFERENCE, REFERENCE))
+        specs.insert(0, PolicySpec(REFERENCE, REFERENCE, text=REFERENCE))
     return sorted(specs, key=lambda s: s.kind != REFERENCE)
 
 

@@ -44,6 +44,7 @@ def test_both_engines_accept_the_same_shared_names(engine):
     assert [s.label for s in specs] == ["none", "fixed:4", "fixed:4:8", "heuristic", "ppo"]
     assert [(s.depth, s.verify_size) for s in specs[1:3]] == [(4, None), (4, 8)]
     assert specs[-1].path == "runs/a"
+    assert [s.text for s in specs] == SHARED.split(",")
 
 
 def test_the_engines_share_their_common_kinds_and_one_grammar():
@@ -55,6 +56,7 @@ def test_the_engines_share_their_common_kinds_and_one_grammar():
 def test_ar_is_an_alias_of_none_and_the_reference_comes_first(engine):
     specs = parse_policies(["heuristic", "ar"], engine=engine)
     assert [s.label for s in specs] == [REFERENCE, "heuristic"]
+    assert specs[0].text == REFERENCE
     assert parse_policies("heuristic", engine=engine)[0].label == REFERENCE  # added when missing
 
 
