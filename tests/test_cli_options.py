@@ -188,3 +188,27 @@ def test_the_flags_set_the_serving_config_too():
         args = build_parser().parse_args(["eval", "--engine", "vllm", "--out", "o", *argv])
         with pytest.raises(ValueError, match=message):
             serving_config(args)
+
+
+def test_a_serving_config_file_reads_the_env_section_and_refuses_unknown_sections(tmp_path):
+    from draftrl.config.serve import load_serve_config
+
+    path = tmp_path / "serve.yaml"
+    path.write_text("env:\n  temperature: 1.0\n  max_new_tokens: 8\n  concurrency: 2\nthreads: 2\neval:\n  repeats: 3\n")
+    config = load_serve_config(path, ["env.max_new_tokens=12"], split="heldout")
+    assert (config.temperature, config.max_new_tokens, config.concurrency, config.threads, config.split) == \
+        (1.0, 12, 2, 2, "heldout")
+    path.write_text("enviroment:\n  temperature: 1.0\n")
+    with pytest.raises(ValueError, match="did you mean 'environment'|unknown section"):
+        load_serve_config(path)
+    with pytest.raises(ValueError, match="unknown config key 'env.model'; did you mean 'env.max_model_len'|env.model"):
+        load_serve_config(None, ["env.model=x"])
+
+
+def test_collect_engine_vllm_reads_the_same_env_keys():
+    from draftrl.cli.collect import serving_config
+
+    args = build_parser().parse_args(["collect", "--engine", "vllm", "--out", "o", "--set", "env.split=heldout",
+                                      "--target", "tiny-model"])
+    config = serving_config(args)
+    assert (config.split, config.target) == ("heldout", "tiny-model")

@@ -63,13 +63,20 @@ def check_out(out: Path, overwrite: bool) -> None:
         shutil.rmtree(out / PARTIAL_DIR)
 
 
+def serving_config(args: argparse.Namespace):
+    """``--engine vllm``'s :class:`~draftrl.config.serve.ServeConfig`: ``--config``'s env section, ``--set
+    env.KEY=VALUE`` and the flags, the same keys as ``draftrl eval`` on both engines (default split tune)."""
+    from draftrl.config.serve import load_serve_config
+
+    return load_serve_config(args.config, _options.overrides(args), split="tune")
+
+
 def run_vllm(args: argparse.Namespace) -> int:
     """Recordings for ``draftrl/ServeReplay-v0`` (``draftrl.envs.serve_sim.record_workload``)."""
     from draftrl.envs.serve_sim import RECORDINGS_FILE, record_workload
-    from draftrl.config.serve import load_serve_config
     from draftrl.io import prepare_out
 
-    config = load_serve_config(args.config, _options.overrides(args), split="tune")
+    config = serving_config(args)
     prepare_out(args.out, (RECORDINGS_FILE,), overwrite=args.overwrite, command="collect")  # before vLLM loads
     recordings = record_workload(config, progress=lambda msg: print(f"[collect] {msg}", file=sys.stderr, flush=True))
     path = recordings.save(args.out)
