@@ -154,7 +154,7 @@ def _parse_kind(item: str, engine: str) -> PolicySpec:
         if not arg:
             raise _bad(item, "needs a path (ppo:DIR written by draftrl train)", engine)
         return PolicySpec(kind, kind, path=arg)
-    return PolicySpec(kind, kind, VLLM_MAX_DEPTH if kind == "heuristic" and engine == "vllm" else 0)
+    return PolicySpec(kind, kind)
 
 
 def parse_policies(items: str | list[str] | tuple[str, ...], engine: str = "hf") -> list[PolicySpec]:
