@@ -9,7 +9,7 @@ from the recording, and the step emits accepted + 1 tokens. The first step is th
 
 Arms (``--arms``): ``fixed:K`` (draftrl's vLLM proposer as it is now, depth K every step), ``ngram:K``
 (vLLM's own numba matcher, ``prompt_lookup_min/max`` as ``VLLMEngineConfig`` sets them),
-``ref_latest:K`` / ``ref_earliest:K`` (:mod:`draftrl.decoding.vllm.ref_lookup`) and ``oracle:K``: draftrl's
+``ref_latest:K`` / ``ref_earliest:K`` (:mod:`draftrl.decoding.vllm.ref_lookup`) and ``hindsight:K``: draftrl's
 depth-K draft cut to the prefix that will be accepted, i.e. the best depth any per-request depth
 policy could choose each step for these drafts (its ceiling); ``none:0`` drafts nothing. One line
 per arm, ratios first:
@@ -21,10 +21,10 @@ calibrated batch-1 step seconds (prefill by prompt tokens, decode by tokens veri
 line starts with ``seconds_vs_none`` and ``seconds_vs_best_fixed`` (the best ``fixed:K`` arm).
 
     python benchmarks/lookup_replay.py --recordings runs/serve/rec_heldout --arms fixed:2,fixed:4,ngram:4,ref_latest:4
-    python benchmarks/lookup_replay.py --calibration runs/serve/vllm_costs.json --arms fixed:4,fixed:8,oracle:8,ngram:8
+    python benchmarks/lookup_replay.py --calibration runs/serve/vllm_costs.json --arms fixed:4,fixed:8,hindsight:8,ngram:8
     python benchmarks/lookup_replay.py --quick        # ref_latest:4 and ref_earliest:4 (no vLLM needed)
 
-``fixed`` and ``ngram`` arms need vLLM (``draftrl[vllm]``); the ``ref_*``, ``oracle`` and ``none`` arms do not.
+``fixed`` and ``ngram`` arms need vLLM (``draftrl[vllm]``); the ``ref_*``, ``hindsight`` and ``none`` arms do not.
 """
 
 from __future__ import annotations
@@ -74,18 +74,18 @@ def make_proposer(arm: str) -> Callable[[list[list[int]], np.ndarray, np.ndarray
         return propose
     if kind == "none":  # no drafts: plain decoding, the reference of seconds_vs_none
         return lambda sampled, num_tokens, token_ids: [[] for _ in sampled]
-    if kind == "oracle":  # the recording is known to replay(), which cuts this draft to its accepted prefix
+    if kind == "hindsight":  # the recording is known to replay(), which cuts this draft to its accepted prefix
         return make_proposer(f"fixed:{k}")
     if kind in ("ref_latest", "ref_earliest"):
         return (RefLookupLatest if kind == "ref_latest" else RefLookupEarliest)(_vllm_config(k)).propose
-    raise ValueError(f"arm {arm!r} is unknown; use none:0, fixed:K, ngram:K, oracle:K, ref_latest:K or ref_earliest:K.")
+    raise ValueError(f"arm {arm!r} is unknown; use none:0, fixed:K, ngram:K, hindsight:K, ref_latest:K or ref_earliest:K.")
 
 
 def replay(arm: str, requests: list[dict], cost: Any = None) -> dict[str, Any]:
     """Every request alone (concurrency 1) through one arm; per-request steps and drafts, and with
     ``cost`` (a ``StepCostModel``) the seconds those steps take at batch 1."""
     propose = make_proposer(arm)
-    oracle = arm.startswith("oracle:")
+    hindsight = arm.startswith("hindsight:")
     propose([[1]], np.array([2]), np.array([[1, 1]], dtype=np.int64))  # warm-up (numba compiles here)
     out, cpu, calls = [], 0.0, 0
     for req in requests:
@@ -106,7 +106,7 @@ def replay(arm: str, requests: list[dict], cost: Any = None) -> dict[str, Any]:
             a = 0
             while a < len(draft) and t + a < len(recorded) and draft[a] == recorded[t + a]:
                 a += 1
-            if oracle:
+            if hindsight:
                 draft = draft[:a]
             if cost is not None:
                 seconds += cost.mean(1, len(draft) + 1)

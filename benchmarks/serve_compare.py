@@ -96,7 +96,7 @@ def main() -> None:
         from draftrl.decoding.vllm.engine import model_path
         from draftrl.envs.workload import Workload
 
-        workload = Workload(config.workload_config(), AutoTokenizer.from_pretrained(model_path(config.model)))
+        workload = Workload(config, AutoTokenizer.from_pretrained(model_path(config.target)))
         prompts = [(r.prompt.id, r.prompt_ids, r.max_new_tokens)
                    for r in (workload.request(i) for i in range(len(workload)))]
         anchors = hf_anchors(prompts, args.hf_lookup)

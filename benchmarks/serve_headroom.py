@@ -6,9 +6,9 @@ machine's calibrated step cost, on the held-out recordings, at each load (noise-
 same seeds and arrivals for every arm):
 
 - **fixed K**: depth cap K every step, no budget (the baseline the goal names);
-- **static**: the best fixed (depth, budget) setting of the action grid chosen *per load*, i.e. a
+- **best static**: the best fixed (depth, budget) setting of the action grid chosen *per load*, i.e. a
   policy that knows the load and never changes its action within it;
-- **oracle**: the greedy one-step oracle (``ServeReplay-v0.oracle_action``: every action of the
+- **lookahead**: the greedy one-step lookahead (``ServeReplay-v0.lookahead_action``: every action of the
   grid tried one step ahead on a copy of the engine);
 - **hindsight**: every request drafts only the tokens its continuation will accept (``rule=
   hindsight``), with the best (depth, budget) per load: no per-request depth or admission policy
@@ -30,7 +30,6 @@ import argparse
 import dataclasses
 import tempfile
 import time
-from types import SimpleNamespace
 
 import numpy as np
 
@@ -38,7 +37,11 @@ from _bench import Bench, common_flags, parse_args
 from draftrl.decoding.replay import Proposals, Recordings
 from draftrl.decoding.vllm.calibrate import StepCostModel
 from draftrl.envs.serve_replay import ServeReplayEnv
-from draftrl.eval.serving import episode_throughput, loads_of, parse_serving_policies, run_serving_eval, serve_config
+from draftrl.config.serve import load_serve_config
+from draftrl.eval.policy_names import parse_policies
+from draftrl.eval.rollout import episode_throughput
+from draftrl.eval.serving import loads_of, run_serving_eval
+from draftrl.policies import Fixed, LookAhead
 
 
 def geomean(values: list[float]) -> float:
@@ -52,13 +55,14 @@ def main() -> None:
     p.add_argument("--policies", default="", help="more serving policies to place, e.g. dsd:1-1:6,...,ppo:DIR")
     p.add_argument("--concurrency", default="1,4,16")
     p.add_argument("--rates", default="1,4", help="Poisson arrival rates, requests per second")
-    p.add_argument("--set", dest="overrides", action="append", default=["max_new_tokens=48"],
-                   help="ServeConfig key=value (default max_new_tokens=48)")
+    p.add_argument("--set", dest="overrides", action="append", default=["env.max_new_tokens=48"],
+                   help="env.KEY=VALUE, a ServeConfig field (default env.max_new_tokens=48)")
     args = parse_args(p, quick=dict(concurrency="1,4", rates=""))
     bench = Bench(args, __file__, owned=("policies",))
     t0 = time.perf_counter()
     recordings = Recordings.load(args.recordings)
-    config = serve_config(None, args.overrides, split=recordings.requests[0].prompt.split)
+    config = load_serve_config(None, args.overrides, split=recordings.requests[0].prompt.split, shuffle=False,
+                               seed=0)
     cost = StepCostModel.from_calibration(args.calibration)
     proposals = Proposals(recordings, config.max_depth)
     concurrency = [int(c) for c in args.concurrency.split(",") if c]
@@ -70,36 +74,34 @@ def main() -> None:
     def env_for(cfg) -> ServeReplayEnv:
         return ServeReplayEnv(recordings, cost, cfg, cost_noise=False, proposals=proposals)
 
-    def throughput(env: ServeReplayEnv, act) -> float:
-        """Tokens per engine second of one episode over the workload, ``act(obs)`` choosing each action."""
+    def throughput(env: ServeReplayEnv, policy) -> float:
+        """Tokens per engine second of one episode over the workload, ``policy`` choosing each action."""
         prompt_ids = [prompt.id for prompt in env.workload.prompts][: config.num_requests or None]
-        return episode_throughput(env, SimpleNamespace(act=act), prompt_ids, seed)
+        return episode_throughput(env, policy, prompt_ids, seed)
 
     depths = [d for d in config.depths if d > 0]
     budgets = [b for b in config.budgets if b > 0]
-    grid = [(i, j) for i, d in enumerate(config.depths) if d > 0 for j, b in enumerate(config.budgets) if b > 0]
-    none = np.array([config.depths.index(0), config.budgets.index(0)])
-    no_limit = config.budgets.index(max(config.budgets))  # 128 by default: >= depth x running for every depth
+    no_limit = max(config.budgets)  # 128 by default: >= depth x running for every depth
     rows = []
     for section, key, load in loads:
         env = env_for(dataclasses.replace(config, **load))
         hind = env_for(dataclasses.replace(config, rule="hindsight", **load))
-        plain = throughput(env, lambda obs: none)
-        speed = lambda e, a: throughput(e, lambda obs: np.asarray(a)) / plain  # noqa: E731
-        fixed_k = {f"fixed:{d}": speed(env, (i, no_limit)) for i, d in enumerate(config.depths) if d > 0}
-        static = {f"fixed:{config.depths[i]}:{config.budgets[j]}": speed(env, (i, j)) for i, j in grid}
-        hindsight = {f"hindsight:{config.depths[i]}:{config.budgets[j]}": speed(hind, (i, j)) for i, j in grid}
-        oracle = throughput(env, lambda obs: env.unwrapped.oracle_action()) / plain
+        plain = throughput(env, Fixed.for_env(env, depth=0, verify_size=0))
+        speed = lambda e, d, b: throughput(e, Fixed.for_env(e, depth=d, verify_size=b)) / plain  # noqa: E731
+        fixed_k = {f"fixed:{d}": speed(env, d, no_limit) for d in depths}
+        static = {f"fixed:{d}:{b}": speed(env, d, b) for d in depths for b in budgets}
+        hindsight = {f"hindsight:{d}:{b}": speed(hind, d, b) for d in depths for b in budgets}
+        lookahead = throughput(env, LookAhead.for_env(env)) / plain
         rows.append({"load": f"{section}={key}", "none_tokens_per_second": plain, "fixed_k": fixed_k,
-                     "static": static, "oracle": oracle, "hindsight": hindsight})
+                     "static": static, "lookahead": lookahead, "hindsight": hindsight})
         best = lambda d: max(d, key=d.get)  # noqa: E731
-        bench.row({"best_fixed_k_vs_none": max(fixed_k.values()), "static_vs_none": max(static.values()),
-                   "oracle_vs_none": oracle, "hindsight_vs_none": max(hindsight.values())},
+        bench.row({"best_fixed_k_vs_none": max(fixed_k.values()), "best_static_vs_none": max(static.values()),
+                   "lookahead_vs_none": lookahead, "hindsight_vs_none": max(hindsight.values())},
                   {"none_tok_s": plain}, **{"concurrency" if section == "concurrency" else "rate": key},
                   best_fixed_k=best(fixed_k), best_static=best(static), best_hindsight=best(hindsight))
     extra = {}
     if args.policies:
-        specs = [s.label for s in parse_serving_policies(args.policies)]
+        specs = [s.label for s in parse_policies(args.policies, engine="vllm")]
         res = run_serving_eval(bench.path("policies") or tempfile.mkdtemp(prefix="serve_headroom_"),
                                policies=args.policies, concurrency=concurrency,
                                rates=rates, config=config, make_env=lambda cfg, spec: env_for(cfg))
@@ -111,8 +113,8 @@ def main() -> None:
     single = max(rows[0]["static"], key=lambda k: geomean([r["static"][k] for r in rows]))
     kinds = {f"best_single_fixed_k:{k_best}": [r["fixed_k"][k_best] for r in rows],
              f"best_single_depth_budget:{single}": [r["static"][single] for r in rows],
-             "static_per_load": [max(r["static"].values()) for r in rows],
-             "greedy_one_step_oracle": [r["oracle"] for r in rows],
+             "best_static_per_load": [max(r["static"].values()) for r in rows],
+             "greedy_one_step_lookahead": [r["lookahead"] for r in rows],
              "hindsight_per_load": [max(r["hindsight"].values()) for r in rows],
              **extra}
     bench.note(f"geometric mean over {len(rows)} loads ({', '.join(r['load'] for r in rows)}): speedup over none, "

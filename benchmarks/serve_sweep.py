@@ -25,7 +25,10 @@ from draftrl.decoding.replay import Proposals, Recordings
 from draftrl.decoding.vllm.calibrate import StepCostModel
 from draftrl.envs.serve_replay import ServeReplayEnv
 from draftrl.eval.plots import load_sweep
-from draftrl.eval.serving import kendall_tau, loads_of, parse_serving_policies, run_serving_eval, serve_config
+from draftrl.config.serve import load_serve_config
+from draftrl.eval.metrics import kendall_tau
+from draftrl.eval.policy_names import parse_policies
+from draftrl.eval.serving import loads_of, run_serving_eval
 from draftrl.io import read_json
 
 
@@ -37,16 +40,16 @@ def main() -> None:
     parser.add_argument("--rates", default="0.5,2,8", help="Poisson arrival rates, requests per second")
     parser.add_argument("--concurrency", default="", help="fixed concurrency levels too, e.g. 1,4,16")
     parser.add_argument("--repeats", type=int, default=3, help="interleaved passes; the median-time pass is kept")
-    parser.add_argument("--set", dest="overrides", action="append", default=["max_new_tokens=48"],
-                        help="ServeConfig key=value (default max_new_tokens=48)")
+    parser.add_argument("--set", dest="overrides", action="append", default=["env.max_new_tokens=48"],
+                        help="env.KEY=VALUE, a ServeConfig field (default env.max_new_tokens=48)")
     parser.add_argument("--real-results", default=None, help="reuse this vLLM results.json instead of running vLLM")
     args = parse_args(parser, quick=dict(policies="none,fixed:2,heuristic", rates="0.5,4", repeats=1))
     bench = Bench(args, __file__, owned=("real", "sim", "sweep.png"), needs_out=True)
     out = bench.out
-    config = serve_config(None, args.overrides)
+    config = load_serve_config(None, args.overrides, split="heldout", shuffle=False, seed=0)
     rates = [float(r) for r in args.rates.split(",") if r]
     concurrency = [int(c) for c in args.concurrency.split(",") if c]
-    specs = parse_serving_policies(args.policies)
+    specs = parse_policies(args.policies, engine="vllm")
     simulated = ",".join(s.label for s in specs if s.kind != "ngram")
     recordings, cost = Recordings.load(args.recordings), StepCostModel.from_calibration(args.calibration)
     proposals = Proposals(recordings, config.max_depth)

@@ -31,7 +31,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "drafters": {"models"},
     "decoding": {"models", "drafters"},
     "envs": {"signals", "models", "drafters", "decoding"},
-    "policies": {"signals", "envs"},
+    "policies": {"signals", "decoding", "envs"},
     "export": {"signals", "models", "drafters", "decoding", "policies"},
     "train": {"signals", "models", "drafters", "decoding", "envs", "policies"},
     "eval": {"signals", "models", "drafters", "decoding", "envs", "policies", "train"},

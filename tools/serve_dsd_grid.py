@@ -20,7 +20,8 @@ import time
 from draftrl.decoding.replay import Proposals, Recordings
 from draftrl.decoding.vllm.calibrate import StepCostModel
 from draftrl.envs.serve_replay import ServeReplayEnv
-from draftrl.eval.serving import search_dsd, serve_config
+from draftrl.config.serve import load_serve_config
+from draftrl.eval.dsd_search import search_dsd
 from draftrl.io import prepare_out, write_json
 
 
@@ -46,7 +47,7 @@ def main() -> None:
     p.add_argument("--ranges", default="1-1,2-4,5-8,9-16", help="batch-size ranges, each gets one K")
     p.add_argument("--ks", default="0,1,2,3,4,6,8")
     p.add_argument("--any-order", action="store_true", help="also tables whose K grows with the batch")
-    p.add_argument("--set", dest="overrides", action="append", default=[], help="ServeConfig key=value")
+    p.add_argument("--set", dest="overrides", action="append", default=[], help="env.KEY=VALUE, a ServeConfig field")
     p.add_argument("--top", type=int, default=8)
     p.add_argument("--out", required=True)
     p.add_argument("--overwrite", action="store_true", help="replace an earlier dsd_grid.json in --out")
@@ -56,7 +57,8 @@ def main() -> None:
     except ValueError as err:
         p.error(str(err))
     recordings = Recordings.load(args.recordings)
-    config = serve_config(None, args.overrides, split=recordings.requests[0].prompt.split)
+    config = load_serve_config(None, args.overrides, split=recordings.requests[0].prompt.split, shuffle=False,
+                               seed=0)
     cost = StepCostModel.from_calibration(args.calibration)
     proposals = Proposals(recordings, config.max_depth)
     ranges = tuple(tuple(int(x) for x in r.split("-")) for r in args.ranges.split(","))

@@ -33,7 +33,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--cost-table", default=None, help="cost table from draftrl calibrate, copied next to the traces")
     p.add_argument("--engine", choices=["hf", "vllm"], default="hf",
                    help="vllm: record each request's greedy continuation in vLLM (float32, no speculation) for "
-                        "draftrl/ServeReplay-v0; --config/--set then take ServeConfig fields (default split tune)")
+                        "draftrl/ServeReplay-v0; the env section is then a ServeConfig (the same workload keys, e.g. "
+                        "--set env.split=heldout)")
     _options.add_json(p)
     p.set_defaults(func=run)
 
@@ -62,14 +63,21 @@ def check_out(out: Path, overwrite: bool) -> None:
         shutil.rmtree(out / PARTIAL_DIR)
 
 
+def serving_config(args: argparse.Namespace):
+    """``--engine vllm``'s :class:`~draftrl.config.serve.ServeConfig`: ``--config``'s env section, ``--set
+    env.KEY=VALUE`` and the flags, the same keys as ``draftrl eval`` on both engines (default split tune)."""
+    from draftrl.config.serve import load_serve_config
+
+    return load_serve_config(args.config, _options.overrides(args), split="tune")
+
+
 def run_vllm(args: argparse.Namespace) -> int:
     """Recordings for ``draftrl/ServeReplay-v0`` (``draftrl.envs.serve_replay.record_workload``)."""
     from draftrl.decoding.replay import RECORDINGS_FILE
     from draftrl.envs.serve_replay import record_workload
-    from draftrl.eval.serving import serve_config
     from draftrl.io import prepare_out
 
-    config = serve_config(args.config, args.overrides, threads=args.threads, split="tune", shuffle=True, seed=None)
+    config = serving_config(args)
     prepare_out(args.out, (RECORDINGS_FILE,), overwrite=args.overwrite, command="collect")  # before vLLM loads
     recordings = record_workload(config, progress=lambda msg: print(f"[collect] {msg}", file=sys.stderr, flush=True))
     path = recordings.save(args.out)

@@ -2,10 +2,10 @@
 
     draftrl demo                 # about 10 minutes on 2 quiet CPU cores
     draftrl demo --quick         # a few minutes
-    draftrl demo --config configs/demo_cpu.yaml --out runs/demo --force
+    draftrl demo --config configs/demo_cpu.yaml --out runs/demo --overwrite
 
 Prints a comparison table (plain decoding, best fixed, heuristic, threshold, bandit, PPO, the
-oracle bound) with speedups over plain decoding measured in the same run, the exactness
+lookahead bound) with speedups over plain decoding measured in the same run, the exactness
 verdict, and where the report and plots are. Exits 3 when an exactness check fails.
 
 Learning under load in real vLLM (needs vLLM installed; ``draftrl.eval.serve_demo``)::
@@ -29,8 +29,8 @@ from draftrl.cli._output import exactness_failure, progress_bar
 from draftrl.cli.grid import add_eval_options
 
 #: Display names of the demo's table.
-LABELS = {"ar": "plain decoding", "best-grid": "best fixed (grid)", "heuristic": "HF heuristic",
-          "threshold": "confidence threshold", "bandit": "UCB bandit", "oracle": "oracle (upper bound)"}
+LABELS = {"none": "plain decoding", "best-grid": "best fixed (grid)", "heuristic": "HF heuristic",
+          "threshold": "confidence threshold", "bandit": "UCB bandit", "lookahead": "lookahead (upper bound)"}
 
 
 def add_parser(subparsers) -> None:
@@ -41,8 +41,7 @@ def add_parser(subparsers) -> None:
                    help="hf: draftrl's exact engine, one request at a time (default); vllm: learning under load in "
                         "real vLLM (--config/--set keys are ServeDemoConfig fields, draftrl/eval/serve_demo.py)")
     _options.add_out(p, "output directory (default: runs/demo; --engine vllm: runs/serve_demo)", required=False,
-                     overwrite="replace an earlier demo's outputs in --out (also --force)")
-    p.add_argument("--force", dest="overwrite", action="store_true", help=argparse.SUPPRESS)
+                     overwrite="replace an earlier demo's outputs in --out")
     p.set_defaults(func=run)
 
 
@@ -84,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         with progress_bar(STEPS[0]) as update:
             started, done = _step_printer(console, STEPS, update)
-            summary = run_demo(cfg, args.out, force=args.overwrite, step_started=started, step_done=done,
+            summary = run_demo(cfg, args.out, overwrite=args.overwrite, step_started=started, step_done=done,
                                progress=update)
     except (ExactnessViolation, GreedyMismatch) as err:
         code = exactness_failure("demo", err)

@@ -1,16 +1,18 @@
 """``draftrl eval``: compare drafting policies on the held-out split, with the exactness monitor on.
 
-    draftrl eval --config configs/eval_tiny_cpu.yaml --policies ar,best-grid,heuristic,threshold,bandit,oracle \
+    draftrl eval --config configs/eval_tiny_cpu.yaml --policies none,best-grid,heuristic,threshold,bandit,lookahead \
         --grid runs/grid/grid.json --out runs/eval
-    draftrl eval --config configs/eval_tiny_cpu.yaml --policies ar,ppo:runs/ppo --out runs/eval_ppo
-
-Policies: ar, best-grid (needs --grid), fixed:D[:V[:W]], heuristic, threshold, bandit, ppo:PATH,
-oracle (temperature 0). Writes DIR/results.json, DIR/report.md and PNG plots; exits 3 with the
-evidence when an exactness check fails.
+    draftrl eval --config configs/eval_tiny_cpu.yaml --policies none,ppo:runs/ppo --out runs/eval_ppo
 
 Inside vLLM under concurrent load (draftrl.eval.serving; needs vLLM installed)::
 
-    draftrl eval --engine vllm --policies none,fixed:4,heuristic,ngram:4,dsd --concurrency 1,4,16 --out runs/serve
+    draftrl eval --engine vllm --policies none,fixed:4,heuristic,ngram:4,dsd:1-1:4,2-4:3,5-16:1 \
+        --concurrency 1,4,16 --out runs/serve
+
+One policy grammar for both engines (draftrl.eval.policy_names; a name one engine cannot run is
+refused naming the ones it can) and one workload section: ``--set env.KEY=VALUE`` and ``--target``
+set the same key on both. Writes DIR/results.json and DIR/report.md (hf: PNG plots too); exits 3
+with the evidence when an exactness check fails.
 """
 
 from __future__ import annotations
@@ -23,19 +25,25 @@ from pathlib import Path
 from draftrl.cli import _options
 from draftrl.cli._output import exactness_failure, progress_bar
 from draftrl.cli.grid import add_eval_options, config
+from draftrl.eval.policy_names import accepted_names
+
+#: ``--engine vllm``'s policies without ``--policies``.
+VLLM_POLICIES = ("none", "fixed:4", "heuristic")
 
 
-def _names(text: str) -> tuple[str, ...]:
-    return tuple(name.strip() for name in text.split(",") if name.strip())
+def _policies(text: str) -> tuple[str, ...]:
+    from draftrl.eval.policy_names import split_policies
+
+    return tuple(split_policies(text))
 
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("eval", help="compare policies on held-out requests (speed, latency, exactness)")
     add_eval_options(p)
     keyed = _options.keyed
-    keyed(p, "--policies", key="eval.policies", type=_names,
-          help="comma-separated: ar,best-grid,fixed:D[:V[:W]],heuristic,threshold,bandit,ppo:PATH,oracle "
-               "(sets eval.policies)")
+    keyed(p, "--policies", key="eval.policies", type=_policies,
+          help=f"comma-separated (sets eval.policies); --engine hf: {accepted_names('hf')}; "
+               f"--engine vllm: {accepted_names('vllm')}")
     p.add_argument("--grid", default=None, help="grid.json from draftrl grid (needed by best-grid; adds the heatmap)")
     _options.add_out(p, "output directory (results.json, report.md, plots)")
     keyed(p, "--no-monitor", key="eval.monitor", action="store_const", const=False,
@@ -47,9 +55,9 @@ def add_parser(subparsers) -> None:
     _options.add_ignore_eos(p)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--engine", choices=["hf", "vllm"], default="hf",
-                   help="hf: draftrl's exact engine, one request at a time (default); vllm: inside vLLM under load, "
-                        "policies none,fixed:D[:B],heuristic,ngram:K,class:MODULE.Class:K,dsd[:S-E:K,...],ppo:PATH; --set keys are "
-                        "ServeConfig fields (e.g. --set max_new_tokens=48)")
+                   help="hf: draftrl's exact engine, one request at a time (default); vllm: inside vLLM under load "
+                        "(the env section is then a ServeConfig: the same workload keys, e.g. --set env.max_new_tokens=48, "
+                        "plus arrivals and engine settings)")
     p.add_argument("--concurrency", default="1,4,16", help="vllm: requests kept in flight, comma-separated")
     p.add_argument("--rates", default="", help="vllm: Poisson arrival rates (requests/s), comma-separated")
     p.add_argument("--repeats", type=int, default=1, help="vllm: interleaved passes; the median-time pass is kept")
@@ -61,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
         return run_vllm(args)
     from draftrl.decoding.monitor import ExactnessViolation
     from draftrl.eval.exactness import GreedyMismatch
-    from draftrl.eval.policies import parse_policies
+    from draftrl.eval.policy_names import parse_policies
 
     cfg = config(args)
     policies = list(cfg.eval.policies)
@@ -69,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
 
     for spec in parse_policies(policies):  # fail on a bad name or a damaged policy before loading any model
         if spec.kind == "ppo":
-            load_checked(spec.arg)
+            load_checked(spec.path)
     from draftrl.eval.evaluate import OUTPUTS, run_eval
     from draftrl.io import prepare_out
 
@@ -110,14 +118,28 @@ def print_policy_table(results: dict, title: str) -> None:
     Console(width=None if sys.stdout.isatty() else 160).print(table)  # pipes and logs get the full table
 
 
-def run_vllm(args: argparse.Namespace) -> int:
-    from draftrl.eval.serving import ServingMismatch, parse_serving_policies, run_serving_eval, serve_config
+def serving_config(args: argparse.Namespace):
+    """``--engine vllm``'s :class:`~draftrl.config.serve.ServeConfig`: held-out split, file order, seed 0,
+    then ``--config``'s env section, ``--set env.KEY=VALUE`` and the flags (the same keys as ``--engine hf``)."""
+    from draftrl.config.serve import load_serve_config
 
-    policies = args.policies or "none,fixed:4,heuristic"
-    parse_serving_policies(policies)  # fail on a bad name before loading vLLM
+    items = _options.overrides(args)
+    hf_only = [item for item in items if item.startswith("eval.") and not item.startswith("eval.policies=")]
+    if hf_only:
+        raise ValueError(f"{hf_only[0].partition('=')[0]} is read by --engine hf only; drop it with --engine vllm.")
+    return load_serve_config(args.config, [item for item in items if not item.startswith("eval.")],
+                             split="heldout", shuffle=False, seed=0)
+
+
+def run_vllm(args: argparse.Namespace) -> int:
+    from draftrl.eval.policy_names import parse_policies
+    from draftrl.eval.serving import ServingMismatch, run_serving_eval
+
+    policies = list(args.policies or VLLM_POLICIES)
+    parse_policies(policies, engine="vllm")  # fail on a bad name before loading vLLM
     concurrency = [int(c) for c in args.concurrency.split(",") if c]
     rates = [float(r) for r in args.rates.split(",") if r]
-    config = serve_config(args.config, args.overrides, threads=args.threads)
+    config = serving_config(args)
     from draftrl.eval.evaluate import OUTPUTS
     from draftrl.io import prepare_out
 

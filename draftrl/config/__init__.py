@@ -21,8 +21,8 @@ T = TypeVar("T")
 #: negative controls of the exactness monitor and of ``draftrl selftest`` run.
 SAMPLERS: tuple[str, ...] = ("correct", "resample-from-p")
 #: The baselines, by the one name configs (``baselines``, ``eval.policies``), tables and reports use:
-#: Hugging Face's +2/-1 schedule, the confidence threshold, the UCB bandit, the oracle bound.
-BASELINES: tuple[str, ...] = ("heuristic", "threshold", "bandit", "oracle")
+#: Hugging Face's +2/-1 schedule, the confidence threshold, the UCB bandit, the lookahead bound.
+BASELINES: tuple[str, ...] = ("heuristic", "threshold", "bandit", "lookahead")
 #: Few-token CPU kernel choices of ``env.kernels`` (``draftrl.models.kernels`` implements them).
 KERNELS: tuple[str, ...] = ("auto", "stock", "fast_linear")
 #: Weights & Biases modes of every command's ``wandb`` section (``WANDB_MODE`` wins).

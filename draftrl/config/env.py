@@ -9,49 +9,27 @@ Defaults live here; YAML files in ``configs/`` override what differs under an ``
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 
 from draftrl.config import SECTIONS, from_dict, read_yaml, refuse_unknown_sections
-from draftrl.prompts import SPLITS
+from draftrl.config.workload import WorkloadConfig
 
 #: Reward modes (see ``draftrl.envs.rewards``).
 REWARD_MODES: tuple[str, ...] = ("ratio", "throughput")
 
 
 @dataclass
-class EnvConfig:
-    """Workload, models, sampling, action grid and reward of a speculative-decoding env."""
+class EnvConfig(WorkloadConfig):
+    """Workload (:class:`WorkloadConfig`), drafter, device, action grid and reward of a
+    speculative-decoding env (TraceReplay-v0 needs temperature 0)."""
 
-    section: ClassVar[str] = "env"
-    """the config section these fields are read from, for errors (``EnvSpec`` subclasses: depth_env, ...)"""
-
-    # ---- workload
-    prompts: str | None = None
-    """JSONL prompt file with the ``draftrl.prompts.Prompt`` fields; None = the shipped set"""
-    languages: tuple[str, ...] | None = None
-    """keep these languages (e.g. [en, zh]); None = all"""
-    tasks: tuple[str, ...] | None = None
-    """keep these tasks (code_edit, summarize, qa_context, chat); None = all"""
-    split: str | None = "tune"
-    """tune or heldout; None = both"""
-    limit_per_group: int | None = None
-    """first n prompts of each (language, task) group; None = all"""
-    shuffle: bool = True
-    """visit prompts in a seeded random order (reshuffled every pass); False = file order"""
-    chat_template: bool = True
-    """wrap each prompt in the tokenizer's chat template (SmolLM2 is an instruct model)"""
-    max_new_tokens: int | None = None
-    """tokens per episode; None = the prompt's suggestion, capped at max_new_tokens_cap"""
-    max_new_tokens_cap: int = 256
-    """upper bound on a prompt's suggested max_new_tokens"""
+    # ---- workload: WorkloadConfig's fields (prompts, split, target, max_new_tokens, temperature, ...)
     ignore_eos: bool = False
     """decode every request to its max_new_tokens past EOS (vLLM's ignore_eos): benchmarks and
     negative controls run to length"""
-    # ---- models and sampling
-    target: str = "smollm2-135m"
-    """target model: a known name, a local directory or a hub id"""
+    # ---- drafting
     drafter: str = "ngram"
     """a spec of ``draftrl.drafters.registry``: ngram | ngram:MIN:MAX[:earliest|latest] | layerskip:N | self | none |
     a draft model path (same vocabulary)"""
@@ -60,14 +38,8 @@ class EnvConfig:
     kernels: str | None = None
     """few-token CPU kernels: auto (a timed probe, cached per machine), stock or fast_linear;
     None = $DRAFTRL_KERNELS, else auto (see draftrl.models.kernels)"""
-    temperature: float = 0.0
-    """0 = greedy (TraceReplay-v0 needs 0)"""
-    top_k: int = 0
-    top_p: float = 1.0
     draft_sampling: bool = False
     """model drafters sample proposals from q instead of taking the top children"""
-    seed: int | None = None
-    """seed of the first reset() when none is passed; None = fresh entropy (gymnasium's convention)"""
     # ---- action grid
     depths: tuple[int, ...] = (0, 1, 2, 3, 4, 6, 8)
     """draft depths the policy chooses from; 0 = no speculation (a plain target step)"""
@@ -104,20 +76,11 @@ class EnvConfig:
     def __post_init__(self) -> None:
         from draftrl.config import KERNELS
 
+        super().__post_init__()
         if self.kernels is not None and self.kernels not in KERNELS:
             raise ValueError(f"{self.section}.kernels={self.kernels!r} is not a kernel choice; use one of {', '.join(KERNELS)}.")
         self.depths = _grid(self.depths, f"{self.section}.depths", minimum=0)
         self.verify_sizes = _grid(self.verify_sizes, f"{self.section}.verify_sizes", minimum=0)
-        if self.languages is not None:
-            self.languages = tuple(self.languages)
-        if self.tasks is not None:
-            self.tasks = tuple(self.tasks)
-        if self.split is not None and self.split not in SPLITS:
-            raise ValueError(f"{self.section}.split={self.split!r} is unknown; use one of {', '.join(SPLITS)} or null.")
-        if self.max_new_tokens is not None and self.max_new_tokens < 1:
-            raise ValueError(f"{self.section}.max_new_tokens={self.max_new_tokens} must be >= 1 (or null for the prompt's).")
-        if self.max_new_tokens_cap < 1:
-            raise ValueError(f"{self.section}.max_new_tokens_cap={self.max_new_tokens_cap} must be >= 1.")
         if self.width < 1:
             raise ValueError(f"{self.section}.width={self.width} must be >= 1 (1 = chain drafting).")
         if self.reward not in REWARD_MODES:
@@ -140,8 +103,6 @@ class EnvConfig:
                 f"{self.section}.depth_shaping=true needs reward=ratio (got {self.reward!r}): only the ratio "
                 "reward splits into per-step terms that sum to the round's reward."
             )
-        if self.temperature < 0:
-            raise ValueError(f"{self.section}.temperature={self.temperature} must be >= 0 (0 = greedy).")
 
     @property
     def max_depth(self) -> int:

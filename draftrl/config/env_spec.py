@@ -71,6 +71,8 @@ class AnalyticArgs:
 class ServeArgs(ServeConfig):
     """``draftrl/ServeVLLM-v0``'s ``ServeConfig`` fields, and ``draftrl/ServeReplay-v0``'s recordings and costs."""
 
+    section: ClassVar[str] = "env.serve"
+
     recordings: str | None = None
     """ServeReplay-v0: a directory from draftrl collect --engine vllm"""
     calibration: str | None = None

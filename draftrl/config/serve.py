@@ -3,32 +3,25 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
-from draftrl.config.env import REWARD_MODES, EnvConfig
+from draftrl.config.env import REWARD_MODES
+from draftrl.config.workload import WorkloadConfig
 
 ARRIVALS = ("fixed", "poisson", "burst")
 
 
 @dataclass
-class ServeConfig:
-    """Workload, arrivals, engine, action grid and reward of one serving episode."""
+class ServeConfig(WorkloadConfig):
+    """Workload (:class:`WorkloadConfig`: the same keys and defaults as ``EnvConfig``'s), arrivals,
+    engine, action grid and reward of one serving episode."""
 
-    # ---- workload (the prompt filters of EnvConfig)
-    prompts: str | None = None
-    """JSONL prompt file; None = the shipped set"""
-    languages: tuple[str, ...] | None = None
-    tasks: tuple[str, ...] | None = None
-    split: str | None = "tune"
+    # ---- workload: WorkloadConfig's fields (prompts, split, target, max_new_tokens, temperature, ...), and
     limit_per_group: int | None = 1
-    """prompts per (language, task) group; 1 = the 16-request mixed workload"""
+    """prompts per (language, task) group; 1 = the 16-request mixed workload (an episode serves them all)"""
     num_requests: int | None = None
     """requests per episode, drawn from the selection; None = every selected prompt once"""
-    shuffle: bool = True
-    """seeded random request order per episode; False = file order"""
-    chat_template: bool = True
-    max_new_tokens: int | None = None
-    """tokens per request; None = the prompt's suggestion capped at max_new_tokens_cap"""
-    max_new_tokens_cap: int = 96
     # ---- arrivals
     arrival: str = "fixed"
     """fixed: keep `concurrency` requests in flight; poisson: `rate` requests/s; burst: `burst_size` every `burst_interval` s"""
@@ -39,19 +32,12 @@ class ServeConfig:
     burst_interval: float = 2.0
     """seconds of engine time between bursts"""
     # ---- engine
-    model: str = "smollm2-135m"
-    dtype: str = "float32"
     max_num_seqs: int = 16
     """the engine's most concurrent sequences (more requests wait in its queue)"""
     max_model_len: int = 1024
     kv_cache_gib: int = 1
     """VLLM_CPU_KVCACHE_SPACE in GiB"""
     threads: int = 1
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int | None = None
-    """seed of the first reset() when none is passed"""
     rule: str = "match"
     """each request's own depth before the cap and budget: match | heuristic (see the proposer);
     hindsight in ServeReplay-v0 only (drafts only what will be accepted: a ceiling, not a policy)"""
@@ -67,35 +53,67 @@ class ServeConfig:
     rho_rate: float = 0.1
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         self.depths = tuple(int(d) for d in self.depths)
         self.budgets = tuple(int(b) for b in self.budgets)
         if self.arrival not in ARRIVALS:
-            raise ValueError(f"ServeConfig.arrival={self.arrival!r} is unknown; use one of {', '.join(ARRIVALS)}.")
+            raise ValueError(f"{self.section}.arrival={self.arrival!r} is unknown; use one of {', '.join(ARRIVALS)}.")
         for name in ("concurrency", "max_num_seqs", "burst_size"):
             if getattr(self, name) < 1:
-                raise ValueError(f"ServeConfig.{name}={getattr(self, name)} must be >= 1.")
+                raise ValueError(f"{self.section}.{name}={getattr(self, name)} must be >= 1.")
         if self.rate <= 0 or self.burst_interval <= 0:
-            raise ValueError(f"ServeConfig.rate={self.rate} and burst_interval={self.burst_interval} must be > 0.")
+            raise ValueError(f"{self.section}.rate={self.rate} and burst_interval={self.burst_interval} must be > 0.")
         for name in ("depths", "budgets"):
             values = getattr(self, name)
             if not values or min(values) < 0 or len(set(values)) != len(values):
-                raise ValueError(f"ServeConfig.{name}={list(values)} must be distinct integers >= 0.")
+                raise ValueError(f"{self.section}.{name}={list(values)} must be distinct integers >= 0.")
         if 0 not in self.depths:
-            raise ValueError(f"ServeConfig.depths={list(self.depths)} must contain 0 (no speculation is always an action).")
+            raise ValueError(f"{self.section}.depths={list(self.depths)} must contain 0 (no speculation is always an action).")
         if 0 not in self.budgets:
-            raise ValueError(f"ServeConfig.budgets={list(self.budgets)} must contain 0 (no speculation is always an action).")
+            raise ValueError(f"{self.section}.budgets={list(self.budgets)} must contain 0 (no speculation is always an action).")
         if self.reward not in REWARD_MODES:
-            raise ValueError(f"ServeConfig.reward={self.reward!r} is unknown; use one of {', '.join(REWARD_MODES)}.")
+            raise ValueError(f"{self.section}.reward={self.reward!r} is unknown; use one of {', '.join(REWARD_MODES)}.")
         if self.num_requests is not None and self.num_requests < 1:
-            raise ValueError(f"ServeConfig.num_requests={self.num_requests} must be >= 1 or null.")
+            raise ValueError(f"{self.section}.num_requests={self.num_requests} must be >= 1 or null.")
 
     @property
     def max_depth(self) -> int:
         return max(self.depths)
 
-    def workload_config(self) -> EnvConfig:
-        """The EnvConfig whose prompt filters and budgets select this workload."""
-        return EnvConfig(prompts=self.prompts, languages=self.languages, tasks=self.tasks, split=self.split,
-                         limit_per_group=self.limit_per_group, shuffle=self.shuffle, chat_template=self.chat_template,
-                         max_new_tokens=self.max_new_tokens, max_new_tokens_cap=self.max_new_tokens_cap,
-                         target=self.model)
+
+#: Top-level keys the serving commands read besides the ``env`` section (the ServeConfig field of each).
+TOP_LEVEL_KEYS = ("threads", "seed")
+
+
+def load_serve_config(path: str | None = None, overrides: list[str] | None = None, **defaults: Any) -> ServeConfig:
+    """The ``ServeConfig`` of ``draftrl eval --engine vllm`` and ``draftrl collect --engine vllm``.
+
+    ``defaults`` (ServeConfig fields, the command's), then the YAML file at ``path`` (its ``env``
+    section, and top-level ``threads`` and ``seed``; other sections belong to other commands), then
+    ``--set`` items: ``env.KEY=VALUE`` (the same keys as on ``--engine hf``, e.g.
+    ``env.temperature=1``, ``env.target=...``), ``threads=N``, ``seed=N``.
+    """
+    import yaml
+
+    from draftrl.config import SECTIONS, from_dict, read_yaml, refuse_unknown_sections
+
+    data: dict[str, Any] = dict(defaults)
+    if path is not None:
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"config file {path} does not exist; pass a file from configs/")
+        loaded = read_yaml(path)
+        if not isinstance(loaded, dict) or not isinstance(loaded.get("env") or {}, dict):
+            raise ValueError(f"config file {path} must be a mapping with an env: section")
+        refuse_unknown_sections(loaded, path, SECTIONS)
+        data.update(loaded.get("env") or {})
+        data.update({key: loaded[key] for key in TOP_LEVEL_KEYS if key in loaded})
+    for item in overrides or []:
+        key, sep, raw = (part.strip() for part in item.partition("="))
+        if sep and key.startswith("env.") and key.count(".") == 1:
+            data[key[len("env."):]] = yaml.safe_load(raw)
+        elif sep and key in TOP_LEVEL_KEYS:
+            data[key] = yaml.safe_load(raw)
+        else:
+            raise ValueError(f"--set {item!r} is not a serving key; use env.KEY=VALUE (ServeConfig fields, e.g. "
+                             "env.max_new_tokens=48), threads=N or seed=N.")
+    return from_dict(ServeConfig, data, prefix="env.")

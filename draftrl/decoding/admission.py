@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from draftrl.decoding.schedule import heuristic_depth
+
 
 @dataclass(frozen=True)
 class StepAction:
@@ -109,16 +111,15 @@ class RequestAcceptance:
 
     def observe(self, num_emitted: int, decay: float, heuristic: bool = False) -> int:
         """The request gained ``num_emitted`` tokens (accepted + 1) verifying ``last_proposed``
-        drafts; returns the accepted count. With ``heuristic``, ``heuristic_depth`` moves +2 when
-        every proposed draft was accepted, else -1 (floor 1)."""
+        drafts; returns the accepted count. With ``heuristic``, ``heuristic_depth`` follows
+        ``draftrl.decoding.schedule.heuristic_depth`` (+2 / -1, floor 1)."""
         proposed = self.last_proposed
         accepted = max(0, min(num_emitted - 1, proposed))
         if proposed:
             self.num_accepted = decay * self.num_accepted + accepted
             self.num_proposed = decay * self.num_proposed + proposed
             if heuristic:
-                self.heuristic_depth = self.heuristic_depth + 2 if accepted == proposed \
-                    else max(1.0, self.heuristic_depth - 1)
+                self.heuristic_depth = heuristic_depth(self.heuristic_depth, accepted, proposed)
         return accepted
 
 

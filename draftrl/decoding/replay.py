@@ -251,7 +251,7 @@ class ReplayEngine(QueuedBatch):
 
     def clone(self) -> "ReplayEngine":
         """A copy whose steps leave this engine untouched (recordings and proposals shared, no
-        cost noise): what a one-step lookahead (the oracle) explores."""
+        cost noise): what the one-step look-ahead explores."""
         other = copy.copy(self)
         copies: dict[int, _SimRequest] = {}
 

@@ -61,7 +61,7 @@ class ServeReplayEnv(ServeVLLMEnv):
     or ``hindsight`` (this env only: each request drafts just what it will accept, the ceiling of
     per-request depth control; ``benchmarks/serve_headroom.py``).
 
-    ``env.unwrapped.oracle_action()``: the greedy one-step oracle (the ``Oracle`` baseline).
+    ``env.unwrapped.lookahead_action()``: the greedy one-step lookahead (the ``LookAhead`` baseline).
 
     ## Version History
 
@@ -80,17 +80,17 @@ class ServeReplayEnv(ServeVLLMEnv):
         if render_mode is not None:
             raise ValueError(f"render_mode={render_mode!r} is not supported; the serving env does not render.")
         if config.temperature != 0:
-            raise ValueError(f"ServeConfig.temperature={config.temperature}: ServeReplay-v0 replays greedy "
+            raise ValueError(f"{config.section}.temperature={config.temperature}: ServeReplay-v0 replays greedy "
                              "recordings; use temperature 0 (or ServeVLLM-v0 to sample).")
         if cost_jitter < 0:
             raise ValueError(f"cost_jitter={cost_jitter} must be >= 0 (a lognormal sigma).")
         if not isinstance(recordings, Recordings):
             recordings = Recordings.load(recordings)
         recorded = recordings.meta.get("config", {})
-        for name in ("model", "chat_template"):
+        for name in ("target", "chat_template"):
             if name in recorded and recorded[name] != getattr(config, name):
-                raise ValueError(f"ServeConfig.{name}={getattr(config, name)!r} differs from the recordings' "
-                                 f"{recorded[name]!r}; record again with --set {name}={getattr(config, name)}.")
+                raise ValueError(f"{config.section}.{name}={getattr(config, name)!r} differs from the recordings' "
+                                 f"{recorded[name]!r}; record again with --set env.{name}={getattr(config, name)}.")
         self.recordings = recordings
         self.cost_model = calibration if isinstance(calibration, StepCostModel) \
             else StepCostModel.from_calibration(calibration)
@@ -99,7 +99,7 @@ class ServeReplayEnv(ServeVLLMEnv):
                               max_num_seqs=config.max_num_seqs, max_model_len=config.max_model_len, rule=config.rule,
                               proposals=proposals)
         self.tokenizer = None
-        self._setup(config, engine, Workload(config.workload_config(), None, prompts=recordings.prompts,
+        self._setup(config, engine, Workload(config, None, prompts=recordings.prompts,
                                              prompt_ids=recordings.prompt_ids()))
 
     def _arrivals(self, n: int) -> np.ndarray:
@@ -115,8 +115,8 @@ class ServeReplayEnv(ServeVLLMEnv):
         info["load"] = {k: getattr(self.config, k) for k in LOAD_KEYS}
         return obs, info
 
-    def oracle_action(self) -> np.ndarray:
-        """The greedy one-step oracle: the action whose drafts (verified in the next step, the
+    def lookahead_action(self) -> np.ndarray:
+        """The greedy one-step lookahead: the action whose drafts (verified in the next step, the
         one-step lag) give the most ``tokens - rho * seconds`` over this step and the next, each
         action tried on a copy of the engine with the noise-free step cost; ties go to the
         shallowest, smallest-budget action. ``rho`` is the reward's running tokens/s."""
@@ -147,7 +147,7 @@ def record_workload(config: ServeConfig, engine=None, tokenizer=None, progress=N
     if engine is None:
         from draftrl.decoding.vllm.engine import VLLMEngineConfig, shared_engine
 
-        engine = shared_engine(VLLMEngineConfig(model=config.model, method="none", dtype=config.dtype,
+        engine = shared_engine(VLLMEngineConfig(model=config.target, method="none", dtype=config.dtype,
                                                 max_num_seqs=config.max_num_seqs, max_model_len=config.max_model_len,
                                                 kv_cache_gib=config.kv_cache_gib, threads=config.threads))
     if tokenizer is None:
@@ -155,8 +155,8 @@ def record_workload(config: ServeConfig, engine=None, tokenizer=None, progress=N
 
         from draftrl.decoding.vllm.engine import model_path
 
-        tokenizer = AutoTokenizer.from_pretrained(model_path(config.model))
-    workload = Workload(config.workload_config(), tokenizer)
+        tokenizer = AutoTokenizer.from_pretrained(model_path(config.target))
+    workload = Workload(config, tokenizer)
     requests = [(r.prompt, r.prompt_ids, r.max_new_tokens) for r in map(workload.request, range(len(workload)))]
     describe = engine.describe() if hasattr(engine, "describe") else {"engine": type(engine).__name__}
     return record(engine, requests, meta={"config": dataclasses.asdict(config), "engine": describe}, progress=progress)

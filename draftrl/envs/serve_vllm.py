@@ -145,7 +145,7 @@ class ServeVLLMEnv(gym.Env[np.ndarray, np.ndarray]):
 
     ## Information
 
-    ``tokens`` (also as ``num_emitted``, the policies' name), ``seconds``, ``cpu_seconds`` (the
+    ``num_emitted`` (tokens all requests gained in the step), ``seconds``, ``cpu_seconds`` (the
     engine's thread CPU seconds, None in the simulator), ``num_verified`` (drafts verified in the
     step), ``num_accepted``, ``num_proposed`` (drafts proposed for the next step), ``running``,
     ``waiting``, ``depth``, ``budget``, ``clock`` (engine seconds since reset), ``finished``
@@ -181,7 +181,7 @@ class ServeVLLMEnv(gym.Env[np.ndarray, np.ndarray]):
             from draftrl.decoding.vllm.engine import VLLMEngineConfig, shared_engine
 
             engine = shared_engine(VLLMEngineConfig(
-                model=config.model, method="draftrl", num_speculative_tokens=max(1, config.max_depth),
+                model=config.target, method="draftrl", num_speculative_tokens=max(1, config.max_depth),
                 dtype=config.dtype, max_num_seqs=config.max_num_seqs, max_model_len=config.max_model_len,
                 kv_cache_gib=config.kv_cache_gib, threads=config.threads))
         if tokenizer is None:
@@ -189,15 +189,9 @@ class ServeVLLMEnv(gym.Env[np.ndarray, np.ndarray]):
 
             from draftrl.decoding.vllm.engine import model_path
 
-            tokenizer = AutoTokenizer.from_pretrained(model_path(config.model))
+            tokenizer = AutoTokenizer.from_pretrained(model_path(config.target))
         self.tokenizer = tokenizer
-        self._setup(config, engine, Workload(config.workload_config(), tokenizer))
-
-    @property
-    def verify_sizes(self) -> tuple[int, ...]:
-        """The second action grid under the policies' name (``draftrl.policies``: ``(depth,
-        verify_size)``): here the batch's verification budgets, ``budgets``."""
-        return self.budgets
+        self._setup(config, engine, Workload(config, tokenizer))
 
     def _setup(self, config: ServeConfig, engine, workload: Workload) -> None:
         """Spaces, reward and episode state around ``engine`` (shared with ``ServeReplay-v0``)."""
@@ -316,7 +310,7 @@ class ServeVLLMEnv(gym.Env[np.ndarray, np.ndarray]):
         self._admit()
         reward = self.rewards(result.num_emitted, result.seconds)
         self._done = not self._pending and self._in_flight == 0
-        info = {"tokens": result.num_emitted, "num_emitted": result.num_emitted, "seconds": result.seconds,
+        info = {"num_emitted": result.num_emitted, "seconds": result.seconds,
                 "cpu_seconds": result.cpu_seconds,
                 "num_verified": result.num_verified,
                 "num_accepted": result.num_accepted, "num_proposed": result.num_proposed,

@@ -89,8 +89,8 @@ class TraceReplayEnv(SeededEpisodes, gym.Env[np.ndarray, np.ndarray]):
     ``cost_table.json`` stored with the traces). Prompt filters of the config are not used:
     the recorded prompts are the workload.
 
-    ``env.unwrapped.oracle_action()`` gives the coming round's hindsight-best action (the
-    ``Oracle`` baseline, the upper bound that training summaries report).
+    ``env.unwrapped.lookahead_action()`` gives the coming round's hindsight-best action (the
+    ``LookAhead`` baseline, the upper bound that training summaries report).
 
     ## Version History
 
@@ -281,7 +281,7 @@ class TraceReplayEnv(SeededEpisodes, gym.Env[np.ndarray, np.ndarray]):
             node, k = child, k + 1
         return num_proposed, len(keep), verified_depth, k, last_drafted
 
-    def oracle_action(self) -> np.ndarray:
+    def lookahead_action(self) -> np.ndarray:
         """The per-round hindsight best action (grid indices) for the coming round.
 
         Every (depth, verify_size) of the grid is walked along the recorded continuation and
@@ -289,12 +289,12 @@ class TraceReplayEnv(SeededEpisodes, gym.Env[np.ndarray, np.ndarray]):
         with the best round reward wins: ``tokens - rho * seconds`` with the reward model's
         ``rho``, or ``tokens / seconds``. Greedy per round (the next round's position depends on
         this one), so it bounds per-round choices, which is what the policies make. Used by
-        ``draftrl.policies.Oracle``.
+        ``draftrl.policies.LookAhead``.
         """
-        return self._oracle(self.verify_sizes)
+        return self._lookahead(self.verify_sizes)
 
-    def _oracle(self, verify_sizes: tuple[int, ...]) -> np.ndarray:
-        """:meth:`oracle_action` over ``verify_sizes`` (the second index points into it)."""
+    def _lookahead(self, verify_sizes: tuple[int, ...]) -> np.ndarray:
+        """:meth:`lookahead_action` over ``verify_sizes`` (the second index points into it)."""
         self._check_running()
         rho = self.rewards.rho if self.config.reward == "ratio" else None
         ctx = self._num_prompt_tokens + self._t - 1

@@ -66,7 +66,7 @@ class TraceReplayDepthEnv(DepthControl, TraceReplayEnv):
             raise ValueError(f"verify_size={verify_size} must be >= 0 (0 = all drafted nodes).")
         self._init_depth_control(verify_size, size_policy)
         if size_policy is not None:  # sizes chosen at STOP: no fixed size to find the best depth for
-            self.oracle_action = None
+            self.lookahead_action = None
         self._reset_round()
 
     def _level_features(self) -> dict[str, float]:
@@ -109,10 +109,10 @@ class TraceReplayDepthEnv(DepthControl, TraceReplayEnv):
         self._reset_round()
         return self._level_obs(), float(reward + step_reward), terminated, truncated, info
 
-    def oracle_action(self) -> np.ndarray:
+    def lookahead_action(self) -> np.ndarray:
         """TraceReplay-v0's per-round best at this env's fixed ``verify_size``: only the depth index
         (first entry) means anything here; ``Policy.act_step`` drafts to that depth and stops."""
-        return self._oracle((self.verify_size,))
+        return self._lookahead((self.verify_size,))
 
     def _tree(self):
         """The recorded tree cut at the current level, as a ``DraftTree`` (for size policies)."""

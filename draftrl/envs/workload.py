@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import gymnasium as gym
 import numpy as np
 
-from draftrl.config.env import EnvConfig
+from draftrl.config.workload import WorkloadConfig
 from draftrl.prompts import Prompt, load_prompts
 
 
@@ -25,7 +25,7 @@ class Request:
     max_new_tokens: int
 
 
-def select_prompts(config: EnvConfig) -> list[Prompt]:
+def select_prompts(config: WorkloadConfig) -> list[Prompt]:
     """The config's prompt set; an empty selection is an error that names the filters."""
     prompts = load_prompts(
         config.prompts,
@@ -42,7 +42,7 @@ def select_prompts(config: EnvConfig) -> list[Prompt]:
     return prompts
 
 
-def budget(config: EnvConfig, prompt: Prompt) -> int:
+def budget(config: WorkloadConfig, prompt: Prompt) -> int:
     """Tokens to generate for ``prompt``: the config's value, else the prompt's suggestion, capped."""
     if config.max_new_tokens is not None:
         return config.max_new_tokens
@@ -53,7 +53,7 @@ def encode(tokenizer, text: str, chat_template: bool) -> list[int]:
     """Token ids of a user message, wrapped in the chat template if asked."""
     if chat_template:
         if not getattr(tokenizer, "chat_template", None):
-            raise ValueError("EnvConfig.chat_template=true needs a tokenizer with a chat template; set it to false.")
+            raise ValueError("env.chat_template=true needs a tokenizer with a chat template; set it to false.")
         ids = tokenizer.apply_chat_template(
             [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True, return_dict=False
         )
@@ -64,7 +64,7 @@ def encode(tokenizer, text: str, chat_template: bool) -> list[int]:
 class Workload:
     """Hands out one :class:`Request` per episode in a seeded order."""
 
-    def __init__(self, config: EnvConfig, tokenizer=None, prompts: list[Prompt] | None = None,
+    def __init__(self, config: WorkloadConfig, tokenizer=None, prompts: list[Prompt] | None = None,
                  prompt_ids: dict[str, list[int]] | None = None):
         """``tokenizer`` may be None when only indices are needed (trace replay) or when
         ``prompt_ids`` (prompt id -> token ids, e.g. recorded ones) covers ``prompts``."""

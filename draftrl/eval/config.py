@@ -58,8 +58,8 @@ class GridSettings:
 class EvalSettings:
     """What ``draftrl eval`` compares on the held-out split."""
 
-    policies: tuple[str, ...] = ("ar", "best-grid", "heuristic", "threshold", "bandit")
-    """policy names (see ``draftrl.eval.policies.POLICY_NAMES``); ar is always added as the reference"""
+    policies: tuple[str, ...] = ("none", "best-grid", "heuristic", "threshold", "bandit")
+    """policy names (``draftrl.eval.policy_names``; ``none``, the reference, is always added)"""
     repeats: int = 1
     """interleaved passes over the requests; each (policy, request) keeps its median-time run"""
     limit_per_group: int | None = None

@@ -9,7 +9,7 @@ Steps, each through the owning package's public Python API, each writing under `
 4. **train**: PPO on ``draftrl/TraceReplay-v0`` over those traces -> ``DIR/ppo_size/`` (and more
    recipes when configured) (``draftrl.train.<recipe>.train``);
 5. **grid**: fixed settings on the tune split, wall clock -> ``DIR/grid/`` (``draftrl.eval.grid``);
-6. **eval**: plain decoding, best fixed, heuristic, threshold, bandit, PPO and the oracle bound
+6. **eval**: plain decoding, best fixed, heuristic, threshold, bandit, PPO and the lookahead bound
    on the held-out split, exactness checks on -> ``DIR/eval/`` (``draftrl.eval.evaluate``).
 
 ``DIR/demo_summary.json`` records each step's seconds and the final table. The default
@@ -31,7 +31,7 @@ from draftrl.config.commands import CalibrateSettings
 from draftrl.eval.config import EvalConfig, EvalSettings, GridSettings
 
 STEPS: tuple[str, ...] = ("model", "calibrate", "collect", "train", "grid", "eval")
-#: Subdirectories and files the demo writes (``--force`` removes only these).
+#: Subdirectories and files the demo writes (``--overwrite`` removes only these).
 OUTPUTS: tuple[str, ...] = ("cost_table.json", "traces", "grid", "eval", "logs", "demo_summary.json")
 
 
@@ -78,7 +78,7 @@ class DemoConfig(EvalConfig):
     env: EnvConfig = field(default_factory=_demo_env)
     grid: GridSettings = field(default_factory=lambda: GridSettings(depths=(0, 1, 2, 4, 6), repeats=1))
     eval: EvalSettings = field(default_factory=lambda: EvalSettings(
-        policies=("ar", "best-grid", "heuristic", "threshold", "bandit", "oracle"), power_tokens=300,
+        policies=("none", "best-grid", "heuristic", "threshold", "bandit", "lookahead"), power_tokens=300,
         anchor_gammas=(2, 4, 8)))
     calibrate: CalibrateSettings = field(default_factory=lambda: CalibrateSettings(
         num_tokens=(1, 2, 3, 4, 5, 7, 9), contexts=(128, 512), widths=(1,)))
@@ -133,7 +133,7 @@ def _train(config: DemoConfig, out: Path, trace_dir: Path) -> dict[str, Path]:
             f"total_timesteps={config.train.total_timesteps}",
             f"eval_episodes={config.train.eval_episodes}",
             "progress_bar=false",
-            "baselines=[heuristic,threshold,bandit,oracle]",
+            "baselines=[heuristic,threshold,bandit,lookahead]",
             f"wandb.mode={os.environ.get('WANDB_MODE', config.wandb.mode)}",
             f"wandb.project={config.wandb.project}",
             *config.train.overrides,
@@ -153,13 +153,13 @@ def _train(config: DemoConfig, out: Path, trace_dir: Path) -> dict[str, Path]:
     return dirs
 
 
-def run_demo(config: DemoConfig, out: str | Path, *, force: bool = False,
+def run_demo(config: DemoConfig, out: str | Path, *, overwrite: bool = False,
              step_started: Callable[[int, str], None] | None = None,
              step_done: Callable[[int, str, float, str], None] | None = None,
              progress: Callable[[int, int, str], None] | None = None) -> dict:
     """Run :data:`STEPS` into ``out``; returns the summary (also ``out/demo_summary.json``).
 
-    :param force: remove the demo's own outputs (:data:`OUTPUTS` and the recipes' run
+    :param overwrite: remove the demo's own outputs (:data:`OUTPUTS` and the recipes' run
         directories) in ``out`` first; without it an existing demo in ``out`` is an error.
     :param step_started: ``(index, step)`` before each step; ``step_done(index, step, seconds, note)`` after.
     :param progress: ``(done, total, label)`` inside the grid and eval steps.
@@ -175,7 +175,7 @@ def run_demo(config: DemoConfig, out: str | Path, *, force: bool = False,
     out = Path(out)
     owned = [out / name for name in (*OUTPUTS, *config.train.recipes)]
     present = [p for p in owned if p.exists()]
-    if present and not force:
+    if present and not overwrite:
         raise ValueError(f"{out} already holds a demo ({', '.join(p.name for p in present)}); pass --overwrite to replace "
                          f"it or --out NEW_DIR.")
     for p in present:
@@ -225,14 +225,14 @@ def run_demo(config: DemoConfig, out: str | Path, *, force: bool = False,
     begin(4)
     grid = run_grid(config, out / "grid", target=target, progress=progress)
     best = grid["best"]
-    end(4, f"best fixed: depth {best['depth']} ({best['speedup_vs_ar']:.2f}x on tune)")
+    end(4, f"best fixed: depth {best['depth']} ({best['speedup_vs_none']:.2f}x on tune)")
 
     begin(5)
     policies = list(config.eval.policies)
     ppo = [f"ppo:{d}" for d in policy_dirs.values()]
-    if "oracle" in policies:  # keep the upper bound last in the table
-        policies.remove("oracle")
-        policies += ppo + ["oracle"]
+    if "lookahead" in policies:  # keep the upper bound last in the table
+        policies.remove("lookahead")
+        policies += ppo + ["lookahead"]
     else:
         policies += ppo
     results = run_eval(config, out / "eval", policies=policies, grid_path=out / "grid" / "grid.json", target=target,
@@ -242,7 +242,7 @@ def run_demo(config: DemoConfig, out: str | Path, *, force: bool = False,
     summary["wall_seconds"] = time.perf_counter() - started
     summary["report"] = str(out / "eval" / "report.md")
     summary["results"] = str(out / "eval" / "results.json")
-    summary["policies"] = {name: {"speedup_vs_ar": p.get("speedup_vs_ar"), "speedup_vs_hf": p.get("speedup_vs_hf"),
+    summary["policies"] = {name: {"speedup_vs_none": p.get("speedup_vs_none"), "speedup_vs_hf": p.get("speedup_vs_hf"),
                                   "speedup_vs_hf_lookup": p.get("speedup_vs_hf_lookup"),
                                   "ci_vs_best_fixed": p.get("ci_vs_best_fixed"),
                                   "tokens_per_second": p["tokens_per_second"]}

@@ -2,7 +2,7 @@
 
 Every policy decodes the same held-out requests with the same sampling seeds. For each request
 all policies run back to back, in an order rotated by one per request (plain decoding always
-runs before the oracle, which reads its output), then the next request; so load on a shared
+runs before the lookahead, which reads its output), then the next request; so load on a shared
 machine spreads over all policies. Policies act through their own ``draftrl/SpecDecode-v1``
 env on a prebuilt engine (``draftrl.eval.policies``): the observation is the envs' own.
 
@@ -13,7 +13,7 @@ sample of requests. A failure stops the run with the evidence (``results.json`` 
 written, with ``exactness.passed = false``).
 
 ``results.json``: ``format``, ``split``, ``config``, ``hardware``, ``prompts``, ``reference``
-(``ar``), ``policies`` {name: {``spec``, ``tokens_per_second``, ``speedup_vs_ar``,
+(``none``), ``policies`` {name: {``spec``, ``tokens_per_second``, ``speedup_vs_none``,
 ``paired_speedup``, ``mean_tokens_per_round``, ``time_to_first_token_mean/p50``,
 ``itl_p50/p95/p99``, ``peak_memory_bytes``, ``tokens_per_round_histogram``,
 ``acceptance_by_position``, ``depth_histogram``, ``verify_size_histogram``, ``per_language``,
@@ -32,6 +32,7 @@ import numpy as np
 
 from draftrl.config import SAMPLERS, to_dict
 from draftrl.eval.config import EvalConfig, env_for_split
+from draftrl.eval.policy_names import REFERENCE
 from draftrl.eval.metrics import add_speedups, grouped, median_runs, paired_speedup, summarize_with_groups
 from draftrl.eval.anchors import anchor_ngram, anchors_for, run_anchor
 from draftrl.eval.rollout import RequestRun, run_fixed, run_policy
@@ -43,7 +44,7 @@ REPORT_FILE = "report.md"
 OUTPUTS: tuple[str, ...] = (RESULTS_FILE, REPORT_FILE, "*.png", "wandb")
 #: Target share of the run's time spent in the exactness monitor.
 MONITOR_OVERHEAD_TARGET = 0.03
-ADAPTIVE = ("heuristic", "threshold", "bandit", "ppo", "oracle")
+ADAPTIVE = ("heuristic", "threshold", "bandit", "ppo", "lookahead")
 
 
 def eval_anchors(config: EvalConfig, grid: dict | None) -> list:
@@ -62,13 +63,13 @@ def add_anchors(results: dict, runs: list[RequestRun], anchor_runs: list, refere
                 best_fixed: str | None) -> None:
     """Put the anchors' summary in ``results["anchors"]`` and, for every policy, its speedups over
     stock HF generate and HF prompt lookup at its best gamma, with paired bootstrap intervals over
-    requests (``ci_vs_ar``, ``ci_vs_hf``, ``ci_vs_hf_lookup``, ``ci_vs_best_fixed``)."""
+    requests (``ci_vs_none``, ``ci_vs_hf``, ``ci_vs_hf_lookup``, ``ci_vs_best_fixed``)."""
     from draftrl.eval.anchors import median_anchor_runs, summarize_anchors
     from draftrl.eval.bootstrap import compare
 
     kept = median_runs(runs)
     by_policy = grouped(kept, lambda r: r.policy)
-    refs: dict[str, list] = {"ar": by_policy.get("ar", [])}
+    refs: dict[str, list] = {REFERENCE: by_policy.get(REFERENCE, [])}
     if best_fixed and best_fixed in by_policy:
         refs["best_fixed"] = by_policy[best_fixed]
     if anchor_runs:
@@ -76,7 +77,7 @@ def add_anchors(results: dict, runs: list[RequestRun], anchor_runs: list, refere
         kept_anchors = grouped(median_anchor_runs(anchor_runs), lambda r: r.policy)
         for label, items in kept_anchors.items():
             same = sum(r.token_ids == references.get(r.prompt_id) for r in items)
-            summary["methods"][label]["identical_to_ar"] = f"{same}/{len(items)}"
+            summary["methods"][label]["identical_to_none"] = f"{same}/{len(items)}"
         refs["hf"] = kept_anchors.get("hf", [])
         if summary["best_lookup"]:
             refs["hf_lookup"] = kept_anchors[summary["best_lookup"]]
@@ -96,9 +97,9 @@ def add_anchors(results: dict, runs: list[RequestRun], anchor_runs: list, refere
 
 def _order(labels: list[str], shift: int) -> list[str]:
     order = labels[shift % len(labels):] + labels[: shift % len(labels)]
-    if "oracle" in order and order.index("oracle") < order.index("ar"):
-        order.remove("oracle")
-        order.insert(order.index("ar") + 1, "oracle")
+    if "lookahead" in order and order.index("lookahead") < order.index(REFERENCE):
+        order.remove("lookahead")
+        order.insert(order.index(REFERENCE) + 1, "lookahead")
     return order
 
 
@@ -117,7 +118,8 @@ def run_eval(config: EvalConfig, out: str | Path, *, policies: list[str] | str |
     from draftrl.envs.workload import Workload
     from draftrl.eval.exactness import GreedyMismatch, TimedMonitor, check_identity, hf_greedy
     from draftrl.io import read_json, write_json
-    from draftrl.eval.policies import build_policy, parse_policies
+    from draftrl.eval.policies import build_policy
+    from draftrl.eval.policy_names import parse_policies
 
     specs = parse_policies(policies if policies is not None else list(config.eval.policies))
     grid = read_json(grid_path, "grid result (--grid)") if grid_path else None
@@ -126,8 +128,8 @@ def run_eval(config: EvalConfig, out: str | Path, *, policies: list[str] | str |
                          "(written by draftrl grid --config C --out DIR).")
     settings = config.eval
     env_cfg = env_for_split(config.env, "heldout", settings.limit_per_group)
-    if any(s.kind == "oracle" for s in specs) and env_cfg.temperature != 0:
-        raise ValueError(f"policy oracle needs temperature 0 (got {env_cfg.temperature}); drop it from --policies.")
+    if any(s.kind == "lookahead" for s in specs) and env_cfg.temperature != 0:
+        raise ValueError(f"policy lookahead needs temperature 0 (got {env_cfg.temperature}); drop it from --policies.")
     if config.threads:
         torch.set_num_threads(config.threads)
     out = Path(out)
@@ -141,9 +143,9 @@ def run_eval(config: EvalConfig, out: str | Path, *, policies: list[str] | str |
     for env, _ in built.values():
         env.unwrapped.engine.config.sampler = settings.sampler
     labels = [s.label for s in specs]
-    prompts = [p.id for p in built["ar"][0].unwrapped.workload.prompts]
+    prompts = [p.id for p in built[REFERENCE][0].unwrapped.workload.prompts]
     anchors = {a.label: a for a in eval_anchors(config, grid)} if env_cfg.temperature == 0 else {}
-    ar_env = built["ar"][0].unwrapped
+    reference_env = built[REFERENCE][0].unwrapped
 
     # untimed warm-up of the shared model: plain and drafted rounds on a spare engine
     warm_engine, tokenizer = build_engine(env_cfg, target)
@@ -170,9 +172,9 @@ def run_eval(config: EvalConfig, out: str | Path, *, policies: list[str] | str |
             for i, prompt_id in enumerate(prompts):
                 for label in _order(labels + list(anchors), i + repeat * len(prompts)):
                     if label in anchors:
-                        request = ar_env.workload.request(ar_env.workload.index_of(prompt_id))
+                        request = reference_env.workload.request(reference_env.workload.index_of(prompt_id))
                         anchor_runs.append(run_anchor(target.model, anchors[label], request, repeat=repeat,
-                                                      eos_token_ids=sorted(ar_env.engine.eos_token_ids),
+                                                      eos_token_ids=sorted(reference_env.engine.eos_token_ids),
                                                       device=env_cfg.device))
                         done += 1
                         if progress:
@@ -195,7 +197,7 @@ def run_eval(config: EvalConfig, out: str | Path, *, policies: list[str] | str |
                         raise
                     seeded.add(label)
                     runs.append(run)
-                    if label == "ar" and repeat == 0:
+                    if label == REFERENCE and repeat == 0:
                         references[prompt_id] = run.token_ids
                     done += 1
                     if progress:
@@ -207,9 +209,9 @@ def run_eval(config: EvalConfig, out: str | Path, *, policies: list[str] | str |
         hf = {"checked": 0}
         if env_cfg.temperature == 0 and settings.greedy_reference:
             for prompt_id in prompts[: settings.greedy_reference]:
-                request = ar_env.workload.request(ar_env.workload.index_of(prompt_id))
-                ref = hf_greedy(target.model, request.prompt_ids, request.max_new_tokens, sorted(ar_env.engine.eos_token_ids))
-                check_identity("plain decoding (ar) vs Hugging Face generate(do_sample=False)", prompt_id, ref,
+                request = reference_env.workload.request(reference_env.workload.index_of(prompt_id))
+                ref = hf_greedy(target.model, request.prompt_ids, request.max_new_tokens, sorted(reference_env.engine.eos_token_ids))
+                check_identity("plain decoding (none) vs Hugging Face generate(do_sample=False)", prompt_id, ref,
                                references[prompt_id], tokenizer)
                 hf["checked"] += 1
             hf["passed"] = True
@@ -242,7 +244,7 @@ def _results(config, specs, runs, grid, env_cfg, monitors, references, hf, failu
 
     kept = median_runs(runs)
     by_policy = grouped(kept, lambda r: r.policy)
-    reference = summarize_with_groups(by_policy["ar"]) if "ar" in by_policy else None
+    reference = summarize_with_groups(by_policy[REFERENCE]) if REFERENCE in by_policy else None
     table = {}
     for spec in specs:
         if spec.label not in by_policy:
@@ -250,16 +252,16 @@ def _results(config, specs, runs, grid, env_cfg, monitors, references, hf, failu
         s = summarize_with_groups(by_policy[spec.label])
         if reference is not None:
             add_speedups(s, reference)
-            s["paired_speedup"] = paired_speedup(by_policy[spec.label], by_policy["ar"])
-        s["spec"] = spec.kind + (f":{spec.arg}" if spec.arg else "")
+            s["paired_speedup"] = paired_speedup(by_policy[spec.label], by_policy[REFERENCE])
+        s["spec"] = spec.text
         table[spec.label] = s
     monitor_seconds = sum(r.monitor_seconds for r in runs)
     run_seconds = sum(r.total_seconds for r in runs)
     identity = {"checked": False, "why": "temperature > 0: the monitor checks the distribution instead"}
     if env_cfg.temperature == 0:
         identity = {"checked": True, "passed": failure is None, "requests": len(references),
-                    "policies": [s.label for s in specs if s.label != "ar"],
-                    "reference": "plain decoding (ar, depth 0) on the same requests"}
+                    "policies": [s.label for s in specs if s.label != REFERENCE],
+                    "reference": "plain decoding (none, depth 0) on the same requests"}
     verdicts = {label: monitor_verdict(m) for label, m in monitors.items()}
     exactness = {
         "passed": failure is None and all(v["passed"] for v in verdicts.values()),
@@ -285,7 +287,7 @@ def _results(config, specs, runs, grid, env_cfg, monitors, references, hf, failu
         "config": to_dict(config),
         "prompts": sorted({r.prompt_id for r in runs}),
         "repeats": config.eval.repeats,
-        "reference": "ar",
+        "reference": REFERENCE,
         "policies": table,
         "exactness": exactness,
     }
@@ -338,18 +340,18 @@ def log_eval_to_wandb(config: EvalConfig, out: Path, results: dict) -> None:
                     job_type="eval", config=results["config"])
     if run is None:
         return
-    columns = ["policy", "tokens_per_second", "speedup_vs_ar", "mean_tokens_per_round", "ttft_s", "itl_p50_ms",
+    columns = ["policy", "tokens_per_second", "speedup_vs_none", "mean_tokens_per_round", "ttft_s", "itl_p50_ms",
                "itl_p95_ms", "itl_p99_ms", "peak_memory_mb"]
     rows = []
     for name, p in results["policies"].items():
         ms = lambda v: None if v is None else v * 1e3  # noqa: E731
-        rows.append([name, p["tokens_per_second"], p.get("speedup_vs_ar"), p["mean_tokens_per_round"],
+        rows.append([name, p["tokens_per_second"], p.get("speedup_vs_none"), p["mean_tokens_per_round"],
                      p["time_to_first_token_mean"], ms(p["itl_p50"]), ms(p["itl_p95"]), ms(p["itl_p99"]),
                      p["peak_memory_bytes"] / 2**20])
     log_table(run, "policies", columns, rows)
-    lang_rows = [[name, lang, s["tokens_per_second"], s.get("speedup_vs_ar")]
+    lang_rows = [[name, lang, s["tokens_per_second"], s.get("speedup_vs_none")]
                  for name, p in results["policies"].items() for lang, s in p["per_language"].items()]
-    log_table(run, "per_language", ["policy", "language", "tokens_per_second", "speedup_vs_ar"], lang_rows)
+    log_table(run, "per_language", ["policy", "language", "tokens_per_second", "speedup_vs_none"], lang_rows)
     log_images(run, {k: out / v for k, v in results["files"].items() if v.endswith(".png")})
     run.summary.update({"exactness_passed": results["exactness"]["passed"],
                         "monitor_overhead": results["exactness"]["monitor_overhead"]["fraction"]})

@@ -15,11 +15,11 @@ wandb run per cell plus a summary run (grouped; logged after all timing is done)
 
 ``grid.json``: ``format``, ``split``, ``config`` (resolved), ``hardware``, ``prompts``,
 ``repeats``, ``reference`` (the plain-decoding cell), ``cells`` {name: {``depth``,
-``verify_size``, ``width``, ``tokens_per_second``, ``speedup_vs_ar``, ``mean_tokens_per_round``,
+``verify_size``, ``width``, ``tokens_per_second``, ``speedup_vs_none``, ``mean_tokens_per_round``,
 ``num_tokens``, ``seconds``, ``noise``, ``time_to_first_token_mean``, ``itl_p50/p95/p99``,
 ``per_language`` {lang: {...}}, ``per_task`` {task: {...}}, ``speedup_vs_hf``,
 ``speedup_vs_hf_lookup``}}, ``best`` (name, depth, verify_size, width, tokens_per_second,
-speedup_vs_ar, speedup_vs_hf, speedup_vs_hf_lookup), ``anchors`` (stock HF generate and its
+speedup_vs_none, speedup_vs_hf, speedup_vs_hf_lookup), ``anchors`` (stock HF generate and its
 prompt lookup per gamma, timed interleaved with the cells: ``draftrl.eval.anchors``; None at
 temperature > 0), ``exactness``, ``files``, ``wall_seconds``.
 """
@@ -46,7 +46,7 @@ HEATMAP_FILE = "grid_heatmap.png"
 #: what ``draftrl grid`` writes in its --out (``--overwrite`` removes these first)
 OUTPUTS: tuple[str, ...] = (GRID_FILE, SWEEP_FILE, HEATMAP_FILE, "sweep_cells", "wandb")
 #: Keys of each cell's per-language / per-task entries.
-COMPACT_KEYS = ("tokens_per_second", "speedup_vs_ar", "mean_tokens_per_round", "num_tokens", "seconds",
+COMPACT_KEYS = ("tokens_per_second", "speedup_vs_none", "mean_tokens_per_round", "num_tokens", "seconds",
                 "num_requests", "time_to_first_token_mean", "itl_p50", "itl_p95", "itl_p99")
 
 
@@ -245,7 +245,7 @@ def best_cell(cells: dict[str, dict]) -> dict:
     name = max(cells, key=lambda n: cells[n]["tokens_per_second"])
     c = cells[name]
     return {"name": name, "depth": c["depth"], "verify_size": c["verify_size"], "width": c["width"],
-            "tokens_per_second": c["tokens_per_second"], "speedup_vs_ar": c["speedup_vs_ar"],
+            "tokens_per_second": c["tokens_per_second"], "speedup_vs_none": c["speedup_vs_none"],
             "speedup_vs_hf": c.get("speedup_vs_hf"), "speedup_vs_hf_lookup": c.get("speedup_vs_hf_lookup")}
 
 
@@ -296,14 +296,14 @@ def write_sweep(config: EvalConfig, out: Path, config_path: str | None) -> Path:
         "program": "draftrl",
         "name": f"draftrl-grid-{out.name}",
         "method": "grid",
-        "metric": {"name": "speedup_vs_ar", "goal": "maximize"},
+        "metric": {"name": "speedup_vs_none", "goal": "maximize"},
         "parameters": {
             "depth": {"values": list(settings.depths)},
             "verify_size": {"values": list(settings.verify_sizes)},
             "width": {"values": list(settings.widths)},
         },
         # wandb passes the parameters as --depth=D --verify_size=V --width=W; every agent times
-        # its cell interleaved with plain decoding on its own machine and logs speedup_vs_ar
+        # its cell interleaved with plain decoding on its own machine and logs speedup_vs_none
         # wandb agents cannot run offline runs (wandb/wandb#6234): the cells log online
         "command": ["${program}", "grid", "--config", str(config_path or "CONFIG.yaml"), "--out",
                     str(out / "sweep_cells"), "--set", "wandb.mode=online", "--cell", "${args}"],
@@ -336,13 +336,13 @@ def log_grid_to_wandb(config: EvalConfig, out: Path, result: dict, runs: list[Re
         run.finish()
     run = start_run(config.wandb, out, name="grid-summary", group=group, job_type="grid-summary",
                     config=result["config"])
-    columns = ["cell", "depth", "verify_size", "width", "tokens_per_second", "speedup_vs_ar", "mean_tokens_per_round",
+    columns = ["cell", "depth", "verify_size", "width", "tokens_per_second", "speedup_vs_none", "mean_tokens_per_round",
                "noise"]
-    rows = [[n, c["depth"], c["verify_size"], c["width"], c["tokens_per_second"], c["speedup_vs_ar"],
+    rows = [[n, c["depth"], c["verify_size"], c["width"], c["tokens_per_second"], c["speedup_vs_none"],
              c["mean_tokens_per_round"], c["noise"]] for n, c in result["cells"].items()]
     log_table(run, "grid", columns, rows)
     log_images(run, {"speedup_heatmap": out / HEATMAP_FILE})
-    run.summary.update({"best": result["best"]["name"], "best_speedup_vs_ar": result["best"]["speedup_vs_ar"]})
+    run.summary.update({"best": result["best"]["name"], "best_speedup_vs_none": result["best"]["speedup_vs_none"]})
     run.finish()
 
 

@@ -1,4 +1,5 @@
-"""Summaries of :class:`~draftrl.eval.rollout.RequestRun` lists: throughput, latency, acceptance.
+"""Summaries of both engines' runs: :class:`~draftrl.eval.rollout.RequestRun` lists (``--engine hf``),
+serving episodes (:func:`summarize_serving`, ``--engine vllm``), and :func:`kendall_tau` between rankings.
 
 Terms (vLLM's, as in ``draftrl.decoding.engine``): a round emits its *accepted* draft tokens plus
 one *recovered* or *bonus* token, so **mean tokens per round (the mean acceptance length) counts
@@ -6,7 +7,7 @@ the bonus token**: plain decoding has exactly 1.0.
 
 - ``tokens_per_second``: total emitted tokens / total charged wall-clock seconds (prefill,
   decisions, features, monitor included) over the runs; never a mean of per-request rates.
-- ``speedup_vs_ar``: ``tokens_per_second`` / plain decoding's on the same requests (set by the
+- ``speedup_vs_none``: ``tokens_per_second`` / plain decoding's on the same requests (set by the
   caller, which has the reference).
 - ``time_to_first_token_*``: prefill plus the first round, seconds.
 - ``itl_p50/p95/p99``: percentiles of inter-token latency, seconds (a round's time spread over
@@ -21,6 +22,7 @@ the bonus token**: plain decoding has exactly 1.0.
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 
@@ -113,20 +115,20 @@ def summarize_with_groups(runs: list[RequestRun]) -> dict:
 
 
 def add_speedups(summary: dict, reference: dict) -> None:
-    """Set ``speedup_vs_ar`` in ``summary`` and its per-language / per-task entries, in place."""
+    """Set ``speedup_vs_none`` in ``summary`` and its per-language / per-task entries, in place."""
     def ratio(a: dict, b: dict) -> float | None:
         return a["tokens_per_second"] / b["tokens_per_second"] if b.get("tokens_per_second") else None
 
-    summary["speedup_vs_ar"] = ratio(summary, reference)
+    summary["speedup_vs_none"] = ratio(summary, reference)
     for group in ("per_language", "per_task"):
         for name, sub in summary.get(group, {}).items():
             ref = reference.get(group, {}).get(name)
-            sub["speedup_vs_ar"] = ratio(sub, ref) if ref else None
+            sub["speedup_vs_none"] = ratio(sub, ref) if ref else None
 
 
 def paired_speedup(runs: list[RequestRun], reference: list[RequestRun]) -> dict:
     """Per-request time ratios (reference seconds / policy seconds) on the shared prompts:
-    median and the 10th/90th percentiles, a noise-robust companion of ``speedup_vs_ar``."""
+    median and the 10th/90th percentiles, a noise-robust companion of ``speedup_vs_none``."""
     ref = {r.prompt_id: r for r in reference}
     ratios = [ref[r.prompt_id].seconds / r.seconds * (r.num_tokens / max(1, ref[r.prompt_id].num_tokens))
               for r in runs if r.prompt_id in ref and r.seconds > 0]
@@ -135,3 +137,84 @@ def paired_speedup(runs: list[RequestRun], reference: list[RequestRun]) -> dict:
     arr = np.asarray(ratios)
     return {"median": float(np.median(arr)), "p10": float(np.percentile(arr, 10)),
             "p90": float(np.percentile(arr, 90)), "num_requests": len(ratios)}
+
+
+def kendall_tau(a: list[float], b: list[float]) -> float | None:
+    """Tau-a: (concordant - discordant) / pairs; a pair tied in either list counts as neither."""
+    pairs = list(itertools.combinations(range(len(a)), 2))
+    if not pairs:
+        return None
+    sign = lambda x: (x > 0) - (x < 0)  # noqa: E731
+    return sum(sign(a[i] - a[j]) * sign(b[i] - b[j]) for i, j in pairs) / len(pairs)
+
+
+# ----------------------------------------------------------------------------- serving episodes
+def summarize_serving(requests: list, steps: list[dict]) -> dict:
+    """Throughput and latency of one (load, policy) serving episode (``draftrl.eval.serving``'s docstring):
+    ``requests`` the env's ``RequestTimeline`` list, ``steps`` :func:`~draftrl.eval.rollout.run_episode`'s records."""
+    tokens = sum(len(r.token_ids) for r in requests)
+    seconds = sum(s["seconds"] for s in steps)
+    ttft = np.array([r.ttft for r in requests if r.ttft is not None])
+    itl = []
+    for r in requests:
+        times = np.asarray(r.token_times)
+        if times.size < 2:
+            continue
+        change = np.flatnonzero(np.diff(times) > 0) + 1  # first token of each later step
+        bounds = np.append(change, times.size)
+        for start, end in zip(bounds[:-1], bounds[1:]):
+            gap = times[start] - times[start - 1]
+            itl.extend([gap / (end - start)] * int(end - start))
+    itl = np.asarray(itl)
+    verified = sum(s["num_verified"] for s in steps)
+    accepted = sum(s["num_accepted"] for s in steps)
+    decoding = sum(s["decoding"] for s in steps)
+    cpu = [s.get("cpu_seconds") for s in steps]
+    cpu_seconds = float(sum(cpu)) if cpu and None not in cpu else None
+
+    def pct(a: np.ndarray, q: float) -> float | None:
+        return float(np.percentile(a, q)) if a.size else None
+
+    return {
+        "num_requests": len(requests),
+        "num_tokens": int(tokens),
+        "seconds": float(seconds),
+        "num_steps": len(steps),
+        "tokens_per_second": tokens / seconds if seconds > 0 else 0.0,
+        "cpu_seconds": cpu_seconds,
+        "tokens_per_cpu_second": tokens / cpu_seconds if cpu_seconds else None,
+        "mean_tokens_per_step": tokens / decoding if decoding else 0.0,
+        "mean_batch": decoding / len(steps) if steps else 0.0,
+        "num_verified": int(verified),
+        "num_accepted": int(accepted),
+        "acceptance": accepted / verified if verified else None,
+        "time_to_first_token_mean": float(ttft.mean()) if ttft.size else None,
+        "time_to_first_token_p50": pct(ttft, 50),
+        "time_to_first_token_p95": pct(ttft, 95),
+        "itl_p50": pct(itl, 50),
+        "itl_p95": pct(itl, 95),
+        "itl_p99": pct(itl, 99),
+    }
+
+
+def _timeline_rate(requests: list) -> dict:
+    tokens = sum(len(r.token_ids) for r in requests)
+    latency = sum(r.token_times[-1] - r.admitted for r in requests if r.token_times)
+    return {"num_requests": len(requests), "num_tokens": int(tokens),
+            "tokens_per_second": tokens / latency if latency > 0 else 0.0}
+
+
+def serving_groups(requests: list, key: str) -> dict:
+    """``{value of key: {num_requests, num_tokens, tokens_per_second}}``: tokens / request latency per group."""
+    out: dict[str, list] = {}
+    for r in requests:
+        out.setdefault(getattr(r, key), []).append(r)
+    return {k: _timeline_rate(v) for k, v in sorted(out.items())}
+
+
+def histogram(values) -> dict[str, int]:
+    """``{str(value): count}``, ordered by value."""
+    out: dict[str, int] = {}
+    for v in values:
+        out[str(v)] = out.get(str(v), 0) + 1
+    return dict(sorted(out.items(), key=lambda kv: int(kv[0])))

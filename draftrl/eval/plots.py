@@ -30,7 +30,7 @@ def _plt():
 
 
 def grid_heatmap(grid: dict, path: str | Path, title: str | None = None) -> Path:
-    """Heatmap of ``grid["cells"][*]["speedup_vs_ar"]`` (a ``grid.json`` dict)."""
+    """Heatmap of ``grid["cells"][*]["speedup_vs_none"]`` (a ``grid.json`` dict)."""
     from matplotlib.colors import TwoSlopeNorm
     from matplotlib.patches import Rectangle
 
@@ -39,7 +39,7 @@ def grid_heatmap(grid: dict, path: str | Path, title: str | None = None) -> Path
     depths = sorted({c["depth"] for c in cells.values()})
     widths = sorted({c["width"] for c in cells.values() if c["depth"] > 0}) or [1]
     sizes = sorted({c["verify_size"] for c in cells.values()}, key=lambda v: (v == 0, v))  # "all" last
-    values = [c["speedup_vs_ar"] for c in cells.values() if c["speedup_vs_ar"] is not None]
+    values = [c["speedup_vs_none"] for c in cells.values() if c["speedup_vs_none"] is not None]
     lo, hi = min(values + [0.99]), max(values + [1.01])
     norm = TwoSlopeNorm(vcenter=1.0, vmin=min(lo, 0.999), vmax=max(hi, 1.001))
     best = grid.get("best", {}).get("name")
@@ -57,7 +57,7 @@ def grid_heatmap(grid: dict, path: str | Path, title: str | None = None) -> Path
             else:
                 continue
             for r in rows:
-                mat[r, depths.index(c["depth"])] = c["speedup_vs_ar"] if c["speedup_vs_ar"] is not None else np.nan
+                mat[r, depths.index(c["depth"])] = c["speedup_vs_none"] if c["speedup_vs_none"] is not None else np.nan
                 names[r, depths.index(c["depth"])] = name
         im = ax.imshow(np.ma.masked_invalid(mat), cmap="RdYlGn", norm=norm, aspect="auto")
         for (r, k), name in names.items():

@@ -1,95 +1,22 @@
-"""Policy names of ``draftrl eval --policies`` and how each one is built on the real engine.
+"""How each policy of ``draftrl eval --engine hf`` is built on the real engine.
 
-Each policy gets its own real-engine env (``draftrl/SpecDecode-v1``, or ``SpecDecodeDepth-v1``
-for a PPO depth policy) around the shared target model, so it sees exactly the observation it
-was trained on, built by the envs' feature builder, and its cost features persist over the
-requests as in training. Names:
-
-==============  =========================================================================
-``ar``          plain decoding (depth 0, no drafter): the reference of every speedup
-``best-grid``   the best fixed setting of a grid search (``--grid DIR/grid.json``)
-``fixed:D[:V[:W]]``  a fixed depth D, verify size V (0 = all) and width W
-``heuristic``   Hugging Face's ``num_assistant_tokens_schedule="heuristic"`` (HFHeuristic)
-``threshold``   ConfidenceThreshold on the draft's confidence (model drafters:
-                ``draft_top1_prob``; n-gram: ``accept_rate_1``, the recent first-position
-                acceptance)
-``bandit``      UCBBandit over the env's (depth, verify_size) grid, rewarded by tokens/s
-``ppo:PATH``    a PPO policy written by ``draftrl train`` (a directory or its policy.zip)
-``oracle``      temperature 0 only: drafts exactly as deep as the target will accept
-==============  =========================================================================
+The names are ``draftrl.eval.policy_names``' (one grammar for both engines). Each policy gets its
+own real-engine env (``draftrl/SpecDecode-v1``, or ``SpecDecodeDepth-v1`` for a PPO depth policy)
+around the shared target model, so it sees exactly the observation it was trained on, built by
+the envs' feature builder, and its cost features persist over the requests as in training.
+``threshold`` reads ``draft_top1_prob`` for model drafters and ``accept_rate_1`` (the recent
+first-position acceptance) for n-gram drafters; ``lookahead`` (temperature 0 only) looks ahead at
+plain decoding's output and drafts exactly as deep as the target will accept.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from draftrl.config.env import EnvConfig
-
-#: The names ``--policies`` accepts (``fixed`` and ``ppo`` take an argument after ``:``).
-POLICY_NAMES: tuple[str, ...] = ("ar", "best-grid", "fixed:D[:V[:W]]", "heuristic", "threshold", "bandit",
-                                 "ppo:PATH", "oracle")
-_KINDS = ("ar", "best-grid", "fixed", "heuristic", "threshold", "bandit", "ppo", "oracle")
-
-
-@dataclass(frozen=True)
-class PolicySpec:
-    """One entry of ``--policies``."""
-
-    kind: str
-    arg: str | None
-    label: str
-    """the name used in results.json, the report and wandb"""
-
-
-def _bad(item: str, why: str = "is not a policy") -> ValueError:
-    return ValueError(f"policy {item!r} {why}; valid policies: {', '.join(POLICY_NAMES)}")
-
-
-def parse_policies(items: str | list[str] | tuple[str, ...]) -> list[PolicySpec]:
-    """Parse ``"ar,best-grid,ppo:runs/x"`` (or a list); ``ar`` is always first (the reference).
-
-    :raises ValueError: one line naming the bad entry and every valid name.
-    """
-    if isinstance(items, str):
-        items = [s for s in items.split(",")]
-    items = [s.strip() for s in items if s.strip()]
-    specs: list[PolicySpec] = []
-    for item in items:
-        kind, _, arg = item.partition(":")
-        kind = kind.strip().lower()
-        if kind not in _KINDS:
-            raise _bad(item)
-        if kind == "ppo" and not arg:
-            raise _bad(item, "needs a path (ppo:DIR written by draftrl train)")
-        if kind == "fixed":
-            parts = arg.split(":") if arg else []
-            if not 1 <= len(parts) <= 3 or not all(p.isdigit() for p in parts):
-                raise _bad(item, "must look like fixed:D, fixed:D:V or fixed:D:V:W with integers")
-        elif kind not in ("ppo",) and arg:
-            raise _bad(item, "takes no argument")
-        specs.append(PolicySpec(kind, arg or None, item if kind in ("fixed",) else kind))
-    ppo = [s for s in specs if s.kind == "ppo"]
-    if len(ppo) > 1:  # several PPO policies: name them after their directories
-        renamed = {id(s): f"ppo[{_policy_dir(s.arg).name}]" for s in ppo}
-        specs = [dataclasses.replace(s, label=renamed[id(s)]) if id(s) in renamed else s for s in specs]
-    labels = [s.label for s in specs]
-    dup = sorted({x for x in labels if labels.count(x) > 1})
-    if dup:
-        raise ValueError(f"policies {dup} are listed twice; list each once.")
-    if "ar" not in labels:
-        specs.insert(0, PolicySpec("ar", None, "ar"))
-    else:
-        specs.sort(key=lambda s: s.kind != "ar")
-    return specs
-
-
-def _policy_dir(path: str) -> Path:
-    p = Path(path)
-    return p.parent if p.suffix == ".zip" else p
-
+from draftrl.eval.policy_names import REFERENCE, PolicySpec, policy_dir
 
 def confidence_feature(drafter: str) -> str:
     """The observation feature ConfidenceThreshold reads for ``drafter``."""
@@ -123,7 +50,7 @@ def ppo_env_config(path: str, base: EnvConfig) -> tuple[EnvConfig, str]:
     from draftrl.policies.ppo import read_policy_manifest
     from draftrl.runs import MANIFEST_FILE
 
-    directory = _policy_dir(path)
+    directory = policy_dir(path)
     manifest_path = directory / MANIFEST_FILE
     if not manifest_path.is_file():
         raise FileNotFoundError(f"{manifest_path} does not exist; ppo:PATH must point at a directory written by "
@@ -155,12 +82,12 @@ def build_policy(spec: PolicySpec, base: EnvConfig, target, *, grid: dict | None
     """``(env, policy)`` for ``spec`` on the real engine around ``target`` (a ``LoadedModel``)."""
     from draftrl.envs.engines import build_engine
     from draftrl.envs.spec_decode import SpecDecodeEnv
-    from draftrl.eval.oracle import GreedyOracle
+    from draftrl.eval.lookahead import GreedyLookAhead
     from draftrl.policies import ConfidenceThreshold, Fixed, HFHeuristic, PPOPolicy, UCBBandit
 
     kind, cfg, env_kind = spec.kind, base, "size"
     fixed: tuple[int, int, int] | None = None
-    if kind == "ar":
+    if kind == REFERENCE:
         cfg = dataclasses.replace(base, drafter="none", depths=(0,), verify_sizes=(0,))
         fixed = (0, 0, 1)
     elif kind in ("best-grid", "fixed"):
@@ -171,8 +98,7 @@ def build_policy(spec: PolicySpec, base: EnvConfig, target, *, grid: dict | None
             best = grid["best"]
             fixed = (int(best["depth"]), int(best["verify_size"]), int(best["width"]))
         else:
-            parts = [int(p) for p in spec.arg.split(":")]
-            fixed = (parts[0], parts[1] if len(parts) > 1 else 0, parts[2] if len(parts) > 2 else 1)
+            fixed = (spec.depth, spec.verify_size or 0, spec.width)
         d, v, w = fixed
         if d == 0:
             cfg = dataclasses.replace(base, drafter="none", depths=(0,), verify_sizes=(0,))
@@ -180,13 +106,13 @@ def build_policy(spec: PolicySpec, base: EnvConfig, target, *, grid: dict | None
             cfg = dataclasses.replace(base, depths=tuple(sorted({0, d, *base.depths})),
                                       verify_sizes=tuple(sorted({v, *base.verify_sizes})), width=w)
     elif kind == "ppo":
-        cfg, env_kind = ppo_env_config(spec.arg, base)
+        cfg, env_kind = ppo_env_config(spec.path, base)
     engine, tokenizer = build_engine(cfg, target)
     if env_kind == "depth":
         from draftrl.envs.spec_decode_depth import SpecDecodeDepthEnv
 
-        run = _run_config(spec.arg)
-        section = _trained_env(spec.arg, "depth")
+        run = _run_config(spec.path)
+        section = _trained_env(spec.path, "depth")
         verify_size = section.verify_size if section is not None else 0
         env = SpecDecodeDepthEnv(cfg, engine=engine, tokenizer=tokenizer, verify_size=verify_size)
         if run.get("frozen_size_policy"):  # the size policy it was trained with picks the verify size
@@ -205,11 +131,11 @@ def build_policy(spec: PolicySpec, base: EnvConfig, target, *, grid: dict | None
     elif kind == "bandit":
         policy = UCBBandit.for_env(env)
     elif kind == "ppo" and env_kind == "depth":  # the depth env has no (depth, verify_size) grid to check
-        policy = PPOPolicy.load(spec.arg, feature_names=env.unwrapped.feature_names, name=spec.label)
+        policy = PPOPolicy.load(spec.path, feature_names=env.unwrapped.feature_names, name=spec.label)
     elif kind == "ppo":
-        policy = PPOPolicy.load(spec.arg, env, name=spec.label)
-    elif kind == "oracle":
-        policy = GreedyOracle.for_env(env, env=env, references=references if references is not None else {},
+        policy = PPOPolicy.load(spec.path, env, name=spec.label)
+    elif kind == "lookahead":
+        policy = GreedyLookAhead.for_env(env, env=env, references=references if references is not None else {},
                                       width=cfg.width)
     else:  # pragma: no cover - parse_policies rejects the rest
         raise AssertionError(kind)

@@ -1,4 +1,5 @@
-"""``report.md`` from a results dict: ratios first, context last (STYLE.md, benchmarks)."""
+"""``report.md`` from a results dict, either engine's (``render_report``, ``render_serving_report``):
+ratios first, context last (STYLE.md, benchmarks)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ def policy_rows(results: dict, full: bool = False) -> list[list[str]]:
     for name, p in results["policies"].items():
         row = [
             name,
-            _x(p.get("speedup_vs_ar")),
+            _x(p.get("speedup_vs_none")),
             _x(p.get("speedup_vs_hf")),
             _x(p.get("speedup_vs_hf_lookup")),
             format_ci(p.get("ci_vs_best_fixed")),
@@ -62,7 +63,7 @@ def _group_table(results: dict, group: str) -> str:
         row = [key]
         for name in names:
             sub = results["policies"][name].get(group, {}).get(key)
-            row.append("-" if sub is None else f"{_x(sub.get('speedup_vs_ar'))} ({sub['tokens_per_second']:.1f}/s)")
+            row.append("-" if sub is None else f"{_x(sub.get('speedup_vs_none'))} ({sub['tokens_per_second']:.1f}/s)")
         rows.append(row)
     return _table([group.replace("per_", "")] + names, rows)
 
@@ -72,13 +73,13 @@ def anchor_lines(results: dict) -> list[str]:
     anchors = results.get("anchors")
     if not anchors:
         return ["No anchors were timed (temperature > 0, or `eval.anchors: false`).", ""]
-    ar = results["policies"].get("ar", {}).get("tokens_per_second")
+    plain = results["policies"].get("none", {}).get("tokens_per_second")
     rows = []
     for label, a in anchors["methods"].items():
         best = " (best)" if label == anchors.get("best_lookup") else ""
         rows.append([f"`{label}`{best}", _f(a["tokens_per_second"]),
-                     _x(ar / a["tokens_per_second"] if ar and a["tokens_per_second"] else None),
-                     _f(a.get("tokens_per_forward"), ".2f"), a.get("identical_to_ar", "-")])
+                     _x(plain / a["tokens_per_second"] if plain and a["tokens_per_second"] else None),
+                     _f(a.get("tokens_per_forward"), ".2f"), a.get("identical_to_none", "-")])
     return [
         "`vs HF generate` and `vs HF lookup` are throughput ratios over stock Hugging Face `generate` (greedy, "
         "stock `nn.Linear` kernels) and over its prompt lookup at the best gamma timed here, on the same requests "
@@ -86,7 +87,7 @@ def anchor_lines(results: dict) -> list[str]:
         "paired bootstrap 95% interval over requests; \"not resolved\" means the interval covers 1.0, i.e. "
         "these requests cannot tell the two apart.",
         "",
-        _table(["anchor", "tokens/s", "draftrl plain (ar) vs anchor", "tokens/forward", "same tokens as ar"], rows),
+        _table(["anchor", "tokens/s", "draftrl plain (none) vs anchor", "tokens/forward", "same tokens as none"], rows),
         "",
     ]
 
@@ -153,7 +154,7 @@ def render_report(results: dict, files: dict[str, str]) -> str:
         "",
         f"Held-out split, {len(results['prompts'])} requests, every policy on the same requests, interleaved per "
         f"request ({results['repeats']} pass{'es' if results['repeats'] > 1 else ''}; median-time pass kept). "
-        f"Speedups are throughput ratios over plain decoding (`ar`) measured in the same run.",
+        f"Speedups are throughput ratios over plain decoding (`none`) measured in the same run.",
         "",
         _table(REPORT_COLUMNS, policy_rows(results, full=True)),
         "",
@@ -161,7 +162,7 @@ def render_report(results: dict, files: dict[str, str]) -> str:
     lines += anchor_lines(results)
     if best:
         lines += [f"`best-grid` = depth {best['depth']}, verify size {best['verify_size'] or 'all'}, width "
-                  f"{best['width']} (tune split: {_x(best['speedup_vs_ar'])}).", ""]
+                  f"{best['width']} (tune split: {_x(best['speedup_vs_none'])}).", ""]
     lines += ["## Exactness", "", *exactness_lines(results["exactness"]), ""]
     lines += ["## Per language", "", _group_table(results, "per_language"), "",
               "## Per task", "", _group_table(results, "per_task"), ""]
@@ -189,3 +190,32 @@ def render_report(results: dict, files: dict[str, str]) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def render_serving_report(results: dict) -> str:
+    """``report.md`` of ``draftrl eval --engine vllm``: a markdown table per load, ratios first."""
+    lines = ["# Serving evaluation (vLLM)", ""]
+    hw = results.get("hardware", {})
+    for section in ("concurrency", "rates"):
+        for key, entry in results.get(section, {}).items():
+            lines += [f"## {section} = {key}", "",
+                      "| policy | speedup vs none | tokens/s | tokens/step | acceptance | TTFT p50 s | ITL p50 ms | ITL p95 ms | ITL p99 ms |",
+                      "|---|---|---|---|---|---|---|---|---|"]
+            for name, p in entry["policies"].items():
+                fmt = lambda v, m=1.0, f="{:.2f}": "-" if v is None else f.format(v * m)  # noqa: E731
+                lines.append(f"| {name} | {fmt(p['speedup_vs_none'])}x | {p['tokens_per_second']:.1f} | "
+                             f"{p['mean_tokens_per_step']:.2f} | {fmt(p['acceptance'])} | "
+                             f"{fmt(p['time_to_first_token_p50'])} | {fmt(p['itl_p50'], 1e3, '{:.1f}')} | "
+                             f"{fmt(p['itl_p95'], 1e3, '{:.1f}')} | {fmt(p['itl_p99'], 1e3, '{:.1f}')} |")
+            lines.append("")
+    ex = results["exactness"]
+    if ex["greedy_identity"]["checked"]:
+        how = f"greedy identity, reference {ex['greedy_identity']['reference']}"
+    else:
+        how = "monitor on the sampled streams: " + ", ".join(
+            f"{name} {v['verdict']}" + (f" on {v['num_informative']} tokens" if "num_informative" in v else "")
+            for name, v in ex["monitor"]["policies"].items())
+    lines.append(f"Exactness: {'PASSED' if ex['passed'] else 'FAILED'} (temperature {ex['temperature']}, "
+                 f"{ex['dtype']}, {how}).")
+    lines.append(f"Hardware: {hw.get('cpu')} ({hw.get('cpu_count')} cores). Timings are wall clock on that machine.")
+    return "\n".join(lines) + "\n"

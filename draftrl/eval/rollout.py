@@ -7,11 +7,13 @@ Two paths, one record (:class:`RequestRun`):
 - :func:`run_policy`: one episode of ``draftrl/SpecDecode-v1`` (or ``SpecDecodeDepth-v1``) on a
   prebuilt engine: the policy sees exactly the observation it saw in training, built by the
   envs' own feature builder.
+- :func:`run_episode`: one episode of a serving env (many requests under load, one engine step
+  per env step), the record of ``draftrl eval --engine vllm``.
 
 Timing (wall clock, ``engine.clock()``: the device is synchronised before each reading):
 ``total_seconds`` runs from before the prefill to after the last round and includes the policy's
 decisions, the observation features and the exactness monitor, so a slow policy or monitor pays
-for itself. ``excluded_seconds`` is time a policy declares as not chargeable (the oracle's
+for itself. ``excluded_seconds`` is time a policy declares as not chargeable (the lookahead's
 look-ahead); :attr:`RequestRun.seconds` subtracts it. A round's wall time runs from the end of
 the previous round (or the prefill) to the end of this one, so it includes the decision.
 """
@@ -66,7 +68,7 @@ class RequestRun(DecodedRequest):
     round_num_verified: np.ndarray
     """[R] draft nodes the target verified"""
     excluded_seconds: float = 0.0
-    """policy time not charged (oracle look-ahead)"""
+    """policy time not charged (the look-ahead policy reading the reference)"""
     monitor_seconds: float = 0.0
     """time spent in ExactnessMonitor.update (included in total_seconds)"""
     peak_memory_bytes: int = 0
@@ -196,3 +198,33 @@ def run_policy(env, policy, prompt_id: str, *, label: str, repeat: int = 0, seed
         monitor_seconds=monitor_seconds, peak_memory_bytes=probe.peak_delta, peak_memory_total_bytes=probe.peak,
         stop_reason=info.get("stop_reason"),
     )
+
+
+# ----------------------------------------------------------------------------- serving episodes
+def run_episode(env, policy: Any, prompt_ids: list[str], seed: int = 0,
+                check: Any = None) -> tuple[list, list[dict]]:
+    """One episode of a serving env (``draftrl/ServeVLLM-v0``, ``ServeReplay-v0``) over ``prompt_ids``,
+    ``policy`` (a ``draftrl.policies.Policy`` built for ``env``) choosing every step; returns the
+    request timelines and per-step records. ``check`` (a ``SampledStreamCheck``) observes every
+    step's requests."""
+    obs, _ = env.reset(seed=seed, options={"prompt_ids": prompt_ids})
+    policy.reset()
+    steps, done, info = [], False, {}
+    while not done:
+        obs, _, terminated, truncated, info = env.step(policy.to_action(*policy.act(obs)))
+        policy.observe(info)
+        if check is not None:
+            check.observe(info["request_steps"])
+        steps.append({"seconds": info["seconds"], "cpu_seconds": info.get("cpu_seconds"),
+                      "num_emitted": info["num_emitted"],
+                      "num_verified": info["num_verified"],
+                      "num_accepted": info["num_accepted"], "depth": info["depth"], "budget": info["budget"],
+                      "decoding": info["decoding"]})
+        done = terminated or truncated
+    return info["requests"], steps
+
+
+def episode_throughput(env, policy: Any, prompt_ids: list[str], seed: int = 0) -> float:
+    """Tokens per engine second of one :func:`run_episode` (``policy`` choosing each action)."""
+    requests, steps = run_episode(env, policy, prompt_ids, seed=seed)
+    return sum(len(r.token_ids) for r in requests) / sum(st["seconds"] for st in steps)

@@ -9,7 +9,7 @@ Steps, each through the owning package's public Python API, each writing under `
 3. **train**: batch-aware PPO on the serving simulator ``draftrl/ServeReplay-v0`` with the
    recipe of ``configs/serve_sim_cpu.yaml`` (``draftrl.train.ppo_size``) -> ``DIR/ppo_sim/``;
 4. **dsd**: vLLM's Dynamic SD table grid-searched in the simulator on the tune split, the
-   strongest hand-made baseline (``draftrl.eval.serving.search_dsd``) -> ``DIR/dsd_grid.json``;
+   strongest hand-made baseline (``draftrl.eval.dsd_search.search_dsd``) -> ``DIR/dsd_grid.json``;
 5. **sweep**: every policy in real vLLM at each Poisson arrival rate, interleaved, exactness
    checked, and the same sweep in the simulator (``draftrl.eval.serving.run_serving_eval``) ->
    ``DIR/sweep/`` (``results.json``, ``report.md``, ``sweep.png``, ``sim/results.json``).
@@ -162,7 +162,7 @@ def run_serve_demo(config: ServeDemoConfig, out: str | Path, *, overwrite: bool 
     def calibrate() -> str:
         from draftrl.decoding.vllm.calibrate import calibrate_model
 
-        result = calibrate_model(train_cfg.env.serve.model, config.calibrate, dtype=train_cfg.env.serve.dtype,
+        result = calibrate_model(train_cfg.env.serve.target, config.calibrate, dtype=train_cfg.env.serve.dtype,
                                  threads=config.threads, seed=config.seed)
         write_json(out / "vllm_costs.json", result)
         f = result["fit"]
@@ -188,7 +188,7 @@ def run_serve_demo(config: ServeDemoConfig, out: str | Path, *, overwrite: bool 
         return f"PPO {table['ppo']['throughput'] / table[best]['throughput']:.3f}x the best fixed {best} (simulator)"
 
     def dsd() -> str:
-        from draftrl.eval.serving import search_dsd
+        from draftrl.eval.dsd_search import search_dsd
 
         sim_env = _sim_env(out, "rec_tune")
         scored = search_dsd(sim_env, _serve_config(config, split="tune"), list(train_cfg.env.serve.loads),
@@ -226,10 +226,10 @@ def run_serve_demo(config: ServeDemoConfig, out: str | Path, *, overwrite: bool 
 
 def _serve_config(config: ServeDemoConfig, *, split: str):
     """The workload of the recordings and the sweep (file order, seed 0, ``config``'s sizes)."""
-    from draftrl.eval.serving import serve_config
+    from draftrl.config.serve import ServeConfig
 
-    return serve_config(None, [f"max_new_tokens={config.max_new_tokens}", f"threads={config.threads}"],
-                        split=split, num_requests=config.num_requests if split == "heldout" else None)
+    return ServeConfig(split=split, shuffle=False, seed=0, max_new_tokens=config.max_new_tokens, threads=config.threads,
+                       num_requests=config.num_requests if split == "heldout" else None)
 
 
 def _sim_env(out: Path, recordings: str):
@@ -259,7 +259,7 @@ def _policies(config: ServeDemoConfig, out: Path) -> list[str]:
 def sweep_summary(real: dict, sim: dict) -> dict:
     """Per rate and policy the speedup over no speculation in vLLM and in the simulator, the
     geometric mean over rates, and Kendall's tau between the two rankings over every (rate, policy)."""
-    from draftrl.eval.serving import kendall_tau
+    from draftrl.eval.metrics import kendall_tau
 
     rates: dict[str, dict] = {}
     pairs_real, pairs_sim = [], []

@@ -6,7 +6,7 @@
 """
 
 from draftrl.policies.base import CONTINUE, LEVEL_FEATURE, STOP, Policy, env_grids
-from draftrl.policies.baselines import ConfidenceThreshold, Fixed, HFHeuristic, Oracle, UCBBandit
+from draftrl.policies.baselines import ConfidenceThreshold, DynamicSD, Fixed, HFHeuristic, LookAhead, UCBBandit
 from draftrl.policies.evaluate import compare, evaluate_policy_on_env, paired_difference
 from draftrl.policies.ppo import PPOPolicy
 
@@ -20,7 +20,8 @@ __all__ = [
     "HFHeuristic",
     "ConfidenceThreshold",
     "UCBBandit",
-    "Oracle",
+    "DynamicSD",
+    "LookAhead",
     "PPOPolicy",
     "evaluate_policy_on_env",
     "paired_difference",

@@ -39,7 +39,8 @@ P = TypeVar("P", bound="Policy")
 
 
 def env_grids(env: Any) -> tuple[tuple[int, ...], tuple[int, ...], tuple[str, ...]]:
-    """``(depths, verify_sizes, feature_names)`` of a (possibly wrapped) draftrl env.
+    """``(depths, verify_sizes, feature_names)`` of a (possibly wrapped) draftrl env; on the serving
+    envs the second grid is their ``budgets`` (draft tokens the whole batch may verify per step).
 
     :raises TypeError: when the env does not expose the draftrl contract.
     """
@@ -50,6 +51,8 @@ def env_grids(env: Any) -> tuple[tuple[int, ...], tuple[int, ...], tuple[str, ..
         return getattr(base, name, None) if hasattr(base, name) else getattr(config, name, None)
 
     values = {name: grid(name) for name in ("depths", "verify_sizes", "feature_names")}
+    if values["verify_sizes"] is None:  # the serving envs' second grid: the batch's verification budgets
+        values["verify_sizes"] = grid("budgets")
     missing = [name for name, value in values.items() if value is None]
     if missing:
         raise TypeError(

@@ -5,10 +5,11 @@
 - ``HFHeuristic``: Hugging Face's ``num_assistant_tokens_schedule="heuristic"``.
 - ``ConfidenceThreshold``: stop drafting when the draft's confidence says a rejection is likely
   (SpecDec++, DISCO, HF's ``assistant_confidence_threshold``).
+- ``DynamicSD``: vLLM's Dynamic SD, the depth from the running batch size (serving envs).
 - ``UCBBandit``: UCB over ``(depth, verify_size)`` arms rewarded by observed tokens per second
   (BanditSpec).
-- ``Oracle``: knows what the policy cannot (the analytic env's acceptance regime, a trace's true
-  acceptance); the upper bound of every comparison. It is not a deployable policy.
+- ``LookAhead``: knows the coming round before it is played (the analytic env's acceptance
+  regime, a trace's true acceptance); the upper bound of every comparison, not a deployable policy.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from draftrl.decoding.schedule import heuristic_depth
 from draftrl.signals.speedup import expected_tokens
 from draftrl.policies.base import Policy, env_grids
 
@@ -97,13 +99,8 @@ class HFHeuristic(Policy):
         return self.snap_depth(self.schedule), self.verify_size
 
     def observe(self, info: Mapping[str, Any]) -> None:
-        verified = info.get("num_verified", info.get("depth"))
-        if verified is None or verified <= 0:
-            return  # no draft was verified: no evidence either way
-        if info["num_accepted"] >= verified:
-            self.schedule = min(self.schedule + 2.0, float(max(self.depths)))
-        else:
-            self.schedule = max(1.0, self.schedule - 1.0)
+        verified = info.get("num_verified", info.get("depth")) or 0
+        self.schedule = heuristic_depth(self.schedule, info["num_accepted"], verified, max(self.depths))
 
 
 class ConfidenceThreshold(Policy):
@@ -164,6 +161,51 @@ class ConfidenceThreshold(Policy):
 
     def act(self, observation: np.ndarray) -> tuple[int, int]:
         return self.depth_for(self.feature(observation, self.feature_name)), self.verify_size
+
+class DynamicSD(Policy):
+    """vLLM's Dynamic SD schedule on the serving envs: each step's depth cap K from the running
+    batch size, one K per batch-size range, the batch's budget unbounded.
+
+    Reads the feature ``running`` (running requests / ``max_num_seqs``) by name; K is snapped to
+    the largest grid depth not above it.
+
+    :param table: ``(start, end, K)`` rows over batch sizes, the first starting at 1; a batch
+        larger than every row takes the last row's K.
+    :param max_num_seqs: the engine's most concurrent sequences (``running``'s denominator);
+        ``for_env`` reads it from the env's config.
+    """
+
+    name = "dsd"
+
+    def __init__(
+        self,
+        depths: Sequence[int],
+        verify_sizes: Sequence[int],
+        feature_names: Sequence[str],
+        table: Sequence[tuple[int, int, int]] = ((1, 1, 6), (2, 4, 4), (5, 8, 2), (9, 1024, 1)),
+        max_num_seqs: int = 16,
+    ):
+        super().__init__(depths, verify_sizes, feature_names)
+        self.table = tuple(sorted(tuple(int(x) for x in row) for row in table))
+        if not self.table or self.table[0][0] != 1:
+            raise ValueError(f"table={list(self.table)} must start at batch size 1, e.g. ((1, 1, 6), (2, 16, 2)).")
+        if max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs={max_num_seqs} must be >= 1.")
+        self.max_num_seqs = int(max_num_seqs)
+        self.require_feature("running")
+        self.budget = max(self.verify_sizes)
+
+    @classmethod
+    def for_env(cls, env: Any, /, **kwargs: Any) -> DynamicSD:
+        """As ``Policy.for_env``; ``max_num_seqs`` from ``env.unwrapped.config``."""
+        kwargs.setdefault("max_num_seqs", env.unwrapped.config.max_num_seqs)
+        return super().for_env(env, **kwargs)
+
+    def act(self, observation: np.ndarray) -> tuple[int, int]:
+        running = max(1, round(self.feature(observation, "running") * self.max_num_seqs))
+        k = next((k for start, end, k in self.table if start <= running <= end), self.table[-1][2])
+        return self.snap_depth(k), self.budget
+
 
 class UCBBandit(Policy):
     """UCB over ``(depth, verify_size)`` arms, rewarded by observed tokens per second (BanditSpec).
@@ -255,48 +297,48 @@ class UCBBandit(Policy):
         self._last_arm = None
 
 
-class Oracle(Policy):
+class LookAhead(Policy):
     """The per-round best setting given what only the environment knows: the upper bound.
 
-    If the env provides ``env.unwrapped.oracle_action()`` (an action, i.e. indices, for the
+    If the env provides ``env.unwrapped.lookahead_action()`` (an action, i.e. indices, for the
     coming round, computed from hidden state such as a trace's true acceptance), ``act`` returns
-    it. Otherwise the env must be ``draftrl/Analytic-v0``: the oracle knows the coming round's
+    it. Otherwise the env must be ``draftrl/Analytic-v0``: the policy knows the coming round's
     regime ``alpha`` and plays the setting that maximises ``E(alpha, n) - rho * cost`` where
     ``rho`` is the best long-run throughput reachable with known regimes (a Dinkelbach fixed
     point over the regimes' long-run shares). This maximises total tokens / total cost, which
     per-round ``E / cost`` does not when regimes switch.
 
-    The oracle reads the env it was built for, so build it with ``Oracle.for_env(env)`` and use
+    It reads the env it was built for, so build it with ``LookAhead.for_env(env)`` and use
     it only on that env.
     """
 
-    name = "oracle"
+    name = "lookahead"
 
     def __init__(self, depths: Sequence[int], verify_sizes: Sequence[int], feature_names: Sequence[str], env: Any):
         super().__init__(depths, verify_sizes, feature_names)
         self.env = env
         base = env.unwrapped
-        self._has_hook = callable(getattr(base, "oracle_action", None))
+        self._has_hook = callable(getattr(base, "lookahead_action", None))
         if not self._has_hook:
             if not hasattr(base, "alphas") or not hasattr(base, "regime"):
                 raise TypeError(
-                    f"Oracle needs env.unwrapped.oracle_action() or the analytic env's regimes; "
+                    f"LookAhead needs env.unwrapped.lookahead_action() or the analytic env's regimes; "
                     f"{type(base).__name__} has neither."
                 )
-            self.regime_actions, self.rho = analytic_oracle_table(base)
+            self.regime_actions, self.rho = analytic_lookahead_table(base)
 
     @classmethod
-    def for_env(cls, env: Any, /, **kwargs: Any) -> Oracle:
+    def for_env(cls, env: Any, /, **kwargs: Any) -> LookAhead:
         return super().for_env(env, env=env, **kwargs)
 
     def act(self, observation: np.ndarray) -> tuple[int, int]:
         base = self.env.unwrapped
         if self._has_hook:
-            return self.from_action(base.oracle_action())
+            return self.from_action(base.lookahead_action())
         return self.regime_actions[base.regime]
 
 
-def analytic_oracle_table(base: Any, iterations: int = 50) -> tuple[list[tuple[int, int]], float]:
+def analytic_lookahead_table(base: Any, iterations: int = 50) -> tuple[list[tuple[int, int]], float]:
     """Best ``(depth, verify_size)`` per regime of an ``AnalyticEnv`` and the throughput it reaches.
 
     :param base: the unwrapped ``AnalyticEnv``.

@@ -106,7 +106,7 @@ class TrainConfig:
     eval_seed: int = 1_000_000
     """seed of the first evaluation episode; far from training seeds."""
     baselines: list[str] = field(default_factory=lambda: list(BASELINES))
-    """baselines evaluated besides the fixed grid: heuristic, threshold, bandit, oracle (draftrl.config.BASELINES)."""
+    """baselines evaluated besides the fixed grid: heuristic, threshold, bandit, lookahead (draftrl.config.BASELINES)."""
     checkpoint_every: int = 10_000
     """env steps between checkpoints (taken at the next rollout boundary); --resume restarts there."""
     keep: str = "last"

@@ -13,7 +13,7 @@ from draftrl.policies import (
     ConfidenceThreshold,
     Fixed,
     HFHeuristic,
-    Oracle,
+    LookAhead,
     Policy,
     PPOPolicy,
     UCBBandit,
@@ -31,7 +31,7 @@ def build_baselines(names: list[str], env: gym.Env) -> list[Policy]:
         "heuristic": lambda: HFHeuristic.for_env(env),
         "threshold": lambda: ConfidenceThreshold.for_env(env),
         "bandit": lambda: UCBBandit.for_env(env),
-        "oracle": lambda: Oracle.for_env(env),
+        "lookahead": lambda: LookAhead.for_env(env),
     }
     policies = []
     for name in names:
@@ -57,8 +57,8 @@ def evaluate_run(
     :param extra_kwargs: ``gymnasium.make`` arguments YAML cannot hold (a frozen size policy).
     :return: ``{"episodes", "seed", "env", "results": {name: evaluate_policy_on_env(...)},
         "best_fixed", "table": {name: {"throughput", "ratio_to_best_fixed", "diff_vs_best_fixed",
-        "se"}}, "oracle_gain_captured"}``; ``oracle_gain_captured`` = (policy - best fixed) /
-        (oracle - best fixed) in throughput, when an oracle ran.
+        "se"}}, "lookahead_gain_captured"}``; ``lookahead_gain_captured`` = (policy - best fixed) /
+        (lookahead - best fixed) in throughput, when the look-ahead baseline ran.
     """
     spec = spec or cfg.env
     env = make_env(spec, evaluation=True, extra_kwargs=extra_kwargs)
@@ -104,9 +104,9 @@ def evaluate_run(
         "table": table,
         "results": results,
     }
-    if "oracle" in results:
-        gap = results["oracle"]["throughput"] - best["throughput"]
-        summary["oracle_gain_captured"] = (results["ppo"]["throughput"] - best["throughput"]) / gap if gap > 0 else None
+    if "lookahead" in results:
+        gap = results["lookahead"]["throughput"] - best["throughput"]
+        summary["lookahead_gain_captured"] = (results["ppo"]["throughput"] - best["throughput"]) / gap if gap > 0 else None
     return summary
 
 
@@ -117,6 +117,6 @@ def format_table(evaluation: dict[str, Any]) -> str:
         diff = f"  diff={row['diff_vs_best_fixed']:+.3f}±{row['se']:.3f}" if "se" in row else ""
         mark = "  <- best fixed" if name == evaluation["best_fixed"] else ""
         lines.append(f"vs_best_fixed={row['ratio_to_best_fixed']:.3f}x  throughput={row['throughput']:.4f}{diff}  {name}{mark}")
-    if evaluation.get("oracle_gain_captured") is not None:
-        lines.append(f"share of oracle's gain over best fixed captured by ppo: {evaluation['oracle_gain_captured']:.2f}")
+    if evaluation.get("lookahead_gain_captured") is not None:
+        lines.append(f"share of lookahead's gain over best fixed captured by ppo: {evaluation['lookahead_gain_captured']:.2f}")
     return "\n".join(lines)

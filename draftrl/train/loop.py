@@ -251,6 +251,6 @@ def finish_run(
     if wandb_run is not None:
         wandb_run.summary.update({f"eval/{name}": row["throughput"] for name, row in evaluation["table"].items()})
         wandb_run.summary["eval/best_fixed"] = evaluation["best_fixed"]
-        if evaluation.get("oracle_gain_captured") is not None:
-            wandb_run.summary["eval/oracle_gain_captured"] = evaluation["oracle_gain_captured"]
+        if evaluation.get("lookahead_gain_captured") is not None:
+            wandb_run.summary["eval/lookahead_gain_captured"] = evaluation["lookahead_gain_captured"]
     return summary

@@ -70,7 +70,7 @@ def test_eval_never_silently_replaces_earlier_results(tmp_path, capsys, monkeypa
     calls = []
     _fake_eval(monkeypatch, calls)
     out = tmp_path / "e"
-    argv = ["eval", "--policies", "ar,heuristic", "--out", str(out), "--quiet"]
+    argv = ["eval", "--policies", "none,heuristic", "--out", str(out), "--quiet"]
     assert main(argv) == 0
     (out / "acceptance_hist.png").write_text("stale plot of the earlier run")
     line = one_error_line(capsys, argv)
@@ -87,10 +87,10 @@ def test_out_of_another_kind_or_unwritable_is_refused_before_any_work(tmp_path, 
     foreign.mkdir()
     (foreign / "thesis.tex").write_text("mine")
     assert "files draftrl eval did not write (thesis.tex)" in one_error_line(
-        capsys, ["eval", "--policies", "ar", "--out", str(foreign), "--quiet"])
+        capsys, ["eval", "--policies", "none", "--out", str(foreign), "--quiet"])
     blocker = tmp_path / "a_file"
     blocker.write_text("")
-    assert "is not writable" in one_error_line(capsys, ["eval", "--policies", "ar", "--out", str(blocker / "sub"),
+    assert "is not writable" in one_error_line(capsys, ["eval", "--policies", "none", "--out", str(blocker / "sub"),
                                                         "--quiet"])
     assert "is not writable" in one_error_line(capsys, ["grid", "--out", str(blocker / "sub"), "--quiet"])
     assert calls == [] and (foreign / "thesis.tex").read_text() == "mine"

@@ -128,8 +128,8 @@ def test_command_specific_flags_are_their_keys():
                   "--no-monitor", "--draft-sampling", "--sampler", "resample-from-p")
     assert (cfg.env.temperature, cfg.env.max_new_tokens, cfg.env.width, cfg.verify_size) == (0.7, 9, 2, 3)
     assert (cfg.env.monitor, cfg.env.draft_sampling, cfg.sampler) == (False, True, "resample-from-p")
-    cfg = _config("eval", "--policies", "ar,heuristic", "--no-monitor", "--power-tokens", "5", "--ignore-eos")
-    assert (cfg.eval.policies, cfg.eval.monitor, cfg.eval.power_tokens) == (("ar", "heuristic"), False, 5)
+    cfg = _config("eval", "--policies", "none,heuristic", "--no-monitor", "--power-tokens", "5", "--ignore-eos")
+    assert (cfg.eval.policies, cfg.eval.monitor, cfg.eval.power_tokens) == (("none", "heuristic"), False, 5)
     assert cfg.env.ignore_eos and _config("generate", "--ignore-eos").env.ignore_eos
     cfg = _config("calibrate", "--num-tokens", "4,1,2", "--repeats", "2", "--temperature", "1.0")
     assert (cfg.calibrate.num_tokens, cfg.calibrate.repeats, cfg.env.temperature) == ((1, 2, 4), 2, 1.0)
@@ -137,3 +137,78 @@ def test_command_specific_flags_are_their_keys():
 
 def test_every_command_module_has_one_parser():
     assert set(COMMANDS) >= set(CONFIG_COMMANDS)
+
+
+#: ``--set`` items of workload keys (``draftrl.config.workload.WorkloadConfig``) and the value each must set.
+WORKLOAD_SETS = {
+    "env.temperature=1": ("temperature", 1.0),
+    "env.max_new_tokens=12": ("max_new_tokens", 12),
+    "env.max_new_tokens_cap=64": ("max_new_tokens_cap", 64),
+    "env.target=tiny-model": ("target", "tiny-model"),
+    "env.languages=[en,zh]": ("languages", ("en", "zh")),
+    "env.tasks=[chat]": ("tasks", ("chat",)),
+    "env.prompts=p.jsonl": ("prompts", "p.jsonl"),
+    "env.top_k=5": ("top_k", 5),
+}
+
+
+@pytest.mark.parametrize("item", sorted(WORKLOAD_SETS))
+def test_a_workload_key_sets_the_same_field_on_both_engines(item):
+    from draftrl.cli.eval import serving_config
+
+    name, expected = WORKLOAD_SETS[item]
+    hf = _config("eval", "--set", item).env
+    args = build_parser().parse_args(["eval", "--engine", "vllm", "--out", "o", "--set", item])
+    vllm = serving_config(args)
+    assert getattr(hf, name) == getattr(vllm, name) == expected
+
+
+def test_both_engines_share_the_workload_fields_and_defaults():
+    import dataclasses
+
+    from draftrl.config.env import EnvConfig
+    from draftrl.config.serve import ServeConfig
+    from draftrl.config.workload import WorkloadConfig
+
+    shared = {f.name for f in dataclasses.fields(WorkloadConfig)}
+    assert {"target", "prompts", "split", "languages", "tasks", "max_new_tokens", "temperature"} <= shared
+    differ = {name for name in shared if getattr(EnvConfig(), name) != getattr(ServeConfig(), name)}
+    assert differ == {"limit_per_group"}  # a serving episode serves one prompt per group (16 requests)
+
+
+def test_the_flags_set_the_serving_config_too():
+    from draftrl.cli.eval import serving_config
+
+    args = build_parser().parse_args(["eval", "--engine", "vllm", "--out", "o", "--target", "tiny-model",
+                                      "--dtype", "bfloat16", "--threads", "3", "--seed", "7"])
+    config = serving_config(args)
+    assert (config.target, config.dtype, config.threads, config.seed) == ("tiny-model", "bfloat16", 3, 7)
+    for argv, message in ((["--drafter", "ngram"], "env.drafter"), (["--no-monitor"], "eval.monitor"),
+                          (["--set", "temperature=1"], "env.KEY=VALUE")):
+        args = build_parser().parse_args(["eval", "--engine", "vllm", "--out", "o", *argv])
+        with pytest.raises(ValueError, match=message):
+            serving_config(args)
+
+
+def test_a_serving_config_file_reads_the_env_section_and_refuses_unknown_sections(tmp_path):
+    from draftrl.config.serve import load_serve_config
+
+    path = tmp_path / "serve.yaml"
+    path.write_text("env:\n  temperature: 1.0\n  max_new_tokens: 8\n  concurrency: 2\nthreads: 2\neval:\n  repeats: 3\n")
+    config = load_serve_config(path, ["env.max_new_tokens=12"], split="heldout")
+    assert (config.temperature, config.max_new_tokens, config.concurrency, config.threads, config.split) == \
+        (1.0, 12, 2, 2, "heldout")
+    path.write_text("enviroment:\n  temperature: 1.0\n")
+    with pytest.raises(ValueError, match="did you mean 'environment'|unknown section"):
+        load_serve_config(path)
+    with pytest.raises(ValueError, match="unknown config key 'env.model'; did you mean 'env.max_model_len'|env.model"):
+        load_serve_config(None, ["env.model=x"])
+
+
+def test_collect_engine_vllm_reads_the_same_env_keys():
+    from draftrl.cli.collect import serving_config
+
+    args = build_parser().parse_args(["collect", "--engine", "vllm", "--out", "o", "--set", "env.split=heldout",
+                                      "--target", "tiny-model"])
+    config = serving_config(args)
+    assert (config.split, config.target) == ("heldout", "tiny-model")

@@ -40,7 +40,7 @@ def synthetic_recordings(num: int = 12, seed: int = 0) -> Recordings:
         length = TOKENS + LOOKAHEAD if i % 4 else int(rng.integers(5, TOKENS))  # every 4th ends at 'EOS'
         recs.append(Recording(Prompt(f"p{i:02d}", ("en", "it", "zh", "es")[i % 4], ("qa", "code_edit")[i % 2],
                                      "tune", f"prompt {i}", TOKENS), prompt, TOKENS, cont[:length], LOOKAHEAD))
-    return Recordings(recs, {"config": {"model": "smollm2-135m", "chat_template": True}})
+    return Recordings(recs, {"config": {"target": "smollm2-135m", "chat_template": True}})
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +91,7 @@ def test_every_policy_emits_exactly_the_recorded_continuations(recordings, arriv
         for r in requests:
             assert r.token_ids == recorded[r.prompt_id][:TOKENS], (name, r.prompt_id)
             assert len(r.token_times) == len(r.token_ids) and r.finished
-        assert sum(i["tokens"] for i in infos) == sum(min(len(t), TOKENS) for t in recorded.values())
+        assert sum(i["num_emitted"] for i in infos) == sum(min(len(t), TOKENS) for t in recorded.values())
 
 
 @pytest.mark.parametrize("concurrency", [1, 5])
@@ -101,7 +101,7 @@ def test_hindsight_drafts_only_what_is_accepted_and_no_less(recordings, concurre
     results = {}
     for rule in ("match", "hindsight"):
         infos = rollout(make(recordings, rule=rule, concurrency=concurrency, cost_noise=False), fixed(6, 7))
-        results[rule] = ([i["tokens"] for i in infos], sum(i["num_verified"] for i in infos),
+        results[rule] = ([i["num_emitted"] for i in infos], sum(i["num_verified"] for i in infos),
                          sum(i["num_accepted"] for i in infos), sum(i["seconds"] for i in infos),
                          [r for i in infos for r in i["request_steps"]])
     match, hind = results["match"], results["hindsight"]
@@ -132,7 +132,7 @@ def test_budget_zero_reproduces_the_no_speculation_schedule(recordings, concurre
     assert len(plain) == plain_steps(lengths, concurrency)
     for depth in range(1, 7):
         infos = rollout(env, fixed(depth, 0))
-        assert [i["tokens"] for i in infos] == [i["tokens"] for i in plain]
+        assert [i["num_emitted"] for i in infos] == [i["num_emitted"] for i in plain]
         assert [i["seconds"] for i in infos] == [i["seconds"] for i in plain]  # the same seed: the same noise
         assert all(i["num_verified"] == 0 and i["num_proposed"] == 0 for i in infos)
     drafting = rollout(env, fixed(6, 7))
@@ -283,7 +283,7 @@ def test_a_prefill_step_is_charged_per_prompt_token(recordings):
     free = gym.make("draftrl/ServeReplay-v0", recordings=recordings, calibration=COST, max_new_tokens=TOKENS,
                     concurrency=3, shuffle=False, cost_noise=False).unwrapped
     plain = rollout(free, fixed(4, 7))
-    assert [i["tokens"] for i in plain] == [i["tokens"] for i in infos]
+    assert [i["num_emitted"] for i in plain] == [i["num_emitted"] for i in infos]
     extra = [a["seconds"] - b["seconds"] for a, b in zip(infos, plain)]
     assert sum(extra) == pytest.approx(0.0001 * sum(prompts))
     assert min(extra) > -1e-12 and sum(e > 1e-12 for e in extra) > 1
@@ -307,7 +307,7 @@ def test_recordings_round_trip(recordings, tmp_path):
         [(r.prompt, r.prompt_ids, r.token_ids) for r in recordings.requests]
 
 
-def test_loads_are_drawn_per_episode_and_the_oracle_acts_in_the_grid(recordings):
+def test_loads_are_drawn_per_episode_and_the_lookahead_acts_in_the_grid(recordings):
     loads = [{"concurrency": 1}, {"arrival": "poisson", "rate": 50.0}, {"concurrency": 8}]
     env = make(recordings, loads=loads).unwrapped
     seen = {}
@@ -322,6 +322,6 @@ def test_loads_are_drawn_per_episode_and_the_oracle_acts_in_the_grid(recordings)
         make(recordings, loads=[{"max_num_seqs": 4}])
     env.reset(seed=0)
     before = [(r.generated, r.history.last_proposed) for r in env.engine.running]
-    action = env.oracle_action()
+    action = env.lookahead_action()
     assert env.action_space.contains(action)
     assert [(r.generated, r.history.last_proposed) for r in env.engine.running] == before  # explored on copies

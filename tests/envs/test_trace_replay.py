@@ -170,8 +170,8 @@ def test_cost_jitter_moves_costs_per_episode_never_tokens(recorded):
 
 
 @pytest.mark.parametrize("reward", ["ratio", "throughput"])
-def test_oracle_action_is_the_best_round_in_hindsight(recorded, reward):
-    """From the same state, no action of the grid gets a better round reward than the oracle's;
+def test_lookahead_action_is_the_best_round_in_hindsight(recorded, reward):
+    """From the same state, no action of the grid gets a better round reward than the lookahead's;
     and it is not a constant: it changes its choice along the episode."""
     *_, directory = recorded
     env = TraceReplayEnv(directory, depths=(0, 1, 2, 4), cost_jitter=0.3, reward=reward)
@@ -179,28 +179,28 @@ def test_oracle_action_is_the_best_round_in_hindsight(recorded, reward):
     actions = [np.array([i, j]) for i in range(len(env.depths)) for j in range(len(env.verify_sizes))]
     chosen, done = [], False
     while not done and len(chosen) < 12:
-        best = env.oracle_action()
+        best = env.lookahead_action()
         rewards = [copy.deepcopy(env).step(a)[1] for a in actions]
-        oracle_reward = copy.deepcopy(env).step(best)[1]
-        assert oracle_reward >= max(rewards) - 1e-9 * abs(max(rewards))
+        lookahead_reward = copy.deepcopy(env).step(best)[1]
+        assert lookahead_reward >= max(rewards) - 1e-9 * abs(max(rewards))
         chosen.append(env.depths[best[0]])
         _, _, done, _, _ = env.step(best)
     assert len(set(chosen)) > 1, chosen
 
 
-def test_oracle_baseline_runs_on_replay_envs(recorded):
-    from draftrl.policies import Oracle
+def test_lookahead_baseline_runs_on_replay_envs(recorded):
+    from draftrl.policies import LookAhead
 
     *_, directory = recorded
     for env in (TraceReplayEnv(directory, depths=(0, 1, 2, 4)), TraceReplayDepthEnv(directory, depths=(0, 1, 2, 4))):
-        policy = Oracle.for_env(env)
+        policy = LookAhead.for_env(env)
         obs, _ = env.reset(seed=0)
         done = False
         while not done:
             action = policy.act_step(obs) if isinstance(env, TraceReplayDepthEnv) else policy.to_action(*policy.act(obs))
             obs, _, done, _, _ = env.step(np.asarray(action, dtype=np.int64))
-    with pytest.raises(TypeError, match="oracle_action"):  # sizes chosen at STOP: no fixed size to plan for
-        Oracle.for_env(TraceReplayDepthEnv(directory, size_policy=lambda obs, tree: 0))
+    with pytest.raises(TypeError, match="lookahead_action"):  # sizes chosen at STOP: no fixed size to plan for
+        LookAhead.for_env(TraceReplayDepthEnv(directory, size_policy=lambda obs, tree: 0))
 
 
 def test_policy_evaluation_visits_every_recorded_prompt(recorded):

@@ -55,7 +55,7 @@ def test_eval_cli_exits_3_on_resample_from_p(tmp_path, capsys, monkeypatch):
 
     monkeypatch.setenv("WANDB_MODE", "disabled")
     code = main([
-        "eval", "--policies", "ar,fixed:1", "--out", str(tmp_path), "--quiet", "--sampler", "resample-from-p",
+        "eval", "--policies", "none,fixed:1", "--out", str(tmp_path), "--quiet", "--sampler", "resample-from-p",
         "--set", "env.drafter=smollm2-135m", "--set", "env.temperature=1.0", "--set", "env.tasks=[chat]",
         "--set", "env.limit_per_group=2", "--set", "env.max_new_tokens=96", "--set", "eval.repeats=3",
         "--set", "threads=1",

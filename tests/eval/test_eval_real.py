@@ -72,12 +72,12 @@ def test_grid_writes_the_documented_files(grid_dir, config, smollm2):
     assert grid["split"] == "tune" and grid["reference"] == "d0_v0_w1"
     assert set(grid["cells"]) == {"d0_v0_w1", "d3_v0_w1"}
     for cell in grid["cells"].values():
-        for key in ("depth", "verify_size", "width", "tokens_per_second", "speedup_vs_ar", "mean_tokens_per_round",
+        for key in ("depth", "verify_size", "width", "tokens_per_second", "speedup_vs_none", "mean_tokens_per_round",
                     "per_language", "per_task", "noise"):
             assert key in cell
         assert cell["tokens_per_second"] > 0
         assert set(cell["per_language"]) == {"en"} and set(cell["per_task"]) == {"code_edit", "chat"}
-    assert grid["cells"]["d0_v0_w1"]["speedup_vs_ar"] == pytest.approx(1.0)
+    assert grid["cells"]["d0_v0_w1"]["speedup_vs_none"] == pytest.approx(1.0)
     assert grid["cells"]["d0_v0_w1"]["mean_tokens_per_round"] == pytest.approx(1.0)
     assert grid["best"]["name"] in grid["cells"]
     assert grid["kernels"]["layout"] == smollm2.kernels.layout  # the kernels the cells ran with
@@ -97,35 +97,35 @@ def test_grid_writes_the_documented_files(grid_dir, config, smollm2):
 def test_eval_writes_results_report_and_plots(smollm2, config, grid_dir, untrained_ppo, tmp_path):
     from draftrl.eval.evaluate import run_eval
 
-    policies = f"ar,best-grid,heuristic,threshold,bandit,ppo:{untrained_ppo},oracle"
+    policies = f"none,best-grid,heuristic,threshold,bandit,ppo:{untrained_ppo},lookahead"
     results = run_eval(config, tmp_path, policies=policies, grid_path=grid_dir / "grid.json", target=smollm2)
     saved = json.loads((tmp_path / "results.json").read_text())
     assert saved["policies"].keys() == results["policies"].keys()
-    assert list(saved["policies"]) == ["ar", "best-grid", "heuristic", "threshold", "bandit", "ppo", "oracle"]
+    assert list(saved["policies"]) == ["none", "best-grid", "heuristic", "threshold", "bandit", "ppo", "lookahead"]
     for name, p in saved["policies"].items():
-        for key in ("tokens_per_second", "speedup_vs_ar", "time_to_first_token_mean", "itl_p50", "itl_p95", "itl_p99",
+        for key in ("tokens_per_second", "speedup_vs_none", "time_to_first_token_mean", "itl_p50", "itl_p95", "itl_p99",
                     "peak_memory_bytes", "tokens_per_round_histogram", "acceptance_by_position", "per_language",
                     "per_task", "mean_tokens_per_round"):
             assert key in p, (name, key)
         assert p["tokens_per_second"] > 0
         assert set(p["per_language"]) == {"en"} and set(p["per_task"]) == {"code_edit", "chat"}
-        assert p["num_tokens"] == saved["policies"]["ar"]["num_tokens"]  # greedy: the same output
-    assert saved["policies"]["ar"]["speedup_vs_ar"] == pytest.approx(1.0)
+        assert p["num_tokens"] == saved["policies"]["none"]["num_tokens"]  # greedy: the same output
+    assert saved["policies"]["none"]["speedup_vs_none"] == pytest.approx(1.0)
     assert saved["kernels"]["layout"] == smollm2.kernels.layout and saved["kernels"]["source"] in ("probe", "cache", "busy")
     # anchors: only the grid's best prompt-lookup gamma is timed again, on the same requests
     assert set(saved["anchors"]["methods"]) == {"hf", "hf-lookup:2"}
-    assert all(a["identical_to_ar"] == "2/2" for a in saved["anchors"]["methods"].values())  # greedy
+    assert all(a["identical_to_none"] == "2/2" for a in saved["anchors"]["methods"].values())  # greedy
     for name, p in saved["policies"].items():
         assert p["speedup_vs_hf"] > 0 and p["speedup_vs_hf_lookup"] > 0
-        for ref in ("ar", "hf", "hf_lookup", "best_fixed"):
+        for ref in ("none", "hf", "hf_lookup", "best_fixed"):
             ci = p[f"ci_vs_{ref}"]
-            if (name, ref) in (("ar", "ar"), ("best-grid", "best_fixed")):  # a reference against itself: no interval
+            if (name, ref) in (("none", "none"), ("best-grid", "best_fixed")):  # a reference against itself: no interval
                 assert ci == {"ratio": 1.0, "reference": True}
                 continue
             assert ci["num_requests"] == 2 and ci["low"] <= ci["ratio"] <= ci["high"], (name, ref)
-    assert saved["policies"]["ar"]["tokens_per_round_histogram"] == {"1": saved["policies"]["ar"]["num_rounds"]}
-    # the oracle never drafts a token that is rejected
-    assert all(r in (None, 1.0) for r in saved["policies"]["oracle"]["acceptance_by_position"]["rate"])
+    assert saved["policies"]["none"]["tokens_per_round_histogram"] == {"1": saved["policies"]["none"]["num_rounds"]}
+    # the lookahead never drafts a token that is rejected
+    assert all(r in (None, 1.0) for r in saved["policies"]["lookahead"]["acceptance_by_position"]["rate"])
     ex = saved["exactness"]
     assert ex["passed"] is True
     assert ex["greedy_identity"]["checked"] and ex["greedy_identity"]["passed"]
@@ -134,11 +134,11 @@ def test_eval_writes_results_report_and_plots(smollm2, config, grid_dir, untrain
     assert set(ex["monitor"]) == set(saved["policies"])
     assert saved["best_grid"]["name"] in json.loads((grid_dir / "grid.json").read_text())["cells"]
     report = (tmp_path / "report.md").read_text()
-    assert "| ppo |" in report and "| oracle |" in report and "Verdict: PASSED" in report
+    assert "| ppo |" in report and "| lookahead |" in report and "Verdict: PASSED" in report
     assert "vs HF generate" in report and "`hf-lookup:2` (best)" in report and "not resolved" in report
     for png in ("grid_heatmap.png", "trajectory.png", "acceptance_hist.png", "pit_hist.png"):
         assert_png(tmp_path / png)
-    assert set(saved["trajectories"]["policies"]) == {"heuristic", "threshold", "bandit", "ppo", "oracle"}
+    assert set(saved["trajectories"]["policies"]) == {"heuristic", "threshold", "bandit", "ppo", "lookahead"}
 
 
 def test_eval_cli_fails_loudly_on_an_exactness_violation(monkeypatch, tmp_path, capsys):
@@ -155,7 +155,7 @@ def test_eval_cli_fails_loudly_on_an_exactness_violation(monkeypatch, tmp_path, 
         raise ExactnessViolation([failure], 201)
 
     monkeypatch.setattr("draftrl.eval.evaluate.run_eval", fake_run_eval)
-    code = main(["eval", "--policies", "ar,heuristic", "--out", str(tmp_path), "--quiet"])
+    code = main(["eval", "--policies", "none,heuristic", "--out", str(tmp_path), "--quiet"])
     err = capsys.readouterr().err
     assert code == 3
     assert "EXACTNESS VIOLATION" in err and "agreement" in err and "201" in err

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from draftrl.eval.serving import kendall_tau
+from draftrl.eval.metrics import kendall_tau
 from draftrl.eval.serve_demo import ServeDemoConfig, run_serve_demo, sweep_summary
 from draftrl.io import plain, write_json
 from draftrl.config import to_dict

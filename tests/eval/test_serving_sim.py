@@ -45,7 +45,7 @@ def test_dsd_grid_search_scores_tables_as_the_evaluation_does(tmp_path):
     speedups of fixed:K at the same loads; only tables whose K never grows are searched."""
     import numpy as np
 
-    from draftrl.eval.serving import search_dsd
+    from draftrl.eval.dsd_search import search_dsd
 
     recordings = synthetic_recordings(8)
     config = ServeConfig(max_new_tokens=TOKENS, shuffle=False, seed=0)
@@ -71,13 +71,13 @@ def test_dsd_grid_search_scores_tables_as_the_evaluation_does(tmp_path):
 def test_class_policies_name_a_proposer_class_and_k():
     """``class:MODULE.Class:K`` evaluates another custom_class proposer (a reference) in vLLM."""
     from draftrl.decoding.vllm.engine import VLLMEngineConfig
-    from draftrl.eval.serving import parse_serving_policies
+    from draftrl.eval.policy_names import parse_policies
 
-    spec = parse_serving_policies("none,class:ref_lookup.RefLookupLatest:4")[1]
+    spec = parse_policies("none,class:ref_lookup.RefLookupLatest:4", engine="vllm")[1]
     assert (spec.kind, spec.path, spec.depth) == ("class", "ref_lookup.RefLookupLatest", 4)
     for bad in ("class:RefLookupLatest:4", "class:ref_lookup.RefLookupLatest", "class:ref_lookup.RefLookupLatest:0"):
         with pytest.raises(ValueError, match="class:MODULE.Class:K"):
-            parse_serving_policies(bad)
+            parse_policies(bad, engine="vllm")
     config = VLLMEngineConfig(method="custom_class", proposer="ref_lookup.RefLookupLatest", num_speculative_tokens=4)
     assert config.speculative_config() == {"method": "custom_class", "model": "ref_lookup.RefLookupLatest",
                                            "num_speculative_tokens": 4}

@@ -15,7 +15,7 @@ from draftrl.policies import (
     ConfidenceThreshold,
     Fixed,
     HFHeuristic,
-    Oracle,
+    LookAhead,
     UCBBandit,
     evaluate_policy_on_env,
     paired_difference,
@@ -82,6 +82,21 @@ def test_hf_heuristic_counts_verified_not_drafted():
 
 
 # ----------------------------------------------------------------------------- ConfidenceThreshold
+def test_the_serving_proposers_follow_the_same_heuristic_schedule():
+    """One +2 / -1 rule (decoding.schedule): the policy's per-round schedule and a serving request's
+    per-step depth move together on the same (accepted, proposed) history."""
+    from draftrl.decoding.admission import RequestAcceptance
+
+    policy = HFHeuristic(**grid(depths=tuple(range(31))), initial_depth=5)
+    request = RequestAcceptance(heuristic_depth=5.0)
+    for accepted, proposed in ((5, 5), (7, 7), (2, 9), (0, 8), (0, 0), (3, 3), (0, 1), (0, 1), (0, 1), (0, 1)):
+        policy.observe({"num_verified": proposed, "num_accepted": accepted})
+        request.last_proposed = proposed
+        request.observe(accepted + 1, decay=0.8, heuristic=True)
+        assert policy.schedule == request.heuristic_depth
+    assert policy.schedule == 5.0  # 5 +2 +2 -1 -1 (no evidence) +2 -1 -1 -1 -1
+
+
 def test_confidence_threshold_round_level_depth():
     policy = ConfidenceThreshold(**grid(), threshold=0.35)
     conf = FEATURE_NAMES.index("draft_confidence")
@@ -160,26 +175,26 @@ def test_ucb_bandit_tries_every_arm_first_and_forgets():
     assert bandit.num_pulls.sum() == 0 and bandit.act(obs) == (0, 0)
 
 
-# ----------------------------------------------------------------------------- Oracle
-def test_oracle_single_regime_is_the_article_best_depth():
+# ----------------------------------------------------------------------------- LookAhead
+def test_lookahead_single_regime_is_the_article_best_depth():
     env = gym.make("draftrl/Analytic-v0", alpha=0.7, draft_cost=0.05, depths=tuple(range(17)))
-    oracle = Oracle.for_env(env)
-    assert oracle.regime_actions == [(6, 0)]
-    assert oracle.rho == pytest.approx(2.353, abs=1e-3)
+    lookahead = LookAhead.for_env(env)
+    assert lookahead.regime_actions == [(6, 0)]
+    assert lookahead.rho == pytest.approx(2.353, abs=1e-3)
 
 
-def test_oracle_uses_the_env_hook_when_present():
+def test_lookahead_uses_the_env_hook_when_present():
     env = gym.make("draftrl/Analytic-v0", depths=(0, 2, 4))
-    env.unwrapped.oracle_action = lambda: np.array([2, 0])
-    assert Oracle.for_env(env).act(np.zeros(6)) == (4, 0)
+    env.unwrapped.lookahead_action = lambda: np.array([2, 0])
+    assert LookAhead.for_env(env).act(np.zeros(6)) == (4, 0)
 
 
-def test_oracle_needs_hidden_state():
+def test_lookahead_needs_hidden_state():
     class Bare(gym.Env):
         depths, verify_sizes, feature_names = (0, 1), (0,), ("x",)
 
-    with pytest.raises(TypeError, match="oracle_action"):
-        Oracle.for_env(Bare())
+    with pytest.raises(TypeError, match="lookahead_action"):
+        LookAhead.for_env(Bare())
 
 
 def baseline_results(env: gym.Env, episodes: int, seed: int) -> dict:
@@ -187,28 +202,28 @@ def baseline_results(env: gym.Env, episodes: int, seed: int) -> dict:
         HFHeuristic.for_env(env),
         ConfidenceThreshold.for_env(env),
         UCBBandit.for_env(env),
-        Oracle.for_env(env),
+        LookAhead.for_env(env),
     ]
     return {p.name: evaluate_policy_on_env(p, env, episodes, seed) for p in policies}
 
 
-def test_oracle_beats_every_policy_on_expected_value_env():
+def test_lookahead_beats_every_policy_on_expected_value_env():
     """stochastic=False: every policy sees the same regime path, so the comparison is exact."""
     env = gym.make("draftrl/Analytic-v0", **REGIMES, stochastic=False)
     results = baseline_results(env, episodes=20, seed=3)
-    oracle = results.pop("oracle")["throughput"]
+    lookahead = results.pop("lookahead")["throughput"]
     for name, res in results.items():
-        assert oracle >= res["throughput"], name
+        assert lookahead >= res["throughput"], name
 
 
-def test_oracle_beats_every_policy_on_stochastic_env():
+def test_lookahead_beats_every_policy_on_stochastic_env():
     env = gym.make("draftrl/Analytic-v0", **REGIMES)
     results = baseline_results(env, episodes=60, seed=11)
-    oracle = results.pop("oracle")
+    lookahead = results.pop("lookahead")
     for name, res in results.items():
-        diff = paired_difference(oracle["episode_throughputs"], res["episode_throughputs"])
+        diff = paired_difference(lookahead["episode_throughputs"], res["episode_throughputs"])
         assert diff["mean"] > -2 * diff["se"], (name, diff)  # never significantly worse
-        assert oracle["throughput"] >= 0.97 * res["throughput"], name
+        assert lookahead["throughput"] >= 0.97 * res["throughput"], name
     best_fixed = max((r for n, r in results.items() if n.startswith("fixed")), key=lambda r: r["throughput"])
-    diff = paired_difference(oracle["episode_throughputs"], best_fixed["episode_throughputs"])
+    diff = paired_difference(lookahead["episode_throughputs"], best_fixed["episode_throughputs"])
     assert diff["mean"] > 3 * diff["se"]  # and clearly better than grid search on this workload

@@ -17,7 +17,7 @@ from draftrl.envs.serve_replay import record_workload
 
 CONFIG = ServeConfig(split="heldout", languages=("en", "it", "zh", "es"), tasks=("code_edit", "summarize"),
                      max_new_tokens=24, concurrency=4, shuffle=False)
-KEYS = ("tokens", "num_verified", "num_accepted", "num_proposed", "running", "waiting", "depth", "budget")
+KEYS = ("num_emitted", "num_verified", "num_accepted", "num_proposed", "running", "waiting", "depth", "budget")
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
 """``configs/serve_sim_cpu.yaml``: PPO trains on ``draftrl/ServeReplay-v0`` through the ordinary
 recipe, is evaluated against every fixed (depth cap, budget), the per-request heuristic and the
-greedy one-step oracle, and loads back onto the simulator's (= ServeVLLM-v0's) spaces.
+greedy one-step lookahead, and loads back onto the simulator's (= ServeVLLM-v0's) spaces.
 
 Synthetic recordings and a synthetic calibration file stand for the vLLM ones (tests/envs checks
 the simulator itself; tests/real_vllm checks it against vLLM), so this runs in seconds.
@@ -48,9 +48,9 @@ def test_ppo_trains_on_the_serving_simulator_and_meets_its_baselines(tmp_path):
     table = summary["evaluation"]["table"]
     env = make_env(cfg.env, evaluation=True)
     grid = {f"fixed(d={d},v={b})" for d in env.unwrapped.depths for b in env.unwrapped.budgets}
-    assert grid | {"ppo", "heuristic", "oracle", "bandit"} == set(table)
+    assert grid | {"ppo", "heuristic", "lookahead", "bandit"} == set(table)
     assert table["fixed(d=0,v=0)"]["throughput"] == pytest.approx(table["fixed(d=8,v=0)"]["throughput"])
-    assert table["oracle"]["throughput"] >= 0.97 * table["fixed(d=8,v=128)"]["throughput"]
+    assert table["lookahead"]["throughput"] >= 0.97 * table["fixed(d=8,v=128)"]["throughput"]
     policy = PPOPolicy.load(tmp_path / "run", env)
     obs, _ = env.reset(seed=0)
     depth, budget = policy.act(obs)

@@ -1,9 +1,9 @@
-"""A look-ahead oracle for the real engine at temperature 0: the upper bound of a comparison.
+"""The look-ahead policy for the real engine at temperature 0: the upper bound of a comparison.
 
 At temperature 0 the output is the target's greedy continuation whatever the policy does, so
 once plain decoding has produced it (the evaluation's reference run), the number of draft
 tokens the target *will* accept is known before verifying: propose the deepest tree, walk it
-along the reference. The oracle then drafts exactly that deep (the largest grid depth not above
+along the reference. The lookahead then drafts exactly that deep (the largest grid depth not above
 it; 0 when nothing would be accepted), so it never pays for a rejected draft token. It reads
 the answer, so it is not deployable; its look-ahead time is reported as ``excluded_seconds``
 and not charged to its throughput.
@@ -20,16 +20,16 @@ import numpy as np
 from draftrl.policies.base import Policy
 
 
-class GreedyOracle(Policy):
+class GreedyLookAhead(Policy):
     """Per-round depth = the accept length the reference continuation reveals.
 
-    :param env: the (real-engine) env the oracle acts on; it reads ``env.unwrapped.engine`` and
+    :param env: the (real-engine) env the lookahead acts on; it reads ``env.unwrapped.engine`` and
         ``env.unwrapped.request``.
     :param references: ``{prompt_id: greedy continuation token ids}``.
     :param width: tree width of the look-ahead proposal (the env's ``width``).
     """
 
-    name = "oracle"
+    name = "lookahead"
 
     def __init__(self, depths: Sequence[int], verify_sizes: Sequence[int], feature_names: Sequence[str], env: Any,
                  references: Mapping[str, list[int]], width: int = 1):
@@ -42,8 +42,8 @@ class GreedyOracle(Policy):
         engine = env.unwrapped.engine
         if engine.config.temperature != 0:
             raise ValueError(
-                f"the oracle needs temperature 0 (the output must be known in advance); got "
-                f"temperature={engine.config.temperature}. Drop oracle from --policies."
+                f"the lookahead needs temperature 0 (the output must be known in advance); got "
+                f"temperature={engine.config.temperature}. Drop lookahead from --policies."
             )
 
     def accept_length(self) -> int:
@@ -52,8 +52,8 @@ class GreedyOracle(Policy):
         engine = base.engine
         reference = self.references.get(base.request.prompt.id)
         if reference is None:
-            raise ValueError(f"the oracle has no reference continuation for prompt {base.request.prompt.id!r}; "
-                             "plain decoding (ar) must run on a request before the oracle.")
+            raise ValueError(f"the lookahead has no reference continuation for prompt {base.request.prompt.id!r}; "
+                             "plain decoding (none) must run on a request before the lookahead.")
         depth = min(max(self.depths), engine.remaining - 1)
         if depth <= 0 or engine.drafter is None:
             return 0

@@ -1,0 +1,188 @@
+"""The one policy grammar of ``draftrl eval --policies``, on both engines.
+
+``--engine hf`` (draftrl's exact engine, one request at a time: ``draftrl.eval.policies``) and
+``--engine vllm`` (inside vLLM under load: ``draftrl.eval.serve_policies``) read the same names:
+
+==========================  =======  =======  ====================================================
+name                        hf       vllm     what it is
+==========================  =======  =======  ====================================================
+``none`` (alias ``ar``)     yes      yes      no speculation: the reference of every speedup
+``fixed:D[:V[:W]]``         yes      D[:V]    depth D every round/step; V the verify size (hf,
+                                              0 = all) or the batch's budget (vllm, none = no
+                                              limit); W the tree width (hf only)
+``heuristic``               yes      yes      Hugging Face's +2 / -1 draft length (vllm: per request)
+``ppo:DIR``                 yes      yes      a policy written by ``draftrl train`` for that engine's env
+``best-grid``               yes      -        the best fixed setting of ``--grid DIR/grid.json``
+``threshold``, ``bandit``   yes      -        ConfidenceThreshold, UCBBandit
+``lookahead``               yes      -        temperature 0: drafts what the target will accept
+``ngram:K``                 -        yes      vLLM's own prompt lookup, K tokens
+``class:MODULE.Class:K``    -        yes      vLLM with another ``custom_class`` proposer
+``dsd[:S-E:K,...]``         -        yes      vLLM's Dynamic SD: K per running-batch-size range
+==========================  =======  =======  ====================================================
+
+A name one engine cannot run is refused with one line naming the names it accepts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+#: The reference every speedup divides by, and its alias.
+REFERENCE = "none"
+ALIASES = {"ar": REFERENCE}
+#: Each kind's form on the command line.
+FORMS: dict[str, str] = {
+    "none": "none", "fixed": "fixed:D[:V[:W]]", "heuristic": "heuristic", "ppo": "ppo:DIR",
+    "best-grid": "best-grid", "threshold": "threshold", "bandit": "bandit", "lookahead": "lookahead",
+    "ngram": "ngram:K", "class": "class:MODULE.Class:K", "dsd": "dsd[:S-E:K,...]",
+}
+#: The kinds each engine runs.
+ENGINE_KINDS: dict[str, tuple[str, ...]] = {
+    "hf": ("none", "fixed", "heuristic", "ppo", "best-grid", "threshold", "bandit", "lookahead"),
+    "vllm": ("none", "fixed", "heuristic", "ppo", "ngram", "class", "dsd"),
+}
+#: The deepest draft of a vLLM engine with draftrl's proposer (its ``num_speculative_tokens``).
+VLLM_MAX_DEPTH = 8
+#: Dynamic SD schedule used by ``dsd`` without a table: (batch start, batch end, K).
+DEFAULT_DSD: tuple[tuple[int, int, int], ...] = ((1, 1, 6), (2, 4, 4), (5, 8, 2), (9, 1024, 1))
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    """One entry of ``--policies``, parsed."""
+
+    kind: str
+    label: str
+    """the name used in results.json, the report and wandb"""
+    depth: int = 0
+    """fixed: D; ngram / class: K"""
+    verify_size: int | None = None
+    """fixed: V (hf: verify size, 0 = all; vllm: the batch's budget); None = the engine's default"""
+    width: int = 1
+    """fixed: the tree width W (hf only)"""
+    dsd: tuple[tuple[int, int, int], ...] = ()
+    """dsd: (batch start, batch end, K) rows"""
+    path: str | None = None
+    """ppo: the run directory (or its policy.zip); class: MODULE.Class"""
+    text: str = ""
+    """the entry as written, with the alias resolved (``ppo:runs/x``, ``none`` for ``ar``)"""
+
+
+def accepted_names(engine: str) -> str:
+    """``"none, fixed:D[:V[:W]], ..."``: the names ``engine`` runs, for errors and ``--help``."""
+    return ", ".join(FORMS[k] for k in ENGINE_KINDS[engine])
+
+
+def _bad(item: str, why: str, engine: str) -> ValueError:
+    return ValueError(f"policy {item!r} {why}; --engine {engine} accepts {accepted_names(engine)}.")
+
+
+def split_policies(text: str) -> list[str]:
+    """Split a comma-separated policy list where a dsd table keeps its own commas:
+    ``"none,dsd:1-1:6,2-4:2,fixed:4"`` -> ``["none", "dsd:1-1:6,2-4:2", "fixed:4"]``."""
+    out: list[str] = []
+    for part in (p.strip() for p in text.split(",")):
+        if out and out[-1].startswith("dsd:") and part[:1].isdigit() and "-" in part.partition(":")[0]:
+            out[-1] += "," + part
+        elif part:
+            out.append(part)
+    return out
+
+
+def parse_dsd(text: str, item: str, engine: str = "vllm") -> tuple[tuple[int, int, int], ...]:
+    """``"1-1:6,2-4:4"`` -> ((1, 1, 6), (2, 4, 4)), sorted; it must start at batch size 1."""
+    table = []
+    for part in text.split(","):
+        ranges, _, k = part.partition(":")
+        start, _, end = ranges.partition("-")
+        if not (start.isdigit() and end.isdigit() and k.isdigit()):
+            raise _bad(item, "needs entries START-END:K, e.g. dsd:1-1:6,2-4:4,5-16:1", engine)
+        table.append((int(start), int(end), int(k)))
+    table.sort()
+    if table[0][0] != 1:
+        raise _bad(item, "must start at batch size 1", engine)
+    return tuple(table)
+
+
+def dsd_label(table: tuple[tuple[int, int, int], ...]) -> str:
+    """The policy name of a Dynamic SD table: ``dsd:1-1:6,2-4:4,...``."""
+    return "dsd:" + ",".join(f"{s}-{e}:{k}" for s, e, k in table)
+
+
+def _parse_one(item: str, engine: str) -> PolicySpec:
+    spec = _parse_kind(item, engine)
+    return dataclasses.replace(spec, text=spec.kind + item[item.index(":"):] if ":" in item else spec.kind)
+
+
+def _parse_kind(item: str, engine: str) -> PolicySpec:
+    kind, _, arg = item.partition(":")
+    kind = ALIASES.get(kind.strip().lower(), kind.strip().lower())
+    if kind not in FORMS:
+        raise _bad(item, "is not a policy", engine)
+    if kind not in ENGINE_KINDS[engine]:
+        other = next(e for e in ENGINE_KINDS if e != engine)
+        raise _bad(item, f"runs on --engine {other} only", engine)
+    if kind in ("none", "heuristic", "best-grid", "threshold", "bandit", "lookahead") and arg:
+        raise _bad(item, "takes no argument", engine)
+    if kind == "fixed":
+        parts = arg.split(":") if arg else []
+        longest = 3 if engine == "hf" else 2
+        if not 1 <= len(parts) <= longest or not all(p.isdigit() for p in parts):
+            raise _bad(item, f"must look like {'fixed:D, fixed:D:V or fixed:D:V:W' if engine == 'hf' else 'fixed:D or fixed:D:B'}"
+                             " with integers", engine)
+        values = [int(p) for p in parts]
+        if engine == "vllm" and values[0] > VLLM_MAX_DEPTH:
+            raise _bad(item, f"drafts deeper than vLLM's proposer ({VLLM_MAX_DEPTH})", engine)
+        if len(values) > 2 and values[2] < 1:
+            raise _bad(item, "needs a width W >= 1", engine)
+        return PolicySpec(kind, item, values[0], values[1] if len(values) > 1 else None,
+                          values[2] if len(values) > 2 else 1)
+    if kind == "ngram":
+        if not arg.isdigit() or not 1 <= int(arg) <= 16:
+            raise _bad(item, "must look like ngram:K with 1 <= K <= 16", engine)
+        return PolicySpec(kind, item, int(arg))
+    if kind == "class":
+        path, _, k = arg.rpartition(":")
+        if "." not in path or not k.isdigit() or not 1 <= int(k) <= 16:
+            raise _bad(item, "must look like class:MODULE.Class:K with 1 <= K <= 16", engine)
+        return PolicySpec(kind, item, int(k), path=path)
+    if kind == "dsd":
+        return PolicySpec(kind, item, dsd=parse_dsd(arg, item, engine) if arg else DEFAULT_DSD)
+    if kind == "ppo":
+        if not arg:
+            raise _bad(item, "needs a path (ppo:DIR written by draftrl train)", engine)
+        return PolicySpec(kind, kind, path=arg)
+    return PolicySpec(kind, kind)
+
+
+def parse_policies(items: str | list[str] | tuple[str, ...], engine: str = "hf") -> list[PolicySpec]:
+    """Parse ``"none,fixed:4,dsd:1-1:6,2-4:2,ppo:runs/x"`` (or a list) for ``engine`` (hf or vllm);
+    ``none`` is always first (the reference), added when missing. Several PPO policies are labelled
+    after their directories (``ppo[size]``).
+
+    :raises ValueError: one line naming the bad entry and every name ``engine`` accepts.
+    """
+    if engine not in ENGINE_KINDS:
+        raise ValueError(f"engine {engine!r} is unknown; use one of {', '.join(ENGINE_KINDS)}.")
+    if isinstance(items, str):
+        items = split_policies(items)
+    specs = [_parse_one(item.strip(), engine) for item in items if item.strip()]
+    ppo = [s for s in specs if s.kind == "ppo"]
+    if len(ppo) > 1:
+        renamed = {id(s): f"ppo[{policy_dir(s.path).name}]" for s in ppo}
+        specs = [dataclasses.replace(s, label=renamed[id(s)]) if id(s) in renamed else s for s in specs]
+    labels = [s.label for s in specs]
+    dup = sorted({x for x in labels if labels.count(x) > 1})
+    if dup:
+        raise ValueError(f"policies {dup} are listed twice; list each once.")
+    if REFERENCE not in labels:
+        specs.insert(0, PolicySpec(REFERENCE, REFERENCE, text=REFERENCE))
+    return sorted(specs, key=lambda s: s.kind != REFERENCE)
+
+
+def policy_dir(path: str) -> Path:
+    """The run directory of ``ppo:PATH`` (PATH may name its policy.zip)."""
+    p = Path(path)
+    return p.parent if p.suffix == ".zip" else p

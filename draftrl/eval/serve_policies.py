@@ -1,0 +1,76 @@
+"""How each policy of ``draftrl eval --engine vllm`` is built: its engine, its env's rule, its ``Policy``.
+
+The names are ``draftrl.eval.policy_names``' (one grammar for both engines). Every policy acts
+through the ``draftrl.policies.Policy`` interface on ``draftrl/ServeVLLM-v0`` (or the simulator,
+``ServeReplay-v0``), whose second action grid is the batch's verification budget:
+
+- ``none``, ``ngram:K``, ``class:MODULE.Class:K``: ``Fixed`` at depth 0; the engine (vLLM without
+  speculation, its own prompt lookup, another ``custom_class`` proposer) ignores the action;
+- ``fixed:D[:B]``: ``Fixed`` at depth D and budget B (no limit without B);
+- ``heuristic``: ``Fixed`` at the deepest depth, no budget, with the env's per-request rule
+  ``heuristic`` (Hugging Face's +2 / -1 inside the proposer, ``draftrl.decoding.schedule``);
+- ``dsd[:S-E:K,...]``: ``DynamicSD``, K from the running batch size;
+- ``ppo:DIR``: ``PPOPolicy`` trained on a serving env (grids and features checked).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from draftrl.eval.policy_names import REFERENCE, VLLM_MAX_DEPTH, PolicySpec
+
+#: Kinds whose engine is not draftrl's proposer (the action is ignored).
+OWN_ENGINE = (REFERENCE, "ngram", "class")
+
+
+def proposer_rule(spec: PolicySpec) -> str:
+    """Each request's own depth before the step's cap and budget (``ServeConfig.rule``)."""
+    return "heuristic" if spec.kind == "heuristic" else "match"
+
+
+def check_grids(specs: list[PolicySpec], depths: tuple[int, ...], budgets: tuple[int, ...]) -> None:
+    """Refuse a ``fixed:D[:B]`` off the env's grids before any engine loads (one line naming the grid)."""
+    for spec in specs:
+        if spec.kind != "fixed":
+            continue
+        if spec.depth not in depths or (spec.verify_size is not None and spec.verify_size not in budgets):
+            raise ValueError(f"policy {spec.label!r} is off the serving grid depths={list(depths)}, "
+                             f"budgets={list(budgets)}; pick values from them or set env.depths / env.budgets.")
+
+
+def build_serving_policy(spec: PolicySpec, env: Any):
+    """The ``Policy`` that plays ``spec`` on the serving ``env``."""
+    from draftrl.policies import DynamicSD, Fixed, PPOPolicy, env_grids
+
+    depths, budgets, _ = env_grids(env)
+    if spec.kind == "ppo":  # observation statistics, grids and features checked
+        return PPOPolicy.load(spec.path, env, name=spec.label)
+    if spec.kind == "dsd":
+        policy = DynamicSD.for_env(env, table=spec.dsd)
+    elif spec.kind in OWN_ENGINE:
+        policy = Fixed.for_env(env, depth=0, verify_size=max(budgets))
+    elif spec.kind == "heuristic":
+        policy = Fixed.for_env(env, depth=max(depths), verify_size=max(budgets))
+    elif spec.kind == "fixed":
+        policy = Fixed.for_env(env, depth=spec.depth, verify_size=max(budgets) if spec.verify_size is None
+                               else spec.verify_size)
+    else:  # pragma: no cover - parse_policies(engine="vllm") refuses the rest
+        raise AssertionError(spec.kind)
+    policy.name = spec.label
+    return policy
+
+
+def engine_for(spec: PolicySpec, config) -> Any:
+    """The shared vLLM engine ``spec`` runs on (one per speculative config and process)."""
+    from draftrl.decoding.vllm.engine import VLLMEngineConfig, shared_engine
+
+    common = dict(model=config.target, dtype=config.dtype, max_num_seqs=config.max_num_seqs,
+                  max_model_len=config.max_model_len, kv_cache_gib=config.kv_cache_gib, threads=config.threads)
+    if spec.kind == REFERENCE:
+        return shared_engine(VLLMEngineConfig(method="none", **common))
+    if spec.kind == "ngram":
+        return shared_engine(VLLMEngineConfig(method="ngram", num_speculative_tokens=spec.depth, **common))
+    if spec.kind == "class":
+        return shared_engine(VLLMEngineConfig(method="custom_class", proposer=spec.path,
+                                              num_speculative_tokens=spec.depth, **common))
+    return shared_engine(VLLMEngineConfig(method="draftrl", num_speculative_tokens=VLLM_MAX_DEPTH, **common))

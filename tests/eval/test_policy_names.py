@@ -1,0 +1,108 @@
+"""The one policy grammar of ``draftrl eval --policies`` on both engines (``draftrl.eval.policy_names``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from draftrl.cli import main
+from draftrl.eval.policy_names import (DEFAULT_DSD, ENGINE_KINDS, FORMS, REFERENCE, accepted_names, parse_policies,
+                                       split_policies)
+
+#: Names that mean the same on both engines.
+SHARED = "none,fixed:4,fixed:4:8,heuristic,ppo:runs/a"
+
+
+def test_a_dsd_table_keeps_its_commas():
+    """README's serving command: the CLI once split on every comma and saw '2-4:3' as a policy."""
+    items = split_policies("none,fixed:4,heuristic,dsd:1-1:4,2-4:3,5-8:3,9-16:3,ppo:runs/x")
+    assert items == ["none", "fixed:4", "heuristic", "dsd:1-1:4,2-4:3,5-8:3,9-16:3", "ppo:runs/x"]
+    dsd = parse_policies(",".join(items), engine="vllm")[3]
+    assert (dsd.kind, dsd.dsd) == ("dsd", ((1, 1, 4), (2, 4, 3), (5, 8, 3), (9, 16, 3)))
+    assert parse_policies("dsd", engine="vllm")[1].dsd == DEFAULT_DSD
+
+
+def test_the_cli_parses_the_documented_serving_command(monkeypatch, tmp_path):
+    """``--policies`` goes through the same splitter: the dsd table reaches the parser whole."""
+    seen = {}
+
+    def fake_run(out, *, policies, **kwargs):
+        seen["policies"] = [s.label for s in parse_policies(policies, engine="vllm")]
+        (tmp_path / "out" / "report.md").parent.mkdir(exist_ok=True)
+        (tmp_path / "out" / "report.md").write_text("report\n")
+        return {}
+
+    monkeypatch.setattr("draftrl.eval.serving.run_serving_eval", fake_run)
+    code = main(["eval", "--engine", "vllm", "--policies", "none,fixed:4,heuristic,dsd:1-1:4,2-4:3,5-8:3,9-16:3",
+                 "--out", str(tmp_path / "out"), "--quiet"])
+    assert code == 0
+    assert seen["policies"] == ["none", "fixed:4", "heuristic", "dsd:1-1:4,2-4:3,5-8:3,9-16:3"]
+
+
+@pytest.mark.parametrize("engine", ["hf", "vllm"])
+def test_both_engines_accept_the_same_shared_names(engine):
+    specs = parse_policies(SHARED, engine=engine)
+    assert [s.label for s in specs] == ["none", "fixed:4", "fixed:4:8", "heuristic", "ppo"]
+    assert [(s.depth, s.verify_size) for s in specs[1:3]] == [(4, None), (4, 8)]
+    assert specs[-1].path == "runs/a"
+    assert [s.text for s in specs] == SHARED.split(",")
+
+
+def test_the_engines_share_their_common_kinds_and_one_grammar():
+    assert {"none", "fixed", "heuristic", "ppo"} <= set(ENGINE_KINDS["hf"]) & set(ENGINE_KINDS["vllm"])
+    assert set(ENGINE_KINDS["hf"]) | set(ENGINE_KINDS["vllm"]) == set(FORMS)
+
+
+@pytest.mark.parametrize("engine", ["hf", "vllm"])
+def test_ar_is_an_alias_of_none_and_the_reference_comes_first(engine):
+    specs = parse_policies(["heuristic", "ar"], engine=engine)
+    assert [s.label for s in specs] == [REFERENCE, "heuristic"]
+    assert specs[0].text == REFERENCE
+    assert parse_policies("heuristic", engine=engine)[0].label == REFERENCE  # added when missing
+
+
+def test_hf_labels_and_ppo_directories():
+    specs = parse_policies("heuristic, best-grid,fixed:4:0:2,ppo:runs/a,lookahead")
+    assert [s.label for s in specs] == ["none", "heuristic", "best-grid", "fixed:4:0:2", "ppo", "lookahead"]
+    assert specs[3].width == 2
+    labels = [s.label for s in parse_policies("ppo:runs/size,ppo:runs/depth/policy.zip")]
+    assert labels == ["none", "ppo[size]", "ppo[depth]"]
+
+
+@pytest.mark.parametrize("engine, name", [("hf", "ngram:4"), ("hf", "dsd:1-1:4,2-16:1"), ("hf", "class:m.C:4"),
+                                          ("vllm", "threshold"), ("vllm", "bandit"), ("vllm", "lookahead"),
+                                          ("vllm", "best-grid"), ("vllm", "fixed:4:8:2")])
+def test_a_name_the_engine_cannot_run_is_refused_naming_what_it_accepts(engine, name):
+    with pytest.raises(ValueError) as err:
+        parse_policies(name, engine=engine)
+    message = str(err.value)
+    assert "\n" not in message and name.split(",")[0] in message
+    assert f"--engine {engine} accepts {accepted_names(engine)}" in message
+
+
+@pytest.mark.parametrize("engine", ["hf", "vllm"])
+@pytest.mark.parametrize("bad", ["foo", "ppo", "fixed:x", "heuristic:3", "none,ar", "fixed:4,fixed:4"])
+def test_bad_policy_name_is_one_line_naming_the_valid_ones(engine, bad):
+    with pytest.raises(ValueError) as err:
+        parse_policies(bad, engine=engine)
+    message = str(err.value)
+    assert "\n" not in message
+    if "," not in bad:
+        assert bad in message and accepted_names(engine) in message
+
+
+def test_vllm_depths_stop_at_the_proposer_and_dsd_tables_start_at_one():
+    with pytest.raises(ValueError, match="deeper than vLLM's proposer"):
+        parse_policies("fixed:9", engine="vllm")
+    with pytest.raises(ValueError, match="batch size 1"):
+        parse_policies("dsd:2-4:3", engine="vllm")
+    with pytest.raises(ValueError, match="START-END:K"):
+        parse_policies("dsd:1:3", engine="vllm")
+
+
+def test_cli_bad_policy_exits_2_with_one_line(tmp_path, capsys):
+    code = main(["eval", "--policies", "none,warp-drive", "--out", str(tmp_path / "e"), "--quiet"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert len(err.splitlines()) == 1
+    assert "warp-drive" in err and "heuristic" in err and "ppo:DIR" in err
+    assert not (tmp_path / "e").exists()
