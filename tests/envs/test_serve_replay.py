@@ -16,7 +16,7 @@ import draftrl.envs  # noqa: F401  registers the ids
 from draftrl.config.serve import ServeConfig
 from draftrl.decoding.admission import StepAction
 from draftrl.decoding.replay import Recording, Recordings, ReplayEngine
-from draftrl.decoding.vllm.calibrate import FORMAT, StepCostModel
+from draftrl.decoding.vllm.calibrate import StepCostModel
 from draftrl.decoding.vllm.proposer import DraftrlProposer
 from draftrl.envs.serve_vllm import FEATURE_NAMES, ServeVLLMEnv
 from draftrl.prompts import Prompt
@@ -200,39 +200,6 @@ def test_spaces_and_features_are_serve_vllms(recordings):
     check_env(make(recordings, concurrency=4).unwrapped, skip_render_check=True)
 
 
-def synthetic_calibration(coef, sd, seed=0, prefill=None):
-    """Decode points of ``coef = (base, per_seq, per_token)`` and, given ``prefill`` (seconds per
-    prompt token), prefill points of 1 and 4 prompts of 32..384 tokens."""
-    rng = np.random.default_rng(seed)
-    points = []
-    for b in (1, 2, 4, 8, 16):
-        for d in (0, 1, 2, 4, 8):
-            tokens = b * (d + 1)
-            s = coef[0] + coef[1] * b + coef[2] * tokens + sd * rng.standard_normal(8)
-            points.append({"kind": "decode", "num_seqs": b, "depth": d, "tokens_verified": tokens,
-                           "prompt_tokens": 0, "seconds": s.tolist()})
-    for b in (1, 4) if prefill is not None else ():
-        for length in (32, 128, 384):
-            s = coef[0] + coef[1] * b + prefill * b * length + sd * rng.standard_normal(8)
-            points.append({"kind": "prefill", "num_seqs": b, "prompt_len": length, "tokens_verified": 0,
-                           "prompt_tokens": b * length, "seconds": s.tolist()})
-    return {"format": FORMAT, "points": points}
-
-
-@pytest.mark.parametrize("coef,prefill", [((0.040, 0.0015, 0.0006), None), ((0.012, 0.004, 0.0002), None),
-                                          ((0.040, 0.0015, 0.0006), 0.00004), ((0.012, 0.004, 0.0002), 0.0001)])
-def test_cost_model_refits_known_coefficients(coef, prefill):
-    model = StepCostModel.from_calibration(synthetic_calibration(coef, sd=0.002, prefill=prefill))
-    for got, want, tol in zip((model.base, model.per_seq, model.per_token), coef, (1.5e-3, 2e-4, 2e-5)):
-        assert abs(got - want) < tol
-    # without prefill points a prompt costs its sequence only; with them the slope is recovered
-    assert abs(model.per_prefill_token - (prefill or 0.0)) < 2e-6
-    assert model.residual_std == pytest.approx(0.002, rel=0.15)
-    assert model.mean(4, 0, 1000) - model.mean(4, 0) == pytest.approx(1000 * model.per_prefill_token)
-    with pytest.raises(ValueError, match="calibrate --engine vllm"):
-        StepCostModel.from_calibration({"format": "other", "points": []})
-
-
 def test_step_seconds_follow_the_cost_model_with_jitter_and_noise(recordings):
     env = make(recordings, concurrency=4, cost_noise=False).unwrapped
     infos = rollout(env, fixed(4, 7))
@@ -247,29 +214,6 @@ def test_step_seconds_follow_the_cost_model_with_jitter_and_noise(recordings):
     assert np.mean(factors) == pytest.approx(1.0, abs=0.06) and np.std(np.log(factors)) == pytest.approx(0.3, rel=0.15)
     a, b = rollout(jittered, fixed(4, 7), seed=3), rollout(jittered, fixed(4, 7), seed=3)
     assert [i["seconds"] for i in a] == [i["seconds"] for i in b]  # deterministic given the seed
-
-
-def test_cost_table_follows_the_measured_medians():
-    """A step cost flat for few tokens then linear (as on a CPU): the model reproduces each
-    cell's median (made non-decreasing), interpolates between cells and batch sizes, and extends
-    past the grid with the fitted slopes."""
-    def truth(b, tokens):
-        return 0.1 + 0.002 * b + 0.004 * max(0, tokens - 6)
-    points = []
-    for b in (1, 4, 16):
-        for d in (0, 1, 2, 4, 8):
-            t = b * (d + 1)
-            points.append({"num_seqs": b, "tokens_verified": t, "seconds": [truth(b, t)] * 3})
-    points[1]["seconds"] = [0.05] * 3  # a noisy cell cheaper than fewer tokens: raised to its left neighbour
-    model = StepCostModel.from_calibration({"format": FORMAT, "points": points})
-    assert model.mean(1, 1) == pytest.approx(truth(1, 1)) and model.mean(1, 2) == pytest.approx(truth(1, 1))
-    for b, t in ((1, 9), (4, 20), (16, 80), (16, 144)):
-        assert model.mean(b, t) == pytest.approx(truth(b, t))
-    assert model.mean(4, 16) == pytest.approx((truth(4, 12) + truth(4, 20)) / 2)  # between cells
-    assert model.mean(10, 40) == pytest.approx((model.mean(4, 40) + model.mean(16, 40)) / 2)  # between batch sizes
-    assert model.mean(16, 200) - model.mean(16, 144) == pytest.approx(56 * model.per_token)  # past the grid
-    assert model.mean(32, 32) - model.mean(16, 32) == pytest.approx(16 * model.per_seq)
-    assert 0 < model.residual_std < 0.05  # the one noisy cell's spread around the table
 
 
 def test_a_prefill_step_is_charged_per_prompt_token(recordings):

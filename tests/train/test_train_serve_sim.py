@@ -22,7 +22,9 @@ from draftrl.train.config import TrainConfig
 from draftrl.train.envs import make_env
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "envs"))
-from test_serve_replay import synthetic_calibration, synthetic_recordings  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "decoding"))
+from test_serve_replay import synthetic_recordings  # noqa: E402
+from test_vllm_calibrate import synthetic_calibration  # noqa: E402
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "serve_sim_cpu.yaml"
 
