@@ -177,6 +177,19 @@ def read_yaml(path: str | Path) -> Any:
         raise ValueError(f"{path}: YAML error: {' '.join(str(err).split())}; fix the file.") from None
 
 
+def read_env_file(path: str | Path) -> dict[str, Any]:
+    """A config file that holds an ``env:`` section (the workload keys every decoding command
+    reads), checked: it exists, is a mapping, names no unknown top-level section. Returns the
+    whole mapping; each command takes ``env`` and the top-level keys it owns."""
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"config file {path} does not exist; pass a file from configs/")
+    loaded = read_yaml(path)
+    if not isinstance(loaded, dict) or not isinstance(loaded.get("env") or {}, dict):
+        raise ValueError(f"config file {path} must be a mapping with an env: section")
+    refuse_unknown_sections(loaded, Path(path), SECTIONS)
+    return loaded
+
+
 def load_config(cls: type[T], path: str | Path | None = None, overrides: list[str] | None = None, *,
                 base: T | None = None, partial: bool = False) -> T:
     """Load ``cls`` defaults (or ``base``), then the YAML file at ``path``, then ``key=value`` overrides.

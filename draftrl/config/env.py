@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from draftrl.config import SECTIONS, from_dict, read_yaml, refuse_unknown_sections
+from draftrl.config import from_dict, read_env_file
 from draftrl.config.workload import WorkloadConfig
 
 #: Reward modes (see ``draftrl.envs.rewards``).
@@ -131,19 +131,9 @@ def load_env_config(path: str | None = None, overrides: list[str] | None = None)
     its other sections; the ``env`` section itself is strict (unknown keys fail), and a top-level
     key no command reads fails too (``draftrl.config.SECTIONS``).
     """
-    from pathlib import Path
-
     import yaml
 
-    data: dict[str, Any] = {}
-    if path is not None:
-        if not Path(path).is_file():
-            raise FileNotFoundError(f"config file {path} does not exist; pass a file from configs/")
-        loaded = read_yaml(path)
-        if not isinstance(loaded, dict) or not isinstance(loaded.get("env") or {}, dict):
-            raise ValueError(f"config file {path} must be a mapping with an env: section")
-        refuse_unknown_sections(loaded, path, SECTIONS)
-        data = dict(loaded.get("env") or {})
+    data: dict[str, Any] = dict(read_env_file(path).get("env") or {}) if path is not None else {}
     for item in overrides or []:
         key, sep, raw = item.partition("=")
         if not sep or not key.strip().startswith("env.") or key.count(".") != 1:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from draftrl.config.env import REWARD_MODES
@@ -95,16 +94,11 @@ def load_serve_config(path: str | None = None, overrides: list[str] | None = Non
     """
     import yaml
 
-    from draftrl.config import SECTIONS, from_dict, read_yaml, refuse_unknown_sections
+    from draftrl.config import from_dict, read_env_file
 
     data: dict[str, Any] = dict(defaults)
     if path is not None:
-        if not Path(path).is_file():
-            raise FileNotFoundError(f"config file {path} does not exist; pass a file from configs/")
-        loaded = read_yaml(path)
-        if not isinstance(loaded, dict) or not isinstance(loaded.get("env") or {}, dict):
-            raise ValueError(f"config file {path} must be a mapping with an env: section")
-        refuse_unknown_sections(loaded, path, SECTIONS)
+        loaded = read_env_file(path)
         data.update(loaded.get("env") or {})
         data.update({key: loaded[key] for key in TOP_LEVEL_KEYS if key in loaded})
     for item in overrides or []:

@@ -11,13 +11,13 @@ import sys
 import gymnasium as gym
 import numpy as np
 import pytest
+from cost_tables import synthetic_table
 from scripted_costs import PER_LEVEL, PER_NODE, PLAIN_STEP
 from gymnasium.utils.env_checker import check_env as gym_check_env
 from stable_baselines3.common.env_checker import check_env as sb3_check_env
 
 import draftrl.envs  # noqa: F401  registers the env ids (gymnasium.register_envs idiom)
 from draftrl.config.env import EnvConfig
-from draftrl.signals.costs import CostTable
 from draftrl.signals.features import feature_names
 from draftrl.envs.rewards import RewardModel
 from draftrl.envs.spec_decode import SpecDecodeEnv
@@ -40,15 +40,6 @@ INFO_KEYS = {
     "num_proposed", "num_verified", "verified_depth", "token_ids", "token_stats", "exactness_passed",
     "stop_reason", "prompt_id",
 }
-
-
-def synthetic_table(g=(1.0, 1.1, 1.3, 1.8), step=0.02) -> CostTable:
-    return CostTable(
-        num_tokens=[1, 2, 5, 17][: len(g)], context_lens=[64, 1024],
-        verify_seconds=[[step * x for x in g], [2 * step * x for x in g]],
-        draft_widths=[1, 4], draft_level_seconds=[0.001, 0.002], draft_base_seconds=0.0005,
-        sample_base_seconds=0.001, sample_token_seconds=0.0001,
-    )
 
 
 def make_env(scripted, depth=False, **overrides):

@@ -1,4 +1,4 @@
-"""A hand-made cost table for the signals tests: plain step 20 ms at context 64, twice that at 1024."""
+"""A hand-made cost table for the signals and env tests: plain step 20 ms at context 64, twice that at 1024."""
 
 from __future__ import annotations
 
