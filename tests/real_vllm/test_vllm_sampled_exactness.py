@@ -56,7 +56,7 @@ def test_monitor_passes_the_proposer_and_rejects_a_flatter_sampler(mixed_prompts
 def test_eval_reports_the_monitor_verdict_at_temperature_one(tmp_path):
     out = tmp_path / "sampled"
     code = main(["eval", "--engine", "vllm", "--policies", "none,fixed:4", "--concurrency", "4",
-                 "--set", "num_requests=4", "--set", f"max_new_tokens={TOKENS}", "--set", "temperature=1.0",
+                 "--set", "env.num_requests=4", "--set", f"env.max_new_tokens={TOKENS}", "--set", "env.temperature=1.0",
                  "--out", str(out), "--quiet"])
     assert code == 0
     ex = json.loads((out / "results.json").read_text())["exactness"]

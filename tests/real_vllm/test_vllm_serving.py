@@ -29,7 +29,7 @@ def test_serve_env_steps_one_engine_step_and_keeps_the_budget():
         done, steps = terminated or truncated, steps + 1
     requests = info["requests"]
     assert len(requests) == 3 and all(r.finished and len(r.token_ids) <= 12 for r in requests)
-    assert sum(i["tokens"] for i in infos) == sum(len(r.token_ids) for r in requests)
+    assert sum(i["num_emitted"] for i in infos) == sum(len(r.token_ids) for r in requests)
     assert all(r.ttft is not None and r.ttft >= 0 for r in requests)
 
 
