@@ -34,8 +34,9 @@ MAY_IMPORT: dict[str, set[str]] = {
     "policies": {"signals", "decoding", "envs"},
     "export": {"signals", "models", "drafters", "decoding", "policies"},
     "train": {"signals", "models", "drafters", "decoding", "envs", "policies"},
+    "distill": {"models", "drafters", "decoding"},
     "eval": {"signals", "models", "drafters", "decoding", "envs", "policies", "train"},
-    "cli": {"signals", "models", "drafters", "decoding", "envs", "policies", "export", "train", "eval"},
+    "cli": {"signals", "models", "drafters", "decoding", "envs", "policies", "export", "train", "distill", "eval"},
     "__main__": {"cli"},
 }
 

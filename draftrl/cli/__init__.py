@@ -19,6 +19,7 @@ COMMANDS: list[str] = [
     "calibrate",
     "collect",
     "train",
+    "distill",
     "export",
     "grid",
     "eval",

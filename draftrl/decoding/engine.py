@@ -166,6 +166,8 @@ class SpeculativeDecoder:
         self._root_logits: torch.Tensor | None = None
         #: the cache is empty: the next verification feeds the whole prompt (``start(prefill=False)``)
         self._prompt_pending = False
+        #: rows of the last verification forward before the tree's nodes (None: it ran no forward)
+        self._history_rows: int | None = None
 
     # ------------------------------------------------------------------ clock
     def clock(self) -> float:
@@ -209,6 +211,8 @@ class SpeculativeDecoder:
             self._root_logits = out.logits[0, -1]
         if self.drafter is not None:
             self.drafter.reset(self.ids)
+            if prefill:
+                self.drafter.keep_target_rows(list(range(len(self.ids))))
         self.finished = False
         self._pending_draft_seconds = 0.0
         return self.clock() - t0
@@ -310,6 +314,8 @@ class SpeculativeDecoder:
         past = len(self.ids) - 1
         keep = verdict.accepted[: len(emitted) - 1]  # the last emitted token becomes the next root
         keep_tail(self.cache, past + 1, [past + 1 + node for node in keep])
+        if self.drafter is not None and self._history_rows is not None:  # the rows the target cache kept
+            self.drafter.keep_target_rows(list(range(self._history_rows)) + [self._history_rows + n for n in keep])
         self.ids.extend(emitted)
         if commit:
             self.drafter.commit(self.ids, [selected.source_index(node) for node in keep])
@@ -349,6 +355,8 @@ class SpeculativeDecoder:
         root, self._root_logits = self._root_logits, None
         cached = 0 if self._prompt_pending else past + (root is not None)
         self._prompt_pending = False
+        #: rows of this forward before the tree's nodes (history positions cached..past); None: no forward
+        self._history_rows = None if root is not None and not n else past + 1 - cached
         if root is not None and not n:
             return root[None]
         before = max(0, past - cached)  # rows fed before the root: the prompt, after a deferred prefill

@@ -10,6 +10,8 @@ Everything else is optional, with a default that is right for a stateless drafte
 - ``features(ids)``: draft-side signals a policy may read *before* a round is chosen (names the
   observation reads are ``signals.features.DRAFT_FEATURES``; others are ignored);
 - ``reset`` / ``commit`` / ``rewind``: a stateful drafter (its own KV cache) follows the history;
+- ``keep_target_rows``: after every target forward, the rows that entered the history (a drafter
+  that reads the target's hidden states, as ``eagle3`` does through forward hooks, keeps those);
 - :class:`LevelDrafter`, the extension for level-by-level growth: ``begin`` returns a
   :class:`TreeBuilder` that adds one level per ``step``, so a depth policy (``SpecDecodeDepth-v1``)
   can stop drafting after any level; ``propose`` is then written once, on top of it.
@@ -54,6 +56,11 @@ class Drafter(ABC):
 
     def rewind(self, length: int) -> None:
         """The history was cut back to its first ``length`` tokens."""
+
+    def keep_target_rows(self, rows: list[int]) -> None:
+        """Rows of the target's last forward that now hold history positions, in position order
+        (the next positions after those already kept). Called by the engine after every target
+        forward, before ``commit``; ignored by drafters that do not read the target."""
 
 
 class TreeBuilder(ABC):

@@ -12,7 +12,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import torch
+
 from draftrl.drafters.base import Drafter
+from draftrl.drafters.eagle3 import Eagle3Drafter, Eagle3Head
 from draftrl.drafters.layerskip import LayerSkipDrafter
 from draftrl.drafters.model import ModelDrafter
 from draftrl.drafters.ngram import NgramDrafter
@@ -84,6 +87,15 @@ def _layerskip(spec: str, args: list[str], ctx: DrafterContext) -> LayerSkipDraf
     return LayerSkipDrafter(_target(spec, ctx).model, int(args[0]), sampled=ctx.sampled)
 
 
+def _eagle3(spec: str, args: list[str], ctx: DrafterContext) -> Eagle3Drafter:
+    path = ":".join(args)
+    if not path:
+        raise ValueError(f"drafter spec {spec!r} must look like eagle3:PATH, PATH a speculators-format folder")
+    target = _target(spec, ctx)
+    head = Eagle3Head.from_pretrained(path, dtype=getattr(torch, ctx.dtype), device=ctx.device)
+    return Eagle3Drafter(head, target.model, sampled=ctx.sampled, name=spec)
+
+
 def _self(spec: str, args: list[str], ctx: DrafterContext) -> ModelDrafter:
     _no_args(spec, args, "self")
     return ModelDrafter(_target(spec, ctx).model, sampled=ctx.sampled, name="self")
@@ -97,6 +109,7 @@ DRAFTERS: dict[str, DrafterEntry] = {
     "ngram": NGRAM,
     "layerskip": DrafterEntry("layerskip:N", "layerskip:1", _layerskip, needs_target=True),
     "self": DrafterEntry("self", "self", _self, needs_target=True),
+    "eagle3": DrafterEntry("eagle3:PATH", "eagle3:PATH", _eagle3, needs_target=True),
 }
 #: How a spec that names no kind reads: a draft model.
 MODEL_USAGE = "a draft model (directory, hub id or known name)"

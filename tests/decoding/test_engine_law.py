@@ -28,8 +28,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
+import torch
 from tiny_lm import (
     TinyLM,
+    tiny_llama,
     chisquare_law,
     draft_of,
     next_token_laws,
@@ -40,6 +42,7 @@ from tiny_lm import (
 )
 
 from draftrl.decoding.engine import EngineConfig, SpeculativeDecoder
+from draftrl.drafters.eagle3 import Eagle3Config, Eagle3Drafter, Eagle3Head
 from draftrl.drafters.model import ModelDrafter
 from draftrl.models.distribution import SamplingParams
 
@@ -69,6 +72,10 @@ SHAPES = {
     "sampled-tree-fused": (True, 2, None),
 }
 FAST = ["chain", "deterministic-tree", "sampled-tree", "sampled-tree-fused"]
+#: the same shapes drafted by an EAGLE-3 head (drafters/eagle3.py) over a 3-layer Llama target's hidden
+#: states; its draft vocabulary leaves one of the 3 tokens out (q = 0 there: reachable only by recovery)
+EAGLE3_SHAPES = {"eagle3-chain": (True, 1, None), "eagle3-sampled-tree": (True, 2, None)}
+SHAPES.update(EAGLE3_SHAPES)
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
@@ -83,6 +90,27 @@ def models():
 @pytest.fixture(scope="module")
 def law(models):
     return sequence_law(models[0], PROMPT, LENGTH, PARAMS)
+
+
+def eagle3_head(target, seed: int = 1) -> Eagle3Head:
+    """A random EAGLE-3 head for ``target`` over the draft vocabulary {0, 1}, its logits spread like the target's."""
+    torch.manual_seed(seed)
+    head = Eagle3Head(Eagle3Config.for_target(target.config, draft_vocab_size=2, aux_layers=(0, 1, 2)))
+    head.set_draft_vocab(torch.tensor([0, 1]))
+    with torch.no_grad():
+        head.lm_head.weight.normal_(0.0, 1.0)
+    return head.eval()
+
+
+@pytest.fixture(scope="module")
+def eagle3_models():
+    target = tiny_llama(VOCAB, seed=0)
+    return target, eagle3_head(target)
+
+
+@pytest.fixture(scope="module")
+def eagle3_law(eagle3_models):
+    return sequence_law(eagle3_models[0], PROMPT, LENGTH, PARAMS)
 
 
 @dataclass
@@ -105,7 +133,8 @@ def run_requests(models, shape: str, sampler: str, runs: int, seed: int = 0, tok
     target, draft = models
     sampled, width, verify_size = SHAPES[shape]
     config = EngineConfig(max_new_tokens=tokens, temperature=TEMPERATURE, seed=seed, sampler=sampler)
-    engine = SpeculativeDecoder(target, ModelDrafter(draft, sampled=sampled), config)
+    drafter = Eagle3Drafter(draft, target, sampled) if isinstance(draft, Eagle3Head) else ModelDrafter(draft, sampled)
+    engine = SpeculativeDecoder(target, drafter, config)
     outputs, positions, accepted, rounds = [], [], 0, 0
     for _ in range(runs):
         engine.start(PROMPT, prefill=not shape.endswith("-fused"))
@@ -164,13 +193,19 @@ def check(models, law, shape: str, runs: int, tokens: int) -> None:
     assert pos_bad < ALPHA, f"resample-from-p was not caught on {shape} by the per-position law: p = {pos_bad:.3g}"
 
 
-@pytest.mark.parametrize("shape", [s if s in FAST else pytest.param(s, marks=pytest.mark.slow) for s in SHAPES])
+@pytest.mark.parametrize("shape", [s if s in FAST else pytest.param(s, marks=pytest.mark.slow)
+                                   for s in SHAPES if s not in EAGLE3_SHAPES])
 def test_engine_emits_the_target_law(models, law, shape):
     check(models, law, shape, RUNS, REQUEST_TOKENS)
 
 
+@pytest.mark.parametrize("shape", list(EAGLE3_SHAPES))
+def test_engine_emits_the_target_law_with_an_eagle3_head(eagle3_models, eagle3_law, shape):
+    check(eagle3_models, eagle3_law, shape, RUNS, REQUEST_TOKENS)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("shape", [s for s in SHAPES if s not in EAGLE3_SHAPES])
 def test_engine_emits_the_target_law_to_tv_0_02(models, law, shape):
     check(models, law, shape, RUNS_SLOW, LENGTH)
 

@@ -32,7 +32,7 @@ class TinyLM(nn.Module):
         self.qkv = nn.Parameter(2.0 * torch.randn(3, dim, dim, generator=g) / math.sqrt(dim), requires_grad=False)
         self.out = nn.Parameter(scale * torch.randn(dim, vocab, generator=g) / math.sqrt(dim), requires_grad=False)
         # the context the engine reads (as from a transformers config): max_len position embeddings
-        self.config = SimpleNamespace(max_position_embeddings=max_len)
+        self.config = SimpleNamespace(max_position_embeddings=max_len, vocab_size=vocab)
 
     def forward(self, input_ids, position_ids=None, attention_mask=None, past_key_values=None, use_cache=True):
         cache = past_key_values if past_key_values is not None else DynamicCache()
@@ -53,6 +53,22 @@ class TinyLM(nn.Module):
         return SimpleNamespace(logits=(hidden @ self.out)[None])
 
 
+def tiny_llama(vocab: int, seed: int = 0, layers: int = 3, scale: float = 15.0):
+    """A random Llama target of ``layers`` layers (hidden 16) over ``vocab`` tokens, for the drafters
+    that read a Llama's hidden states; its output layer is scaled up so that its law is far from
+    uniform (about the spread of :class:`TinyLM`'s)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=vocab, hidden_size=16, intermediate_size=32, num_hidden_layers=layers,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
+                         tie_word_embeddings=False)
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(scale)
+    return model
+
+
 def draft_of(target: TinyLM, noise: float, seed: int) -> TinyLM:
     """A draft that agrees with ``target`` only in part: its output weights carry extra noise."""
     draft = TinyLM(target.out.shape[1], target.out.shape[0], max_len=target.pos.shape[0])
@@ -65,7 +81,7 @@ def draft_of(target: TinyLM, noise: float, seed: int) -> TinyLM:
 @torch.inference_mode()
 def sequence_law(model: TinyLM, prompt: list[int], length: int, params: SamplingParams) -> dict[tuple[int, ...], float]:
     """Exact law of the first ``length`` tokens of autoregressive sampling from ``model`` after ``prompt``."""
-    vocab = model.out.shape[1]
+    vocab = model.config.vocab_size
     law = {(): 1.0}
     for _ in range(length):
         prefixes = list(law)

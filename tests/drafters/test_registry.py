@@ -45,14 +45,28 @@ def load(spec: str, dtype: str, device: str) -> LoadedModel:
     return tiny(1)
 
 
+@pytest.fixture(scope="module")
+def eagle3_dir(target: LoadedModel, tmp_path_factory) -> str:
+    """A random EAGLE-3 head for ``target`` saved in the speculators format (``eagle3:PATH``'s PATH)."""
+    from draftrl.drafters.eagle3 import Eagle3Config, Eagle3Head
+
+    head = Eagle3Head(Eagle3Config.for_target(target.model.config, 16, aux_layers=(0, 1, 1)))
+    head.set_draft_vocab(torch.arange(0, VOCAB, 2))
+    return str(head.save_pretrained(tmp_path_factory.mktemp("eagle3")))
+
+
 @pytest.mark.parametrize("spec", [entry.example for entry in DRAFTERS.values()] + ["ngram", "tiny-draft"])
-def test_every_entry_builds_and_proposes_through_the_one_contract(spec: str, target: LoadedModel) -> None:
-    drafter = build_drafter(spec, target, load=load)
+def test_every_entry_builds_and_proposes_through_the_one_contract(spec: str, target: LoadedModel,
+                                                                  eagle3_dir: str) -> None:
+    drafter = build_drafter(spec.replace("eagle3:PATH", f"eagle3:{eagle3_dir}"), target, load=load)
     if spec == "none":
         assert drafter is None
         return
     assert isinstance(drafter, Drafter)
     drafter.reset(IDS)
+    with torch.no_grad():  # as the engine's prefill: a target forward, then the rows it kept
+        target.model(torch.tensor([IDS]))
+    drafter.keep_target_rows(list(range(len(IDS))))
     tree = drafter.propose(IDS, 3, 2, SamplingParams(), generator_for("cpu", 0))
     assert isinstance(tree, DraftTree) and 1 <= max(tree.depths) <= 3
     assert all(0 <= t < VOCAB for t in tree.tokens)
@@ -107,7 +121,7 @@ def test_a_malformed_spec_names_its_grammar(spec: str, needle: str, target: Load
         build_drafter(spec, target)
 
 
-@pytest.mark.parametrize("spec", ["layerskip:1", "self", "tiny-draft"])
+@pytest.mark.parametrize("spec", ["layerskip:1", "self", "tiny-draft", "eagle3:PATH"])
 def test_without_a_target_the_kinds_that_need_one_are_refused(spec: str) -> None:
     with pytest.raises(ValueError, match="needs the target model") as info:
         build_drafter(spec, load=load)

@@ -1,0 +1,49 @@
+"""The model card: README.md in the head's folder (target, data, training, measured acceptance)."""
+
+from __future__ import annotations
+
+import json
+
+
+def model_card(config: dict, manifest: dict, training: dict, acceptance: dict, command: str, machine: str) -> str:
+    per_pos = acceptance.get("acceptance_per_position") or []
+    rows = "\n".join(f"| {i + 1} | {a} | {b} |" for i, (a, b) in
+                     enumerate(zip(per_pos, acceptance.get("accepted_at_least") or [])))
+    last = training["log"][-1] if training["log"] else {}
+    return f"""# EAGLE-3 draft head for {config['target']}
+
+Trained by `draftrl distill` from the target alone; a folder in the `speculators` format.
+
+    LLM(model=TARGET, speculative_config={{"method": "eagle3", "model": THIS_FOLDER, "num_speculative_tokens": 4}})
+    draftrl generate --drafter eagle3:THIS_FOLDER ...
+
+## Command
+
+    {command}
+
+## Data
+{manifest['samples']} samples ({', '.join(f'{k}: {v}' for k, v in manifest['sources'].items())}),
+{manifest['prompt_tokens']} prompt and {manifest['response_tokens']} response tokens; responses regenerated
+by the target (greedy). Languages: {json.dumps(manifest['languages'])}; tasks: {json.dumps(manifest['tasks'])}.
+The held-out prompt split was not used for training. Licences: {json.dumps(manifest['licences'])}.
+Seed {manifest['seed']}. The full manifest is `work/manifest.json`.
+
+## Head
+One Llama decoder layer over fc(concat of the target's layers {config['aux_layers']}), a
+{config['draft_vocab_size']}-token frequency-ranked draft vocabulary (`d2t`), embeddings shared with the target.
+
+## Training
+{training['step']} steps, {len(training['log'])} epochs, {config['ttt_steps']} unrolled steps (weights
+{config['step_weight']}^i), lr {config['lr']}, batch {config['batch_size']}, device {config['device']};
+{training['seconds']:.0f} s of training on {machine}. Final epoch: loss {last.get('loss')}, top-1 agreement with the
+target per unrolled step {last.get('agree_per_step')}.
+
+## Measured acceptance (draftrl's engine, greedy chains of depth {acceptance.get('depth')})
+{len(acceptance.get('prompts', []))} held-out prompts, {acceptance.get('tokens_per_prompt')} tokens each,
+{acceptance.get('rounds')} rounds; acceptance length (bonus token included) {acceptance.get('acceptance_length')};
+per task {json.dumps(acceptance.get('acceptance_length_per_task'))}.
+
+| position | acceptance given the previous accepted | rounds accepting at least this many |
+|---|---|---|
+{rows}
+"""

