@@ -36,15 +36,15 @@ def progress_lines(description: str, interval: float = HEARTBEAT_SECONDS, stream
 
     stream = stream or sys.stderr
     start = time.monotonic()
-    state = {"description": description, "done": 0, "total": None, "label": "",
+    state = {"description": description, "done": 0, "total": None, "label": "", "start": start,
              "printed": start - interval}  # the first update prints
     lock = threading.Lock()
     stop = threading.Event()
 
     def emit(now: float) -> None:
         total = "?" if state["total"] is None else state["total"]
-        print(f"[{state['description']}] {state['done']}/{total} {state['label']} ({now - start:.0f}s)".rstrip(),
-              file=stream, flush=True)
+        line = f"[{state['description']}] {state['done']}/{total} {state['label']} ({now - state['start']:.0f}s)"
+        print(line.rstrip(), file=stream, flush=True)
         state["printed"] = now
 
     def heartbeat() -> None:
@@ -63,8 +63,8 @@ def progress_lines(description: str, interval: float = HEARTBEAT_SECONDS, stream
 
     def rename(name: str) -> None:
         with lock:
-            state.update(description=name, done=0, total=None, label="",
-                         printed=time.monotonic() - interval)  # the phase's first update prints
+            now = time.monotonic()  # a phase's seconds count from its start; its first update prints
+            state.update(description=name, done=0, total=None, label="", start=now, printed=now - interval)
 
     thread = threading.Thread(target=heartbeat, name=f"draftrl-{description}-progress", daemon=True)
     thread.start()

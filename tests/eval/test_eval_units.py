@@ -240,6 +240,7 @@ def test_a_new_phase_renames_the_progress_line():
     lines = stream.getvalue().splitlines()
     assert lines[0].startswith("[model] 1/1 smollm2-135m")
     assert lines[1:] and all(line.startswith("[train] 0/?") for line in lines[1:]), lines
+    assert lines[1].endswith("(0s)")  # a phase's seconds count from its own start
 
 
 def test_the_demo_names_each_step_on_its_progress_line(tmp_path, capsys, monkeypatch):
