@@ -300,6 +300,7 @@ def write_outputs(results: dict, out: Path, grid: dict | None) -> dict[str, str]
     """The plots and report.md; returns {what: file name}."""
     from draftrl.eval import plots
     from draftrl.eval.report import render_report
+    from draftrl.io import atomic_write_text
 
     files: dict[str, str] = {}
     if grid is not None:
@@ -328,7 +329,7 @@ def write_outputs(results: dict, out: Path, grid: dict | None) -> dict[str, str]
     files["pit_hist"] = "pit_hist.png"
     files["report"] = REPORT_FILE
     files["results"] = RESULTS_FILE
-    (out / REPORT_FILE).write_text(render_report(results, files))
+    atomic_write_text(out / REPORT_FILE, render_report(results, files))
     return files
 
 

@@ -71,7 +71,7 @@ def run_serving_eval(out: str | Path, *, policies: list[str] | str, concurrency:
     from draftrl.signals.costs import hardware_info
     from draftrl.envs.serve_vllm import ServeVLLMEnv
     from draftrl.config.serve import ServeConfig
-    from draftrl.io import write_json
+    from draftrl.io import atomic_write_text, write_json
 
     specs = parse_policies(policies, engine="vllm")
     config = config or ServeConfig(split="heldout", shuffle=False, seed=0)
@@ -168,7 +168,7 @@ def run_serving_eval(out: str | Path, *, policies: list[str] | str, concurrency:
     results["hardware"] = hardware_info("cpu")
     results["wall_seconds"] = time.perf_counter() - started
     write_json(out / "results.json", results)
-    (out / "report.md").write_text(render_serving_report(results))
+    atomic_write_text(out / "report.md", render_serving_report(results))
     if failures:
         raise ServingMismatch(f"{len(failures)} exactness failure(s): " + "; ".join(failures[:5]))
     return results
