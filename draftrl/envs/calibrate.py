@@ -25,7 +25,7 @@ from draftrl.decoding.engine import EngineConfig, SpeculativeDecoder
 from draftrl.drafters.registry import build_drafter
 from draftrl.drafters.tree import DraftTree
 from draftrl.envs.engines import shared_model
-from draftrl.envs.workload import encode
+from draftrl.models.chat import user_message_ids
 from draftrl.models.distribution import SamplingParams, generator_for
 from draftrl.prompts import load_prompts
 from draftrl.signals.costs import CostTable, hardware_info
@@ -35,7 +35,7 @@ def _token_stream(tokenizer, length: int) -> list[int]:
     """Real text tokens (the shipped prompts, chat-wrapped, back to back), at least ``length`` of them."""
     stream: list[int] = []
     for prompt in load_prompts():
-        stream += encode(tokenizer, prompt.prompt, chat_template=getattr(tokenizer, "chat_template", None) is not None)
+        stream += user_message_ids(tokenizer, prompt.prompt)
         if len(stream) >= length:
             break
     while len(stream) < length:

@@ -13,6 +13,7 @@ import gymnasium as gym
 import numpy as np
 
 from draftrl.config.workload import WorkloadConfig
+from draftrl.models.chat import user_message_ids
 from draftrl.prompts import Prompt, load_prompts
 
 
@@ -51,14 +52,9 @@ def budget(config: WorkloadConfig, prompt: Prompt) -> int:
 
 def encode(tokenizer, text: str, chat_template: bool) -> list[int]:
     """Token ids of a user message, wrapped in the chat template if asked."""
-    if chat_template:
-        if not getattr(tokenizer, "chat_template", None):
-            raise ValueError("env.chat_template=true needs a tokenizer with a chat template; set it to false.")
-        ids = tokenizer.apply_chat_template(
-            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True, return_dict=False
-        )
-        return [int(t) for t in ids]
-    return [int(t) for t in tokenizer(text, add_special_tokens=False)["input_ids"]]
+    if chat_template and not getattr(tokenizer, "chat_template", None):
+        raise ValueError("env.chat_template=true needs a tokenizer with a chat template; set it to false.")
+    return user_message_ids(tokenizer, text, chat_template)
 
 
 class Workload:
