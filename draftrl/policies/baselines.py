@@ -182,7 +182,7 @@ class DynamicSD(Policy):
         depths: Sequence[int],
         verify_sizes: Sequence[int],
         feature_names: Sequence[str],
-        table: Sequence[tuple[int, int, int]] = ((1, 1, 6), (2, 4, 4), (5, 8, 2), (9, 1024, 1)),
+        table: Sequence[tuple[int, int, int]],
         max_num_seqs: int = 16,
     ):
         super().__init__(depths, verify_sizes, feature_names)
