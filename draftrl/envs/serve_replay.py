@@ -147,9 +147,7 @@ def record_workload(config: ServeConfig, engine=None, tokenizer=None, progress=N
     if engine is None:
         from draftrl.decoding.vllm.engine import VLLMEngineConfig, shared_engine
 
-        engine = shared_engine(VLLMEngineConfig(model=config.target, method="none", dtype=config.dtype,
-                                                max_num_seqs=config.max_num_seqs, max_model_len=config.max_model_len,
-                                                kv_cache_gib=config.kv_cache_gib, threads=config.threads))
+        engine = shared_engine(VLLMEngineConfig.serving(config, method="none"))
     if tokenizer is None:
         from transformers import AutoTokenizer
 

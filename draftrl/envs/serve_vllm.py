@@ -180,10 +180,8 @@ class ServeVLLMEnv(gym.Env[np.ndarray, np.ndarray]):
         if engine is None:
             from draftrl.decoding.vllm.engine import VLLMEngineConfig, shared_engine
 
-            engine = shared_engine(VLLMEngineConfig(
-                model=config.target, method="draftrl", num_speculative_tokens=max(1, config.max_depth),
-                dtype=config.dtype, max_num_seqs=config.max_num_seqs, max_model_len=config.max_model_len,
-                kv_cache_gib=config.kv_cache_gib, threads=config.threads))
+            engine = shared_engine(VLLMEngineConfig.serving(config, method="draftrl",
+                                                            num_speculative_tokens=max(1, config.max_depth)))
         if tokenizer is None:
             from transformers import AutoTokenizer
 

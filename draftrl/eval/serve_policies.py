@@ -64,13 +64,11 @@ def engine_for(spec: PolicySpec, config) -> Any:
     """The shared vLLM engine ``spec`` runs on (one per speculative config and process)."""
     from draftrl.decoding.vllm.engine import VLLMEngineConfig, shared_engine
 
-    common = dict(model=config.target, dtype=config.dtype, max_num_seqs=config.max_num_seqs,
-                  max_model_len=config.max_model_len, kv_cache_gib=config.kv_cache_gib, threads=config.threads)
     if spec.kind == REFERENCE:
-        return shared_engine(VLLMEngineConfig(method="none", **common))
+        return shared_engine(VLLMEngineConfig.serving(config, method="none"))
     if spec.kind == "ngram":
-        return shared_engine(VLLMEngineConfig(method="ngram", num_speculative_tokens=spec.depth, **common))
+        return shared_engine(VLLMEngineConfig.serving(config, method="ngram", num_speculative_tokens=spec.depth))
     if spec.kind == "class":
-        return shared_engine(VLLMEngineConfig(method="custom_class", proposer=spec.path,
-                                              num_speculative_tokens=spec.depth, **common))
-    return shared_engine(VLLMEngineConfig(method="draftrl", num_speculative_tokens=VLLM_MAX_DEPTH, **common))
+        return shared_engine(VLLMEngineConfig.serving(config, method="custom_class", proposer=spec.path,
+                                                      num_speculative_tokens=spec.depth))
+    return shared_engine(VLLMEngineConfig.serving(config, method="draftrl", num_speculative_tokens=VLLM_MAX_DEPTH))

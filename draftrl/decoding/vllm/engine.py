@@ -98,6 +98,14 @@ class VLLMEngineConfig:
     max_logprobs: int = 20
     """most raw logprobs vLLM returns per token (the exactness check at temperature > 0 asks for them)"""
 
+    @classmethod
+    def serving(cls, config: Any, **speculation: Any) -> "VLLMEngineConfig":
+        """The engine a serving config (``draftrl.config.serve.ServeConfig``) describes: its target,
+        dtype, batch and memory limits and threads, with ``speculation`` (method, K, ...) on top."""
+        return cls(model=config.target, dtype=config.dtype, max_num_seqs=config.max_num_seqs,
+                   max_model_len=config.max_model_len, kv_cache_gib=config.kv_cache_gib, threads=config.threads,
+                   **speculation)
+
     def __post_init__(self) -> None:
         if self.method not in METHODS:
             raise ValueError(f"method={self.method!r} is unknown; choose one of {', '.join(METHODS)}.")
