@@ -4,6 +4,7 @@ Per sample (``features/NNNNN.safetensors``): ``ids`` [T], ``aux`` [T, len(aux_la
 inputs of the target's auxiliary layers, what the head reads), ``final`` [T, H] (the target's
 last hidden state after its norm: with the LM head's rows of the draft vocabulary it gives the
 target's distribution the head is distilled against) and ``loss_mask`` [T] (1 where the target's
+distribution is a label: every position but the last with ``loss_on_prompt``, else those whose
 next token is a response token), stored in the target's dtype.
 """
 
@@ -20,7 +21,8 @@ from draftrl.io import atomic_write_bytes
 
 
 @torch.inference_mode()
-def cache_features(model, samples: list[Sample], aux_layers: tuple[int, ...], folder: Path, progress=None) -> None:
+def cache_features(model, samples: list[Sample], aux_layers: tuple[int, ...], folder: Path, progress=None,
+                   loss_on_prompt: bool = True) -> None:
     """Write each sample's features to ``folder`` (a rerun skips the files already there)."""
     folder.mkdir(parents=True, exist_ok=True)
     device = next(model.parameters()).device
@@ -30,7 +32,7 @@ def cache_features(model, samples: list[Sample], aux_layers: tuple[int, ...], fo
             ids = sample.prompt_ids + sample.response_ids
             out = model.model(input_ids=torch.tensor([ids], device=device), output_hidden_states=True)
             mask = torch.zeros(len(ids), dtype=torch.bool)
-            mask[len(sample.prompt_ids) - 1 : len(ids) - 1] = True
+            mask[0 if loss_on_prompt else len(sample.prompt_ids) - 1 : len(ids) - 1] = True
             tensors = {"ids": torch.tensor(ids), "loss_mask": mask,
                        "aux": torch.cat([out.hidden_states[l][0] for l in aux_layers], dim=-1).cpu(),
                        "final": out.last_hidden_state[0].cpu()}

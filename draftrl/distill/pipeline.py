@@ -19,7 +19,7 @@ import torch
 
 from draftrl.distill.card import model_card
 from draftrl.distill.config import DistillConfig
-from draftrl.distill.data import manifest, regenerate, select_prompts
+from draftrl.distill.data import manifest, read_texts, regenerate, select_prompts
 from draftrl.distill.features import cache_features, draft_vocabulary, load_features
 from draftrl.distill.measure import measure_acceptance
 from draftrl.distill.train import init_head, train
@@ -36,6 +36,17 @@ def verifier_path(spec: str) -> str:
 
         return str(fetch_model(spec, quiet=True))
     return str(Path(spec).resolve()) if Path(spec).is_dir() else spec
+
+
+def _generator(config: DistillConfig) -> str:
+    """``vllm`` or ``hf``: who regenerates the responses (``auto``: vLLM when it is installed)."""
+    from draftrl.decoding.vllm.engine import INSTALL_CPU, vllm_available
+
+    if config.generator == "vllm" and not vllm_available():
+        raise ValueError(f"generator=vllm needs vLLM; install it ({INSTALL_CPU}) or use --set generator=hf")
+    if config.generator == "auto":
+        return "vllm" if vllm_available() else "hf"
+    return config.generator
 
 
 def _phase(progress, name: str):
@@ -67,14 +78,19 @@ def distill(config: DistillConfig, out: str | Path, command: str = "draftrl dist
     head_config = Eagle3Config.for_target(target.config, config.draft_vocab_size, aux, verifier_path(config.target))
 
     t0 = time.perf_counter()
+    generator = _generator(config)
     prompts = select_prompts(config.prompts, config.sharegpt, config.seed)
     samples = regenerate(target, loaded.tokenizer, prompts, config.max_prompt_tokens, config.max_new_tokens,
-                         config.generate_batch_size, work / "samples.jsonl", _phase(progress, "generate"))
-    data = manifest(samples, resolved, time.perf_counter() - t0)
+                         config.generate_batch_size, work / "samples.jsonl", _phase(progress, "generate"),
+                         vllm_model=verifier_path(config.target) if generator == "vllm" else None)
+    samples += read_texts(loaded.tokenizer, config.sharegpt_text, config.sharegpt, config.seed,
+                          config.max_prompt_tokens, config.max_text_tokens)
+    data = manifest(samples, resolved, time.perf_counter() - t0, generator)
     write_json(work / "manifest.json", data)
 
     t0 = time.perf_counter()
-    cache_features(target, samples, head_config.aux_layers, work / "features", _phase(progress, "hidden states"))
+    cache_features(target, samples, head_config.aux_layers, work / "features", _phase(progress, "hidden states"),
+                   config.loss_on_prompt)
     feature_seconds = time.perf_counter() - t0
     features = load_features(work / "features", len(samples))
 

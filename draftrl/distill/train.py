@@ -2,14 +2,17 @@
 
 Loss (EAGLE-3, with HASS-style soft targets): for each unrolled step ``i`` (``Eagle3Head.unroll``)
 the cross-entropy between the target's distribution at the predicted position, restricted to the
-draft vocabulary and renormalised, and the head's, over positions whose next token is a response
-token, weighted ``step_weight ** i``. Checkpoints (head, optimizer, position in the epoch's seeded
-order) are written every ``checkpoint_every`` steps and at each epoch's end; a rerun resumes there.
+draft vocabulary and renormalised, and the head's, over the positions ``loss_mask`` marks (see
+``features``), weighted ``step_weight ** i``. Batches hold sequences of similar length
+(:func:`epoch_batches`); the learning rate warms up, then decays (:func:`learning_rate`).
+Checkpoints (head, optimizer, position in the epoch's seeded order) are written every
+``checkpoint_every`` steps and at each epoch's end; a rerun resumes there.
 """
 
 from __future__ import annotations
 
 import io
+import math
 import time
 from pathlib import Path
 
@@ -49,17 +52,39 @@ def collate(items: list[dict[str, torch.Tensor]], device) -> dict[str, torch.Ten
 def step_losses(head: Eagle3Head, embed, target_rows: torch.Tensor, batch, steps: int):
     """(weighted-ready per-step losses [steps], per-step top-1 agreement with the target [steps])."""
     logits = head.unroll(embed, batch["aux"], batch["ids"], steps)
+    with torch.no_grad():  # the target's distribution over the draft vocabulary, once for every step
+        targets = torch.softmax(batch["final"] @ target_rows.T, dim=-1)  # [B, T, Vd]
     losses, agree = [], []
     for i, step in enumerate(logits):
-        final = F.pad(batch["final"][:, 1 + i :], (0, 0, 0, 1 + i))  # the target at position j + 1 + i
+        p = F.pad(targets[:, 1 + i :], (0, 0, 0, 1 + i))  # the target at position j + 1 + i
         mask = F.pad(batch["loss_mask"][:, 1 + i :], (0, 1 + i)).float()
-        with torch.no_grad():
-            p = torch.softmax(final @ target_rows.T, dim=-1)  # [B, T, Vd]
         ce = -(p * torch.log_softmax(step, dim=-1)).sum(-1)
         count = mask.sum().clamp_min(1.0)
         losses.append((ce * mask).sum() / count)
         agree.append(((step.argmax(-1) == p.argmax(-1)).float() * mask).sum() / count)
     return torch.stack(losses), torch.stack(agree).detach()
+
+
+def epoch_batches(lengths: list[int], batch_size: int, seed: int) -> list[list[int]]:
+    """One epoch's batches: a seeded shuffle, cut into windows of 16 batches whose sequences are
+    sorted by length (little padding), the batches then shuffled (no length order in time)."""
+    generator = torch.Generator().manual_seed(seed)
+    order = torch.randperm(len(lengths), generator=generator).tolist()
+    window = 16 * batch_size
+    batches = []
+    for start in range(0, len(order), window):
+        chunk = sorted(order[start : start + window], key=lambda i: lengths[i])
+        batches += [chunk[k : k + batch_size] for k in range(0, len(chunk), batch_size)]
+    return [batches[i] for i in torch.randperm(len(batches), generator=generator).tolist()]
+
+
+def learning_rate(config: DistillConfig, step: int, total: int) -> float:
+    """Linear warm-up over the first 5% of steps, then a cosine decay to a tenth of ``config.lr``."""
+    warmup = max(1, total // 20)
+    if step < warmup:
+        return config.lr * (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    return config.lr * (0.1 + 0.45 * (1.0 + math.cos(math.pi * progress)))
 
 
 def train(head: Eagle3Head, target, features: list[dict[str, torch.Tensor]], config: DistillConfig, work: Path,
@@ -71,6 +96,7 @@ def train(head: Eagle3Head, target, features: list[dict[str, torch.Tensor]], con
     target_rows = target.lm_head.weight[head.draft_to_target.to(target.lm_head.weight.device)].detach().float().to(device)
     params = [p for p in head.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=0.0)
+    lengths = [item["ids"].shape[0] for item in features]
     per_epoch = -(-len(features) // config.batch_size)
     total = per_epoch * config.epochs
     state = {"step": 0, "log": [], "seconds": 0.0}
@@ -88,16 +114,16 @@ def train(head: Eagle3Head, target, features: list[dict[str, torch.Tensor]], con
         atomic_write_bytes(path, buffer.getvalue())
 
     started = time.perf_counter() - state["seconds"]
-    sums = None
+    sums, batches = None, None
     while state["step"] < total:
         epoch, position = divmod(state["step"], per_epoch)
-        order = torch.randperm(len(features), generator=torch.Generator().manual_seed(config.seed + epoch)).tolist()
+        if position == 0 or batches is None:
+            batches = epoch_batches(lengths, config.batch_size, config.seed + epoch)
         if position == 0 or sums is None:
             sums = {"loss": 0.0, "agree": torch.zeros(config.ttt_steps), "batches": 0}
-        batch = collate([features[i] for i in order[position * config.batch_size : (position + 1) * config.batch_size]],
-                        device)
-        for group in optimizer.param_groups:  # linear warm-up over the first 5% of steps
-            group["lr"] = config.lr * min(1.0, (state["step"] + 1) / max(1, total // 20))
+        batch = collate([features[i] for i in batches[position]], device)
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate(config, state["step"], total)
         losses, agree = step_losses(head, embed, target_rows, batch, config.ttt_steps)
         loss = (losses * weights).sum() / weights.sum()
         optimizer.zero_grad()

