@@ -33,6 +33,9 @@ class Drafter(ABC):
 
     #: proposals are sampled from q (True) or chosen deterministically (False)
     sampled: bool = False
+    #: the drafter reads the target's hidden states (``keep_target_rows``): replaying its proposals
+    #: from every prefix of a recorded sequence needs one target forward over that sequence first
+    reads_target_rows: bool = False
 
     @abstractmethod
     def propose(

@@ -300,6 +300,8 @@ class Eagle3Drafter(LevelDrafter):
     transform, which verification then uses.
     """
 
+    reads_target_rows = True
+
     def __init__(self, head: Eagle3Head, target: nn.Module, sampled: bool = False, name: str = "eagle3"):
         check_head_fits(head.config, target, name)
         self.head, self.target, self.sampled, self.name = head.eval(), target, sampled, name

@@ -305,7 +305,9 @@ def collect(config: EnvConfig, engine, tokenizer, *, max_depth: int | None = Non
         while not engine.finished:
             stop = engine.round(depth).stop_reason
         cont = list(engine.output_ids)
-        if drafter is not None:
+        if drafter is not None and drafter.reads_target_rows:
+            engine.start(ids + cont)  # one forward over the sequence: the drafter keeps every row's hidden states
+        elif drafter is not None:
             drafter.reset(ids)
         feats, cu_nodes = [], [0]
         node_tokens, node_parents, node_depths, node_scores = [], [], [], []

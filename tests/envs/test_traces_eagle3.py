@@ -1,0 +1,57 @@
+"""Traces of a drafter that reads the target's hidden states (EAGLE-3): ``collect`` proposes from
+every prefix of the recorded sequence the same tree the engine drafts live from that history, so
+TraceReplay trains on the head's real proposals (before, every prefix found no features and drafted
+nothing)."""
+
+from __future__ import annotations
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from draftrl.config.env import EnvConfig
+from draftrl.decoding.engine import EngineConfig, SpeculativeDecoder
+from draftrl.drafters.eagle3 import Eagle3Config, Eagle3Drafter, Eagle3Head
+from draftrl.envs.traces import collect
+from draftrl.models.distribution import SamplingParams
+
+
+class WordTokenizer:
+    """Token ids from word lengths, inside the tiny target's vocabulary of 64."""
+
+    chat_template = None
+    eos_token_id = 0
+
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": [1 + (7 * len(w) + i) % 60 for i, w in enumerate(text.split())]}
+
+
+def test_collect_replays_the_heads_live_proposals_from_every_prefix(tmp_path):
+    torch.manual_seed(0)
+    target = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=4,
+                                          num_attention_heads=2, num_key_value_heads=1,
+                                          max_position_embeddings=256)).eval()
+    head = Eagle3Head(Eagle3Config.for_target(target.config, 24, (1, 2, 3), verifier="tiny"))
+    head.set_draft_vocab(torch.randperm(64)[:24])
+    with torch.no_grad():
+        head.lm_head.weight.normal_(0.0, 1.0)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": "x", "language": "en", "task": "chat", "split": "tune", '
+                       '"prompt": "a few words of a prompt for the tiny target to read", "max_new_tokens": 12}\n')
+    config = EnvConfig(prompts=str(prompts), split="tune", languages=("en",), tasks=("chat",), max_new_tokens=12,
+                       depths=(0, 1, 3), chat_template=False, ignore_eos=True)
+    drafter = Eagle3Drafter(head.eval(), target)
+    engine = SpeculativeDecoder(target, drafter, EngineConfig(max_new_tokens=12))
+    traces = collect(config, engine, WordTokenizer())
+
+    prompt = traces.prompt_tokens.tolist()
+    cont = traces.continuation.tolist()
+    live = SpeculativeDecoder(target, Eagle3Drafter(head, target), EngineConfig(max_new_tokens=12))
+    nodes = traces.cu_num_nodes
+    for t in range(len(cont)):
+        prefix = prompt + cont[:t]
+        live.start(prefix)
+        levels = min(3, 12 - t - 1)
+        expected = live.drafter.propose(prefix, levels, 1, SamplingParams(), None).tokens
+        recorded = traces.node_tokens[nodes[t] : nodes[t + 1]].tolist()
+        assert recorded == expected and (len(expected) == levels)
+    drafter.close()
