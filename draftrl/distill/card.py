@@ -23,9 +23,11 @@ Trained by `draftrl distill` from the target alone; a folder in the `speculators
 
 ## Data
 {manifest['samples']} samples ({', '.join(f'{k}: {v}' for k, v in manifest['sources'].items())}),
-{manifest['prompt_tokens']} prompt and {manifest['response_tokens']} response tokens; responses regenerated
-by the target (greedy). Languages: {json.dumps(manifest['languages'])}; tasks: {json.dumps(manifest['tasks'])}.
-The held-out prompt split was not used for training. Licences: {json.dumps(manifest['licences'])}.
+{manifest['prompt_tokens']} prompt and {manifest['response_tokens']} response tokens. Responses:
+{'; '.join(f'{k}: {v}' for k, v in manifest['responses'].items())} (generator: {manifest['generator']}).
+Languages: {json.dumps(manifest['languages'])}; tasks: {json.dumps(manifest['tasks'])}.
+The held-out prompt split was not used for training, nor were ShareGPT's held-out conversations
+({manifest['sharegpt_heldout']}). Licences: {json.dumps(manifest['licences'])}.
 Seed {manifest['seed']}. The full manifest is `work/manifest.json`.
 
 ## Head

@@ -19,6 +19,7 @@ from draftrl.drafters.eagle3 import Eagle3Drafter, Eagle3Head
 from draftrl.drafters.layerskip import LayerSkipDrafter
 from draftrl.drafters.model import ModelDrafter
 from draftrl.drafters.ngram import NgramDrafter
+from draftrl.drafters.packaged import packaged_head
 from draftrl.models import LoadedModel, check_model_spec, check_same_logits, check_same_vocab, load_model
 
 
@@ -88,10 +89,8 @@ def _layerskip(spec: str, args: list[str], ctx: DrafterContext) -> LayerSkipDraf
 
 
 def _eagle3(spec: str, args: list[str], ctx: DrafterContext) -> Eagle3Drafter:
-    path = ":".join(args)
-    if not path:
-        raise ValueError(f"drafter spec {spec!r} must look like eagle3:PATH, PATH a speculators-format folder")
     target = _target(spec, ctx)
+    path = ":".join(args) or packaged_head(target.name)
     head = Eagle3Head.from_pretrained(path, dtype=getattr(torch, ctx.dtype), device=ctx.device)
     return Eagle3Drafter(head, target.model, sampled=ctx.sampled, name=spec)
 
@@ -109,7 +108,7 @@ DRAFTERS: dict[str, DrafterEntry] = {
     "ngram": NGRAM,
     "layerskip": DrafterEntry("layerskip:N", "layerskip:1", _layerskip, needs_target=True),
     "self": DrafterEntry("self", "self", _self, needs_target=True),
-    "eagle3": DrafterEntry("eagle3:PATH", "eagle3:PATH", _eagle3, needs_target=True),
+    "eagle3": DrafterEntry("eagle3[:PATH]", "eagle3:PATH", _eagle3, needs_target=True),
 }
 #: How a spec that names no kind reads: a draft model.
 MODEL_USAGE = "a draft model (directory, hub id or known name)"
