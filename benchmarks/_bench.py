@@ -212,6 +212,8 @@ class Run:
     """what the script counts per request: speculative rounds, or target forwards (prefill included)"""
     cpu_seconds: float = 0.0
     """the calling thread's CPU time (meaningful with one torch thread on a CPU)"""
+    detail: Any = None
+    """what else the method returned (``engine_method(..., keep_rounds=True)``: the request's ``RoundResult`` list)"""
 
 
 @dataclass
@@ -284,12 +286,13 @@ def grouped_requests(tokenizer, languages: list[str], task: str, num_prompts: in
     return reqs, groups
 
 
-def interleave(methods: dict[Any, Callable[[Request], tuple[list[int], int]]], reqs: list[Request], repeats: int,
+def interleave(methods: dict[Any, Callable[[Request], tuple]], reqs: list[Request], repeats: int,
                device: str = "cpu", seed: int = 0, progress: bool = True) -> Timings:
     """Run every method on every request ``repeats`` times, rotated in a random order per
     (repeat, request), after one untimed warm-up pass over a short first request.
 
-    A method maps a request to (generated tokens, rounds or forwards, as the script counts)."""
+    A method maps a request to (generated tokens, rounds or forwards, as the script counts), or to
+    (tokens, rounds, detail), ``detail`` kept in :attr:`Run.detail`."""
     names = list(methods)
     warm = replace(reqs[0], max_new_tokens=min(8, reqs[0].max_new_tokens))
     for name in names:  # warm-up, a short request each: allocator, kernels, lazy imports
@@ -300,27 +303,44 @@ def interleave(methods: dict[Any, Callable[[Request], tuple[list[int], int]]], r
         for i, req in enumerate(reqs):
             for name in next(orders):
                 start, cpu_start = device_clock(device), time.thread_time()
-                tokens, rounds = methods[name](req)
+                tokens, rounds, *detail = methods[name](req)
                 seconds, cpu_seconds = device_clock(device) - start, time.thread_time() - cpu_start
-                timings.runs[(name, i)].append(Run(list(tokens), seconds, rounds, cpu_seconds))
+                timings.runs[(name, i)].append(Run(list(tokens), seconds, rounds, cpu_seconds, *detail))
         if progress:
             print(f"# repeat {repeat + 1}/{repeats} done", flush=True)
     return timings
 
 
-def engine_method(model, drafter, eos: list[int], depth: int, verify_size: int | None = None, width: int = 1):
+def engine_method(model, drafter, eos: list[int], depth: int, verify_size: int | None = None, width: int = 1,
+                  keep_rounds: bool = False):
     """A method for :func:`interleave`: draftrl's engine with a fixed (depth, verify_size, width)
-    schedule; returns (tokens, speculative rounds). ``drafter=None`` with depth 0 is plain decoding."""
+    schedule; returns (tokens, speculative rounds), and with ``keep_rounds`` the ``RoundResult``
+    list too. ``drafter=None`` with depth 0 is plain decoding."""
     from draftrl.decoding.engine import EngineConfig, SpeculativeDecoder
     from draftrl.decoding.generate import fixed_schedule, generate
 
     config = EngineConfig(max_depth=max(depth, 1), max_width=max(width, 1), max_verify_size=max(verify_size or 1, 1))
     engine = SpeculativeDecoder(model, drafter, config, eos)
 
-    def run(req: Request) -> tuple[list[int], int]:
+    def run(req: Request) -> tuple:
         engine.config.max_new_tokens = req.max_new_tokens
         result = generate(engine, req.ids, fixed_schedule(depth, verify_size, width))
-        return result.token_ids, result.num_rounds
+        return (result.token_ids, result.num_rounds) + ((result.rounds,) if keep_rounds else ())
+
+    return run
+
+
+def anchor_method(model, anchor, eos: list[int], device: str = "cpu"):
+    """A method for :func:`interleave`: stock Hugging Face ``generate``, plain or with prompt lookup,
+    as every speed table's anchors run it (``anchor`` a :class:`draftrl.eval.anchors.Anchor`);
+    returns (tokens, target forwards, prefill included)."""
+    from draftrl.envs.workload import Request as Episode
+    from draftrl.eval.anchors import run_anchor
+
+    def run(req: Request) -> tuple[list[int], int]:
+        # a Request carries the prompt fields run_anchor reads (id, language, task)
+        done = run_anchor(model, anchor, Episode(req, req.ids, req.max_new_tokens), eos_token_ids=eos, device=device)
+        return done.token_ids, done.num_forwards
 
     return run
 
@@ -333,6 +353,6 @@ def first_mismatch(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-__all__ = ["Bench", "Request", "Run", "Timings", "add_grid_args", "common_flags", "engine_method", "first_mismatch",
-           "grouped_requests", "interleave", "load_grid", "machine", "median", "parse_args", "requests", "rotate",
-           "rotations"]
+__all__ = ["Bench", "Request", "Run", "Timings", "add_grid_args", "anchor_method", "common_flags", "engine_method",
+           "first_mismatch", "grouped_requests", "interleave", "load_grid", "machine", "median", "parse_args",
+           "requests", "rotate", "rotations"]

@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 
+from draftrl.decoding.counts import AcceptanceCounts
 from draftrl.eval.rollout import RequestRun
 
 #: Draft positions with a conditional acceptance estimate in the summaries.
@@ -48,17 +49,14 @@ def median_runs(runs: Iterable[RequestRun]) -> list[RequestRun]:
 
 
 def acceptance_by_position(runs: Iterable[RequestRun], max_positions: int = MAX_POSITIONS) -> dict[str, list]:
-    """Per-position conditional acceptance ``{"rate": [...], "trials": [...]}`` (None where no trial)."""
-    trials = np.zeros(max_positions)
-    successes = np.zeros(max_positions)
+    """Per-position conditional acceptance ``{"rate": [...], "trials": [...]}`` (None where no trial),
+    up to the deepest position tried (:class:`~draftrl.decoding.counts.AcceptanceCounts`)."""
+    counts = AcceptanceCounts(max_positions)
     for run in runs:
-        for verified, accepted in zip(run.round_verified_depth, run.round_accepted):
-            reach = int(min(verified, accepted + 1, max_positions))  # positions 1..reach were tried
-            trials[:reach] += 1
-            successes[: int(min(accepted, max_positions))] += 1
-    last = int(np.flatnonzero(trials)[-1]) + 1 if trials.any() else 0
-    rate = [float(s / t) if t else None for s, t in zip(successes[:last], trials[:last])]
-    return {"rate": rate, "trials": [int(t) for t in trials[:last]]}
+        for verified, accepted, emitted in zip(run.round_verified_depth, run.round_accepted, run.round_tokens):
+            counts.observe(int(verified), int(accepted), int(emitted))
+    last = max((i + 1 for i, n in enumerate(counts.num_reached) if n), default=0)
+    return {"rate": counts.acceptance_per_position[:last], "trials": counts.num_reached[:last]}
 
 
 def summarize(runs: list[RequestRun]) -> dict:
