@@ -90,6 +90,16 @@ def test_bad_policy_name_is_one_line_naming_the_valid_ones(engine, bad):
         assert bad in message and accepted_names(engine) in message
 
 
+def test_vllm_own_methods_take_k_and_the_refusal_names_the_head_flag():
+    specs = parse_policies("ngram:3,eagle3:5", engine="vllm")
+    assert [(s.kind, s.label, s.depth) for s in specs[1:]] == [("ngram", "ngram:3", 3), ("eagle3", "eagle3:5", 5)]
+    with pytest.raises(ValueError, match="eagle3:K with 1 <= K <= 16") as err:
+        parse_policies("eagle3:0", engine="vllm")
+    assert "eagle3:K (with --head DIR)" in str(err.value)
+    with pytest.raises(ValueError, match="runs on --engine vllm only"):
+        parse_policies("eagle3:4", engine="hf")
+
+
 def test_vllm_depths_stop_at_the_proposer_and_dsd_tables_start_at_one():
     with pytest.raises(ValueError, match="deeper than vLLM's proposer"):
         parse_policies("fixed:9", engine="vllm")
