@@ -139,13 +139,15 @@ def serving_config(args: argparse.Namespace):
 
 def run_vllm(args: argparse.Namespace) -> int:
     from draftrl.eval.policy_names import parse_policies
+    from draftrl.eval.serve_policies import check_policies
     from draftrl.eval.serving import ServingMismatch, run_serving_eval
 
     policies = list(args.policies or VLLM_POLICIES)
-    parse_policies(policies, engine="vllm")  # fail on a bad name before loading vLLM
+    specs = parse_policies(policies, engine="vllm")  # fail on a bad name before loading vLLM
     concurrency = [int(c) for c in args.concurrency.split(",") if c]
     rates = [float(r) for r in args.rates.split(",") if r]
     config = serving_config(args)
+    check_policies(specs, config)  # and on a value off the grids or a missing head, before --out is touched
     from draftrl.eval.evaluate import OUTPUTS
     from draftrl.io import prepare_out
 
