@@ -345,6 +345,48 @@ def anchor_method(model, anchor, eos: list[int], device: str = "cpu"):
     return run
 
 
+def serving_prompts(config) -> list[tuple[str, list[int], int]]:
+    """(prompt id, prompt ids, max new tokens) of every request of a serving config's workload
+    (``draftrl.config.serve.ServeConfig``), in its order: the serving runs' requests, for the HF anchors."""
+    from transformers import AutoTokenizer
+
+    from draftrl.decoding.vllm.engine import model_path
+    from draftrl.envs.workload import Workload
+
+    workload = Workload(config, AutoTokenizer.from_pretrained(model_path(config.target)))
+    return [(r.prompt.id, r.prompt_ids, r.max_new_tokens) for r in (workload.request(i) for i in range(len(workload)))]
+
+
+def hf_anchors(prompts: list[tuple[str, list[int], int]], lookup: int) -> dict[str, dict[str, float]]:
+    """tokens per wall second and per thread CPU second of HF generate, plain greedy and prompt
+    lookup, one request at a time (float32); ``prompts`` as :func:`serving_prompts` gives them."""
+    from draftrl.models import load_model
+
+    loaded = load_model("smollm2-135m", kernels="stock")  # stock HF, as a user has it
+    model = loaded.model
+    out: dict[str, list[float]] = {"hf_plain": [0, 0, 0], f"hf_prompt_lookup_{lookup}": [0, 0, 0]}
+    for _, ids, max_new in prompts:
+        x = torch.tensor([ids])
+        for name, extra in (("hf_plain", {}), (f"hf_prompt_lookup_{lookup}", {"prompt_lookup_num_tokens": lookup})):
+            t0, c0 = time.perf_counter(), time.thread_time()
+            y = model.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=max_new,
+                               pad_token_id=loaded.tokenizer.eos_token_id, **extra)
+            out[name][0] += y.shape[1] - x.shape[1]
+            out[name][1] += time.perf_counter() - t0
+            out[name][2] += time.thread_time() - c0
+    return {k: {"tokens_per_second": v[0] / v[1], "tokens_per_cpu_second": v[0] / v[2]} for k, v in out.items()}
+
+
+def hf_anchor_rows(bench: Bench, anchors: dict[str, dict[str, float]], none_c1: dict | None, **where: Any) -> None:
+    """One row per :func:`hf_anchors` entry: its rates over vLLM's without speculation at concurrency 1
+    (``none_c1``: a serving summary with ``tokens_per_second`` and ``tokens_per_cpu_second``; None = not run)."""
+    for name, rates in anchors.items():
+        bench.row({"vs_vllm_none_c1": rates["tokens_per_second"] / none_c1["tokens_per_second"] if none_c1 else None,
+                   "cpu_vs_vllm_none_c1": (rates["tokens_per_cpu_second"] / none_c1["tokens_per_cpu_second"]
+                                           if none_c1 and none_c1.get("tokens_per_cpu_second") else None)},
+                  {"tok_s": rates["tokens_per_second"]}, anchor=name, batch=1, **where)
+
+
 def first_mismatch(a: list[int], b: list[int]) -> int | None:
     """Index of the first differing token (length difference counts), or None if equal."""
     for k, (x, y) in enumerate(zip(a, b)):
@@ -354,5 +396,5 @@ def first_mismatch(a: list[int], b: list[int]) -> int | None:
 
 
 __all__ = ["Bench", "Request", "Run", "Timings", "add_grid_args", "anchor_method", "common_flags", "engine_method",
-           "first_mismatch", "grouped_requests", "interleave", "load_grid", "machine", "median", "parse_args",
-           "requests", "rotate", "rotations"]
+           "first_mismatch", "grouped_requests", "hf_anchor_rows", "hf_anchors", "interleave", "load_grid", "machine",
+           "median", "parse_args", "requests", "rotate", "rotations", "serving_prompts"]

@@ -22,31 +22,9 @@ import argparse
 import tempfile
 import time
 
-from _bench import Bench, common_flags, parse_args
+from _bench import Bench, common_flags, hf_anchor_rows, hf_anchors, parse_args, serving_prompts
 
 REF_LOOKUP = "draftrl.decoding.vllm.ref_lookup.RefLookupLatest"
-
-
-def hf_anchors(prompts: list[tuple[str, list[int], int]], lookup: int) -> dict[str, dict[str, float]]:
-    """tokens per wall second and per thread CPU second of HF generate, plain greedy and prompt
-    lookup, one request at a time (float32)."""
-    import torch
-
-    from draftrl.models import load_model
-
-    loaded = load_model("smollm2-135m", kernels="stock")  # stock HF, as a user has it
-    model = loaded.model
-    out: dict[str, list[float]] = {"hf_plain": [0, 0, 0], f"hf_prompt_lookup_{lookup}": [0, 0, 0]}
-    for _, ids, max_new in prompts:
-        x = torch.tensor([ids])
-        for name, extra in (("hf_plain", {}), (f"hf_prompt_lookup_{lookup}", {"prompt_lookup_num_tokens": lookup})):
-            t0, c0 = time.perf_counter(), time.thread_time()
-            y = model.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=max_new,
-                               pad_token_id=loaded.tokenizer.eos_token_id, **extra)
-            out[name][0] += y.shape[1] - x.shape[1]
-            out[name][1] += time.perf_counter() - t0
-            out[name][2] += time.thread_time() - c0
-    return {k: {"tokens_per_second": v[0] / v[1], "tokens_per_cpu_second": v[0] / v[2]} for k, v in out.items()}
 
 
 def main() -> None:
@@ -89,17 +67,7 @@ def main() -> None:
     serving_dir = bench.path("serving") or tempfile.mkdtemp(prefix="serve_compare_")
     results = run_serving_eval(serving_dir, policies=policies, concurrency=levels, config=config, repeats=args.repeats,
                                progress=lambda d, t, m: bench.note(f"[{d}/{t}] {m}"))
-    anchors = {}
-    if args.hf_lookup:
-        from transformers import AutoTokenizer
-
-        from draftrl.decoding.vllm.engine import model_path
-        from draftrl.envs.workload import Workload
-
-        workload = Workload(config, AutoTokenizer.from_pretrained(model_path(config.target)))
-        prompts = [(r.prompt.id, r.prompt_ids, r.max_new_tokens)
-                   for r in (workload.request(i) for i in range(len(workload)))]
-        anchors = hf_anchors(prompts, args.hf_lookup)
+    anchors = hf_anchors(serving_prompts(config), args.hf_lookup) if args.hf_lookup else {}
     where = dict(dtype=args.dtype, max_new_tokens=args.max_new_tokens, repeats=args.repeats)
     for level in levels:
         table = results["concurrency"][str(level)]["policies"]
@@ -115,12 +83,7 @@ def main() -> None:
                       {"tok_s": s["tokens_per_second"], "tokens_per_step": s["mean_tokens_per_step"],
                        "itl_p95_ms": (s["itl_p95"] or 0) * 1e3},
                       policy=name, concurrency=level, **where)
-    none1 = results["concurrency"].get("1", {}).get("policies", {}).get("none")
-    for name, rates in anchors.items():
-        bench.row({"vs_vllm_none_c1": rates["tokens_per_second"] / none1["tokens_per_second"] if none1 else None,
-                   "cpu_vs_vllm_none_c1": (rates["tokens_per_cpu_second"] / none1["tokens_per_cpu_second"]
-                                           if none1 and none1.get("tokens_per_cpu_second") else None)},
-                  {"tok_s": rates["tokens_per_second"]}, anchor=name, batch=1, **where)
+    hf_anchor_rows(bench, anchors, results["concurrency"].get("1", {}).get("policies", {}).get("none"), **where)
     bench.row({}, {"exactness": "PASSED" if results["exactness"]["passed"] else "FAILED",
                    "requests": results["concurrency"][str(levels[0])]["policies"]["none"]["num_requests"],
                    "wall_s": time.perf_counter() - t0}, **where)

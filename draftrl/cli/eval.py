@@ -8,6 +8,7 @@ Inside vLLM under concurrent load (draftrl.eval.serving; needs vLLM installed)::
 
     draftrl eval --engine vllm --policies none,fixed:4,heuristic,ngram:4,dsd:1-1:4,2-4:3,5-16:1 \
         --concurrency 1,4,16 --out runs/serve
+    draftrl eval --engine vllm --policies none,eagle3:2,eagle3:4 --head runs/distill/head --out runs/serve_eagle3
 
 One policy grammar for both engines (draftrl.eval.policy_names; a name one engine cannot run is
 refused naming the ones it can) and one workload section: ``--set env.KEY=VALUE`` and ``--target``
@@ -61,12 +62,17 @@ def add_parser(subparsers) -> None:
     p.add_argument("--concurrency", default="1,4,16", help="vllm: requests kept in flight, comma-separated")
     p.add_argument("--rates", default="", help="vllm: Poisson arrival rates (requests/s), comma-separated")
     p.add_argument("--repeats", type=int, default=1, help="vllm: interleaved passes; the median-time pass is kept")
+    keyed(p, "--head", key="env.head",
+          help="vllm: the EAGLE-3 head folder (speculators format) the eagle3:K policies draft with (sets env.head)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     if args.engine == "vllm":
         return run_vllm(args)
+    if args.head:
+        raise ValueError("--head is read by --engine vllm only (its eagle3:K policies); on --engine hf draft with "
+                         "the head through --drafter eagle3:DIR.")
     from draftrl.decoding.monitor import ExactnessViolation
     from draftrl.eval.exactness import GreedyMismatch
     from draftrl.eval.policy_names import parse_policies
@@ -133,13 +139,15 @@ def serving_config(args: argparse.Namespace):
 
 def run_vllm(args: argparse.Namespace) -> int:
     from draftrl.eval.policy_names import parse_policies
+    from draftrl.eval.serve_policies import check_policies
     from draftrl.eval.serving import ServingMismatch, run_serving_eval
 
     policies = list(args.policies or VLLM_POLICIES)
-    parse_policies(policies, engine="vllm")  # fail on a bad name before loading vLLM
+    specs = parse_policies(policies, engine="vllm")  # fail on a bad name before loading vLLM
     concurrency = [int(c) for c in args.concurrency.split(",") if c]
     rates = [float(r) for r in args.rates.split(",") if r]
     config = serving_config(args)
+    check_policies(specs, config)  # and on a value off the grids or a missing head, before --out is touched
     from draftrl.eval.evaluate import OUTPUTS
     from draftrl.io import prepare_out
 

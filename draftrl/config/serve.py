@@ -37,6 +37,8 @@ class ServeConfig(WorkloadConfig):
     kv_cache_gib: int = 1
     """VLLM_CPU_KVCACHE_SPACE in GiB"""
     threads: int = 1
+    head: str | None = None
+    """the target's EAGLE-3 head folder (speculators format) that the eagle3:K policies draft with"""
     rule: str = "match"
     """each request's own depth before the cap and budget: match | heuristic (see the proposer);
     hindsight in ServeReplay-v0 only (drafts only what will be accepted: a ceiling, not a policy)"""

@@ -253,10 +253,7 @@ class Eagle3Head(nn.Module):
         from safetensors.torch import load_file
 
         path = Path(path)
-        if not (path / CONFIG_FILE).is_file() or not (path / WEIGHTS_FILE).is_file():
-            raise FileNotFoundError(f"{path} is no EAGLE-3 head folder: it needs {CONFIG_FILE} and {WEIGHTS_FILE} "
-                                    "(the speculators format that draftrl distill writes)")
-        head = cls(Eagle3Config.from_speculators(json.loads((path / CONFIG_FILE).read_text())))
+        head = cls(head_config(path))
         weights = {k.replace("layers.0.", "midlayer."): v for k, v in load_file(str(path / WEIGHTS_FILE)).items()
                    if not k.startswith("embed_tokens")}
         head.load_state_dict(weights, strict=False)
@@ -264,6 +261,35 @@ class Eagle3Head(nn.Module):
         if missing:
             raise ValueError(f"{path / WEIGHTS_FILE} lacks {sorted(missing)}")
         return head.to(device=device, dtype=dtype).eval()
+
+
+def head_config(path: str | Path) -> Eagle3Config:
+    """The config of the head folder ``path`` (``config.json`` + ``model.safetensors``, speculators format).
+
+    :raises FileNotFoundError: a file is missing; :raises ValueError: the config is no EAGLE-3 head's.
+    """
+    path = Path(path)
+    if not (path / CONFIG_FILE).is_file() or not (path / WEIGHTS_FILE).is_file():
+        raise FileNotFoundError(f"{path} is no EAGLE-3 head folder: it needs {CONFIG_FILE} and {WEIGHTS_FILE} "
+                                "(the speculators format that draftrl distill writes)")
+    try:
+        return Eagle3Config.from_speculators(json.loads((path / CONFIG_FILE).read_text()))
+    except (ValueError, KeyError, TypeError) as err:
+        raise ValueError(f"{path / CONFIG_FILE} is no EAGLE-3 head's config ({type(err).__name__}: {err}); "
+                         "point at a folder written by Eagle3Head.save_pretrained or draftrl distill") from None
+
+
+def random_head(target: str | Path, draft_vocab_size: int, seed: int = 0) -> Eagle3Head:
+    """A head shaped for the target model folder ``target`` with random weights and the draft
+    vocabulary ``0..draft_vocab_size-1``: its drafts are almost never accepted, but it loads and
+    costs what a trained head of that shape costs (plumbing checks, draft-cost timing)."""
+    from transformers import AutoConfig
+
+    torch.manual_seed(seed)
+    head = Eagle3Head(Eagle3Config.for_target(AutoConfig.from_pretrained(target), draft_vocab_size,
+                                              verifier=str(target)))
+    head.set_draft_vocab(torch.arange(draft_vocab_size))
+    return head
 
 
 def check_head_fits(config: Eagle3Config, target: nn.Module, head_name: str = "the head") -> None:

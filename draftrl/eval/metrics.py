@@ -153,7 +153,7 @@ def summarize_serving(requests: list, steps: list[dict]) -> dict:
     tokens = sum(len(r.token_ids) for r in requests)
     seconds = sum(s["seconds"] for s in steps)
     ttft = np.array([r.ttft for r in requests if r.ttft is not None])
-    itl = []
+    itl, gaps = [], []
     for r in requests:
         times = np.asarray(r.token_times)
         if times.size < 2:
@@ -162,6 +162,7 @@ def summarize_serving(requests: list, steps: list[dict]) -> dict:
         bounds = np.append(change, times.size)
         for start, end in zip(bounds[:-1], bounds[1:]):
             gap = times[start] - times[start - 1]
+            gaps.append(gap)
             itl.extend([gap / (end - start)] * int(end - start))
     itl = np.asarray(itl)
     verified = sum(s["num_verified"] for s in steps)
@@ -192,6 +193,7 @@ def summarize_serving(requests: list, steps: list[dict]) -> dict:
         "itl_p50": pct(itl, 50),
         "itl_p95": pct(itl, 95),
         "itl_p99": pct(itl, 99),
+        "decode_step_seconds": float(np.mean(gaps)) if gaps else None,
     }
 
 

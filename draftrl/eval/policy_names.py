@@ -16,6 +16,8 @@ name                        hf       vllm     what it is
 ``threshold``, ``bandit``   yes      -        ConfidenceThreshold, UCBBandit
 ``lookahead``               yes      -        temperature 0: drafts what the target will accept
 ``ngram:K``                 -        yes      vLLM's own prompt lookup, K tokens
+``eagle3:K``                -        yes      vLLM's own EAGLE-3, K tokens, with the head folder
+                                              ``env.head`` (``--head DIR``)
 ``class:MODULE.Class:K``    -        yes      vLLM with another ``custom_class`` proposer
 ``dsd[:S-E:K,...]``         -        yes      vLLM's Dynamic SD: K per running-batch-size range
 ==========================  =======  =======  ====================================================
@@ -36,12 +38,13 @@ ALIASES = {"ar": REFERENCE}
 FORMS: dict[str, str] = {
     "none": "none", "fixed": "fixed:D[:V[:W]]", "heuristic": "heuristic", "ppo": "ppo:DIR",
     "best-grid": "best-grid", "threshold": "threshold", "bandit": "bandit", "lookahead": "lookahead",
-    "ngram": "ngram:K", "class": "class:MODULE.Class:K", "dsd": "dsd[:S-E:K,...]",
+    "ngram": "ngram:K", "eagle3": "eagle3:K (with --head DIR)", "class": "class:MODULE.Class:K",
+    "dsd": "dsd[:S-E:K,...]",
 }
 #: The kinds each engine runs.
 ENGINE_KINDS: dict[str, tuple[str, ...]] = {
     "hf": ("none", "fixed", "heuristic", "ppo", "best-grid", "threshold", "bandit", "lookahead"),
-    "vllm": ("none", "fixed", "heuristic", "ppo", "ngram", "class", "dsd"),
+    "vllm": ("none", "fixed", "heuristic", "ppo", "ngram", "eagle3", "class", "dsd"),
 }
 #: The deepest draft of a vLLM engine with draftrl's proposer (its ``num_speculative_tokens``).
 VLLM_MAX_DEPTH = 8
@@ -57,7 +60,7 @@ class PolicySpec:
     label: str
     """the name used in results.json, the report and wandb"""
     depth: int = 0
-    """fixed: D; ngram / class: K"""
+    """fixed: D; ngram / eagle3 / class: K"""
     verify_size: int | None = None
     """fixed: V (hf: verify size, 0 = all; vllm: the batch's budget); None = the engine's default"""
     width: int = 1
@@ -139,9 +142,9 @@ def _parse_kind(item: str, engine: str) -> PolicySpec:
             raise _bad(item, "needs a width W >= 1", engine)
         return PolicySpec(kind, item, values[0], values[1] if len(values) > 1 else None,
                           values[2] if len(values) > 2 else 1)
-    if kind == "ngram":
+    if kind in ("ngram", "eagle3"):
         if not arg.isdigit() or not 1 <= int(arg) <= 16:
-            raise _bad(item, "must look like ngram:K with 1 <= K <= 16", engine)
+            raise _bad(item, f"must look like {kind}:K with 1 <= K <= 16", engine)
         return PolicySpec(kind, item, int(arg))
     if kind == "class":
         path, _, k = arg.rpartition(":")

@@ -199,12 +199,15 @@ def render_serving_report(results: dict) -> str:
     for section in ("concurrency", "rates"):
         for key, entry in results.get(section, {}).items():
             lines += [f"## {section} = {key}", "",
-                      "| policy | speedup vs none | tokens/s | tokens/step | acceptance | TTFT p50 s | ITL p50 ms | ITL p95 ms | ITL p99 ms |",
-                      "|---|---|---|---|---|---|---|---|---|"]
+                      "| policy | speedup vs none | tokens/s | tokens/step | acceptance | acceptance length (vLLM) "
+                      "| TTFT p50 s | ITL p50 ms | ITL p95 ms | ITL p99 ms |",
+                      "|---|---|---|---|---|---|---|---|---|---|"]
             for name, p in entry["policies"].items():
                 fmt = lambda v, m=1.0, f="{:.2f}": "-" if v is None else f.format(v * m)  # noqa: E731
+                vllm_counts = p.get("spec_decoding") or {}
                 lines.append(f"| {name} | {fmt(p['speedup_vs_none'])}x | {p['tokens_per_second']:.1f} | "
                              f"{p['mean_tokens_per_step']:.2f} | {fmt(p['acceptance'])} | "
+                             f"{fmt(vllm_counts.get('acceptance_length'))} | "
                              f"{fmt(p['time_to_first_token_p50'])} | {fmt(p['itl_p50'], 1e3, '{:.1f}')} | "
                              f"{fmt(p['itl_p95'], 1e3, '{:.1f}')} | {fmt(p['itl_p99'], 1e3, '{:.1f}')} |")
             lines.append("")

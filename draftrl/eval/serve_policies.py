@@ -4,8 +4,9 @@ The names are ``draftrl.eval.policy_names``' (one grammar for both engines). Eve
 through the ``draftrl.policies.Policy`` interface on ``draftrl/ServeVLLM-v0`` (or the simulator,
 ``ServeReplay-v0``), whose second action grid is the batch's verification budget:
 
-- ``none``, ``ngram:K``, ``class:MODULE.Class:K``: ``Fixed`` at depth 0; the engine (vLLM without
-  speculation, its own prompt lookup, another ``custom_class`` proposer) ignores the action;
+- ``none``, ``ngram:K``, ``eagle3:K``, ``class:MODULE.Class:K``: ``Fixed`` at depth 0; the engine
+  (vLLM without speculation, its own prompt lookup, its own EAGLE-3 with the head ``env.head``,
+  another ``custom_class`` proposer) ignores the action;
 - ``fixed:D[:B]``: ``Fixed`` at depth D and budget B (no limit without B);
 - ``heuristic``: ``Fixed`` at the deepest depth, no budget, with the env's per-request rule
   ``heuristic`` (Hugging Face's +2 / -1 inside the proposer, ``draftrl.decoding.schedule``);
@@ -20,7 +21,7 @@ from typing import Any
 from draftrl.eval.policy_names import REFERENCE, VLLM_MAX_DEPTH, PolicySpec
 
 #: Kinds whose engine is not draftrl's proposer (the action is ignored).
-OWN_ENGINE = (REFERENCE, "ngram", "class")
+OWN_ENGINE = (REFERENCE, "ngram", "eagle3", "class")
 
 
 def proposer_rule(spec: PolicySpec) -> str:
@@ -28,9 +29,18 @@ def proposer_rule(spec: PolicySpec) -> str:
     return "heuristic" if spec.kind == "heuristic" else "match"
 
 
-def check_grids(specs: list[PolicySpec], depths: tuple[int, ...], budgets: tuple[int, ...]) -> None:
-    """Refuse a ``fixed:D[:B]`` off the env's grids before any engine loads (one line naming the grid)."""
+def check_policies(specs: list[PolicySpec], config) -> None:
+    """Refuse, before any engine loads (one line naming the fix), a ``fixed:D[:B]`` off the serving
+    config's grids and an ``eagle3:K`` without a head folder (``env.head``) or with one vLLM cannot load."""
+    from draftrl.drafters.eagle3 import head_config
+
+    depths, budgets = config.depths, config.budgets
     for spec in specs:
+        if spec.kind == "eagle3" and not config.head:
+            raise ValueError(f"policy {spec.label!r} needs an EAGLE-3 head folder; pass --head DIR (sets env.head), "
+                             "a folder written by Eagle3Head.save_pretrained or draftrl distill.")
+        if spec.kind == "eagle3":
+            head_config(config.head)  # one line naming what the folder lacks
         if spec.kind != "fixed":
             continue
         if spec.depth not in depths or (spec.verify_size is not None and spec.verify_size not in budgets):
@@ -60,15 +70,24 @@ def build_serving_policy(spec: PolicySpec, env: Any):
     return policy
 
 
-def engine_for(spec: PolicySpec, config) -> Any:
-    """The shared vLLM engine ``spec`` runs on (one per speculative config and process)."""
-    from draftrl.decoding.vllm.engine import VLLMEngineConfig, shared_engine
+def engine_config_for(spec: PolicySpec, config) -> Any:
+    """The ``VLLMEngineConfig`` of the engine ``spec`` runs on, under the serving ``config``."""
+    from draftrl.decoding.vllm.engine import VLLMEngineConfig
 
     if spec.kind == REFERENCE:
-        return shared_engine(VLLMEngineConfig.serving(config, method="none"))
+        return VLLMEngineConfig.serving(config, method="none")
     if spec.kind == "ngram":
-        return shared_engine(VLLMEngineConfig.serving(config, method="ngram", num_speculative_tokens=spec.depth))
+        return VLLMEngineConfig.serving(config, method="ngram", num_speculative_tokens=spec.depth)
+    if spec.kind == "eagle3":
+        return VLLMEngineConfig.serving(config, method="eagle3", head=config.head, num_speculative_tokens=spec.depth)
     if spec.kind == "class":
-        return shared_engine(VLLMEngineConfig.serving(config, method="custom_class", proposer=spec.path,
-                                                      num_speculative_tokens=spec.depth))
-    return shared_engine(VLLMEngineConfig.serving(config, method="draftrl", num_speculative_tokens=VLLM_MAX_DEPTH))
+        return VLLMEngineConfig.serving(config, method="custom_class", proposer=spec.path,
+                                        num_speculative_tokens=spec.depth)
+    return VLLMEngineConfig.serving(config, method="draftrl", num_speculative_tokens=VLLM_MAX_DEPTH)
+
+
+def engine_for(spec: PolicySpec, config) -> Any:
+    """The shared vLLM engine ``spec`` runs on (one per speculative config and process)."""
+    from draftrl.decoding.vllm.engine import shared_engine
+
+    return shared_engine(engine_config_for(spec, config))

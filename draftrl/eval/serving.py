@@ -8,7 +8,8 @@ back in an order rotated by one per load and repeat, so drift on a shared machin
 all of them. Each vLLM speculative config is its own engine, built once per process.
 
 Policies: ``draftrl.eval.policy_names`` (the grammar both engines share: ``none``, ``fixed:D[:B]``,
-``heuristic``, ``ngram:K``, ``class:MODULE.Class:K``, ``dsd[:S-E:K,...]``, ``ppo:DIR``), each built as a
+``heuristic``, ``ngram:K``, ``eagle3:K`` (the head folder ``config.head``), ``class:MODULE.Class:K``,
+``dsd[:S-E:K,...]``, ``ppo:DIR``), each built as a
 ``draftrl.policies.Policy`` on its engine by ``draftrl.eval.serve_policies``; episodes run through
 ``draftrl.eval.rollout.run_episode``, are summarised by ``draftrl.eval.metrics.summarize_serving`` and
 reported by ``draftrl.eval.report.render_serving_report``. ``draftrl.eval.dsd_search`` tunes the
@@ -18,9 +19,13 @@ Metrics per (load, policy): ``tokens_per_second`` (tokens / engine seconds, idle
 ``speedup_vs_none``, ``tokens_per_cpu_second`` and ``cpu_speedup_vs_none`` (the same in the engine
 thread's CPU time, vLLM only: with one thread other processes cannot skew it, so where the wall
 and CPU ratios differ the difference is load), ``time_to_first_token_mean/p50/p95`` (arrival to first token), ``itl_p50/p95/p99``
-(a step's time spread over the tokens a request gained in it), ``mean_tokens_per_step`` per
-decoding request, ``acceptance`` (accepted / verified, draftrl's proposer), ``per_language`` and
-``per_task`` (tokens / request latency). Exactness at temperature 0: every policy's tokens equal
+(a step's time spread over the tokens a request gained in it), ``decode_step_seconds`` (the mean
+time between a request's token-gaining steps after its first: at concurrency 1, one decode step),
+``mean_tokens_per_step`` per decoding request, ``acceptance`` (accepted / verified, draftrl's
+proposer), ``spec_decoding`` (vLLM's own counts over the episode, every speculative method:
+``num_drafts``, ``num_draft_tokens``, ``num_accepted``, ``num_accepted_per_pos`` and
+``acceptance_length``, the bonus token counted: :mod:`draftrl.decoding.vllm.counts`; None under
+``make_env``), ``per_language`` and ``per_task`` (tokens / request latency). Exactness at temperature 0: every policy's tokens equal
 ``none``'s on every request (float32 by default: bf16 verification rounds differently). At
 temperature > 0: the streaming monitor's tests on each policy's tokens, pooled over all loads
 and passes, with p rebuilt from the raw logprobs vLLM returned (``draftrl.eval.exactness.
@@ -40,7 +45,7 @@ from draftrl.eval.metrics import histogram, serving_groups, summarize_serving
 from draftrl.eval.policy_names import REFERENCE, PolicySpec, parse_policies
 from draftrl.eval.report import render_serving_report
 from draftrl.eval.rollout import run_episode
-from draftrl.eval.serve_policies import build_serving_policy, check_grids, engine_for, proposer_rule
+from draftrl.eval.serve_policies import build_serving_policy, check_policies, engine_for, proposer_rule
 
 FORMAT = "draftrl-serve-eval/1"
 
@@ -75,7 +80,7 @@ def run_serving_eval(out: str | Path, *, policies: list[str] | str, concurrency:
 
     specs = parse_policies(policies, engine="vllm")
     config = config or ServeConfig(split="heldout", shuffle=False, seed=0)
-    check_grids(specs, config.depths, config.budgets)
+    check_policies(specs, config)
     loads = [("concurrency", str(c), {"arrival": "fixed", "concurrency": int(c)}) for c in concurrency]
     loads += [("rates", f"{r:g}", {"arrival": "poisson", "rate": float(r)}) for r in rates]
     if not loads:
@@ -121,9 +126,12 @@ def run_serving_eval(out: str | Path, *, policies: list[str] | str, concurrency:
                 seed = config.seed if config.seed is not None else 0
                 if config.temperature > 0:  # independent sampled streams for the pooled check
                     seed += 1000 * li + repeat
+                engine = engines.get(spec.label)
+                before = engine.spec_counts.snapshot() if engine is not None else None
                 requests, steps = run_episode(env, build_serving_policy(spec, env), prompt_ids, seed=seed,
                                               check=checks.get(spec.label))
-                per_policy[spec.label].append((requests, steps))
+                counts = engine.spec_counts.since(before) if engine is not None else None
+                per_policy[spec.label].append((requests, steps, counts))
                 done += 1
                 if progress:
                     progress(done, total, f"{section}={key} {spec.label}")
@@ -132,8 +140,9 @@ def run_serving_eval(out: str | Path, *, policies: list[str] | str, concurrency:
         for spec in specs:
             runs = per_policy[spec.label]
             best = sorted(runs, key=lambda rs: sum(s["seconds"] for s in rs[1]))[(len(runs) - 1) // 2]
-            requests, steps = best
+            requests, steps, counts = best
             summary = summarize_serving(requests, steps)
+            summary["spec_decoding"] = counts.summary() if counts is not None else None
             summary["per_language"] = serving_groups(requests, "language")
             summary["per_task"] = serving_groups(requests, "task")
             summary["depth_histogram"] = histogram(s["depth"] for s in steps)

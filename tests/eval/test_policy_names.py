@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from draftrl.cli import main
@@ -36,6 +39,37 @@ def test_the_cli_parses_the_documented_serving_command(monkeypatch, tmp_path):
                  "--out", str(tmp_path / "out"), "--quiet"])
     assert code == 0
     assert seen["policies"] == ["none", "fixed:4", "heuristic", "dsd:1-1:4,2-4:3,5-8:3,9-16:3"]
+
+
+def test_the_cli_hands_head_to_eagle3_and_refuses_eagle3_without_one(monkeypatch, tmp_path, capsys):
+    """``--head DIR`` sets ``env.head``; without it ``eagle3:K`` fails in one line before --out exists."""
+    from draftrl.drafters.eagle3 import CONFIG_FILE, WEIGHTS_FILE
+
+    seen = {}
+
+    def fake_run(out, *, config, **kwargs):
+        seen["head"] = config.head
+        Path(out).mkdir(parents=True, exist_ok=True)
+        (Path(out) / "report.md").write_text("report\n")
+        return {}
+
+    monkeypatch.setattr("draftrl.eval.serving.run_serving_eval", fake_run)
+    head = tmp_path / "head"
+    head.mkdir()
+    (head / CONFIG_FILE).write_text(json.dumps({"speculators_model_type": "eagle3", "transformer_layer_config": {},
+                                                "draft_vocab_size": 8, "eagle_aux_hidden_state_layer_ids": [2, 15, 27],
+                                                "speculators_config": {"verifier": {}}}))
+    (head / WEIGHTS_FILE).write_bytes(b"")
+    command = ["eval", "--engine", "vllm", "--policies", "none,eagle3:4", "--quiet"]
+    assert main([*command, "--head", str(head), "--out", str(tmp_path / "a")]) == 0
+    assert seen["head"] == str(head)
+    capsys.readouterr()
+    assert main([*command, "--out", str(tmp_path / "b")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "eagle3:4" in err and "--head DIR" in err
+    assert not (tmp_path / "b").exists()
+    assert main(["eval", "--head", str(head), "--out", str(tmp_path / "c"), "--quiet"]) == 2
+    assert "--engine vllm only" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("engine", ["hf", "vllm"])
@@ -88,6 +122,16 @@ def test_bad_policy_name_is_one_line_naming_the_valid_ones(engine, bad):
     assert "\n" not in message
     if "," not in bad:
         assert bad in message and accepted_names(engine) in message
+
+
+def test_vllm_own_methods_take_k_and_the_refusal_names_the_head_flag():
+    specs = parse_policies("ngram:3,eagle3:5", engine="vllm")
+    assert [(s.kind, s.label, s.depth) for s in specs[1:]] == [("ngram", "ngram:3", 3), ("eagle3", "eagle3:5", 5)]
+    with pytest.raises(ValueError, match="eagle3:K with 1 <= K <= 16") as err:
+        parse_policies("eagle3:0", engine="vllm")
+    assert "eagle3:K (with --head DIR)" in str(err.value)
+    with pytest.raises(ValueError, match="runs on --engine vllm only"):
+        parse_policies("eagle3:4", engine="hf")
 
 
 def test_vllm_depths_stop_at_the_proposer_and_dsd_tables_start_at_one():

