@@ -400,6 +400,9 @@ class Eagle3Drafter(LevelDrafter):
         last = len(ids) - 2  # the root's row: features at L-2, token ids[L-1]
         if last < 0 or self.features_store.shape[0] <= last:
             return None
+        if self._rows > last:  # the root was forgotten with no new row (a rewind or commit to the same history)
+            self._rows = last
+            self._drop_tree()
         start = self._rows
         hidden = self.head.fc(self.features_store[start : last + 1])[None]
         n = last + 1 - start

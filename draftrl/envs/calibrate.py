@@ -77,11 +77,17 @@ def measure_verify(model, stream: list[int], num_tokens, contexts, repeats: int,
     return seconds, float(np.median(spread))
 
 
-def measure_draft(drafter, ids: list[int], widths, levels: int, repeats: int, rng, clock) -> tuple:
-    """(per-round base seconds, per-level seconds [W]) of ``drafter`` after ``ids``."""
+def measure_draft(drafter, ids: list[int], widths, levels: int, repeats: int, rng, clock, target=None) -> tuple:
+    """(per-round base seconds, per-level seconds [W]) of ``drafter`` after ``ids``; ``target``
+    (the target model) runs once over ``ids`` first for a drafter that reads its hidden states."""
     if drafter is None:
         return 0.0, np.zeros(len(widths))
     drafter.reset(ids)
+    if drafter.reads_target_rows:  # as the engine's prefill: the drafter keeps every row's hidden states
+        if target is None:
+            raise ValueError(f"{type(drafter).__name__} reads the target's hidden states; pass target= to time it")
+        target(torch.tensor([ids], device=next(target.parameters()).device))
+        drafter.keep_target_rows(list(range(len(ids))))
     drafter.features(ids)  # fill a model drafter's cache once (not a per-round cost)
     base, per_level = [], {w: [[] for _ in range(levels)] for w in widths}
     for _ in range(repeats):
@@ -145,7 +151,8 @@ def calibrate(settings: CalibrateSettings, env: EnvConfig, seed: int = 0,
             progress(f"verify done in {time.perf_counter() - started:.0f}s")
         mid = contexts[len(contexts) // 2]
         clock = clock_for(env.device)
-        base, levels = measure_draft(drafter, stream[:mid], settings.widths, settings.levels, settings.repeats, rng, clock)
+        base, levels = measure_draft(drafter, stream[:mid], settings.widths, settings.levels, settings.repeats, rng, clock,
+                                     target.model)
         sample_base, sample_token = measure_sample(
             target.model.config.vocab_size, SamplingParams(temperature=env.temperature), max(3, settings.repeats),
             env.device, clock,

@@ -1,16 +1,21 @@
-"""Traces of a drafter that reads the target's hidden states (EAGLE-3): ``collect`` proposes from
-every prefix of the recorded sequence the same tree the engine drafts live from that history, so
-TraceReplay trains on the head's real proposals (before, every prefix found no features and drafted
-nothing)."""
+"""The env layer with a drafter that reads the target's hidden states (EAGLE-3): ``collect``
+proposes from every prefix of the recorded sequence the same tree the engine drafts live from that
+history, so TraceReplay trains on the head's real proposals, and calibration times real drafts
+(before, both found no features and drafted nothing: drafting looked free)."""
 
 from __future__ import annotations
 
+import time
+
+import numpy as np
+import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from draftrl.config.env import EnvConfig
 from draftrl.decoding.engine import EngineConfig, SpeculativeDecoder
 from draftrl.drafters.eagle3 import Eagle3Config, Eagle3Drafter, Eagle3Head
+from draftrl.envs.calibrate import measure_draft
 from draftrl.envs.traces import collect
 from draftrl.models.distribution import SamplingParams
 
@@ -25,7 +30,7 @@ class WordTokenizer:
         return {"input_ids": [1 + (7 * len(w) + i) % 60 for i, w in enumerate(text.split())]}
 
 
-def test_collect_replays_the_heads_live_proposals_from_every_prefix(tmp_path):
+def tiny_pair():
     torch.manual_seed(0)
     target = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=4,
                                           num_attention_heads=2, num_key_value_heads=1,
@@ -34,12 +39,38 @@ def test_collect_replays_the_heads_live_proposals_from_every_prefix(tmp_path):
     head.set_draft_vocab(torch.randperm(64)[:24])
     with torch.no_grad():
         head.lm_head.weight.normal_(0.0, 1.0)
+    return target, head.eval()
+
+
+def test_calibration_times_drafts_the_head_really_makes():
+    target, head = tiny_pair()
+    drafter = Eagle3Drafter(head, target)
+    grown = []
+    begin = drafter.begin
+
+    def recording_begin(*args):
+        builder = begin(*args)
+        grown.append(builder)
+        return builder
+
+    drafter.begin = recording_begin
+    clock = time.perf_counter
+    with torch.inference_mode():
+        base, levels = measure_draft(drafter, list(range(1, 30)), (1,), 3, 2, np.random.default_rng(0), clock, target)
+    assert [len(b.tree) for b in grown] == [3, 3] and base > 0 and levels[0] > 0
+    with pytest.raises(ValueError, match="pass target="):
+        measure_draft(drafter, list(range(1, 30)), (1,), 3, 2, np.random.default_rng(0), clock)
+    drafter.close()
+
+
+def test_collect_replays_the_heads_live_proposals_from_every_prefix(tmp_path):
+    target, head = tiny_pair()
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"id": "x", "language": "en", "task": "chat", "split": "tune", '
                        '"prompt": "a few words of a prompt for the tiny target to read", "max_new_tokens": 12}\n')
     config = EnvConfig(prompts=str(prompts), split="tune", languages=("en",), tasks=("chat",), max_new_tokens=12,
                        depths=(0, 1, 3), chat_template=False, ignore_eos=True)
-    drafter = Eagle3Drafter(head.eval(), target)
+    drafter = Eagle3Drafter(head, target)
     engine = SpeculativeDecoder(target, drafter, EngineConfig(max_new_tokens=12))
     traces = collect(config, engine, WordTokenizer())
 
