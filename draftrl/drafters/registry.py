@@ -18,6 +18,7 @@ from draftrl.drafters.base import Drafter
 from draftrl.drafters.eagle3 import Eagle3Drafter, Eagle3Head
 from draftrl.drafters.layerskip import LayerSkipDrafter
 from draftrl.drafters.model import ModelDrafter
+from draftrl.drafters.mixed import MixedDrafter
 from draftrl.drafters.ngram import NgramDrafter
 from draftrl.drafters.packaged import packaged_head
 from draftrl.models import LoadedModel, check_model_spec, check_same_logits, check_same_vocab, load_model
@@ -95,6 +96,14 @@ def _eagle3(spec: str, args: list[str], ctx: DrafterContext) -> Eagle3Drafter:
     return Eagle3Drafter(head, target.model, sampled=ctx.sampled, name=spec)
 
 
+def _sam(spec: str, args: list[str], ctx: DrafterContext) -> MixedDrafter:
+    if not args or not args[0].isdigit():
+        raise ValueError(f"drafter spec {spec!r} must look like sam:N[:PATH] (N the shortest n-gram match that "
+                         "drafts by lookup, PATH a head folder), e.g. sam:2")
+    head = _eagle3(spec, args[1:], ctx)
+    return MixedDrafter(NgramDrafter(1, 3, first="latest"), head, int(args[0]), name=spec)
+
+
 def _self(spec: str, args: list[str], ctx: DrafterContext) -> ModelDrafter:
     _no_args(spec, args, "self")
     return ModelDrafter(_target(spec, ctx).model, sampled=ctx.sampled, name="self")
@@ -108,6 +117,7 @@ DRAFTERS: dict[str, DrafterEntry] = {
     "ngram": NGRAM,
     "layerskip": DrafterEntry("layerskip:N", "layerskip:1", _layerskip, needs_target=True),
     "self": DrafterEntry("self", "self", _self, needs_target=True),
+    "sam": DrafterEntry("sam:N[:PATH]", "sam:2:PATH", _sam, needs_target=True),
     "eagle3": DrafterEntry("eagle3[:PATH]", "eagle3:PATH", _eagle3, needs_target=True),
 }
 #: How a spec that names no kind reads: a draft model.

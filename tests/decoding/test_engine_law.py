@@ -43,7 +43,9 @@ from tiny_lm import (
 
 from draftrl.decoding.engine import EngineConfig, SpeculativeDecoder
 from draftrl.drafters.eagle3 import Eagle3Config, Eagle3Drafter, Eagle3Head
+from draftrl.drafters.mixed import MixedDrafter
 from draftrl.drafters.model import ModelDrafter
+from draftrl.drafters.ngram import NgramDrafter
 from draftrl.models.distribution import SamplingParams
 
 VOCAB = 3
@@ -74,7 +76,9 @@ SHAPES = {
 FAST = ["chain", "deterministic-tree", "sampled-tree", "sampled-tree-fused"]
 #: the same shapes drafted by an EAGLE-3 head (drafters/eagle3.py) over a 3-layer Llama target's hidden
 #: states; its draft vocabulary leaves one of the 3 tokens out (q = 0 there: reachable only by recovery)
-EAGLE3_SHAPES = {"eagle3-chain": (True, 1, None), "eagle3-sampled-tree": (True, 2, None)}
+EAGLE3_SHAPES = {"eagle3-chain": (True, 1, None), "eagle3-sampled-tree": (True, 2, None),
+                 # rounds drafted by n-gram lookup (one-hot q) when a 3-gram matches, else by the sampled head
+                 "sam-sampled-tree": (True, 2, None)}
 SHAPES.update(EAGLE3_SHAPES)
 
 
@@ -134,6 +138,8 @@ def run_requests(models, shape: str, sampler: str, runs: int, seed: int = 0, tok
     sampled, width, verify_size = SHAPES[shape]
     config = EngineConfig(max_new_tokens=tokens, temperature=TEMPERATURE, seed=seed, sampler=sampler)
     drafter = Eagle3Drafter(draft, target, sampled) if isinstance(draft, Eagle3Head) else ModelDrafter(draft, sampled)
+    if shape.startswith("sam-"):
+        drafter = MixedDrafter(NgramDrafter(1, 3, first="latest"), drafter, min_match=3)
     engine = SpeculativeDecoder(target, drafter, config)
     outputs, positions, accepted, rounds = [], [], 0, 0
     for _ in range(runs):

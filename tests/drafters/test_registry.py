@@ -58,7 +58,7 @@ def eagle3_dir(target: LoadedModel, tmp_path_factory) -> str:
 @pytest.mark.parametrize("spec", [entry.example for entry in DRAFTERS.values()] + ["ngram", "tiny-draft"])
 def test_every_entry_builds_and_proposes_through_the_one_contract(spec: str, target: LoadedModel,
                                                                   eagle3_dir: str) -> None:
-    drafter = build_drafter(spec.replace("eagle3:PATH", f"eagle3:{eagle3_dir}"), target, load=load)
+    drafter = build_drafter(spec.replace(":PATH", f":{eagle3_dir}"), target, load=load)
     if spec == "none":
         assert drafter is None
         return
@@ -121,7 +121,7 @@ def test_a_malformed_spec_names_its_grammar(spec: str, needle: str, target: Load
         build_drafter(spec, target)
 
 
-@pytest.mark.parametrize("spec", ["layerskip:1", "self", "tiny-draft", "eagle3:PATH"])
+@pytest.mark.parametrize("spec", ["layerskip:1", "self", "tiny-draft", "eagle3:PATH", "sam:2:PATH"])
 def test_without_a_target_the_kinds_that_need_one_are_refused(spec: str) -> None:
     with pytest.raises(ValueError, match="needs the target model") as info:
         build_drafter(spec, load=load)
