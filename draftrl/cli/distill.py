@@ -1,12 +1,13 @@
 """``draftrl distill``: train an EAGLE-3 draft head for the target, saved in the speculators format.
 
     draftrl distill --out runs/heads/smollm2 --quick          # minutes on 2 CPU cores: a first look
-    draftrl distill --out runs/heads/smollm2                  # the default recipe
+    draftrl distill --out runs/heads/smollm2                  # the default recipe (needs "draftrl[distill]")
+    draftrl distill --out runs/heads/smollm2 --set epochs=6   # then: train on from the last checkpoint
     draftrl distill --out heads/big --target DIR --device cuda --dtype bfloat16 --sharegpt 5000
 
 The folder then serves in stock vLLM (``speculative_config={"method": "eagle3", "model": OUT, ...}``)
 and in draftrl's engine (``--drafter eagle3:OUT``). Rerunning the same command resumes an
-interrupted distillation.
+interrupted distillation; rerunning it with a larger ``epochs`` trains on (data and hidden states kept).
 """
 
 from __future__ import annotations

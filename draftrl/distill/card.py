@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 
 
-def model_card(config: dict, manifest: dict, training: dict, acceptance: dict, command: str, machine: str) -> str:
+def model_card(config: dict, manifest: dict, training: dict, acceptance: dict, commands: list[str], machine: str) -> str:
+    """The card; ``commands``: the runs that built the head, in order (a later one raised ``epochs``)."""
     per_pos = acceptance.get("acceptance_per_position") or []
     rows = "\n".join(f"| {i + 1} | {a} | {b} |" for i, (a, b) in
                      enumerate(zip(per_pos, acceptance.get("accepted_at_least") or [])))
@@ -17,9 +18,9 @@ Trained by `draftrl distill` from the target alone; a folder in the `speculators
     LLM(model=TARGET, speculative_config={{"method": "eagle3", "model": THIS_FOLDER, "num_speculative_tokens": 4}})
     draftrl generate --drafter eagle3:THIS_FOLDER ...
 
-## Command
+## Command{'s, run one after the other' if len(commands) > 1 else ''}
 
-    {command}
+{chr(10).join('    ' + c for c in commands)}
 
 ## Data
 {manifest['samples']} samples ({', '.join(f'{k}: {v}' for k, v in manifest['sources'].items())}),

