@@ -247,6 +247,17 @@ def requests(tokenizer, languages, tasks, num_prompts: int, max_new_tokens: int 
     return out
 
 
+def add_serving_args(parser: argparse.ArgumentParser) -> None:
+    """The workload options the vLLM serving benchmarks share (``serve_compare``, ``vllm_drafters``)."""
+    parser.add_argument("--max-new-tokens", type=int, default=96)
+    parser.add_argument("--limit-per-group", type=int, default=1, help="held-out prompts per language x task (1 = 16)")
+    parser.add_argument("--tasks", default="", help="keep these tasks (comma-separated; default all four)")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="episodes per (load, policy), rotated; each cell reports its median-time episode")
+    parser.add_argument("--hf-lookup", type=int, default=8, help="HF prompt_lookup_num_tokens (0 = skip HF anchors)")
+
+
 def add_grid_args(parser: argparse.ArgumentParser, max_new_tokens: int) -> None:
     """The options the drafter-grid benchmarks share (``depth_by_language``, ``tree_grid``)."""
     parser.add_argument("--model", default="smollm2-135m")
@@ -395,6 +406,6 @@ def first_mismatch(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-__all__ = ["Bench", "Request", "Run", "Timings", "add_grid_args", "anchor_method", "common_flags", "engine_method",
-           "first_mismatch", "grouped_requests", "hf_anchor_rows", "hf_anchors", "interleave", "load_grid", "machine",
+__all__ = ["Bench", "Request", "Run", "Timings", "add_grid_args", "add_serving_args", "anchor_method", "common_flags",
+           "engine_method", "first_mismatch", "grouped_requests", "hf_anchor_rows", "hf_anchors", "interleave", "load_grid", "machine",
            "median", "parse_args", "requests", "rotate", "rotations", "serving_prompts"]

@@ -21,14 +21,14 @@ One line per (group, drafter, K); groups are ``all`` (the mixed workload), each 
   A round's draft time includes catching up on the tokens accepted since the last one (an EAGLE-3
   head feeds them through its layer), as it does when decoding.
 
-Drafters (``--drafters``, default ``eagle3:HEAD`` with ``--head``, ``ngram:1:3:latest`` (the serving
-default) and ``layerskip:28`` (28 of 30 layers: the only depth where SmolLM2-135M's truncated model
+Drafters (``--drafters``, default ``eagle3`` (the head draftrl ships, or ``--head``), ``ngram:1:3:latest``
+(the serving default), ``sam:2`` (lookup on a 2-token match, else the head) and ``layerskip:28`` (28 of 30 layers: the only depth where SmolLM2-135M's truncated model
 agrees with the full one often enough to say anything; see ``depth_by_language.py``)). With
 ``--out``, ``drafter_acceptance.png``: acceptance per position at the largest K, and acceptance
 length over K, per drafter, on the mixed workload.
 
-    python benchmarks/drafter_acceptance.py --head /work/heads/smollm2-135m --out runs/bench/drafter_acceptance
-    python benchmarks/drafter_acceptance.py --head /work/heads/smollm2-135m --quick
+    python benchmarks/drafter_acceptance.py --out runs/bench/drafter_acceptance
+    python benchmarks/drafter_acceptance.py --quick
     speedup_vs_none=1.131x  vs_hf=1.204x  vs_hf_lookup=0.831x  cpu_speedup_vs_none=1.211x  acceptance_length=2.5  ...
     ...  draft_cost=0.001248  accept_pos=0.38/1.00/1.00/1.00  ...  drafter=ngram:1:3:latest  K=4  group=all  ...
 """
@@ -141,9 +141,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], parents=[common_flags()])
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--head", default=None, help="EAGLE-3 head folder (speculators format): eagle3:HEAD")
+    parser.add_argument("--head", default=None, help="EAGLE-3 head folder (speculators format) of the default "
+                                                     "drafters eagle3 and sam:2 (default: the head draftrl ships)")
     parser.add_argument("--drafters", default=None,
-                        help="comma-separated drafter specs (default: eagle3:HEAD,ngram:1:3:latest,layerskip:28)")
+                        help="comma-separated drafter specs (default: eagle3[:HEAD],ngram:1:3:latest,sam:2[:HEAD],layerskip:28)")
     parser.add_argument("--depths", default="1,2,3,4,5,6,7,8", help="draft depths K (plain decoding is always timed)")
     parser.add_argument("--languages", default=",".join(LANGUAGES))
     parser.add_argument("--tasks", default=",".join(TASKS))
@@ -153,10 +154,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     args = parse_args(parser, quick=dict(depths="1,4", languages="en,zh", tasks="code_edit,chat", max_new_tokens=12,
                                          anchor_gammas="4", repeats=2))
-    if args.drafters is None and args.head is None:
-        parser.error("the default drafters include eagle3:HEAD; pass --head DIR (a speculators-format folder, as "
-                     "draftrl distill writes), or --drafters without it, e.g. --drafters ngram:1:3:latest,layerskip:28")
-    specs = args.drafters.split(",") if args.drafters else [f"eagle3:{args.head}", "ngram:1:3:latest", "layerskip:28"]
+    head = f":{args.head}" if args.head else ""  # none: the head draftrl ships for the target
+    specs = (args.drafters.split(",") if args.drafters else
+             [f"eagle3{head}", "ngram:1:3:latest", f"sam:2{head}", "layerskip:28"])
     depths = [int(k) for k in args.depths.split(",")]
     gammas = tuple(int(g) for g in args.anchor_gammas.split(","))
     if min(depths) < 1 or min(gammas) < 1:

@@ -22,7 +22,7 @@ import argparse
 import tempfile
 import time
 
-from _bench import Bench, common_flags, hf_anchor_rows, hf_anchors, parse_args, serving_prompts
+from _bench import Bench, add_serving_args, common_flags, hf_anchor_rows, hf_anchors, parse_args, serving_prompts
 
 REF_LOOKUP = "draftrl.decoding.vllm.ref_lookup.RefLookupLatest"
 
@@ -36,13 +36,7 @@ def main() -> None:
     p.add_argument("--heuristic", action=argparse.BooleanOptionalAction, default=True, help="the +2/-1 heuristic")
     p.add_argument("--dsd", default="dsd", help="Dynamic SD policy spec (dsd or dsd:S-E:K,...); '' = skip")
     p.add_argument("--ppo", default=None, help="ppo:PATH policy trained on draftrl/ServeVLLM-v0")
-    p.add_argument("--max-new-tokens", type=int, default=96)
-    p.add_argument("--limit-per-group", type=int, default=1, help="held-out prompts per language x task (1 = 16)")
-    p.add_argument("--tasks", default="", help="keep these tasks (comma-separated; default all four)")
-    p.add_argument("--dtype", default="float32")
-    p.add_argument("--repeats", type=int, default=1,
-                   help="episodes per (load, policy), rotated; each cell reports its median-time episode")
-    p.add_argument("--hf-lookup", type=int, default=8, help="HF prompt_lookup_num_tokens (0 = skip HF anchors)")
+    add_serving_args(p)
     args = parse_args(p, quick=dict(concurrency="1,4", ks="4", ref_ks="4", depths="4", dsd="", max_new_tokens=16,
                                     tasks="code_edit", hf_lookup=4))
     import torch

@@ -22,8 +22,8 @@ excluded). ``acceptance_length``: vLLM's own counts, ``1 + num_accepted / num_dr
 token counted). ``en=``, ``code_edit=``, ...: each language's and task's tokens / request latency
 over none's.
 
-Without ``--head`` a head of the target's shape with random weights and a ``--draft-vocab``-token
-draft vocabulary is built: its drafts are almost never accepted (speedups below 1), but it costs
+Without ``--head`` the head draftrl ships for the target drafts; with ``--head random`` a head of the
+target's shape with random weights and a ``--draft-vocab``-token draft vocabulary is built: its drafts are almost never accepted (speedups below 1), but it costs
 what a trained head of that shape costs. With ``--out``: ``results.json``, ``vllm_drafters.png``
 (speedup vs K, one panel per concurrency), each K's serving run in ``serving/k{K}/`` and a built
 head in ``head/``.
@@ -44,7 +44,9 @@ from pathlib import Path
 
 import numpy as np
 
-from _bench import Bench, common_flags, hf_anchor_rows, hf_anchors, parse_args, rotations, serving_prompts
+from _bench import (
+    Bench, add_serving_args, common_flags, hf_anchor_rows, hf_anchors, parse_args, rotations, serving_prompts,
+)
 
 PLOT = "vllm_drafters.png"
 #: the drafters compared at each K, and their line styles in the plot
@@ -92,19 +94,14 @@ def plot(path: Path, speedups: dict[tuple[str, int, int], float], ks: list[int],
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], parents=[common_flags()])
     p.add_argument("--head", default=None, help="EAGLE-3 head folder (speculators format, e.g. from draftrl distill); "
-                                                "default: build one with random weights (draft cost only)")
+                                                "default: the head draftrl ships for the target; 'random': build one "
+                                                "with random weights (draft cost only)")
     p.add_argument("--draft-vocab", type=int, default=8192,
                    help="the built head's draft vocabulary (draftrl distill's default)")
     p.add_argument("--ks", default="1,2,3,4,5,6,7,8", help="K values of eagle3 (and ngram)")
     p.add_argument("--ngram", action=argparse.BooleanOptionalAction, default=True, help="vLLM's ngram at each K")
     p.add_argument("--concurrency", default="1,4,16")
-    p.add_argument("--max-new-tokens", type=int, default=96)
-    p.add_argument("--limit-per-group", type=int, default=1, help="held-out prompts per language x task (1 = 16)")
-    p.add_argument("--tasks", default="", help="keep these tasks (comma-separated; default all four)")
-    p.add_argument("--dtype", default="float32")
-    p.add_argument("--repeats", type=int, default=1,
-                   help="episodes per (load, policy), rotated; each cell reports its median-time episode")
-    p.add_argument("--hf-lookup", type=int, default=8, help="HF prompt_lookup_num_tokens (0 = skip HF anchors)")
+    add_serving_args(p)
     args = parse_args(p, quick=dict(ks="2,4", concurrency="1,4", max_new_tokens=16, tasks="code_edit", hf_lookup=4))
     import torch
 
@@ -126,6 +123,10 @@ def main() -> None:
                          max_new_tokens=args.max_new_tokens, dtype=args.dtype, threads=args.threads)
     head, head_name = args.head, args.head
     if head is None:
+        from draftrl.drafters.packaged import packaged_head
+
+        head = head_name = str(packaged_head(config.target))
+    if head == "random":
         head = str(random_head(model_path(config.target), args.draft_vocab).save_pretrained(
             root / "head", speculative_tokens=max(ks)))
         head_name = f"random({args.draft_vocab})"
