@@ -103,8 +103,12 @@ def distill(config: DistillConfig, out: str | Path, command: str = "draftrl dist
                          vllm_model=verifier_path(config.target) if generator == "vllm" else None)
     samples += read_texts(loaded.tokenizer, config.sharegpt_text, config.sharegpt, config.seed,
                           config.max_prompt_tokens, config.max_text_tokens)
-    data = manifest(samples, resolved, time.perf_counter() - t0, generator)
-    write_json(work / "manifest.json", data)
+    saved_manifest = work / "manifest.json"  # written once the data is whole: a rerun keeps its counts and seconds
+    if saved_manifest.exists():
+        data = read_json(saved_manifest, "the distillation's data manifest")
+    else:
+        data = manifest(samples, resolved, time.perf_counter() - t0, generator)
+        write_json(saved_manifest, data)
 
     t0 = time.perf_counter()
     cache_features(target, samples, head_config.aux_layers, work / "features", _phase(progress, "hidden states"),

@@ -22,7 +22,7 @@ from draftrl.prompts import load_prompts
 
 TINY = ["prompts=6", "max_new_tokens=8", "max_prompt_tokens=48", "generate_batch_size=3", "epochs=3",
         "batch_size=2", "draft_vocab_size=64", "aux_layers=[1,2,3]", "ttt_steps=3", "measure_prompts=2",
-        "measure_depth=3", "measure_tokens=8", "checkpoint_every=1", "lr=0.003", "generator=hf"]
+        "measure_depth=3", "measure_tokens=8", "checkpoint_every=1", "lr=0.003", "generator=hf", "sharegpt_text=0"]
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -69,8 +69,10 @@ def test_a_tiny_distillation_runs_and_its_head_drafts(tiny_target, tmp_path, cap
         distill(load_config(DistillConfig, None, TINY + ["target=" + tiny_target, "lr=0.01"]), out)
     with pytest.raises(ValueError, match=r"another config \(epochs differ\)"):  # fewer epochs: no undoing
         distill(load_config(DistillConfig, None, TINY + ["target=" + tiny_target, "epochs=2"]), out)
+    made = json.loads((out / "work" / "manifest.json").read_text())
     longer = distill(load_config(DistillConfig, None, TINY + ["target=" + tiny_target, "epochs=4"]), out,
                      command="draftrl distill --set epochs=4")
+    assert json.loads((out / "work" / "manifest.json").read_text()) == made  # the data's record, seconds included
     assert longer["steps"] == 12  # 9 steps kept, 3 more: training went on from the checkpoint
     log = json.loads((out / "work" / "training.json").read_text())["log"]
     assert [e["epoch"] for e in log] == [1, 2, 3, 4]
