@@ -31,16 +31,20 @@ def proposer_rule(spec: PolicySpec) -> str:
 
 def check_policies(specs: list[PolicySpec], config) -> None:
     """Refuse, before any engine loads (one line naming the fix), a ``fixed:D[:B]`` off the serving
-    config's grids and an ``eagle3:K`` without a head folder (``env.head``) or with one vLLM cannot load."""
+    config's grids and an ``eagle3:K`` without a head folder (``env.head``, else the head draftrl
+    ships for the target) or with one vLLM cannot load."""
     from draftrl.drafters.eagle3 import head_config
+    from draftrl.drafters.packaged import resolve_head
 
     depths, budgets = config.depths, config.budgets
     for spec in specs:
-        if spec.kind == "eagle3" and not config.head:
-            raise ValueError(f"policy {spec.label!r} needs an EAGLE-3 head folder; pass --head DIR (sets env.head), "
-                             "a folder written by Eagle3Head.save_pretrained or draftrl distill.")
         if spec.kind == "eagle3":
-            head_config(config.head)  # one line naming what the folder lacks
+            try:
+                head = resolve_head(config.head, config.target)
+            except ValueError as err:
+                raise ValueError(f"policy {spec.label!r} needs an EAGLE-3 head folder; pass --head DIR (sets env.head): "
+                                 f"{err}") from None
+            head_config(head)  # one line naming what the folder lacks
         if spec.kind != "fixed":
             continue
         if spec.depth not in depths or (spec.verify_size is not None and spec.verify_size not in budgets):
@@ -79,7 +83,10 @@ def engine_config_for(spec: PolicySpec, config) -> Any:
     if spec.kind == "ngram":
         return VLLMEngineConfig.serving(config, method="ngram", num_speculative_tokens=spec.depth)
     if spec.kind == "eagle3":
-        return VLLMEngineConfig.serving(config, method="eagle3", head=config.head, num_speculative_tokens=spec.depth)
+        from draftrl.drafters.packaged import resolve_head
+
+        return VLLMEngineConfig.serving(config, method="eagle3", head=resolve_head(config.head, config.target),
+                                        num_speculative_tokens=spec.depth)
     if spec.kind == "class":
         return VLLMEngineConfig.serving(config, method="custom_class", proposer=spec.path,
                                         num_speculative_tokens=spec.depth)

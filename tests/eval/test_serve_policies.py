@@ -66,12 +66,16 @@ def test_a_fixed_setting_off_the_serving_grid_is_refused_before_any_engine():
             check_policies(parse_policies(bad, engine="vllm"), config)
 
 
-def test_eagle3_without_a_loadable_head_is_refused_before_any_engine(tmp_path):
-    """No ``env.head``, a folder without the files, a config of another kind: one line each, naming the fix."""
+def test_eagle3_without_a_loadable_head_is_refused_before_any_engine(tmp_path, monkeypatch):
+    """No ``env.head`` and no head shipped for the target, a folder without the files, a config of
+    another kind: one line each, naming the fix. The shipped head is the default."""
+    from draftrl.drafters import packaged
     from draftrl.drafters.eagle3 import CONFIG_FILE, WEIGHTS_FILE
 
     specs = parse_policies("eagle3:4", engine="vllm")
-    with pytest.raises(ValueError, match=r"needs an EAGLE-3 head folder; pass --head DIR \(sets env.head\)"):
+    check_policies(specs, ServeConfig())  # the head draftrl ships for smollm2-135m
+    monkeypatch.setattr(packaged, "HEADS_DIR", tmp_path / "none")
+    with pytest.raises(ValueError, match=r"needs an EAGLE-3 head folder; pass --head DIR \(sets env.head\).*distill"):
         check_policies(specs, ServeConfig())
     with pytest.raises(FileNotFoundError, match="no EAGLE-3 head folder"):
         check_policies(specs, ServeConfig(head=str(tmp_path)))

@@ -40,23 +40,22 @@ def mixed_prompts(vllm_tokenizer):
     return [(p.id, vllm_tokenizer(p.prompt, add_special_tokens=False)["input_ids"]) for p in chosen]
 
 
-#: A trained EAGLE-3 head for SmolLM2-135M (speculators folder) to test with instead of the built one.
-HEAD_ENV = "DRAFTRL_EAGLE3_HEAD"
+@pytest.fixture(scope="session", params=["built", "shipped"])
+def eagle3_head(request, tmp_path_factory, vllm_tokenizer):
+    """An EAGLE-3 head folder for SmolLM2-135M, each test running with both:
 
-
-@pytest.fixture(scope="session")
-def eagle3_head(tmp_path_factory, vllm_tokenizer):
-    """An EAGLE-3 head folder for SmolLM2-135M: ``$DRAFTRL_EAGLE3_HEAD`` when set, else one built in a
-    second: random weights and a one-token draft vocabulary, the newline, so every draft is a newline.
-    The target writes newlines often enough here (each reply to ``mixed_prompts`` starts with two) that
-    greedy identity is checked on accepted drafts as well as rejected ones."""
-    import os
-
+    - ``built``: made in a second, random weights and a one-token draft vocabulary, the newline, so
+      every draft is a newline; the target writes newlines often enough here (each reply to
+      ``mixed_prompts`` starts with two) that greedy identity is checked on accepted drafts too;
+    - ``shipped``: the trained head draftrl ships (``draftrl.drafters.packaged``), float16 weights
+      that vLLM loads into its float32 model: most of its drafts are accepted.
+    """
     from draftrl.decoding.vllm.engine import model_path
     from draftrl.drafters.eagle3 import random_head
+    from draftrl.drafters.packaged import packaged_head
 
-    if os.environ.get(HEAD_ENV):
-        return os.environ[HEAD_ENV]
+    if request.param == "shipped":
+        return str(packaged_head("smollm2-135m"))
     head = random_head(model_path("smollm2-135m"), draft_vocab_size=1)
     head.set_draft_vocab(vllm_tokenizer("\n", add_special_tokens=False)["input_ids"])
     return str(head.save_pretrained(tmp_path_factory.mktemp("eagle3") / "head", speculative_tokens=3))

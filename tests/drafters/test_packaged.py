@@ -1,0 +1,59 @@
+"""The EAGLE-3 head draftrl ships for SmolLM2-135M: a speculators folder with its card and data
+manifest, picked by ``--drafter eagle3`` (and inside ``sam:N``), drafting what the target accepts
+often, with greedy output identical to the target's; a target without one is refused naming the fix."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from draftrl.decoding.engine import EngineConfig, SpeculativeDecoder
+from draftrl.drafters.eagle3 import Eagle3Drafter
+from draftrl.drafters.mixed import MixedDrafter
+from draftrl.drafters.packaged import packaged_head, packaged_heads
+from draftrl.drafters.registry import build_drafter
+from draftrl.models.chat import user_message_ids
+from draftrl.prompts import load_prompts
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_the_shipped_folder_carries_its_card_and_data():
+    assert "smollm2-135m" in packaged_heads()
+    folder = packaged_head("smollm2-135m")
+    config = json.loads((folder / "config.json").read_text())
+    assert config["speculators_model_type"] == "eagle3"
+    assert config["speculators_config"]["verifier"]["name_or_path"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    weights = load_file(str(folder / "model.safetensors"))
+    assert weights["lm_head.weight"].dtype == torch.float16 and "embed_tokens.weight" not in weights
+    card = (folder / "README.md").read_text()
+    assert "draftrl distill" in card and "Measured acceptance" in card
+    manifest = json.loads((folder / "distill_manifest.json").read_text())
+    assert manifest["heldout_used_for_training"] is False and manifest["samples"] > 0
+
+
+def test_eagle3_alone_drafts_with_the_shipped_head_and_keeps_greedy_output(smollm2):
+    prompt = next(p for p in load_prompts(split="heldout") if p.language == "en" and p.task == "chat")
+    ids = user_message_ids(smollm2.tokenizer, prompt.prompt)
+    plain = smollm2.model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                   max_new_tokens=48, do_sample=False, pad_token_id=smollm2.tokenizer.eos_token_id)
+    for spec, kind in (("eagle3", Eagle3Drafter), ("sam:2", MixedDrafter)):
+        drafter = build_drafter(spec, smollm2)
+        assert isinstance(drafter, kind)
+        engine = SpeculativeDecoder(smollm2.model, drafter, EngineConfig(max_new_tokens=48), smollm2.eos_token_ids)
+        engine.start(ids)
+        proposed = accepted = 0
+        while not engine.finished:
+            result = engine.round(1)  # first-position acceptance: about 0.33 measured, ~0 for an untrained head
+            proposed, accepted = proposed + result.num_proposed, accepted + result.num_accepted
+        drafter.close()
+        assert engine.output_ids == plain[0, len(ids):].tolist()[: len(engine.output_ids)]
+        assert accepted / proposed > 0.15, f"{spec}: the shipped head is accepted {accepted}/{proposed} only"
+
+
+def test_a_target_without_a_shipped_head_is_refused_naming_distill():
+    with pytest.raises(ValueError, match="ships no EAGLE-3 head for the target 'tiny'.*draftrl distill"):
+        packaged_head("tiny")
