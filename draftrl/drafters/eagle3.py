@@ -235,8 +235,9 @@ class Eagle3Head(nn.Module):
         return full.index_copy_(-1, self.draft_to_target, draft_logits)
 
     # ------------------------------------------------------------------ the speculators folder
-    def save_pretrained(self, path: str | Path, speculative_tokens: int = 4) -> Path:
-        """Write config.json and model.safetensors (float32; embeddings omitted: shared with the target)."""
+    def save_pretrained(self, path: str | Path, speculative_tokens: int = 4, dtype: torch.dtype = torch.float32) -> Path:
+        """Write config.json and model.safetensors (weights in ``dtype``, float32 unless a smaller file
+        is wanted; embeddings omitted: shared with the target)."""
         from safetensors.torch import save
 
         from draftrl.io import atomic_write_bytes, atomic_write_text
@@ -244,7 +245,7 @@ class Eagle3Head(nn.Module):
         path = Path(path)
         atomic_write_text(path / CONFIG_FILE, json.dumps(self.config.to_speculators(speculative_tokens), indent=2) + "\n")
         tensors = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items() if not k.startswith("rotary.")}
-        atomic_write_bytes(path / WEIGHTS_FILE, save({k: (v.float() if v.is_floating_point() else v)
+        atomic_write_bytes(path / WEIGHTS_FILE, save({k: (v.to(dtype) if v.is_floating_point() else v)
                                                      for k, v in tensors.items()}))
         return path
 

@@ -25,3 +25,8 @@ def packaged_head(target: str) -> Path:
         raise ValueError(f"draftrl ships no EAGLE-3 head for the target {target!r} (it ships heads for: {shipped}); "
                          "train one with draftrl distill --target TARGET --out DIR and pass --drafter eagle3:DIR")
     return folder
+
+
+def resolve_head(head: str | None, target: str) -> str:
+    """``head`` when given, else the folder of the head shipped for ``target``."""
+    return head or str(packaged_head(target))
