@@ -66,6 +66,7 @@ def _demo_env() -> EnvConfig:
         tasks=("code_edit", "summarize", "qa_context", "chat"),  # every task: copy-heavy to open-ended
         limit_per_group=1,  # 16 requests per split: enough for a paired interval to resolve ~5% (docs/eval.md)
         max_new_tokens=32,
+        drafter="sam:2",  # n-gram lookup on a 2-token match, else the EAGLE-3 head draftrl ships (drafters/heads/)
         depths=(0, 1, 2, 3, 4, 6),
         verify_sizes=(0,),
     )
