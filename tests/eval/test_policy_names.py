@@ -42,7 +42,8 @@ def test_the_cli_parses_the_documented_serving_command(monkeypatch, tmp_path):
 
 
 def test_the_cli_hands_head_to_eagle3_and_refuses_eagle3_without_one(monkeypatch, tmp_path, capsys):
-    """``--head DIR`` sets ``env.head``; without it ``eagle3:K`` fails in one line before --out exists."""
+    """``--head DIR`` sets ``env.head``; without it ``eagle3:K`` drafts with the shipped head, and
+    fails in one line before --out exists for a target no head ships for."""
     from draftrl.drafters.eagle3 import CONFIG_FILE, WEIGHTS_FILE
 
     seen = {}
@@ -63,6 +64,8 @@ def test_the_cli_hands_head_to_eagle3_and_refuses_eagle3_without_one(monkeypatch
     command = ["eval", "--engine", "vllm", "--policies", "none,eagle3:4", "--quiet"]
     assert main([*command, "--head", str(head), "--out", str(tmp_path / "a")]) == 0
     assert seen["head"] == str(head)
+    assert main([*command, "--out", str(tmp_path / "shipped")]) == 0 and seen["head"] is None  # resolved per engine
+    monkeypatch.setattr("draftrl.drafters.packaged.HEADS_DIR", tmp_path / "no-heads")
     capsys.readouterr()
     assert main([*command, "--out", str(tmp_path / "b")]) == 2
     err = capsys.readouterr().err.strip()
