@@ -53,9 +53,10 @@ PLOT = "drafter_acceptance.png"
 
 
 def label(spec: str) -> str:
-    """A drafter's printed name: ``eagle3:`` + the head folder's name, other specs as given."""
+    """A drafter's printed name: ``eagle3:`` + the head folder's name (``eagle3`` alone: the shipped
+    head), other specs as given."""
     kind, _, path = spec.partition(":")
-    return f"eagle3:{Path(path).name}" if kind == "eagle3" else spec
+    return f"eagle3:{Path(path).name}" if kind == "eagle3" and path else spec
 
 
 def counts(t: Timings, name: str, items: list[int], depth: int) -> AcceptanceCounts:
