@@ -134,14 +134,14 @@ def regenerate(model, tokenizer, prompts, max_prompt_tokens: int, max_new_tokens
     whole = text[: text.rfind("\n") + 1]
     if whole != text:
         atomic_write_text(path, whole)
-    done = [Sample(**json.loads(line)) for line in whole.splitlines()]
+    done = len(whole.splitlines())
     todo = [(pid, language, task, source, encode(tokenizer, text, max_prompt_tokens))
-            for pid, language, task, source, text in prompts[len(done):]]
+            for pid, language, task, source, text in prompts[done:]]
     if todo and vllm_model:
         _generate_vllm(vllm_model, str(next(model.parameters()).dtype).removeprefix("torch."), todo, max_new_tokens,
-                       path, len(done), len(prompts), progress)
+                       path, done, len(prompts), progress)
     elif todo:
-        _generate_hf(model, tokenizer, todo, max_new_tokens, batch_size, path, len(done), len(prompts), progress)
+        _generate_hf(model, tokenizer, todo, max_new_tokens, batch_size, path, done, len(prompts), progress)
     eos = tokenizer.eos_token_id
     samples = [Sample(**json.loads(line)) for line in path.read_text().splitlines()]
     for sample in samples:  # the response ends at its first end-of-sequence token, which it keeps
