@@ -27,6 +27,8 @@ ENVS: tuple[dict[str, Any], ...] = (
     # Per-level CONTINUE/STOP on recorded traces (SpecDecodeDepth-v1 at replay speed).
     dict(id="draftrl/TraceReplayDepth-v0", entry_point="draftrl.envs.trace_replay_depth:TraceReplayDepthEnv",
          max_episode_steps=16384),
+    # Per-round (drafter, depth) over several drafters' traces: deterministic given the seed.
+    dict(id="draftrl/TraceChoice-v0", entry_point="draftrl.envs.trace_choice:TraceChoiceEnv", max_episode_steps=1024),
     # A serving engine under load (vLLM in-process by default): one step = one engine step over the
     # batch; wall-clock rewards.
     dict(id="draftrl/ServeVLLM-v0", entry_point="draftrl.envs.serve_vllm:ServeVLLMEnv", max_episode_steps=8192,

@@ -1,0 +1,129 @@
+"""How much any per-round choice of drafter and depth can gain over the best fixed one, on recorded traces.
+
+Issue "Policies that choose the drafter" asks draftrl's engine for a learned policy >= 1.15x the grid's
+best fixed (drafter, depth). Before training for it, bound it: with traces of each drafter over the same
+held-out prompts (``draftrl collect --drafter D --cost-table C``), every round any schedule could play is
+known, and :mod:`draftrl.eval.headroom` computes
+
+- every fixed ``(drafter, depth)`` (the grid), the SAM-style rule (``--rule``) at each depth,
+- the greedy one-round lookahead, and
+- **hindsight**: the fewest seconds any per-round sequence of choices needs (a dynamic program), the
+  ceiling of every policy that chooses per round, learned or not,
+
+in the seconds ``draftrl/TraceReplay-v0`` charges (verify all drafted nodes, no noise; the target's
+costs from ``--common``'s table, each drafter's own drafting costs). Prints speedups over no speculation,
+then over the best fixed arm, for the workload and per task and language, and the hindsight
+schedule's share of rounds per drafter. With ``--train NAME=DIR`` (the same drafters' traces on the tune
+split) it also trains PPO on ``draftrl/TraceChoice-v0`` over those and places it on the held-out traces
+(``ppo`` rows): the learned per-round choice against the ceiling.
+
+    python benchmarks/drafter_choice_headroom.py --traces ngram=runs/tr_ngram --traces eagle3=runs/tr_eagle3 \\
+        --rule ngram,eagle3,2 --train ngram=runs/tr_ngram_tune --train eagle3=runs/tr_eagle3_tune \
+        --out runs/bench/drafter_choice_headroom
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections import defaultdict
+
+from _bench import Bench, common_flags, parse_args
+from draftrl.envs.trace_choice import TraceChoiceEnv
+from draftrl.envs.traces import Traces, stored_cost_table
+from draftrl.envs.round_table import round_table
+from draftrl.eval.headroom import headroom
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], parents=[common_flags()])
+    p.add_argument("--traces", action="append", required=True, metavar="NAME=DIR",
+                   help="a drafter's traces (with the cost table collect stored), repeatable")
+    p.add_argument("--common", default=None, help="whose cost table gives the target's costs (default: the first)")
+    p.add_argument("--depths", default="1,2,3,4,6", help="draft depths of the arms")
+    p.add_argument("--rule", action="append", default=[], metavar="LOOKUP,MODEL,N",
+                   help="SAM-style rule: LOOKUP's n-gram drafts when its match is >= N tokens, else MODEL's")
+    p.add_argument("--train", action="append", default=[], metavar="NAME=DIR",
+                   help="the same drafters' tune-split traces: train PPO on them and place it on --traces")
+    p.add_argument("--timesteps", type=int, default=60_000, help="PPO rounds of training")
+    p.add_argument("--seeds", default="0,1,2", help="PPO seeds (one policy each; the rows give their median)")
+    args = parse_args(p, quick=dict(timesteps=8_000, seeds="0"))
+    bench = Bench(args, __file__)
+    depths = [int(d) for d in args.depths.split(",")]
+    dirs = named_dirs(args.traces, "--traces")
+    traces, costs = {}, {}
+    for name, directory in dirs.items():
+        traces[name] = Traces.load(directory)
+        table = stored_cost_table(directory)
+        if table is None:
+            raise SystemExit(f"{directory} has no cost_table.json; collect with --cost-table FILE.")
+        costs[name] = table
+    common = costs[args.common] if args.common else None
+    table = round_table(traces, costs, depths, common=common)
+    rules = []
+    for rule in args.rule:
+        lookup, model, n = rule.split(",")
+        rules.append((lookup, model, int(n)))
+    room = headroom(table, rules)
+    if args.train:
+        train_dirs = named_dirs(args.train, "--train")
+        if list(train_dirs) != list(dirs):
+            raise SystemExit(f"--train names {list(train_dirs)}; it needs the drafters of --traces, {list(dirs)}, "
+                             "in the same order.")
+        from draftrl.train.choice import play_choice, train_choice
+
+        held = TraceChoiceEnv(traces, depths, cost_tables=costs, common=args.common, table=table)
+        runs = []
+        for seed in [int(s) for s in args.seeds.split(",")]:
+            bench.note(f"training PPO on {', '.join(train_dirs.values())} (seed {seed}, {args.timesteps} rounds)")
+            policy = train_choice(lambda: TraceChoiceEnv(train_dirs, depths, common=args.common), args.timesteps,
+                                  seed=seed)
+            runs.append(play_choice(held, policy.act))
+        totals = [sum(r) for r in runs]
+        median_run = runs[sorted(range(len(runs)), key=totals.__getitem__)[len(runs) // 2]]
+        room.schedules["ppo"] = median_run
+        room.played["ppo"] = [[] for _ in median_run]
+
+    groups: dict[str, list[int]] = defaultdict(list)
+    for i, prompt in enumerate(table.prompts):
+        groups["all"].append(i)
+        groups[f"task={prompt.task}"].append(i)
+        groups[f"language={prompt.language}"].append(i)
+    summary = {}
+    for group, rows in groups.items():
+        best = room.best_fixed(rows)
+        rule = room.best_rule(rows)
+        picks = {"best_fixed": best, **({"best_rule": rule} if rule else {}),
+                 **({"ppo": "ppo"} if "ppo" in room.schedules else {}), "lookahead": "lookahead",
+                 "hindsight": "hindsight"}
+        ratios = {f"{k}_vs_none": room.speedup(v, prompts=rows) for k, v in picks.items()}
+        if "ppo" in room.schedules:
+            ratios["ppo_vs_best_fixed"] = room.speedup("ppo", over=best, prompts=rows)
+        ratios["hindsight_vs_best_fixed"] = room.speedup("hindsight", over=best, prompts=rows)
+        if rule:
+            ratios["hindsight_vs_best_rule"] = room.speedup("hindsight", over=rule, prompts=rows)
+        bench.row(ratios, {"requests": len(rows)}, group=group, best_fixed=best, best_rule=rule or "-")
+        summary[group] = {"ratios": ratios, "best_fixed": best, "best_rule": rule}
+    bench.note("every fixed arm over the workload: speedup over none")
+    fixed = sorted((n for n in room.schedules if n.startswith(("fixed:", "rule:"))), key=room.total)
+    for name in fixed:
+        bench.row({"vs_none": room.speedup(name)}, arm=name)
+    shares = room.arm_shares("hindsight")
+    bench.note("hindsight rounds per drafter: " + "  ".join(f"{k}={v:.2f}" for k, v in shares.items()))
+    bench.save(traces=dirs, train=args.train, arms=[list(a) for a in table.arms],
+               summary=summary, hindsight_shares=shares,
+               fixed={name: room.speedup(name) for name in fixed})
+
+
+def named_dirs(items: list[str], flag: str) -> dict[str, str]:
+    """``NAME=DIR`` flags as ``{NAME: DIR}`` in the order given."""
+    out = {}
+    for item in items:
+        name, sep, directory = item.partition("=")
+        if not sep:
+            raise SystemExit(f"{flag} {item!r}: write NAME=DIR, e.g. {flag} ngram=runs/tr_ngram.")
+        out[name] = directory
+    return out
+
+
+if __name__ == "__main__":
+    main()

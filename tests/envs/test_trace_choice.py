@@ -1,0 +1,79 @@
+"""TraceChoice-v0: the round table's rounds through the gymnasium API, and PPO learning from them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gymnasium.utils.env_checker import check_env
+
+from choice_traces import costs, synthetic
+from draftrl.envs.trace_choice import TraceChoiceEnv
+from draftrl.eval.headroom import headroom
+from draftrl.train.choice import play_choice, train_choice
+
+DEPTHS = (1, 2, 4)
+
+
+def make_env(seed: int = 1, lengths=(7, 9, 5)) -> TraceChoiceEnv:
+    traces = {"ngram": synthetic(seed, 1, lengths), "eagle3": synthetic(seed + 1, 2, lengths)}
+    return TraceChoiceEnv(traces, DEPTHS, cost_tables={"ngram": costs(1e-4), "eagle3": costs(4e-3)}, seed=0)
+
+
+def test_passes_the_gymnasium_checker():
+    env = make_env()
+    check_env(env, skip_render_check=True)
+    assert env.arms[0] == ("none", 0) and len(env.feature_names) == env.observation_space.shape[0]
+
+
+def test_always_none_is_no_speculation_exactly():
+    env = make_env()
+    room = headroom(env.table)
+    seconds = play_choice(env, lambda obs: 0)
+    assert seconds == pytest.approx(room.schedules["none:0"], rel=1e-12)
+    obs, _ = env.reset(options={"prompt_index": 1})
+    rounds = 0
+    done = False
+    while not done:
+        obs, _, done, _, info = env.step(0)
+        assert info["num_emitted"] == 1 and info["drafter"] == "none"
+        rounds += 1
+    assert rounds == len(env.table.tokens[1])
+
+
+def test_every_arm_and_the_hindsight_schedule_replay_their_seconds():
+    env = make_env()
+    room = headroom(env.table)
+    for a, (drafter, depth) in enumerate(env.arms):
+        assert play_choice(env, lambda obs, a=a: a) == pytest.approx(room.schedules[f"fixed:{drafter}:{depth}"])
+    plans = iter([list(arms) for arms in room.played["hindsight"]])
+    plan: list[int] = []
+
+    def follow(obs):
+        nonlocal plan
+        if not plan:
+            plan = next(plans)
+        return plan.pop(0)
+
+    assert play_choice(env, follow) == pytest.approx(room.schedules["hindsight"])
+
+
+def test_bad_actions_and_prompts_are_refused():
+    env = make_env()
+    env.reset()
+    with pytest.raises(ValueError, match="outside"):
+        env.step(len(env.arms))
+    with pytest.raises(ValueError, match="prompt_index"):
+        env.reset(options={"prompt_index": 99})
+
+
+def test_ppo_learns_to_draft_where_the_signal_says_drafts_pass():
+    """The n-gram match feature is each round's true acceptance: PPO must beat no speculation and the
+    best fixed arm on prompts it never saw (a policy ignoring the observation cannot beat the latter)."""
+    train = lambda: make_env(seed=1, lengths=(12, 15, 10, 14))  # noqa: E731
+    held = make_env(seed=7, lengths=(11, 13, 9, 16))
+    policy = train_choice(train, total_timesteps=12_000, seed=0, n_envs=4)
+    seconds = sum(play_choice(held, policy.act))
+    room = headroom(held.table)
+    assert seconds < room.total("none:0")
+    assert seconds < room.total(room.best_fixed())
+    assert np.isfinite(seconds)
