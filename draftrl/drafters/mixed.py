@@ -7,6 +7,10 @@ suffix match has at least ``min_match`` tokens (the answer is copying its contex
 otherwise. The choice reads only the history, before any verification, so exactness holds with
 either tree (each round's tree, and its q, comes whole from one drafter).
 
+A policy may make the choice instead of the rule: ``forced`` (``"lookup"`` or ``"model"``, set
+before a round) overrides it for every round until it is set back to None. It is read only before
+the round's drafts exist, so exactness holds for any policy over the history.
+
 ``features`` are both drafters' (``draft_top1_prob`` and ``draft_entropy`` from the head,
 ``ngram_*`` from the lookup), so a policy over this drafter observes both signals. Both drafters
 follow every history change; the head keeps the target's rows whichever drafter drafted.
@@ -26,10 +30,15 @@ class MixedDrafter(LevelDrafter):
             raise ValueError(f"min_match={min_match} is below the lookup's min_ngram={lookup.min_ngram}: "
                              "every round would choose the lookup; raise min_match")
         self.lookup, self.model, self.min_match, self.name = lookup, model, min_match, name
+        self.forced: str | None = None
         self.sampled = model.sampled
         self.reads_target_rows = model.reads_target_rows
 
     def chooses_lookup(self, features: dict[str, float]) -> bool:
+        if self.forced is not None:
+            if self.forced not in ("lookup", "model"):
+                raise ValueError(f"MixedDrafter.forced={self.forced!r}; use 'lookup', 'model' or None (the rule).")
+            return self.forced == "lookup"
         return features.get("ngram_match_len", 0.0) >= self.min_match
 
     def features(self, ids: list[int]) -> dict[str, float]:

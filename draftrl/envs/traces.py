@@ -315,7 +315,9 @@ def collect(config: EnvConfig, engine, tokenizer, *, max_depth: int | None = Non
             prefix = ids + cont[:t]
             levels = min(max_depth, request.max_new_tokens - t - 1)
             row = np.zeros(len(DRAFT_FEATURES))
-            if drafter is not None:
+            # the first round feeds the prompt with its drafts (start(prefill=False)): a drafter that
+            # reads the target's rows has none yet, so live it drafts nothing and sees no signal there
+            if drafter is not None and (t > 0 or not drafter.reads_target_rows):
                 signals = drafter.features(prefix)
                 row = np.array([signals.get(name, 0.0) for name in DRAFT_FEATURES], dtype=np.float64)
                 tree = drafter.propose(prefix, levels, width, greedy, None)
@@ -323,6 +325,7 @@ def collect(config: EnvConfig, engine, tokenizer, *, max_depth: int | None = Non
                 node_parents += tree.parents
                 node_depths += tree.depths
                 node_scores += tree.scores
+            if drafter is not None:
                 drafter.commit(prefix + [cont[t]], [])
             feats.append(row)
             cu_nodes.append(len(node_tokens))

@@ -10,36 +10,14 @@ import time
 import numpy as np
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
+from tiny_eagle3 import WordTokenizer, tiny_pair
 from draftrl.config.env import EnvConfig
 from draftrl.decoding.engine import EngineConfig, SpeculativeDecoder
-from draftrl.drafters.eagle3 import Eagle3Config, Eagle3Drafter, Eagle3Head
+from draftrl.drafters.eagle3 import Eagle3Drafter
 from draftrl.envs.calibrate import measure_draft
 from draftrl.envs.traces import collect
 from draftrl.models.distribution import SamplingParams
-
-
-class WordTokenizer:
-    """Token ids from word lengths, inside the tiny target's vocabulary of 64."""
-
-    chat_template = None
-    eos_token_id = 0
-
-    def __call__(self, text, add_special_tokens=False):
-        return {"input_ids": [1 + (7 * len(w) + i) % 60 for i, w in enumerate(text.split())]}
-
-
-def tiny_pair():
-    torch.manual_seed(0)
-    target = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=4,
-                                          num_attention_heads=2, num_key_value_heads=1,
-                                          max_position_embeddings=256)).eval()
-    head = Eagle3Head(Eagle3Config.for_target(target.config, 24, (1, 2, 3), verifier="tiny"))
-    head.set_draft_vocab(torch.randperm(64)[:24])
-    with torch.no_grad():
-        head.lm_head.weight.normal_(0.0, 1.0)
-    return target, head.eval()
 
 
 def test_calibration_times_drafts_the_head_really_makes():
@@ -80,9 +58,10 @@ def test_collect_replays_the_heads_live_proposals_from_every_prefix(tmp_path):
     nodes = traces.cu_num_nodes
     for t in range(len(cont)):
         prefix = prompt + cont[:t]
-        live.start(prefix)
+        live.start(prefix, prefill=t > 0)  # as every engine round sees it: the first one verifies inside the prefill
         levels = min(3, 12 - t - 1)
         expected = live.drafter.propose(prefix, levels, 1, SamplingParams(), None).tokens
         recorded = traces.node_tokens[nodes[t] : nodes[t + 1]].tolist()
-        assert recorded == expected and (len(expected) == levels)
+        assert recorded == expected and (len(expected) == (levels if t > 0 else 0))
+        assert np.any(traces.draft_features[t] != 0) == (t > 0)
     drafter.close()

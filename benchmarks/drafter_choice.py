@@ -1,0 +1,167 @@
+"""A learned per-round (drafter, depth) choice in draftrl's real engine, against every fixed arm and HF generate.
+
+PPO is trained on ``draftrl/TraceChoice-v0`` over the tune split's traces of the two drafters
+(``--train ngram=DIR --train eagle3=DIR``, as ``drafter_choice_headroom.py`` takes them; each seed
+trains one policy and the one with the fewest replayed seconds on the tune traces is kept). Then,
+on held-out prompts, in one interleaved run (``--repeats`` rotations, per-request medians), draftrl's
+engine decodes with the shipped head and n-gram lookup inside one ``MixedDrafter``:
+
+- ``none`` (no speculation), every fixed ``ngram:K`` and ``eagle3:K`` of ``--depths``, the SAM rule
+  (``sam:N`` at ``--rule-depth``), and ``ppo``: :class:`draftrl.policies.choice.ChoiceSchedule`
+  choosing each round's arm from both drafters' own signals;
+- stock Hugging Face ``generate``, plain and with prompt lookup (``--hf-lookup`` gammas).
+
+Prints throughput ratios with paired bootstrap intervals over requests (``ppo`` against the best
+fixed arm measured in this same run, the SAM rule and the HF anchors), per task and language, and
+checks every greedy output against ``none``'s.
+
+    python benchmarks/drafter_choice.py --train ngram=runs/tr_ngram_tune --train eagle3=runs/tr_eagle3_tune \\
+        --out runs/bench/drafter_choice
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections import defaultdict
+
+import numpy as np
+
+from _bench import Bench, anchor_method, common_flags, engine_method, interleave, parse_args, requests
+from draftrl.decoding.engine import EngineConfig, SpeculativeDecoder
+from draftrl.decoding.generate import fixed_schedule, generate
+from draftrl.envs.trace_choice import TraceChoiceEnv
+from draftrl.eval.anchors import Anchor
+from draftrl.eval.bootstrap import paired_ratio_ci
+
+
+def named_dirs(items: list[str]) -> dict[str, str]:
+    out = {}
+    for item in items:
+        name, sep, directory = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--train {item!r}: write NAME=DIR, e.g. --train ngram=runs/tr_ngram_tune.")
+        out[name] = directory
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], parents=[common_flags()])
+    p.add_argument("--train", action="append", required=True, metavar="NAME=DIR",
+                   help="tune-split traces of the n-gram drafter (ngram=DIR) and of the head (eagle3=DIR)")
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--languages", default="en,it,zh,es")
+    p.add_argument("--tasks", default="code_edit,summarize,qa_context,chat")
+    p.add_argument("--limit-per-group", type=int, default=1, help="held-out prompts per language x task")
+    p.add_argument("--max-new-tokens", type=int, default=32, help="the traces' budget")
+    p.add_argument("--depths", default="1,2,3,4,6", help="the PPO arms' depths (the traces' grid)")
+    p.add_argument("--fixed-depths", default="1,2,4", help="depths of the fixed ngram:K and eagle3:K rows")
+    p.add_argument("--rule-min-match", type=int, default=2)
+    p.add_argument("--rule-depth", type=int, default=2)
+    p.add_argument("--hf-lookup", default="2,4", help="HF prompt_lookup_num_tokens gammas")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--timesteps", type=int, default=60_000)
+    p.add_argument("--seeds", default="0,1,2")
+    args = parse_args(p, quick=dict(limit_per_group=1, languages="en", tasks="code_edit,chat", repeats=1,
+                                    timesteps=4_000, seeds="0", depths="1,2", fixed_depths="1,2", hf_lookup="2",
+                                    max_new_tokens=16))
+    bench = Bench(args, __file__)
+    from draftrl.drafters.registry import build_drafter
+    from draftrl.models import load_model
+    from draftrl.train.choice import play_choice, train_choice
+
+    dirs = named_dirs(args.train)
+    if set(dirs) != {"ngram", "eagle3"}:
+        raise SystemExit(f"--train names {sorted(dirs)}; give ngram=DIR and eagle3=DIR (the two drafters of sam).")
+    depths = [int(d) for d in args.depths.split(",")]
+    best_policy, best_seconds = None, float("inf")
+    for seed in [int(s) for s in args.seeds.split(",")]:
+        bench.note(f"training PPO on the tune traces (seed {seed}, {args.timesteps} rounds)")
+        policy = train_choice(lambda: TraceChoiceEnv(dirs, depths), args.timesteps, seed=seed)
+        seconds = sum(play_choice(TraceChoiceEnv(dirs, depths), policy.act))
+        if seconds < best_seconds:
+            best_policy, best_seconds = policy, seconds
+    arms = TraceChoiceEnv(dirs, depths).arms
+
+    loaded = load_model(args.model)
+    eos = loaded.eos_token_ids
+    mixed = build_drafter(f"sam:{args.rule_min_match}", loaded)
+    engine = SpeculativeDecoder(loaded.model, mixed, EngineConfig(max_depth=max(depths)), eos)
+    from draftrl.policies.choice import ChoiceSchedule
+
+    chooser = ChoiceSchedule(mixed, arms, best_policy.act, lookup="ngram", model="eagle3")
+
+    def mixed_method(forced: str | None, depth: int):
+        def run(req):
+            mixed.forced = forced
+            engine.config.max_new_tokens = req.max_new_tokens
+            result = generate(engine, req.ids, fixed_schedule(depth))
+            return result.token_ids, result.num_rounds
+        return run
+
+    def ppo(req):
+        engine.config.max_new_tokens = req.max_new_tokens
+        chooser.start(req.max_new_tokens)
+        result = generate(engine, req.ids, chooser, on_round=chooser.on_round)
+        return result.token_ids, result.num_rounds, list(chooser.played)
+
+    methods = {"none": engine_method(loaded.model, None, eos, 0)}
+    for depth in [int(d) for d in args.fixed_depths.split(",")]:
+        methods[f"ngram:{depth}"] = mixed_method("lookup", depth)
+        methods[f"eagle3:{depth}"] = mixed_method("model", depth)
+    methods[f"sam:{args.rule_min_match}:{args.rule_depth}"] = mixed_method(None, args.rule_depth)
+    methods["ppo"] = ppo
+    methods["hf"] = anchor_method(loaded.model, Anchor(0), eos)
+    for g in [int(g) for g in args.hf_lookup.split(",") if g]:
+        methods[f"hf-lookup:{g}"] = anchor_method(loaded.model, Anchor(g), eos)
+
+    reqs = requests(loaded.tokenizer, args.languages.split(","), args.tasks.split(","), args.limit_per_group,
+                    args.max_new_tokens)
+    timings = interleave(methods, reqs, args.repeats)
+    mismatched = [f"{m}:{reqs[i].id}" for m in methods for i in range(len(reqs))
+                  if m != "none" and timings.tokens(m, i) != timings.tokens("none", i)]
+    groups: dict[str, list[int]] = defaultdict(list)
+    for i, r in enumerate(reqs):
+        groups["all"].append(i)
+        groups[f"task={r.task}"].append(i)
+        groups[f"language={r.language}"].append(i)
+
+    def ci(a: str, b: str, rows: list[int]) -> dict:
+        return paired_ratio_ci([len(timings.tokens(a, i)) for i in rows], [timings.median_seconds(a, i) for i in rows],
+                               [len(timings.tokens(b, i)) for i in rows], [timings.median_seconds(b, i) for i in rows])
+
+    fixed = [m for m in methods if m.startswith(("ngram:", "eagle3:"))]
+    lookups = [m for m in methods if m.startswith("hf-lookup:")]
+    summary = {}
+    for group, rows in groups.items():
+        best = max(fixed, key=lambda m: timings.throughput(m, rows))
+        best_hf = max(lookups, key=lambda m: timings.throughput(m, rows)) if lookups else None
+        rule = f"sam:{args.rule_min_match}:{args.rule_depth}"
+        cells = {"ppo_vs_best_fixed": ci("ppo", best, rows), "ppo_vs_sam": ci("ppo", rule, rows),
+                 "ppo_vs_none": ci("ppo", "none", rows), "ppo_vs_hf": ci("ppo", "hf", rows),
+                 **({"ppo_vs_hf_lookup": ci("ppo", best_hf, rows)} if best_hf else {}),
+                 "best_fixed_vs_none": ci(best, "none", rows)}
+        bench.row({k: v["ratio"] for k, v in cells.items()},
+                  {f"{k}_ci": f"[{v['low']:.2f},{v['high']:.2f}]" for k, v in cells.items() if k.startswith("ppo")},
+                  group=group, best_fixed=best, best_hf_lookup=best_hf or "-", requests=len(rows))
+        summary[group] = {"best_fixed": best, "best_hf_lookup": best_hf, **cells}
+    bench.note("every method over the workload: throughput over none, tokens per round")
+    throughput = {m: timings.throughput(m, groups["all"]) for m in methods}
+    for m in sorted(methods, key=throughput.get, reverse=True):
+        bench.row({"vs_none": throughput[m] / throughput["none"]},
+                  {"tok_s": throughput[m], "tokens_per_round": timings.tokens_per_round(m, groups["all"])}, method=m)
+    shares: dict[str, int] = defaultdict(int)
+    for i in groups["all"]:
+        for name, depth in timings.runs[("ppo", i)][0].detail:
+            shares[name] += 1
+    total = sum(shares.values()) or 1
+    bench.note("ppo rounds per drafter: " + "  ".join(f"{k}={v / total:.2f}" for k, v in sorted(shares.items()))
+               + f"  greedy identity: {'passed' if not mismatched else 'FAILED ' + ', '.join(mismatched[:5])}")
+    bench.save(train=dirs, arms=[list(a) for a in arms], summary=summary, throughput=throughput,
+               ppo_shares={k: v / total for k, v in shares.items()}, mismatched=mismatched,
+               requests=[r.id for r in reqs])
+    if mismatched:
+        raise SystemExit(f"greedy outputs differ from no speculation: {', '.join(mismatched[:5])}")
+
+
+if __name__ == "__main__":
+    main()
