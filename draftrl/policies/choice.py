@@ -10,11 +10,11 @@ and answers the round's depth, then records what the round emitted. It plugs int
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
 from draftrl.decoding.engine import RoundResult, SpeculativeDecoder
-from draftrl.drafters.mixed import MixedDrafter
 from draftrl.signals.choice import ChoiceFeatures
 
 #: Which features of ``MixedDrafter.features`` each of its drafters provides.
@@ -25,13 +25,13 @@ _MODEL_KEYS = ("draft_top1_prob", "draft_entropy")
 class ChoiceSchedule:
     """``generate``'s schedule for per-round (drafter, depth) arms.
 
-    :param drafter: the engine's mixed drafter.
+    :param drafter: the engine's ``draftrl.drafters.mixed.MixedDrafter`` (its ``forced`` is set each round).
     :param arms: ``(drafter name, depth)`` per action, ``("none", 0)`` first (``TraceChoiceEnv.arms``).
     :param lookup: the name the arms give the mixed drafter's n-gram lookup; ``model`` its head's.
     :param choose: observation -> arm index.
     """
 
-    def __init__(self, drafter: MixedDrafter, arms: Sequence[tuple[str, int]], choose: Callable[[np.ndarray], int],
+    def __init__(self, drafter: Any, arms: Sequence[tuple[str, int]], choose: Callable[[np.ndarray], int],
                  *, lookup: str = "ngram", model: str = "eagle3", history: int = 4, ema_decay: float = 0.7):
         unknown = {name for name, _ in arms} - {"none", lookup, model}
         if unknown:
