@@ -9,7 +9,8 @@ and every arm (``none``, or a drafter at a depth), what the round would emit and
 Seconds are the ones ``draftrl/TraceReplay-v0`` charges (verify every drafted node, no noise; a
 test plays each fixed arm through that env and compares). The target forward and the sampler cost
 come from one table for every drafter, so arms differ only in what they draft and what drafting
-costs; the arm ``none`` drafts nothing and pays no drafter time. Drafters that must keep up with
+costs; the arm ``none`` drafts nothing and pays no drafter time (a policy that reads every drafter's
+signals pays each one's per-round ``features()`` time in every round: ``RoundTable.watched_seconds``). Drafters that must keep up with
 the target even in rounds they do not draft (an EAGLE head's key/value rows) are charged only in
 their own rounds, which errs on the generous side.
 """
@@ -75,6 +76,15 @@ class RoundTable:
     tokens: list[np.ndarray]
     seconds: list[np.ndarray]
     ngram_match: dict[str, list[np.ndarray]]
+    observe_seconds: dict[str, float] = dataclasses.field(default_factory=dict)
+    """per drafter: its per-round ``features()`` seconds (the cost table's ``draft_base_seconds``), which a
+    fixed arm pays only in its own drafter's rounds but a policy reading every drafter's signals pays
+    for every drafter in every round"""
+
+    def watched_seconds(self, arm: int) -> float:
+        """What a round of ``arm`` costs on top of ``seconds`` when the policy observes every drafter."""
+        drafter = self.arms[arm][0]
+        return sum(v for name, v in self.observe_seconds.items() if name != drafter)
     """per drafter: its ``ngram_match_len`` feature before each round, per prompt (0 for model drafters)"""
 
     def arm(self, drafter: str, depth: int) -> int:
@@ -146,4 +156,5 @@ def round_table(traces: Mapping[str, Traces], costs: Mapping[str, CostTable], de
         seconds.append(sec)
         for name in ngram:
             ngram[name].append(np.asarray(traces[name].draft_features[start:start + length, _MATCH]))
-    return RoundTable(arms, list(first.prompts), tokens, seconds, ngram)
+    observe = {name: float(per[name][2].draft_base_seconds) for name in names}
+    return RoundTable(arms, list(first.prompts), tokens, seconds, ngram, observe)

@@ -5,7 +5,8 @@ answer copies the prompt, the trained head where it does not, no speculation whe
 likely to be accepted. This env replays the traces of every drafter over the same prompts
 (``draftrl collect --drafter D``, same target and workload) through
 :func:`draftrl.eval.headroom.round_table`, so a round costs exactly what ``TraceReplay-v0`` charges
-that drafter at that depth, and PPO trains in minutes. The observation holds every drafter's own
+that drafter at that depth, plus the other drafters' per-round ``features()`` time (the policy reads
+every drafter's signals, and in the real engine computing them costs that), and PPO trains in minutes. The observation holds every drafter's own
 pre-round signals (the head's top-1 probability and entropy, the n-gram match length and count),
 each drafter's recent acceptance, the last rounds' tokens and where the request stands
 (:class:`draftrl.signals.choice.ChoiceFeatures`, which the real-engine runner uses too).
@@ -117,7 +118,8 @@ class TraceChoiceEnv(gym.Env[np.ndarray, np.int64]):
         if not self.action_space.contains(a):
             raise ValueError(f"action={action!r} is outside {self.action_space} (arms {list(self.arms)}).")
         drafter, depth = self.arms[a]
-        tokens, seconds = int(self._tokens[self._t, a]), float(self._seconds[self._t, a])
+        tokens = int(self._tokens[self._t, a])
+        seconds = float(self._seconds[self._t, a]) + self.table.watched_seconds(a)
         self.features.observe(drafter, depth, tokens)
         self._t += tokens
         done = self._t >= len(self._tokens)
