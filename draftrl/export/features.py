@@ -186,7 +186,8 @@ def make_feature_builder(entry: dict[str, Any], names: list[str] | tuple[str, ..
         reason = (entry or {}).get("reason", "the manifest names no feature builder")
         raise ValueError(
             f"this policy cannot drive an engine: {reason} Train it on draftrl/TraceReplay-v0 or "
-            "draftrl/SpecDecode-v1 (whose observations draftrl.signals.features.FeatureBuilder builds)."
+            "draftrl/SpecDecode-v1 (whose observations draftrl.signals.features.FeatureBuilder builds), or for "
+            "vLLM on draftrl/ServeReplay-v0 (draftrl.signals.serving.ServingFeatures)."
         )
     table = CostTable.from_dict(entry["cost_table"]) if entry.get("cost_table") else None
     builder = FeatureBuilder(
