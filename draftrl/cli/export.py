@@ -13,7 +13,9 @@ grids, training config, versions) and check the export against SB3 before writin
 vllm / sglang with OUT.json write static speculation settings derived from the policy's depth
 distribution and the cost model (see draftrl/export/engine_config.py and docs/export.md); vllm
 with a directory writes the policy, its manifest and the custom_class proposer settings that run
-it inside vLLM 0.32 (draftrl/export/vllm_bundle.py).
+it inside vLLM 0.32 (draftrl/export/vllm_bundle.py): per-request policies (TraceReplay-v0,
+SpecDecode-v1) and serving policies (ServeReplay-v0, ServeVLLM-v0: one depth cap and budget per
+engine step, the env's observation rebuilt inside vLLM). A refused policy writes nothing.
 """
 
 from __future__ import annotations
@@ -49,7 +51,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--algorithm", default=None,
                         help="sglang: speculative algorithm, e.g. EAGLE3 (default: from the training drafter)")
     parser.add_argument("--budget", type=int, default=None,
-                        help="vllm (directory): draft tokens the batch may verify per step (default: no budget)")
+                        help="vllm (directory), per-request policies: draft tokens the batch may verify per step "
+                             "(default: no budget; a serving policy picks its own)")
     parser.set_defaults(func=run)
     return parser
 

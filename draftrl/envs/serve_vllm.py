@@ -14,31 +14,9 @@ from draftrl.envs.rewards import RewardModel
 from draftrl.config import resolve
 from draftrl.config.serve import ServeConfig
 from draftrl.envs.workload import Workload
-
-#: (name, low, high) of every observation entry, in order (the table in ServeVLLMEnv's docstring).
-OBSERVATION: tuple[tuple[str, float, float], ...] = (
-    ("running", 0.0, 1.0),
-    ("waiting", 0.0, 64.0),
-    ("tokens_in_flight", 0.0, 1.0),
-    ("step_seconds", 0.0, 10.0),
-    ("step_seconds_ema", 0.0, 10.0),
-    ("seconds_per_seq_ema", 0.0, 10.0),
-    ("tokens_per_seq", 0.0, 65.0),
-    ("drafted_per_seq", 0.0, 64.0),
-    ("accept_rate_step", 0.0, 1.0),
-    ("accept_mean", 0.0, 1.0),
-    ("accept_min", 0.0, 1.0),
-    ("accept_max", 0.0, 1.0),
-    ("match_0", 0.0, 1.0),
-    ("match_1", 0.0, 1.0),
-    ("match_2", 0.0, 1.0),
-    ("match_3", 0.0, 1.0),
-    ("proposed_per_seq", 0.0, 64.0),
-    ("last_depth", 0.0, 1.0),
-    ("last_budget", 0.0, 1.0),
-    ("tokens_per_second_ema", 0.0, 1e5),
-)
-FEATURE_NAMES: tuple[str, ...] = tuple(name for name, _, _ in OBSERVATION)
+# the observation table (OBSERVATION, FEATURE_NAMES) lives with the code that builds it, which the
+# exported vLLM proposer shares; importers keep reading the names from here
+from draftrl.signals.serving import FEATURE_NAMES, OBSERVATION, ServingFeatures, StepCounts  # noqa: F401
 
 
 @dataclass
@@ -202,9 +180,8 @@ class ServeVLLMEnv(gym.Env[np.ndarray, np.ndarray]):
         if getattr(engine, "proposer", None) is not None:
             engine.proposer.set_rule(config.rule)
         self.action_space = spaces.MultiDiscrete([len(self.depths), len(self.budgets)])
-        low = np.array([lo for _, lo, _ in OBSERVATION], dtype=np.float32)
-        high = np.array([hi for _, _, hi in OBSERVATION], dtype=np.float32)
-        self.observation_space = spaces.Box(low, high, dtype=np.float32)
+        self.features = ServingFeatures.from_config(config)
+        self.observation_space = spaces.Box(self.features.low, self.features.high, dtype=np.float32)
         self.rewards = RewardModel(config.reward, config.rho, config.rho_rate)
         self.requests: list[RequestTimeline] = []
         self._seeded = False
@@ -252,10 +229,7 @@ class ServeVLLMEnv(gym.Env[np.ndarray, np.ndarray]):
         self.idle_seconds = 0.0
         self._in_flight = 0
         self._in_flight_tokens = 0
-        self._ema: dict[str, float] = {}
-        self._last: dict[str, float] = {}
-        self._last_action = (0, 0)
-        self._num_running = 0
+        self.features.restart()
         self._done = False
         self._admit()
         return self._observation(), {"num_requests": len(self.requests), "arrivals": arrivals.tolist()}
@@ -303,8 +277,7 @@ class ServeVLLMEnv(gym.Env[np.ndarray, np.ndarray]):
                 self._in_flight -= 1
                 self._in_flight_tokens -= timeline.num_prompt_tokens + len(timeline.token_ids)
                 finished.append(r.request_id)
-        self._last_action = (depth, budget)
-        self._record(result)
+        self.features.record(StepCounts.of(result), (depth, budget))
         self._admit()
         reward = self.rewards(result.num_emitted, result.seconds)
         self._done = not self._pending and self._in_flight == 0
@@ -332,47 +305,7 @@ class ServeVLLMEnv(gym.Env[np.ndarray, np.ndarray]):
         return self.depths[int(i)], self.budgets[int(j)]
 
     # ------------------------------------------------------------------ features
-    def _record(self, result) -> None:
-        decoding = max(1, len(result.requests))
-        last = {
-            "step_seconds": result.seconds,
-            "seconds_per_seq": result.seconds / decoding,
-            "tokens_per_seq": result.num_emitted / decoding,
-            "drafted_per_seq": result.num_verified / decoding,
-            "accept_rate_step": result.num_accepted / result.num_verified if result.num_verified else 0.5,
-            "proposed": float(result.num_proposed),
-            "tokens_per_second": result.num_emitted / max(result.seconds, 1e-9),
-        }
-        d = self.config.ema_decay
-        for key in ("step_seconds", "seconds_per_seq", "tokens_per_second"):
-            self._ema[key] = last[key] if key not in self._ema else d * self._ema[key] + (1 - d) * last[key]
-        self._last = last
-        self._num_running = result.num_running
-        self._num_waiting = result.num_waiting
-
     def _observation(self) -> np.ndarray:
-        c = self.config
-        last, ema = self._last, self._ema
-        running = self._num_running
-        in_flight = self._in_flight_tokens  # prompt + generated tokens of admitted, unfinished requests
-        acceptance, match = self.engine.request_signals()
-        accept = acceptance.tolist()  # a few floats: python's sum/min/max beat numpy's call overhead
-        match_share = (np.bincount(np.minimum(match, 3), minlength=4) / match.size).tolist() if match.size else [0.0] * 4
-        obs = [
-            running / c.max_num_seqs,
-            getattr(self, "_num_waiting", 0) / c.max_num_seqs,
-            in_flight / (c.max_num_seqs * c.max_model_len),
-            last.get("step_seconds", 0.0),
-            ema.get("step_seconds", 0.0),
-            ema.get("seconds_per_seq", 0.0),
-            last.get("tokens_per_seq", 0.0),
-            last.get("drafted_per_seq", 0.0),
-            last.get("accept_rate_step", 0.5),
-            *((sum(accept) / len(accept), min(accept), max(accept)) if accept else (0.0, 0.0, 0.0)),
-            *match_share,
-            last.get("proposed", 0.0) / max(1, running),
-            self._last_action[0] / max(1, c.max_depth),
-            self._last_action[1] / max(1, max(c.budgets)),
-            ema.get("tokens_per_second", 0.0),
-        ]
-        return np.clip(np.asarray(obs, dtype=np.float32), self.observation_space.low, self.observation_space.high)
+        """:class:`~draftrl.signals.serving.ServingFeatures` over the last step, the requests in flight
+        (prompt + generated tokens of admitted, unfinished requests) and the proposer's signals."""
+        return self.features.observation(self._in_flight_tokens, *self.engine.request_signals())

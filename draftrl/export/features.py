@@ -6,6 +6,12 @@ observation with :class:`draftrl.signals.features.FeatureBuilder`; this module r
 builder's settings in the export manifest (``features_entry``) and rebuilds the very same class
 from them at run time (``make_feature_builder``), so no feature is re-implemented here.
 
+The serving envs (``ServeVLLM-v0``, ``ServeReplay-v0``) build their observation with
+:class:`draftrl.signals.serving.ServingFeatures` (load and acceptance of the whole batch, one
+engine step at a time): ``features_entry`` records its settings (``serving_entry``) and
+``make_serving_features`` rebuilds it, for the vLLM proposer that runs such a policy
+(``draftrl.export.vllm_serve_proposer``).
+
 ``draftrl/Analytic-v0`` has no engine-side builder: its features (regime acceptance statistics,
 a synthetic ``draft_confidence``) come from the analytic model itself, and no engine measures
 them. Its policies export and run through the controller, but cannot drive an engine.
@@ -24,6 +30,9 @@ from draftrl.config import from_dict
 from draftrl.config.env_spec import ENV_SECTIONS, EnvSpec
 from draftrl.signals.costs import CostTable
 from draftrl.signals.features import CostTracker, FeatureBuilder, feature_names
+from draftrl.signals.serving import BUILDER as SERVING_BUILDER
+from draftrl.signals.serving import FEATURE_NAMES as SERVING_FEATURES
+from draftrl.signals.serving import ServingFeatures
 
 #: Env ids whose observations ``FeatureBuilder`` builds (plus ``level`` features for depth envs).
 BUILDER_ENVS: tuple[str, ...] = (
@@ -33,6 +42,10 @@ BUILDER_ENVS: tuple[str, ...] = (
     "draftrl/TraceReplayDepth-v0",
 )
 BUILDER = "draftrl.signals.features.FeatureBuilder"
+#: Env ids whose observations ``ServingFeatures`` builds (one engine step of a whole batch).
+SERVING_ENVS: tuple[str, ...] = ("draftrl/ServeVLLM-v0", "draftrl/ServeReplay-v0")
+#: Per-request rules of the serving env that vLLM's proposer can follow (``hindsight`` is the simulator's ceiling).
+SERVING_RULES: tuple[str, ...] = ("match", "heuristic")
 
 
 def env_spec(train_config: dict[str, Any] | None, env_id: str) -> EnvSpec:
@@ -82,6 +95,8 @@ def features_entry(train_config: dict[str, Any] | None, env_id: str, names: list
         table's JSON or None), "source"}`` for the
         engine envs; ``{"builder": None, "reason": ...}`` otherwise.
     """
+    if env_id in SERVING_ENVS:
+        return serving_entry(train_config, env_id, names)
     if env_id not in BUILDER_ENVS:
         return {
             "builder": None,
@@ -112,6 +127,47 @@ def features_entry(train_config: dict[str, Any] | None, env_id: str, names: list
     }
 
 
+def serving_entry(train_config: dict[str, Any] | None, env_id: str, names: list[str]) -> dict[str, Any]:
+    """The manifest's ``features`` section for a serving-env policy.
+
+    :return: ``{"builder": SERVING_BUILDER, "settings": ServingFeatures' arguments, "rule", "drafter",
+        "depths", "budgets", "source"}``; ``rule`` is the env's per-request rule, ``drafter`` the
+        serving proposer's (the env always drafts with it).
+    """
+    from draftrl.decoding.vllm.proposer import SERVING_DRAFTER
+
+    if list(names) != list(SERVING_FEATURES):
+        raise ValueError(f"the policy reads features {list(names)} but {SERVING_BUILDER} builds {list(SERVING_FEATURES)}; "
+                         "the run was trained by another draftrl version: train it again.")
+    config = env_spec(train_config, env_id).serve.serve_config()
+    return {
+        "builder": SERVING_BUILDER,
+        "settings": ServingFeatures.from_config(config).settings(),
+        "rule": config.rule,
+        "drafter": SERVING_DRAFTER,
+        "depths": list(config.depths),
+        "budgets": list(config.budgets),
+        "source": "train config" if train_config else "ServeConfig defaults (no train config)",
+    }
+
+
+def make_serving_features(entry: dict[str, Any], names: list[str] | tuple[str, ...]) -> ServingFeatures:
+    """The serving env's ``ServingFeatures``, from a manifest's ``features`` section.
+
+    :raises ValueError: for a manifest of another builder, or a rule vLLM's proposer cannot follow.
+    """
+    if (entry or {}).get("builder") != SERVING_BUILDER:
+        raise ValueError(f"the manifest names the feature builder {(entry or {}).get('builder')!r}, not "
+                         f"{SERVING_BUILDER!r}: this is not a serving-env policy (ServeVLLM-v0 / ServeReplay-v0).")
+    if list(names) != list(SERVING_FEATURES):
+        raise ValueError(f"the policy reads {list(names)} but {SERVING_BUILDER} builds {list(SERVING_FEATURES)}; "
+                         "export the policy again with this draftrl.")
+    if entry.get("rule", "match") not in SERVING_RULES:
+        raise ValueError(f"the policy was trained with rule={entry.get('rule')!r}, which only the simulator can follow "
+                         f"(it knows the future); train with env.serve.rule one of {', '.join(SERVING_RULES)}.")
+    return ServingFeatures(**entry["settings"])
+
+
 def make_feature_builder(entry: dict[str, Any], names: list[str] | tuple[str, ...]) -> FeatureBuilder:
     """The training env's ``FeatureBuilder``, from a manifest's ``features`` section.
 
@@ -119,6 +175,10 @@ def make_feature_builder(entry: dict[str, Any], names: list[str] | tuple[str, ..
         whose feature list the rebuilt builder does not reproduce.
     """
     builder_name = (entry or {}).get("builder")
+    if builder_name == SERVING_BUILDER:
+        raise ValueError("this policy was trained on a serving env: it sets each engine step's depth cap and budget for "
+                         "a whole batch, not one request's round; run it in vLLM (draftrl export RUN --format vllm "
+                         "--out DIR, or draftrl eval --engine vllm --policies ppo:RUN).")
     if builder_name is not None and builder_name != BUILDER:
         raise ValueError(f"the manifest names the feature builder {builder_name!r}, not {BUILDER!r}; export the "
                          "policy again (draftrl export RUN) to write its manifest with this draftrl.")
@@ -126,7 +186,8 @@ def make_feature_builder(entry: dict[str, Any], names: list[str] | tuple[str, ..
         reason = (entry or {}).get("reason", "the manifest names no feature builder")
         raise ValueError(
             f"this policy cannot drive an engine: {reason} Train it on draftrl/TraceReplay-v0 or "
-            "draftrl/SpecDecode-v1 (whose observations draftrl.signals.features.FeatureBuilder builds)."
+            "draftrl/SpecDecode-v1 (whose observations draftrl.signals.features.FeatureBuilder builds), or for "
+            "vLLM on draftrl/ServeReplay-v0 (draftrl.signals.serving.ServingFeatures)."
         )
     table = CostTable.from_dict(entry["cost_table"]) if entry.get("cost_table") else None
     builder = FeatureBuilder(

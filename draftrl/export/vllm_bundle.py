@@ -5,12 +5,20 @@
 - ``policy.onnx`` + ``policy.onnx.json``: the policy network and its manifest (feature order,
   normalisation, grids, training config; ``draftrl.export.network``);
 - ``proposer.json``: the proposer's settings (the policy file, the step's depth cap and budget);
-- ``vllm.json``: the ``speculative_config`` (``custom_class`` ->
-  ``draftrl.export.vllm_proposer.PolicyProposer``), the environment variable that points the
+- ``vllm.json``: the ``speculative_config`` (``custom_class`` -> one of the two proposers
+  below), the environment variable that points the
   proposer at ``proposer.json``, and ready-to-run ``LLM(...)`` / ``vllm serve`` lines.
 
-The proposer drafts with draftrl's n-gram drafter, so the policy must be a size policy trained
-with ``drafter=ngram`` (``draftrl/TraceReplay-v0`` or ``SpecDecode-v1``).
+The proposer drafts with draftrl's n-gram drafter. Two kinds of policy run there:
+
+- a per-request size policy trained with ``drafter=ngram`` (``draftrl/TraceReplay-v0`` or
+  ``SpecDecode-v1``): ``draftrl.export.vllm_proposer.PolicyProposer`` asks it each request's depth;
+- a serving policy (``draftrl/ServeReplay-v0`` or ``ServeVLLM-v0``): one (depth cap, budget) per
+  engine step for the whole batch, from the env's own observation rebuilt inside vLLM
+  (``draftrl.export.vllm_serve_proposer.ServePolicyProposer``).
+
+Everything is checked before anything is written (:func:`check_policy`), and the files are staged
+and moved into ``DIR`` only when all of them are written: a refused export leaves ``DIR`` as it was.
 """
 
 from __future__ import annotations
@@ -27,40 +35,72 @@ FORMAT = "draftrl-vllm-bundle/1"
 VLLM_VERSION = "0.32.0"
 
 
+def check_policy(policy: str | Path, budget: int | None = None) -> dict[str, Any]:
+    """Refuse, before any file is written, a policy vLLM's proposers cannot run.
+
+    :returns: the manifest's ``features`` section the export will write.
+    :raises ValueError: one line naming what is wrong and the fix.
+    """
+    from draftrl.export.artifacts import resolve
+    from draftrl.export.features import features_entry, make_feature_builder, make_serving_features, ngram_drafter
+    from draftrl.signals.serving import BUILDER as SERVING_BUILDER
+
+    trained = resolve(policy)
+    if trained.kind != "size":
+        raise ValueError(f"vLLM drafts chains: export a size policy (draftrl train with ppo_size), not a "
+                         f"{trained.kind!r} policy.")
+    names = trained.feature_names
+    entry = features_entry(trained.train_config, trained.env_id, names, trained.run_dir)
+    if entry.get("builder") == SERVING_BUILDER:
+        make_serving_features(entry, names)
+        if budget is not None:
+            raise ValueError(f"--budget {budget}: a serving policy ({trained.env_id}) chooses every step's budget "
+                             "itself; drop --budget.")
+    else:
+        if int(entry.get("width") or 1) != 1:
+            raise ValueError("vLLM drafts chains: export a size policy of width 1 (draftrl train with ppo_size).")
+        make_feature_builder(entry, names)  # refuses policies no engine can feed
+        ngram_drafter(str(entry.get("drafter") or "ngram"))
+    if max(int(d) for d in trained.depths) < 1:
+        raise ValueError(f"the policy's depths {list(trained.depths)} never speculate; nothing to run in vLLM.")
+    return entry
+
+
 def write_bundle(policy: str | Path, out: str | Path, *, model: str = "smollm2-135m", budget: int | None = None,
                  check_observations: int = 4096) -> dict[str, Any]:
     """Export ``policy`` (a ``draftrl train`` run, its ``policy.zip`` or a checkpoint) into ``out``.
 
     :param model: what ``vllm.json``'s example lines load (a known draftrl model or a directory).
-    :param budget: the step's verification budget written to ``proposer.json`` (None = none).
+    :param budget: the step's verification budget written to ``proposer.json`` (None = none);
+        per-request policies only (a serving policy chooses its own).
     :returns: the ``vllm.json`` contents.
     """
-    from draftrl.export.features import make_feature_builder, ngram_drafter
     from draftrl.export.network import export
+    from draftrl.export.vllm_serve_proposer import CLASS_PATH as SERVE_CLASS_PATH
+    from draftrl.signals.serving import BUILDER as SERVING_BUILDER
 
+    entry = check_policy(policy, budget)  # before any file: a refused policy leaves ``out`` untouched
     out = Path(out)
-    with staged_files(out) as stage:  # a refused policy leaves nothing in ``out``
+    with staged_files(out) as stage:  # and a failure half-way leaves nothing in ``out`` either
         manifest_file, manifest = export(policy, stage / "policy.onnx", "onnx", check_observations=check_observations)
-        action = manifest["action"]
-        if manifest.get("kind") != "size" or int(action.get("width", 1)) != 1:
-            raise ValueError("vLLM drafts chains: export a size policy of width 1 (draftrl train with ppo_size).")
-        entry = manifest.get("features") or {}
-        make_feature_builder(entry, manifest["feature_names"])  # refuses policies no engine can feed
-        ngram_drafter(str(entry.get("drafter") or "ngram"))
-        depth = max(int(d) for d in action["depths"])
-        if depth < 1:
-            raise ValueError(f"the policy's depths {action['depths']} never speculate; nothing to run in vLLM.")
-        proposer = {"policy": "policy.onnx", "depth": depth, "budget": budget}
+        depth = max(int(d) for d in manifest["action"]["depths"])
+        if entry.get("builder") == SERVING_BUILDER:
+            proposer = {"policy": "policy.onnx", "depth": depth, "rule": entry["rule"], "drafter": entry["drafter"]}
+            class_path = SERVE_CLASS_PATH
+        else:
+            proposer = {"policy": "policy.onnx", "depth": depth, "budget": budget}
+            class_path = CLASS_PATH
         write_json(stage / "proposer.json", proposer)
-        bundle = _bundle(out, model, proposer, manifest_file.name)
+        bundle = _bundle(out, model, proposer, manifest_file.name, class_path)
         write_json(stage / "vllm.json", bundle)
     return bundle
 
 
-def _bundle(out: Path, model: str, proposer: dict[str, Any], manifest_name: str) -> dict[str, Any]:
+def _bundle(out: Path, model: str, proposer: dict[str, Any], manifest_name: str,
+            class_path: str = CLASS_PATH) -> dict[str, Any]:
     """``vllm.json``: the speculative config, the variable that points at ``proposer.json`` and ready lines."""
     depth = proposer["depth"]
-    speculative = {"method": "custom_class", "model": CLASS_PATH, "num_speculative_tokens": depth}
+    speculative = {"method": "custom_class", "model": class_path, "num_speculative_tokens": depth}
     config_path = str((out / "proposer.json").resolve())
     spec_json = json.dumps(speculative)
     return {

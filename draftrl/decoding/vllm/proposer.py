@@ -114,6 +114,29 @@ class ProposeRecord:
     """[A] the proposed draft tokens themselves (``admitted`` of them each)"""
 
 
+@dataclass
+class StepView:
+    """What a ``propose`` call learnt about the step that just ran, before drafting for the next
+    (rows are the running requests that decoded; handed to :meth:`DraftrlProposer._before_draft`)."""
+
+    rows: list[int]
+    keys: list[str]
+    fresh: list[bool]
+    """[A] whether the request was not seen at the previous call (new, or not recognised)"""
+    lengths: list[int]
+    """[A] prompt + output tokens of each row now"""
+    num_emitted: np.ndarray
+    """[A] tokens each request gained in the step (accepted + 1)"""
+    num_verified: np.ndarray
+    """[A] drafts the step verified for each request (proposed at the previous call)"""
+    num_accepted: np.ndarray
+    """[A] of which accepted"""
+    num_prefilling: int
+    """rows that did not decode (still prefilling)"""
+    num_prefill_tokens: int
+    """tokens in those rows"""
+
+
 class DraftrlProposer:
     """vLLM ``custom_class`` proposer: ``speculative_config={"method": "custom_class", "model":
     "draftrl.decoding.vllm.proposer.DraftrlProposer", "num_speculative_tokens": K}``."""
@@ -192,6 +215,10 @@ class DraftrlProposer:
             return [int(r.acceptance.heuristic_depth) for r in reqs]
         return [self.max_depth] * len(reqs)
 
+    def _before_draft(self, view: StepView) -> None:
+        """Called once per step after the requests are tracked and before drafting: a hook for a
+        proposer that sets :attr:`action` itself (``draftrl.export.vllm_serve_proposer``)."""
+
     def _admitted(self, rows: list[int], counts: list[int]) -> None:
         """The drafts each row proposed after the budget (a hook for per-request policies)."""
 
@@ -209,18 +236,25 @@ class DraftrlProposer:
         accepted = np.zeros(num, dtype=np.int64)
         match_len = np.zeros(num, dtype=np.int64)
         wanted = np.zeros(num, dtype=np.int64)
+        verified = np.zeros(num, dtype=np.int64)
+        fresh = [True] * num
         histories, reqs = [], []
         for a, (row, key, n) in enumerate(zip(rows, keys, lengths)):
             req = self.requests.get(key)
             if req is None:
                 req = self.requests[key] = _Request(RequestAcceptance(heuristic_depth=self.initial_depth))
             else:
+                fresh[a] = req.last_step != self.step - 1
+                verified[a] = req.acceptance.last_proposed
                 accepted[a] = req.acceptance.observe(int(emitted[a]), ACCEPT_DECAY, self.rule == "heuristic")
             req.length, req.last_step = n, self.step
             ids = token_ids_cpu[row, :n].tolist()
             req.tail = tuple(ids[-_TAIL:])
             reqs.append(req)
             histories.append(ids)
+        idle = [i for i, sampled in enumerate(sampled_token_ids) if not sampled]
+        self._before_draft(StepView(rows, keys, fresh, lengths, emitted, verified, accepted, len(idle),
+                                    sum(int(num_tokens_no_spec[i]) for i in idle)))
         action = self.action
         own_depths = self._own_depths(rows, reqs, sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
         chains = []
