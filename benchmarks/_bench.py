@@ -409,3 +409,14 @@ def first_mismatch(a: list[int], b: list[int]) -> int | None:
 __all__ = ["Bench", "Request", "Run", "Timings", "add_grid_args", "add_serving_args", "anchor_method", "common_flags",
            "engine_method", "first_mismatch", "grouped_requests", "hf_anchor_rows", "hf_anchors", "interleave", "load_grid", "machine",
            "median", "parse_args", "requests", "rotate", "rotations", "serving_prompts"]
+
+
+def named_dirs(items: list[str], flag: str) -> dict[str, str]:
+    """Repeated ``NAME=DIR`` flags (``--traces ngram=runs/tr_ngram``) as ``{NAME: DIR}`` in the order given."""
+    out = {}
+    for item in items:
+        name, sep, directory = item.partition("=")
+        if not sep:
+            raise SystemExit(f"{flag} {item!r}: write NAME=DIR, e.g. {flag} ngram=runs/tr_ngram.")
+        out[name] = directory
+    return out

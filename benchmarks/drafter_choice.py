@@ -24,24 +24,12 @@ from __future__ import annotations
 import argparse
 from collections import defaultdict
 
-import numpy as np
-
-from _bench import Bench, anchor_method, common_flags, engine_method, interleave, parse_args, requests
+from _bench import Bench, anchor_method, common_flags, engine_method, interleave, named_dirs, parse_args, requests
 from draftrl.decoding.engine import EngineConfig, SpeculativeDecoder
 from draftrl.decoding.generate import fixed_schedule, generate
 from draftrl.envs.trace_choice import TraceChoiceEnv
 from draftrl.eval.anchors import Anchor
 from draftrl.eval.bootstrap import paired_ratio_ci
-
-
-def named_dirs(items: list[str]) -> dict[str, str]:
-    out = {}
-    for item in items:
-        name, sep, directory = item.partition("=")
-        if not sep:
-            raise SystemExit(f"--train {item!r}: write NAME=DIR, e.g. --train ngram=runs/tr_ngram_tune.")
-        out[name] = directory
-    return out
 
 
 def main() -> None:
@@ -69,7 +57,7 @@ def main() -> None:
     from draftrl.models import load_model
     from draftrl.train.choice import play_choice, train_choice
 
-    dirs = named_dirs(args.train)
+    dirs = named_dirs(args.train, "--train")
     if set(dirs) != {"ngram", "eagle3"}:
         raise SystemExit(f"--train names {sorted(dirs)}; give ngram=DIR and eagle3=DIR (the two drafters of sam).")
     depths = [int(d) for d in args.depths.split(",")]

@@ -27,7 +27,7 @@ from __future__ import annotations
 import argparse
 from collections import defaultdict
 
-from _bench import Bench, common_flags, parse_args
+from _bench import Bench, common_flags, named_dirs, parse_args
 from draftrl.envs.trace_choice import TraceChoiceEnv
 from draftrl.envs.traces import Traces, stored_cost_table
 from draftrl.envs.round_table import round_table
@@ -113,16 +113,6 @@ def main() -> None:
                summary=summary, hindsight_shares=shares,
                fixed={name: room.speedup(name) for name in fixed})
 
-
-def named_dirs(items: list[str], flag: str) -> dict[str, str]:
-    """``NAME=DIR`` flags as ``{NAME: DIR}`` in the order given."""
-    out = {}
-    for item in items:
-        name, sep, directory = item.partition("=")
-        if not sep:
-            raise SystemExit(f"{flag} {item!r}: write NAME=DIR, e.g. {flag} ngram=runs/tr_ngram.")
-        out[name] = directory
-    return out
 
 
 if __name__ == "__main__":
