@@ -317,7 +317,10 @@ class Eagle3Drafter(LevelDrafter):
 
     The target's auxiliary hidden states are read by forward pre-hooks on its decoder layers; after
     every target forward the engine names the rows that entered the history
-    (:meth:`keep_target_rows`), and the drafter keeps their features. Its own KV cache holds one
+    (:meth:`keep_target_rows`), and the drafter keeps their features. With ``target=None`` (and the
+    target's token ``embed``ding) no hooks are set: the caller hands the features over itself
+    (:meth:`append_features`), as vLLM's proposer does for each of its requests
+    (:mod:`draftrl.decoding.vllm.head_proposer`). Its own KV cache holds one
     row per history position that has target features; tree rows are dropped after each round
     (the accepted positions get the target's features instead).
 
@@ -329,15 +332,21 @@ class Eagle3Drafter(LevelDrafter):
 
     reads_target_rows = True
 
-    def __init__(self, head: Eagle3Head, target: nn.Module, sampled: bool = False, name: str = "eagle3"):
-        check_head_fits(head.config, target, name)
+    def __init__(self, head: Eagle3Head, target: nn.Module | None, sampled: bool = False, name: str = "eagle3",
+                 embed: nn.Module | None = None):
+        if target is not None:
+            check_head_fits(head.config, target, name)
+            embed = target.get_input_embeddings()
+        elif embed is None:
+            raise ValueError("an Eagle3Drafter without a target needs the target's token embedding (embed=...)")
         self.head, self.target, self.sampled, self.name = head.eval(), target, sampled, name
-        self.embed = target.get_input_embeddings()
+        self.embed = embed
         self.device = next(head.parameters()).device
         self.dtype = next(head.parameters()).dtype
         self._captured: dict[int, torch.Tensor] = {}
-        self._hooks = [target.model.layers[l].register_forward_pre_hook(_capture(self, l), with_kwargs=True)
-                       for l in head.config.aux_layers]
+        self._hooks = [] if target is None else [
+            target.model.layers[l].register_forward_pre_hook(_capture(self, l), with_kwargs=True)
+            for l in head.config.aux_layers]
         for handle in self._hooks:
             weakref.finalize(self, handle.remove)
         self.reset([])
@@ -360,8 +369,17 @@ class Eagle3Drafter(LevelDrafter):
         if not rows:
             return
         feats = torch.cat([self._captured[l] for l in self.head.config.aux_layers], dim=-1)
-        index = torch.tensor(rows, device=feats.device)
-        self.features_store = torch.cat([self.features_store, feats[index].to(self.device, self.dtype)])
+        self.append_features(feats[torch.tensor(rows, device=feats.device)])
+
+    def append_features(self, features: torch.Tensor) -> None:
+        """The target's auxiliary hidden states [n, len(aux_layers) * H] (concatenated in
+        ``aux_layers`` order) of the next ``n`` history positions."""
+        self.features_store = torch.cat([self.features_store, features.to(self.device, self.dtype)])
+
+    @property
+    def num_features(self) -> int:
+        """History positions whose target features the drafter holds (0..num_features-1)."""
+        return self.features_store.shape[0]
 
     def commit(self, ids: list[int], accepted: list[int]) -> None:
         self._drop_tree()
@@ -403,7 +421,7 @@ class Eagle3Drafter(LevelDrafter):
             return None
         if self._rows > last:  # the root was forgotten with no new row (a rewind or commit to the same history)
             self._rows = last
-            self._drop_tree()
+        self._drop_tree()  # rows of an uncommitted proposal (vLLM's proposer commits nothing; a lookup round drafted)
         start = self._rows
         hidden = self.head.fc(self.features_store[start : last + 1])[None]
         n = last + 1 - start

@@ -20,6 +20,10 @@ name                        hf       vllm     what it is
                                               ``env.head`` (``--head DIR``)
 ``class:MODULE.Class:K``    -        yes      vLLM with another ``custom_class`` proposer
 ``dsd[:S-E:K,...]``         -        yes      vLLM's Dynamic SD: K per running-batch-size range
+``head:K``                  -        yes      draftrl's proposer running the EAGLE-3 head
+                                              ``env.head`` itself, depth K every step
+``sam:N:K``                 -        yes      draftrl's proposer, per request: n-gram lookup when
+                                              its match has >= N tokens, else the head; depth K
 ==========================  =======  =======  ====================================================
 
 A name one engine cannot run is refused with one line naming the names it accepts.
@@ -39,12 +43,12 @@ FORMS: dict[str, str] = {
     "none": "none", "fixed": "fixed:D[:V[:W]]", "heuristic": "heuristic", "ppo": "ppo:DIR",
     "best-grid": "best-grid", "threshold": "threshold", "bandit": "bandit", "lookahead": "lookahead",
     "ngram": "ngram:K", "eagle3": "eagle3:K (with --head DIR)", "class": "class:MODULE.Class:K",
-    "dsd": "dsd[:S-E:K,...]",
+    "dsd": "dsd[:S-E:K,...]", "head": "head:K (with --head DIR)", "sam": "sam:N:K (with --head DIR)",
 }
 #: The kinds each engine runs.
 ENGINE_KINDS: dict[str, tuple[str, ...]] = {
     "hf": ("none", "fixed", "heuristic", "ppo", "best-grid", "threshold", "bandit", "lookahead"),
-    "vllm": ("none", "fixed", "heuristic", "ppo", "ngram", "eagle3", "class", "dsd"),
+    "vllm": ("none", "fixed", "heuristic", "ppo", "ngram", "eagle3", "class", "dsd", "head", "sam"),
 }
 #: The deepest draft of a vLLM engine with draftrl's proposer (its ``num_speculative_tokens``).
 VLLM_MAX_DEPTH = 8
@@ -69,6 +73,8 @@ class PolicySpec:
     """dsd: (batch start, batch end, K) rows"""
     path: str | None = None
     """ppo: the run directory (or its policy.zip); class: MODULE.Class"""
+    min_match: int | None = None
+    """sam: N, the shortest n-gram match that drafts by lookup"""
     text: str = ""
     """the entry as written, with the alias resolved (``ppo:runs/x``, ``none`` for ``ar``)"""
 
@@ -146,6 +152,13 @@ def _parse_kind(item: str, engine: str) -> PolicySpec:
         if not arg.isdigit() or not 1 <= int(arg) <= 16:
             raise _bad(item, f"must look like {kind}:K with 1 <= K <= 16", engine)
         return PolicySpec(kind, item, int(arg))
+    if kind in ("head", "sam"):
+        parts = arg.split(":") if arg else []
+        if len(parts) != (2 if kind == "sam" else 1) or not all(p.isdigit() for p in parts) \
+                or not 1 <= int(parts[-1]) <= VLLM_MAX_DEPTH:
+            raise _bad(item, f"must look like {FORMS[kind].split()[0]} with integers and 1 <= K <= {VLLM_MAX_DEPTH}",
+                       engine)
+        return PolicySpec(kind, item, int(parts[-1]), min_match=int(parts[0]) if kind == "sam" else None)
     if kind == "class":
         path, _, k = arg.rpartition(":")
         if "." not in path or not k.isdigit() or not 1 <= int(k) <= 16:

@@ -11,6 +11,9 @@ through the ``draftrl.policies.Policy`` interface on ``draftrl/ServeVLLM-v0`` (o
 - ``heuristic``: ``Fixed`` at the deepest depth, no budget, with the env's per-request rule
   ``heuristic`` (Hugging Face's +2 / -1 inside the proposer, ``draftrl.decoding.schedule``);
 - ``dsd[:S-E:K,...]``: ``DynamicSD``, K from the running batch size;
+- ``head:K``, ``sam:N:K``: ``Fixed`` at depth K, no budget, on draftrl's proposer running the head
+  ``env.head`` itself (:mod:`draftrl.decoding.vllm.head_proposer`; ``sam``: n-gram lookup per
+  request when its match has >= N tokens);
 - ``ppo:DIR``: ``PPOPolicy`` trained on a serving env (grids and features checked).
 """
 
@@ -22,6 +25,10 @@ from draftrl.eval.policy_names import REFERENCE, VLLM_MAX_DEPTH, PolicySpec
 
 #: Kinds whose engine is not draftrl's proposer (the action is ignored).
 OWN_ENGINE = (REFERENCE, "ngram", "eagle3", "class")
+#: Kinds on draftrl's proposer running the EAGLE-3 head itself (route (b)).
+PROPOSER_HEAD_KINDS = ("head", "sam")
+#: Kinds that draft with the head ``env.head``.
+HEAD_KINDS = ("eagle3", *PROPOSER_HEAD_KINDS)
 
 
 def proposer_rule(spec: PolicySpec) -> str:
@@ -38,7 +45,7 @@ def check_policies(specs: list[PolicySpec], config) -> None:
 
     depths, budgets = config.depths, config.budgets
     for spec in specs:
-        if spec.kind == "eagle3":
+        if spec.kind in HEAD_KINDS:
             try:
                 head = resolve_head(config.head, config.target)
             except ValueError as err:
@@ -65,7 +72,7 @@ def build_serving_policy(spec: PolicySpec, env: Any):
         policy = Fixed.for_env(env, depth=0, verify_size=max(budgets))
     elif spec.kind == "heuristic":
         policy = Fixed.for_env(env, depth=max(depths), verify_size=max(budgets))
-    elif spec.kind == "fixed":
+    elif spec.kind == "fixed" or spec.kind in PROPOSER_HEAD_KINDS:
         policy = Fixed.for_env(env, depth=spec.depth, verify_size=max(budgets) if spec.verify_size is None
                                else spec.verify_size)
     else:  # pragma: no cover - parse_policies(engine="vllm") refuses the rest
@@ -90,6 +97,13 @@ def engine_config_for(spec: PolicySpec, config) -> Any:
     if spec.kind == "class":
         return VLLMEngineConfig.serving(config, method="custom_class", proposer=spec.path,
                                         num_speculative_tokens=spec.depth)
+    if spec.kind in PROPOSER_HEAD_KINDS:
+        from draftrl.drafters.packaged import resolve_head
+
+        head = resolve_head(config.head, config.target)
+        drafter = f"eagle3:{head}" if spec.kind == "head" else f"sam:{spec.min_match}:{head}"
+        return VLLMEngineConfig.serving(config, method="draftrl", drafter=drafter,
+                                        num_speculative_tokens=VLLM_MAX_DEPTH)
     return VLLMEngineConfig.serving(config, method="draftrl", num_speculative_tokens=VLLM_MAX_DEPTH)
 
 

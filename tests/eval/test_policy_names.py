@@ -137,6 +137,23 @@ def test_vllm_own_methods_take_k_and_the_refusal_names_the_head_flag():
         parse_policies("eagle3:4", engine="hf")
 
 
+def test_route_b_names_run_the_head_in_draftrls_proposer_at_depth_k():
+    """``head:K`` and ``sam:N:K`` run draftrl's proposer with the head (``env.head``) at depth K."""
+    from draftrl.config.serve import ServeConfig
+    from draftrl.decoding.vllm.head_proposer import HEAD_CLASS_PATH
+    from draftrl.eval.serve_policies import engine_config_for
+
+    head, sam = parse_policies("head:3,sam:2:4", engine="vllm")[1:]
+    assert (head.kind, head.depth, head.min_match) == ("head", 3, None)
+    assert (sam.kind, sam.depth, sam.min_match) == ("sam", 4, 2)
+    config = engine_config_for(sam, ServeConfig())
+    assert config.method == "draftrl" and config.drafter.startswith("sam:2:") and config.drafter.endswith("smollm2-135m")
+    assert config.speculative_config()["model"] == HEAD_CLASS_PATH
+    for bad in ("head:9", "sam:3", "head:2:1", "sam:x:2"):
+        with pytest.raises(ValueError, match="must look like"):
+            parse_policies(bad, engine="vllm")
+
+
 def test_vllm_depths_stop_at_the_proposer_and_dsd_tables_start_at_one():
     with pytest.raises(ValueError, match="deeper than vLLM's proposer"):
         parse_policies("fixed:9", engine="vllm")

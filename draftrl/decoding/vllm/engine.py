@@ -49,6 +49,7 @@ from draftrl.decoding.interface import EngineStep, RequestStep
 from draftrl.decoding.vllm.counts import SpecDecodingCounts, stat_logger
 from draftrl.decoding.vllm.guards import guard_cpu_expand
 from draftrl.decoding.vllm.logprobs import logprobs_needed
+from draftrl.decoding.vllm.head_proposer import HEAD_CLASS_PATH, head_spec, needs_head
 from draftrl.decoding.vllm.proposer import CLASS_PATH, SERVING_DRAFTER, DraftrlProposer, serving_drafter
 
 METHODS = ("none", "draftrl", "ngram", "eagle3", "custom_class")
@@ -84,7 +85,9 @@ class VLLMEngineConfig:
     head: str | None = None
     """eagle3 only: the EAGLE-3 head folder (speculators format: config.json + model.safetensors)"""
     drafter: str = SERVING_DRAFTER
-    """draftrl only: the proposer's drafter, a spec of :mod:`draftrl.drafters.registry` that runs on token ids alone"""
+    """draftrl only: the proposer's drafter, a spec of :mod:`draftrl.drafters.registry` that runs on
+    token ids alone, or one that runs an EAGLE-3 head (``eagle3[:PATH]``, ``sam:N[:PATH]``:
+    :mod:`draftrl.decoding.vllm.head_proposer`)"""
     dsd: tuple[tuple[int, int, int], ...] | None = None
     """ngram only: vLLM's num_speculative_tokens_per_batch_size ((start, end, K), ...)"""
     prompt_lookup_min: int = 1
@@ -127,7 +130,13 @@ class VLLMEngineConfig:
         if (self.method == "eagle3") != bool(self.head):
             raise ValueError(f"head={self.head!r} with method={self.method!r}: method='eagle3' needs head=DIR (an "
                              "EAGLE-3 head folder) and the other methods take none.")
-        if self.method == "draftrl":
+        if self.method == "draftrl" and needs_head(self.drafter):
+            head = head_spec(self.drafter)[1]
+            if head:
+                from draftrl.drafters.eagle3 import head_config
+
+                head_config(head)
+        elif self.method == "draftrl":
             serving_drafter(self.drafter)  # a spec the proposer cannot run fails here, before vLLM loads
         if self.head:
             from draftrl.drafters.eagle3 import head_config
@@ -139,7 +148,8 @@ class VLLMEngineConfig:
         if self.method == "none":
             return None
         if self.method in ("draftrl", "custom_class"):
-            return {"method": "custom_class", "model": self.proposer or CLASS_PATH,
+            default = HEAD_CLASS_PATH if self.method == "draftrl" and needs_head(self.drafter) else CLASS_PATH
+            return {"method": "custom_class", "model": self.proposer or default,
                     "num_speculative_tokens": self.num_speculative_tokens}
         if self.method == "eagle3":  # the method named: vLLM guesses it from the path otherwise
             return {"method": "eagle3", "model": self.head, "num_speculative_tokens": self.num_speculative_tokens}

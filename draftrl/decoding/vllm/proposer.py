@@ -215,6 +215,11 @@ class DraftrlProposer:
             return [int(r.acceptance.heuristic_depth) for r in reqs]
         return [self.max_depth] * len(reqs)
 
+    def _drafter_for(self, key: str) -> Drafter:
+        """The drafter of request ``key`` (one for all requests here; a subclass that keeps per-request
+        drafter state, :class:`draftrl.decoding.vllm.head_proposer.HeadProposer`, returns its own)."""
+        return self.drafter
+
     def _before_draft(self, view: StepView) -> None:
         """Called once per step after the requests are tracked and before drafting: a hook for a
         proposer that sets :attr:`action` itself (``draftrl.export.vllm_serve_proposer``)."""
@@ -258,9 +263,9 @@ class DraftrlProposer:
         action = self.action
         own_depths = self._own_depths(rows, reqs, sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
         chains = []
-        for a, (ids, own, n) in enumerate(zip(histories, own_depths, lengths)):
+        for a, (ids, own, n, key) in enumerate(zip(histories, own_depths, lengths, keys)):
             cap = draft_cap(action.depth, own, self.max_depth, self.max_model_len, n)
-            tree = self.drafter.propose(ids, cap, 1, _GREEDY, None)
+            tree = self._drafter_for(key).propose(ids, cap, 1, _GREEDY, None)
             match_len[a] = int(tree.features.get("ngram_match_len", 0))
             chain = [int(t) for t in tree.tokens]
             if self.rule == "fill":  # pad to the cap with the last token
