@@ -20,10 +20,12 @@ name                        hf       vllm     what it is
                                               ``env.head`` (``--head DIR``)
 ``class:MODULE.Class:K``    -        yes      vLLM with another ``custom_class`` proposer
 ``dsd[:S-E:K,...]``         -        yes      vLLM's Dynamic SD: K per running-batch-size range
-``head:K``                  -        yes      draftrl's proposer running the EAGLE-3 head
-                                              ``env.head`` itself, depth K every step
-``sam:N:K``                 -        yes      draftrl's proposer, per request: n-gram lookup when
-                                              its match has >= N tokens, else the head; depth K
+``head:K[:S]``              -        yes      draftrl's proposer running the EAGLE-3 head
+                                              ``env.head`` itself, depth K every step; S a
+                                              per-level stop: ``tT`` (HF's confidence threshold
+                                              T) or ``cT`` (EAGLE-2's chain probability T)
+``sam:N:K[:S]``             -        yes      as ``head``, per request n-gram lookup when its
+                                              match has >= N tokens
 ==========================  =======  =======  ====================================================
 
 A name one engine cannot run is refused with one line naming the names it accepts.
@@ -43,7 +45,8 @@ FORMS: dict[str, str] = {
     "none": "none", "fixed": "fixed:D[:V[:W]]", "heuristic": "heuristic", "ppo": "ppo:DIR",
     "best-grid": "best-grid", "threshold": "threshold", "bandit": "bandit", "lookahead": "lookahead",
     "ngram": "ngram:K", "eagle3": "eagle3:K (with --head DIR)", "class": "class:MODULE.Class:K",
-    "dsd": "dsd[:S-E:K,...]", "head": "head:K (with --head DIR)", "sam": "sam:N:K (with --head DIR)",
+    "dsd": "dsd[:S-E:K,...]", "head": "head:K[:tT|:cT] (with --head DIR)",
+    "sam": "sam:N:K[:tT|:cT] (with --head DIR)",
 }
 #: The kinds each engine runs.
 ENGINE_KINDS: dict[str, tuple[str, ...]] = {
@@ -75,6 +78,8 @@ class PolicySpec:
     """ppo: the run directory (or its policy.zip); class: MODULE.Class"""
     min_match: int | None = None
     """sam: N, the shortest n-gram match that drafts by lookup"""
+    stop: str | None = None
+    """head, sam: the proposer's per-level stop rule (``confidence:T`` or ``cumulative:T``)"""
     text: str = ""
     """the entry as written, with the alias resolved (``ppo:runs/x``, ``none`` for ``ar``)"""
 
@@ -154,11 +159,14 @@ def _parse_kind(item: str, engine: str) -> PolicySpec:
         return PolicySpec(kind, item, int(arg))
     if kind in ("head", "sam"):
         parts = arg.split(":") if arg else []
-        if len(parts) != (2 if kind == "sam" else 1) or not all(p.isdigit() for p in parts) \
-                or not 1 <= int(parts[-1]) <= VLLM_MAX_DEPTH:
-            raise _bad(item, f"must look like {FORMS[kind].split()[0]} with integers and 1 <= K <= {VLLM_MAX_DEPTH}",
-                       engine)
-        return PolicySpec(kind, item, int(parts[-1]), min_match=int(parts[0]) if kind == "sam" else None)
+        ints = 2 if kind == "sam" else 1
+        stop = _stop(parts[ints]) if len(parts) == ints + 1 else None
+        if len(parts) not in (ints, ints + 1) or not all(p.isdigit() for p in parts[:ints]) \
+                or not 1 <= int(parts[ints - 1]) <= VLLM_MAX_DEPTH or (len(parts) > ints and stop is None):
+            raise _bad(item, f"must look like {FORMS[kind].split()[0]} with integers, 1 <= K <= {VLLM_MAX_DEPTH} "
+                             "and 0 < T < 1", engine)
+        return PolicySpec(kind, item, int(parts[ints - 1]), min_match=int(parts[0]) if kind == "sam" else None,
+                          stop=stop)
     if kind == "class":
         path, _, k = arg.rpartition(":")
         if "." not in path or not k.isdigit() or not 1 <= int(k) <= 16:
@@ -171,6 +179,16 @@ def _parse_kind(item: str, engine: str) -> PolicySpec:
             raise _bad(item, "needs a path (ppo:DIR written by draftrl train)", engine)
         return PolicySpec(kind, kind, path=arg)
     return PolicySpec(kind, kind)
+
+
+def _stop(text: str) -> str | None:
+    """``"t0.4"`` -> ``"confidence:0.4"``, ``"c0.3"`` -> ``"cumulative:0.3"``; None if malformed."""
+    kinds = {"t": "confidence", "c": "cumulative"}
+    try:
+        value = float(text[1:])
+    except ValueError:
+        return None
+    return f"{kinds[text[0]]}:{value:g}" if text[:1] in kinds and 0.0 < value < 1.0 else None
 
 
 def parse_policies(items: str | list[str] | tuple[str, ...], engine: str = "hf") -> list[PolicySpec]:

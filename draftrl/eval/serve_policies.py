@@ -33,6 +33,8 @@ HEAD_KINDS = ("eagle3", *PROPOSER_HEAD_KINDS)
 
 def proposer_rule(spec: PolicySpec) -> str:
     """Each request's own depth before the step's cap and budget (``ServeConfig.rule``)."""
+    if spec.kind in PROPOSER_HEAD_KINDS and spec.stop:
+        return spec.stop
     return "heuristic" if spec.kind == "heuristic" else "match"
 
 

@@ -141,7 +141,7 @@ def test_route_b_names_run_the_head_in_draftrls_proposer_at_depth_k():
     """``head:K`` and ``sam:N:K`` run draftrl's proposer with the head (``env.head``) at depth K."""
     from draftrl.config.serve import ServeConfig
     from draftrl.decoding.vllm.head_proposer import HEAD_CLASS_PATH
-    from draftrl.eval.serve_policies import engine_config_for
+    from draftrl.eval.serve_policies import engine_config_for, proposer_rule
 
     head, sam = parse_policies("head:3,sam:2:4", engine="vllm")[1:]
     assert (head.kind, head.depth, head.min_match) == ("head", 3, None)
@@ -149,7 +149,10 @@ def test_route_b_names_run_the_head_in_draftrls_proposer_at_depth_k():
     config = engine_config_for(sam, ServeConfig())
     assert config.method == "draftrl" and config.drafter.startswith("sam:2:") and config.drafter.endswith("smollm2-135m")
     assert config.speculative_config()["model"] == HEAD_CLASS_PATH
-    for bad in ("head:9", "sam:3", "head:2:1", "sam:x:2"):
+    stopped = parse_policies("head:6:t0.4,sam:2:6:c0.25", engine="vllm")[1:]
+    assert [(s.depth, s.stop) for s in stopped] == [(6, "confidence:0.4"), (6, "cumulative:0.25")]
+    assert [proposer_rule(s) for s in stopped] == ["confidence:0.4", "cumulative:0.25"]
+    for bad in ("head:9", "sam:3", "head:2:1", "sam:x:2", "head:4:t1.5", "sam:2:4:x0.3"):
         with pytest.raises(ValueError, match="must look like"):
             parse_policies(bad, engine="vllm")
 

@@ -31,6 +31,7 @@ Needs ``enforce_eager=True`` (``--enforce-eager``): a compiled target would not 
 
 from __future__ import annotations
 
+import math
 import sys
 import weakref
 from collections import OrderedDict
@@ -39,7 +40,7 @@ from typing import Any
 
 import torch
 
-from draftrl.decoding.vllm.proposer import DraftrlProposer
+from draftrl.decoding.vllm.proposer import _GREEDY, DraftrlProposer
 from draftrl.drafters.base import Drafter
 from draftrl.drafters.eagle3 import Eagle3Drafter, Eagle3Head, check_head_fits
 from draftrl.drafters.mixed import MixedDrafter
@@ -69,6 +70,43 @@ def head_spec(spec: str) -> tuple[int | None, str | None] | None:
 def needs_head(spec: str) -> bool:
     """Whether the vLLM proposer for ``spec`` must run an EAGLE-3 head (:class:`HeadProposer`)."""
     return head_spec(spec) is not None
+
+
+#: per-level stops of the head's chain (``rule`` ``confidence:T`` / ``cumulative:T``)
+STOP_RULES = ("confidence", "cumulative")
+
+
+def stop_rule(rule: str) -> tuple[str, float] | None:
+    """``("confidence", 0.4)`` for ``"confidence:0.4"``, None for a rule that does not stop on confidence.
+
+    - ``confidence:T``: Hugging Face's assistant confidence threshold: stop after the first draft
+      whose own probability under the drafter is below T (that draft is still verified);
+    - ``cumulative:T``: EAGLE-2's chain score: stop before the first draft whose chain probability
+      (the product of the drafts' probabilities so far) is below T.
+    """
+    kind, _, value = rule.partition(":")
+    if kind not in STOP_RULES:
+        return None
+    try:
+        threshold = float(value)
+    except ValueError:
+        threshold = -1.0
+    if not 0.0 < threshold < 1.0:
+        raise ValueError(f"rule {rule!r} needs a threshold in (0, 1), e.g. {kind}:0.4")
+    return kind, threshold
+
+
+def stop_after(rule: tuple[str, float], scores: list[float]) -> int:
+    """How many of a chain's drafts a stop ``rule`` keeps, given their cumulative log probabilities."""
+    kind, threshold = rule
+    log_t, previous = math.log(threshold), 0.0
+    for level, score in enumerate(scores):
+        if kind == "cumulative" and score < log_t:
+            return level
+        if kind == "confidence" and score - previous < log_t:
+            return level + 1
+        previous = score
+    return len(scores)
 
 
 class AuxCapture:
@@ -156,6 +194,7 @@ class HeadProposer(DraftrlProposer):
         self._blind: set[str] = set()
         self.block_size = int(getattr(vllm_config.cache_config, "block_size", 16) or 16)
         self.head_dtype = vllm_config.model_config.dtype
+        self.stop: tuple[str, float] | None = None
         super().__init__(vllm_config)
 
     # ------------------------------------------------------------------ configuration
@@ -171,6 +210,24 @@ class HeadProposer(DraftrlProposer):
         self.states.clear()
         if self.target is not None:
             self._load_head()
+
+    def set_rule(self, rule: str, initial_depth: float | None = None) -> None:
+        """The proposer's rules, and :func:`stop_rule`'s per-level stops of the head's chain (a
+        request drafts up to the step's cap, and stops where its own drafts lose confidence)."""
+        stop = stop_rule(rule)
+        super().set_rule("match" if stop else rule, initial_depth)
+        self.stop = stop
+        self.rule = rule
+
+    def _draft(self, key: str, ids: list[int], cap: int):
+        if self.head is None or self.stop is None:
+            return super()._draft(key, ids, cap)
+        builder = self._drafter_for(key).begin(ids, 1, _GREEDY, None)
+        for _ in range(cap):
+            if not builder.step() or stop_after(self.stop, builder.tree.scores) < len(builder.tree.scores):
+                break
+        tree = builder.tree
+        return tree.subset(list(range(stop_after(self.stop, tree.scores))))
 
     def load_model(self, target_model: torch.nn.Module, *args: Any, **kwargs: Any) -> None:
         """Keep the target and its runner (the caller), and load the head if one is configured."""

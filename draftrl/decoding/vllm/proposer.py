@@ -220,6 +220,10 @@ class DraftrlProposer:
         drafter state, :class:`draftrl.decoding.vllm.head_proposer.HeadProposer`, returns its own)."""
         return self.drafter
 
+    def _draft(self, key: str, ids: list[int], cap: int):
+        """Request ``key``'s greedy chain of at most ``cap`` drafts after ``ids`` (a DraftTree)."""
+        return self._drafter_for(key).propose(ids, cap, 1, _GREEDY, None)
+
     def _before_draft(self, view: StepView) -> None:
         """Called once per step after the requests are tracked and before drafting: a hook for a
         proposer that sets :attr:`action` itself (``draftrl.export.vllm_serve_proposer``)."""
@@ -265,7 +269,7 @@ class DraftrlProposer:
         chains = []
         for a, (ids, own, n, key) in enumerate(zip(histories, own_depths, lengths, keys)):
             cap = draft_cap(action.depth, own, self.max_depth, self.max_model_len, n)
-            tree = self._drafter_for(key).propose(ids, cap, 1, _GREEDY, None)
+            tree = self._draft(key, ids, cap)
             match_len[a] = int(tree.features.get("ngram_match_len", 0))
             chain = [int(t) for t in tree.tokens]
             if self.rule == "fill":  # pad to the cap with the last token

@@ -1,0 +1,124 @@
+"""Two ways to serve a trained EAGLE-3 head in vLLM, against every fixed (drafter, K) and vLLM's own
+methods, at concurrency 1 and 4 on the mixed held-out workload (four languages x four tasks).
+
+- route (a): stock vLLM ``eagle3:K`` (one K for every request; under load the batch-size table,
+  ``dsd``, is its only knob);
+- route (b): draftrl's proposer running the same head itself
+  (``draftrl.decoding.vllm.head_proposer``): ``head:K`` (its drafts equal stock ``eagle3:K``'s, so
+  the two differ in cost only), ``sam:N:K`` (per request: n-gram lookup on an N-token match, else
+  the head) and the per-level stops ``:tT`` (Hugging Face's assistant confidence threshold T) and
+  ``:cT`` (EAGLE-2's chain probability T), which let each request stop drafting where its head
+  loses confidence;
+- the rest of the grid: vLLM's ``ngram:K``, draftrl's n-gram proposer ``fixed:K`` and its
+  ``heuristic``; Hugging Face ``generate`` (plain and prompt lookup) at batch 1 as anchors.
+
+One ``draftrl.eval.serving.run_serving_eval`` (policies rotated per load and repeat, float32 greedy
+identity against ``none``). Prints ratios first: each policy over ``none``, over the best stock
+vLLM method (``ngram:K``, ``eagle3:K``) and over the best fixed (drafter, K) of the run (stock, the
+n-gram proposer's ``fixed:K``, ``head:K`` and ``sam:N:K`` without a stop), at concurrency 1 over
+the HF anchors, per task and language;
+then route (b) over route (a) at each K both ran::
+
+    speedup_vs_none=1.90x  vs_best_stock=1.12x  vs_best_fixed=1.08x  en=... code_edit=...  tok_s=...  policy=sam:2:4:t0.6  concurrency=1  ...
+    route_b_vs_a=1.05x  step_b_vs_a=0.95x  ...  k=3  concurrency=1
+
+    python benchmarks/vllm_head_routes.py --out runs/bench/vllm_head_routes
+    python benchmarks/vllm_head_routes.py --quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import tempfile
+import time
+from pathlib import Path
+
+from _bench import Bench, add_serving_args, common_flags, hf_anchor_rows, hf_anchors, parse_args, serving_prompts
+
+#: what counts as a fixed (drafter, K): no per-request rule, no stop
+FIXED_KINDS = ("ngram", "eagle3", "fixed", "head", "sam")
+
+
+def group_ratios(summary: dict, none: dict) -> dict[str, float | None]:
+    """Each task's and language's tokens / request latency over none's (``en=``, ``code_edit=``, ...)."""
+    out: dict[str, float | None] = {}
+    for key in ("per_language", "per_task"):
+        for group, rates in summary[key].items():
+            ref = none[key][group]["tokens_per_second"]
+            out[group] = rates["tokens_per_second"] / ref if ref else None
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], parents=[common_flags()])
+    p.add_argument("--head", default=None, help="EAGLE-3 head folder; default: the head draftrl ships for the target")
+    p.add_argument("--stock", default="ngram:4,ngram:6,eagle3:1,eagle3:2,eagle3:3",
+                   help="vLLM's own methods (each its own engine)")
+    p.add_argument("--draftrl", default="fixed:4,fixed:6,heuristic,head:2,head:3,sam:2:4,sam:2:6,"
+                                         "sam:2:6:t0.4,sam:2:6:t0.6,sam:2:6:c0.3,head:4:t0.6",
+                   help="policies on draftrl's proposer (n-gram: fixed, heuristic; the head: head, sam)")
+    p.add_argument("--concurrency", default="1,4")
+    add_serving_args(p)
+    args = parse_args(p, quick=dict(stock="ngram:4,eagle3:2", draftrl="fixed:4,head:2,sam:2:4:t0.6",
+                                    concurrency="1", max_new_tokens=16, tasks="code_edit,chat", hf_lookup=4))
+    import torch
+
+    bench = Bench(args, __file__, owned=("serving",), device="cuda" if torch.cuda.is_available() else "cpu")
+    from draftrl.config.serve import ServeConfig
+    from draftrl.drafters.packaged import resolve_head
+    from draftrl.eval.policy_names import parse_policies
+    from draftrl.eval.serving import run_serving_eval
+
+    levels = [int(c) for c in args.concurrency.split(",") if c]
+    config = ServeConfig(split="heldout", shuffle=False, seed=0, limit_per_group=args.limit_per_group,
+                         tasks=tuple(args.tasks.split(",")) if args.tasks else None,
+                         max_new_tokens=args.max_new_tokens, dtype=args.dtype, threads=args.threads)
+    config = dataclasses.replace(config, head=resolve_head(args.head, config.target))
+    names = ["none"] + [n for n in (args.stock + "," + args.draftrl).split(",") if n]
+    specs = {s.label: s for s in parse_policies(names, engine="vllm")}
+    root = bench.out or Path(tempfile.mkdtemp(prefix="vllm_head_routes_"))
+    t0 = time.perf_counter()
+    results = run_serving_eval(root / "serving", policies=names, concurrency=levels, config=config,
+                               repeats=args.repeats, progress=lambda d, t, m: bench.note(f"[{d}/{t}] {m}"))
+    anchors = hf_anchors(serving_prompts(config), args.hf_lookup) if args.hf_lookup else {}
+
+    where = dict(dtype=args.dtype, max_new_tokens=args.max_new_tokens, repeats=args.repeats)
+    for level in levels:
+        table = results["concurrency"][str(level)]["policies"]
+        rate = {name: row["tokens_per_second"] for name, row in table.items()}
+        stock = max((n for n in rate if specs[n].kind in ("ngram", "eagle3")), key=rate.get, default=None)
+        fixed = max((n for n in rate if specs[n].kind in FIXED_KINDS and not specs[n].stop), key=rate.get,
+                    default=None)
+        bench.note(f"concurrency {level}: best stock {stock}, best fixed (drafter, K) {fixed}")
+        for name, row in sorted(table.items(), key=lambda item: -item[1]["tokens_per_second"]):
+            if name == "none":
+                continue
+            bench.row({"speedup_vs_none": row["speedup_vs_none"],
+                       "vs_best_stock": rate[name] / rate[stock] if stock else None,
+                       "vs_best_fixed": rate[name] / rate[fixed] if fixed else None,
+                       **({f"vs_{a}": rate[name] / r["tokens_per_second"] for a, r in anchors.items()} if level == 1 else {}),
+                       **group_ratios(row, table["none"])},
+                      {"acceptance_length": row["spec_decoding"]["acceptance_length"], "tok_s": row["tokens_per_second"],
+                       "tokens_per_step": row["mean_tokens_per_step"], "step_ms": (row["decode_step_seconds"] or 0) * 1e3},
+                      policy=name, concurrency=level, **where)
+        for name in table:
+            spec = specs[name]
+            twin = f"eagle3:{spec.depth}"
+            if spec.kind == "head" and not spec.stop and twin in table:
+                a, b = table[twin], table[name]
+                bench.row({"route_b_vs_a": b["tokens_per_second"] / a["tokens_per_second"],
+                           "step_b_vs_a": b["decode_step_seconds"] / a["decode_step_seconds"]},
+                          {"acceptance_length_a": a["spec_decoding"]["acceptance_length"],
+                           "acceptance_length_b": b["spec_decoding"]["acceptance_length"]},
+                          k=spec.depth, concurrency=level, **where)
+    none_c1 = results["concurrency"]["1"]["policies"]["none"] if 1 in levels else None
+    hf_anchor_rows(bench, anchors, none_c1, **where)
+    bench.row({}, {"exactness": "PASSED" if results["exactness"]["passed"] else "FAILED",
+                   "requests": results["concurrency"][str(levels[0])]["policies"]["none"]["num_requests"],
+                   "wall_s": time.perf_counter() - t0}, head=config.head, **where)
+    bench.save(serving=results, hf_anchors=anchors, head=config.head)
+
+
+if __name__ == "__main__":
+    main()

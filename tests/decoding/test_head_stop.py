@@ -1,0 +1,47 @@
+"""The head proposer's per-level stops cut a chain where each rule says, and nowhere else."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from draftrl.decoding.vllm.head_proposer import stop_after, stop_rule
+
+
+def _scores(probs: list[float]) -> list[float]:
+    """Cumulative log probabilities of a chain whose drafts have ``probs``."""
+    out, total = [], 0.0
+    for p in probs:
+        total += math.log(p)
+        out.append(total)
+    return out
+
+
+@pytest.mark.parametrize("probs, confidence, cumulative", [
+    ([0.9, 0.8, 0.3, 0.9], 3, 2),   # 0.3 < 0.4: HF keeps that draft; chain 0.216 < 0.25: EAGLE-2 drops it
+    ([0.9, 0.5, 0.5, 0.9], 4, 2),   # no draft below 0.4, but the chain falls to 0.225 at the third
+    ([0.2, 0.9], 1, 0),             # the first draft already fails both
+    ([1.0, 1.0, 1.0], 3, 3),        # lookup drafts (probability 1) never stop
+    ([], 0, 0),
+])
+def test_each_rule_keeps_the_drafts_it_should(probs, confidence, cumulative):
+    scores = _scores(probs)
+    assert stop_after(("confidence", 0.4), scores) == confidence
+    assert stop_after(("cumulative", 0.25), scores) == cumulative
+
+
+def test_the_rules_differ_so_a_swapped_rule_is_caught():
+    """Negative control: on a chain where the rules disagree, each rule's answer is the other's wrong one."""
+    scores = _scores([0.9, 0.5, 0.5, 0.9])
+    assert stop_after(("confidence", 0.4), scores) != stop_after(("cumulative", 0.4), scores)
+
+
+def test_rules_parse_and_bad_thresholds_are_refused_in_one_line():
+    assert stop_rule("confidence:0.4") == ("confidence", 0.4)
+    assert stop_rule("cumulative:0.25") == ("cumulative", 0.25)
+    assert stop_rule("match") is None and stop_rule("heuristic") is None
+    for bad in ("confidence:1.5", "cumulative:x", "confidence:"):
+        with pytest.raises(ValueError, match="threshold in \\(0, 1\\)") as err:
+            stop_rule(bad)
+        assert "\n" not in str(err.value)
