@@ -6,6 +6,7 @@ Example::
     draftrl export runs/replay --format torchscript --out policy.pt                # + policy.pt.json
     draftrl export runs/replay/policy.zip --format vllm --out vllm.json             # static config
     draftrl export runs/replay --format vllm --out runs/vllm_policy                 # policy inside vLLM
+    draftrl export sam:2:6:t0.6 --format vllm --out runs/vllm_sam                   # the head inside vLLM
     draftrl export runs/replay/policy.zip --format sglang --out sglang.json        # + sglang.json.adaptive.json
 
 onnx / torchscript write the policy network alone plus a manifest (feature order, normalisation,
@@ -35,7 +36,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="export a trained policy: network to ONNX/TorchScript, or a vLLM/SGLang config",
         description=__doc__.split("\n\n")[0] if __doc__ else None,
     )
-    parser.add_argument("policy", help="run directory of draftrl train, its policy.zip, or a checkpoint zip")
+    parser.add_argument("policy", help="run directory of draftrl train, its policy.zip, or a checkpoint zip; "
+                                       "with --format vllm also a head rule (head:K[:tT|:cT], sam:N:K[:tT|:cT])")
+    parser.add_argument("--head", default=None, help="vllm head rules: the EAGLE-3 head folder (default: the shipped one)")
     parser.add_argument("--format", required=True, choices=FORMATS)
     parser.add_argument("--out", required=True, help="file to write (the manifest goes to OUT.json)")
     parser.add_argument("--check-observations", type=int, default=4096,
@@ -73,7 +76,13 @@ def run(args: argparse.Namespace) -> int:
             )
             return 0
         if args.format == "vllm" and out.suffix != ".json":
-            from draftrl.export.vllm_bundle import write_bundle
+            from draftrl.export.vllm_bundle import head_rule, write_bundle, write_head_bundle
+
+            if head_rule(args.policy) is not None:
+                bundle = write_head_bundle(args.policy, out, head=args.head)
+                print(f"speculative_config={json.dumps(bundle['speculative_config'])}  out={out}")
+                print(f"serve: {bundle['serve']}")
+                return 0
 
             bundle = write_bundle(args.policy, out, budget=args.budget, check_observations=args.check_observations)
             print(f"speculative_config={json.dumps(bundle['speculative_config'])}  out={out}")

