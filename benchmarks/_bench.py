@@ -356,6 +356,16 @@ def anchor_method(model, anchor, eos: list[int], device: str = "cpu"):
     return run
 
 
+def group_ratios(summary: dict, none: dict) -> dict[str, float | None]:
+    """Each task's and language's tokens / request latency over none's (``en=``, ``code_edit=``, ...)."""
+    out: dict[str, float | None] = {}
+    for key in ("per_language", "per_task"):
+        for group, rates in summary[key].items():
+            ref = none[key][group]["tokens_per_second"]
+            out[group] = rates["tokens_per_second"] / ref if ref else None
+    return out
+
+
 def serving_prompts(config) -> list[tuple[str, list[int], int]]:
     """(prompt id, prompt ids, max new tokens) of every request of a serving config's workload
     (``draftrl.config.serve.ServeConfig``), in its order: the serving runs' requests, for the HF anchors."""

@@ -45,22 +45,13 @@ from pathlib import Path
 import numpy as np
 
 from _bench import (
-    Bench, add_serving_args, common_flags, hf_anchor_rows, hf_anchors, parse_args, rotations, serving_prompts,
+    Bench, add_serving_args, common_flags, group_ratios, hf_anchor_rows, hf_anchors, parse_args, rotations,
+    serving_prompts,
 )
 
 PLOT = "vllm_drafters.png"
 #: the drafters compared at each K, and their line styles in the plot
 METHODS = {"eagle3": "-o", "ngram": "--s"}
-
-
-def group_ratios(summary: dict, none: dict) -> dict[str, float | None]:
-    """Each task's and language's tokens / request latency over none's (``en=``, ``code_edit=``, ...)."""
-    out: dict[str, float | None] = {}
-    for key in ("per_language", "per_task"):
-        for group, rates in summary[key].items():
-            ref = none[key][group]["tokens_per_second"]
-            out[group] = rates["tokens_per_second"] / ref if ref else None
-    return out
 
 
 def plot(path: Path, speedups: dict[tuple[str, int, int], float], ks: list[int], levels: list[int],

@@ -34,20 +34,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from _bench import Bench, add_serving_args, common_flags, hf_anchor_rows, hf_anchors, parse_args, serving_prompts
+from _bench import (
+    Bench, add_serving_args, common_flags, group_ratios, hf_anchor_rows, hf_anchors, parse_args, serving_prompts,
+)
 
 #: what counts as a fixed (drafter, K): no per-request rule, no stop
 FIXED_KINDS = ("ngram", "eagle3", "fixed", "head", "sam")
-
-
-def group_ratios(summary: dict, none: dict) -> dict[str, float | None]:
-    """Each task's and language's tokens / request latency over none's (``en=``, ``code_edit=``, ...)."""
-    out: dict[str, float | None] = {}
-    for key in ("per_language", "per_task"):
-        for group, rates in summary[key].items():
-            ref = none[key][group]["tokens_per_second"]
-            out[group] = rates["tokens_per_second"] / ref if ref else None
-    return out
 
 
 def main() -> None:
