@@ -6,13 +6,20 @@ trains one policy and the one with the fewest replayed seconds on the tune trace
 on held-out prompts, in one interleaved run (``--repeats`` rotations, per-request medians), draftrl's
 engine decodes with the shipped head and n-gram lookup inside one ``MixedDrafter``:
 
-- ``none`` (no speculation), every fixed ``ngram:K`` and ``eagle3:K`` of ``--depths``, the SAM rule
+- ``none`` (no speculation), every fixed ``ngram:K`` and ``eagle3:K`` of ``--fixed-depths``, the SAM rule
   (``sam:N`` at ``--rule-depth``), and ``ppo``: :class:`draftrl.policies.choice.ChoiceSchedule`
   choosing each round's arm from both drafters' own signals;
+- per-level confidence stops, the head drafting up to ``max(--depths)`` levels a round
+  (:mod:`draftrl.policies.confidence_stop`): Hugging Face's ``hf-threshold:T`` (stop after the first
+  token whose draft probability is below ``--hf-threshold``), ``hf-roc`` (that threshold re-fitted
+  after every round from the request's ROC, as transformers' code does, so per request) and
+  ``eagle2-cum:T`` for each ``--cum-thresholds`` T (stop once the chain's probability is below T;
+  every T is a row and the best one in this run is compared with, which favours the baseline);
 - stock Hugging Face ``generate``, plain and with prompt lookup (``--hf-lookup`` gammas).
 
 Prints throughput ratios with paired bootstrap intervals over requests (``ppo`` against the best
-fixed arm measured in this same run, the SAM rule and the HF anchors), per task and language, and
+fixed arm measured in this same run, the SAM rule, the HF anchors, both HF thresholds and the best
+cumulative stop), per task and language, and
 checks every greedy output against ``none``'s.
 
     python benchmarks/drafter_choice.py --train ngram=runs/tr_ngram_tune --train eagle3=runs/tr_eagle3_tune \\
@@ -30,6 +37,7 @@ from draftrl.decoding.generate import fixed_schedule, generate
 from draftrl.envs.trace_choice import TraceChoiceEnv
 from draftrl.eval.anchors import Anchor
 from draftrl.eval.bootstrap import paired_ratio_ci
+from draftrl.policies.confidence_stop import ConfidenceStop, CumulativeConfidenceStop, RocConfidenceStop
 
 
 def main() -> None:
@@ -46,12 +54,15 @@ def main() -> None:
     p.add_argument("--rule-min-match", type=int, default=2)
     p.add_argument("--rule-depth", type=int, default=2)
     p.add_argument("--hf-lookup", default="2,4", help="HF prompt_lookup_num_tokens gammas")
+    p.add_argument("--hf-threshold", type=float, default=0.4,
+                   help="HF assistant_confidence_threshold (transformers' default; hf-roc starts from it)")
+    p.add_argument("--cum-thresholds", default="0.1,0.25,0.5", help="path-probability thresholds of eagle2-cum:T")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--timesteps", type=int, default=60_000)
     p.add_argument("--seeds", default="0,1,2")
     args = parse_args(p, quick=dict(limit_per_group=1, languages="en", tasks="code_edit,chat", repeats=1,
                                     timesteps=4_000, seeds="0", depths="1,2", fixed_depths="1,2", hf_lookup="2",
-                                    max_new_tokens=16))
+                                    cum_thresholds="0.25", max_new_tokens=16))
     bench = Bench(args, __file__)
     from draftrl.drafters.registry import build_drafter
     from draftrl.models import load_model
@@ -97,6 +108,20 @@ def main() -> None:
         methods[f"ngram:{depth}"] = mixed_method("lookup", depth)
         methods[f"eagle3:{depth}"] = mixed_method("model", depth)
     methods[f"sam:{args.rule_min_match}:{args.rule_depth}"] = mixed_method(None, args.rule_depth)
+
+    def stop_method(rule):
+        def run(req):
+            mixed.forced = "model"
+            engine.config.max_new_tokens = req.max_new_tokens
+            rule.start()
+            result = generate(engine, req.ids, fixed_schedule(max(depths)), stop=rule, on_round=rule.on_round)
+            return result.token_ids, result.num_rounds
+        return run
+
+    stops = [ConfidenceStop(args.hf_threshold), RocConfidenceStop(args.hf_threshold),
+             *[CumulativeConfidenceStop(float(t)) for t in args.cum_thresholds.split(",")]]
+    for stop_rule in stops:
+        methods[stop_rule.name] = stop_method(stop_rule)
     methods["ppo"] = ppo
     methods["hf"] = anchor_method(loaded.model, Anchor(0), eos)
     for g in [int(g) for g in args.hf_lookup.split(",") if g]:
@@ -119,19 +144,23 @@ def main() -> None:
 
     fixed = [m for m in methods if m.startswith(("ngram:", "eagle3:"))]
     lookups = [m for m in methods if m.startswith("hf-lookup:")]
+    cums = [m for m in methods if m.startswith("eagle2-cum:")]
+    hf_threshold, hf_roc = stops[0].name, stops[1].name
     summary = {}
     for group, rows in groups.items():
         best = max(fixed, key=lambda m: timings.throughput(m, rows))
         best_hf = max(lookups, key=lambda m: timings.throughput(m, rows)) if lookups else None
+        best_cum = max(cums, key=lambda m: timings.throughput(m, rows))
         rule = f"sam:{args.rule_min_match}:{args.rule_depth}"
         cells = {"ppo_vs_best_fixed": ci("ppo", best, rows), "ppo_vs_sam": ci("ppo", rule, rows),
                  "ppo_vs_none": ci("ppo", "none", rows), "ppo_vs_hf": ci("ppo", "hf", rows),
                  **({"ppo_vs_hf_lookup": ci("ppo", best_hf, rows)} if best_hf else {}),
-                 "best_fixed_vs_none": ci(best, "none", rows)}
+                 "ppo_vs_hf_threshold": ci("ppo", hf_threshold, rows), "ppo_vs_hf_roc": ci("ppo", hf_roc, rows),
+                 "ppo_vs_best_cum": ci("ppo", best_cum, rows), "best_fixed_vs_none": ci(best, "none", rows)}
         bench.row({k: v["ratio"] for k, v in cells.items()},
                   {f"{k}_ci": f"[{v['low']:.2f},{v['high']:.2f}]" for k, v in cells.items() if k.startswith("ppo")},
-                  group=group, best_fixed=best, best_hf_lookup=best_hf or "-", requests=len(rows))
-        summary[group] = {"best_fixed": best, "best_hf_lookup": best_hf, **cells}
+                  group=group, best_fixed=best, best_hf_lookup=best_hf or "-", best_cum=best_cum, requests=len(rows))
+        summary[group] = {"best_fixed": best, "best_hf_lookup": best_hf, "best_cum": best_cum, **cells}
     bench.note("every method over the workload: throughput over none, tokens per round")
     throughput = {m: timings.throughput(m, groups["all"]) for m in methods}
     for m in sorted(methods, key=throughput.get, reverse=True):

@@ -14,6 +14,7 @@ cache is empty and the first round feeds the whole prompt with its drafts (``ver
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -24,11 +25,14 @@ from draftrl.config import SAMPLERS
 from draftrl.decoding.acceptance import accept_tree
 from draftrl.decoding.clock import device_clock
 from draftrl.decoding.stats import TokenStats
-from draftrl.drafters.base import Drafter
+from draftrl.drafters.base import Drafter, LevelDrafter
 from draftrl.drafters.tree import DraftTree
 from draftrl.models.distribution import SamplingParams, generator_for
 from draftrl.models.kv import cache_argument, crop, keep_tail, last_logits_only
 
+#: ``stop(level_features) -> bool``: asked after each drafted level with ``TreeBuilder.level_features()``;
+#: True ends drafting there (the level is kept and verified). It sees draft-side signals only.
+LevelStop = Callable[[dict[str, float]], bool]
 
 
 @dataclass
@@ -255,15 +259,29 @@ class SpeculativeDecoder:
 
     # ------------------------------------------------------------------ one round
     @torch.inference_mode()
-    def round(self, depth: int, verify_size: int | None = None, width: int = 1) -> RoundResult:
-        """Draft, verify in one target forward, accept exactly, roll both caches back."""
+    def round(
+        self, depth: int, verify_size: int | None = None, width: int = 1, stop: LevelStop | None = None
+    ) -> RoundResult:
+        """Draft, verify in one target forward, accept exactly, roll both caches back.
+
+        With ``stop``, ``depth`` is the most levels drafted: the tree grows a level at a time
+        (``LevelDrafter.begin``) and ``stop`` may end it after any level, its time counted as drafting."""
         self._validate(depth, verify_size, width)
+        if stop is not None and depth > 0 and not isinstance(self.drafter, LevelDrafter):
+            raise ValueError(f"a per-level stop needs a LevelDrafter; {type(self.drafter).__name__} drafts whole "
+                             "trees only: use ngram, eagle3, sam or a draft model, or pass stop=None.")
         draft_depth = min(depth, self.remaining - 1)  # a round emits at most depth + 1 tokens
 
         t0 = self.clock()
         tree = DraftTree()
-        if draft_depth > 0:
+        if draft_depth > 0 and stop is None:
             tree = self.drafter.propose(self.ids, draft_depth, width, self.params, self.generator)
+        elif draft_depth > 0:
+            builder = self.drafter.begin(self.ids, width, self.params, self.generator)
+            for _ in range(draft_depth):
+                if not builder.step() or stop(builder.level_features()):
+                    break
+            tree = builder.tree
         draft_seconds = self.clock() - t0
         return self._verify_and_commit(tree, depth, width, verify_size, draft_seconds, commit=draft_depth > 0)
 

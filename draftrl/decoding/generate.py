@@ -12,7 +12,7 @@ from typing import Callable
 
 import numpy as np
 
-from draftrl.decoding.engine import RoundResult, SpeculativeDecoder
+from draftrl.decoding.engine import LevelStop, RoundResult, SpeculativeDecoder
 
 Action = tuple[int, "int | None", int]
 Schedule = Callable[[SpeculativeDecoder], Action]
@@ -83,8 +83,10 @@ def generate(
     monitor=None,
     seed: int | None = None,
     on_round: Callable[[RoundResult], None] | None = None,
+    stop: LevelStop | None = None,
 ) -> GenerationResult:
     """Decode one request to EOS or ``max_new_tokens``; ``monitor.update`` sees every round.
+    With ``stop`` (``SpeculativeDecoder.round``'s per-level stop) the schedule's depth is each round's most.
 
     The first round verifies its drafts inside the prefill (``engine.start(..., prefill=False)``),
     as Hugging Face prompt lookup does, so ``prefill_seconds`` is only the drafter's reset and the
@@ -94,7 +96,7 @@ def generate(
     result = GenerationResult(token_ids=[], prefill_seconds=prefill)
     while not engine.finished:
         depth, verify_size, width = schedule(engine)
-        rnd = engine.round(depth, verify_size, width)
+        rnd = engine.round(depth, verify_size, width, stop=stop)
         result.rounds.append(rnd)
         if monitor is not None:
             monitor.update(rnd.token_stats)
