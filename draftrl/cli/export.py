@@ -60,6 +60,17 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return parser
 
 
+def head_rule(name: str) -> Any | None:
+    """The parsed ``head:K[:S]`` / ``sam:N:K[:S]`` policy name (the head inside draftrl's vLLM
+    proposer), or None when ``name`` is no such name (a run directory, a policy file)."""
+    from draftrl.eval.policy_names import parse_policies
+    from draftrl.eval.serve_policies import PROPOSER_HEAD_KINDS
+
+    if name.partition(":")[0] not in PROPOSER_HEAD_KINDS or Path(name).exists():
+        return None
+    return parse_policies([name], engine="vllm")[-1]
+
+
 def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     try:
@@ -76,10 +87,12 @@ def run(args: argparse.Namespace) -> int:
             )
             return 0
         if args.format == "vllm" and out.suffix != ".json":
-            from draftrl.export.vllm_bundle import head_rule, write_bundle, write_head_bundle
+            from draftrl.export.vllm_bundle import write_bundle, write_head_bundle
 
-            if head_rule(args.policy) is not None:
-                bundle = write_head_bundle(args.policy, out, head=args.head)
+            rule = head_rule(args.policy)
+            if rule is not None:
+                bundle = write_head_bundle(args.policy, out, depth=rule.depth, min_match=rule.min_match,
+                                           stop=rule.stop, head=args.head)
                 print(f"speculative_config={json.dumps(bundle['speculative_config'])}  out={out}")
                 print(f"serve: {bundle['serve']}")
                 return 0

@@ -100,34 +100,22 @@ def write_bundle(policy: str | Path, out: str | Path, *, model: str = "smollm2-1
     return bundle
 
 
-def head_rule(name: str) -> Any | None:
-    """The parsed ``head:K[:S]`` / ``sam:N:K[:S]`` policy name (route (b): draftrl's proposer running
-    an EAGLE-3 head, ``draftrl.eval.policy_names``), or None when ``name`` is no such name."""
-    from draftrl.eval.policy_names import parse_policies
-    from draftrl.eval.serve_policies import PROPOSER_HEAD_KINDS
-
-    if name.partition(":")[0] not in PROPOSER_HEAD_KINDS or Path(name).exists():
-        return None
-    return parse_policies([name], engine="vllm")[-1]
-
-
-def write_head_bundle(name: str, out: str | Path, *, model: str = "smollm2-135m",
-                      head: str | None = None) -> dict[str, Any]:
-    """Export the rule ``name`` (:func:`head_rule`) with the head folder ``head`` (default: the
-    head draftrl ships for ``model``) into ``out``: ``proposer.json`` and ``vllm.json``, no policy
-    network. vLLM must run the target eagerly (``enforce_eager``): the proposer reads its hidden
-    states through hooks that a compiled graph would not call."""
+def write_head_bundle(name: str, out: str | Path, *, depth: int, min_match: int | None = None,
+                      stop: str | None = None, model: str = "smollm2-135m", head: str | None = None) -> dict[str, Any]:
+    """Export the head rule ``name`` (``head:K[:S]`` / ``sam:N:K[:S]`` of ``draftrl.eval.policy_names``,
+    parsed by the caller: ``depth`` K, ``min_match`` N for ``sam``, ``stop`` the proposer's stop rule)
+    with the head folder ``head`` (default: the head draftrl ships for ``model``) into ``out``:
+    ``proposer.json`` and ``vllm.json``, no policy network. vLLM must run the target eagerly
+    (``enforce_eager``): the proposer reads its hidden states through hooks that a compiled graph
+    would not call."""
     from draftrl.decoding.vllm.head_proposer import HEAD_CLASS_PATH
     from draftrl.drafters.eagle3 import head_config
     from draftrl.drafters.packaged import resolve_head
 
-    spec = head_rule(name)
-    if spec is None:
-        raise ValueError(f"{name!r} is no head rule; write head:K[:tT|:cT] or sam:N:K[:tT|:cT]")
     folder = str(Path(resolve_head(head, model)).resolve())
     head_config(folder)  # one line naming what the folder lacks
-    drafter = f"eagle3:{folder}" if spec.kind == "head" else f"sam:{spec.min_match}:{folder}"
-    proposer = {"drafter": drafter, "depth": spec.depth, "rule": spec.stop or "match", "budget": None}
+    drafter = f"eagle3:{folder}" if min_match is None else f"sam:{min_match}:{folder}"
+    proposer = {"drafter": drafter, "depth": depth, "rule": stop or "match", "budget": None}
     out = Path(out)
     with staged_files(out) as stage:
         write_json(stage / "proposer.json", proposer)
