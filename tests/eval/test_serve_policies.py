@@ -19,7 +19,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "envs"))
 from test_serve_replay import COST, TOKENS, synthetic_recordings  # noqa: E402
 
 #: One name of every serving kind that needs no trained policy or vLLM proposer class.
-BASELINES = "none,fixed:4,fixed:2:8,heuristic,ngram:4,eagle3:4,class:ref_lookup.RefLookupLatest:4,dsd,dsd:1-1:8,2-16:2"
+BASELINES = ("none,fixed:4,fixed:2:8,heuristic,ngram:4,eagle3:4,class:ref_lookup.RefLookupLatest:4,dsd,dsd:1-1:8,2-16:2,"
+             "head:3,sam:2:4:t0.6")
 
 
 @pytest.fixture(scope="module")
@@ -40,6 +41,8 @@ def test_every_serving_baseline_is_a_policy(env):
     assert plays["fixed:2:8"] == (2, 8) and plays["fixed:4"] == (4, max(env.budgets))
     assert plays["heuristic"] == (max(env.depths), max(env.budgets))
     assert [proposer_rule(s) for s in specs if s.kind == "heuristic"] == ["heuristic"]
+    assert plays["head:3"] == (3, max(env.budgets)) and plays["sam:2:4:t0.6"] == (4, max(env.budgets))
+    assert proposer_rule(specs[-1]) == "confidence:0.6"
 
 
 def test_dynamic_sd_reads_the_running_batch_by_name():
