@@ -100,10 +100,8 @@ def main() -> None:
                   device="cuda" if torch.cuda.is_available() else "cpu")
 
     from draftrl.config.serve import ServeConfig
-    from draftrl.decoding.vllm.engine import model_path, release_engine
+    from draftrl.decoding.vllm.engine import model_path, release_engines
     from draftrl.drafters.eagle3 import random_head
-    from draftrl.eval.policy_names import parse_policies
-    from draftrl.eval.serve_policies import engine_config_for
     from draftrl.eval.serving import run_serving_eval
 
     ks = sorted({int(k) for k in args.ks.split(",") if k})
@@ -132,8 +130,7 @@ def main() -> None:
         groups[k] = run_serving_eval(serving_dir / f"k{k}", policies=policies, concurrency=levels, config=config,
                                      repeats=args.repeats,
                                      progress=lambda d, t, m, k=k: bench.note(f"K={k} [{d}/{t}] {m}"))
-        for spec in parse_policies(policies, engine="vllm")[1:]:  # none's engine serves every K
-            release_engine(engine_config_for(spec, config))
+        release_engines()  # this K's engines; none's is rebuilt for the next K (one shutdown ends them all)
     anchors = hf_anchors(serving_prompts(config), args.hf_lookup) if args.hf_lookup else {}
 
     where = dict(dtype=args.dtype, max_new_tokens=args.max_new_tokens, repeats=args.repeats)

@@ -10,8 +10,6 @@ drafts otherwise, so the comparison can fail.
 
 from __future__ import annotations
 
-import gc
-
 import pytest
 
 from draftrl.decoding.admission import StepAction
@@ -36,9 +34,8 @@ def _phases(engine: VLLMEngine, prompts: list[list[int]], action: StepAction | N
 
 
 def _close(engine: VLLMEngine) -> None:
-    """Free the engine's ~2 GB now (several are built here, one at a time)."""
-    engine.llm.engine_core.shutdown()
-    gc.collect()
+    """Free the engine's ~2 GB now (several are built here, one at a time); the shared ones go too."""
+    engine.close()
 
 
 def _runner(engine: VLLMEngine):

@@ -7,17 +7,17 @@ import pytest
 
 from draftrl.decoding.admission import StepAction
 from draftrl.decoding.interface import ServingEngine
-from draftrl.decoding.vllm.engine import VLLMEngineConfig, shared_engine
+from draftrl.decoding.vllm.engine import VLLMEngine, VLLMEngineConfig, shared_engine
 
 TOKENS = 32
 
 
-@pytest.fixture(scope="module")
-def plain():
+@pytest.fixture
+def plain():  # per test: shared_engine caches it, and rebuilds it after an engine was closed
     return shared_engine(VLLMEngineConfig(method="none"))
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def drafting():
     return shared_engine(VLLMEngineConfig(method="draftrl"))
 
@@ -47,8 +47,8 @@ def run(engine, prompts, action=None, concurrency=None, tokens=TOKENS):
 
 
 @pytest.fixture(scope="module")
-def reference(plain, mixed_prompts):
-    return run(plain, mixed_prompts)
+def reference(mixed_prompts):
+    return run(shared_engine(VLLMEngineConfig(method="none")), mixed_prompts)
 
 
 def test_engines_satisfy_the_interface(plain, drafting):
@@ -101,3 +101,13 @@ def test_budget_zero_gives_exactly_the_no_speculation_schedule(drafting, referen
     assert all(int(r.admitted.sum()) == 0 for r in records)
     outputs, steps, _ = run(drafting, mixed_prompts, StepAction(0))
     assert [{r.request_id: len(r.token_ids) for r in s.requests} for s in steps] == expected
+
+
+def test_closing_an_engine_takes_the_shared_ones_along_and_they_rebuild(reference, mixed_prompts):
+    # vLLM's shutdown tears down the process-wide parallel state: a shared engine kept across it
+    # failed its next step ("pipeline model parallel group is not initialized")
+    before = shared_engine(VLLMEngineConfig(method="none"))
+    VLLMEngine(VLLMEngineConfig(method="none", max_model_len=512)).close()
+    after = shared_engine(VLLMEngineConfig(method="none"))
+    assert after is not before
+    assert run(after, mixed_prompts)[0] == reference[0]

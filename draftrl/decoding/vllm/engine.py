@@ -15,7 +15,7 @@ the head folder ``head``, speculators format: :meth:`draftrl.drafters.eagle3.Eag
 and ``custom_class`` (any other proposer class,
 ``proposer``, up to K tokens: a baseline in the same harness, e.g. :mod:`draftrl.decoding.vllm.ref_lookup`). A speculative config is fixed when the engine is
 built, so each method/K is its own engine: :func:`shared_engine` keeps one per config in the
-process (:func:`release_engine` frees one). Every engine adds vLLM's own speculative-decoding
+process (:func:`release_engines` frees them). Every engine adds vLLM's own speculative-decoding
 counts to :attr:`VLLMEngine.spec_counts` (:mod:`draftrl.decoding.vllm.counts`).
 
 CPU defaults (set only when the variables are unset): ``VLLM_CPU_OMP_THREADS_BIND=nobind``,
@@ -353,6 +353,11 @@ class VLLMEngine:
             return np.zeros(0), np.zeros(0, dtype=np.int64)
         return record.acceptance, record.match_len
 
+    def close(self) -> None:
+        """Shut this engine down now, and the shared engines with it (:func:`release_engines` says why)."""
+        self.llm.engine_core.shutdown()
+        release_engines()
+
     def describe(self) -> dict[str, Any]:
         """The engine's settings for result files."""
         import vllm
@@ -374,9 +379,14 @@ def shared_engine(config: VLLMEngineConfig) -> VLLMEngine:
     return engine
 
 
-def release_engine(config: VLLMEngineConfig) -> None:
-    """Shut down and forget the shared engine of ``config`` (if any), so its memory (weights and
-    KV cache, ~2 GB for SmolLM2-135M in float32 here) returns before the next one is built."""
-    if config in _ENGINES:
-        _ENGINES.pop(config).llm.engine_core.shutdown()
-        gc.collect()  # the engine's reference cycles hold its weights and KV cache
+def release_engines() -> None:
+    """Shut down and forget every shared engine, so their memory (weights and KV cache, ~2 GB each
+    for SmolLM2-135M in float32 here) returns before the next one is built.
+
+    All of them, not one: vLLM's shutdown also tears down the process-wide parallel state that every
+    in-process engine steps on, so an engine built before it fails its next step ("pipeline model
+    parallel group is not initialized") until another engine is built."""
+    for engine in _ENGINES.values():
+        engine.llm.engine_core.shutdown()
+    _ENGINES.clear()
+    gc.collect()  # the engines' reference cycles hold their weights and KV caches
