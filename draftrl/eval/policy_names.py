@@ -18,6 +18,10 @@ name                        hf       vllm     what it is
 ``ngram:K``                 -        yes      vLLM's own prompt lookup, K tokens
 ``eagle3:K``                -        yes      vLLM's own EAGLE-3, K tokens, with the head folder
                                               ``env.head`` (``--head DIR``)
+``ngram:S-E:K,...``,        -        yes      the same stock methods with vLLM's Dynamic SD
+``eagle3:S-E:K,...``                          table: K per running-batch-size range, looked up
+                                              by vLLM's scheduler every step (route (a): no
+                                              draftrl code in the engine)
 ``class:MODULE.Class:K``    -        yes      vLLM with another ``custom_class`` proposer
 ``dsd[:S-E:K,...]``         -        yes      vLLM's Dynamic SD: K per running-batch-size range
 ``head:K[:S]``              -        yes      draftrl's proposer running the EAGLE-3 head
@@ -44,7 +48,7 @@ ALIASES = {"ar": REFERENCE}
 FORMS: dict[str, str] = {
     "none": "none", "fixed": "fixed:D[:V[:W]]", "heuristic": "heuristic", "ppo": "ppo:DIR",
     "best-grid": "best-grid", "threshold": "threshold", "bandit": "bandit", "lookahead": "lookahead",
-    "ngram": "ngram:K", "eagle3": "eagle3:K (with --head DIR)", "class": "class:MODULE.Class:K",
+    "ngram": "ngram:K|S-E:K,...", "eagle3": "eagle3:K|S-E:K,... (with --head DIR)", "class": "class:MODULE.Class:K",
     "dsd": "dsd[:S-E:K,...]", "head": "head:K[:tT|:cT] (with --head DIR)",
     "sam": "sam:N:K[:tT|:cT] (with --head DIR)",
 }
@@ -73,7 +77,7 @@ class PolicySpec:
     width: int = 1
     """fixed: the tree width W (hf only)"""
     dsd: tuple[tuple[int, int, int], ...] = ()
-    """dsd: (batch start, batch end, K) rows"""
+    """dsd, and ngram / eagle3 with a table: (batch start, batch end, K) rows"""
     path: str | None = None
     """ppo: the run directory (or its policy.zip); class: MODULE.Class"""
     min_match: int | None = None
@@ -93,12 +97,22 @@ def _bad(item: str, why: str, engine: str) -> ValueError:
     return ValueError(f"policy {item!r} {why}; --engine {engine} accepts {accepted_names(engine)}.")
 
 
+#: Kinds that take a Dynamic SD table (``KIND:S-E:K,...``).
+TABLE_KINDS = ("dsd", "ngram", "eagle3")
+
+
+def _table_entry(part: str) -> bool:
+    """Whether ``part`` looks like one ``S-E:K`` row of a Dynamic SD table."""
+    return part[:1].isdigit() and "-" in part.partition(":")[0]
+
+
 def split_policies(text: str) -> list[str]:
-    """Split a comma-separated policy list where a dsd table keeps its own commas:
-    ``"none,dsd:1-1:6,2-4:2,fixed:4"`` -> ``["none", "dsd:1-1:6,2-4:2", "fixed:4"]``."""
+    """Split a comma-separated policy list where a Dynamic SD table keeps its own commas:
+    ``"none,dsd:1-1:6,2-4:2,eagle3:1-1:3,2-16:1"`` -> ``["none", "dsd:1-1:6,2-4:2", "eagle3:1-1:3,2-16:1"]``."""
     out: list[str] = []
     for part in (p.strip() for p in text.split(",")):
-        if out and out[-1].startswith("dsd:") and part[:1].isdigit() and "-" in part.partition(":")[0]:
+        kind, _, arg = out[-1].partition(":") if out else ("", "", "")
+        if kind in TABLE_KINDS and _table_entry(arg) and _table_entry(part):
             out[-1] += "," + part
         elif part:
             out.append(part)
@@ -106,7 +120,9 @@ def split_policies(text: str) -> list[str]:
 
 
 def parse_dsd(text: str, item: str, engine: str = "vllm") -> tuple[tuple[int, int, int], ...]:
-    """``"1-1:6,2-4:4"`` -> ((1, 1, 6), (2, 4, 4)), sorted; it must start at batch size 1."""
+    """``"1-1:6,2-4:4"`` -> ((1, 1, 6), (2, 4, 4)), sorted; the ranges must start at batch size 1
+    and not overlap (vLLM's own rules for ``num_speculative_tokens_per_batch_size``, checked here so
+    a bad table fails before an engine loads)."""
     table = []
     for part in text.split(","):
         ranges, _, k = part.partition(":")
@@ -117,6 +133,9 @@ def parse_dsd(text: str, item: str, engine: str = "vllm") -> tuple[tuple[int, in
     table.sort()
     if table[0][0] != 1:
         raise _bad(item, "must start at batch size 1", engine)
+    for (_, previous_end, _), (start, end, _) in zip([(0, 0, 0), *table], table):
+        if start > end or start <= previous_end:
+            raise _bad(item, f"has range {start}-{end} that is empty or overlaps the one before", engine)
     return tuple(table)
 
 
@@ -154,8 +173,15 @@ def _parse_kind(item: str, engine: str) -> PolicySpec:
         return PolicySpec(kind, item, values[0], values[1] if len(values) > 1 else None,
                           values[2] if len(values) > 2 else 1)
     if kind in ("ngram", "eagle3"):
+        if _table_entry(arg):  # vLLM's Dynamic SD table on the stock method: K is its deepest row
+            table = parse_dsd(arg, item, engine)
+            deepest = max(k for _, _, k in table)
+            if not 1 <= deepest <= 16:
+                raise _bad(item, "needs a table whose deepest K is 1..16 (vLLM's num_speculative_tokens)", engine)
+            return PolicySpec(kind, item, deepest, dsd=table)
         if not arg.isdigit() or not 1 <= int(arg) <= 16:
-            raise _bad(item, f"must look like {kind}:K with 1 <= K <= 16", engine)
+            raise _bad(item, f"must look like {kind}:K with 1 <= K <= 16, or {kind}:S-E:K,... (a Dynamic SD "
+                             "table)", engine)
         return PolicySpec(kind, item, int(arg))
     if kind in ("head", "sam"):
         parts = arg.split(":") if arg else []

@@ -6,7 +6,8 @@ through the ``draftrl.policies.Policy`` interface on ``draftrl/ServeVLLM-v0`` (o
 
 - ``none``, ``ngram:K``, ``eagle3:K``, ``class:MODULE.Class:K``: ``Fixed`` at depth 0; the engine
   (vLLM without speculation, its own prompt lookup, its own EAGLE-3 with the head ``env.head``,
-  another ``custom_class`` proposer) ignores the action;
+  another ``custom_class`` proposer) ignores the action; ``ngram:S-E:K,...`` and
+  ``eagle3:S-E:K,...`` give the stock method vLLM's Dynamic SD table instead of one K;
 - ``fixed:D[:B]``: ``Fixed`` at depth D and budget B (no limit without B);
 - ``heuristic``: ``Fixed`` at the deepest depth, no budget, with the env's per-request rule
   ``heuristic`` (Hugging Face's +2 / -1 inside the proposer, ``draftrl.decoding.schedule``);
@@ -89,13 +90,14 @@ def engine_config_for(spec: PolicySpec, config) -> Any:
 
     if spec.kind == REFERENCE:
         return VLLMEngineConfig.serving(config, method="none")
+    table = {"dsd": spec.dsd} if spec.dsd else {}  # ngram / eagle3 with vLLM's Dynamic SD table
     if spec.kind == "ngram":
-        return VLLMEngineConfig.serving(config, method="ngram", num_speculative_tokens=spec.depth)
+        return VLLMEngineConfig.serving(config, method="ngram", num_speculative_tokens=spec.depth, **table)
     if spec.kind == "eagle3":
         from draftrl.drafters.packaged import resolve_head
 
         return VLLMEngineConfig.serving(config, method="eagle3", head=resolve_head(config.head, config.target),
-                                        num_speculative_tokens=spec.depth)
+                                        num_speculative_tokens=spec.depth, **table)
     if spec.kind == "class":
         return VLLMEngineConfig.serving(config, method="custom_class", proposer=spec.path,
                                         num_speculative_tokens=spec.depth)

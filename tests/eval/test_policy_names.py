@@ -132,9 +132,35 @@ def test_vllm_own_methods_take_k_and_the_refusal_names_the_head_flag():
     assert [(s.kind, s.label, s.depth) for s in specs[1:]] == [("ngram", "ngram:3", 3), ("eagle3", "eagle3:5", 5)]
     with pytest.raises(ValueError, match="eagle3:K with 1 <= K <= 16") as err:
         parse_policies("eagle3:0", engine="vllm")
-    assert "eagle3:K (with --head DIR)" in str(err.value)
+    assert "eagle3:K|S-E:K,... (with --head DIR)" in str(err.value)
     with pytest.raises(ValueError, match="runs on --engine vllm only"):
         parse_policies("eagle3:4", engine="hf")
+
+
+def test_stock_methods_take_vllms_dynamic_sd_table_as_route_a():
+    """``eagle3:S-E:K,...`` is stock EAGLE-3 with K per running-batch-size range: its engine's
+    ``speculative_config`` carries vLLM's table, K is the deepest row, and bad tables fail here."""
+    from draftrl.config.serve import ServeConfig
+    from draftrl.eval.serve_policies import engine_config_for
+
+    items = split_policies("none,eagle3:1-1:3,2-16:1,ngram:1-2:4,3-16:0,fixed:4,eagle3:2")
+    assert items == ["none", "eagle3:1-1:3,2-16:1", "ngram:1-2:4,3-16:0", "fixed:4", "eagle3:2"]
+    eagle3, ngram = parse_policies(items, engine="vllm")[1:3]
+    assert (eagle3.kind, eagle3.depth, eagle3.dsd) == ("eagle3", 3, ((1, 1, 3), (2, 16, 1)))
+    assert (ngram.kind, ngram.depth, ngram.dsd) == ("ngram", 4, ((1, 2, 4), (3, 16, 0)))
+    spec = engine_config_for(eagle3, ServeConfig()).speculative_config()
+    assert spec["method"] == "eagle3" and spec["model"].endswith("smollm2-135m")
+    assert spec["num_speculative_tokens"] == 3 and spec["num_speculative_tokens_per_batch_size"] == [[1, 1, 3], [2, 16, 1]]
+    assert "num_speculative_tokens_per_batch_size" not in engine_config_for(parse_policies("eagle3:2", engine="vllm")[1],
+                                                                            ServeConfig()).speculative_config()
+    for bad, why in (("eagle3:1-1:0,2-16:0", "deepest K is 1..16"), ("eagle3:2-16:1", "batch size 1"),
+                     ("ngram:1-4:2,3-16:1", "overlaps"), ("eagle3:1-1:3,9-4:1", "empty")):
+        with pytest.raises(ValueError, match=why):
+            parse_policies(bad, engine="vllm")
+    from draftrl.decoding.vllm.engine import VLLMEngineConfig
+
+    with pytest.raises(ValueError, match="use method='ngram' or 'eagle3'"):
+        VLLMEngineConfig(method="draftrl", dsd=((1, 16, 2),))
 
 
 def test_route_b_names_run_the_head_in_draftrls_proposer_at_depth_k():

@@ -10,8 +10,8 @@ Methods (``VLLMEngineConfig.method``): ``none`` (no speculation), ``draftrl`` (a
 drafter chosen by name, ``VLLMEngineConfig.drafter``, n-gram by default; depth cap and budget per
 step, :mod:`draftrl.decoding.vllm.proposer`),
 ``ngram`` (vLLM's own prompt lookup at a fixed K, optionally its Dynamic SD table
-``num_speculative_tokens_per_batch_size``), ``eagle3`` (vLLM's own EAGLE-3 at a fixed K with
-the head folder ``head``, speculators format: :meth:`draftrl.drafters.eagle3.Eagle3Head.save_pretrained`)
+``num_speculative_tokens_per_batch_size``), ``eagle3`` (vLLM's own EAGLE-3 at a fixed K, or
+that table, with the head folder ``head``, speculators format: :meth:`draftrl.drafters.eagle3.Eagle3Head.save_pretrained`)
 and ``custom_class`` (any other proposer class,
 ``proposer``, up to K tokens: a baseline in the same harness, e.g. :mod:`draftrl.decoding.vllm.ref_lookup`). A speculative config is fixed when the engine is
 built, so each method/K is its own engine: :func:`shared_engine` keeps one per config in the
@@ -89,7 +89,8 @@ class VLLMEngineConfig:
     token ids alone, or one that runs an EAGLE-3 head (``eagle3[:PATH]``, ``sam:N[:PATH]``:
     :mod:`draftrl.decoding.vllm.head_proposer`)"""
     dsd: tuple[tuple[int, int, int], ...] | None = None
-    """ngram only: vLLM's num_speculative_tokens_per_batch_size ((start, end, K), ...)"""
+    """ngram and eagle3: vLLM's Dynamic SD table, num_speculative_tokens_per_batch_size ((start, end, K),
+    ...), which vLLM's scheduler reads every step; K never exceeds ``num_speculative_tokens``"""
     prompt_lookup_min: int = 1
     """ngram only"""
     prompt_lookup_max: int = 3
@@ -122,8 +123,9 @@ class VLLMEngineConfig:
         if self.method != "none" and self.num_speculative_tokens < 1:
             raise ValueError(f"num_speculative_tokens={self.num_speculative_tokens} must be >= 1 with "
                              f"method={self.method!r}; use method='none' for no speculation.")
-        if self.dsd is not None and self.method != "ngram":
-            raise ValueError("dsd (num_speculative_tokens_per_batch_size) needs method='ngram'.")
+        if self.dsd is not None and self.method not in ("ngram", "eagle3"):
+            raise ValueError(f"dsd (num_speculative_tokens_per_batch_size) with method={self.method!r}: vLLM's "
+                             "table drives its own proposers; use method='ngram' or 'eagle3'.")
         if (self.method == "custom_class") != bool(self.proposer) or (self.proposer and "." not in self.proposer):
             raise ValueError(f"proposer={self.proposer!r} with method={self.method!r}: method='custom_class' needs "
                              "proposer='module.Class' and the other methods take none.")
@@ -152,9 +154,11 @@ class VLLMEngineConfig:
             return {"method": "custom_class", "model": self.proposer or default,
                     "num_speculative_tokens": self.num_speculative_tokens}
         if self.method == "eagle3":  # the method named: vLLM guesses it from the path otherwise
-            return {"method": "eagle3", "model": self.head, "num_speculative_tokens": self.num_speculative_tokens}
-        spec: dict[str, Any] = {"method": "ngram", "num_speculative_tokens": self.num_speculative_tokens,
-                                "prompt_lookup_min": self.prompt_lookup_min, "prompt_lookup_max": self.prompt_lookup_max}
+            spec: dict[str, Any] = {"method": "eagle3", "model": self.head,
+                                    "num_speculative_tokens": self.num_speculative_tokens}
+        else:
+            spec = {"method": "ngram", "num_speculative_tokens": self.num_speculative_tokens,
+                    "prompt_lookup_min": self.prompt_lookup_min, "prompt_lookup_max": self.prompt_lookup_max}
         if self.dsd:
             spec["num_speculative_tokens_per_batch_size"] = [list(e) for e in self.dsd]
         return spec
