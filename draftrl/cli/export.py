@@ -7,6 +7,7 @@ Example::
     draftrl export runs/replay/policy.zip --format vllm --out vllm.json             # static config
     draftrl export runs/replay --format vllm --out runs/vllm_policy                 # policy inside vLLM
     draftrl export sam:2:6:t0.6 --format vllm --out runs/vllm_sam                   # the head inside vLLM
+    draftrl export eagle3:1-1:3,2-16:1 --format vllm --out runs/vllm_eagle3        # stock vLLM, K per batch size
     draftrl export runs/replay/policy.zip --format sglang --out sglang.json        # + sglang.json.adaptive.json
 
 onnx / torchscript write the policy network alone plus a manifest (feature order, normalisation,
@@ -37,8 +38,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         description=__doc__.split("\n\n")[0] if __doc__ else None,
     )
     parser.add_argument("policy", help="run directory of draftrl train, its policy.zip, or a checkpoint zip; "
-                                       "with --format vllm also a head rule (head:K[:tT|:cT], sam:N:K[:tT|:cT])")
-    parser.add_argument("--head", default=None, help="vllm head rules: the EAGLE-3 head folder (default: the shipped one)")
+                                       "with --format vllm also a head rule (head:K[:tT|:cT], sam:N:K[:tT|:cT]) "
+                                       "or a stock one (eagle3:K, eagle3:S-E:K,..., ngram:K, ngram:S-E:K,...)")
+    parser.add_argument("--head", default=None,
+                        help="vllm head and eagle3 rules: the EAGLE-3 head folder (default: the shipped one)")
     parser.add_argument("--format", required=True, choices=FORMATS)
     parser.add_argument("--out", required=True, help="file to write (the manifest goes to OUT.json)")
     parser.add_argument("--check-observations", type=int, default=4096,
@@ -60,13 +63,18 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return parser
 
 
-def head_rule(name: str) -> Any | None:
-    """The parsed ``head:K[:S]`` / ``sam:N:K[:S]`` policy name (the head inside draftrl's vLLM
-    proposer), or None when ``name`` is no such name (a run directory, a policy file)."""
+#: Stock vLLM methods a rule name exports as route (a).
+STOCK_KINDS = ("eagle3", "ngram")
+
+
+def vllm_rule(name: str) -> Any | None:
+    """The parsed rule name ``head:K[:S]`` / ``sam:N:K[:S]`` (the head inside draftrl's vLLM
+    proposer) or ``eagle3:...`` / ``ngram:...`` (stock vLLM), or None when ``name`` is no such
+    name (a run directory, a policy file)."""
     from draftrl.eval.policy_names import parse_policies
     from draftrl.eval.serve_policies import PROPOSER_HEAD_KINDS
 
-    if name.partition(":")[0] not in PROPOSER_HEAD_KINDS or Path(name).exists():
+    if name.partition(":")[0] not in (*PROPOSER_HEAD_KINDS, *STOCK_KINDS) or Path(name).exists():
         return None
     return parse_policies([name], engine="vllm")[-1]
 
@@ -87,12 +95,16 @@ def run(args: argparse.Namespace) -> int:
             )
             return 0
         if args.format == "vllm" and out.suffix != ".json":
-            from draftrl.export.vllm_bundle import write_bundle, write_head_bundle
+            from draftrl.export.vllm_bundle import write_bundle, write_head_bundle, write_stock_bundle
 
-            rule = head_rule(args.policy)
+            rule = vllm_rule(args.policy)
             if rule is not None:
-                bundle = write_head_bundle(args.policy, out, depth=rule.depth, min_match=rule.min_match,
-                                           stop=rule.stop, head=args.head)
+                if rule.kind in STOCK_KINDS:
+                    bundle = write_stock_bundle(args.policy, out, method=rule.kind, depth=rule.depth, table=rule.dsd,
+                                                head=args.head)
+                else:
+                    bundle = write_head_bundle(args.policy, out, depth=rule.depth, min_match=rule.min_match,
+                                               stop=rule.stop, head=args.head)
                 print(f"speculative_config={json.dumps(bundle['speculative_config'])}  out={out}")
                 print(f"serve: {bundle['serve']}")
                 return 0

@@ -15,7 +15,8 @@ A serving engine that cannot ask a policy every round gets the policy summarised
    (``--saturation-tokens``, default 256 tokens: calibrate it on the serving GPU).
 3. **Engine keys**: vLLM ``speculative_config`` (``num_speculative_tokens = k1`` and
    ``num_speculative_tokens_per_batch_size = [[start_bs, end_bs, k], ...]``, vLLM's dynamic
-   speculative decoding table), plus a ``custom_class`` variant that runs the policy itself
+   speculative decoding table; the method follows the training drafter: ``ngram`` for n-gram
+   lookup, ``eagle3`` with the head folder for ``eagle3`` and ``sam`` drafters), plus a ``custom_class`` variant that runs the policy itself
    (``draftrl.export.vllm_proposer``); SGLang server arguments (``speculative_num_steps``,
    ``speculative_eagle_topk``, ``speculative_num_draft_tokens``) and an adaptive config
    (``speculative_adaptive_config``: per-batch-size tiers of ``candidate_steps``: the depths the
@@ -166,6 +167,7 @@ def derive(
         "policy": str(trained.model_path),
         "env_id": trained.env_id,
         "drafter": features.get("drafter"),
+        "target": getattr(env_spec(trained.train_config, trained.env_id), "target", None),
         "width": int(features.get("width") or 1),
         "depths": depths,
         "verify_size": verify_size,
@@ -186,15 +188,34 @@ def derive(
 
 
 # ----------------------------------------------------------------------------- vLLM
-def _vllm_method(drafter: str | None, method: str | None) -> tuple[str, dict[str, Any]]:
-    if method:
-        return method, {}
+#: Drafter kinds that run an EAGLE-3 head; stock vLLM runs them as ``eagle3`` (``sam`` loses its lookup).
+HEAD_DRAFTERS = ("eagle3", "sam")
+
+
+def head_folder(drafter: str | None, target: str | None) -> str | None:
+    """The EAGLE-3 head folder an ``eagle3[:PATH]`` / ``sam:N[:PATH]`` drafter runs (the one draftrl
+    ships for ``target`` when the spec names none), or None for drafters that run no head."""
     kind, _, arg = (drafter or "ngram").partition(":")
+    if kind not in HEAD_DRAFTERS:
+        return None
+    path = arg.partition(":")[2] if kind == "sam" else arg
+    from draftrl.drafters.packaged import resolve_head
+
+    return str(Path(resolve_head(path or None, target or "smollm2-135m")).resolve())
+
+
+def _vllm_method(drafter: str | None, method: str | None, target: str | None = None) -> tuple[str, dict[str, Any]]:
+    kind, _, arg = (drafter or "ngram").partition(":")
+    if method:
+        return method, ({"model": head_folder(drafter, target)} if method == "eagle3" and kind in HEAD_DRAFTERS
+                        else {})
     if kind == "ngram":
         low, high = (arg.split(":")[:2] if arg else ("1", "3"))  # ngram:MIN:MAX[:FIRST]
         return "ngram", {"prompt_lookup_min": int(low), "prompt_lookup_max": int(high)}
     if kind in ("none", "layerskip", "self"):
         return "ngram", {"prompt_lookup_min": 1, "prompt_lookup_max": 3}
+    if kind in HEAD_DRAFTERS:
+        return "eagle3", {"model": head_folder(drafter, target)}
     return "draft_model", {"model": drafter}
 
 
@@ -202,7 +223,7 @@ def vllm_config(derivation: dict[str, Any], *, method: str | None = None) -> dic
     """vLLM ``speculative_config`` (static + per-batch-size table) and the ``custom_class`` variant."""
     k1 = derivation["k1"]
     table = derivation["depth_by_batch"]
-    name, extra = _vllm_method(derivation["drafter"], method)
+    name, extra = _vllm_method(derivation["drafter"], method, derivation.get("target"))
     notes = [
         "num_speculative_tokens_per_batch_size is vLLM's dynamic speculative decoding table ([start_bs, end_bs, K]); "
         "vLLM documents it as tested with EAGLE, EAGLE-3 and DFlash and disables it under data parallelism.",
@@ -213,6 +234,10 @@ def vllm_config(derivation: dict[str, Any], *, method: str | None = None) -> dic
         speculative = None
         notes.insert(0, "The policy's median depth is 0 (it mostly does not speculate): run without speculation.")
     else:
+        if (derivation["drafter"] or "").startswith("sam:") and name == "eagle3":
+            notes.insert(0, "Trained with sam (n-gram lookup on a long match, else the head): stock vLLM runs one "
+                            "proposer, so this config drafts with the head alone; draftrl export sam:N:K --format "
+                            "vllm --out DIR runs both inside vLLM (route (b)).")
         speculative = {"method": name, **extra, "num_speculative_tokens": k1,
                        "num_speculative_tokens_per_batch_size": table}
     return {
@@ -238,10 +263,11 @@ def _sglang_algorithm(drafter: str | None, algorithm: str | None) -> str:
     if algorithm:
         return algorithm.upper()
     kind = (drafter or "ngram").partition(":")[0]
-    return {"ngram": "NGRAM", "none": "NGRAM", "layerskip": "NGRAM", "self": "NGRAM"}.get(kind, "STANDALONE")
+    return {"ngram": "NGRAM", "none": "NGRAM", "layerskip": "NGRAM", "self": "NGRAM",
+            "eagle3": "EAGLE3", "sam": "EAGLE3"}.get(kind, "STANDALONE")
 
 
-def _sglang_draft_model(drafter: str | None, algorithm: str) -> str | None:
+def _sglang_draft_model(drafter: str | None, algorithm: str, target: str | None = None) -> str | None:
     """``speculative_draft_model_path``: STANDALONE and EAGLE* load a draft model, NGRAM does not.
 
     The training drafter's path when it was a model; a placeholder naming what is needed otherwise
@@ -249,6 +275,8 @@ def _sglang_draft_model(drafter: str | None, algorithm: str) -> str | None:
     if algorithm == "NGRAM":
         return None
     kind = (drafter or "ngram").partition(":")[0]
+    if kind in HEAD_DRAFTERS and algorithm.startswith("EAGLE"):
+        return head_folder(drafter, target)
     if kind not in ("ngram", "none", "layerskip", "self") and algorithm == "STANDALONE":
         return drafter
     return "<EAGLE draft model path>" if algorithm.startswith("EAGLE") else "<draft model path>"
@@ -283,7 +311,7 @@ def sglang_config(derivation: dict[str, Any], *, algorithm: str | None = None,
                         f"topk={width}): speculative_adaptive is off; pass --algorithm EAGLE3 with an EAGLE-3 draft.")
     if k1 == 0:
         notes.insert(0, "The policy's median depth is 0 (it mostly does not speculate): run without speculation.")
-    draft_model = _sglang_draft_model(derivation["drafter"], algo)
+    draft_model = _sglang_draft_model(derivation["drafter"], algo, derivation.get("target"))
     if draft_model is not None and draft_model.startswith("<"):
         notes.insert(0, f"SGLang's {algo} algorithm loads a separate draft model: replace "
                         f"speculative_draft_model_path={draft_model} with its path or hub id.")

