@@ -1,8 +1,8 @@
 """Two ways to serve a trained EAGLE-3 head in vLLM, against every fixed (drafter, K) and vLLM's own
 methods, at concurrency 1 and 4 on the mixed held-out workload (four languages x four tasks).
 
-- route (a): stock vLLM ``eagle3:K`` (one K for every request; under load the batch-size table,
-  ``dsd``, is its only knob);
+- route (a): stock vLLM ``eagle3:K`` (one K for every request) and ``eagle3:S-E:K,...`` (vLLM's
+  Dynamic SD table, K per running-batch-size range: the only knob stock vLLM has under load);
 - route (b): draftrl's proposer running the same head itself
   (``draftrl.decoding.vllm.head_proposer``): ``head:K`` (its drafts equal stock ``eagle3:K``'s, so
   the two differ in cost only), ``sam:N:K`` (per request: n-gram lookup on an N-token match, else
@@ -15,7 +15,7 @@ methods, at concurrency 1 and 4 on the mixed held-out workload (four languages x
 One ``draftrl.eval.serving.run_serving_eval`` (policies rotated per load and repeat, float32 greedy
 identity against ``none``). Prints ratios first: each policy over ``none``, over the best stock
 vLLM method (``ngram:K``, ``eagle3:K``) and over the best fixed (drafter, K) of the run (stock, the
-n-gram proposer's ``fixed:K``, ``head:K`` and ``sam:N:K`` without a stop), at concurrency 1 over
+n-gram proposer's ``fixed:K``, ``head:K`` and ``sam:N:K`` without a stop; a table is no fixed K), at concurrency 1 over
 the HF anchors, per task and language;
 then route (b) over route (a) at each K both ran::
 
@@ -45,8 +45,8 @@ FIXED_KINDS = ("ngram", "eagle3", "fixed", "head", "sam")
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], parents=[common_flags()])
     p.add_argument("--head", default=None, help="EAGLE-3 head folder; default: the head draftrl ships for the target")
-    p.add_argument("--stock", default="ngram:4,ngram:6,eagle3:1,eagle3:2,eagle3:3",
-                   help="vLLM's own methods (each its own engine)")
+    p.add_argument("--stock", default="ngram:4,ngram:6,eagle3:1,eagle3:2,eagle3:3,eagle3:1-1:2,2-16:1",
+                   help="vLLM's own methods (each its own engine; eagle3:S-E:K,... with a Dynamic SD table)")
     p.add_argument("--draftrl", default="fixed:4,fixed:6,heuristic,head:2,head:3,sam:2:4,sam:2:6,"
                                          "sam:2:6:t0.4,sam:2:6:t0.6,sam:2:6:c0.3,head:4:t0.6",
                    help="policies on draftrl's proposer (n-gram: fixed, heuristic; the head: head, sam)")
@@ -59,7 +59,7 @@ def main() -> None:
     bench = Bench(args, __file__, owned=("serving",), device="cuda" if torch.cuda.is_available() else "cpu")
     from draftrl.config.serve import ServeConfig
     from draftrl.drafters.packaged import resolve_head
-    from draftrl.eval.policy_names import parse_policies
+    from draftrl.eval.policy_names import parse_policies, split_policies
     from draftrl.eval.serving import run_serving_eval
 
     levels = [int(c) for c in args.concurrency.split(",") if c]
@@ -67,7 +67,7 @@ def main() -> None:
                          tasks=tuple(args.tasks.split(",")) if args.tasks else None,
                          max_new_tokens=args.max_new_tokens, dtype=args.dtype, threads=args.threads)
     config = dataclasses.replace(config, head=resolve_head(args.head, config.target))
-    names = ["none"] + [n for n in (args.stock + "," + args.draftrl).split(",") if n]
+    names = ["none"] + split_policies(args.stock + "," + args.draftrl)  # a Dynamic SD table keeps its commas
     specs = {s.label: s for s in parse_policies(names, engine="vllm")}
     root = bench.out or Path(tempfile.mkdtemp(prefix="vllm_head_routes_"))
     t0 = time.perf_counter()
@@ -79,9 +79,10 @@ def main() -> None:
     for level in levels:
         table = results["concurrency"][str(level)]["policies"]
         rate = {name: row["tokens_per_second"] for name, row in table.items()}
-        stock = max((n for n in rate if specs[n].kind in ("ngram", "eagle3")), key=rate.get, default=None)
-        fixed = max((n for n in rate if specs[n].kind in FIXED_KINDS and not specs[n].stop), key=rate.get,
+        stock = max((n for n in rate if specs[n].kind in ("ngram", "eagle3") and not specs[n].dsd), key=rate.get,
                     default=None)
+        fixed = max((n for n in rate if specs[n].kind in FIXED_KINDS and not specs[n].stop and not specs[n].dsd),
+                    key=rate.get, default=None)
         bench.note(f"concurrency {level}: best stock {stock}, best fixed (drafter, K) {fixed}")
         for name, row in sorted(table.items(), key=lambda item: -item[1]["tokens_per_second"]):
             if name == "none":
