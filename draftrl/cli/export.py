@@ -38,7 +38,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         description=__doc__.split("\n\n")[0] if __doc__ else None,
     )
     parser.add_argument("policy", help="run directory of draftrl train, its policy.zip, or a checkpoint zip; "
-                                       "with --format vllm also a head rule (head:K[:tT|:cT], sam:N:K[:tT|:cT]) "
+                                       "with --format vllm also a head rule (head:K[:tT|:cT][:bB], sam:N:K[:tT|:cT][:bB]) "
                                        "or a stock one (eagle3:K, eagle3:S-E:K,..., ngram:K, ngram:S-E:K,...)")
     parser.add_argument("--head", default=None,
                         help="vllm head and eagle3 rules: the EAGLE-3 head folder (default: the shipped one)")
@@ -103,8 +103,10 @@ def run(args: argparse.Namespace) -> int:
                     bundle = write_stock_bundle(args.policy, out, method=rule.kind, depth=rule.depth, table=rule.dsd,
                                                 head=args.head)
                 else:
+                    from draftrl.eval.serve_policies import proposer_rule
+
                     bundle = write_head_bundle(args.policy, out, depth=rule.depth, min_match=rule.min_match,
-                                               stop=rule.stop, head=args.head)
+                                               rule=proposer_rule(rule), head=args.head)
                 print(f"speculative_config={json.dumps(bundle['speculative_config'])}  out={out}")
                 print(f"serve: {bundle['serve']}")
                 return 0

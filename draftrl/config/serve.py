@@ -41,7 +41,8 @@ class ServeConfig(WorkloadConfig):
     """the target's EAGLE-3 head folder (speculators format) that the eagle3:K policies draft with"""
     rule: str = "match"
     """each request's own depth before the cap and budget: match | heuristic (see the proposer);
-    confidence:T | cumulative:T where the proposer runs a head (its per-level stop);
+    confidence:T | cumulative:T where the proposer runs a head (its per-level stop), any of those
+    but heuristic with ``|batch:B`` (the head drafts only in steps of at most B requests);
     hindsight in ServeReplay-v0 only (drafts only what will be accepted: a ceiling, not a policy)"""
     # ---- action grid
     depths: tuple[int, ...] = (0, 1, 2, 3, 4, 6, 8)

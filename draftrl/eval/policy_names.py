@@ -24,11 +24,13 @@ name                        hf       vllm     what it is
                                               draftrl code in the engine)
 ``class:MODULE.Class:K``    -        yes      vLLM with another ``custom_class`` proposer
 ``dsd[:S-E:K,...]``         -        yes      vLLM's Dynamic SD: K per running-batch-size range
-``head:K[:S]``              -        yes      draftrl's proposer running the EAGLE-3 head
+``head:K[:S][:bB]``         -        yes      draftrl's proposer running the EAGLE-3 head
                                               ``env.head`` itself, depth K every step; S a
                                               per-level stop: ``tT`` (HF's confidence threshold
-                                              T) or ``cT`` (EAGLE-2's chain probability T)
-``sam:N:K[:S]``             -        yes      as ``head``, per request n-gram lookup when its
+                                              T) or ``cT`` (EAGLE-2's chain probability T); B
+                                              the largest step (decoding requests) the head
+                                              drafts in, n-gram lookup above it
+``sam:N:K[:S][:bB]``        -        yes      as ``head``, per request n-gram lookup when its
                                               match has >= N tokens
 ==========================  =======  =======  ====================================================
 
@@ -49,8 +51,8 @@ FORMS: dict[str, str] = {
     "none": "none", "fixed": "fixed:D[:V[:W]]", "heuristic": "heuristic", "ppo": "ppo:DIR",
     "best-grid": "best-grid", "threshold": "threshold", "bandit": "bandit", "lookahead": "lookahead",
     "ngram": "ngram:K|S-E:K,...", "eagle3": "eagle3:K|S-E:K,... (with --head DIR)", "class": "class:MODULE.Class:K",
-    "dsd": "dsd[:S-E:K,...]", "head": "head:K[:tT|:cT] (with --head DIR)",
-    "sam": "sam:N:K[:tT|:cT] (with --head DIR)",
+    "dsd": "dsd[:S-E:K,...]", "head": "head:K[:tT|:cT][:bB] (with --head DIR)",
+    "sam": "sam:N:K[:tT|:cT][:bB] (with --head DIR)",
 }
 #: The kinds each engine runs.
 ENGINE_KINDS: dict[str, tuple[str, ...]] = {
@@ -84,6 +86,8 @@ class PolicySpec:
     """sam: N, the shortest n-gram match that drafts by lookup"""
     stop: str | None = None
     """head, sam: the proposer's per-level stop rule (``confidence:T`` or ``cumulative:T``)"""
+    head_max_batch: int | None = None
+    """head, sam: the largest step (decoding requests) the head drafts in (None: every step)"""
     text: str = ""
     """the entry as written, with the alias resolved (``ppo:runs/x``, ``none`` for ``ar``)"""
 
@@ -186,13 +190,15 @@ def _parse_kind(item: str, engine: str) -> PolicySpec:
     if kind in ("head", "sam"):
         parts = arg.split(":") if arg else []
         ints = 2 if kind == "sam" else 1
+        batch = parts.pop() if len(parts) > ints and parts[-1][:1] == "b" else None
         stop = _stop(parts[ints]) if len(parts) == ints + 1 else None
         if len(parts) not in (ints, ints + 1) or not all(p.isdigit() for p in parts[:ints]) \
-                or not 1 <= int(parts[ints - 1]) <= VLLM_MAX_DEPTH or (len(parts) > ints and stop is None):
-            raise _bad(item, f"must look like {FORMS[kind].split()[0]} with integers, 1 <= K <= {VLLM_MAX_DEPTH} "
-                             "and 0 < T < 1", engine)
+                or not 1 <= int(parts[ints - 1]) <= VLLM_MAX_DEPTH or (len(parts) > ints and stop is None) \
+                or (batch is not None and not (batch[1:].isdigit() and int(batch[1:]) >= 1)):
+            raise _bad(item, f"must look like {FORMS[kind].split()[0]} with integers, 1 <= K <= {VLLM_MAX_DEPTH}, "
+                             "0 < T < 1 and B >= 1", engine)
         return PolicySpec(kind, item, int(parts[ints - 1]), min_match=int(parts[0]) if kind == "sam" else None,
-                          stop=stop)
+                          stop=stop, head_max_batch=int(batch[1:]) if batch else None)
     if kind == "class":
         path, _, k = arg.rpartition(":")
         if "." not in path or not k.isdigit() or not 1 <= int(k) <= 16:

@@ -14,7 +14,7 @@ through the ``draftrl.policies.Policy`` interface on ``draftrl/ServeVLLM-v0`` (o
 - ``dsd[:S-E:K,...]``: ``DynamicSD``, K from the running batch size;
 - ``head:K``, ``sam:N:K``: ``Fixed`` at depth K, no budget, on draftrl's proposer running the head
   ``env.head`` itself (:mod:`draftrl.decoding.vllm.head_proposer`; ``sam``: n-gram lookup per
-  request when its match has >= N tokens);
+  request when its match has >= N tokens; ``:bB``: the head only in steps of at most B requests);
 - ``ppo:DIR``: ``PPOPolicy`` trained on a serving env (grids and features checked).
 """
 
@@ -33,9 +33,14 @@ HEAD_KINDS = ("eagle3", *PROPOSER_HEAD_KINDS)
 
 
 def proposer_rule(spec: PolicySpec) -> str:
-    """Each request's own depth before the step's cap and budget (``ServeConfig.rule``)."""
-    if spec.kind in PROPOSER_HEAD_KINDS and spec.stop:
-        return spec.stop
+    """Each request's own depth before the step's cap and budget (``ServeConfig.rule``); for the
+    head kinds with the head's stop and load parts (``confidence:0.6|batch:1``,
+    :mod:`draftrl.decoding.vllm.head_proposer`)."""
+    if spec.kind in PROPOSER_HEAD_KINDS:
+        from draftrl.decoding.vllm.head_proposer import LOAD_SEP
+
+        rule = spec.stop or "match"
+        return rule if spec.head_max_batch is None else f"{rule}{LOAD_SEP}{spec.head_max_batch}"
     return "heuristic" if spec.kind == "heuristic" else "match"
 
 

@@ -104,9 +104,10 @@ def write_bundle(policy: str | Path, out: str | Path, *, model: str = "smollm2-1
 
 
 def write_head_bundle(name: str, out: str | Path, *, depth: int, min_match: int | None = None,
-                      stop: str | None = None, model: str = "smollm2-135m", head: str | None = None) -> dict[str, Any]:
-    """Export the head rule ``name`` (``head:K[:S]`` / ``sam:N:K[:S]`` of ``draftrl.eval.policy_names``,
-    parsed by the caller: ``depth`` K, ``min_match`` N for ``sam``, ``stop`` the proposer's stop rule)
+                      rule: str = "match", model: str = "smollm2-135m", head: str | None = None) -> dict[str, Any]:
+    """Export the head rule ``name`` (``head:K[:S][:bB]`` / ``sam:N:K[:S][:bB]`` of ``draftrl.eval.policy_names``,
+    parsed by the caller: ``depth`` K, ``min_match`` N for ``sam``, ``rule`` the proposer's rule,
+    ``draftrl.eval.serve_policies.proposer_rule``: its stop and load parts)
     with the head folder ``head`` (default: the head draftrl ships for ``model``) into ``out``:
     ``proposer.json`` and ``vllm.json``, no policy network. vLLM must run the target eagerly
     (``enforce_eager``): the proposer reads its hidden states through hooks that a compiled graph
@@ -118,7 +119,7 @@ def write_head_bundle(name: str, out: str | Path, *, depth: int, min_match: int 
     folder = str(Path(resolve_head(head, model)).resolve())
     head_config(folder)  # one line naming what the folder lacks
     drafter = f"eagle3:{folder}" if min_match is None else f"sam:{min_match}:{folder}"
-    proposer = {"drafter": drafter, "depth": depth, "rule": stop or "match", "budget": None}
+    proposer = {"drafter": drafter, "depth": depth, "rule": rule, "budget": None}
     out = Path(out)
     with staged_files(out) as stage:
         write_json(stage / "proposer.json", proposer)

@@ -45,3 +45,14 @@ def test_rules_parse_and_bad_thresholds_are_refused_in_one_line():
         with pytest.raises(ValueError, match="threshold in \\(0, 1\\)") as err:
             stop_rule(bad)
         assert "\n" not in str(err.value)
+
+
+def test_the_load_part_parses_and_bad_ones_are_refused_in_one_line():
+    from draftrl.decoding.vllm.head_proposer import split_load
+
+    assert split_load("confidence:0.6|batch:1") == ("confidence:0.6", 1)
+    assert split_load("match|batch:4") == ("match", 4) and split_load("cumulative:0.3") == ("cumulative:0.3", None)
+    for bad in ("match|batch:0", "match|batch:x", "heuristic|batch:2"):
+        with pytest.raises(ValueError, match="RULE\\|batch:B") as err:
+            split_load(bad)
+        assert "\n" not in str(err.value)

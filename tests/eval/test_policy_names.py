@@ -178,7 +178,12 @@ def test_route_b_names_run_the_head_in_draftrls_proposer_at_depth_k():
     stopped = parse_policies("head:6:t0.4,sam:2:6:c0.25", engine="vllm")[1:]
     assert [(s.depth, s.stop) for s in stopped] == [(6, "confidence:0.4"), (6, "cumulative:0.25")]
     assert [proposer_rule(s) for s in stopped] == ["confidence:0.4", "cumulative:0.25"]
-    for bad in ("head:9", "sam:3", "head:2:1", "sam:x:2", "head:4:t1.5", "sam:2:4:x0.3"):
+    loaded = parse_policies("sam:2:6:t0.6:b1,head:4:b2", engine="vllm")[1:]
+    assert [(s.depth, s.stop, s.head_max_batch) for s in loaded] == [(6, "confidence:0.6", 1), (4, None, 2)]
+    assert [proposer_rule(s) for s in loaded] == ["confidence:0.6|batch:1", "match|batch:2"]
+    assert proposer_rule(parse_policies("sam:2:6", engine="vllm")[1]) == "match"
+    for bad in ("head:9", "sam:3", "head:2:1", "sam:x:2", "head:4:t1.5", "sam:2:4:x0.3", "sam:2:4:b0", "head:4:b1:t0.6",
+                "sam:2:4:t0.6:bx"):
         with pytest.raises(ValueError, match="must look like"):
             parse_policies(bad, engine="vllm")
 

@@ -119,3 +119,41 @@ def test_route_b_keeps_the_budget_and_output_and_none_reproduces_no_speculation(
     out, streams, history, _, counts = _route_b("sam:2", prompts, StepAction(0))
     assert out == plain
     assert all(int(r.admitted.sum()) == 0 for r in history) and counts.num_drafts == 0
+
+
+def test_the_load_part_keeps_the_head_to_small_steps(mixed_prompts, plain, monkeypatch):
+    """``match|batch:1``: the head drafts while one request decodes and never in a step of more
+    (n-gram lookup drafts there); the same engine without the load part runs the head at batch 4."""
+    from draftrl.drafters.eagle3 import Eagle3Drafter
+    from draftrl.drafters.packaged import packaged_head
+
+    prompts = [ids for _, ids in mixed_prompts]
+    engine = VLLMEngine(VLLMEngineConfig(method="draftrl", drafter=f"eagle3:{packaged_head('smollm2-135m')}",
+                                         num_speculative_tokens=K, max_model_len=512))
+    proposer, batches, head_calls = engine.proposer, [0], []
+    propose, begin = proposer.propose, Eagle3Drafter.begin
+
+    def counting_propose(sampled_token_ids, *args, **kwargs):
+        batches[0] = sum(1 for s in sampled_token_ids if s)
+        return propose(sampled_token_ids, *args, **kwargs)
+
+    def counting_begin(self, *args, **kwargs):
+        head_calls.append(batches[0])
+        return begin(self, *args, **kwargs)
+
+    monkeypatch.setattr(proposer, "propose", counting_propose)
+    monkeypatch.setattr(Eagle3Drafter, "begin", counting_begin)
+    try:
+        proposer.history = []
+        proposer.set_rule("match|batch:1")
+        assert proposer.head_max_batch == 1
+        out = _phases(engine, prompts)
+        assert out == plain
+        assert head_calls and set(head_calls) == {1}
+        assert any(len(r.keys) > 1 and int(r.admitted.sum()) > 0 for r in proposer.history)  # lookup drafted there
+        head_calls.clear()
+        proposer.set_rule("match")
+        assert _phases(engine, prompts) == plain
+        assert max(head_calls) == len(prompts)
+    finally:
+        _close(engine)

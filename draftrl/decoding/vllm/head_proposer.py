@@ -23,6 +23,12 @@ tokens before them only, so a hit is exact. A request whose skipped positions we
 (e.g. cached before this proposer started) drafts by lookup only (``sam``) or not at all, and is
 counted in :attr:`HeadProposer.unseen_prefixes`.
 
+The head runs once per request (one row per call), where stock ``eagle3`` batches the step, so
+under load it costs more than its drafts bring. A rule ``RULE|batch:B`` (policy names ``...:bB``)
+drafts with the head only while the step decodes at most B requests; above that every request
+drafts by n-gram lookup (the proposer's own drafter, the lookup ``sam`` mixes in) while its head
+keeps taking its rows, so it drafts again as soon as the batch shrinks.
+
 Requests are keyed by vLLM's request ids: the runner is the caller of ``load_model`` (vLLM
 documents this interface as subject to change; ``tests/real_vllm/test_head_proposer.py`` pins
 it). Draft tokens of ``eagle3:PATH`` at depth K equal stock ``eagle3``'s at K (same test).
@@ -94,6 +100,22 @@ def stop_rule(rule: str) -> tuple[str, float] | None:
     if not 0.0 < threshold < 1.0:
         raise ValueError(f"rule {rule!r} needs a threshold in (0, 1), e.g. {kind}:0.4")
     return kind, threshold
+
+
+#: the load part of a head proposer's rule: ``RULE|batch:B``
+LOAD_SEP = "|batch:"
+
+
+def split_load(rule: str) -> tuple[str, int | None]:
+    """``("confidence:0.6", 1)`` for ``"confidence:0.6|batch:1"`` (the head drafts while the step
+    decodes at most 1 request); ``(rule, None)`` for a rule without a load part."""
+    base, sep, value = rule.partition(LOAD_SEP)
+    if not sep:
+        return rule, None
+    if not value.isdigit() or int(value) < 1 or (base not in ("match",) and stop_rule(base) is None):
+        raise ValueError(f"rule {rule!r} must look like RULE|batch:B with B >= 1 and RULE match, confidence:T or "
+                         "cumulative:T, e.g. confidence:0.6|batch:1")
+    return base, int(value)
 
 
 def stop_after(rule: tuple[str, float], scores: list[float]) -> int:
@@ -195,6 +217,9 @@ class HeadProposer(DraftrlProposer):
         self.block_size = int(getattr(vllm_config.cache_config, "block_size", 16) or 16)
         self.head_dtype = vllm_config.model_config.dtype
         self.stop: tuple[str, float] | None = None
+        self.head_max_batch: int | None = None
+        """the largest step (decoding requests) the head drafts in; None: every step"""
+        self._lookup_only = False
         super().__init__(vllm_config)
 
     # ------------------------------------------------------------------ configuration
@@ -212,14 +237,18 @@ class HeadProposer(DraftrlProposer):
             self._load_head()
 
     def set_rule(self, rule: str, initial_depth: float | None = None) -> None:
-        """The proposer's rules, and :func:`stop_rule`'s per-level stops of the head's chain (a
-        request drafts up to the step's cap, and stops where its own drafts lose confidence)."""
-        stop = stop_rule(rule)
-        super().set_rule("match" if stop else rule, initial_depth)
-        self.stop = stop
+        """The proposer's rules, :func:`stop_rule`'s per-level stops of the head's chain (a request
+        drafts up to the step's cap, and stops where its own drafts lose confidence) and
+        :func:`split_load`'s load part (the head drafts only in steps of at most B requests)."""
+        base, head_max_batch = split_load(rule)
+        stop = stop_rule(base)
+        super().set_rule("match" if stop else base, initial_depth)
+        self.stop, self.head_max_batch = stop, head_max_batch
         self.rule = rule
 
     def _draft(self, key: str, ids: list[int], cap: int):
+        if self.head is not None and self._lookup_only:  # a step above head_max_batch: n-gram lookup
+            return self.drafter.propose(ids, cap, 1, _GREEDY, None)
         if self.head is None or self.stop is None:
             return super()._draft(key, ids, cap)
         builder = self._drafter_for(key).begin(ids, 1, _GREEDY, None)
@@ -327,6 +356,8 @@ class HeadProposer(DraftrlProposer):
                 slot_mappings: Any = None) -> list[list[int]]:
         if self.head is not None:
             self._ingest(num_tokens_no_spec, token_ids_cpu)
+        decoding = sum(1 for sampled in sampled_token_ids if sampled)
+        self._lookup_only = self.head_max_batch is not None and decoding > self.head_max_batch
         return super().propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings)
 
 
