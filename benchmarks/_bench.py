@@ -256,6 +256,19 @@ def add_serving_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=1,
                         help="episodes per (load, policy), rotated; each cell reports its median-time episode")
     parser.add_argument("--hf-lookup", type=int, default=8, help="HF prompt_lookup_num_tokens (0 = skip HF anchors)")
+    parser.add_argument("--prompts", default=None,
+                        help="a JSONL prompt file (draftrl.prompts fields; e.g. tools/sharegpt_prompts.py's ShareGPT "
+                             "held-out prompts) instead of the shipped set's held-out split")
+
+
+def serving_config(args: argparse.Namespace, **overrides: Any):
+    """The ``ServeConfig`` of :func:`add_serving_args`' workload options: the held-out split (of
+    ``--prompts`` when given), in file order."""
+    from draftrl.config.serve import ServeConfig
+
+    return ServeConfig(prompts=args.prompts, split="heldout", shuffle=False, seed=0,
+                       limit_per_group=args.limit_per_group, tasks=tuple(args.tasks.split(",")) if args.tasks else None,
+                       max_new_tokens=args.max_new_tokens, dtype=args.dtype, threads=args.threads, **overrides)
 
 
 def add_grid_args(parser: argparse.ArgumentParser, max_new_tokens: int) -> None:
@@ -416,7 +429,7 @@ def first_mismatch(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-__all__ = ["Bench", "Request", "Run", "Timings", "add_grid_args", "add_serving_args", "anchor_method", "common_flags",
+__all__ = ["Bench", "Request", "Run", "Timings", "add_grid_args", "add_serving_args", "serving_config", "anchor_method", "common_flags",
            "engine_method", "first_mismatch", "grouped_requests", "hf_anchor_rows", "hf_anchors", "interleave", "load_grid", "machine",
            "median", "parse_args", "requests", "rotate", "rotations", "serving_prompts"]
 

@@ -22,7 +22,9 @@ import argparse
 import tempfile
 import time
 
-from _bench import Bench, add_serving_args, common_flags, hf_anchor_rows, hf_anchors, parse_args, serving_prompts
+from _bench import (
+    Bench, add_serving_args, common_flags, hf_anchor_rows, hf_anchors, parse_args, serving_config, serving_prompts,
+)
 
 REF_LOOKUP = "draftrl.decoding.vllm.ref_lookup.RefLookupLatest"
 
@@ -43,7 +45,6 @@ def main() -> None:
 
     bench = Bench(args, __file__, owned=("serving",), device="cuda" if torch.cuda.is_available() else "cpu")
 
-    from draftrl.config.serve import ServeConfig
     from draftrl.eval.serving import run_serving_eval
 
     policies = ["none"] + [f"ngram:{k}" for k in args.ks.split(",") if k] + \
@@ -53,9 +54,7 @@ def main() -> None:
         policies.append(args.dsd)
     if args.ppo:
         policies.append(args.ppo if args.ppo.startswith("ppo:") else f"ppo:{args.ppo}")
-    config = ServeConfig(split="heldout", shuffle=False, seed=0, limit_per_group=args.limit_per_group,
-                         tasks=tuple(args.tasks.split(",")) if args.tasks else None,
-                         max_new_tokens=args.max_new_tokens, dtype=args.dtype, threads=args.threads)
+    config = serving_config(args)
     levels = [int(c) for c in args.concurrency.split(",") if c]
     t0 = time.perf_counter()
     serving_dir = bench.path("serving") or tempfile.mkdtemp(prefix="serve_compare_")

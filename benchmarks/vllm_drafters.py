@@ -45,7 +45,7 @@ from pathlib import Path
 import numpy as np
 
 from _bench import (
-    Bench, add_serving_args, common_flags, group_ratios, hf_anchor_rows, hf_anchors, parse_args, rotations,
+    Bench, add_serving_args, common_flags, group_ratios, hf_anchor_rows, hf_anchors, parse_args, rotations, serving_config,
     serving_prompts,
 )
 
@@ -99,7 +99,6 @@ def main() -> None:
     bench = Bench(args, __file__, owned=("serving", "head", PLOT),
                   device="cuda" if torch.cuda.is_available() else "cpu")
 
-    from draftrl.config.serve import ServeConfig
     from draftrl.decoding.vllm.engine import model_path, release_engines
     from draftrl.drafters.eagle3 import random_head
     from draftrl.eval.serving import run_serving_eval
@@ -107,9 +106,7 @@ def main() -> None:
     ks = sorted({int(k) for k in args.ks.split(",") if k})
     levels = [int(c) for c in args.concurrency.split(",") if c]
     root = bench.out or Path(tempfile.mkdtemp(prefix="vllm_drafters_"))
-    config = ServeConfig(split="heldout", shuffle=False, seed=0, limit_per_group=args.limit_per_group,
-                         tasks=tuple(args.tasks.split(",")) if args.tasks else None,
-                         max_new_tokens=args.max_new_tokens, dtype=args.dtype, threads=args.threads)
+    config = serving_config(args)
     head, head_name = args.head, args.head
     if head is None:
         from draftrl.drafters.packaged import packaged_head

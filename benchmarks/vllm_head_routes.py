@@ -35,7 +35,8 @@ import time
 from pathlib import Path
 
 from _bench import (
-    Bench, add_serving_args, common_flags, group_ratios, hf_anchor_rows, hf_anchors, parse_args, serving_prompts,
+    Bench, add_serving_args, common_flags, group_ratios, hf_anchor_rows, hf_anchors, parse_args, serving_config,
+    serving_prompts,
 )
 
 #: what counts as a fixed (drafter, K): no per-request rule, no stop
@@ -57,15 +58,12 @@ def main() -> None:
     import torch
 
     bench = Bench(args, __file__, owned=("serving",), device="cuda" if torch.cuda.is_available() else "cpu")
-    from draftrl.config.serve import ServeConfig
     from draftrl.drafters.packaged import resolve_head
     from draftrl.eval.policy_names import parse_policies, split_policies
     from draftrl.eval.serving import run_serving_eval
 
     levels = [int(c) for c in args.concurrency.split(",") if c]
-    config = ServeConfig(split="heldout", shuffle=False, seed=0, limit_per_group=args.limit_per_group,
-                         tasks=tuple(args.tasks.split(",")) if args.tasks else None,
-                         max_new_tokens=args.max_new_tokens, dtype=args.dtype, threads=args.threads)
+    config = serving_config(args)
     config = dataclasses.replace(config, head=resolve_head(args.head, config.target))
     names = ["none"] + split_policies(args.stock + "," + args.draftrl)  # a Dynamic SD table keeps its commas
     specs = {s.label: s for s in parse_policies(names, engine="vllm")}
