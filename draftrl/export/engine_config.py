@@ -188,34 +188,32 @@ def derive(
 
 
 # ----------------------------------------------------------------------------- vLLM
-#: Drafter kinds that run an EAGLE-3 head; stock vLLM runs them as ``eagle3`` (``sam`` loses its lookup).
-HEAD_DRAFTERS = ("eagle3", "sam")
-
-
 def head_folder(drafter: str | None, target: str | None) -> str | None:
     """The EAGLE-3 head folder an ``eagle3[:PATH]`` / ``sam:N[:PATH]`` drafter runs (the one draftrl
-    ships for ``target`` when the spec names none), or None for drafters that run no head."""
-    kind, _, arg = (drafter or "ngram").partition(":")
-    if kind not in HEAD_DRAFTERS:
+    ships for ``target`` when the spec names none), or None for drafters that run no head. Stock
+    engines run such a drafter as their EAGLE-3 method (``sam`` loses its lookup there)."""
+    from draftrl.decoding.vllm.head_proposer import head_spec
+
+    parsed = head_spec(drafter or "ngram")
+    if parsed is None:
         return None
-    path = arg.partition(":")[2] if kind == "sam" else arg
     from draftrl.drafters.packaged import resolve_head
 
-    return str(Path(resolve_head(path or None, target or "smollm2-135m")).resolve())
+    return str(Path(resolve_head(parsed[1], target or "smollm2-135m")).resolve())
 
 
 def _vllm_method(drafter: str | None, method: str | None, target: str | None = None) -> tuple[str, dict[str, Any]]:
     kind, _, arg = (drafter or "ngram").partition(":")
+    folder = head_folder(drafter, target)
     if method:
-        return method, ({"model": head_folder(drafter, target)} if method == "eagle3" and kind in HEAD_DRAFTERS
-                        else {})
+        return method, ({"model": folder} if method == "eagle3" and folder else {})
     if kind == "ngram":
         low, high = (arg.split(":")[:2] if arg else ("1", "3"))  # ngram:MIN:MAX[:FIRST]
         return "ngram", {"prompt_lookup_min": int(low), "prompt_lookup_max": int(high)}
     if kind in ("none", "layerskip", "self"):
         return "ngram", {"prompt_lookup_min": 1, "prompt_lookup_max": 3}
-    if kind in HEAD_DRAFTERS:
-        return "eagle3", {"model": head_folder(drafter, target)}
+    if folder:
+        return "eagle3", {"model": folder}
     return "draft_model", {"model": drafter}
 
 
@@ -274,9 +272,10 @@ def _sglang_draft_model(drafter: str | None, algorithm: str, target: str | None 
     (an n-gram-trained policy exported for EAGLE3 still needs an EAGLE-3 head)."""
     if algorithm == "NGRAM":
         return None
+    folder = head_folder(drafter, target) if algorithm.startswith("EAGLE") else None
+    if folder:
+        return folder
     kind = (drafter or "ngram").partition(":")[0]
-    if kind in HEAD_DRAFTERS and algorithm.startswith("EAGLE"):
-        return head_folder(drafter, target)
     if kind not in ("ngram", "none", "layerskip", "self") and algorithm == "STANDALONE":
         return drafter
     return "<EAGLE draft model path>" if algorithm.startswith("EAGLE") else "<draft model path>"

@@ -113,11 +113,8 @@ def write_head_bundle(name: str, out: str | Path, *, depth: int, min_match: int 
     (``enforce_eager``): the proposer reads its hidden states through hooks that a compiled graph
     would not call."""
     from draftrl.decoding.vllm.head_proposer import HEAD_CLASS_PATH
-    from draftrl.drafters.eagle3 import head_config
-    from draftrl.drafters.packaged import resolve_head
 
-    folder = str(Path(resolve_head(head, model)).resolve())
-    head_config(folder)  # one line naming what the folder lacks
+    folder = _checked_head(head, model)
     drafter = f"eagle3:{folder}" if min_match is None else f"sam:{min_match}:{folder}"
     proposer = {"drafter": drafter, "depth": depth, "rule": rule, "budget": None}
     out = Path(out)
@@ -143,6 +140,17 @@ def write_head_bundle(name: str, out: str | Path, *, depth: int, min_match: int 
     return bundle
 
 
+def _checked_head(head: str | None, model: str) -> str:
+    """The absolute head folder ``head`` (default: the one draftrl ships for ``model``), refused in
+    one line naming what it lacks when vLLM could not load it."""
+    from draftrl.drafters.eagle3 import head_config
+    from draftrl.drafters.packaged import resolve_head
+
+    folder = str(Path(resolve_head(head, model)).resolve())
+    head_config(folder)
+    return folder
+
+
 def stock_speculative_config(method: str, depth: int, table: tuple[tuple[int, int, int], ...] = (),
                              head: str | None = None) -> dict[str, Any]:
     """vLLM's own ``speculative_config`` for ``eagle3`` (with the head folder) or ``ngram`` at depth
@@ -160,13 +168,7 @@ def write_stock_bundle(name: str, out: str | Path, *, method: str, depth: int,
     ``draftrl.eval.policy_names``, parsed by the caller) into ``out/vllm.json``: route (a), a config
     plain vLLM runs with no draftrl code (``eagle3`` with the head folder ``head``, default the one
     draftrl ships for ``model``)."""
-    folder = None
-    if method == "eagle3":
-        from draftrl.drafters.eagle3 import head_config
-        from draftrl.drafters.packaged import resolve_head
-
-        folder = str(Path(resolve_head(head, model)).resolve())
-        head_config(folder)  # one line naming what the folder lacks
+    folder = _checked_head(head, model) if method == "eagle3" else None
     speculative = stock_speculative_config(method, depth, table, folder)
     spec_json = json.dumps(speculative)
     bundle = {
