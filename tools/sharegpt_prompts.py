@@ -59,8 +59,14 @@ def main() -> None:
     p.add_argument("--min-chars", type=int, default=20)
     p.add_argument("--max-chars", type=int, default=1500, help="longer prompts are skipped (CPU prefill time)")
     p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
     args = p.parse_args()
+    out = Path(args.out)
+    if out.exists() and not args.overwrite:
+        raise SystemExit(f"sharegpt_prompts: error: {out} already exists; pass --overwrite to replace it, "
+                         "or choose another --out.")
     from draftrl.distill.data import sharegpt_exchanges
+    from draftrl.io import atomic_write_text
 
     chosen: dict[str, list[dict]] = collections.defaultdict(list)
     for cid, human, _ in sharegpt_exchanges("heldout"):
@@ -71,12 +77,9 @@ def main() -> None:
         if len(chosen[language]) < args.per_language:
             chosen[language].append({"id": cid, "language": language, "task": "chat", "split": "heldout",
                                      "prompt": text, "max_new_tokens": args.max_new_tokens})
-    out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    with out.open("w", encoding="utf-8") as handle:
-        for records in chosen.values():
-            for record in records:
-                handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+    atomic_write_text(out, "".join(json.dumps(record, ensure_ascii=False) + "\n"
+                                   for records in chosen.values() for record in records))
     print("  ".join(f"{lang}={len(r)}" for lang, r in sorted(chosen.items())) + f"  out={out}")
 
 
