@@ -1,4 +1,5 @@
-"""The head proposer's per-level stops cut a chain where each rule says, and nowhere else."""
+"""The head proposer's per-level stops cut a chain where each rule says, and nowhere else, and
+stop drafting at the level that decides."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import math
 
 import pytest
 
-from draftrl.decoding.vllm.head_proposer import stop_after, stop_rule
+from draftrl.decoding.vllm.head_proposer import chain_end, stop_rule
 
 
 def _scores(probs: list[float]) -> list[float]:
@@ -18,17 +19,27 @@ def _scores(probs: list[float]) -> list[float]:
     return out
 
 
+def stop_after(rule, scores):
+    """(kept drafts, levels drafted) of a chain with ``scores`` grown level by level under ``rule``."""
+    for level in range(1, len(scores) + 1):
+        end = chain_end(rule, scores[:level])
+        if end is not None:
+            return end, level
+    return len(scores), len(scores)
+
+
 @pytest.mark.parametrize("probs, confidence, cumulative", [
     ([0.9, 0.8, 0.3, 0.9], 3, 2),   # 0.3 < 0.4: HF keeps that draft; chain 0.216 < 0.25: EAGLE-2 drops it
     ([0.9, 0.5, 0.5, 0.9], 4, 2),   # no draft below 0.4, but the chain falls to 0.225 at the third
     ([0.2, 0.9], 1, 0),             # the first draft already fails both
     ([1.0, 1.0, 1.0], 3, 3),        # lookup drafts (probability 1) never stop
-    ([], 0, 0),
 ])
 def test_each_rule_keeps_the_drafts_it_should(probs, confidence, cumulative):
     scores = _scores(probs)
-    assert stop_after(("confidence", 0.4), scores) == confidence
-    assert stop_after(("cumulative", 0.25), scores) == cumulative
+    kept, drafted = stop_after(("confidence", 0.4), scores)
+    assert kept == confidence and drafted == confidence  # the draft below T is the last one drafted
+    kept, drafted = stop_after(("cumulative", 0.25), scores)
+    assert kept == cumulative and drafted == min(cumulative + 1, len(scores))  # the failing draft is dropped
 
 
 def test_the_rules_differ_so_a_swapped_rule_is_caught():

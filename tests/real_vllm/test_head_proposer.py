@@ -123,26 +123,21 @@ def test_route_b_keeps_the_budget_and_output_and_none_reproduces_no_speculation(
 
 def test_the_load_part_keeps_the_head_to_small_steps(mixed_prompts, plain, monkeypatch):
     """``match|batch:1``: the head drafts while one request decodes and never in a step of more
-    (n-gram lookup drafts there); the same engine without the load part runs the head at batch 4."""
-    from draftrl.drafters.eagle3 import Eagle3Drafter
+    (n-gram lookup drafts there); the same engine without the load part drafts the 4 requests of
+    a step in one batched head call."""
     from draftrl.drafters.packaged import packaged_head
 
     prompts = [ids for _, ids in mixed_prompts]
     engine = VLLMEngine(VLLMEngineConfig(method="draftrl", drafter=f"eagle3:{packaged_head('smollm2-135m')}",
                                          num_speculative_tokens=K, max_model_len=512))
-    proposer, batches, head_calls = engine.proposer, [0], []
-    propose, begin = proposer.propose, Eagle3Drafter.begin
+    proposer, head_calls, draft_chains = engine.proposer, [], head_proposer.draft_chains
 
-    def counting_propose(sampled_token_ids, *args, **kwargs):
-        batches[0] = sum(1 for s in sampled_token_ids if s)
-        return propose(sampled_token_ids, *args, **kwargs)
+    def counting(drafters, *args, **kwargs):
+        if drafters:
+            head_calls.append(len(drafters))
+        return draft_chains(drafters, *args, **kwargs)
 
-    def counting_begin(self, *args, **kwargs):
-        head_calls.append(batches[0])
-        return begin(self, *args, **kwargs)
-
-    monkeypatch.setattr(proposer, "propose", counting_propose)
-    monkeypatch.setattr(Eagle3Drafter, "begin", counting_begin)
+    monkeypatch.setattr(head_proposer, "draft_chains", counting)
     try:
         proposer.history = []
         proposer.set_rule("match|batch:1")

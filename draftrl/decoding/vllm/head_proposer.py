@@ -23,11 +23,12 @@ tokens before them only, so a hit is exact. A request whose skipped positions we
 (e.g. cached before this proposer started) drafts by lookup only (``sam``) or not at all, and is
 counted in :attr:`HeadProposer.unseen_prefixes`.
 
-The head runs once per request (one row per call), where stock ``eagle3`` batches the step, so
-under load it costs more than its drafts bring. A rule ``RULE|batch:B`` (policy names ``...:bB``)
+The head drafts all of a step's requests together, as stock ``eagle3`` does: one padded head
+forward for their roots and one per level (:func:`~draftrl.drafters.eagle3_chains.draft_chains`),
+each request to its own cap and per-level stop. A rule ``RULE|batch:B`` (policy names ``...:bB``)
 drafts with the head only while the step decodes at most B requests; above that every request
-drafts by n-gram lookup (the proposer's own drafter, the lookup ``sam`` mixes in) while its head
-keeps taking its rows, so it drafts again as soon as the batch shrinks.
+drafts by n-gram lookup (the proposer's own drafter) while its head keeps taking its rows, so it
+drafts again as soon as the batch shrinks.
 
 Requests are keyed by vLLM's request ids: the runner is the caller of ``load_model`` (vLLM
 documents this interface as subject to change; ``tests/real_vllm/test_head_proposer.py`` pins
@@ -41,6 +42,7 @@ import math
 import sys
 import weakref
 from collections import OrderedDict
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -49,9 +51,11 @@ import torch
 from draftrl.decoding.vllm.proposer import _GREEDY, DraftrlProposer
 from draftrl.drafters.base import Drafter
 from draftrl.drafters.eagle3 import Eagle3Drafter, Eagle3Head, check_head_fits
+from draftrl.drafters.eagle3_chains import draft_chains
 from draftrl.drafters.mixed import MixedDrafter
 from draftrl.drafters.ngram import NgramDrafter
 from draftrl.drafters.packaged import packaged_head, packaged_heads
+from draftrl.drafters.tree import DraftTree
 
 HEAD_CLASS_PATH = "draftrl.decoding.vllm.head_proposer.HeadProposer"
 #: drafter kinds that run a head here: ``eagle3[:PATH]`` and ``sam:N[:PATH]``
@@ -118,17 +122,16 @@ def split_load(rule: str) -> tuple[str, int | None]:
     return base, int(value)
 
 
-def stop_after(rule: tuple[str, float], scores: list[float]) -> int:
-    """How many of a chain's drafts a stop ``rule`` keeps, given their cumulative log probabilities."""
+def chain_end(rule: tuple[str, float], scores: list[float]) -> int | None:
+    """Read after each level of a chain (``scores``: its drafts' cumulative log probabilities so
+    far): None while a stop ``rule`` lets it grow, else how many of its drafts it keeps. The chain
+    stops at the level that decides, so no level is drafted only to be dropped."""
     kind, threshold = rule
-    log_t, previous = math.log(threshold), 0.0
-    for level, score in enumerate(scores):
-        if kind == "cumulative" and score < log_t:
-            return level
-        if kind == "confidence" and score - previous < log_t:
-            return level + 1
-        previous = score
-    return len(scores)
+    log_t = math.log(threshold)
+    if kind == "cumulative":
+        return len(scores) - 1 if scores[-1] < log_t else None
+    own = scores[-1] - (scores[-2] if len(scores) > 1 else 0.0)
+    return len(scores) if own < log_t else None
 
 
 class AuxCapture:
@@ -246,17 +249,34 @@ class HeadProposer(DraftrlProposer):
         self.stop, self.head_max_batch = stop, head_max_batch
         self.rule = rule
 
-    def _draft(self, key: str, ids: list[int], cap: int):
-        if self.head is not None and self._lookup_only:  # a step above head_max_batch: n-gram lookup
-            return self.drafter.propose(ids, cap, 1, _GREEDY, None)
-        if self.head is None or self.stop is None:
-            return super()._draft(key, ids, cap)
-        builder = self._drafter_for(key).begin(ids, 1, _GREEDY, None)
-        for _ in range(cap):
-            if not builder.step() or stop_after(self.stop, builder.tree.scores) < len(builder.tree.scores):
-                break
-        tree = builder.tree
-        return tree.subset(list(range(stop_after(self.stop, tree.scores))))
+    def _draft_all(self, keys: list[str], histories: list[list[int]], caps: list[int]) -> list[DraftTree]:
+        """The step's drafts: n-gram lookup for the requests whose rule chooses it (every request in
+        a step above ``head_max_batch``), the head's chains of all the others in one batched
+        :func:`~draftrl.drafters.eagle3_chains.draft_chains` call, each to its own cap and stop."""
+        if self.head is None:
+            return super()._draft_all(keys, histories, caps)
+        if self._lookup_only:
+            return [self.drafter.propose(ids, cap, 1, _GREEDY, None) for ids, cap in zip(histories, caps)]
+        trees: list[DraftTree | None] = [None] * len(keys)
+        heads, extras = [], []  # (index, the request's head drafter), the features its tree also carries
+        for a, (key, ids, cap) in enumerate(zip(keys, histories, caps)):
+            state = self._drafter_for(key)
+            extra: dict[str, float] = {}
+            if isinstance(state, MixedDrafter):
+                extra = state.lookup.features(ids)
+                if state.chooses_lookup(extra):
+                    trees[a] = state.lookup.propose(ids, cap, 1, _GREEDY, None)
+                    trees[a].features = {**trees[a].features, "drafter_lookup": 1.0}
+                    continue
+                extra["drafter_lookup"] = 0.0
+            heads.append((a, self._head_of(state)))
+            extras.append(extra)
+        stop = None if self.stop is None else partial(chain_end, self.stop)
+        chains = draft_chains([h for _, h in heads], [histories[a] for a, _ in heads], [caps[a] for a, _ in heads], stop)
+        for (a, _), extra, tree in zip(heads, extras, chains):
+            tree.features = {**tree.features, **extra}
+            trees[a] = tree
+        return trees  # type: ignore[return-value]
 
     def load_model(self, target_model: torch.nn.Module, *args: Any, **kwargs: Any) -> None:
         """Keep the target and its runner (the caller), and load the head if one is configured."""

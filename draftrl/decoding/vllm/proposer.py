@@ -51,6 +51,7 @@ from draftrl.decoding.admission import RequestAcceptance, StepAction, admit_draf
 from draftrl.decoding.vllm.guards import guard_cpu_expand
 from draftrl.drafters.base import Drafter
 from draftrl.drafters.registry import build_drafter
+from draftrl.drafters.tree import DraftTree
 from draftrl.models.distribution import SamplingParams
 
 CONFIG_ENV = "DRAFTRL_PROPOSER_CONFIG"
@@ -220,9 +221,12 @@ class DraftrlProposer:
         drafter state, :class:`draftrl.decoding.vllm.head_proposer.HeadProposer`, returns its own)."""
         return self.drafter
 
-    def _draft(self, key: str, ids: list[int], cap: int):
-        """Request ``key``'s greedy chain of at most ``cap`` drafts after ``ids`` (a DraftTree)."""
-        return self._drafter_for(key).propose(ids, cap, 1, _GREEDY, None)
+    def _draft_all(self, keys: list[str], histories: list[list[int]], caps: list[int]) -> list[DraftTree]:
+        """Each request's greedy chain of at most ``caps[i]`` drafts after ``histories[i]``; one call
+        per step, so a subclass may draft the step's requests together
+        (:class:`draftrl.decoding.vllm.head_proposer.HeadProposer` batches its head)."""
+        return [self._drafter_for(key).propose(ids, cap, 1, _GREEDY, None)
+                for key, ids, cap in zip(keys, histories, caps)]
 
     def _before_draft(self, view: StepView) -> None:
         """Called once per step after the requests are tracked and before drafting: a hook for a
@@ -266,10 +270,10 @@ class DraftrlProposer:
                                     sum(int(num_tokens_no_spec[i]) for i in idle)))
         action = self.action
         own_depths = self._own_depths(rows, reqs, sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
+        caps = [draft_cap(action.depth, own, self.max_depth, self.max_model_len, n)
+                for own, n in zip(own_depths, lengths)]
         chains = []
-        for a, (ids, own, n, key) in enumerate(zip(histories, own_depths, lengths, keys)):
-            cap = draft_cap(action.depth, own, self.max_depth, self.max_model_len, n)
-            tree = self._draft(key, ids, cap)
+        for a, (ids, cap, tree) in enumerate(zip(histories, caps, self._draft_all(keys, histories, caps))):
             match_len[a] = int(tree.features.get("ngram_match_len", 0))
             chain = [int(t) for t in tree.tokens]
             if self.rule == "fill":  # pad to the cap with the last token
