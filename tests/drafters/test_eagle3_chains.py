@@ -19,7 +19,7 @@ from draftrl.drafters import eagle3_chains
 from draftrl.drafters.eagle3 import Eagle3Drafter
 from draftrl.drafters.eagle3_chains import ALONE_ROWS, draft_chains
 from draftrl.models.distribution import SamplingParams
-from tests.drafters.test_eagle3 import AUX, head_for, llama
+from tiny_eagle3 import tiny_pair
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 GREEDY = SamplingParams()
@@ -27,13 +27,12 @@ GREEDY = SamplingParams()
 
 @pytest.fixture(scope="module")
 def setup():
-    target = llama()
-    head = head_for(target)
+    target, head = tiny_pair()
     rng = random.Random(0)
     sequences = [[rng.randrange(1, 32) for _ in range(n)] for n in (30, 45, 38, 60)]
     with torch.no_grad():
         features = [torch.cat([s[0] for s in (target(torch.tensor([seq]), output_hidden_states=True).hidden_states[l]
-                                              for l in AUX)], dim=-1) for seq in sequences]
+                                              for l in head.config.aux_layers)], dim=-1) for seq in sequences]
     return target, head, sequences, features
 
 
@@ -122,7 +121,7 @@ def test_a_request_without_features_drafts_nothing_and_heads_must_match(setup):
     bare = Eagle3Drafter(head, None, embed=embed)
     assert draft_chains([bare], [sequences[0][:10]], [3])[0].tokens == []
     with pytest.raises(ValueError, match="different heads"):
-        draft_chains([bare, Eagle3Drafter(head_for(target, seed=2), None, embed=embed)],
+        draft_chains([bare, Eagle3Drafter(tiny_pair()[1], None, embed=embed)],
                      [sequences[0][:10]] * 2, [3, 3])
 
 
