@@ -38,7 +38,12 @@ class LevelStopRule(ABC):
         """Before each request."""
 
     def on_round(self, rnd: RoundResult) -> None:
-        """After each round, with what it accepted."""
+        """After each round of the engine (``generate(..., on_round=rule.on_round)``)."""
+        self.observe(rnd.num_accepted)
+
+    def observe(self, num_accepted: int) -> None:
+        """After each round, with how many of its drafted tokens the target accepted (the engine's
+        ``on_round`` or a replay of recorded rounds)."""
 
     def __call__(self, features: dict[str, float]) -> bool:
         path = float(features["level_best_prob"])
@@ -94,10 +99,10 @@ class RocConfidenceStop(ConfidenceStop):
     def start(self) -> None:
         self.threshold, self.seen, self.accepted, self.confidences = self.initial, [], [], []
 
-    def on_round(self, rnd: RoundResult) -> None:
-        judged = min(len(self.confidences), rnd.num_accepted + 1)
+    def observe(self, num_accepted: int) -> None:
+        judged = min(len(self.confidences), num_accepted + 1)
         self.seen += self.confidences[:judged]
-        self.accepted += [i < rnd.num_accepted for i in range(judged)]
+        self.accepted += [i < num_accepted for i in range(judged)]
         self.confidences = []
         if len(self.seen) >= self.min_samples and len(set(self.accepted)) == 2:
             self.threshold = roc_threshold(self.seen, self.accepted, self.fp_cost, self.fn_cost)

@@ -1,4 +1,4 @@
-"""Per-level confidence stops: each rule stops exactly where it should on hand-made chains, the ROC
+"""Per-level confidence stops (and SpecDec++'s, tests/policies/test_acceptance_stop.py): each rule stops exactly where it should on hand-made chains, the ROC
 re-fit moves Hugging Face's threshold the right way (a wrong fit fails the same check), and in the
 real engine with a tiny EAGLE-3 head the rules stop where they say and keep greedy output exact."""
 
@@ -19,6 +19,7 @@ from draftrl.drafters.eagle3 import Eagle3Drafter
 from draftrl.drafters.mixed import MixedDrafter
 from draftrl.drafters.ngram import NgramDrafter
 from draftrl.drafters.tree import DraftTree
+from draftrl.policies.acceptance_stop import AcceptanceModel, AcceptanceStop
 from draftrl.policies.confidence_stop import (ConfidenceStop, CumulativeConfidenceStop, RocConfidenceStop,
                                               roc_threshold)
 
@@ -116,7 +117,7 @@ def pair():
 
 PROMPTS = [[5, 9, 13, 5, 9, 13, 5, 9], [3, 17, 41, 2, 8, 30, 11, 3, 17], [7, 7, 21, 44, 7, 21]]
 RULES = [lambda: ConfidenceStop(0.4), lambda: RocConfidenceStop(), lambda: CumulativeConfidenceStop(0.3),
-         lambda: CumulativeConfidenceStop(0.05)]
+         lambda: CumulativeConfidenceStop(0.05), lambda: AcceptanceStop(AcceptanceModel((0.5, 1.0, 0.2, -0.6)), 0.6)]
 
 
 class Recording:
@@ -137,7 +138,7 @@ class Recording:
         return stop
 
 
-@pytest.mark.parametrize("make", RULES, ids=["hf-threshold", "hf-roc", "eagle2-cum:0.3", "eagle2-cum:0.05"])
+@pytest.mark.parametrize("make", RULES, ids=["hf-threshold", "hf-roc", "eagle2-cum:0.3", "eagle2-cum:0.05", "specdec:0.6"])
 @pytest.mark.parametrize("mixed", [False, True], ids=["head", "mixed"])
 def test_greedy_output_with_a_stop_rule_is_the_targets_and_rounds_stop_where_the_rule_says(pair, make, mixed):
     target, head = pair
