@@ -6,6 +6,10 @@ held-out prompts (``draftrl collect --drafter D --cost-table C``), every round a
 known, and :mod:`draftrl.eval.headroom` computes
 
 - every fixed ``(drafter, depth)`` (the grid), the SAM-style rule (``--rule``) at each depth,
+- with ``--stops MODEL``, the per-level stops on that drafter's chains up to the deepest depth:
+  Hugging Face's confidence threshold (``hf-threshold:T``) and its per-request ROC re-fit
+  (``hf-roc``), EAGLE-2's cumulative confidence (``eagle2-cum:T``) and SpecDec++'s trained
+  acceptance predictor (``specdec:H``, fitted on ``--train``'s traces of MODEL; needs ``--train``),
 - the greedy one-round lookahead, and
 - **hindsight**: the fewest seconds any per-round sequence of choices needs (a dynamic program), the
   ceiling of every policy that chooses per round, learned or not,
@@ -19,7 +23,7 @@ split) it also trains PPO on ``draftrl/TraceChoice-v0`` over those and places it
 
     python benchmarks/drafter_choice_headroom.py --traces ngram=runs/tr_ngram --traces eagle3=runs/tr_eagle3 \\
         --rule ngram,eagle3,2 --train ngram=runs/tr_ngram_tune --train eagle3=runs/tr_eagle3_tune \
-        --out runs/bench/drafter_choice_headroom
+        --stops eagle3 --depths 1,2,3,4,5,6 --out runs/bench/drafter_choice_headroom
 """
 
 from __future__ import annotations
@@ -30,8 +34,10 @@ from collections import defaultdict
 from _bench import Bench, common_flags, named_dirs, parse_args
 from draftrl.envs.trace_choice import TraceChoiceEnv
 from draftrl.envs.traces import Traces, stored_cost_table
-from draftrl.envs.round_table import round_table
+from draftrl.envs.round_table import level_path_probs, match_depths, round_table
 from draftrl.eval.headroom import headroom
+from draftrl.policies.acceptance_stop import AcceptanceStop, fit_acceptance
+from draftrl.policies.confidence_stop import ConfidenceStop, CumulativeConfidenceStop, RocConfidenceStop
 
 
 def main() -> None:
@@ -44,6 +50,12 @@ def main() -> None:
                    help="SAM-style rule: LOOKUP's n-gram drafts when its match is >= N tokens, else MODEL's")
     p.add_argument("--train", action="append", default=[], metavar="NAME=DIR",
                    help="the same drafters' tune-split traces: train PPO on them and place it on --traces")
+    p.add_argument("--stops", default=None, metavar="MODEL",
+                   help="also replay the per-level stops on MODEL's chains (needs --depths 1..D)")
+    p.add_argument("--hf-threshold", type=float, default=0.4, help="hf-threshold:T (hf-roc starts from it)")
+    p.add_argument("--cum-thresholds", default="0.1,0.25,0.5", help="eagle2-cum:T thresholds")
+    p.add_argument("--specdec-thresholds", default="0.3,0.5,0.7,0.9",
+                   help="specdec:H thresholds on the predicted probability of a rejection")
     p.add_argument("--timesteps", type=int, default=60_000, help="PPO rounds of training")
     p.add_argument("--seeds", default="0,1,2", help="PPO seeds (one policy each; the rows give their median)")
     args = parse_args(p, quick=dict(timesteps=8_000, seeds="0"))
@@ -63,9 +75,28 @@ def main() -> None:
     for rule in args.rule:
         lookup, model, n = rule.split(",")
         rules.append((lookup, model, int(n)))
-    room = headroom(table, rules)
-    if args.train:
-        train_dirs = named_dirs(args.train, "--train")
+    train_dirs = named_dirs(args.train, "--train") if args.train else {}
+    stops = []
+    if args.stops:
+        if args.stops not in dirs:
+            raise SystemExit(f"--stops {args.stops}: no --traces of that name; give one of {list(dirs)}.")
+        stops = [ConfidenceStop(args.hf_threshold), RocConfidenceStop(args.hf_threshold),
+                 *[CumulativeConfidenceStop(float(t)) for t in args.cum_thresholds.split(",")]]
+        if args.stops in train_dirs:
+            tune = Traces.load(train_dirs[args.stops])
+            model = fit_acceptance(level_path_probs(tune, max(depths)), match_depths(tune))
+            bench.note(f"acceptance predictor fitted on {model.num_samples} judged levels of "
+                       f"{train_dirs[args.stops]}: weights {', '.join(f'{w:.3f}' for w in model.weights)}")
+            if bench.out is not None:
+                model.save(bench.out / "acceptance_model.json")
+            stops += [AcceptanceStop(model, float(h)) for h in args.specdec_thresholds.split(",")]
+        else:
+            bench.note(f"no --train traces of {args.stops}: specdec:H (fitted on them) left out")
+    try:
+        room = headroom(table, rules, [(args.stops, rule) for rule in stops])
+    except ValueError as error:
+        raise SystemExit(str(error)) from None
+    if train_dirs:
         if list(train_dirs) != list(dirs):
             raise SystemExit(f"--train names {list(train_dirs)}; it needs the drafters of --traces, {list(dirs)}, "
                              "in the same order.")
@@ -92,21 +123,28 @@ def main() -> None:
     for group, rows in groups.items():
         best = room.best_fixed(rows)
         rule = room.best_rule(rows)
-        picks = {"best_fixed": best, **({"best_rule": rule} if rule else {}),
+        stop = room.best_stop(rows)
+        picks = {"best_fixed": best, **({"best_rule": rule} if rule else {}), **({"best_stop": stop} if stop else {}),
                  **({"ppo": "ppo"} if "ppo" in room.schedules else {}), "lookahead": "lookahead",
                  "hindsight": "hindsight"}
         ratios = {f"{k}_vs_none": room.speedup(v, prompts=rows) for k, v in picks.items()}
         if "ppo" in room.schedules:
             ratios["ppo_vs_best_fixed"] = room.speedup("ppo", over=best, prompts=rows)
+        if stop:
+            ratios["best_stop_vs_best_fixed"] = room.speedup(stop, over=best, prompts=rows)
         ratios["hindsight_vs_best_fixed"] = room.speedup("hindsight", over=best, prompts=rows)
         if rule:
             ratios["hindsight_vs_best_rule"] = room.speedup("hindsight", over=rule, prompts=rows)
-        bench.row(ratios, {"requests": len(rows)}, group=group, best_fixed=best, best_rule=rule or "-")
-        summary[group] = {"ratios": ratios, "best_fixed": best, "best_rule": rule}
-    bench.note("every fixed arm over the workload: speedup over none")
-    fixed = sorted((n for n in room.schedules if n.startswith(("fixed:", "rule:"))), key=room.total)
+        took = {f"took_{k}": round(room.took(v, rows), 3) for k, v in picks.items() if k in ("best_rule", "best_stop", "ppo")}
+        bench.row(ratios, {"requests": len(rows), **took}, group=group, best_fixed=best, best_rule=rule or "-",
+                  best_stop=stop or "-")
+        summary[group] = {"ratios": ratios, "took": took, "best_fixed": best, "best_rule": rule, "best_stop": stop}
+    bench.note("every fixed arm, rule and stop over the workload: speedup over none and over the best fixed arm")
+    best = room.best_fixed()
+    fixed = sorted((n for n in room.schedules if n.startswith(("fixed:", "rule:", "stop:"))), key=room.total)
     for name in fixed:
-        bench.row({"vs_none": room.speedup(name)}, arm=name)
+        bench.row({"vs_none": room.speedup(name), "vs_best_fixed": room.speedup(name, over=best)},
+                  {"took": round(room.took(name), 3)}, arm=name)
     shares = room.arm_shares("hindsight")
     bench.note("hindsight rounds per drafter: " + "  ".join(f"{k}={v:.2f}" for k, v in shares.items()))
     bench.save(traces=dirs, train=args.train, arms=[list(a) for a in table.arms],

@@ -18,6 +18,7 @@ their own rounds, which errs on the generous side.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -66,6 +67,22 @@ def nodes_by_depth(traces: Traces, max_depth: int) -> np.ndarray:
     return out
 
 
+def level_path_probs(traces: Traces, max_depth: int) -> np.ndarray:
+    """float64 [T, max_depth]: at each position, ``level_features()["level_best_prob"]`` of each
+    level of the recorded tree (the exp of its best cumulative draft log-probability; NaN past the
+    tree's last level): what a per-level stop reads while drafting that round."""
+    cu = traces.cu_num_nodes
+    out = np.full((len(traces.continuation), max_depth), np.nan)
+    for i in range(len(traces.continuation)):
+        lo, hi = int(cu[i]), int(cu[i + 1])
+        for depth, score in zip(traces.node_depths[lo:hi].tolist(), traces.node_scores[lo:hi].tolist()):
+            if 1 <= depth <= max_depth:
+                prob = math.exp(score)
+                if not prob <= out[i, depth - 1]:  # NaN (first node of the level) or a better one
+                    out[i, depth - 1] = prob
+    return out
+
+
 @dataclass
 class RoundTable:
     """Every round any schedule could play: ``tokens[p][t, a]`` and ``seconds[p][t, a]`` for prompt
@@ -76,6 +93,11 @@ class RoundTable:
     tokens: list[np.ndarray]
     seconds: list[np.ndarray]
     ngram_match: dict[str, list[np.ndarray]]
+    """per drafter: its ``ngram_match_len`` feature before each round, per prompt (0 for model drafters)"""
+    path_probs: dict[str, list[np.ndarray]] = dataclasses.field(default_factory=dict)
+    """per drafter, per prompt: :func:`level_path_probs` of each position (what a per-level stop reads)"""
+    budgets: list[int] = dataclasses.field(default_factory=list)
+    """per prompt: the recorded request's max_new_tokens (a round drafts at most ``budget - t - 1`` levels)"""
     observe_seconds: dict[str, float] = dataclasses.field(default_factory=dict)
     """per drafter: its per-round ``features()`` seconds (the cost table's ``draft_base_seconds``), which a
     fixed arm pays only in its own drafter's rounds but a policy reading every drafter's signals pays
@@ -85,7 +107,6 @@ class RoundTable:
         """What a round of ``arm`` costs on top of ``seconds`` when the policy observes every drafter."""
         drafter = self.arms[arm][0]
         return sum(v for name, v in self.observe_seconds.items() if name != drafter)
-    """per drafter: its ``ngram_match_len`` feature before each round, per prompt (0 for model drafters)"""
 
     def arm(self, drafter: str, depth: int) -> int:
         try:
@@ -133,6 +154,7 @@ def round_table(traces: Mapping[str, Traces], costs: Mapping[str, CostTable], de
     cu_pos, cu_prompt = first.cu_num_positions, first.cu_num_prompt_tokens
     tokens, seconds = [], []
     ngram: dict[str, list[np.ndarray]] = {n: [] for n in names}
+    paths = {n: level_path_probs(traces[n], max(depths, default=0)) for n in names}
     for p, prompt in enumerate(first.prompts):
         start, length = int(cu_pos[p]), int(cu_pos[p + 1] - cu_pos[p])
         budget = int(first.budgets[p])
@@ -157,4 +179,6 @@ def round_table(traces: Mapping[str, Traces], costs: Mapping[str, CostTable], de
         for name in ngram:
             ngram[name].append(np.asarray(traces[name].draft_features[start:start + length, _MATCH]))
     observe = {name: float(per[name][2].draft_base_seconds) for name in names}
-    return RoundTable(arms, list(first.prompts), tokens, seconds, ngram, observe)
+    return RoundTable(arms, list(first.prompts), tokens, seconds, ngram,
+                      {n: [paths[n][int(cu_pos[p]):int(cu_pos[p + 1])] for p in range(len(first.prompts))] for n in names},
+                      [int(b) for b in first.budgets], observe)

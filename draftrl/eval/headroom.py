@@ -6,6 +6,9 @@ seconds ``TraceReplay-v0`` charges), this module plays
 - **fixed** ``(drafter, depth)`` every round: the grid search's candidates;
 - **rule**: SAM-decoding's choice, n-gram lookup when its match is at least ``min_match`` tokens
   long, else the model drafter, at one depth;
+- **stop**: a per-level stop rule (:mod:`draftrl.policies.confidence_stop`,
+  :mod:`draftrl.policies.acceptance_stop`) on one model drafter, fed each level's recorded confidence
+  as the engine feeds it while drafting, the round's depth where it stops;
 - **lookahead**: per round, the arm with the most tokens per second (greedy, one round ahead);
 - **hindsight**: a dynamic program over positions, the fewest seconds in which any sequence of
   per-round ``(drafter, depth)`` choices emits the continuation. No policy choosing per round can
@@ -15,12 +18,14 @@ seconds ``TraceReplay-v0`` charges), this module plays
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from draftrl.envs.round_table import RoundTable
+from draftrl.policies.confidence_stop import LevelStopRule
 
 # ----------------------------------------------------------------------------- schedules
 def play(tokens: np.ndarray, seconds: np.ndarray, choose) -> tuple[float, list[int]]:
@@ -46,6 +51,36 @@ def hindsight(tokens: np.ndarray, seconds: np.ndarray) -> tuple[float, list[int]
         arg[t] = int(np.argmin(value))
         best[t] = float(value[arg[t]])
     return play(tokens, seconds, lambda t: arg[t])
+
+
+def play_stop(table: RoundTable, prompt: int, drafter: str, rule: LevelStopRule) -> tuple[float, list[int]]:
+    """Seconds of one prompt when ``rule`` ends ``drafter``'s chain each round, and the arms it played.
+
+    As ``SpeculativeDecoder.round(depth, stop=rule)`` with ``depth`` the table's deepest: each round
+    asks the rule after every level (at most ``budget - t - 1``, and no deeper than the recorded
+    tree), keeps the level it stops at, then tells it how many drafted tokens were accepted.
+    """
+    tokens, seconds = table.tokens[prompt], table.seconds[prompt]
+    paths = table.path_probs[drafter][prompt]
+    budget = table.budgets[prompt]
+    arms = [0] + [table.arm(drafter, d) for d in range(1, paths.shape[1] + 1)]
+    rule.start()
+    t, total, played = 0, 0.0, []
+    while t < len(tokens):
+        depth = 0
+        for level in range(1, min(paths.shape[1], budget - t - 1) + 1):
+            prob = float(paths[t, level - 1])
+            if not np.isfinite(prob):
+                break
+            depth = level
+            if rule({"level": float(level), "level_best_prob": prob, "level_num_nodes": 1.0}):
+                break
+        a = arms[depth]
+        total += float(seconds[t, a])
+        played.append(a)
+        rule.observe(int(tokens[t, a]) - 1)
+        t += int(tokens[t, a])
+    return total, played
 
 
 def lookahead(tokens: np.ndarray, seconds: np.ndarray) -> tuple[float, list[int]]:
@@ -75,6 +110,17 @@ class Headroom:
         fixed = [n for n in self.schedules if n.startswith("fixed:")]
         return min(fixed, key=lambda n: self.total(n, prompts))
 
+    def best_stop(self, prompts: Sequence[int] | None = None) -> str | None:
+        stops = [n for n in self.schedules if n.startswith("stop:")]
+        return min(stops, key=lambda n: self.total(n, prompts)) if stops else None
+
+    def took(self, name: str, prompts: Sequence[int] | None = None) -> float:
+        """The share of the headroom over the best fixed arm that ``name`` took: 0 at the best
+        fixed arm's speed, 1 at hindsight's (on log speed; negative when slower than the best fixed)."""
+        best = self.best_fixed(prompts)
+        ceiling = math.log(self.speedup("hindsight", over=best, prompts=prompts))
+        return math.log(self.speedup(name, over=best, prompts=prompts)) / ceiling if ceiling > 0 else 0.0
+
     def best_rule(self, prompts: Sequence[int] | None = None) -> str | None:
         rules = [n for n in self.schedules if n.startswith("rule:")]
         return min(rules, key=lambda n: self.total(n, prompts)) if rules else None
@@ -90,12 +136,15 @@ class Headroom:
         return {k: v / total for k, v in sorted(counts.items())}
 
 
-def headroom(table: RoundTable, rules: Sequence[tuple[str, str, int]] = ()) -> Headroom:
+def headroom(table: RoundTable, rules: Sequence[tuple[str, str, int]] = (),
+             stops: Sequence[tuple[str, LevelStopRule]] = ()) -> Headroom:
     """Every fixed arm, ``rules`` (``(lookup drafter, model drafter, min_match)``, at each depth),
-    the lookahead and the hindsight schedule, on every prompt of ``table``.
+    ``stops`` (``(model drafter, rule)``, drafting up to the table's deepest level), the lookahead
+    and the hindsight schedule, on every prompt of ``table``.
 
     Fixed arms are named ``fixed:none:0``... ``fixed:DRAFTER:K`` (``none:0`` is also kept under
-    its own name), rules ``rule:LOOKUP|MODEL>=N:K``.
+    its own name), rules ``rule:LOOKUP|MODEL>=N:K``, stops ``stop:DRAFTER:RULE`` (``rule.name``).
+    A stop needs the table to hold its drafter at every depth from 1 to the deepest.
     """
     schedules: dict[str, list[float]] = {}
     played: dict[str, list[list[int]]] = {}
@@ -119,6 +168,12 @@ def headroom(table: RoundTable, rules: Sequence[tuple[str, str, int]] = ()) -> H
             results = [play(tok, sec, lambda t, m=match: la if m[t] >= min_match else ma)
                        for (tok, sec), match in zip(pairs, table.ngram_match[lookup])]
             add(f"rule:{lookup}|{model}>={min_match}:{depth}", results)
+    for drafter, rule in stops:
+        have = {d for name, d in table.arms if name == drafter}
+        if not have or have != set(range(1, max(have) + 1)):
+            raise ValueError(f"a stop on {drafter!r} plays every depth up to the deepest; the table has "
+                             f"{sorted(have)}: build it with depths 1..{max(have, default=1)}.")
+        add(f"stop:{drafter}:{rule.name}", [play_stop(table, p, drafter, rule) for p in range(len(pairs))])
     add("lookahead", [lookahead(tok, sec) for tok, sec in pairs])
     add("hindsight", [hindsight(tok, sec) for tok, sec in pairs])
     return Headroom(table, schedules, played)

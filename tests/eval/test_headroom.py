@@ -1,4 +1,5 @@
-"""The drafter-choice ceiling: its rounds are the replay env's, its hindsight schedule is optimal."""
+"""The drafter-choice ceiling: its rounds are the replay env's, its hindsight schedule is optimal, and a
+per-level stop replayed on recorded traces drafts what the real engine drafts with it."""
 
 from __future__ import annotations
 
@@ -6,12 +7,20 @@ import itertools
 
 import numpy as np
 import pytest
+import torch
 
 from choice_traces import costs, synthetic
+from tiny_eagle3 import WordTokenizer, tiny_pair
 from draftrl.config.env import EnvConfig
+from draftrl.decoding.engine import EngineConfig, SpeculativeDecoder
+from draftrl.decoding.generate import fixed_schedule, generate
+from draftrl.drafters.eagle3 import Eagle3Drafter
 from draftrl.envs.trace_replay import TraceReplayEnv
 from draftrl.envs.round_table import drafter_costs, match_depths, round_table
-from draftrl.eval.headroom import headroom, hindsight, play
+from draftrl.envs.traces import collect
+from draftrl.eval.headroom import headroom, hindsight, play, play_stop
+from draftrl.policies.acceptance_stop import AcceptanceModel, AcceptanceStop
+from draftrl.policies.confidence_stop import CumulativeConfidenceStop, LevelStopRule, RocConfidenceStop
 
 DEPTHS = (0, 1, 2, 4)
 
@@ -77,3 +86,92 @@ def test_traces_of_other_continuations_are_refused(pair):
     other = synthetic(3, 1, lengths=(7, 9, 6))
     with pytest.raises(ValueError, match="different continuations"):
         round_table({"ngram": traces["ngram"], "eagle3": other}, tables, DEPTHS)
+
+
+STOPS = [lambda: CumulativeConfidenceStop(0.3), lambda: RocConfidenceStop(0.4),
+         lambda: AcceptanceStop(AcceptanceModel((0.5, 1.0, 0.2, -0.6)), 0.6)]
+
+
+@pytest.mark.parametrize("make", STOPS, ids=["eagle2-cum", "hf-roc", "specdec"])
+def test_a_stop_replayed_on_traces_drafts_what_the_engine_drafts(tmp_path, make):
+    """Traces of the tiny EAGLE-3 head, replayed with a stop: the same depth every round as the real
+    engine with that stop, the same tokens, and the cost of the fixed arm at that depth."""
+    target, head = tiny_pair()
+    budget, depth = 32, 4
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(
+        f'{{"id": "x{i}", "language": "en", "task": "chat", "split": "tune", "prompt": "{text}", '
+        f'"max_new_tokens": {budget}}}\n'
+        for i, text in enumerate(["a few words of a prompt for the tiny target to read",
+                                  "words again and again and again a few words"])))
+    config = EnvConfig(prompts=str(prompts), split="tune", languages=("en",), tasks=("chat",),
+                       max_new_tokens=budget, depths=tuple(range(depth + 1)), chat_template=False, ignore_eos=True)
+    with torch.inference_mode():
+        traces = collect(config, SpeculativeDecoder(target, Eagle3Drafter(head, target),
+                                                    EngineConfig(max_new_tokens=budget)), WordTokenizer())
+    table = round_table({"eagle3": traces}, {"eagle3": costs(4e-3)}, range(1, depth + 1))
+    room = headroom(table, stops=[("eagle3", make())])
+    name = f"stop:eagle3:{make().name}"
+    engine = SpeculativeDecoder(target, Eagle3Drafter(head, target), EngineConfig(max_new_tokens=budget,
+                                                                                    max_depth=depth))
+    cu = traces.cu_num_prompt_tokens
+    stopped_early = 0
+    for p in range(len(traces.prompts)):
+        rule = make()
+        rule.start()
+        with torch.inference_mode():
+            result = generate(engine, traces.prompt_tokens[cu[p]:cu[p + 1]].tolist(), fixed_schedule(depth),
+                              stop=rule, on_round=rule.on_round)
+        start = traces.cu_num_positions[p]
+        assert result.token_ids == traces.continuation[start:traces.cu_num_positions[p + 1]].tolist()
+        replayed = [table.arms[a] for a in room.played[name][p]]
+        assert [d for _, d in replayed] == [r.num_proposed for r in result.rounds]
+        stopped_early += sum(0 < r.num_proposed < min(depth, budget - 1 - t)
+                             for r, t in zip(result.rounds, np.cumsum([0] + [r.num_emitted for r in result.rounds])))
+        t, seconds = 0, 0.0
+        for (drafter, d), rnd in zip(replayed, result.rounds):
+            a = table.arm(drafter, d) if d else 0
+            assert table.tokens[p][t, a] == rnd.num_emitted
+            seconds += table.seconds[p][t, a]
+            t += rnd.num_emitted
+        assert room.schedules[name][p] == pytest.approx(seconds, rel=1e-12)
+    assert stopped_early > 0  # the rule did end rounds early: not just fixed depth 4's rounds
+
+
+def test_a_stop_needs_every_depth_of_its_drafter(pair):
+    _, _, table = pair  # depths 1, 2, 4: no 3
+    with pytest.raises(ValueError, match="every depth up to the deepest"):
+        headroom(table, stops=[("eagle3", CumulativeConfidenceStop(0.3))])
+
+
+class _Scripted(LevelStopRule):
+    """Stops at level 1, 2, 3, 1, 2, 3, ... round after round, and records what each round accepted."""
+
+    name = "scripted"
+
+    def __init__(self):
+        super().__init__()
+        self.rounds, self.observed = 0, []
+
+    def stops(self, path: float) -> bool:
+        return len(self.confidences) >= 1 + self.rounds % 3
+
+    def observe(self, num_accepted: int) -> None:
+        self.rounds += 1
+        self.observed.append(num_accepted)
+
+
+def test_a_replayed_stop_learns_each_rounds_accepted_drafts(pair):
+    traces, tables, _ = pair
+    tr = traces["eagle3"]
+    table = round_table({"eagle3": tr}, {"eagle3": tables["eagle3"]}, (1, 2, 3, 4))
+    match = match_depths(tr)
+    for p in range(len(tr.prompts)):
+        rule = _Scripted()
+        _, played = play_stop(table, p, "eagle3", rule)
+        t, start = 0, int(tr.cu_num_positions[p])
+        for a, accepted in zip(played, rule.observed):
+            depth = table.arms[a][1]
+            assert accepted == min(int(match[start + t]), depth)
+            t += int(table.tokens[p][t, a])
+        assert len(rule.observed) == len(played) and t == len(table.tokens[p])
