@@ -14,12 +14,15 @@ engine decodes with the shipped head and n-gram lookup inside one ``MixedDrafter
   token whose draft probability is below ``--hf-threshold``), ``hf-roc`` (that threshold re-fitted
   after every round from the request's ROC, as transformers' code does, so per request) and
   ``eagle2-cum:T`` for each ``--cum-thresholds`` T (stop once the chain's probability is below T;
-  every T is a row and the best one in this run is compared with, which favours the baseline);
+  every T is a row and the best one in this run is compared with, which favours the baseline) and
+  SpecDec++'s ``specdec:H`` for each ``--specdec-thresholds`` H (stop once the predicted probability
+  that a token drafted this round is rejected exceeds H; :mod:`draftrl.policies.acceptance_stop`, its
+  predictor fitted on the head's tune traces; the best H of this run is compared with);
 - stock Hugging Face ``generate``, plain and with prompt lookup (``--hf-lookup`` gammas).
 
 Prints throughput ratios with paired bootstrap intervals over requests (``ppo`` against the best
-fixed arm measured in this same run, the SAM rule, the HF anchors, both HF thresholds and the best
-cumulative stop), per task and language, and
+fixed arm measured in this same run, the SAM rule, the HF anchors, both HF thresholds, the best
+cumulative stop and the best SpecDec++ stop), per task and language, and
 checks every greedy output against ``none``'s.
 
     python benchmarks/drafter_choice.py --train ngram=runs/tr_ngram_tune --train eagle3=runs/tr_eagle3_tune \\
@@ -34,9 +37,12 @@ from collections import defaultdict
 from _bench import Bench, anchor_method, common_flags, engine_method, interleave, named_dirs, parse_args, requests
 from draftrl.decoding.engine import EngineConfig, SpeculativeDecoder
 from draftrl.decoding.generate import fixed_schedule, generate
+from draftrl.envs.round_table import level_path_probs, match_depths
 from draftrl.envs.trace_choice import TraceChoiceEnv
+from draftrl.envs.traces import Traces
 from draftrl.eval.anchors import Anchor
 from draftrl.eval.bootstrap import paired_ratio_ci
+from draftrl.policies.acceptance_stop import AcceptanceStop, fit_acceptance
 from draftrl.policies.confidence_stop import ConfidenceStop, CumulativeConfidenceStop, RocConfidenceStop
 
 
@@ -57,12 +63,14 @@ def main() -> None:
     p.add_argument("--hf-threshold", type=float, default=0.4,
                    help="HF assistant_confidence_threshold (transformers' default; hf-roc starts from it)")
     p.add_argument("--cum-thresholds", default="0.1,0.25,0.5", help="path-probability thresholds of eagle2-cum:T")
+    p.add_argument("--specdec-thresholds", default="0.5,0.7,0.9",
+                   help="rejection-probability thresholds of specdec:H")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--timesteps", type=int, default=60_000)
     p.add_argument("--seeds", default="0,1,2")
     args = parse_args(p, quick=dict(limit_per_group=1, languages="en", tasks="code_edit,chat", repeats=1,
                                     timesteps=4_000, seeds="0", depths="1,2", fixed_depths="1,2", hf_lookup="2",
-                                    cum_thresholds="0.25", max_new_tokens=16))
+                                    cum_thresholds="0.25", specdec_thresholds="0.7", max_new_tokens=16))
     bench = Bench(args, __file__)
     from draftrl.drafters.registry import build_drafter
     from draftrl.models import load_model
@@ -118,8 +126,12 @@ def main() -> None:
             return result.token_ids, result.num_rounds
         return run
 
+    tune = Traces.load(dirs["eagle3"])
+    acceptance = fit_acceptance(level_path_probs(tune, max(depths)), match_depths(tune))
+    bench.note(f"SpecDec++ acceptance predictor fitted on {acceptance.num_samples} judged levels of {dirs['eagle3']}")
     stops = [ConfidenceStop(args.hf_threshold), RocConfidenceStop(args.hf_threshold),
-             *[CumulativeConfidenceStop(float(t)) for t in args.cum_thresholds.split(",")]]
+             *[CumulativeConfidenceStop(float(t)) for t in args.cum_thresholds.split(",")],
+             *[AcceptanceStop(acceptance, float(h)) for h in args.specdec_thresholds.split(",")]]
     for stop_rule in stops:
         methods[stop_rule.name] = stop_method(stop_rule)
     methods["ppo"] = ppo
@@ -145,22 +157,26 @@ def main() -> None:
     fixed = [m for m in methods if m.startswith(("ngram:", "eagle3:"))]
     lookups = [m for m in methods if m.startswith("hf-lookup:")]
     cums = [m for m in methods if m.startswith("eagle2-cum:")]
+    specdecs = [m for m in methods if m.startswith("specdec:")]
     hf_threshold, hf_roc = stops[0].name, stops[1].name
     summary = {}
     for group, rows in groups.items():
         best = max(fixed, key=lambda m: timings.throughput(m, rows))
         best_hf = max(lookups, key=lambda m: timings.throughput(m, rows)) if lookups else None
         best_cum = max(cums, key=lambda m: timings.throughput(m, rows))
+        best_specdec = max(specdecs, key=lambda m: timings.throughput(m, rows))
         rule = f"sam:{args.rule_min_match}:{args.rule_depth}"
         cells = {"ppo_vs_best_fixed": ci("ppo", best, rows), "ppo_vs_sam": ci("ppo", rule, rows),
                  "ppo_vs_none": ci("ppo", "none", rows), "ppo_vs_hf": ci("ppo", "hf", rows),
                  **({"ppo_vs_hf_lookup": ci("ppo", best_hf, rows)} if best_hf else {}),
                  "ppo_vs_hf_threshold": ci("ppo", hf_threshold, rows), "ppo_vs_hf_roc": ci("ppo", hf_roc, rows),
-                 "ppo_vs_best_cum": ci("ppo", best_cum, rows), "best_fixed_vs_none": ci(best, "none", rows)}
+                 "ppo_vs_best_cum": ci("ppo", best_cum, rows), "ppo_vs_best_specdec": ci("ppo", best_specdec, rows),
+                 "best_fixed_vs_none": ci(best, "none", rows)}
         bench.row({k: v["ratio"] for k, v in cells.items()},
                   {f"{k}_ci": f"[{v['low']:.2f},{v['high']:.2f}]" for k, v in cells.items() if k.startswith("ppo")},
-                  group=group, best_fixed=best, best_hf_lookup=best_hf or "-", best_cum=best_cum, requests=len(rows))
-        summary[group] = {"best_fixed": best, "best_hf_lookup": best_hf, "best_cum": best_cum, **cells}
+                  group=group, best_fixed=best, best_hf_lookup=best_hf or "-", best_cum=best_cum, best_specdec=best_specdec, requests=len(rows))
+        summary[group] = {"best_fixed": best, "best_hf_lookup": best_hf, "best_cum": best_cum,
+                          "best_specdec": best_specdec, **cells}
     bench.note("every method over the workload: throughput over none, tokens per round")
     throughput = {m: timings.throughput(m, groups["all"]) for m in methods}
     for m in sorted(methods, key=throughput.get, reverse=True):
