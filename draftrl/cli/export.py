@@ -28,6 +28,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from draftrl.cli._options import add_out
+
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     from draftrl.export import FORMATS
@@ -43,7 +45,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--head", default=None,
                         help="vllm head and eagle3 rules: the EAGLE-3 head folder (default: the shipped one)")
     parser.add_argument("--format", required=True, choices=FORMATS)
-    parser.add_argument("--out", required=True, help="file to write (the manifest goes to OUT.json)")
+    add_out(parser, "file to write (the manifest goes to OUT.json); --format vllm: a bundle folder unless OUT.json",
+            overwrite="replace an earlier export at --out (a bundle folder's earlier files are removed first)")
     parser.add_argument("--check-observations", type=int, default=4096,
                         help="onnx/torchscript: observations the export is checked on against SB3 (0 = skip)")
     parser.add_argument("--saturation-tokens", type=float, default=256,
@@ -79,9 +82,47 @@ def vllm_rule(name: str) -> Any | None:
     return parse_policies([name], engine="vllm")[-1]
 
 
+#: What a ``--format vllm`` bundle folder holds (every kind of bundle writes some of these).
+BUNDLE_FILES = ("vllm.json", "proposer.json", "policy.onnx", "policy.onnx.json")
+
+
+def written_files(out: Path, fmt: str) -> list[Path]:
+    """The files an export to ``out`` in ``fmt`` writes (a bundle folder: the folder's bundle files)."""
+    if fmt == "vllm" and out.suffix != ".json":
+        return [out / name for name in BUNDLE_FILES]
+    if fmt in ("onnx", "torchscript"):
+        return [out, out.with_name(out.name + ".json")]
+    if fmt == "sglang":
+        return [out, out.with_name(out.name + ".adaptive.json")]
+    return [out]
+
+
+def check_out(out: Path, fmt: str, overwrite: bool) -> None:
+    """Refuse to replace an earlier export unless ``overwrite``; with it, a bundle folder's earlier
+    bundle files go first (files of the user's there are kept), so no file of another kind of bundle (a route (b) ``proposer.json`` beside a stock
+    ``vllm.json``) survives into the new one."""
+    if fmt == "vllm" and out.suffix != ".json":
+        if out.exists() and not out.is_dir():
+            raise ValueError(f"--out {out} is a file; a vllm bundle is a folder (or give OUT.json for static settings).")
+        held = [name for name in BUNDLE_FILES if (out / name).exists()]  # other files there are left alone
+        if held and not overwrite:
+            raise ValueError(f"--out {out} already holds an exported bundle ({', '.join(held)}); pass --overwrite "
+                             "to replace it, or choose another --out.")
+        for name in held:
+            (out / name).unlink()
+        return
+    if out.is_dir():
+        raise ValueError(f"--out {out} is a folder; --format {fmt} writes a file: give a file name.")
+    earlier = [p for p in written_files(out, fmt) if p.exists()]
+    if earlier and not overwrite:
+        raise ValueError(f"--out {out}: {', '.join(p.name for p in earlier)} already exist(s) from an earlier export; "
+                         "pass --overwrite to replace them, or choose another --out.")
+
+
 def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     try:
+        check_out(out, args.format, args.overwrite)
         if args.format in ("onnx", "torchscript"):
             from draftrl.export.network import export
 

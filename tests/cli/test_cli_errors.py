@@ -267,3 +267,22 @@ def test_bad_artifact_is_one_line_and_changes_nothing(case, analytic_run, analyt
     assert lines[0].startswith(f"draftrl {argv[0]}: error: ")
     assert snapshot(tmp_path) == before  # nothing earlier was modified or removed
     assert not loaded
+
+
+def test_export_refuses_to_replace_an_earlier_export_without_overwrite(tmp_path, capsys):
+    """A second export to the same --out is refused in one line; with --overwrite a bundle folder's
+    earlier files go first, so a route (b) proposer.json never survives beside a stock vllm.json."""
+    out = tmp_path / "bundle"
+    assert main(["export", "sam:2:4", "--format", "vllm", "--out", str(out)]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["proposer.json", "vllm.json"]
+    (out / "notes.txt").write_text("mine")
+    capsys.readouterr()
+    assert main(["export", "eagle3:2", "--format", "vllm", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--overwrite" in err and "proposer.json" in err
+    assert main(["export", "eagle3:2", "--format", "vllm", "--out", str(out), "--overwrite"]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt", "vllm.json"]
+    static = tmp_path / "static.json"
+    static.write_text("{}")
+    assert main(["export", "eagle3:2", "--format", "vllm", "--out", str(static)]) == 2
+    assert "already exist" in capsys.readouterr().err and static.read_text() == "{}"
