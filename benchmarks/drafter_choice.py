@@ -18,11 +18,13 @@ engine decodes with the shipped head and n-gram lookup inside one ``MixedDrafter
   SpecDec++'s ``specdec:H`` for each ``--specdec-thresholds`` H (stop once the predicted probability
   that a token drafted this round is rejected exceeds H; :mod:`draftrl.policies.acceptance_stop`, its
   predictor fitted on the head's tune traces; the best H of this run is compared with);
+- Hugging Face's heuristic schedule on the head (``heuristic:K``: +2 levels after a round that
+  accepted everything, else -1, from ``--heuristic-initial`` K, at most ``max(--depths)``);
 - stock Hugging Face ``generate``, plain and with prompt lookup (``--hf-lookup`` gammas).
 
 Prints throughput ratios with paired bootstrap intervals over requests (``ppo`` against the best
 fixed arm measured in this same run, the SAM rule, the HF anchors, both HF thresholds, the best
-cumulative stop and the best SpecDec++ stop), per task and language, and
+cumulative stop, the best SpecDec++ stop and the heuristic), per task and language, and
 checks every greedy output against ``none``'s.
 
     python benchmarks/drafter_choice.py --train ngram=runs/tr_ngram_tune --train eagle3=runs/tr_eagle3_tune \\
@@ -37,6 +39,7 @@ from collections import defaultdict
 from _bench import Bench, anchor_method, common_flags, engine_method, interleave, named_dirs, parse_args, requests
 from draftrl.decoding.engine import EngineConfig, SpeculativeDecoder
 from draftrl.decoding.generate import fixed_schedule, generate
+from draftrl.decoding.schedule import HeuristicSchedule
 from draftrl.envs.round_table import level_path_probs, match_depths
 from draftrl.envs.trace_choice import TraceChoiceEnv
 from draftrl.envs.traces import Traces
@@ -65,6 +68,8 @@ def main() -> None:
     p.add_argument("--cum-thresholds", default="0.1,0.25,0.5", help="path-probability thresholds of eagle2-cum:T")
     p.add_argument("--specdec-thresholds", default="0.5,0.7,0.9",
                    help="rejection-probability thresholds of specdec:H")
+    p.add_argument("--heuristic-initial", type=int, default=5,
+                   help="heuristic:K's first depth (transformers' num_assistant_tokens)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--timesteps", type=int, default=60_000)
     p.add_argument("--seeds", default="0,1,2")
@@ -134,6 +139,16 @@ def main() -> None:
              *[AcceptanceStop(acceptance, float(h)) for h in args.specdec_thresholds.split(",")]]
     for stop_rule in stops:
         methods[stop_rule.name] = stop_method(stop_rule)
+    heuristic = HeuristicSchedule(min(args.heuristic_initial, max(depths)), max(depths))
+
+    def heuristic_method(req):
+        mixed.forced = "model"
+        engine.config.max_new_tokens = req.max_new_tokens
+        heuristic.start()
+        result = generate(engine, req.ids, heuristic, on_round=heuristic.on_round)
+        return result.token_ids, result.num_rounds
+
+    methods[f"heuristic:{heuristic.initial}"] = heuristic_method
     methods["ppo"] = ppo
     methods["hf"] = anchor_method(loaded.model, Anchor(0), eos)
     for g in [int(g) for g in args.hf_lookup.split(",") if g]:
@@ -171,6 +186,7 @@ def main() -> None:
                  **({"ppo_vs_hf_lookup": ci("ppo", best_hf, rows)} if best_hf else {}),
                  "ppo_vs_hf_threshold": ci("ppo", hf_threshold, rows), "ppo_vs_hf_roc": ci("ppo", hf_roc, rows),
                  "ppo_vs_best_cum": ci("ppo", best_cum, rows), "ppo_vs_best_specdec": ci("ppo", best_specdec, rows),
+                 "ppo_vs_heuristic": ci("ppo", f"heuristic:{heuristic.initial}", rows),
                  "best_fixed_vs_none": ci(best, "none", rows)}
         bench.row({k: v["ratio"] for k, v in cells.items()},
                   {f"{k}_ci": f"[{v['low']:.2f},{v['high']:.2f}]" for k, v in cells.items() if k.startswith("ppo")},

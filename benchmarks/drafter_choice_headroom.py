@@ -10,6 +10,7 @@ known, and :mod:`draftrl.eval.headroom` computes
   Hugging Face's confidence threshold (``hf-threshold:T``) and its per-request ROC re-fit
   (``hf-roc``), EAGLE-2's cumulative confidence (``eagle2-cum:T``) and SpecDec++'s trained
   acceptance predictor (``specdec:H``, fitted on ``--train``'s traces of MODEL; needs ``--train``),
+- with ``--heuristics DRAFTER:K,...``, Hugging Face's heuristic schedule on DRAFTER from depth K,
 - the greedy one-round lookahead, and
 - **hindsight**: the fewest seconds any per-round sequence of choices needs (a dynamic program), the
   ceiling of every policy that chooses per round, learned or not,
@@ -23,7 +24,7 @@ split) it also trains PPO on ``draftrl/TraceChoice-v0`` over those and places it
 
     python benchmarks/drafter_choice_headroom.py --traces ngram=runs/tr_ngram --traces eagle3=runs/tr_eagle3 \\
         --rule ngram,eagle3,2 --train ngram=runs/tr_ngram_tune --train eagle3=runs/tr_eagle3_tune \
-        --stops eagle3 --depths 1,2,3,4,5,6 --out runs/bench/drafter_choice_headroom
+        --stops eagle3 --heuristics eagle3:5,ngram:5 --depths 1,2,3,4,5,6 --out runs/bench/drafter_choice_headroom
 """
 
 from __future__ import annotations
@@ -56,6 +57,8 @@ def main() -> None:
     p.add_argument("--cum-thresholds", default="0.1,0.25,0.5", help="eagle2-cum:T thresholds")
     p.add_argument("--specdec-thresholds", default="0.3,0.5,0.7,0.9",
                    help="specdec:H thresholds on the predicted probability of a rejection")
+    p.add_argument("--heuristics", default="", metavar="DRAFTER:K,...",
+                   help="HF's heuristic schedule on DRAFTER from depth K (needs --depths 1..D)")
     p.add_argument("--timesteps", type=int, default=60_000, help="PPO rounds of training")
     p.add_argument("--seeds", default="0,1,2", help="PPO seeds (one policy each; the rows give their median)")
     args = parse_args(p, quick=dict(timesteps=8_000, seeds="0"))
@@ -93,7 +96,8 @@ def main() -> None:
         else:
             bench.note(f"no --train traces of {args.stops}: specdec:H (fitted on them) left out")
     try:
-        room = headroom(table, rules, [(args.stops, rule) for rule in stops])
+        heuristics = [(name, int(k)) for name, k in (h.split(":") for h in args.heuristics.split(",") if h)]
+        room = headroom(table, rules, [(args.stops, rule) for rule in stops], heuristics)
     except ValueError as error:
         raise SystemExit(str(error)) from None
     if train_dirs:
@@ -139,9 +143,10 @@ def main() -> None:
         bench.row(ratios, {"requests": len(rows), **took}, group=group, best_fixed=best, best_rule=rule or "-",
                   best_stop=stop or "-")
         summary[group] = {"ratios": ratios, "took": took, "best_fixed": best, "best_rule": rule, "best_stop": stop}
-    bench.note("every fixed arm, rule and stop over the workload: speedup over none and over the best fixed arm")
+    bench.note("every fixed arm, rule, stop and heuristic over the workload: speedup over none and over the best fixed arm")
     best = room.best_fixed()
-    fixed = sorted((n for n in room.schedules if n.startswith(("fixed:", "rule:", "stop:"))), key=room.total)
+    fixed = sorted((n for n in room.schedules if n.startswith(("fixed:", "rule:", "stop:", "heuristic:"))),
+                   key=room.total)
     for name in fixed:
         bench.row({"vs_none": room.speedup(name), "vs_best_fixed": room.speedup(name, over=best)},
                   {"took": round(room.took(name), 3)}, arm=name)

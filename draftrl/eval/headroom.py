@@ -9,6 +9,8 @@ seconds ``TraceReplay-v0`` charges), this module plays
 - **stop**: a per-level stop rule (:mod:`draftrl.policies.confidence_stop`,
   :mod:`draftrl.policies.acceptance_stop`) on one model drafter, fed each level's recorded confidence
   as the engine feeds it while drafting, the round's depth where it stops;
+- **heuristic**: Hugging Face's ``num_assistant_tokens_schedule="heuristic"`` on one drafter (+2
+  levels after a round that accepted every draft, else -1, never below 1);
 - **lookahead**: per round, the arm with the most tokens per second (greedy, one round ahead);
 - **hindsight**: a dynamic program over positions, the fewest seconds in which any sequence of
   per-round ``(drafter, depth)`` choices emits the continuation. No policy choosing per round can
@@ -24,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from draftrl.decoding.schedule import heuristic_depth
 from draftrl.envs.round_table import RoundTable
 from draftrl.policies.confidence_stop import LevelStopRule
 
@@ -83,6 +86,25 @@ def play_stop(table: RoundTable, prompt: int, drafter: str, rule: LevelStopRule)
     return total, played
 
 
+def play_heuristic(table: RoundTable, prompt: int, drafter: str, initial: int) -> tuple[float, list[int]]:
+    """Seconds of one prompt under Hugging Face's heuristic schedule on ``drafter`` from depth
+    ``initial``, and the arms it played (the depth each round drafts, capped at the table's deepest)."""
+    tokens, seconds = table.tokens[prompt], table.seconds[prompt]
+    available = np.isfinite(table.path_probs[drafter][prompt]).sum(axis=1)  # levels the recorded tree has
+    most = max(d for name, d in table.arms if name == drafter)
+    budget = table.budgets[prompt]
+    depth, t, total, played = float(min(initial, most)), 0, 0.0, []
+    while t < len(tokens):
+        asked = min(int(depth), budget - t - 1)
+        a = table.arm(drafter, asked) if asked > 0 else 0
+        total += float(seconds[t, a])
+        played.append(a)
+        # what the round drafted (a drafter may propose fewer levels than asked) and accepted
+        depth = heuristic_depth(depth, int(tokens[t, a]) - 1, min(asked, int(available[t])), most)
+        t += int(tokens[t, a])
+    return total, played
+
+
 def lookahead(tokens: np.ndarray, seconds: np.ndarray) -> tuple[float, list[int]]:
     """Each round the arm with the most tokens per second for that round alone."""
     return play(tokens, seconds, lambda t: int(np.argmax(tokens[t] / seconds[t])))
@@ -137,14 +159,15 @@ class Headroom:
 
 
 def headroom(table: RoundTable, rules: Sequence[tuple[str, str, int]] = (),
-             stops: Sequence[tuple[str, LevelStopRule]] = ()) -> Headroom:
+             stops: Sequence[tuple[str, LevelStopRule]] = (), heuristics: Sequence[tuple[str, int]] = ()) -> Headroom:
     """Every fixed arm, ``rules`` (``(lookup drafter, model drafter, min_match)``, at each depth),
-    ``stops`` (``(model drafter, rule)``, drafting up to the table's deepest level), the lookahead
-    and the hindsight schedule, on every prompt of ``table``.
+    ``stops`` (``(model drafter, rule)``, drafting up to the table's deepest level), ``heuristics``
+    (``(drafter, initial depth)``), the lookahead and the hindsight schedule, on every prompt of ``table``.
 
     Fixed arms are named ``fixed:none:0``... ``fixed:DRAFTER:K`` (``none:0`` is also kept under
-    its own name), rules ``rule:LOOKUP|MODEL>=N:K``, stops ``stop:DRAFTER:RULE`` (``rule.name``).
-    A stop needs the table to hold its drafter at every depth from 1 to the deepest.
+    its own name), rules ``rule:LOOKUP|MODEL>=N:K``, stops ``stop:DRAFTER:RULE`` (``rule.name``),
+    heuristics ``heuristic:DRAFTER:INITIAL``. A stop or a heuristic needs the table to hold its
+    drafter at every depth from 1 to the deepest.
     """
     schedules: dict[str, list[float]] = {}
     played: dict[str, list[list[int]]] = {}
@@ -168,12 +191,18 @@ def headroom(table: RoundTable, rules: Sequence[tuple[str, str, int]] = (),
             results = [play(tok, sec, lambda t, m=match: la if m[t] >= min_match else ma)
                        for (tok, sec), match in zip(pairs, table.ngram_match[lookup])]
             add(f"rule:{lookup}|{model}>={min_match}:{depth}", results)
-    for drafter, rule in stops:
+    def every_depth(drafter: str, what: str) -> None:
         have = {d for name, d in table.arms if name == drafter}
         if not have or have != set(range(1, max(have) + 1)):
-            raise ValueError(f"a stop on {drafter!r} plays every depth up to the deepest; the table has "
+            raise ValueError(f"a {what} on {drafter!r} plays every depth up to the deepest; the table has "
                              f"{sorted(have)}: build it with depths 1..{max(have, default=1)}.")
+
+    for drafter, rule in stops:
+        every_depth(drafter, "stop")
         add(f"stop:{drafter}:{rule.name}", [play_stop(table, p, drafter, rule) for p in range(len(pairs))])
+    for drafter, initial in heuristics:
+        every_depth(drafter, "heuristic")
+        add(f"heuristic:{drafter}:{initial}", [play_heuristic(table, p, drafter, initial) for p in range(len(pairs))])
     add("lookahead", [lookahead(tok, sec) for tok, sec in pairs])
     add("hindsight", [hindsight(tok, sec) for tok, sec in pairs])
     return Headroom(table, schedules, played)

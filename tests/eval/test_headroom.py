@@ -14,6 +14,7 @@ from tiny_eagle3 import WordTokenizer, tiny_pair
 from draftrl.config.env import EnvConfig
 from draftrl.decoding.engine import EngineConfig, SpeculativeDecoder
 from draftrl.decoding.generate import fixed_schedule, generate
+from draftrl.decoding.schedule import HeuristicSchedule
 from draftrl.drafters.eagle3 import Eagle3Drafter
 from draftrl.envs.trace_replay import TraceReplayEnv
 from draftrl.envs.round_table import drafter_costs, match_depths, round_table
@@ -92,50 +93,78 @@ STOPS = [lambda: CumulativeConfidenceStop(0.3), lambda: RocConfidenceStop(0.4),
          lambda: AcceptanceStop(AcceptanceModel((0.5, 1.0, 0.2, -0.6)), 0.6)]
 
 
-@pytest.mark.parametrize("make", STOPS, ids=["eagle2-cum", "hf-roc", "specdec"])
-def test_a_stop_replayed_on_traces_drafts_what_the_engine_drafts(tmp_path, make):
-    """Traces of the tiny EAGLE-3 head, replayed with a stop: the same depth every round as the real
-    engine with that stop, the same tokens, and the cost of the fixed arm at that depth."""
+BUDGET, DEPTH = 32, 4
+
+
+@pytest.fixture(scope="module")
+def head_traces(tmp_path_factory):
+    """The tiny EAGLE-3 pair and its traces over two prompts (every level to DEPTH)."""
     target, head = tiny_pair()
-    budget, depth = 32, 4
-    prompts = tmp_path / "p.jsonl"
+    prompts = tmp_path_factory.mktemp("prompts") / "p.jsonl"
     prompts.write_text("".join(
         f'{{"id": "x{i}", "language": "en", "task": "chat", "split": "tune", "prompt": "{text}", '
-        f'"max_new_tokens": {budget}}}\n'
+        f'"max_new_tokens": {BUDGET}}}\n'
         for i, text in enumerate(["a few words of a prompt for the tiny target to read",
                                   "words again and again and again a few words"])))
     config = EnvConfig(prompts=str(prompts), split="tune", languages=("en",), tasks=("chat",),
-                       max_new_tokens=budget, depths=tuple(range(depth + 1)), chat_template=False, ignore_eos=True)
+                       max_new_tokens=BUDGET, depths=tuple(range(DEPTH + 1)), chat_template=False, ignore_eos=True)
     with torch.inference_mode():
         traces = collect(config, SpeculativeDecoder(target, Eagle3Drafter(head, target),
-                                                    EngineConfig(max_new_tokens=budget)), WordTokenizer())
-    table = round_table({"eagle3": traces}, {"eagle3": costs(4e-3)}, range(1, depth + 1))
-    room = headroom(table, stops=[("eagle3", make())])
-    name = f"stop:eagle3:{make().name}"
-    engine = SpeculativeDecoder(target, Eagle3Drafter(head, target), EngineConfig(max_new_tokens=budget,
-                                                                                    max_depth=depth))
-    cu = traces.cu_num_prompt_tokens
-    stopped_early = 0
+                                                    EngineConfig(max_new_tokens=BUDGET)), WordTokenizer())
+    return target, head, traces, round_table({"eagle3": traces}, {"eagle3": costs(4e-3)}, range(1, DEPTH + 1))
+
+
+def assert_replays_the_engine(head_traces, name: str, room, run) -> list:
+    """Per prompt, the schedule ``name`` replayed in ``room`` plays the depths the real engine's rounds
+    (``run(engine, prompt_ids)``) drafted, emits their tokens and costs the table's seconds; returns the rounds."""
+    target, head, traces, table = head_traces
+    engine = SpeculativeDecoder(target, Eagle3Drafter(head, target), EngineConfig(max_new_tokens=BUDGET,
+                                                                                    max_depth=DEPTH))
+    cu, every = traces.cu_num_prompt_tokens, []
     for p in range(len(traces.prompts)):
-        rule = make()
-        rule.start()
         with torch.inference_mode():
-            result = generate(engine, traces.prompt_tokens[cu[p]:cu[p + 1]].tolist(), fixed_schedule(depth),
-                              stop=rule, on_round=rule.on_round)
+            result = run(engine, traces.prompt_tokens[cu[p]:cu[p + 1]].tolist())
         start = traces.cu_num_positions[p]
         assert result.token_ids == traces.continuation[start:traces.cu_num_positions[p + 1]].tolist()
         replayed = [table.arms[a] for a in room.played[name][p]]
-        assert [d for _, d in replayed] == [r.num_proposed for r in result.rounds]
-        stopped_early += sum(0 < r.num_proposed < min(depth, budget - 1 - t)
-                             for r, t in zip(result.rounds, np.cumsum([0] + [r.num_emitted for r in result.rounds])))
+        assert len(replayed) == len(result.rounds)
         t, seconds = 0, 0.0
         for (drafter, d), rnd in zip(replayed, result.rounds):
-            a = table.arm(drafter, d) if d else 0
-            assert table.tokens[p][t, a] == rnd.num_emitted
-            seconds += table.seconds[p][t, a]
+            assert min(d, BUDGET - 1 - t) == rnd.num_proposed or (t == 0 and rnd.num_proposed == 0)
+            assert table.tokens[p][t, table.arms.index((drafter, d))] == rnd.num_emitted
+            seconds += table.seconds[p][t, table.arms.index((drafter, d))]
+            every.append((rnd, t))
             t += rnd.num_emitted
         assert room.schedules[name][p] == pytest.approx(seconds, rel=1e-12)
-    assert stopped_early > 0  # the rule did end rounds early: not just fixed depth 4's rounds
+    return every
+
+
+@pytest.mark.parametrize("make", STOPS, ids=["eagle2-cum", "hf-roc", "specdec"])
+def test_a_stop_replayed_on_traces_drafts_what_the_engine_drafts(head_traces, make):
+    """Traces of the tiny EAGLE-3 head, replayed with a stop: the same depth every round as the real
+    engine with that stop, the same tokens, and the cost of the fixed arm at that depth."""
+    room = headroom(head_traces[3], stops=[("eagle3", make())])
+
+    def run(engine, ids):
+        rule = make()
+        rule.start()
+        return generate(engine, ids, fixed_schedule(DEPTH), stop=rule, on_round=rule.on_round)
+
+    rounds = assert_replays_the_engine(head_traces, f"stop:eagle3:{make().name}", room, run)
+    # the rule did end rounds early: not just fixed depth 4's rounds
+    assert any(0 < r.num_proposed < min(DEPTH, BUDGET - 1 - t) for r, t in rounds)
+
+
+def test_the_heuristic_replayed_on_traces_drafts_what_the_engine_drafts(head_traces):
+    room = headroom(head_traces[3], heuristics=[("eagle3", 3)])
+    schedule = HeuristicSchedule(3, DEPTH)
+
+    def run(engine, ids):
+        schedule.start()
+        return generate(engine, ids, schedule, on_round=schedule.on_round)
+
+    rounds = assert_replays_the_engine(head_traces, "heuristic:eagle3:3", room, run)
+    assert len({r.num_proposed for r, _ in rounds if r.num_proposed}) > 1  # the depth did move
 
 
 def test_a_stop_needs_every_depth_of_its_drafter(pair):
