@@ -443,3 +443,25 @@ def named_dirs(items: list[str], flag: str) -> dict[str, str]:
             raise SystemExit(f"{flag} {item!r}: write NAME=DIR, e.g. {flag} ngram=runs/tr_ngram.")
         out[name] = directory
     return out
+
+
+def stop_flags(parser: argparse.ArgumentParser, specdec_thresholds: str) -> None:
+    """The flags of :func:`stop_rules`: Hugging Face's threshold, EAGLE-2's and SpecDec++'s thresholds."""
+    parser.add_argument("--hf-threshold", type=float, default=0.4,
+                        help="HF assistant_confidence_threshold (transformers' default; hf-roc starts from it)")
+    parser.add_argument("--cum-thresholds", default="0.1,0.25,0.5", help="path-probability thresholds of eagle2-cum:T")
+    parser.add_argument("--specdec-thresholds", default=specdec_thresholds,
+                        help="rejection-probability thresholds of specdec:H")
+
+
+def stop_rules(args: argparse.Namespace, acceptance: Any | None = None) -> list:
+    """The per-level stop baselines of :func:`stop_flags`' flags: ``hf-threshold:T``, ``hf-roc``,
+    ``eagle2-cum:T`` each, and with a fitted ``acceptance`` predictor ``specdec:H`` each."""
+    from draftrl.policies.acceptance_stop import AcceptanceStop
+    from draftrl.policies.confidence_stop import ConfidenceStop, CumulativeConfidenceStop, RocConfidenceStop
+
+    rules = [ConfidenceStop(args.hf_threshold), RocConfidenceStop(args.hf_threshold),
+             *[CumulativeConfidenceStop(float(t)) for t in args.cum_thresholds.split(",")]]
+    if acceptance is not None:
+        rules += [AcceptanceStop(acceptance, float(h)) for h in args.specdec_thresholds.split(",")]
+    return rules

@@ -36,7 +36,8 @@ from __future__ import annotations
 import argparse
 from collections import defaultdict
 
-from _bench import Bench, anchor_method, common_flags, engine_method, interleave, named_dirs, parse_args, requests
+from _bench import (Bench, anchor_method, common_flags, engine_method, interleave, named_dirs, parse_args, requests,
+                    stop_flags, stop_rules)
 from draftrl.decoding.engine import EngineConfig, SpeculativeDecoder
 from draftrl.decoding.generate import fixed_schedule, generate
 from draftrl.decoding.schedule import HeuristicSchedule
@@ -45,8 +46,7 @@ from draftrl.envs.trace_choice import TraceChoiceEnv
 from draftrl.envs.traces import Traces
 from draftrl.eval.anchors import Anchor
 from draftrl.eval.bootstrap import paired_ratio_ci
-from draftrl.policies.acceptance_stop import AcceptanceStop, fit_acceptance
-from draftrl.policies.confidence_stop import ConfidenceStop, CumulativeConfidenceStop, RocConfidenceStop
+from draftrl.policies.acceptance_stop import fit_acceptance
 
 
 def main() -> None:
@@ -63,11 +63,7 @@ def main() -> None:
     p.add_argument("--rule-min-match", type=int, default=2)
     p.add_argument("--rule-depth", type=int, default=2)
     p.add_argument("--hf-lookup", default="2,4", help="HF prompt_lookup_num_tokens gammas")
-    p.add_argument("--hf-threshold", type=float, default=0.4,
-                   help="HF assistant_confidence_threshold (transformers' default; hf-roc starts from it)")
-    p.add_argument("--cum-thresholds", default="0.1,0.25,0.5", help="path-probability thresholds of eagle2-cum:T")
-    p.add_argument("--specdec-thresholds", default="0.5,0.7,0.9",
-                   help="rejection-probability thresholds of specdec:H")
+    stop_flags(p, specdec_thresholds="0.5,0.7,0.9")
     p.add_argument("--heuristic-initial", type=int, default=5,
                    help="heuristic:K's first depth (transformers' num_assistant_tokens)")
     p.add_argument("--repeats", type=int, default=3)
@@ -134,9 +130,7 @@ def main() -> None:
     tune = Traces.load(dirs["eagle3"])
     acceptance = fit_acceptance(level_path_probs(tune, max(depths)), match_depths(tune))
     bench.note(f"SpecDec++ acceptance predictor fitted on {acceptance.num_samples} judged levels of {dirs['eagle3']}")
-    stops = [ConfidenceStop(args.hf_threshold), RocConfidenceStop(args.hf_threshold),
-             *[CumulativeConfidenceStop(float(t)) for t in args.cum_thresholds.split(",")],
-             *[AcceptanceStop(acceptance, float(h)) for h in args.specdec_thresholds.split(",")]]
+    stops = stop_rules(args, acceptance)
     for stop_rule in stops:
         methods[stop_rule.name] = stop_method(stop_rule)
     heuristic = HeuristicSchedule(min(args.heuristic_initial, max(depths)), max(depths))
@@ -190,7 +184,8 @@ def main() -> None:
                  "best_fixed_vs_none": ci(best, "none", rows)}
         bench.row({k: v["ratio"] for k, v in cells.items()},
                   {f"{k}_ci": f"[{v['low']:.2f},{v['high']:.2f}]" for k, v in cells.items() if k.startswith("ppo")},
-                  group=group, best_fixed=best, best_hf_lookup=best_hf or "-", best_cum=best_cum, best_specdec=best_specdec, requests=len(rows))
+                  group=group, best_fixed=best, best_hf_lookup=best_hf or "-", best_cum=best_cum,
+                  best_specdec=best_specdec, requests=len(rows))
         summary[group] = {"best_fixed": best, "best_hf_lookup": best_hf, "best_cum": best_cum,
                           "best_specdec": best_specdec, **cells}
     bench.note("every method over the workload: throughput over none, tokens per round")

@@ -32,13 +32,12 @@ from __future__ import annotations
 import argparse
 from collections import defaultdict
 
-from _bench import Bench, common_flags, named_dirs, parse_args
+from _bench import Bench, common_flags, named_dirs, parse_args, stop_flags, stop_rules
 from draftrl.envs.trace_choice import TraceChoiceEnv
 from draftrl.envs.traces import Traces, stored_cost_table
 from draftrl.envs.round_table import level_path_probs, match_depths, round_table
 from draftrl.eval.headroom import headroom
-from draftrl.policies.acceptance_stop import AcceptanceStop, fit_acceptance
-from draftrl.policies.confidence_stop import ConfidenceStop, CumulativeConfidenceStop, RocConfidenceStop
+from draftrl.policies.acceptance_stop import fit_acceptance
 
 
 def main() -> None:
@@ -53,10 +52,7 @@ def main() -> None:
                    help="the same drafters' tune-split traces: train PPO on them and place it on --traces")
     p.add_argument("--stops", default=None, metavar="MODEL",
                    help="also replay the per-level stops on MODEL's chains (needs --depths 1..D)")
-    p.add_argument("--hf-threshold", type=float, default=0.4, help="hf-threshold:T (hf-roc starts from it)")
-    p.add_argument("--cum-thresholds", default="0.1,0.25,0.5", help="eagle2-cum:T thresholds")
-    p.add_argument("--specdec-thresholds", default="0.3,0.5,0.7,0.9",
-                   help="specdec:H thresholds on the predicted probability of a rejection")
+    stop_flags(p, specdec_thresholds="0.3,0.5,0.7,0.9")
     p.add_argument("--heuristics", default="", metavar="DRAFTER:K,...",
                    help="HF's heuristic schedule on DRAFTER from depth K (needs --depths 1..D)")
     p.add_argument("--timesteps", type=int, default=60_000, help="PPO rounds of training")
@@ -83,8 +79,7 @@ def main() -> None:
     if args.stops:
         if args.stops not in dirs:
             raise SystemExit(f"--stops {args.stops}: no --traces of that name; give one of {list(dirs)}.")
-        stops = [ConfidenceStop(args.hf_threshold), RocConfidenceStop(args.hf_threshold),
-                 *[CumulativeConfidenceStop(float(t)) for t in args.cum_thresholds.split(",")]]
+        model = None
         if args.stops in train_dirs:
             tune = Traces.load(train_dirs[args.stops])
             model = fit_acceptance(level_path_probs(tune, max(depths)), match_depths(tune))
@@ -92,9 +87,9 @@ def main() -> None:
                        f"{train_dirs[args.stops]}: weights {', '.join(f'{w:.3f}' for w in model.weights)}")
             if bench.out is not None:
                 model.save(bench.out / "acceptance_model.json")
-            stops += [AcceptanceStop(model, float(h)) for h in args.specdec_thresholds.split(",")]
         else:
             bench.note(f"no --train traces of {args.stops}: specdec:H (fitted on them) left out")
+        stops = stop_rules(args, model)
     try:
         heuristics = [(name, int(k)) for name, k in (h.split(":") for h in args.heuristics.split(",") if h)]
         room = headroom(table, rules, [(args.stops, rule) for rule in stops], heuristics)

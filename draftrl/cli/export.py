@@ -86,25 +86,14 @@ def vllm_rule(name: str) -> Any | None:
 BUNDLE_FILES = ("vllm.json", "proposer.json", "policy.onnx", "policy.onnx.json")
 
 
-def written_files(out: Path, fmt: str) -> list[Path]:
-    """The files an export to ``out`` in ``fmt`` writes (a bundle folder: the folder's bundle files)."""
-    if fmt == "vllm" and out.suffix != ".json":
-        return [out / name for name in BUNDLE_FILES]
-    if fmt in ("onnx", "torchscript"):
-        return [out, out.with_name(out.name + ".json")]
-    if fmt == "sglang":
-        return [out, out.with_name(out.name + ".adaptive.json")]
-    return [out]
-
-
 def check_out(out: Path, fmt: str, overwrite: bool) -> None:
-    """Refuse to replace an earlier export unless ``overwrite``; with it, a bundle folder's earlier
-    bundle files go first (files of the user's there are kept), so no file of another kind of bundle (a route (b) ``proposer.json`` beside a stock
-    ``vllm.json``) survives into the new one."""
+    """Refuse to replace an earlier export unless ``overwrite``. With it, a bundle folder's earlier
+    bundle files go first (the user's other files there stay), so no file of another kind of bundle
+    (a route (b) ``proposer.json`` beside a stock ``vllm.json``) survives into the new one."""
     if fmt == "vllm" and out.suffix != ".json":
         if out.exists() and not out.is_dir():
             raise ValueError(f"--out {out} is a file; a vllm bundle is a folder (or give OUT.json for static settings).")
-        held = [name for name in BUNDLE_FILES if (out / name).exists()]  # other files there are left alone
+        held = [name for name in BUNDLE_FILES if (out / name).exists()]
         if held and not overwrite:
             raise ValueError(f"--out {out} already holds an exported bundle ({', '.join(held)}); pass --overwrite "
                              "to replace it, or choose another --out.")
@@ -113,7 +102,9 @@ def check_out(out: Path, fmt: str, overwrite: bool) -> None:
         return
     if out.is_dir():
         raise ValueError(f"--out {out} is a folder; --format {fmt} writes a file: give a file name.")
-    earlier = [p for p in written_files(out, fmt) if p.exists()]
+    companion = {"onnx": ".json", "torchscript": ".json", "sglang": ".adaptive.json"}.get(fmt)
+    written = [out] + ([out.with_name(out.name + companion)] if companion else [])
+    earlier = [p for p in written if p.exists()]
     if earlier and not overwrite:
         raise ValueError(f"--out {out}: {', '.join(p.name for p in earlier)} already exist(s) from an earlier export; "
                          "pass --overwrite to replace them, or choose another --out.")

@@ -179,6 +179,6 @@ def round_table(traces: Mapping[str, Traces], costs: Mapping[str, CostTable], de
         for name in ngram:
             ngram[name].append(np.asarray(traces[name].draft_features[start:start + length, _MATCH]))
     observe = {name: float(per[name][2].draft_base_seconds) for name in names}
-    return RoundTable(arms, list(first.prompts), tokens, seconds, ngram,
-                      {n: [paths[n][int(cu_pos[p]):int(cu_pos[p + 1])] for p in range(len(first.prompts))] for n in names},
+    path_probs = {n: [paths[n][int(cu_pos[p]):int(cu_pos[p + 1])] for p in range(len(first.prompts))] for n in names}
+    return RoundTable(arms, list(first.prompts), tokens, seconds, ngram, path_probs,
                       [int(b) for b in first.budgets], observe)

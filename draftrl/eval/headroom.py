@@ -63,13 +63,12 @@ def play_stop(table: RoundTable, prompt: int, drafter: str, rule: LevelStopRule)
     asks the rule after every level (at most ``budget - t - 1``, and no deeper than the recorded
     tree), keeps the level it stops at, then tells it how many drafted tokens were accepted.
     """
-    tokens, seconds = table.tokens[prompt], table.seconds[prompt]
+    tokens = table.tokens[prompt]
     paths = table.path_probs[drafter][prompt]
     budget = table.budgets[prompt]
     arms = [0] + [table.arm(drafter, d) for d in range(1, paths.shape[1] + 1)]
-    rule.start()
-    t, total, played = 0, 0.0, []
-    while t < len(tokens):
+
+    def choose(t: int) -> int:
         depth = 0
         for level in range(1, min(paths.shape[1], budget - t - 1) + 1):
             prob = float(paths[t, level - 1])
@@ -78,31 +77,31 @@ def play_stop(table: RoundTable, prompt: int, drafter: str, rule: LevelStopRule)
             depth = level
             if rule({"level": float(level), "level_best_prob": prob, "level_num_nodes": 1.0}):
                 break
-        a = arms[depth]
-        total += float(seconds[t, a])
-        played.append(a)
-        rule.observe(int(tokens[t, a]) - 1)
-        t += int(tokens[t, a])
-    return total, played
+        rule.observe(int(tokens[t, arms[depth]]) - 1)
+        return arms[depth]
+
+    rule.start()
+    return play(tokens, table.seconds[prompt], choose)
 
 
 def play_heuristic(table: RoundTable, prompt: int, drafter: str, initial: int) -> tuple[float, list[int]]:
     """Seconds of one prompt under Hugging Face's heuristic schedule on ``drafter`` from depth
     ``initial``, and the arms it played (the depth each round drafts, capped at the table's deepest)."""
-    tokens, seconds = table.tokens[prompt], table.seconds[prompt]
+    tokens = table.tokens[prompt]
     available = np.isfinite(table.path_probs[drafter][prompt]).sum(axis=1)  # levels the recorded tree has
     most = max(d for name, d in table.arms if name == drafter)
     budget = table.budgets[prompt]
-    depth, t, total, played = float(min(initial, most)), 0, 0.0, []
-    while t < len(tokens):
+    depth = float(min(initial, most))
+
+    def choose(t: int) -> int:
+        nonlocal depth
         asked = min(int(depth), budget - t - 1)
         a = table.arm(drafter, asked) if asked > 0 else 0
-        total += float(seconds[t, a])
-        played.append(a)
         # what the round drafted (a drafter may propose fewer levels than asked) and accepted
         depth = heuristic_depth(depth, int(tokens[t, a]) - 1, min(asked, int(available[t])), most)
-        t += int(tokens[t, a])
-    return total, played
+        return a
+
+    return play(tokens, table.seconds[prompt], choose)
 
 
 def lookahead(tokens: np.ndarray, seconds: np.ndarray) -> tuple[float, list[int]]:
@@ -191,6 +190,7 @@ def headroom(table: RoundTable, rules: Sequence[tuple[str, str, int]] = (),
             results = [play(tok, sec, lambda t, m=match: la if m[t] >= min_match else ma)
                        for (tok, sec), match in zip(pairs, table.ngram_match[lookup])]
             add(f"rule:{lookup}|{model}>={min_match}:{depth}", results)
+
     def every_depth(drafter: str, what: str) -> None:
         have = {d for name, d in table.arms if name == drafter}
         if not have or have != set(range(1, max(have) + 1)):
