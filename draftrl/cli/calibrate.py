@@ -45,7 +45,8 @@ def add_parser(subparsers) -> None:
     keyed(p, "--temperature", key="env.temperature", type=float, help="sampling transform timed by the sample cost")
     p.add_argument("--engine", choices=["hf", "vllm"], default="hf",
                    help="vllm: step seconds of an in-process vLLM engine vs sequences and tokens verified "
-                        "(draftrl.decoding.vllm.calibrate; --target, --dtype, --threads apply)")
+                        "(draftrl.decoding.vllm.calibrate; --target, --dtype, --threads apply; --drafter eagle3[:PATH] "
+                        "also times what the head's drafting adds to a step)")
     p.add_argument("--batch-sizes", type=_ints, default=SIZES.batch_sizes, help="vllm: running sequences")
     p.add_argument("--depths", type=_ints, default=SIZES.depths, help="vllm: draft tokens per sequence")
     p.add_argument("--steps", type=int, default=SIZES.steps, help="vllm: timed steps per (batch size, depth) and prefill cell")
@@ -83,6 +84,7 @@ def g_lines(table) -> list[str]:
 
 def run_vllm(args: argparse.Namespace) -> int:
     from draftrl.decoding.vllm.calibrate import calibrate_model
+    from draftrl.decoding.vllm.head_proposer import needs_head
     from draftrl.io import write_json
 
     cfg = config(args)
@@ -90,13 +92,16 @@ def run_vllm(args: argparse.Namespace) -> int:
                              prefill_lens=args.prefill_lens, prefill_batch_sizes=args.prefill_batch_sizes,
                              rounds=args.rounds)
     result = calibrate_model(cfg.env.target, sizes, dtype=cfg.env.dtype, threads=cfg.threads, seed=cfg.seed,
-                             progress=lambda msg: print(f"[calibrate] {msg}", file=sys.stderr))
+                             drafter=cfg.env.drafter if needs_head(cfg.env.drafter) else None, progress=lambda msg: print(f"[calibrate] {msg}", file=sys.stderr))
     if args.out:
         write_json(args.out, result)
     f = result["fit"]
     print(f"step_seconds = {f['base'] * 1e3:.2f} ms + {f['per_seq'] * 1e3:.2f} ms x seqs + "
           f"{f['per_token'] * 1e3:.3f} ms x tokens_verified + {f['per_prefill_token'] * 1e3:.3f} ms x prompt_tokens  "
           f"(residual sd {f['residual_std'] * 1e3:.2f} ms)")
+    for b, row in result.get("head", {}).items():
+        cells = "  ".join(f"d={d}: {s * 1e3:.1f}" for d, s in zip(row["levels"], row["seconds"]))
+        print(f"head drafting adds, B={b}: {cells} ms")
     if args.json:
         print(json.dumps(result))
     return 0

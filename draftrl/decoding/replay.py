@@ -11,6 +11,16 @@ proposal from every true prefix ``prompt + continuation[:t]`` is recomputed here
 n-gram length, how many draft tokens it can propose, and how many of them the continuation
 accepts. Acceptance is then exact: ``min(accepted_prefix, admitted) + 1`` tokens per step.
 
+**The head's proposals** (:class:`HeadProposals`): an EAGLE-3 head is deterministic given the
+target's hidden states, so its greedy chain from every true prefix is recomputed too, from one
+float32 forward of the Hugging Face target over the recorded sequence (the features vLLM's
+route (b) hooks capture, float rounding aside). With them the engine replays the head
+(``drafter="eagle3"``), SAM's rule (``sam:N``: n-gram lookup on an N-token match, else the head)
+and, under ``rule="hindsight"``, ``drafter="best"``: every request drafts with whichever drafter
+accepts more, just the tokens it accepts. A step whose proposer drafts ``L`` head levels for ``h``
+requests costs ``StepCostModel.head_seconds(h, L)`` more (calibrated with ``draftrl calibrate
+--engine vllm --drafter eagle3``).
+
 **The engine** (:class:`ReplayEngine`) keeps vLLM's step semantics (what ``VLLMEngine`` does):
 a waiting queue admitted up to ``max_num_seqs`` at the start of a step (a request's first step is
 its prefill, charged per prompt token, and yields one token), drafts proposed at the end of a step under that step's action
@@ -27,7 +37,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -177,6 +187,71 @@ class Proposals:
             self.accepted.append(acc)
 
 
+class HeadProposals:
+    """An EAGLE-3 head's greedy chain at every true prefix of every recording (module docstring).
+
+    Same layout as :class:`Proposals`: ``available[i][t]`` (drafts, at most ``max_depth``),
+    ``accepted[i][t]`` (how many leading ones the continuation accepts) and ``scores[i][t]`` (the
+    chain's cumulative log probabilities under the head, one per draft).
+
+    :param drafter: an :class:`~draftrl.drafters.eagle3.Eagle3Drafter` hooked on ``target`` (the
+        Hugging Face model that ``draftrl.drafters.registry.build_drafter("eagle3", ...)`` loads).
+    """
+
+    def __init__(self, recordings: Recordings, max_depth: int, drafter: Drafter, target: Any,
+                 progress: Callable[[str], None] | None = None):
+        import torch
+
+        if not drafter.reads_target_rows:
+            raise ValueError(f"drafter {drafter.name!r} reads no target rows; HeadProposals replays an EAGLE-3 head.")
+        self.max_depth = int(max_depth)
+        self.available: list[list[int]] = []
+        self.accepted: list[list[int]] = []
+        self.scores: list[list[list[float]]] = []
+        device = next(target.parameters()).device
+        for n, rec in enumerate(recordings.requests):
+            ids = list(rec.prompt_ids) + list(rec.token_ids)
+            cont, m = rec.token_ids, len(rec.prompt_ids)
+            drafter.reset(ids)
+            with torch.inference_mode():
+                target(torch.tensor([ids], device=device))
+            drafter.keep_target_rows(list(range(len(ids))))
+            avail, acc, scores = [0], [0], [[]]
+            for t in range(1, len(cont) + 1):
+                prefix = ids[: m + t]
+                tree = drafter.propose(prefix, self.max_depth, 1, SamplingParams(), None)
+                drafter.commit(prefix, [])
+                a = 0
+                while a < len(tree.tokens) and t + a < len(cont) and tree.tokens[a] == cont[t + a]:
+                    a += 1
+                avail.append(len(tree.tokens))
+                acc.append(a)
+                scores.append([float(x) for x in tree.scores])
+            self.available.append(avail)
+            self.accepted.append(acc)
+            self.scores.append(scores)
+            if progress is not None:
+                progress(f"head proposals: {n + 1}/{len(recordings)} recordings")
+
+
+#: drafters the engine replays: the n-gram proposer's, an EAGLE-3 head's, SAM's mix (``sam:N``),
+#: and ``best`` (hindsight only: per request and step, the drafter that accepts more)
+REPLAY_DRAFTERS = ("ngram", "eagle3", "sam:N", "best")
+
+
+def parse_replay_drafter(spec: str) -> int | None:
+    """SAM's shortest lookup match for ``sam:N``, 0 for ``ngram``, None for the head-only kinds
+    (``eagle3``, ``best``); a one-line error for anything else."""
+    if spec == "ngram":
+        return 0
+    if spec in ("eagle3", "best"):
+        return None
+    kind, _, n = spec.partition(":")
+    if kind == "sam" and n.isdigit() and int(n) >= 1:
+        return int(n)
+    raise ValueError(f"drafter={spec!r} cannot be replayed; choose one of {', '.join(REPLAY_DRAFTERS)} (e.g. sam:2).")
+
+
 @dataclass
 class _SimRequest:
     request_id: str
@@ -187,6 +262,8 @@ class _SimRequest:
     """tokens it will emit"""
     history: RequestAcceptance
     generated: int = 0
+    will_accept: int = 0
+    """how many of the drafts proposed last step the continuation accepts"""
 
 
 class ReplayEngine(QueuedBatch):
@@ -200,15 +277,29 @@ class ReplayEngine(QueuedBatch):
     :param rule: each request's own depth before the cap and budget: ``match``, ``heuristic`` or
         ``hindsight`` (the accepted prefix of its proposal: a ceiling, see ``RULES``).
     :param rng: draws the step-cost noise (``cost.seconds``); None = no noise.
+    :param drafter: whose proposals each request drafts (:data:`REPLAY_DRAFTERS`); every kind but
+        ``ngram`` needs ``head_proposals`` and a ``cost`` calibrated with the head, ``best`` needs
+        ``rule="hindsight"``.
     """
 
     action_lag = 1
 
     def __init__(self, recordings: Recordings, cost: StepCostModel, *, max_depth: int = 8, max_num_seqs: int = 16,
                  max_model_len: int = 1024, rule: str = "match", rng: np.random.Generator | None = None,
-                 proposals: Proposals | None = None):
+                 proposals: Proposals | None = None, drafter: str = "ngram",
+                 head_proposals: HeadProposals | None = None):
         if rule not in RULES:
             raise ValueError(f"rule={rule!r} cannot be replayed; choose one of {', '.join(RULES)}.")
+        self.min_match = parse_replay_drafter(drafter)
+        if drafter != "ngram" and (head_proposals is None or head_proposals.max_depth < max_depth):
+            raise ValueError(f"drafter={drafter!r} replays the head: pass head_proposals (HeadProposals) of depth >= "
+                             f"{max_depth}.")
+        if drafter != "ngram" and not cost.head:
+            raise ValueError(f"drafter={drafter!r} needs the head's step cost; calibrate with draftrl calibrate "
+                             "--engine vllm --drafter eagle3 --out FILE.")
+        if drafter == "best" and rule != "hindsight":
+            raise ValueError("drafter='best' chooses with hindsight; use it with rule='hindsight'.")
+        self.drafter, self.head_proposals = drafter, head_proposals
         self.recordings, self.cost, self.rng = recordings, cost, rng
         self.max_depth, self.max_num_seqs, self.max_model_len = int(max_depth), int(max_num_seqs), int(max_model_len)
         self.rule = rule
@@ -292,6 +383,14 @@ class ReplayEngine(QueuedBatch):
             rows.pop()
         return rows
 
+    def _drafts_with_head(self, index: int, t: int) -> bool:
+        """Whether recording ``index``'s request drafts with the head after ``t`` tokens."""
+        if self.drafter == "ngram":
+            return False
+        if self.drafter == "best":
+            return self.head_proposals.accepted[index][t] > self.proposals.accepted[index][t]
+        return self.min_match is None or self.proposals.match_len[index][t] < self.min_match
+
     # ------------------------------------------------------------------ the step
     def step(self, action: StepAction | None = None) -> EngineStep:
         """Verify the drafts proposed last step, emit the recorded tokens, then propose under
@@ -315,26 +414,33 @@ class ReplayEngine(QueuedBatch):
             else:  # accepted drafts + 1, as the step verified them (past the limit too; the output stops at it)
                 drafted = req.history.last_proposed
                 num_tokens += drafted + 1
-                v = min(min(props.accepted[req.index][t], drafted) + 1, len(cont[req.index].token_ids) - t)
+                v = min(min(req.will_accept, drafted) + 1, len(cont[req.index].token_ids) - t)
             gained = min(v, req.length - t)
             req.generated = t + gained
             verified.append((v, t + v))
             steps.append(RequestStep(req.request_id, cont[req.index].token_ids[t: t + gained], drafted,
                                      min(gained - 1, drafted), req.generated >= req.length))
-        seconds = self.cost.seconds(len(running), num_tokens, self.rng, prompt_tokens)
         # the proposer, at the end of the step, for every request that decoded (finished ones too),
         # on every token the step verified
         heuristic = self.rule == "heuristic"
-        match, wanted = [], []
+        match, wanted, by_head = [], [], []
         for req, (v, t) in zip(running, verified):
             req.history.observe(v, ACCEPT_DECAY, heuristic)
             own = req.history.heuristic_depth if heuristic else self.max_depth
             cap = draft_cap(action.depth, own, self.max_depth, self.max_model_len, req.num_prompt_tokens + t)
-            match.append(props.match_len[req.index][t])
-            can = props.accepted[req.index][t] if self.rule == "hindsight" else props.available[req.index][t]
+            head = self._drafts_with_head(req.index, t)
+            source = self.head_proposals if head else props
+            match.append(0 if head and self.min_match is None else props.match_len[req.index][t])
+            can = source.accepted[req.index][t] if self.rule == "hindsight" else source.available[req.index][t]
             wanted.append(min(cap, can))
+            req.will_accept = source.accepted[req.index][t]
+            by_head.append(head)
         acceptance, admitted = admit_drafts([r.history for r in running], np.array(match, dtype=np.int64),
                                             np.array(wanted, dtype=np.int64), action.budget)
+        # the head drafts its requests to their caps before the budget admits (one forward per level)
+        head_levels = [w for w, h in zip(wanted, by_head) if h and w > 0]
+        seconds = self.cost.seconds(len(running), num_tokens, self.rng, prompt_tokens,
+                                    (len(head_levels), max(head_levels, default=0)))
         self._signals = (acceptance, np.array(match, dtype=np.int64))
         self._rows = [r if r.generated < r.length else None for r in running]
         self.running = [r for r in self._rows if r is not None]

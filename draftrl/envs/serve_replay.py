@@ -13,7 +13,7 @@ from draftrl.decoding.admission import StepAction
 from draftrl.decoding.vllm.calibrate import StepCostModel
 from draftrl.config import resolve
 from draftrl.config.serve import ServeConfig
-from draftrl.decoding.replay import Proposals, Recordings, ReplayEngine, record
+from draftrl.decoding.replay import HeadProposals, Proposals, Recordings, ReplayEngine, record
 from draftrl.envs.serve_vllm import ServeVLLMEnv
 from draftrl.envs.workload import Workload
 
@@ -59,7 +59,9 @@ class ServeReplayEnv(ServeVLLMEnv):
     policy trains across loads; default: the config's), then ``ServeConfig`` and its keyword
     overrides as ``ServeVLLM-v0``. ``temperature`` must be 0 and ``rule`` ``match``, ``heuristic``
     or ``hindsight`` (this env only: each request drafts just what it will accept, the ceiling of
-    per-request depth control; ``benchmarks/serve_headroom.py``).
+    per-request depth control; ``benchmarks/serve_headroom.py``). ``drafter`` (default ``ngram``) and
+    ``head_proposals`` replay an EAGLE-3 head too (``eagle3``, ``sam:N``, ``best``:
+    :class:`~draftrl.decoding.replay.ReplayEngine`), with the calibration's head cells as its cost.
 
     ``env.unwrapped.lookahead_action()``: the greedy one-step lookahead (the ``LookAhead`` baseline).
 
@@ -71,7 +73,7 @@ class ServeReplayEnv(ServeVLLMEnv):
     def __init__(self, recordings: str | Path | Recordings, calibration: str | Path | dict | StepCostModel,
                  config: ServeConfig | dict | None = None, *, cost_jitter: float = 0.0, cost_noise: bool = True,
                  loads: list[dict[str, Any]] | None = None, proposals: Proposals | None = None,
-                 render_mode: str | None = None, **overrides: Any):
+                 drafter: str = "ngram", head_proposals: HeadProposals | None = None, render_mode: str | None = None, **overrides: Any):
         config = resolve(ServeConfig, config, overrides)
         unknown = {k for load in loads or () for k in load} - set(LOAD_KEYS)
         if unknown:
@@ -97,7 +99,7 @@ class ServeReplayEnv(ServeVLLMEnv):
         self.cost_jitter, self.cost_noise = float(cost_jitter), bool(cost_noise)
         engine = ReplayEngine(recordings, self.cost_model, max_depth=max(1, config.max_depth),
                               max_num_seqs=config.max_num_seqs, max_model_len=config.max_model_len, rule=config.rule,
-                              proposals=proposals)
+                              proposals=proposals, drafter=drafter, head_proposals=head_proposals)
         self.tokenizer = None
         self._setup(config, engine, Workload(config, None, prompts=recordings.prompts,
                                              prompt_ids=recordings.prompt_ids()))

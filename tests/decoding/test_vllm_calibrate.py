@@ -63,3 +63,41 @@ def test_cost_table_follows_the_measured_medians():
     assert model.mean(16, 200) - model.mean(16, 144) == pytest.approx(56 * model.per_token)  # past the grid
     assert model.mean(32, 32) - model.mean(16, 32) == pytest.approx(16 * model.per_seq)
     assert 0 < model.residual_std < 0.05  # the one noisy cell's spread around the table
+
+
+def head_cells(calibration, added, sd=0.0, seed=1):
+    """The calibration plus ``head`` cells: each decode cell with d >= 1 costing ``added(b, d)`` more."""
+    rng = np.random.default_rng(seed)
+    heads = []
+    for p in calibration["points"]:
+        if p.get("kind") == "decode" and p["depth"] >= 1:
+            s = np.asarray(p["seconds"]) + added(p["num_seqs"], p["depth"]) + sd * rng.standard_normal(len(p["seconds"]))
+            heads.append({**p, "kind": "head", "seconds": s.tolist()})
+    return {**calibration, "points": calibration["points"] + heads}
+
+
+def test_head_cells_give_the_heads_added_seconds_and_leave_the_fit_alone():
+    """What the head's drafting adds to a step is the head cell's median minus the decode cell's,
+    interpolated over levels and head-drafting batch sizes, extended past the grid; the decode fit
+    and table ignore head cells (mixed in, they would price every decode step as a head step)."""
+    coef = (0.040, 0.0015, 0.0006)
+    plain = synthetic_calibration(coef, sd=0.0)
+    added = lambda b, d: 0.001 + 0.005 * d + 0.0004 * b * d  # noqa: E731
+    model = StepCostModel.from_calibration(head_cells(plain, added))
+    without = StepCostModel.from_calibration(plain)
+    assert (model.base, model.per_seq, model.per_token) == pytest.approx((without.base, without.per_seq, without.per_token))
+    assert model.table == without.table and without.head is None
+    for b, d in ((1, 1), (4, 2), (16, 8), (2, 4)):
+        assert model.head_seconds(b, d) == pytest.approx(added(b, d))
+    assert model.head_seconds(1, 3) == pytest.approx((added(1, 2) + added(1, 4)) / 2)  # between levels 2 and 4
+    assert model.head_seconds(1, 10) == pytest.approx(added(1, 8) + 2 * (added(1, 8) - added(1, 1)) / 7)
+    assert model.head_seconds(0, 4) == 0.0 and model.head_seconds(4, 0) == 0.0
+    # the head's seconds join a step's, under the machine jitter of the decode part
+    assert model.mean(4, 12, 0, (2, 3)) - model.mean(4, 12) == pytest.approx(model.head_seconds(2, 3))
+    # the head's cells may come from their own calibration; one without them says how to make them
+    assert StepCostModel.from_calibration(plain, head=head_cells(plain, added)).head_seconds(4, 2) == \
+        pytest.approx(added(4, 2))
+    with pytest.raises(ValueError, match="--drafter eagle3"):
+        StepCostModel.from_calibration(plain, head=plain)
+    with pytest.raises(ValueError, match="--drafter eagle3"):
+        without.head_seconds(1, 2)

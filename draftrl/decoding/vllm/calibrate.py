@@ -14,6 +14,13 @@ p10, p90 per cell) and a least-squares fit over every sample
 
 (``P = 0`` in decode steps, ``d + 1 = 0`` in prefill steps) with its residual standard deviation
 (the measurement noise), the cost model a serving simulator needs (issue "Learning under load").
+
+With a proposer that runs an EAGLE-3 head (``--drafter eagle3[:PATH]``, route (b) of serving a head),
+every decode cell with ``d >= 1`` is measured twice, interleaved on the same engine: ``decode`` with
+the head idle (n-gram lookup fills the drafts, the head only takes its rows) and ``head`` with the
+head drafting all ``d`` levels for all ``B`` requests. The difference of the two medians is what the
+head's drafting adds to a step (:func:`head_table`), the term the simulator charges when it replays
+the head's proposals; measured side by side so that machine drift does not enter it.
 Why a separate prefill slope: one prompt token costs far less than one verified decode token
 (the prompt runs as one large matrix product); charging prompts at the decode slope put the
 simulated time to first token ~30x above vLLM's.
@@ -55,14 +62,15 @@ class CalibrationSizes:
 
 
 def calibrate_model(model: str, sizes: CalibrationSizes, *, dtype: str = "float32", threads: int = 1, seed: int = 0,
-                    progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+                    drafter: str | None = None, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """:func:`calibrate` the process's shared engine for ``model`` with draftrl's proposer, deep and
-    wide enough for ``sizes``."""
+    wide enough for ``sizes``; ``drafter`` a head spec (``eagle3[:PATH]``) adds the head's cells."""
     from draftrl.decoding.vllm.engine import VLLMEngineConfig, shared_engine
 
+    extra = {"drafter": drafter} if drafter else {}
     engine = shared_engine(VLLMEngineConfig(model=model, method="draftrl", num_speculative_tokens=max(sizes.depths),
                                             dtype=dtype, max_num_seqs=max(sizes.batch_sizes + sizes.prefill_batch_sizes),
-                                            threads=threads))
+                                            threads=threads, **extra))
     return calibrate(engine, **asdict(sizes), seed=seed, progress=progress)
 
 
@@ -90,33 +98,42 @@ def calibrate(engine, *, batch_sizes: tuple[int, ...] = CalibrationSizes.batch_s
     cells = [("decode", b, d) for b in batch_sizes for d in depths] + \
         [("prefill", b, p) for b in prefill_batch_sizes for p in prefill_lens]
     samples: dict[tuple, list[float]] = {c: [] for c in cells}
-    rule = engine.proposer.rule
-    engine.proposer.set_rule("fill")
+    proposer = engine.proposer
+    has_head = getattr(proposer, "head", None) is not None
+    if has_head:
+        cells += [("head", b, d) for b in batch_sizes for d in depths if d >= 1]
+        samples.update({c: [] for c in cells if c[0] == "head"})
+    rule = proposer.rule
+    proposer.set_rule("fill")
     try:
         for r in range(rounds):
             per_round = steps // rounds + (1 if r < steps % rounds else 0)
             for i in rng.permutation(len(cells)):
                 kind, b, x = cells[i]
-                measure = _decode_samples if kind == "decode" else _prefill_samples
+                if has_head:  # the head drafts in the head cells only (its largest step: none elsewhere)
+                    proposer.head_max_batch = None if kind == "head" else 0
+                measure = _prefill_samples if kind == "prefill" else _decode_samples
                 samples[cells[i]] += measure(engine, b, x, per_round, warmup, prompt_ids, rng)
     finally:
         engine.abort_all()
-        engine.proposer.set_rule(rule)
+        proposer.set_rule(rule)
     points = []
     for kind, b, x in cells:
         s = np.asarray(samples[(kind, b, x)])
         point = {"kind": kind, "num_seqs": b}
-        point.update({"depth": x, "tokens_verified": b * (x + 1), "prompt_tokens": 0} if kind == "decode"
+        point.update({"depth": x, "tokens_verified": b * (x + 1), "prompt_tokens": 0} if kind != "prefill"
                      else {"prompt_len": x, "tokens_verified": 0, "prompt_tokens": b * x})
         point.update({"samples": len(s), "seconds_median": float(np.median(s)),
                       "seconds_p10": float(np.percentile(s, 10)), "seconds_p90": float(np.percentile(s, 90)),
                       "seconds": s.round(6).tolist()})
         points.append(point)
         if progress:
-            what = f"d={x}" if kind == "decode" else f"prefill P={x}"
+            what = {"decode": f"d={x}", "head": f"head d={x}"}.get(kind, f"prefill P={x}")
             progress(f"B={b} {what}: {np.median(s) * 1e3:.1f} ms")
-    return {"format": FORMAT, "engine": engine.describe(), "points": points, "fit": fit(points),
-            "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    result = {"format": FORMAT, "engine": engine.describe(), "points": points, "fit": fit(points)}
+    if has_head:
+        result["head"] = {str(b): dict(zip(["levels", "seconds"], row)) for b, row in head_table(points).items()}
+    return {**result, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
 
 def _decode_samples(engine, b: int, d: int, n: int, warmup: int, prompt_ids: list[int], rng) -> list[float]:
@@ -159,6 +176,8 @@ def fit(points: list[dict]) -> dict[str, float]:
     one sequence."""
     rows, y, pre_rows, pre_y = [], [], [], []
     for p in points:
+        if p.get("kind") == "head":
+            continue
         for s in p["seconds"]:
             if p.get("prompt_tokens", 0):
                 pre_rows.append((p["num_seqs"], p["prompt_tokens"]))
@@ -185,13 +204,27 @@ def decode_table(points: list[dict]) -> dict[int, tuple[list[int], list[float]]]
     cheaper than a smaller one was noise on a shared machine)."""
     rows: dict[int, list[tuple[int, float]]] = {}
     for p in points:
-        if not p.get("prompt_tokens", 0):
+        if not p.get("prompt_tokens", 0) and p.get("kind") != "head":
             rows.setdefault(int(p["num_seqs"]), []).append((int(p["tokens_verified"]), float(np.median(p["seconds"]))))
     table = {}
     for b, cells in sorted(rows.items()):
         cells.sort()
         table[b] = ([t for t, _ in cells], np.maximum.accumulate([s for _, s in cells]).tolist())
     return table
+
+
+def head_table(points: list[dict]) -> dict[int, tuple[list[int], list[float]]]:
+    """Head-drafting batch size -> (levels, seconds the head's drafting adds to a step): per cell,
+    the ``head`` median minus the ``decode`` median of the same (B, d), floored at 0 and made
+    non-decreasing in levels (as :func:`decode_table`); empty for a calibration without a head."""
+    medians = {(p.get("kind"), int(p["num_seqs"]), int(p["depth"])): float(np.median(p["seconds"]))
+               for p in points if p.get("kind") in ("decode", "head")}
+    rows: dict[int, list[tuple[int, float]]] = {}
+    for (kind, b, d), seconds in sorted(medians.items()):
+        if kind == "head" and ("decode", b, d) in medians:
+            rows.setdefault(b, []).append((d, max(0.0, seconds - medians[("decode", b, d)])))
+    return {b: ([d for d, _ in cells], np.maximum.accumulate([s for _, s in cells]).tolist())
+            for b, cells in rows.items()}
 
 
 def predict(fit_: dict[str, float], num_seqs: int, tokens_verified: int, prompt_tokens: int = 0) -> float:
@@ -224,28 +257,28 @@ class StepCostModel:
     """seconds per prompt token in a prefill (0 = uncalibrated: a prompt costs its sequence only)"""
     table: dict[int, tuple[list[int], list[float]]] | None = None
     """measured decode medians per batch size (None = the linear model)"""
+    head: dict[int, tuple[list[int], list[float]]] | None = None
+    """what an EAGLE-3 head's drafting adds to a step, per head-drafting batch size (:func:`head_table`;
+    None = not calibrated)"""
 
     def __post_init__(self) -> None:
         self._decode_cache: dict[tuple[int, int], float] = {}
 
     @classmethod
-    def from_calibration(cls, calibration: dict[str, Any] | str | Path) -> "StepCostModel":
+    def from_calibration(cls, calibration: dict[str, Any] | str | Path,
+                         head: dict[str, Any] | str | Path | None = None) -> "StepCostModel":
         """Refit on a calibration's points (``draftrl calibrate --engine vllm --out FILE``; a dict or
-        the file): the fit, the decode table, and the noise as the decode samples' spread around it."""
-        if not isinstance(calibration, dict):
-            path = Path(calibration)
-            if not path.is_file():
-                raise ValueError(f"no step-cost calibration at {path}; run draftrl calibrate --engine vllm --out {path}.")
-            from draftrl.io import read_json
-
-            calibration = read_json(path, "calibration")
-        if calibration.get("format") != FORMAT or not calibration.get("points"):
-            raise ValueError(f"not a vLLM step-cost calibration (format {calibration.get('format')!r}, expected "
-                             f"{FORMAT!r} with points); run draftrl calibrate --engine vllm --out FILE.")
-        points = calibration["points"]
+        the file): the fit, the decode table, the noise as the decode samples' spread around it, and
+        the head's table from ``head`` (a calibration with ``--drafter eagle3``; default: this one's
+        head cells, if any)."""
+        points = _calibration_points(calibration)
         f = fit(points)
+        heads = head_table(_calibration_points(head) if head is not None else points)
+        if head is not None and not heads:
+            raise ValueError(f"{head} holds no head cells; run draftrl calibrate --engine vllm --drafter eagle3 "
+                             "--out FILE.")
         model = cls(f["base"], f["per_seq"], f["per_token"], per_prefill_token=f["per_prefill_token"],
-                    table=decode_table(points))
+                    table=decode_table(points), head=heads or None)
         spread = [s - model.decode_seconds(p["num_seqs"], p["tokens_verified"]) for p in points
                   if not p.get("prompt_tokens", 0) for s in p["seconds"]]
         model.residual_std = float(np.std(spread))
@@ -274,17 +307,42 @@ class StepCostModel:
             self._decode_cache[key] = value
         return self._decode_cache[key]
 
-    def mean(self, num_seqs: int, num_tokens: int, prompt_tokens: int = 0) -> float:
+    def head_seconds(self, num_seqs: int, levels: int) -> float:
+        """Seconds an EAGLE-3 head adds to a step by drafting ``levels`` levels for ``num_seqs``
+        requests (one padded forward per level; no jitter): the calibrated cells interpolated as
+        :meth:`decode_seconds` does, 0 when it drafts nothing."""
+        if num_seqs <= 0 or levels <= 0:
+            return 0.0
+        if not self.head:
+            raise ValueError("this step-cost calibration has no head cells; run draftrl calibrate --engine vllm "
+                             "--drafter eagle3 --out FILE.")
+        sizes = sorted(self.head)
+
+        def row(b: int) -> float:
+            lv, secs = self.head[b]
+            slope = (secs[-1] - secs[0]) / (lv[-1] - lv[0]) if len(lv) > 1 else secs[0] / lv[0]
+            return float(np.interp(min(levels, lv[-1]), [0] + lv, [0.0] + secs)) + slope * max(0, levels - lv[-1])
+
+        lo = max([b for b in sizes if b <= num_seqs], default=sizes[0])
+        hi = min([b for b in sizes if b >= num_seqs], default=sizes[-1])
+        if lo == hi:
+            return row(lo) * (num_seqs / lo if num_seqs > lo else 1.0)
+        w = (num_seqs - lo) / (hi - lo)
+        return (1 - w) * row(lo) + w * row(hi)
+
+    def mean(self, num_seqs: int, num_tokens: int, prompt_tokens: int = 0, head: tuple[int, int] = (0, 0)) -> float:
         """Expected seconds of a step over ``num_seqs`` sequences verifying ``num_tokens`` decode
-        tokens and prefilling ``prompt_tokens`` prompt tokens."""
+        tokens and prefilling ``prompt_tokens`` prompt tokens, its proposer drafting ``head = (requests,
+        levels)`` with an EAGLE-3 head (:meth:`head_seconds`)."""
         fixed = self.base + self.per_seq * num_seqs
         rest = self.decode_seconds(num_seqs, num_tokens) - fixed + self.per_prefill_token * prompt_tokens
-        return fixed * self.jitter_fixed + rest * self.jitter_token
+        return fixed * self.jitter_fixed + (rest + self.head_seconds(*head)) * self.jitter_token
 
-    def seconds(self, num_seqs: int, num_tokens: int, rng: Any = None, prompt_tokens: int = 0) -> float:
+    def seconds(self, num_seqs: int, num_tokens: int, rng: Any = None, prompt_tokens: int = 0,
+                head: tuple[int, int] = (0, 0)) -> float:
         """One step's seconds: the mean plus ``residual_std`` Gaussian noise drawn from ``rng``
         (None = no noise), floored at a tenth of the mean (a step never costs nothing)."""
-        mean = self.mean(num_seqs, num_tokens, prompt_tokens)
+        mean = self.mean(num_seqs, num_tokens, prompt_tokens, head)
         if rng is None or self.residual_std <= 0:
             return mean
         return max(0.1 * mean, mean + self.residual_std * float(rng.standard_normal()))
@@ -296,6 +354,21 @@ class StepCostModel:
             return self
         draw = lambda: math.exp(sigma * float(rng.standard_normal()) - 0.5 * sigma * sigma)  # noqa: E731
         other = StepCostModel(self.base, self.per_seq, self.per_token, self.residual_std, draw(), draw(),
-                              self.per_prefill_token, self.table)
+                              self.per_prefill_token, self.table, self.head)
         other._decode_cache = self._decode_cache  # the decode table's values do not depend on the jitter
         return other
+
+
+def _calibration_points(calibration: dict[str, Any] | str | Path) -> list[dict]:
+    """The points of a calibration (a dict or its file), with a one-line error for anything else."""
+    if not isinstance(calibration, dict):
+        path = Path(calibration)
+        if not path.is_file():
+            raise ValueError(f"no step-cost calibration at {path}; run draftrl calibrate --engine vllm --out {path}.")
+        from draftrl.io import read_json
+
+        calibration = read_json(path, "calibration")
+    if calibration.get("format") != FORMAT or not calibration.get("points"):
+        raise ValueError(f"not a vLLM step-cost calibration (format {calibration.get('format')!r}, expected "
+                         f"{FORMAT!r} with points); run draftrl calibrate --engine vllm --out FILE.")
+    return calibration["points"]
