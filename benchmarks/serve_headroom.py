@@ -15,6 +15,23 @@ same seeds and arrivals for every arm):
   over this drafter can verify fewer wasted tokens;
 - any ``--policies`` (``dsd:...``, ``ppo:PATH``) through the usual serving runner.
 
+With ``--head [DIR]`` (the EAGLE-3 head; no DIR: the one draftrl ships) the head's proposals are
+replayed too (``draftrl.decoding.replay.HeadProposals``), each head row charged route (b)'s engine as
+``draftrl calibrate --engine vllm --drafter eagle3`` measured it (``--head-calibration``: its decode
+cells, where the head only takes its rows, and its head cells):
+
+- **fixed head K** (route (b)'s ``head:K``) beside fixed n-gram K: the best fixed (drafter, K);
+- **SAM** ``sam:N:K`` (n-gram lookup on an N-token match, else the head);
+- **hindsight over both drafters**: every request, every step, drafts with the drafter that accepts
+  more, just the tokens it accepts;
+- **oracle drafter**: the same choice of drafter, the depth from the step's (depth, budget), every
+  setting of the grid, and with the greedy one-step look-ahead choosing (depth, budget). Why both:
+  where a step verifying a few more tokens costs no more (or, on vLLM's CPU runner at batch 1,
+  less), drafting only what will be accepted is not the fastest schedule;
+- **ceiling**: the best of those three per load, what any per-request choice of drafter and depth
+  could reach here (issue "Policies that choose the drafter" asks a learned one for >= 1.20x the
+  best fixed (drafter, K) at concurrency 1 and >= 1.10x the best single fixed over the sweep).
+
 Prints one line per load (speedups over no speculation of the best arm of each kind), then each
 kind's geometric mean over the loads and its ratio to the best single fixed K; ``--out`` keeps
 them in ``results.json`` (the serving runner's files of ``--policies`` in ``OUT/policies/``).
@@ -22,19 +39,22 @@ them in ``results.json`` (the serving runner's files of ``--policies`` in ``OUT/
     python benchmarks/serve_headroom.py --recordings runs/serve/rec_heldout --calibration runs/serve/vllm_costs.json \\
         --policies dsd:1-1:6,2-4:4,5-8:2,9-16:1,ppo:runs/serve/ppo_sim --out runs/bench/serve_headroom
     python benchmarks/serve_headroom.py --recordings ... --calibration ... --quick     # concurrency 1 and 4 only
+    python benchmarks/serve_headroom.py --recordings ... --calibration runs/serve/vllm_costs.json \
+        --head --head-calibration runs/serve/vllm_head_costs.json --out runs/bench/serve_headroom_head
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 import tempfile
 import time
 
 import numpy as np
 
 from _bench import Bench, common_flags, parse_args
-from draftrl.decoding.replay import Proposals, Recordings
+from draftrl.decoding.replay import Proposals, Recordings, head_proposals
 from draftrl.decoding.vllm.calibrate import StepCostModel
 from draftrl.envs.serve_replay import ServeReplayEnv
 from draftrl.config.serve import load_serve_config
@@ -53,6 +73,16 @@ def main() -> None:
     p.add_argument("--recordings", required=True, help="held-out recordings (draftrl collect --engine vllm)")
     p.add_argument("--calibration", required=True, help="draftrl calibrate --engine vllm --out FILE")
     p.add_argument("--policies", default="", help="more serving policies to place, e.g. dsd:1-1:6,...,ppo:DIR")
+    p.add_argument("--head", nargs="?", const="", default=None, metavar="DIR",
+                   help="also replay an EAGLE-3 head (DIR; no DIR: the shipped one): fixed head K, SAM, hindsight "
+                        "over both drafters")
+    p.add_argument("--head-calibration", default=None,
+                   help="draftrl calibrate --engine vllm --drafter eagle3 --out FILE: route (b)'s step costs (default: "
+                        "--calibration, if it has head cells)")
+    p.add_argument("--head-cost-scale", type=float, default=1.0,
+                   help="with --head: multiply the head's calibrated step cost (0 = a free head; what a machine "
+                        "where a head level costs less of a target step would allow)")
+    p.add_argument("--sam", type=int, default=2, help="with --head: SAM's shortest n-gram match that drafts by lookup")
     p.add_argument("--concurrency", default="1,4,16")
     p.add_argument("--rates", default="1,4", help="Poisson arrival rates, requests per second")
     p.add_argument("--set", dest="overrides", action="append", default=["env.max_new_tokens=48"],
@@ -65,14 +95,26 @@ def main() -> None:
                                seed=0)
     cost = StepCostModel.from_calibration(args.calibration)
     proposals = Proposals(recordings, config.max_depth)
+    heads = head_cost = None
+    if args.head is not None:
+        # route (b)'s engine: its proposer's hooks and bookkeeping cost every step, not only where the head drafts
+        head_cost = StepCostModel.from_calibration(args.head_calibration or args.calibration)
+        if not head_cost.head:
+            raise SystemExit(f"{args.head_calibration or args.calibration} has no head cells; pass --head-calibration "
+                             "FILE from draftrl calibrate --engine vllm --drafter eagle3 --out FILE.")
+        head_cost.head = {b: (levels, [s * args.head_cost_scale for s in secs])
+                          for b, (levels, secs) in head_cost.head.items()}
+        heads = head_proposals(recordings, config.max_depth, config.target, args.head or None,
+                               progress=lambda msg: print(f"[serve_headroom] {msg}", file=sys.stderr))
     concurrency = [int(c) for c in args.concurrency.split(",") if c]
     rates = [float(r) for r in args.rates.split(",") if r]
     loads = [("concurrency", str(c), {"arrival": "fixed", "concurrency": c}) for c in concurrency]
     loads += [("rates", f"{r:g}", {"arrival": "poisson", "rate": r}) for r in rates]
     seed = config.seed if config.seed is not None else 0
 
-    def env_for(cfg) -> ServeReplayEnv:
-        return ServeReplayEnv(recordings, cost, cfg, cost_noise=False, proposals=proposals)
+    def env_for(cfg, drafter: str = "ngram") -> ServeReplayEnv:
+        return ServeReplayEnv(recordings, cost if drafter == "ngram" else head_cost, cfg, cost_noise=False,
+                              proposals=proposals, drafter=drafter, head_proposals=heads)
 
     def throughput(env: ServeReplayEnv, policy) -> float:
         """Tokens per engine second of one episode over the workload, ``policy`` choosing each action."""
@@ -92,13 +134,36 @@ def main() -> None:
         static = {f"fixed:{d}:{b}": speed(env, d, b) for d in depths for b in budgets}
         hindsight = {f"hindsight:{d}:{b}": speed(hind, d, b) for d in depths for b in budgets}
         lookahead = throughput(env, LookAhead.for_env(env)) / plain
-        rows.append({"load": f"{section}={key}", "none_tokens_per_second": plain, "fixed_k": fixed_k,
-                     "static": static, "lookahead": lookahead, "hindsight": hindsight})
+        row = {"load": f"{section}={key}", "none_tokens_per_second": plain, "fixed_k": fixed_k,
+               "static": static, "lookahead": lookahead, "hindsight": hindsight}
         best = lambda d: max(d, key=d.get)  # noqa: E731
-        bench.row({"best_fixed_k_vs_none": max(fixed_k.values()), "best_static_vs_none": max(static.values()),
-                   "lookahead_vs_none": lookahead, "hindsight_vs_none": max(hindsight.values())},
-                  {"none_tok_s": plain}, **{"concurrency" if section == "concurrency" else "rate": key},
-                  best_fixed_k=best(fixed_k), best_static=best(static), best_hindsight=best(hindsight))
+        ratios = {"best_fixed_k_vs_none": max(fixed_k.values()), "best_static_vs_none": max(static.values()),
+                  "lookahead_vs_none": lookahead, "hindsight_vs_none": max(hindsight.values())}
+        context = dict(best_fixed_k=best(fixed_k), best_static=best(static), best_hindsight=best(hindsight))
+        if heads is not None:
+            cfg = dataclasses.replace(config, **load)
+            head_env, sam_env = env_for(cfg, "eagle3"), env_for(cfg, f"sam:{args.sam}")
+            both = env_for(dataclasses.replace(config, rule="hindsight", **load), "best")
+            oracle = env_for(cfg, "best")
+            row["fixed_head"] = {f"head:{d}": speed(head_env, d, no_limit) for d in depths}
+            row["sam"] = {f"sam:{args.sam}:{d}": speed(sam_env, d, no_limit) for d in depths}
+            row["hindsight_both"] = {f"hindsight_both:{d}:{b}": speed(both, d, b) for d in depths for b in budgets}
+            row["oracle_drafter"] = {f"oracle_drafter:{d}:{b}": speed(oracle, d, b) for d in depths for b in budgets}
+            row["oracle_lookahead"] = throughput(oracle, LookAhead.for_env(oracle)) / plain
+            row["ceiling"] = max(*row["hindsight_both"].values(), *row["oracle_drafter"].values(),
+                                 row["oracle_lookahead"])
+            fixed_any = {**fixed_k, **row["fixed_head"]}
+            ratios.update({"best_fixed_drafter_k_vs_none": max(fixed_any.values()),
+                           "best_sam_vs_none": max(row["sam"].values()),
+                           "hindsight_both_vs_none": max(row["hindsight_both"].values()),
+                           "oracle_drafter_vs_none": max(row["oracle_drafter"].values()),
+                           "oracle_lookahead_vs_none": row["oracle_lookahead"],
+                           "ceiling_vs_best_fixed": row["ceiling"] / max(fixed_any.values())})
+            context.update(best_fixed=best(fixed_any), best_sam=best(row["sam"]),
+                           best_oracle_drafter=best(row["oracle_drafter"]))
+        rows.append(row)
+        bench.row(ratios, {"none_tok_s": plain}, **{"concurrency" if section == "concurrency" else "rate": key},
+                  **context)
     extra = {}
     if args.policies:
         specs = [s.label for s in parse_policies(args.policies, engine="vllm")]
@@ -117,6 +182,17 @@ def main() -> None:
              "greedy_one_step_lookahead": [r["lookahead"] for r in rows],
              "hindsight_per_load": [max(r["hindsight"].values()) for r in rows],
              **extra}
+    if heads is not None:
+        pooled = {k: [{**r["fixed_k"], **r["fixed_head"]}[k] for r in rows] for k in [*rows[0]["fixed_k"], *rows[0]["fixed_head"]]}
+        any_best = max(pooled, key=lambda k: geomean(pooled[k]))
+        sam_best = max(rows[0]["sam"], key=lambda k: geomean([r["sam"][k] for r in rows]))
+        kinds.update({f"best_single_fixed_drafter_k:{any_best}": pooled[any_best],
+                      f"best_single_sam:{sam_best}": [r["sam"][sam_best] for r in rows],
+                      "best_fixed_drafter_k_per_load": [max({**r["fixed_k"], **r["fixed_head"]}.values()) for r in rows],
+                      "hindsight_both_drafters_per_load": [max(r["hindsight_both"].values()) for r in rows],
+                      "oracle_drafter_per_load": [max(r["oracle_drafter"].values()) for r in rows],
+                      "oracle_drafter_lookahead": [r["oracle_lookahead"] for r in rows],
+                      "ceiling_per_load": [r["ceiling"] for r in rows]})
     bench.note(f"geometric mean over {len(rows)} loads ({', '.join(r['load'] for r in rows)}): speedup over none, "
                "then vs the best single fixed K")
     for name, values in kinds.items():

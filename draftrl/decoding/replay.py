@@ -16,8 +16,8 @@ target's hidden states, so its greedy chain from every true prefix is recomputed
 float32 forward of the Hugging Face target over the recorded sequence (the features vLLM's
 route (b) hooks capture, float rounding aside). With them the engine replays the head
 (``drafter="eagle3"``), SAM's rule (``sam:N``: n-gram lookup on an N-token match, else the head)
-and, under ``rule="hindsight"``, ``drafter="best"``: every request drafts with whichever drafter
-accepts more, just the tokens it accepts. A step whose proposer drafts ``L`` head levels for ``h``
+and the oracle ``drafter="best"``: every request drafts with whichever drafter accepts more (under
+``rule="hindsight"`` just the tokens it accepts). A step whose proposer drafts ``L`` head levels for ``h``
 requests costs ``StepCostModel.head_seconds(h, L)`` more (calibrated with ``draftrl calibrate
 --engine vllm --drafter eagle3``).
 
@@ -234,8 +234,23 @@ class HeadProposals:
                 progress(f"head proposals: {n + 1}/{len(recordings)} recordings")
 
 
+def head_proposals(recordings: Recordings, max_depth: int, target: str, head: str | None = None,
+                   progress: Callable[[str], None] | None = None) -> HeadProposals:
+    """:class:`HeadProposals` of the head at ``head`` (None: the one draftrl ships for ``target``)
+    on the Hugging Face ``target`` (a known name or a folder), float32 on the CPU as recorded."""
+    from draftrl.drafters.registry import build_drafter
+    from draftrl.models.loading import load_model
+
+    loaded = load_model(target)
+    drafter = build_drafter(f"eagle3:{head}" if head else "eagle3", loaded)
+    try:
+        return HeadProposals(recordings, max_depth, drafter, loaded.model, progress)
+    finally:
+        drafter.close()
+
+
 #: drafters the engine replays: the n-gram proposer's, an EAGLE-3 head's, SAM's mix (``sam:N``),
-#: and ``best`` (hindsight only: per request and step, the drafter that accepts more)
+#: and ``best`` (an oracle: per request and step, the drafter whose proposal is accepted further)
 REPLAY_DRAFTERS = ("ngram", "eagle3", "sam:N", "best")
 
 
@@ -278,8 +293,9 @@ class ReplayEngine(QueuedBatch):
         ``hindsight`` (the accepted prefix of its proposal: a ceiling, see ``RULES``).
     :param rng: draws the step-cost noise (``cost.seconds``); None = no noise.
     :param drafter: whose proposals each request drafts (:data:`REPLAY_DRAFTERS`); every kind but
-        ``ngram`` needs ``head_proposals`` and a ``cost`` calibrated with the head, ``best`` needs
-        ``rule="hindsight"``.
+        ``ngram`` needs ``head_proposals`` and a ``cost`` calibrated with the head. ``best`` is an
+        oracle: the drafter whose proposal the continuation accepts more of (with ``rule="hindsight"``
+        also just the tokens it accepts).
     """
 
     action_lag = 1
@@ -297,8 +313,6 @@ class ReplayEngine(QueuedBatch):
         if drafter != "ngram" and not cost.head:
             raise ValueError(f"drafter={drafter!r} needs the head's step cost; calibrate with draftrl calibrate "
                              "--engine vllm --drafter eagle3 --out FILE.")
-        if drafter == "best" and rule != "hindsight":
-            raise ValueError("drafter='best' chooses with hindsight; use it with rule='hindsight'.")
         self.drafter, self.head_proposals = drafter, head_proposals
         self.recordings, self.cost, self.rng = recordings, cost, rng
         self.max_depth, self.max_num_seqs, self.max_model_len = int(max_depth), int(max_num_seqs), int(max_model_len)

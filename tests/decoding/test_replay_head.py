@@ -91,7 +91,7 @@ def test_head_proposals_equal_the_live_heads_from_every_prefix():
 
 
 @pytest.mark.parametrize("drafter,rule", [("ngram", "match"), ("eagle3", "match"), ("sam:2", "match"),
-                                          ("eagle3", "hindsight"), ("best", "hindsight")])
+                                          ("best", "match"), ("eagle3", "hindsight"), ("best", "hindsight")])
 @pytest.mark.parametrize("concurrency", [1, 4])
 def test_every_drafter_replays_the_recorded_tokens(drafter, rule, concurrency):
     recs = recordings()
@@ -134,9 +134,10 @@ def test_sam_and_best_choose_their_drafter_per_request():
         for t in range(1, len(rec.token_ids) + 1):
             assert engine._drafts_with_head(i, t) == (lookup.match_len[i][t] < 2)
     assert 0 < sum(engine._drafts_with_head(i, t) for i in range(len(recs)) for t in range(1, TOKENS)) < len(recs) * (TOKENS - 1)
-    best = ReplayEngine(recs, COST, max_depth=DEPTH, rule="hindsight", drafter="best", head_proposals=head)
-    assert all(best._drafts_with_head(i, t) == (head.accepted[i][t] > lookup.accepted[i][t])
-               for i in range(len(recs)) for t in range(1, TOKENS))
+    for rule in ("hindsight", "match"):
+        best = ReplayEngine(recs, COST, max_depth=DEPTH, rule=rule, drafter="best", head_proposals=head)
+        assert all(best._drafts_with_head(i, t) == (head.accepted[i][t] > lookup.accepted[i][t])
+                   for i in range(len(recs)) for t in range(1, TOKENS))
     free = StepCostModel(COST.base, COST.per_seq, COST.per_token, head={1: ([1], [0.0]), 4: ([1], [0.0])})
     steps = {name: run(ReplayEngine(recs, free, max_depth=DEPTH, rule="hindsight", drafter=name, head_proposals=head),
                        recs, StepAction(DEPTH), 1)[2] for name in ("ngram", "eagle3", "best")}
@@ -152,7 +153,5 @@ def test_head_replay_refuses_what_it_cannot_replay():
     with pytest.raises(ValueError, match="--drafter eagle3"):
         ReplayEngine(recs, StepCostModel(0.03, 0.002, 0.0005), max_depth=DEPTH, drafter="sam:2",
                      head_proposals=scripted_head(recs))
-    with pytest.raises(ValueError, match="hindsight"):
-        ReplayEngine(recs, COST, max_depth=DEPTH, drafter="best", head_proposals=scripted_head(recs))
     with pytest.raises(ValueError, match="sam:2"):
         ReplayEngine(recs, COST, max_depth=DEPTH, drafter="sam:x", head_proposals=scripted_head(recs))

@@ -44,8 +44,9 @@ def test_cost_model_refits_known_coefficients(coef, prefill):
 
 def test_cost_table_follows_the_measured_medians():
     """A step cost flat for few tokens then linear (as on a CPU): the model reproduces each
-    cell's median (made non-decreasing), interpolates between cells and batch sizes, and extends
-    past the grid with the fitted slopes."""
+    cell's median, as measured even where more tokens cost less (vLLM's CPU runner does that at
+    small batches), interpolates between cells and batch sizes, and extends past the grid with the
+    fitted slopes."""
     def truth(b, tokens):
         return 0.1 + 0.002 * b + 0.004 * max(0, tokens - 6)
     points = []
@@ -53,16 +54,16 @@ def test_cost_table_follows_the_measured_medians():
         for d in (0, 1, 2, 4, 8):
             t = b * (d + 1)
             points.append({"num_seqs": b, "tokens_verified": t, "seconds": [truth(b, t)] * 3})
-    points[1]["seconds"] = [0.05] * 3  # a noisy cell cheaper than fewer tokens: raised to its left neighbour
+    points[1]["seconds"] = [0.045, 0.05, 0.055]  # 2 tokens cheaper than 1: kept, as measured
     model = StepCostModel.from_calibration({"format": FORMAT, "points": points})
-    assert model.mean(1, 1) == pytest.approx(truth(1, 1)) and model.mean(1, 2) == pytest.approx(truth(1, 1))
+    assert model.mean(1, 1) == pytest.approx(truth(1, 1)) and model.mean(1, 2) == pytest.approx(0.05)
     for b, t in ((1, 9), (4, 20), (16, 80), (16, 144)):
         assert model.mean(b, t) == pytest.approx(truth(b, t))
     assert model.mean(4, 16) == pytest.approx((truth(4, 12) + truth(4, 20)) / 2)  # between cells
     assert model.mean(10, 40) == pytest.approx((model.mean(4, 40) + model.mean(16, 40)) / 2)  # between batch sizes
     assert model.mean(16, 200) - model.mean(16, 144) == pytest.approx(56 * model.per_token)  # past the grid
     assert model.mean(32, 32) - model.mean(16, 32) == pytest.approx(16 * model.per_seq)
-    assert 0 < model.residual_std < 0.05  # the one noisy cell's spread around the table
+    assert model.residual_std == pytest.approx(np.std([-0.005, 0.0, 0.005] + [0.0] * 42))  # spread around the cells
 
 
 def head_cells(calibration, added, sd=0.0, seed=1):
@@ -94,10 +95,5 @@ def test_head_cells_give_the_heads_added_seconds_and_leave_the_fit_alone():
     assert model.head_seconds(0, 4) == 0.0 and model.head_seconds(4, 0) == 0.0
     # the head's seconds join a step's, under the machine jitter of the decode part
     assert model.mean(4, 12, 0, (2, 3)) - model.mean(4, 12) == pytest.approx(model.head_seconds(2, 3))
-    # the head's cells may come from their own calibration; one without them says how to make them
-    assert StepCostModel.from_calibration(plain, head=head_cells(plain, added)).head_seconds(4, 2) == \
-        pytest.approx(added(4, 2))
-    with pytest.raises(ValueError, match="--drafter eagle3"):
-        StepCostModel.from_calibration(plain, head=plain)
-    with pytest.raises(ValueError, match="--drafter eagle3"):
+    with pytest.raises(ValueError, match="--drafter eagle3"):  # a calibration without head cells says how to make them
         without.head_seconds(1, 2)

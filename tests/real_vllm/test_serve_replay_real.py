@@ -58,7 +58,7 @@ def test_cost_model_refits_on_a_fresh_tiny_calibration():
     assert {(p["num_seqs"], p["depth"]) for p in decode} == {(1, 0), (1, 4), (4, 0), (4, 4)}
     assert all(p["samples"] == 4 for p in result["points"])
     table = decode_table(result["points"])
-    for p in decode:  # the model reproduces each measured cell (medians made non-decreasing in tokens)
+    for p in decode:  # the model reproduces each measured cell's median
         tokens, secs = table[p["num_seqs"]]
         assert model.mean(p["num_seqs"], p["tokens_verified"]) == pytest.approx(secs[tokens.index(p["tokens_verified"])])
     spread = [s - model.mean(p["num_seqs"], p["tokens_verified"]) for p in decode for s in p["seconds"]]
