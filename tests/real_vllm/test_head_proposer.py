@@ -152,3 +152,33 @@ def test_the_load_part_keeps_the_head_to_small_steps(mixed_prompts, plain, monke
         assert max(head_calls) == len(prompts)
     finally:
         _close(engine)
+
+
+def test_calibration_times_the_heads_drafting_beside_lookup(monkeypatch):
+    """``draftrl calibrate --engine vllm --drafter eagle3`` on a real route (b) engine: every decode
+    cell with d >= 1 also as a head cell, the head's batched forward running only there, and what
+    it adds to a step positive; the proposer's rule (and so its load part) is restored afterwards."""
+    from draftrl.decoding.vllm.calibrate import StepCostModel, calibrate
+    from draftrl.drafters.packaged import packaged_head
+
+    engine = VLLMEngine(VLLMEngineConfig(method="draftrl", drafter=f"eagle3:{packaged_head('smollm2-135m')}",
+                                         num_speculative_tokens=2, max_model_len=512, max_num_seqs=4))
+    proposer, calls, draft_chains = engine.proposer, [], head_proposer.draft_chains
+
+    def counting(drafters, *args, **kwargs):
+        if drafters:
+            calls.append(proposer.head_max_batch)
+        return draft_chains(drafters, *args, **kwargs)
+
+    monkeypatch.setattr(head_proposer, "draft_chains", counting)
+    try:
+        result = calibrate(engine, batch_sizes=(1,), depths=(0, 2), steps=4, warmup=1, prefill_lens=(32,),
+                           prefill_batch_sizes=(1,), rounds=2)
+        cells = {(p["kind"], p["num_seqs"], p["depth"]) for p in result["points"] if p["kind"] != "prefill"}
+        assert cells == {("decode", 1, 0), ("decode", 1, 2), ("head", 1, 2)}
+        assert calls and set(calls) == {None}  # the head drafted, and only while no step limit kept it idle
+        assert result["head"]["1"]["levels"] == [2]
+        assert StepCostModel.from_calibration(result).head_seconds(1, 2) > 0
+        assert proposer.rule == "match" and proposer.head_max_batch is None
+    finally:
+        _close(engine)
