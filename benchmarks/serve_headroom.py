@@ -28,7 +28,11 @@ cells, where the head only takes its rows, and its head cells):
   setting of the grid, and with the greedy one-step look-ahead choosing (depth, budget). Why both:
   where a step verifying a few more tokens costs no more (or, on vLLM's CPU runner at batch 1,
   less), drafting only what will be accepted is not the fastest schedule;
-- **ceiling**: the best of those three per load, what any per-request choice of drafter and depth
+- **optimum** (concurrency 1 only): the exact fewest seconds over every per-step choice of drafter
+  and depth, a dynamic program over each request's tokens
+  (``draftrl.decoding.replay.single_stream_optimum``, both drafters priced on route (b)'s engine, the
+  one engine that serves both);
+- **ceiling**: the best of those per load, what any per-request choice of drafter and depth
   could reach here (issue "Policies that choose the drafter" asks a learned one for >= 1.20x the
   best fixed (drafter, K) at concurrency 1 and >= 1.10x the best single fixed over the sweep).
 
@@ -54,7 +58,7 @@ import time
 import numpy as np
 
 from _bench import Bench, common_flags, parse_args
-from draftrl.decoding.replay import Proposals, Recordings, head_proposals
+from draftrl.decoding.replay import Proposals, Recordings, head_proposals, single_stream_optimum
 from draftrl.decoding.vllm.calibrate import StepCostModel
 from draftrl.envs.serve_replay import ServeReplayEnv
 from draftrl.config.serve import load_serve_config
@@ -161,6 +165,16 @@ def main() -> None:
                            "ceiling_vs_best_fixed": row["ceiling"] / max(fixed_any.values())})
             context.update(best_fixed=best(fixed_any), best_sam=best(row["sam"]),
                            best_oracle_drafter=best(row["oracle_drafter"]))
+            if load.get("concurrency") == 1:  # one request at a time: the exact optimum, a dynamic program
+                ids = {prompt.id for prompt in env.workload.prompts[: config.num_requests or None]}
+                chosen = [i for i, r in enumerate(recordings.requests) if r.prompt.id in ids]
+                seconds = lambda depth, sources: sum(single_stream_optimum(  # noqa: E731
+                    recordings, config.max_new_tokens, depth, sources)[i] for i in chosen)
+                route_b = [(proposals, head_cost), (heads, head_cost)]
+                row["optimum"] = seconds(0, [(proposals, cost)]) / seconds(config.max_depth, route_b)
+                row["ceiling"] = max(row["ceiling"], row["optimum"])
+                ratios.update({"optimum_vs_none": row["optimum"],
+                               "ceiling_vs_best_fixed": row["ceiling"] / max(fixed_any.values())})
         rows.append(row)
         bench.row(ratios, {"none_tok_s": plain}, **{"concurrency" if section == "concurrency" else "rate": key},
                   **context)

@@ -249,6 +249,33 @@ def head_proposals(recordings: Recordings, max_depth: int, target: str, head: st
         drafter.close()
 
 
+def single_stream_optimum(recordings: Recordings, max_new_tokens: int, max_depth: int,
+                          sources: list[tuple[Proposals | HeadProposals, StepCostModel]]) -> list[float]:
+    """The fewest seconds each recorded request needs alone (concurrency 1) over every per-step
+    choice of drafter and depth: a dynamic program over tokens emitted, ``f[t] = min over (source,
+    d) of step(d) + f[t + min(accepted, d) + 1]``, plus its prefill. Each ``(proposals, cost)``
+    source drafts ``d <= available`` tokens at a step costing ``cost.mean(1, d + 1)`` (and the head's
+    ``head_seconds(1, d)`` for :class:`HeadProposals`); ``d = 0`` drafts nothing. A step may take the
+    cheapest source's engine, so with sources priced on different engines this is optimistic: the
+    ceiling no schedule of those drafters beats, learned or not (the engine also drafts once more
+    after a request's last step, which this leaves out)."""
+    out = []
+    for i, rec in enumerate(recordings.requests):
+        length = rec.tokens_for(max_new_tokens)
+        f = [0.0] * (length + 1)
+        for t in range(length - 1, 0, -1):
+            best = min(cost.mean(1, 1) for _, cost in sources) + f[t + 1]
+            for props, cost in sources:
+                head = isinstance(props, HeadProposals)
+                for d in range(1, min(props.available[i][t], max_depth) + 1):
+                    step = cost.mean(1, d + 1, 0, (1, d) if head else (0, 0))
+                    best = min(best, step + f[min(t + min(props.accepted[i][t], d) + 1, length)])
+            f[t] = best
+        prefill = min(cost.mean(1, 0, len(rec.prompt_ids)) for _, cost in sources)
+        out.append(prefill + (f[1] if length > 1 else 0.0))
+    return out
+
+
 #: drafters the engine replays: the n-gram proposer's, an EAGLE-3 head's, SAM's mix (``sam:N``),
 #: and ``best`` (an oracle: per request and step, the drafter whose proposal is accepted further)
 REPLAY_DRAFTERS = ("ngram", "eagle3", "sam:N", "best")

@@ -155,3 +155,37 @@ def test_head_replay_refuses_what_it_cannot_replay():
                      head_proposals=scripted_head(recs))
     with pytest.raises(ValueError, match="sam:2"):
         ReplayEngine(recs, COST, max_depth=DEPTH, drafter="sam:x", head_proposals=scripted_head(recs))
+
+
+def as_head_proposals(scripted: SimpleNamespace) -> HeadProposals:
+    """Scripted head proposals as the class the optimum prices as a head."""
+    props = HeadProposals.__new__(HeadProposals)
+    props.__dict__.update(vars(scripted))
+    return props
+
+
+def engine_seconds(recs, cost, drafter, depth, head, rule="match"):
+    engine = ReplayEngine(recs, cost, max_depth=DEPTH, rule=rule, drafter=drafter, head_proposals=head)
+    return run(engine, recs, StepAction(depth), 1)[1]
+
+
+def test_single_stream_optimum_bounds_every_schedule_and_meets_the_known_one():
+    """At concurrency 1 the dynamic program's seconds are at most every replayed schedule's (each fixed
+    drafter and depth, SAM, hindsight's best drafter), strictly less than the best of them when the
+    choice per step matters; where a step costs the same whatever it verifies and drafting is free,
+    the optimum drafts all it can, and equals the engine's deepest fixed depth exactly."""
+    from draftrl.decoding.replay import single_stream_optimum
+
+    recs = recordings()
+    head = as_head_proposals(scripted_head(recs))
+    lookup = Proposals(recs, DEPTH)
+    optimum = sum(single_stream_optimum(recs, TOKENS, DEPTH, [(lookup, COST), (head, COST)]))
+    arms = {f"{drafter}:{d}": engine_seconds(recs, COST, drafter, d, head)
+            for drafter in ("ngram", "eagle3", "sam:2") for d in range(DEPTH + 1)}
+    arms["best"] = engine_seconds(recs, COST, "best", DEPTH, head, rule="hindsight")
+    assert optimum < min(arms.values())
+    flat = StepCostModel(base=0.03, per_seq=0.0, per_token=0.0)
+    assert sum(single_stream_optimum(recs, TOKENS, DEPTH, [(lookup, flat)])) == \
+        pytest.approx(engine_seconds(recs, flat, "ngram", DEPTH, None))
+    # a source is only as good as its own proposals: the n-gram alone needs more time than both
+    assert sum(single_stream_optimum(recs, TOKENS, DEPTH, [(lookup, COST)])) > optimum
