@@ -58,7 +58,8 @@ import time
 import numpy as np
 
 from _bench import Bench, common_flags, parse_args
-from draftrl.decoding.replay import Proposals, Recordings, head_proposals, single_stream_optimum
+from draftrl.decoding.replay import (Proposals, Recordings, head_proposals, single_stream_fixed,
+                                     single_stream_optimum)
 from draftrl.decoding.vllm.calibrate import StepCostModel
 from draftrl.envs.serve_replay import ServeReplayEnv
 from draftrl.config.serve import load_serve_config
@@ -70,6 +71,28 @@ from draftrl.policies import Fixed, LookAhead
 
 def geomean(values: list[float]) -> float:
     return float(np.exp(np.mean(np.log(values))))
+
+
+def group_ceilings(bench: Bench, recordings: Recordings, config, depths: list[int], proposals: Proposals, cost,
+                   heads, head_cost) -> None:
+    """Per task and per language, at concurrency 1: each group's best fixed (drafter, K), the optimum
+    over every per-step choice (route (b)'s engine) and their ratio, the group's ceiling."""
+    tokens, d_max = config.max_new_tokens, config.max_depth
+    route_b = [(proposals, head_cost), (heads, head_cost)]
+    none = single_stream_optimum(recordings, tokens, 0, [(proposals, cost)])
+    optimum = single_stream_optimum(recordings, tokens, d_max, route_b)
+    arms = {f"fixed:{d}": single_stream_fixed(recordings, tokens, d, (proposals, cost)) for d in depths}
+    arms.update({f"head:{d}": single_stream_fixed(recordings, tokens, d, (heads, head_cost)) for d in depths})
+    bench.note("concurrency 1 per group: the best fixed (drafter, K) and the optimum, both over no speculation")
+    for key in ("task", "language"):
+        for value in sorted({getattr(r.prompt, key) for r in recordings.requests}):
+            idx = [i for i, r in enumerate(recordings.requests) if getattr(r.prompt, key) == value]
+            total = lambda seconds: sum(seconds[i] for i in idx)  # noqa: E731
+            fixed = {name: total(none) / total(secs) for name, secs in arms.items()}
+            best = max(fixed, key=fixed.get)
+            bench.row({"best_fixed_vs_none": fixed[best], "optimum_vs_none": total(none) / total(optimum),
+                       "ceiling_vs_best_fixed": total(none) / total(optimum) / fixed[best]},
+                      requests=len(idx), group=f"{key}={value}", best_fixed=best)
 
 
 def main() -> None:
@@ -178,6 +201,8 @@ def main() -> None:
         rows.append(row)
         bench.row(ratios, {"none_tok_s": plain}, **{"concurrency" if section == "concurrency" else "rate": key},
                   **context)
+    if heads is not None and 1 in concurrency:
+        group_ceilings(bench, recordings, config, depths, proposals, cost, heads, head_cost)
     extra = {}
     if args.policies:
         specs = [s.label for s in parse_policies(args.policies, engine="vllm")]

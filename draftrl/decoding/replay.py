@@ -276,6 +276,25 @@ def single_stream_optimum(recordings: Recordings, max_new_tokens: int, max_depth
     return out
 
 
+def single_stream_fixed(recordings: Recordings, max_new_tokens: int, depth: int,
+                        source: tuple[Proposals | HeadProposals, StepCostModel]) -> list[float]:
+    """Seconds each recorded request needs alone (concurrency 1) drafting ``min(depth, available)``
+    tokens every step from one source: the fixed arm :func:`single_stream_optimum` is compared with,
+    per request, so a workload's groups (task, language) each get their own best fixed arm."""
+    props, cost = source
+    head = isinstance(props, HeadProposals)
+    out = []
+    for i, rec in enumerate(recordings.requests):
+        length, t = rec.tokens_for(max_new_tokens), 1
+        seconds = cost.mean(1, 0, len(rec.prompt_ids))
+        while t < length:
+            d = min(depth, props.available[i][t])
+            seconds += cost.mean(1, d + 1, 0, (1, d) if head else (0, 0))
+            t += min(props.accepted[i][t], d) + 1
+        out.append(seconds)
+    return out
+
+
 #: drafters the engine replays: the n-gram proposer's, an EAGLE-3 head's, SAM's mix (``sam:N``),
 #: and ``best`` (an oracle: per request and step, the drafter whose proposal is accepted further)
 REPLAY_DRAFTERS = ("ngram", "eagle3", "sam:N", "best")

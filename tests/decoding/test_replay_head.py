@@ -189,3 +189,17 @@ def test_single_stream_optimum_bounds_every_schedule_and_meets_the_known_one():
         pytest.approx(engine_seconds(recs, flat, "ngram", DEPTH, None))
     # a source is only as good as its own proposals: the n-gram alone needs more time than both
     assert sum(single_stream_optimum(recs, TOKENS, DEPTH, [(lookup, COST)])) > optimum
+
+
+@pytest.mark.parametrize("drafter,depth", [("ngram", 0), ("ngram", 2), ("ngram", 4), ("eagle3", 1), ("eagle3", 3)])
+def test_single_stream_fixed_is_the_engines_fixed_arm(drafter, depth):
+    """Per request and summed, the fixed arm's seconds at concurrency 1 are the engine's, less the
+    head's drafting after each request's last step (the engine's proposer cannot know it finished)."""
+    from draftrl.decoding.replay import single_stream_fixed
+
+    recs = recordings()
+    head = as_head_proposals(scripted_head(recs))
+    source = (head if drafter == "eagle3" else Proposals(recs, DEPTH), COST)
+    got = sum(single_stream_fixed(recs, TOKENS, depth, source))
+    last = len(recs) * COST.head_seconds(1, depth) if drafter == "eagle3" else 0.0
+    assert got == pytest.approx(engine_seconds(recs, COST, drafter, depth, head) - last)
