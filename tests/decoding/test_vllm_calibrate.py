@@ -88,6 +88,7 @@ def test_head_cells_give_the_heads_added_seconds_and_leave_the_fit_alone():
     without = StepCostModel.from_calibration(plain)
     assert (model.base, model.per_seq, model.per_token) == pytest.approx((without.base, without.per_seq, without.per_token))
     assert model.table == without.table and without.head is None
+    assert model.residual_std == without.residual_std  # the noise is the decode cells' spread, head cells apart
     for b, d in ((1, 1), (4, 2), (16, 8), (2, 4)):
         assert model.head_seconds(b, d) == pytest.approx(added(b, d))
     assert model.head_seconds(1, 3) == pytest.approx((added(1, 2) + added(1, 4)) / 2)  # between levels 2 and 4

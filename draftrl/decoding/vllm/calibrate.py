@@ -166,6 +166,11 @@ def _prefill_samples(engine, b: int, p: int, n: int, warmup: int, prompt_ids: li
     return out
 
 
+def _is_decode(point: dict) -> bool:
+    """A decode cell: no prompt prefilled and not a head cell (those price the head, not the target)."""
+    return not point.get("prompt_tokens", 0) and point.get("kind") != "head"
+
+
 def fit(points: list[dict]) -> dict[str, float]:
     """Least squares ``seconds = base + per_seq * B + per_token * tokens`` over every decode sample
     (``residual_std``: their residuals), then ``per_prefill_token`` over the prefill samples'
@@ -176,15 +181,13 @@ def fit(points: list[dict]) -> dict[str, float]:
     one sequence."""
     rows, y, pre_rows, pre_y = [], [], [], []
     for p in points:
-        if p.get("kind") == "head":
-            continue
         for s in p["seconds"]:
-            if p.get("prompt_tokens", 0):
-                pre_rows.append((p["num_seqs"], p["prompt_tokens"]))
-                pre_y.append(s)
-            else:
+            if _is_decode(p):
                 rows.append([1.0, p["num_seqs"], p["tokens_verified"]])
                 y.append(s)
+            elif p.get("prompt_tokens", 0):
+                pre_rows.append((p["num_seqs"], p["prompt_tokens"]))
+                pre_y.append(s)
     x, y = np.asarray(rows, dtype=float), np.asarray(y)
     coef, *_ = np.linalg.lstsq(x, y, rcond=None)
     residual = y - x @ coef
@@ -207,7 +210,7 @@ def decode_table(points: list[dict]) -> dict[int, tuple[list[int], list[float]]]
     speculation) where vLLM's was 4 (1.82x; the table as measured gives 1.79x)."""
     rows: dict[int, list[tuple[int, float]]] = {}
     for p in points:
-        if not p.get("prompt_tokens", 0) and p.get("kind") != "head":
+        if _is_decode(p):
             rows.setdefault(int(p["num_seqs"]), []).append((int(p["tokens_verified"]), float(np.median(p["seconds"]))))
     return {b: ([t for t, _ in sorted(cells)], [s for _, s in sorted(cells)]) for b, cells in sorted(rows.items())}
 
@@ -274,7 +277,7 @@ class StepCostModel:
         model = cls(f["base"], f["per_seq"], f["per_token"], per_prefill_token=f["per_prefill_token"],
                     table=decode_table(points), head=head_table(points) or None)
         spread = [s - model.decode_seconds(p["num_seqs"], p["tokens_verified"]) for p in points
-                  if not p.get("prompt_tokens", 0) for s in p["seconds"]]
+                  if _is_decode(p) for s in p["seconds"]]
         model.residual_std = float(np.std(spread))
         return model
 
