@@ -73,20 +73,17 @@ def geomean(values: list[float]) -> float:
     return float(np.exp(np.mean(np.log(values))))
 
 
-def group_ceilings(bench: Bench, recordings: Recordings, config, depths: list[int], proposals: Proposals, cost,
-                   heads, head_cost) -> None:
-    """Per task and per language, at concurrency 1: each group's best fixed (drafter, K), the optimum
-    over every per-step choice (route (b)'s engine) and their ratio, the group's ceiling."""
-    tokens, d_max = config.max_new_tokens, config.max_depth
-    route_b = [(proposals, head_cost), (heads, head_cost)]
-    none = single_stream_optimum(recordings, tokens, 0, [(proposals, cost)])
-    optimum = single_stream_optimum(recordings, tokens, d_max, route_b)
+def group_ceilings(bench: Bench, recordings: Recordings, tokens: int, depths: list[int], proposals: Proposals,
+                   cost, heads, head_cost, chosen: list[int], none: list[float], optimum: list[float]) -> None:
+    """Per task and per language over the ``chosen`` recordings, at concurrency 1: each group's best
+    fixed (drafter, K), the ``optimum`` (per request, from :func:`single_stream_optimum`) and their
+    ratio, the group's ceiling; ``none``: each request's seconds without speculation."""
     arms = {f"fixed:{d}": single_stream_fixed(recordings, tokens, d, (proposals, cost)) for d in depths}
     arms.update({f"head:{d}": single_stream_fixed(recordings, tokens, d, (heads, head_cost)) for d in depths})
     bench.note("concurrency 1 per group: the best fixed (drafter, K) and the optimum, both over no speculation")
     for key in ("task", "language"):
-        for value in sorted({getattr(r.prompt, key) for r in recordings.requests}):
-            idx = [i for i, r in enumerate(recordings.requests) if getattr(r.prompt, key) == value]
+        for value in sorted({getattr(recordings.requests[i].prompt, key) for i in chosen}):
+            idx = [i for i in chosen if getattr(recordings.requests[i].prompt, key) == value]
             total = lambda seconds: sum(seconds[i] for i in idx)  # noqa: E731
             fixed = {name: total(none) / total(secs) for name, secs in arms.items()}
             best = max(fixed, key=fixed.get)
@@ -152,6 +149,7 @@ def main() -> None:
     budgets = [b for b in config.budgets if b > 0]
     no_limit = max(config.budgets)  # 128 by default: >= depth x running for every depth
     rows = []
+    single_stream = None  # with --head at concurrency 1: (the workload's recordings, none's and the optimum's seconds)
     for section, key, load in loads:
         env = env_for(dataclasses.replace(config, **load))
         hind = env_for(dataclasses.replace(config, rule="hindsight", **load))
@@ -191,18 +189,20 @@ def main() -> None:
             if load.get("concurrency") == 1:  # one request at a time: the exact optimum, a dynamic program
                 ids = {prompt.id for prompt in env.workload.prompts[: config.num_requests or None]}
                 chosen = [i for i, r in enumerate(recordings.requests) if r.prompt.id in ids]
-                seconds = lambda depth, sources: sum(single_stream_optimum(  # noqa: E731
-                    recordings, config.max_new_tokens, depth, sources)[i] for i in chosen)
-                route_b = [(proposals, head_cost), (heads, head_cost)]
-                row["optimum"] = seconds(0, [(proposals, cost)]) / seconds(config.max_depth, route_b)
+                none = single_stream_optimum(recordings, config.max_new_tokens, 0, [(proposals, cost)])
+                optimum = single_stream_optimum(recordings, config.max_new_tokens, config.max_depth,
+                                                [(proposals, head_cost), (heads, head_cost)])
+                single_stream = (chosen, none, optimum)
+                row["optimum"] = sum(none[i] for i in chosen) / sum(optimum[i] for i in chosen)
                 row["ceiling"] = max(row["ceiling"], row["optimum"])
                 ratios.update({"optimum_vs_none": row["optimum"],
                                "ceiling_vs_best_fixed": row["ceiling"] / max(fixed_any.values())})
         rows.append(row)
         bench.row(ratios, {"none_tok_s": plain}, **{"concurrency" if section == "concurrency" else "rate": key},
                   **context)
-    if heads is not None and 1 in concurrency:
-        group_ceilings(bench, recordings, config, depths, proposals, cost, heads, head_cost)
+    if single_stream is not None:
+        group_ceilings(bench, recordings, config.max_new_tokens, depths, proposals, cost, heads, head_cost,
+                       *single_stream)
     extra = {}
     if args.policies:
         specs = [s.label for s in parse_policies(args.policies, engine="vllm")]

@@ -92,7 +92,8 @@ def run_vllm(args: argparse.Namespace) -> int:
                              prefill_lens=args.prefill_lens, prefill_batch_sizes=args.prefill_batch_sizes,
                              rounds=args.rounds)
     result = calibrate_model(cfg.env.target, sizes, dtype=cfg.env.dtype, threads=cfg.threads, seed=cfg.seed,
-                             drafter=cfg.env.drafter if needs_head(cfg.env.drafter) else None, progress=lambda msg: print(f"[calibrate] {msg}", file=sys.stderr))
+                             drafter=cfg.env.drafter if needs_head(cfg.env.drafter) else None,
+                             progress=lambda msg: print(f"[calibrate] {msg}", file=sys.stderr))
     if args.out:
         write_json(args.out, result)
     f = result["fit"]

@@ -153,6 +153,15 @@ def record(engine, requests: list[tuple[Prompt, list[int], int]], *, lookahead: 
                        for i, (p, ids, m) in enumerate(requests)], meta)
 
 
+def accepted_prefix(draft: list[int], continuation: list[int], t: int) -> int:
+    """How many leading tokens of ``draft``, proposed after ``t`` tokens, the recorded
+    ``continuation`` accepts (greedy: each must equal the next recorded token)."""
+    a = 0
+    while a < len(draft) and t + a < len(continuation) and draft[a] == continuation[t + a]:
+        a += 1
+    return a
+
+
 class Proposals:
     """The drafter's proposal at every true prefix of every recording, and what it accepts.
 
@@ -175,13 +184,9 @@ class Proposals:
             match, avail, acc = [0], [0], [0]
             for t in range(1, len(cont) + 1):
                 tree = drafter.propose(ids[: m + t], self.max_depth, 1, SamplingParams(), None)  # greedy, as vLLM
-                draft = tree.tokens
-                a = 0
-                while a < len(draft) and t + a < len(cont) and draft[a] == cont[t + a]:
-                    a += 1
                 match.append(int(tree.features.get("ngram_match_len", 0)))
-                avail.append(len(draft))
-                acc.append(a)
+                avail.append(len(tree.tokens))
+                acc.append(accepted_prefix(tree.tokens, cont, t))
             self.match_len.append(match)
             self.available.append(avail)
             self.accepted.append(acc)
@@ -221,11 +226,8 @@ class HeadProposals:
                 prefix = ids[: m + t]
                 tree = drafter.propose(prefix, self.max_depth, 1, SamplingParams(), None)
                 drafter.commit(prefix, [])
-                a = 0
-                while a < len(tree.tokens) and t + a < len(cont) and tree.tokens[a] == cont[t + a]:
-                    a += 1
                 avail.append(len(tree.tokens))
-                acc.append(a)
+                acc.append(accepted_prefix(tree.tokens, cont, t))
                 scores.append([float(x) for x in tree.scores])
             self.available.append(avail)
             self.accepted.append(acc)
@@ -259,17 +261,17 @@ def single_stream_optimum(recordings: Recordings, max_new_tokens: int, max_depth
     cheapest source's engine, so with sources priced on different engines this is optimistic: the
     ceiling no schedule of those drafters beats, learned or not (the engine also drafts once more
     after a request's last step, which this leaves out)."""
+    plain = min(cost.mean(1, 1) for _, cost in sources)
+    steps = [(props, [_step_seconds(props, cost, d) for d in range(max_depth + 1)]) for props, cost in sources]
     out = []
     for i, rec in enumerate(recordings.requests):
         length = rec.tokens_for(max_new_tokens)
         f = [0.0] * (length + 1)
         for t in range(length - 1, 0, -1):
-            best = min(cost.mean(1, 1) for _, cost in sources) + f[t + 1]
-            for props, cost in sources:
-                head = isinstance(props, HeadProposals)
+            best = plain + f[t + 1]
+            for props, seconds in steps:
                 for d in range(1, min(props.available[i][t], max_depth) + 1):
-                    step = cost.mean(1, d + 1, 0, (1, d) if head else (0, 0))
-                    best = min(best, step + f[min(t + min(props.accepted[i][t], d) + 1, length)])
+                    best = min(best, seconds[d] + f[min(t + min(props.accepted[i][t], d) + 1, length)])
             f[t] = best
         prefill = min(cost.mean(1, 0, len(rec.prompt_ids)) for _, cost in sources)
         out.append(prefill + (f[1] if length > 1 else 0.0))
@@ -282,17 +284,22 @@ def single_stream_fixed(recordings: Recordings, max_new_tokens: int, depth: int,
     tokens every step from one source: the fixed arm :func:`single_stream_optimum` is compared with,
     per request, so a workload's groups (task, language) each get their own best fixed arm."""
     props, cost = source
-    head = isinstance(props, HeadProposals)
     out = []
     for i, rec in enumerate(recordings.requests):
         length, t = rec.tokens_for(max_new_tokens), 1
         seconds = cost.mean(1, 0, len(rec.prompt_ids))
         while t < length:
             d = min(depth, props.available[i][t])
-            seconds += cost.mean(1, d + 1, 0, (1, d) if head else (0, 0))
+            seconds += _step_seconds(props, cost, d)
             t += min(props.accepted[i][t], d) + 1
         out.append(seconds)
     return out
+
+
+def _step_seconds(props: Proposals | HeadProposals, cost: StepCostModel, depth: int) -> float:
+    """One request's decode step verifying ``depth`` drafts of ``props``' drafter (the head's
+    drafting included for :class:`HeadProposals`)."""
+    return cost.mean(1, depth + 1, 0, (1, depth) if isinstance(props, HeadProposals) else (0, 0))
 
 
 #: drafters the engine replays: the n-gram proposer's, an EAGLE-3 head's, SAM's mix (``sam:N``),

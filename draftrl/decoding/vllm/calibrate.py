@@ -294,14 +294,8 @@ class StepCostModel:
                 t = min(max(num_tokens, tokens[0]), tokens[-1])
                 return float(np.interp(t, tokens, secs)) + self.per_token * (num_tokens - t)
 
-            lo = max([b for b in sizes if b <= num_seqs], default=sizes[0])
-            hi = min([b for b in sizes if b >= num_seqs], default=sizes[-1])
-            if lo == hi:
-                value = row(lo) + self.per_seq * (num_seqs - lo)
-            else:
-                w = (num_seqs - lo) / (hi - lo)
-                value = (1 - w) * row(lo) + w * row(hi)
-            self._decode_cache[key] = value
+            self._decode_cache[key] = _across_sizes(sizes, num_seqs, row,
+                                                    lambda b: row(b) + self.per_seq * (num_seqs - b))
         return self._decode_cache[key]
 
     def head_seconds(self, num_seqs: int, levels: int) -> float:
@@ -320,12 +314,7 @@ class StepCostModel:
             slope = (secs[-1] - secs[0]) / (lv[-1] - lv[0]) if len(lv) > 1 else secs[0] / lv[0]
             return float(np.interp(min(levels, lv[-1]), [0] + lv, [0.0] + secs)) + slope * max(0, levels - lv[-1])
 
-        lo = max([b for b in sizes if b <= num_seqs], default=sizes[0])
-        hi = min([b for b in sizes if b >= num_seqs], default=sizes[-1])
-        if lo == hi:
-            return row(lo) * (num_seqs / lo if num_seqs > lo else 1.0)
-        w = (num_seqs - lo) / (hi - lo)
-        return (1 - w) * row(lo) + w * row(hi)
+        return _across_sizes(sizes, num_seqs, row, lambda b: row(b) * max(1.0, num_seqs / b))
 
     def mean(self, num_seqs: int, num_tokens: int, prompt_tokens: int = 0, head: tuple[int, int] = (0, 0)) -> float:
         """Expected seconds of a step over ``num_seqs`` sequences verifying ``num_tokens`` decode
@@ -354,6 +343,17 @@ class StepCostModel:
                               self.per_prefill_token, self.table, self.head)
         other._decode_cache = self._decode_cache  # the decode table's values do not depend on the jitter
         return other
+
+
+def _across_sizes(sizes: list[int], num_seqs: int, row: Callable[[int], float], edge: Callable[[int], float]) -> float:
+    """``row(b)`` of the calibrated batch sizes ``sizes`` (ascending), linear between the two around
+    ``num_seqs``; ``edge(b)`` of the nearest one at a calibrated size or outside the grid."""
+    lo = max([b for b in sizes if b <= num_seqs], default=sizes[0])
+    hi = min([b for b in sizes if b >= num_seqs], default=sizes[-1])
+    if lo == hi:
+        return edge(lo)
+    w = (num_seqs - lo) / (hi - lo)
+    return (1 - w) * row(lo) + w * row(hi)
 
 
 def _calibration_points(calibration: dict[str, Any] | str | Path) -> list[dict]:
