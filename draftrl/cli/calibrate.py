@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from draftrl.cli import _options
 from draftrl.decoding.vllm.calibrate import CalibrationSizes
@@ -111,6 +112,9 @@ def run_vllm(args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     from draftrl.envs.calibrate import calibrate
 
+    if args.out and Path(args.out).exists() and not args.overwrite:  # before minutes of timing, not after
+        raise ValueError(f"--out {args.out} exists (an earlier calibration); pass --overwrite to replace it or "
+                         "choose another --out.")
     if args.engine == "vllm":
         return run_vllm(args)
     cfg = config(args)

@@ -286,3 +286,13 @@ def test_export_refuses_to_replace_an_earlier_export_without_overwrite(tmp_path,
     static.write_text("{}")
     assert main(["export", "eagle3:2", "--format", "vllm", "--out", str(static)]) == 2
     assert "already exist" in capsys.readouterr().err and static.read_text() == "{}"
+
+
+@pytest.mark.parametrize("engine", ["hf", "vllm"])
+def test_calibrate_refuses_to_replace_an_earlier_calibration_without_overwrite(tmp_path, capsys, engine):
+    """Both engines' calibrations take minutes; an existing --out is refused before any of it, untouched."""
+    out = tmp_path / "costs.json"
+    out.write_text('{"earlier": true}')
+    line = one_error_line(capsys, ["calibrate", "--engine", engine, "--out", str(out)])
+    assert "--overwrite" in line and str(out) in line
+    assert out.read_text() == '{"earlier": true}'
