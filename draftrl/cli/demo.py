@@ -46,11 +46,15 @@ def add_parser(subparsers) -> None:
 
 
 def config(args: argparse.Namespace):
-    """The :class:`~draftrl.eval.demo.DemoConfig`: the built-in default (or ``--quick``), or ``--config``."""
+    """The :class:`~draftrl.eval.demo.DemoConfig`: the built-in default (or ``--quick``), or ``--config``;
+    with no head shipped for ``--target``, the default ``sam:2`` drafts by n-gram lookup
+    (``_options.settle_drafter``)."""
     from draftrl.eval.demo import DemoConfig
 
     base = DemoConfig.quick() if args.quick and not args.config else None
-    return _options.load(DemoConfig, args, base=base)
+    cfg = _options.load(DemoConfig, args, base=base)
+    cfg.env = _options.settle_drafter(cfg.env, args)
+    return cfg
 
 
 def _step_printer(console, steps: tuple[str, ...], progress):

@@ -27,10 +27,13 @@ def add_eval_options(p: argparse.ArgumentParser) -> None:
 
 
 def config(args: argparse.Namespace):
-    """The command's :class:`~draftrl.eval.config.EvalConfig`."""
+    """The command's :class:`~draftrl.eval.config.EvalConfig` (a demo config's grid and eval steps:
+    ``_options.load_step``), its drafter's head checked before any model loads."""
     from draftrl.eval.config import EvalConfig
 
-    return _options.load(EvalConfig, args)
+    cfg = _options.load_step(EvalConfig, args)
+    cfg.env = _options.settle_drafter(cfg.env, args)
+    return cfg
 
 
 def add_parser(subparsers) -> None:

@@ -24,11 +24,13 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, TypeVar
 
 from draftrl.config.env import EnvConfig
 from draftrl.config.commands import CalibrateSettings
 from draftrl.eval.config import EvalConfig, EvalSettings, GridSettings
+
+T = TypeVar("T")
 
 STEPS: tuple[str, ...] = ("model", "calibrate", "collect", "train", "grid", "eval")
 #: Subdirectories and files the demo writes (``--overwrite`` removes only these).
@@ -113,40 +115,65 @@ def _collect(config: DemoConfig, out: Path, target) -> Path:
     from draftrl.envs.engines import build_engine
     from draftrl.envs.traces import collect
 
-    env = dataclasses.replace(config.env, split="tune", monitor=False)
+    env = collect_env(config)
     engine, tokenizer = build_engine(env, target)
     traces = collect(env, engine, tokenizer)
     return traces.save(out / "traces", cost_table=CostTable.load(out / "cost_table.json"))
 
 
-def _train(config: DemoConfig, out: Path, trace_dir: Path) -> dict[str, Path]:
-    import importlib
+def collect_env(config: DemoConfig) -> EnvConfig:
+    """The env the collect step decodes: the tune split (the grid's), monitor off (greedy traces)."""
+    return dataclasses.replace(config.env, split="tune", monitor=False)
+
+
+def step_config(config: DemoConfig, cls: type[T]) -> T:
+    """What the demo's step that ``cls``'s command runs reads from ``config``: the sections ``cls``
+    declares (calibrate: ``CalibrateConfig``, collect: ``CollectConfig``, grid and eval:
+    ``EvalConfig``), collect's env as :func:`collect_env`. ``draftrl calibrate --config DEMO.yaml``
+    and the others rerun one step with what the demo ran it with."""
+    from draftrl.config.commands import CollectConfig
+
+    values = {f.name: getattr(config, f.name) for f in dataclasses.fields(cls) if hasattr(config, f.name)}
+    if issubclass(cls, CollectConfig):
+        values["env"] = collect_env(config)
+    return cls(**values)
+
+
+def train_config(config: DemoConfig, recipe: str, trace_dir: str | Path):
+    """The ``TrainConfig`` the train step runs ``recipe`` with, on the traces in ``trace_dir``."""
     import os
 
     from draftrl.config import load_config, to_dict
-    from draftrl.train.evaluation import format_table
     from draftrl.train.config import DepthEnvSpec, EnvSpec, TrainConfig
+
+    overrides = [
+        f"recipe={recipe}",
+        f"total_timesteps={config.train.total_timesteps}",
+        f"eval_episodes={config.train.eval_episodes}",
+        "progress_bar=false",
+        "baselines=[heuristic,threshold,bandit,lookahead]",
+        f"wandb.mode={os.environ.get('WANDB_MODE', config.wandb.mode)}",
+        f"wandb.project={config.wandb.project}",
+        *config.train.overrides,
+    ]
+    # the traces' own env section; training replays other machines too (cost_jitter) so that the
+    # policy reads the cost features the real engine will measure; the training summary evaluates
+    # on the calibrated costs as measured
+    replay = {**to_dict(config.env), "traces": str(trace_dir), "cost_noise": 0.05, "cost_jitter": 0.25,
+              "eval": {"cost_noise": 0.0, "cost_jitter": 0.0}}
+    return load_config(TrainConfig, None, overrides, base=TrainConfig(
+        env=EnvSpec(id="draftrl/TraceReplay-v0", **replay),  # size policies on TraceReplay-v0
+        depth_env=DepthEnvSpec(id="draftrl/TraceReplayDepth-v0", **replay)))  # depth policies on its step-level twin
+
+
+def _train(config: DemoConfig, out: Path, trace_dir: Path) -> dict[str, Path]:
+    import importlib
+
+    from draftrl.train.evaluation import format_table
 
     dirs = {}
     for recipe in config.train.recipes:
-        overrides = [
-            f"recipe={recipe}",
-            f"total_timesteps={config.train.total_timesteps}",
-            f"eval_episodes={config.train.eval_episodes}",
-            "progress_bar=false",
-            "baselines=[heuristic,threshold,bandit,lookahead]",
-            f"wandb.mode={os.environ.get('WANDB_MODE', config.wandb.mode)}",
-            f"wandb.project={config.wandb.project}",
-            *config.train.overrides,
-        ]
-        # the traces' own env section; training replays other machines too (cost_jitter) so that the
-        # policy reads the cost features the real engine will measure; the training summary evaluates
-        # on the calibrated costs as measured
-        replay = {**to_dict(config.env), "traces": str(trace_dir), "cost_noise": 0.05, "cost_jitter": 0.25,
-                  "eval": {"cost_noise": 0.0, "cost_jitter": 0.0}}
-        cfg = load_config(TrainConfig, None, overrides, base=TrainConfig(
-            env=EnvSpec(id="draftrl/TraceReplay-v0", **replay),  # size policies on TraceReplay-v0
-            depth_env=DepthEnvSpec(id="draftrl/TraceReplayDepth-v0", **replay)))  # depth policies on its step-level twin
+        cfg = train_config(config, recipe, trace_dir)
         run_dir = out / recipe
         summary = importlib.import_module(f"draftrl.train.{recipe}").train(cfg, run_dir)
         print(format_table(summary["evaluation"]))  # into the step's log
@@ -172,7 +199,11 @@ def run_demo(config: DemoConfig, out: str | Path, *, overwrite: bool = False,
     from draftrl.io import write_json
     from draftrl.models import DEFAULT_MODEL, fetch_model
     from draftrl.envs.engines import shared_model
+    from draftrl.drafters.packaged import missing_head
 
+    missing = missing_head(config.env.drafter, config.env.target)
+    if missing is not None:  # before any model loads or output is written (the CLI falls back from a default)
+        raise ValueError(missing)
     out = Path(out)
     owned = [out / name for name in (*OUTPUTS, *config.train.recipes)]
     present = [p for p in owned if p.exists()]
