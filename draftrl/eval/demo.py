@@ -29,10 +29,12 @@ from typing import Callable
 from draftrl.config.env import EnvConfig
 from draftrl.config.commands import CalibrateSettings
 from draftrl.eval.config import EvalConfig, EvalSettings, GridSettings
+from draftrl.runs import WANDB_FILE
 
 STEPS: tuple[str, ...] = ("model", "calibrate", "collect", "train", "grid", "eval")
 #: Subdirectories and files the demo writes (``--overwrite`` removes only these).
-OUTPUTS: tuple[str, ...] = ("cost_table.json", "traces", "grid", "eval", "logs", "demo_summary.json")
+OUTPUTS: tuple[str, ...] = ("cost_table.json", "traces", "grid", "eval", "logs", "demo_summary.json", "wandb",
+                             WANDB_FILE)
 
 
 @contextlib.contextmanager
@@ -101,27 +103,38 @@ class DemoConfig(EvalConfig):
 
 
 def _calibrate(config: DemoConfig, out: Path):
+    from draftrl.config import to_dict
+    from draftrl.config.wandb import logged_run
     from draftrl.envs.calibrate import calibrate
+    from draftrl.eval.wandb_log import log_calibration
 
     table = calibrate(config.calibrate, config.env)
     table.save(out / "cost_table.json")
+    with logged_run(config.wandb, out, job_type="calibrate",
+                    config={"calibrate": to_dict(config.calibrate), "env": to_dict(config.env)}) as run:
+        log_calibration(run, table)
     return table
 
 
 def _collect(config: DemoConfig, out: Path, target) -> Path:
+    from draftrl.config import to_dict
+    from draftrl.config.wandb import logged_run
     from draftrl.signals.costs import CostTable
     from draftrl.envs.engines import build_engine
     from draftrl.envs.traces import collect
+    from draftrl.eval.wandb_log import log_traces
 
     env = dataclasses.replace(config.env, split="tune", monitor=False)
     engine, tokenizer = build_engine(env, target)
     traces = collect(env, engine, tokenizer)
-    return traces.save(out / "traces", cost_table=CostTable.load(out / "cost_table.json"))
+    path = traces.save(out / "traces", cost_table=CostTable.load(out / "cost_table.json"))
+    with logged_run(config.wandb, out, job_type="collect", config={"env": to_dict(env)}) as run:
+        log_traces(run, traces)
+    return path
 
 
 def _train(config: DemoConfig, out: Path, trace_dir: Path) -> dict[str, Path]:
     import importlib
-    import os
 
     from draftrl.config import load_config, to_dict
     from draftrl.train.evaluation import format_table
@@ -135,8 +148,6 @@ def _train(config: DemoConfig, out: Path, trace_dir: Path) -> dict[str, Path]:
             f"eval_episodes={config.train.eval_episodes}",
             "progress_bar=false",
             "baselines=[heuristic,threshold,bandit,lookahead]",
-            f"wandb.mode={os.environ.get('WANDB_MODE', config.wandb.mode)}",
-            f"wandb.project={config.wandb.project}",
             *config.train.overrides,
         ]
         # the traces' own env section; training replays other machines too (cost_jitter) so that the
@@ -147,6 +158,7 @@ def _train(config: DemoConfig, out: Path, trace_dir: Path) -> dict[str, Path]:
         cfg = load_config(TrainConfig, None, overrides, base=TrainConfig(
             env=EnvSpec(id="draftrl/TraceReplay-v0", **replay),  # size policies on TraceReplay-v0
             depth_env=DepthEnvSpec(id="draftrl/TraceReplayDepth-v0", **replay)))  # depth policies on its step-level twin
+        cfg = dataclasses.replace(cfg, wandb=config.wandb)  # the pipeline's project, group and folder
         run_dir = out / recipe
         summary = importlib.import_module(f"draftrl.train.{recipe}").train(cfg, run_dir)
         print(format_table(summary["evaluation"]))  # into the step's log
@@ -167,6 +179,7 @@ def run_demo(config: DemoConfig, out: str | Path, *, overwrite: bool = False,
     """
     import torch
 
+    from draftrl.config.wandb import pipeline, sync_command
     from draftrl.eval.evaluate import run_eval
     from draftrl.eval.grid import run_grid
     from draftrl.io import write_json
@@ -184,7 +197,10 @@ def run_demo(config: DemoConfig, out: str | Path, *, overwrite: bool = False,
     out.mkdir(parents=True, exist_ok=True)
     if config.threads:
         torch.set_num_threads(config.threads)
-    summary: dict = {"steps": {}, "out": str(out)}
+    # one wandb group for every step's run, all of them in out/wandb/ (one `wandb sync` uploads them)
+    config = dataclasses.replace(config, wandb=pipeline(config.wandb, out))
+    summary: dict = {"steps": {}, "out": str(out), "wandb": {"group": config.wandb.group,
+                                                             "sync": sync_command(config.wandb, out)}}
     timer = {"t": 0.0}
 
     def begin(i: int) -> None:
