@@ -105,10 +105,15 @@ def runs_dir(settings: WandbConfig, folder: str | Path) -> Path:
 
 def sync_command(settings: WandbConfig, folder: str | Path) -> str | None:
     """``wandb sync FOLDER/wandb``: the one command that uploads the pipeline's offline runs (None
-    when it logs online or not at all)."""
+    when it logs online or not at all). Under a ``WANDB_DIR`` shared with other work it names the
+    pipeline's own runs (``offline-run-*-<id>`` for every id ``FOLDER/wandb.json`` records)."""
     if wandb_mode(settings) != "offline":
         return None
-    return f"wandb sync {runs_dir(settings, folder) / 'wandb'}"
+    where = runs_dir(settings, folder) / "wandb"
+    if not os.environ.get("WANDB_DIR"):
+        return f"wandb sync {where}"
+    ids = sorted(set(_state(Path(settings.dir or folder))["runs"].values()))
+    return "wandb sync " + " ".join(f"{where}/offline-run-*-{run_id}" for run_id in ids) if ids else None
 
 
 def start_run(settings: WandbConfig, folder: str | Path, *, job_type: str, name: str | None = None,

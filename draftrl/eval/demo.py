@@ -12,7 +12,10 @@ Steps, each through the owning package's public Python API, each writing under `
 6. **eval**: plain decoding, best fixed, heuristic, threshold, bandit, PPO and the lookahead bound
    on the held-out split, exactness checks on -> ``DIR/eval/`` (``draftrl.eval.evaluate``).
 
-``DIR/demo_summary.json`` records each step's seconds and the final table. The default
+Every step from calibrate on logs one wandb run (``job_type`` the step), all in one group, offline
+in ``DIR/wandb/`` (``draftrl.config.wandb``; what each holds: ``draftrl.eval.wandb_log``).
+``DIR/demo_summary.json`` records each step's seconds, the final table and the wandb group with
+the one ``wandb sync`` command that uploads it. The default
 (``DemoConfig()``) runs in about 15 minutes on 2 quiet CPU cores; ``DemoConfig.quick()`` in a few.
 """
 
@@ -199,8 +202,7 @@ def run_demo(config: DemoConfig, out: str | Path, *, overwrite: bool = False,
         torch.set_num_threads(config.threads)
     # one wandb group for every step's run, all of them in out/wandb/ (one `wandb sync` uploads them)
     config = dataclasses.replace(config, wandb=pipeline(config.wandb, out))
-    summary: dict = {"steps": {}, "out": str(out), "wandb": {"group": config.wandb.group,
-                                                             "sync": sync_command(config.wandb, out)}}
+    summary: dict = {"steps": {}, "out": str(out)}
     timer = {"t": 0.0}
 
     def begin(i: int) -> None:
@@ -265,6 +267,7 @@ def run_demo(config: DemoConfig, out: str | Path, *, overwrite: bool = False,
                                   "tokens_per_second": p["tokens_per_second"]}
                            for name, p in results["policies"].items()}
     summary["exactness_passed"] = results["exactness"]["passed"]
+    summary["wandb"] = {"group": config.wandb.group, "sync": sync_command(config.wandb, out)}
     write_json(out / "demo_summary.json", summary)
     summary["results_dict"] = results
     return summary

@@ -27,6 +27,8 @@ temperature > 0), ``exactness``, ``files``, ``wall_seconds``.
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -345,8 +347,10 @@ def run_cell(config: EvalConfig, out: str | Path, cell: Cell, *, target=None) ->
     result = {"format": FORMAT + "-cell", "cell": table[cell.name], "reference": table[REFERENCE],
               "exactness": exactness, "config": to_dict(config)}
     write_json(out / f"cell_{cell.name}.json", result)
-    with logged_run(config.wandb, out, job_type="grid-cell", name=cell.name, resume=False,  # the agent sets the id
-                    config={"depth": cell.depth, "verify_size": cell.verify_size, "width": cell.width}) as run:
+    # the agent sets the run's id; every agent's cell joins one group per sweep, whatever its machine's folder
+    group = config.wandb.group or f"sweep-{os.environ.get('WANDB_SWEEP_ID', 'cells')}"
+    with logged_run(dataclasses.replace(config.wandb, group=group), out, job_type="grid-cell", name=cell.name,
+                    resume=False, config={"depth": cell.depth, "verify_size": cell.verify_size, "width": cell.width}) as run:
         if run is not None:
             run.summary.update({k: v for k, v in table[cell.name].items() if isinstance(v, (int, float))})
     return result

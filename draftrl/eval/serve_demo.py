@@ -15,7 +15,9 @@ Steps, each through the owning package's public Python API, each writing under `
    ``DIR/sweep/`` (``results.json``, ``report.md``, ``sweep.png``, ``sim/results.json``).
 
 ``DIR/serve_demo_summary.json`` holds each step's seconds and, per rate and policy, the speedup
-over no speculation in vLLM and in the simulator. A step whose output is already in ``DIR``
+over no speculation in vLLM and in the simulator. Each step logs one wandb run (``job_type`` the
+step) in one group, offline in ``DIR/wandb/``: the sweep's speedup against the arrival rate per
+policy and its per-rate tables beside the calibration, training and DSD search they came from. A step whose output is already in ``DIR``
 (from an interrupted run with the same settings, ``DIR/serve_demo_config.json``) is skipped.
 The default (``ServeDemoConfig()``) is sized for about 15 minutes on 2 quiet CPU cores;
 ``ServeDemoConfig.quick()`` runs in a few.
@@ -151,7 +153,7 @@ def run_serve_demo(config: ServeDemoConfig, out: str | Path, *, overwrite: bool 
     out.mkdir(parents=True, exist_ok=True)
     write_json(earlier, settings)
     wb = pipeline(config.wandb, out)  # every step's run in one group, in out/wandb/ (a resumed demo keeps both)
-    summary: dict = {"steps": {}, "out": str(out), "wandb": {"group": wb.group, "sync": sync_command(wb, out)}}
+    summary: dict = {"steps": {}, "out": str(out)}
     started = time.perf_counter()
 
     def step(i: int, done: Path, run: Callable[[], str]) -> None:
@@ -246,6 +248,7 @@ def run_serve_demo(config: ServeDemoConfig, out: str | Path, *, overwrite: bool 
                                  read_json(out / "sweep" / "sim" / "results.json", "simulated sweep results")))
     summary["plot"] = str(out / "sweep" / "sweep.png")
     summary["report"] = str(out / "sweep" / "report.md")
+    summary["wandb"] = {"group": wb.group, "sync": sync_command(wb, out)}
     write_json(out / "serve_demo_summary.json", summary)
     return summary
 

@@ -47,6 +47,18 @@ def test_steps_share_the_group_and_a_step_run_again_continues_its_run(tmp_path, 
     assert runs[0].id == runs[2].id != runs[1].id  # wandb sync uploads both grid sessions into one run
     recorded = json.loads((tmp_path / WANDB_FILE).read_text())["runs"]
     assert recorded == {"grid:grid": runs[0].id, "eval:eval": runs[1].id}
+    assert sync_command(settings, tmp_path) == f"wandb sync {tmp_path / 'wandb'}"
+
+
+def test_a_shared_wandb_dir_syncs_only_the_pipelines_runs(tmp_path, offline, monkeypatch):
+    shared = tmp_path / "everyone"
+    monkeypatch.setenv("WANDB_DIR", str(shared))
+    settings = pipeline(WandbConfig(), tmp_path / "demo")
+    with logged_run(settings, tmp_path / "demo" / "grid", job_type="grid") as run:
+        run_id = run.id
+    command = sync_command(settings, tmp_path / "demo")
+    assert command == f"wandb sync {shared / 'wandb'}/offline-run-*-{run_id}"
+    assert len(list((shared / "wandb").glob(command.split("/")[-1]))) == 1
 
 
 def test_a_failed_step_is_marked_failed(tmp_path, offline):
