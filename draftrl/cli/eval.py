@@ -165,25 +165,29 @@ def run_vllm(args: argparse.Namespace) -> int:
     prepare_out(args.out, OUTPUTS, overwrite=args.overwrite, command="eval")  # before vLLM loads
     try:
         with progress_bar("eval", not args.quiet) as update:
-            run_serving_eval(args.out, policies=policies, concurrency=concurrency, rates=rates,
+            results = run_serving_eval(args.out, policies=policies, concurrency=concurrency, rates=rates,
                                        repeats=args.repeats, config=config, progress=update)
     except ServingMismatch as err:
-        _log_serving(wandb, args.out, failed=True)
+        _log_serving(wandb, args.out, None)
         print(f"draftrl eval: EXACTNESS FAILED: {err}", file=sys.stderr)
         print(f"partial results in {args.out}/results.json", file=sys.stderr)
         return 3
-    _log_serving(wandb, args.out, failed=False)
+    _log_serving(wandb, args.out, results)
     print((Path(args.out) / "report.md").read_text())
     return 0
 
 
-def _log_serving(wandb, out: str, failed: bool) -> None:
-    """The serving evaluation's wandb run (``job_type`` eval; failed: exit code 3), from its results.json."""
-    from draftrl.config.wandb import EXACTNESS_FAILED, logged_run
+def _log_serving(wandb, out: str, results: dict | None) -> None:
+    """The serving evaluation's wandb run (``job_type`` eval); ``results`` None: the sweep stopped at an
+    exactness failure, its results.json is logged and the run ends failed (exit code 3)."""
+    from draftrl.config.wandb import EXACTNESS_FAILED, logged_run, wandb_mode
     from draftrl.eval.wandb_log import log_sweep
     from draftrl.io import read_json
 
-    results = read_json(Path(out) / "results.json", "serving results")
+    if wandb_mode(wandb) == "disabled":
+        return
+    failed = results is None
+    results = results if results is not None else read_json(Path(out) / "results.json", "serving results")
     with logged_run(wandb, out, job_type="eval", code=EXACTNESS_FAILED if failed else 0,
                     config={"engine": "vllm", **results["config"]}) as run:
         log_sweep(run, results)

@@ -75,3 +75,26 @@ def test_the_sweep_is_logged_against_the_arrival_rate(tmp_path, monkeypatch):
     assert read.table("sweep/rate_8")[1]
     assert read.summary["policy/ppo:x/geomean_speedup_vs_none"] == pytest.approx(math.sqrt(1.4 * 1.1))
     assert read.summary["policy/fixed:4/speedup_vs_none/rate_8"] == 0.9
+
+
+def test_eval_engine_vllm_logs_its_sweep_in_the_given_group(tmp_path, monkeypatch):
+    """``draftrl eval --engine vllm --wandb-group G``: the sweep's run (job_type eval) in --out/wandb."""
+    pytest.importorskip("wandb")
+    from draftrl.cli import main
+    from wandb_records import read_runs
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.delenv("WANDB_DIR", raising=False)
+    out = tmp_path / "out"
+
+    def fake_run(out_dir, **kwargs):  # the sweep's results, without vLLM
+        (out / "report.md").write_text("report\n")
+        return {**_results({"2": {"none": 1.0, "fixed:4": 1.3}}), "config": {"max_new_tokens": 8}}
+
+    monkeypatch.setattr("draftrl.eval.serving.run_serving_eval", fake_run)
+    assert main(["eval", "--engine", "vllm", "--policies", "none,fixed:4", "--rates", "2", "--out", str(out),
+                 "--quiet", "--wandb-group", "serving-ab"]) == 0
+    (run,) = read_runs(out / "wandb")
+    assert (run.job_type, run.group, run.exit_code) == ("eval", "serving-ab", 0)
+    assert {row[0]: row[1] for row in run.table("sweep/rate_2")[1]} == {"none": 1.0, "fixed:4": 1.3}
