@@ -17,6 +17,9 @@ option             config key     meaning
 ``--threads N``    ``threads``     torch intra-op threads (0 = torch's default)
 ``--seed N``       ``seed``        the command's seed (sampling, measurement order, PPO, ...)
 ``--ignore-eos``   ``env.ignore_eos``  decode to max_new_tokens past EOS (benchmarks, negative controls)
+``--wandb-project``  ``wandb.project``  the wandb project of every run the command (pipeline) makes
+``--wandb-group``    ``wandb.group``    their group (default: the output folder's name and a short id)
+``--wandb-entity``   ``wandb.entity``   the wandb team or user (default: yours)
 ``--out PATH``                    where the command writes
 ``--overwrite``                   replace what an earlier run wrote in ``--out`` (else refused)
 ``--json``                        print one JSON object on stdout instead of tables
@@ -90,6 +93,18 @@ def add_out(parser: argparse.ArgumentParser, help: str, *, required: bool = True
     parser.add_argument("--out", required=required, default=default, help=help)
     if overwrite is not None:
         parser.add_argument("--overwrite", action="store_true", help=overwrite)
+
+
+#: Weights & Biases options: flag -> config key (the ``wandb`` section of every command that logs).
+WANDB_KEYS: dict[str, str] = {"--wandb-project": "wandb.project", "--wandb-group": "wandb.group",
+                              "--wandb-entity": "wandb.entity"}
+
+
+def add_wandb(parser: argparse.ArgumentParser) -> None:
+    """``--wandb-project``, ``--wandb-group``, ``--wandb-entity``: where the command's runs go
+    (offline by default: ``wandb sync DIR/wandb`` uploads them)."""
+    for flag, key in WANDB_KEYS.items():
+        keyed(parser, flag, key=key, help=f"{key.split('.')[1]} of every wandb run this command makes (sets {key})")
 
 
 def add_ignore_eos(parser: argparse.ArgumentParser) -> None:

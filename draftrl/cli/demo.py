@@ -155,11 +155,20 @@ def print_summary(summary: dict) -> None:
     steps = ", ".join(f"{k} {v['seconds']:.0f}s" for k, v in summary["steps"].items())
     console.print(f"time: {summary['wall_seconds'] / 60:.1f} min ({steps})")
     out = summary["out"]
-    import os
-
-    wandb_note = "" if os.environ.get("WANDB_MODE") == "disabled" else f"; wandb runs: {out}/*/wandb (wandb sync)"
     console.print(f"report: {summary['report']}\nplots:  {out}/eval/*.png, {out}/grid/grid_heatmap.png\n"
-                  f"results: {summary['results']}{wandb_note}")
+                  f"results: {summary['results']}")
+    print_wandb(console, summary.get("wandb"))
+
+
+def print_wandb(console, wandb: dict | None) -> None:
+    """The pipeline's wandb group and the one command that uploads every run of it."""
+    from rich.markup import escape
+
+    if wandb and wandb.get("sync"):
+        console.print(f"wandb: group {escape(wandb['group'])}, offline; upload every run of it with:\n"
+                      f"  {escape(wandb['sync'])}")
+    elif wandb and wandb.get("group"):
+        console.print(f"wandb: group {escape(wandb['group'])}")
 
 
 def run_vllm(args: argparse.Namespace) -> int:
@@ -229,3 +238,4 @@ def print_serve_summary(summary: dict) -> None:
     steps = ", ".join(f"{k} {v['seconds']:.0f}s" for k, v in summary["steps"].items())
     console.print(f"time: {summary['wall_seconds'] / 60:.1f} min ({steps})")
     console.print(f"report: {summary['report']}\nplot:   {summary['plot']}\nsummary: {summary['out']}/serve_demo_summary.json")
+    print_wandb(console, summary.get("wandb"))

@@ -7,7 +7,8 @@ Example::
     draftrl train --config configs/analytic_regimes.yaml --out runs/analytic --resume   # after an interruption
 
 Writes DIR/policy.zip (+ vecnormalize.pkl, policy.json), DIR/train_summary.json, checkpoints and an
-offline wandb run (``wandb sync DIR/wandb/offline-run-*`` uploads it later).
+offline wandb run (``wandb sync DIR/wandb`` uploads it later; ``--wandb-group`` puts it beside a
+grid's and an evaluation's runs).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     _options.add_models(parser)
     _options.add_threads(parser)
     _options.add_seed(parser, "PPO, the training envs (seed + i for env i) and torch")
+    _options.add_wandb(parser)
     _options.add_out(parser, "run directory for the policy, checkpoints and summary", overwrite=None)
     parser.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
     parser.add_argument("--traces", default=None,

@@ -12,7 +12,10 @@ Steps, each through the owning package's public Python API, each writing under `
 6. **eval**: plain decoding, best fixed, heuristic, threshold, bandit, PPO and the lookahead bound
    on the held-out split, exactness checks on -> ``DIR/eval/`` (``draftrl.eval.evaluate``).
 
-``DIR/demo_summary.json`` records each step's seconds and the final table. The default
+Every step from calibrate on logs one wandb run (``job_type`` the step), all in one group, offline
+in ``DIR/wandb/`` (``draftrl.config.wandb``; what each holds: ``draftrl.eval.wandb_log``).
+``DIR/demo_summary.json`` records each step's seconds, the final table and the wandb group with
+the one ``wandb sync`` command that uploads it. The default
 (``DemoConfig()``) runs in about 15 minutes on 2 quiet CPU cores; ``DemoConfig.quick()`` in a few.
 """
 
@@ -29,12 +32,14 @@ from typing import Callable, TypeVar
 from draftrl.config.env import EnvConfig
 from draftrl.config.commands import CalibrateSettings
 from draftrl.eval.config import EvalConfig, EvalSettings, GridSettings
+from draftrl.runs import WANDB_FILE
 
 T = TypeVar("T")
 
 STEPS: tuple[str, ...] = ("model", "calibrate", "collect", "train", "grid", "eval")
 #: Subdirectories and files the demo writes (``--overwrite`` removes only these).
-OUTPUTS: tuple[str, ...] = ("cost_table.json", "traces", "grid", "eval", "logs", "demo_summary.json")
+OUTPUTS: tuple[str, ...] = ("cost_table.json", "traces", "grid", "eval", "logs", "demo_summary.json", "wandb",
+                             WANDB_FILE)
 
 
 @contextlib.contextmanager
@@ -103,22 +108,34 @@ class DemoConfig(EvalConfig):
 
 
 def _calibrate(config: DemoConfig, out: Path):
+    from draftrl.config import to_dict
+    from draftrl.config.wandb import logged_run
     from draftrl.envs.calibrate import calibrate
+    from draftrl.eval.wandb_log import log_calibration
 
     table = calibrate(config.calibrate, config.env)
     table.save(out / "cost_table.json")
+    with logged_run(config.wandb, out, job_type="calibrate",
+                    config={"calibrate": to_dict(config.calibrate), "env": to_dict(config.env)}) as run:
+        log_calibration(run, table)
     return table
 
 
 def _collect(config: DemoConfig, out: Path, target) -> Path:
+    from draftrl.config import to_dict
+    from draftrl.config.wandb import logged_run
     from draftrl.signals.costs import CostTable
     from draftrl.envs.engines import build_engine
     from draftrl.envs.traces import collect
+    from draftrl.eval.wandb_log import log_traces
 
     env = collect_env(config)
     engine, tokenizer = build_engine(env, target)
     traces = collect(env, engine, tokenizer)
-    return traces.save(out / "traces", cost_table=CostTable.load(out / "cost_table.json"))
+    path = traces.save(out / "traces", cost_table=CostTable.load(out / "cost_table.json"))
+    with logged_run(config.wandb, out, job_type="collect", config={"env": to_dict(env)}) as run:
+        log_traces(run, traces)
+    return path
 
 
 def collect_env(config: DemoConfig) -> EnvConfig:
@@ -141,8 +158,6 @@ def step_config(config: DemoConfig, cls: type[T]) -> T:
 
 def train_config(config: DemoConfig, recipe: str, trace_dir: str | Path):
     """The ``TrainConfig`` the train step runs ``recipe`` with, on the traces in ``trace_dir``."""
-    import os
-
     from draftrl.config import load_config, to_dict
     from draftrl.train.config import DepthEnvSpec, EnvSpec, TrainConfig
 
@@ -152,8 +167,6 @@ def train_config(config: DemoConfig, recipe: str, trace_dir: str | Path):
         f"eval_episodes={config.train.eval_episodes}",
         "progress_bar=false",
         "baselines=[heuristic,threshold,bandit,lookahead]",
-        f"wandb.mode={os.environ.get('WANDB_MODE', config.wandb.mode)}",
-        f"wandb.project={config.wandb.project}",
         *config.train.overrides,
     ]
     # the traces' own env section; training replays other machines too (cost_jitter) so that the
@@ -161,9 +174,10 @@ def train_config(config: DemoConfig, recipe: str, trace_dir: str | Path):
     # on the calibrated costs as measured
     replay = {**to_dict(config.env), "traces": str(trace_dir), "cost_noise": 0.05, "cost_jitter": 0.25,
               "eval": {"cost_noise": 0.0, "cost_jitter": 0.0}}
-    return load_config(TrainConfig, None, overrides, base=TrainConfig(
+    cfg = load_config(TrainConfig, None, overrides, base=TrainConfig(
         env=EnvSpec(id="draftrl/TraceReplay-v0", **replay),  # size policies on TraceReplay-v0
         depth_env=DepthEnvSpec(id="draftrl/TraceReplayDepth-v0", **replay)))  # depth policies on its step-level twin
+    return dataclasses.replace(cfg, wandb=config.wandb)  # the pipeline's project, group and folder
 
 
 def _train(config: DemoConfig, out: Path, trace_dir: Path) -> dict[str, Path]:
@@ -194,6 +208,7 @@ def run_demo(config: DemoConfig, out: str | Path, *, overwrite: bool = False,
     """
     import torch
 
+    from draftrl.config.wandb import pipeline, sync_command
     from draftrl.eval.evaluate import run_eval
     from draftrl.eval.grid import run_grid
     from draftrl.io import write_json
@@ -215,6 +230,8 @@ def run_demo(config: DemoConfig, out: str | Path, *, overwrite: bool = False,
     out.mkdir(parents=True, exist_ok=True)
     if config.threads:
         torch.set_num_threads(config.threads)
+    # one wandb group for every step's run, all of them in out/wandb/ (one `wandb sync` uploads them)
+    config = dataclasses.replace(config, wandb=pipeline(config.wandb, out))
     summary: dict = {"steps": {}, "out": str(out)}
     timer = {"t": 0.0}
 
@@ -280,6 +297,7 @@ def run_demo(config: DemoConfig, out: str | Path, *, overwrite: bool = False,
                                   "tokens_per_second": p["tokens_per_second"]}
                            for name, p in results["policies"].items()}
     summary["exactness_passed"] = results["exactness"]["passed"]
+    summary["wandb"] = {"group": config.wandb.group, "sync": sync_command(config.wandb, out)}
     write_json(out / "demo_summary.json", summary)
     summary["results_dict"] = results
     return summary

@@ -30,6 +30,9 @@ SHARED = {
     "--kernels": ("stock", "env.kernels", "stock"),
     "--threads": ("3", "threads", 3),
     "--seed": ("7", "seed", 7),
+    "--wandb-project": ("speedups", "wandb.project", "speedups"),
+    "--wandb-group": ("cpu-baseline", "wandb.group", "cpu-baseline"),
+    "--wandb-entity": ("team", "wandb.entity", "team"),
 }
 CONFIG_COMMANDS = ("generate", "calibrate", "collect", "train", "grid", "eval", "demo")
 
@@ -188,6 +191,29 @@ def test_the_flags_set_the_serving_config_too():
         args = build_parser().parse_args(["eval", "--engine", "vllm", "--out", "o", *argv])
         with pytest.raises(ValueError, match=message):
             serving_config(args)
+
+
+def test_every_command_that_logs_takes_the_wandb_flags():
+    """grid, eval, train and both demos: --wandb-project/--wandb-group/--wandb-entity are their wandb keys
+    (--engine vllm reads them beside its ServeConfig, the serve demo into its own wandb section)."""
+    from draftrl.cli.demo import config as demo_config
+    from draftrl.cli.eval import serving_config, serving_wandb
+    from draftrl.config import load_config
+    from draftrl.eval.serve_demo import ServeDemoConfig
+
+    for command in ("train", "grid", "eval", "demo"):
+        for flag in ("--wandb-project", "--wandb-group", "--wandb-entity"):
+            assert _accepts(command, flag), (command, flag)
+    assert _config("grid", "--wandb-group", "2026").wandb.group == "2026"  # a number-like name stays a name
+    argv = ["--wandb-project", "p", "--wandb-group", "g", "--wandb-entity", "e"]
+    args = build_parser().parse_args(["eval", "--engine", "vllm", "--out", "o", *argv, "--set", "wandb.tags=[x]"])
+    wandb = serving_wandb(args)
+    assert (wandb.project, wandb.group, wandb.entity, wandb.tags) == ("p", "g", "e", ["x"])
+    serving_config(args)  # the wandb keys are not workload keys
+    args = build_parser().parse_args(["demo", "--engine", "vllm", *argv])
+    assert demo_config(args).wandb.group == "g"
+    served = load_config(ServeDemoConfig, None, ["wandb.group=g", "wandb.project=p"])
+    assert (served.wandb.group, served.wandb.project) == ("g", "p")
 
 
 def test_a_serving_config_file_reads_the_env_section_and_refuses_unknown_sections(tmp_path):
