@@ -180,15 +180,27 @@ class VLLMEngineConfig:
             default = HEAD_CLASS_PATH if self.runs_head else CLASS_PATH
             return {"method": "custom_class", "model": self.proposer or default,
                     "num_speculative_tokens": self.num_speculative_tokens}
-        if self.method == "eagle3":  # the method named: vLLM guesses it from the path otherwise
-            spec: dict[str, Any] = {"method": "eagle3", "model": self.head,
-                                    "num_speculative_tokens": self.num_speculative_tokens}
-        else:
-            spec = {"method": "ngram", "num_speculative_tokens": self.num_speculative_tokens,
-                    "prompt_lookup_min": self.prompt_lookup_min, "prompt_lookup_max": self.prompt_lookup_max}
-        if self.dsd:
-            spec["num_speculative_tokens_per_batch_size"] = [list(e) for e in self.dsd]
-        return spec
+        return stock_speculative_config(self.method, self.num_speculative_tokens, self.dsd or (), self.head,
+                                        self.prompt_lookup_min, self.prompt_lookup_max)
+
+
+def stock_speculative_config(method: str, num_speculative_tokens: int, dsd: tuple[tuple[int, int, int], ...] = (),
+                             head: str | None = None, prompt_lookup_min: int = 1,
+                             prompt_lookup_max: int = 3) -> dict[str, Any]:
+    """vLLM's own ``speculative_config`` for ``eagle3`` (the head ``head`` written as given: a
+    folder, a path relative to where vLLM runs, or a hub id) or ``ngram``, at K =
+    ``num_speculative_tokens``, with the Dynamic SD table ``dsd`` (K per running-batch-size range)
+    when one is given. The method is always named: vLLM guesses it from the path otherwise."""
+    if method == "eagle3":
+        spec: dict[str, Any] = {"method": "eagle3", "model": head, "num_speculative_tokens": num_speculative_tokens}
+    elif method == "ngram":
+        spec = {"method": "ngram", "num_speculative_tokens": num_speculative_tokens,
+                "prompt_lookup_min": prompt_lookup_min, "prompt_lookup_max": prompt_lookup_max}
+    else:
+        raise ValueError(f"method={method!r} is no stock method here; use eagle3 or ngram.")
+    if dsd:
+        spec["num_speculative_tokens_per_batch_size"] = [list(e) for e in dsd]
+    return spec
 
 
 def model_path(spec: str) -> str:
