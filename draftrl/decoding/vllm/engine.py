@@ -15,7 +15,9 @@ that table, with the head folder ``head``, speculators format: :meth:`draftrl.dr
 and ``custom_class`` (any other proposer class,
 ``proposer``, up to K tokens: a baseline in the same harness, e.g. :mod:`draftrl.decoding.vllm.ref_lookup`). A speculative config is fixed when the engine is
 built, so each method/K is its own engine: :func:`shared_engine` keeps one per config in the
-process (:func:`release_engines` frees them). Every engine adds vLLM's own speculative-decoding
+process, at most ``max_engines`` at once (:func:`release_engines` frees them). On a GPU each
+engine takes ``gpu_memory_utilization`` of its memory (vLLM's 0.9 by default) and runs CUDA
+graphs unless ``enforce_eager`` (:class:`VLLMEngineConfig`); docs/serving.md, "vLLM on CUDA". Every engine adds vLLM's own speculative-decoding
 counts to :attr:`VLLMEngine.spec_counts` (:mod:`draftrl.decoding.vllm.counts`).
 
 CPU defaults (set only when the variables are unset): ``VLLM_CPU_OMP_THREADS_BIND=nobind``,
