@@ -11,8 +11,10 @@ A serving engine that cannot ask a policy every round gets the policy summarised
    decides by which factor larger batches go shallower (to 0 once ``k*(B) = 0``: speculation off).
    ``alpha`` is fitted to the policy's own evaluation (mean tokens per round given its depth
    histogram, i.i.d. acceptance); ``c`` and ``g`` come from the training env (the analytic env's
-   ``draft_cost`` / ``verify_cost``, or the cost table); the saturation size ``S`` is an input
-   (``--saturation-tokens``, default 256 tokens: calibrate it on the serving GPU).
+   ``draft_cost`` / ``verify_cost``, or the cost table), or from a table ``draftrl calibrate``
+   measured (``cost_table``); a run with no costs is refused, never given defaults. The
+   saturation size ``S`` is an input (``--saturation-tokens``, default 256 tokens: calibrate it on
+   the serving GPU).
 3. **Engine keys**: vLLM ``speculative_config`` (``num_speculative_tokens = k1`` and
    ``num_speculative_tokens_per_batch_size = [[start_bs, end_bs, k], ...]``, vLLM's dynamic
    speculative decoding table; the method follows the training drafter: ``ngram`` for n-gram
