@@ -20,6 +20,8 @@ option             config key     meaning
 ``--wandb-project``  ``wandb.project``  the wandb project of every run the command (pipeline) makes
 ``--wandb-group``    ``wandb.group``    their group (default: the output folder's name and a short id)
 ``--wandb-entity``   ``wandb.entity``   the wandb team or user (default: yours)
+``--gpu-memory-utilization``  ``env.gpu_memory_utilization``  vLLM: the GPU memory share of each engine
+``--enforce-eager``  ``env.enforce_eager``  vLLM: eager forwards on a GPU too (default: CUDA graphs there)
 ``--out PATH``                    where the command writes
 ``--overwrite``                   replace what an earlier run wrote in ``--out`` (else refused)
 ``--json``                        print one JSON object on stdout instead of tables
@@ -62,6 +64,29 @@ def keyed(parser: argparse.ArgumentParser, *flags: str, key: str, **kwargs: Any)
     keys[action.dest] = key
     parser.set_defaults(config_keys=keys)
     return action
+
+
+#: vLLM engine options: flag -> config key (``ServeConfig`` fields, ``draftrl.config.serve``).
+VLLM_ENGINE_KEYS: dict[str, str] = {
+    "--gpu-memory-utilization": "env.gpu_memory_utilization",
+    "--enforce-eager": "env.enforce_eager",
+}
+
+
+def add_vllm_engine(parser: argparse.ArgumentParser) -> None:
+    """``--gpu-memory-utilization`` and ``--enforce-eager``, read with ``--engine vllm`` only."""
+    keyed(parser, "--gpu-memory-utilization", key=VLLM_ENGINE_KEYS["--gpu-memory-utilization"], type=float,
+          help="vllm: the share of the GPU's memory each engine takes (default: vLLM's 0.9; a comparison holds one "
+               "engine at a time, env.max_engines); not read on CPU")
+    keyed(parser, "--enforce-eager", key=VLLM_ENGINE_KEYS["--enforce-eager"], action="store_const", const=True,
+          help="vllm: eager forwards on a GPU too (default: CUDA graphs on a GPU, what production runs; eager on CPU)")
+
+
+def refuse_vllm_engine(args: argparse.Namespace, command: str) -> None:
+    """One line when a vLLM engine option reaches an ``--engine hf`` run, which has no vLLM engine."""
+    for flag in VLLM_ENGINE_KEYS:
+        if getattr(args, flag.lstrip("-").replace("-", "_"), None) is not None:
+            raise ValueError(f"{flag} is read by {command} --engine vllm only; drop it, or add --engine vllm.")
 
 
 def add_config(parser: argparse.ArgumentParser, example: str = "env.max_new_tokens=32") -> None:

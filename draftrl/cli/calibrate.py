@@ -54,6 +54,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--prefill-lens", type=_ints, default=SIZES.prefill_lens, help="vllm: prompt tokens per prefill")
     p.add_argument("--prefill-batch-sizes", type=_ints, default=SIZES.prefill_batch_sizes, help="vllm: prompts prefilled together")
     p.add_argument("--rounds", type=int, default=SIZES.rounds, help="vllm: shuffled passes over the cells (spreads load drift)")
+    _options.add_vllm_engine(p)
     _options.add_out(p, "write the cost table JSON here", required=False)
     _options.add_json(p)
     p.set_defaults(func=run)
@@ -97,6 +98,7 @@ def run_vllm(args: argparse.Namespace) -> int:
                              rounds=args.rounds)
     result = calibrate_model(cfg.env.target, sizes, dtype=cfg.env.dtype, threads=cfg.threads, seed=cfg.seed,
                              drafter=cfg.env.drafter if needs_head(cfg.env.drafter) else None,
+                             gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager,
                              progress=lambda msg: print(f"[calibrate] {msg}", file=sys.stderr))
     if args.out:
         write_json(args.out, result)
@@ -120,6 +122,7 @@ def run(args: argparse.Namespace) -> int:
                          "choose another --out.")
     if args.engine == "vllm":
         return run_vllm(args)
+    _options.refuse_vllm_engine(args, "draftrl calibrate")
     cfg = config(args)
     _options.set_threads(cfg.threads)
     table = calibrate(cfg.calibrate, cfg.env, cfg.seed, progress=lambda msg: print(f"[calibrate] {msg}", file=sys.stderr))

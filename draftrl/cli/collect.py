@@ -35,6 +35,7 @@ def add_parser(subparsers) -> None:
                    help="vllm: record each request's greedy continuation in vLLM (float32, no speculation) for "
                         "draftrl/ServeReplay-v0; the env section is then a ServeConfig (the same workload keys, e.g. "
                         "--set env.split=heldout)")
+    _options.add_vllm_engine(p)
     _options.add_json(p)
     p.set_defaults(func=run)
 
@@ -95,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.engine == "vllm":
         return run_vllm(args)
+    _options.refuse_vllm_engine(args, "draftrl collect")
     from draftrl.envs.traces import collect
     from draftrl.runs import PARTIAL_DIR
     from draftrl.signals.costs import CostTable

@@ -64,6 +64,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--repeats", type=int, default=1, help="vllm: interleaved passes; the median-time pass is kept")
     keyed(p, "--head", key="env.head",
           help="vllm: the EAGLE-3 head folder (speculators format) the eagle3:K policies draft with (sets env.head)")
+    _options.add_vllm_engine(p)
     p.set_defaults(func=run)
 
 
@@ -73,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
     if args.head:
         raise ValueError("--head is read by --engine vllm only (its eagle3:K policies); on --engine hf draft with "
                          "the head through --drafter eagle3:DIR.")
+    _options.refuse_vllm_engine(args, "draftrl eval")
     from draftrl.decoding.monitor import ExactnessViolation
     from draftrl.eval.exactness import GreedyMismatch
     from draftrl.eval.policy_names import parse_policies

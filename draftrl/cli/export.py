@@ -6,6 +6,7 @@ Example::
     draftrl export runs/replay --format torchscript --out policy.pt                # + policy.pt.json
     draftrl export runs/replay/policy.zip --format vllm --out vllm.json             # static config
     draftrl export runs/replay --format vllm --out runs/vllm_policy                 # policy inside vLLM
+    draftrl export runs/head_policy --format vllm --out runs/vllm_head              # stock eagle3, K per batch size
     draftrl export sam:2:6:t0.6 --format vllm --out runs/vllm_sam                   # the head inside vLLM
     draftrl export eagle3:1-1:3,2-16:1 --format vllm --out runs/vllm_eagle3        # stock vLLM, K per batch size
     draftrl export runs/replay/policy.zip --format sglang --out sglang.json        # + sglang.json.adaptive.json
@@ -15,15 +16,19 @@ grids, training config, versions) and check the export against SB3 before writin
 vllm / sglang with OUT.json write static speculation settings derived from the policy's depth
 distribution and the cost model (see draftrl/export/engine_config.py and docs/export.md); vllm
 with a directory writes the policy, its manifest and the custom_class proposer settings that run
-it inside vLLM 0.32 (draftrl/export/vllm_bundle.py): per-request policies (TraceReplay-v0,
+it inside vLLM 0.32 (draftrl/export/vllm_bundle.py): per-request n-gram policies (TraceReplay-v0,
 SpecDecode-v1) and serving policies (ServeReplay-v0, ServeVLLM-v0: one depth cap and budget per
-engine step, the env's observation rebuilt inside vLLM). A refused policy writes nothing.
+engine step, the env's observation rebuilt inside vLLM); per-request policies trained with an
+EAGLE-3 head or a draft model go to stock vLLM (eagle3 / draft_model with a K per batch size, the
+drafter copied into the bundle). Paths in a bundle are relative to it; it names the run's target.
+A refused policy writes nothing.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -43,7 +48,17 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                                        "with --format vllm also a head rule (head:K[:tT|:cT][:bB], sam:N:K[:tT|:cT][:bB]) "
                                        "or a stock one (eagle3:K, eagle3:S-E:K,..., ngram:K, ngram:S-E:K,...)")
     parser.add_argument("--head", default=None,
-                        help="vllm head and eagle3 rules: the EAGLE-3 head folder (default: the shipped one)")
+                        help="vllm head and eagle3 rules: the EAGLE-3 head, a folder or hub id (default: the shipped one)")
+    parser.add_argument("--target", default=None,
+                        help="vllm rules: the target the bundle names (default smollm2-135m); a run's bundle names the "
+                             "run's own target (another one is refused)")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=None,
+                        help="vllm (directory): the GPU share the bundle's LLM(...) / vllm serve lines give vLLM "
+                             "(default: vLLM's 0.9)")
+    parser.add_argument("--cost-table", default=None,
+                        help="vllm/sglang static tables and the stock route of head / draft-model policies: step costs "
+                             "measured by draftrl calibrate --json --out FILE (default: the run's own; a run without "
+                             "measured costs is refused)")
     parser.add_argument("--format", required=True, choices=FORMATS)
     add_out(parser, "file to write (the manifest goes to OUT.json); --format vllm: a bundle folder unless OUT.json",
             overwrite="replace an earlier export at --out (a bundle folder's earlier files are removed first)")
@@ -82,8 +97,9 @@ def vllm_rule(name: str) -> Any | None:
     return parse_policies([name], engine="vllm")[-1]
 
 
-#: What a ``--format vllm`` bundle folder holds (every kind of bundle writes some of these).
-BUNDLE_FILES = ("vllm.json", "proposer.json", "policy.onnx", "policy.onnx.json")
+#: What a ``--format vllm`` bundle folder holds (every kind of bundle writes some of these; ``drafter``
+#: is the copied head or draft model, a folder).
+BUNDLE_FILES = ("vllm.json", "proposer.json", "policy.onnx", "policy.onnx.json", "drafter")
 
 
 def check_out(out: Path, fmt: str, overwrite: bool) -> None:
@@ -98,7 +114,10 @@ def check_out(out: Path, fmt: str, overwrite: bool) -> None:
             raise ValueError(f"--out {out} already holds an exported bundle ({', '.join(held)}); pass --overwrite "
                              "to replace it, or choose another --out.")
         for name in held:
-            (out / name).unlink()
+            if (out / name).is_dir():
+                shutil.rmtree(out / name)
+            else:
+                (out / name).unlink()
         return
     if out.is_dir():
         raise ValueError(f"--out {out} is a folder; --format {fmt} writes a file: give a file name.")
@@ -113,6 +132,14 @@ def check_out(out: Path, fmt: str, overwrite: bool) -> None:
 def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     try:
+        bundle_dir = args.format == "vllm" and out.suffix != ".json"
+        for flag, given, allowed in (("--target", args.target, bundle_dir),
+                                     ("--gpu-memory-utilization", args.gpu_memory_utilization, bundle_dir),
+                                     ("--cost-table", args.cost_table, args.format in ("vllm", "sglang"))):
+            if given is not None and not allowed:
+                raise ValueError(f"{flag} is read by --format vllm with a bundle folder"
+                                 f"{'' if flag != '--cost-table' else ' and the vllm / sglang static configs'} only; "
+                                 "drop it.")
         check_out(out, args.format, args.overwrite)
         if args.format in ("onnx", "torchscript"):
             from draftrl.export.network import export
@@ -126,31 +153,34 @@ def run(args: argparse.Namespace) -> int:
                 f"out={out}  manifest={manifest_file}"
             )
             return 0
+        derive_options = dict(saturation_tokens=args.saturation_tokens, max_batch_size=args.max_batch_size,
+                              min_share=args.min_share, episodes=args.episodes, cost_table=args.cost_table)
         if args.format == "vllm" and out.suffix != ".json":
-            from draftrl.export.vllm_bundle import write_bundle, write_head_bundle, write_stock_bundle
+            from draftrl.export.vllm_bundle import (DEFAULT_GPU_MEMORY_UTILIZATION, write_bundle, write_head_bundle,
+                                                    write_stock_bundle)
 
+            memory = args.gpu_memory_utilization or DEFAULT_GPU_MEMORY_UTILIZATION
             rule = vllm_rule(args.policy)
             if rule is not None:
                 if rule.kind in STOCK_KINDS:
                     bundle = write_stock_bundle(args.policy, out, method=rule.kind, depth=rule.depth, table=rule.dsd,
-                                                head=args.head)
+                                                head=args.head, model=args.target, gpu_memory_utilization=memory)
                 else:
                     from draftrl.eval.serve_policies import proposer_rule
 
                     bundle = write_head_bundle(args.policy, out, depth=rule.depth, min_match=rule.min_match,
-                                               rule=proposer_rule(rule), head=args.head)
-                print(f"speculative_config={json.dumps(bundle['speculative_config'])}  out={out}")
-                print(f"serve: {bundle['serve']}")
-                return 0
-
-            bundle = write_bundle(args.policy, out, budget=args.budget, check_observations=args.check_observations)
-            print(f"speculative_config={json.dumps(bundle['speculative_config'])}  out={out}")
+                                               rule=proposer_rule(rule), head=args.head, model=args.target,
+                                               gpu_memory_utilization=memory)
+            else:
+                bundle = write_bundle(args.policy, out, target=args.target, budget=args.budget,
+                                      check_observations=args.check_observations, gpu_memory_utilization=memory,
+                                      derive_options=derive_options)
+            print(f"route={bundle['route']}  speculative_config={json.dumps(bundle['speculative_config'])}  out={out}")
             print(f"serve: {bundle['serve']}")
             return 0
         from draftrl.export import engine_config as ec
 
-        derivation = ec.derive(args.policy, saturation_tokens=args.saturation_tokens,
-                               max_batch_size=args.max_batch_size, min_share=args.min_share, episodes=args.episodes)
+        derivation = ec.derive(args.policy, **derive_options)
         if args.format == "vllm":
             config = ec.vllm_config(derivation, method=args.method)
         else:

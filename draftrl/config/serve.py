@@ -37,8 +37,17 @@ class ServeConfig(WorkloadConfig):
     kv_cache_gib: int = 1
     """VLLM_CPU_KVCACHE_SPACE in GiB"""
     threads: int = 1
+    gpu_memory_utilization: float | None = None
+    """the share of the GPU's memory each engine takes (vLLM's ``gpu_memory_utilization``); null: vLLM's
+    0.9. With ``max_engines`` engines held at once, keep their sum below 1"""
+    enforce_eager: bool | None = None
+    """null: CUDA graphs on a GPU (what production vLLM runs), eager on CPU; true: eager everywhere.
+    The head in draftrl's proposer (head:K, sam:N:K) always runs eager"""
+    max_engines: int = 1
+    """vLLM engines a comparison holds at once (each speculative config is its own engine; each holds
+    its weights and KV cache): 1 builds one, runs its policies, frees it, builds the next"""
     head: str | None = None
-    """the target's EAGLE-3 head folder (speculators format) that the eagle3:K policies draft with"""
+    """the target's EAGLE-3 head (a folder, speculators format, or a hub id) that the eagle3:K policies draft with"""
     rule: str = "match"
     """each request's own depth before the cap and budget: match | heuristic (see the proposer);
     confidence:T | cumulative:T where the proposer runs a head (its per-level stop), any of those
@@ -61,7 +70,7 @@ class ServeConfig(WorkloadConfig):
         self.budgets = tuple(int(b) for b in self.budgets)
         if self.arrival not in ARRIVALS:
             raise ValueError(f"{self.section}.arrival={self.arrival!r} is unknown; use one of {', '.join(ARRIVALS)}.")
-        for name in ("concurrency", "max_num_seqs", "burst_size"):
+        for name in ("concurrency", "max_num_seqs", "burst_size", "max_engines"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{self.section}.{name}={getattr(self, name)} must be >= 1.")
         if self.rate <= 0 or self.burst_interval <= 0:
@@ -76,6 +85,14 @@ class ServeConfig(WorkloadConfig):
             raise ValueError(f"{self.section}.budgets={list(self.budgets)} must contain 0 (no speculation is always an action).")
         if self.reward not in REWARD_MODES:
             raise ValueError(f"{self.section}.reward={self.reward!r} is unknown; use one of {', '.join(REWARD_MODES)}.")
+        memory = self.gpu_memory_utilization
+        if memory is not None and not 0.0 < memory <= 1.0:
+            raise ValueError(f"{self.section}.gpu_memory_utilization={memory} must be in (0, 1] (the share of the GPU's "
+                             "memory one engine takes; null = vLLM's 0.9).")
+        if memory is not None and memory * self.max_engines > 1.0:
+            raise ValueError(f"{self.section}.gpu_memory_utilization={memory} x max_engines={self.max_engines} exceeds "
+                             f"the whole GPU; lower gpu_memory_utilization to {1.0 / self.max_engines:.2f} or less, or "
+                             "set max_engines=1 (one engine at a time).")
         if self.num_requests is not None and self.num_requests < 1:
             raise ValueError(f"{self.section}.num_requests={self.num_requests} must be >= 1 or null.")
 

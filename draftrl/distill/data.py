@@ -6,6 +6,7 @@ conversation in ten is held out for evaluation, whatever the seed (:func:`shareg
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import random
@@ -138,8 +139,9 @@ def regenerate(model, tokenizer, prompts, max_prompt_tokens: int, max_new_tokens
     todo = [(pid, language, task, source, encode(tokenizer, text, max_prompt_tokens))
             for pid, language, task, source, text in prompts[done:]]
     if todo and vllm_model:
-        _generate_vllm(vllm_model, str(next(model.parameters()).dtype).removeprefix("torch."), todo, max_new_tokens,
-                       path, done, len(prompts), progress)
+        with off_gpu(model):  # the child's vLLM takes its default share of the GPU (0.9) for itself
+            _generate_vllm(vllm_model, str(next(model.parameters()).dtype).removeprefix("torch."), todo, max_new_tokens,
+                           path, done, len(prompts), progress)
     elif todo:
         _generate_hf(model, tokenizer, todo, max_new_tokens, batch_size, path, done, len(prompts), progress)
     eos = tokenizer.eos_token_id
@@ -148,6 +150,26 @@ def regenerate(model, tokenizer, prompts, max_prompt_tokens: int, max_new_tokens
         if eos in sample.response_ids:
             sample.response_ids = sample.response_ids[: sample.response_ids.index(eos) + 1]
     return samples
+
+
+@contextlib.contextmanager
+def off_gpu(model):
+    """Hold ``model``'s weights in CPU memory while the block runs, when they are on a GPU.
+
+    Why: vLLM's child process checks at start that its ``gpu_memory_utilization`` share (0.9 by
+    default) of the GPU is free, and sizes its KV cache by it; the target the parent loaded for the
+    later phases would take that memory (an 8B target in bfloat16: 16 GB). The weights come back
+    to the GPU when the child has exited. Nothing moves on CPU."""
+    device = next(model.parameters()).device
+    if device.type != "cuda":
+        yield
+        return
+    model.to("cpu")
+    torch.cuda.empty_cache()
+    try:
+        yield
+    finally:
+        model.to(device)
 
 
 def _record(pid, language, task, source, prompt_ids, response_ids) -> str:

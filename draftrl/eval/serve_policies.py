@@ -50,6 +50,7 @@ def check_policies(specs: list[PolicySpec], config) -> None:
     ships for the target) or with one vLLM cannot load."""
     from draftrl.drafters.eagle3 import head_config
     from draftrl.drafters.packaged import resolve_head
+    from draftrl.models import model_folder
 
     depths, budgets = config.depths, config.budgets
     for spec in specs:
@@ -59,7 +60,7 @@ def check_policies(specs: list[PolicySpec], config) -> None:
             except ValueError as err:
                 raise ValueError(f"policy {spec.label!r} needs an EAGLE-3 head folder; pass --head DIR (sets env.head): "
                                  f"{err}") from None
-            head_config(head)  # one line naming what the folder lacks
+            head_config(model_folder(head, "EAGLE-3 head"))  # one line naming what the folder lacks
         if spec.kind != "fixed":
             continue
         if spec.depth not in depths or (spec.verify_size is not None and spec.verify_size not in budgets):
@@ -114,10 +115,3 @@ def engine_config_for(spec: PolicySpec, config) -> Any:
         return VLLMEngineConfig.serving(config, method="draftrl", drafter=drafter,
                                         num_speculative_tokens=VLLM_MAX_DEPTH)
     return VLLMEngineConfig.serving(config, method="draftrl", num_speculative_tokens=VLLM_MAX_DEPTH)
-
-
-def engine_for(spec: PolicySpec, config) -> Any:
-    """The shared vLLM engine ``spec`` runs on (one per speculative config and process)."""
-    from draftrl.decoding.vllm.engine import shared_engine
-
-    return shared_engine(engine_config_for(spec, config))

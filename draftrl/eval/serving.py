@@ -5,7 +5,13 @@ by default, file order) through ``draftrl/ServeVLLM-v0`` at each load: a fixed c
 (``concurrency``: that many requests in flight) or Poisson arrivals (``rates``: requests per
 second of engine time). Loads run one after the other; within a load the policies run back to
 back in an order rotated by one per load and repeat, so drift on a shared machine spreads over
-all of them. Each vLLM speculative config is its own engine, built once per process.
+all of them. Each vLLM speculative config is its own engine; policies that share one (``none``
+alone, ``fixed:D``, ``heuristic``, ``dsd`` and ``ppo`` on draftrl's n-gram proposer, each
+``ngram:K``, ...) run back to back on it, and at most ``ServeConfig.max_engines`` engines (default
+1) are held at once: a pass builds a group's engine, runs its policies, and frees it for the next
+(:func:`pass_order`: the groups rotate back by one per pass, so each pass opens on the engine the
+last one closed on). Memory then holds one engine, not one per config (measured on CPU:
+docs/serving.md), and on a GPU each engine may take the whole ``gpu_memory_utilization``.
 
 Policies: ``draftrl.eval.policy_names`` (the grammar both engines share: ``none``, ``fixed:D[:B]``,
 ``heuristic``, ``ngram:K``, ``eagle3:K`` (the head folder ``config.head``), ``class:MODULE.Class:K``,
@@ -45,7 +51,7 @@ from draftrl.eval.metrics import histogram, serving_groups, summarize_serving
 from draftrl.eval.policy_names import REFERENCE, PolicySpec, parse_policies
 from draftrl.eval.report import render_serving_report
 from draftrl.eval.rollout import run_episode
-from draftrl.eval.serve_policies import build_serving_policy, check_policies, engine_for, proposer_rule
+from draftrl.eval.serve_policies import build_serving_policy, check_policies, engine_config_for, proposer_rule
 
 FORMAT = "draftrl-serve-eval/1"
 
@@ -58,6 +64,67 @@ class ServingMismatch(RuntimeError):
 def loads_of(results: dict) -> list[tuple[str, str]]:
     """``(section, key)`` of every load in :func:`run_serving_eval`'s results, in run order."""
     return [(section, key) for section in ("concurrency", "rates") for key in results.get(section, {})]
+
+
+def engine_groups(specs: list[PolicySpec], config=None) -> list[list[PolicySpec]]:
+    """The policies grouped by the vLLM engine each runs on (first appearance order; each policy
+    alone when ``config`` is None: the simulator has no engines)."""
+    if config is None:
+        return [[spec] for spec in specs]
+    groups: dict[Any, list[PolicySpec]] = {}
+    for spec in specs:
+        groups.setdefault(engine_config_for(spec, config), []).append(spec)
+    return list(groups.values())
+
+
+def pass_order(groups: list[list[PolicySpec]], index: int) -> list[PolicySpec]:
+    """The policies of pass ``index`` (loads and repeats counted together): the engine groups
+    rotated back by one per pass, so the last group of a pass opens the next (its engine is still
+    built) and every group takes every place once in ``len(groups)`` passes; the policies of a
+    group rotated forward by one per pass, for the same reason inside a group. Drift on a shared
+    machine then spreads over all of them, as when every policy had its own engine."""
+    n = len(groups)
+    shift = (-index) % n
+    order = []
+    for group in groups[shift:] + groups[:shift]:
+        k = index % len(group)
+        order += group[k:] + group[:k]
+    return order
+
+
+class _Engines:
+    """The comparison's vLLM engines, at most ``config.max_engines`` held at once
+    (:func:`draftrl.decoding.vllm.engine.shared_engine`); each freshly built one is warmed up."""
+
+    def __init__(self, config):
+        self.config = config
+        self.builds = 0
+        """engines built (a group's engine is built again when it was freed for another)"""
+        self.described: dict[str, dict] = {}
+
+    def get(self, spec: PolicySpec):
+        from draftrl.decoding.vllm.engine import shared_engine
+
+        engine = shared_engine(engine_config_for(spec, self.config), max_engines=self.config.max_engines)
+        if not engine.warmed:
+            engine.warm_up()  # one-time costs (numba's compile in vLLM's ngram) outside the timed episodes
+            self.builds += 1
+        self.described.setdefault(spec.label, engine.describe())
+        return engine
+
+
+def _episode(make_env, load_cfg, spec: PolicySpec, config, seed: int, checks: dict, engines: "_Engines | None"):
+    """One policy's episode at one load: ``(requests, steps, vLLM's speculative-decoding counts or
+    None)``. A function of its own so that the env, and the engine it holds, are dropped when it
+    returns: the next group's engine is built with this one's memory free."""
+    env = make_env(dataclasses.replace(load_cfg, rule=proposer_rule(spec)), spec)
+    prompt_ids = [p.id for p in env.workload.prompts][: config.num_requests or None]
+    engine = env.engine if engines is not None else None
+    before = engine.spec_counts.snapshot() if engine is not None else None
+    requests, steps = run_episode(env, build_serving_policy(spec, env), prompt_ids, seed=seed,
+                                  check=checks.get(spec.label))
+    counts = engine.spec_counts.since(before) if engine is not None else None
+    return requests, steps, counts
 
 
 def run_serving_eval(out: str | Path, *, policies: list[str] | str, concurrency: list[int] = (1, 4, 16),
@@ -91,18 +158,16 @@ def run_serving_eval(out: str | Path, *, policies: list[str] | str, concurrency:
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     envs: dict[str, Any] = {}
-    engines: dict[str, Any] = {}
+    engines = _Engines(config) if make_env is None else None
     if make_env is None:
-        engines = {s.label: engine_for(s, config) for s in specs}
-        for engine in {id(e): e for e in engines.values()}.values():
-            engine.warm_up()  # one-time costs (numba's compile in vLLM's ngram) outside the timed episodes
-
         def make_env(cfg, spec):
-            env = ServeVLLMEnv(cfg, engine=engines[spec.label], tokenizer=tokenizer or envs.get("tokenizer"))
+            env = ServeVLLMEnv(cfg, engine=engines.get(spec), tokenizer=tokenizer or envs.get("tokenizer"))
             envs.setdefault("tokenizer", env.tokenizer)
             return env
+    groups = engine_groups(specs, config if engines is not None else None)
     results: dict[str, Any] = {"format": FORMAT, "engine": "vllm", "config": dataclasses.asdict(config),
-                               "policies": [s.label for s in specs], "repeats": repeats}
+                               "policies": [s.label for s in specs], "repeats": repeats,
+                               "engine_groups": [[s.label for s in g] for g in groups]}
     mismatches: list[str] = []
     checks = {}
     if config.temperature > 0:
@@ -118,20 +183,11 @@ def run_serving_eval(out: str | Path, *, policies: list[str] | str, concurrency:
         load_cfg = dataclasses.replace(config, **arrival)
         per_policy: dict[str, list] = {s.label: [] for s in specs}
         for repeat in range(repeats):
-            shift = li + repeat
-            order = specs[shift % len(specs):] + specs[: shift % len(specs)]
-            for spec in order:
-                env = make_env(dataclasses.replace(load_cfg, rule=proposer_rule(spec)), spec)
-                prompt_ids = [p.id for p in env.workload.prompts][: config.num_requests or None]
-                seed = config.seed if config.seed is not None else 0
-                if config.temperature > 0:  # independent sampled streams for the pooled check
-                    seed += 1000 * li + repeat
-                engine = engines.get(spec.label)
-                before = engine.spec_counts.snapshot() if engine is not None else None
-                requests, steps = run_episode(env, build_serving_policy(spec, env), prompt_ids, seed=seed,
-                                              check=checks.get(spec.label))
-                counts = engine.spec_counts.since(before) if engine is not None else None
-                per_policy[spec.label].append((requests, steps, counts))
+            seed = config.seed if config.seed is not None else 0
+            if config.temperature > 0:  # independent sampled streams for the pooled check
+                seed += 1000 * li + repeat
+            for spec in pass_order(groups, li * repeats + repeat):
+                per_policy[spec.label].append(_episode(make_env, load_cfg, spec, config, seed, checks, engines))
                 done += 1
                 if progress:
                     progress(done, total, f"{section}={key} {spec.label}")
@@ -173,7 +229,11 @@ def run_serving_eval(out: str | Path, *, policies: list[str] | str, concurrency:
         "monitor": {"checked": bool(checks) and all(c.checked for c in checks.values()),
                     "policies": monitor},
     }
-    results["engines"] = {label: e.describe() for label, e in engines.items()} if engines else "make_env"
+    if engines is not None:
+        results["engines"] = engines.described
+        results["engine_builds"] = engines.builds
+    else:
+        results["engines"] = "make_env"
     results["hardware"] = hardware_info("cpu")
     results["wall_seconds"] = time.perf_counter() - started
     write_json(out / "results.json", results)

@@ -11,8 +11,10 @@ A serving engine that cannot ask a policy every round gets the policy summarised
    decides by which factor larger batches go shallower (to 0 once ``k*(B) = 0``: speculation off).
    ``alpha`` is fitted to the policy's own evaluation (mean tokens per round given its depth
    histogram, i.i.d. acceptance); ``c`` and ``g`` come from the training env (the analytic env's
-   ``draft_cost`` / ``verify_cost``, or the cost table); the saturation size ``S`` is an input
-   (``--saturation-tokens``, default 256 tokens: calibrate it on the serving GPU).
+   ``draft_cost`` / ``verify_cost``, or the cost table), or from a table ``draftrl calibrate``
+   measured (``cost_table``); a run with no costs is refused, never given defaults. The
+   saturation size ``S`` is an input (``--saturation-tokens``, default 256 tokens: calibrate it on
+   the serving GPU).
 3. **Engine keys**: vLLM ``speculative_config`` (``num_speculative_tokens = k1`` and
    ``num_speculative_tokens_per_batch_size = [[start_bs, end_bs, k], ...]``, vLLM's dynamic
    speculative decoding table; the method follows the training drafter: ``ngram`` for n-gram
@@ -92,6 +94,15 @@ def _rollout(trained: TrainedPolicy, episodes: int, seed: int) -> dict[str, Any]
     return evaluate_saved_policy(trained.model_path, spec, episodes=episodes, seed=seed)
 
 
+def run_target(trained: TrainedPolicy) -> str:
+    """The target a trained policy was trained for (its training env's ``target``; a serving env's
+    is in its ``serve`` section)."""
+    from draftrl.export.features import SERVING_ENVS
+
+    spec = env_spec(trained.train_config, trained.env_id)
+    return str(spec.serve.target if trained.env_id in SERVING_ENVS else spec.target)
+
+
 def weighted_median(hist: Mapping[int, int]) -> int:
     """The smallest depth with at least half of the rounds at or below it."""
     total = sum(hist.values())
@@ -104,8 +115,20 @@ def weighted_median(hist: Mapping[int, int]) -> int:
 
 
 # ----------------------------------------------------------------------------- cost model
-def training_costs(trained: TrainedPolicy, max_depth: int) -> dict[str, Any]:
-    """``{"draft_cost": c, "verify_cost": [g(0)=1, g(1), ..., g(max_depth)], "source"}`` of the training env."""
+def training_costs(trained: TrainedPolicy, max_depth: int, cost_table: str | Path | None = None) -> dict[str, Any]:
+    """``{"draft_cost": c, "verify_cost": [g(0)=1, g(1), ..., g(max_depth)], "source"}``: from
+    ``cost_table`` (a table ``draftrl calibrate`` measured) when given, else the training env's
+    (the analytic env's cost model, or the cost table its engine env read).
+
+    :raises ValueError: the run has no measured costs (and no ``cost_table``): a default would
+        decide how the depth shrinks with the batch without any measurement behind it.
+    """
+    if cost_table is not None:
+        t = CostTable.load(cost_table)
+        width = int(features_entry(trained.train_config, trained.env_id, trained.feature_names,
+                                   trained.run_dir).get("width") or 1) if trained.env_id != "draftrl/Analytic-v0" else 1
+        c, g = relative_costs(t, width, max_depth)
+        return {"draft_cost": c, "verify_cost": g, "source": f"{cost_table} at context {np.median(t.context_lens):.0f}"}
     if trained.env_id == "draftrl/Analytic-v0":
         kwargs = env_spec(trained.train_config, trained.env_id).analytic.kwargs()
         c = float(kwargs.get("draft_cost", DRAFT_COST))
@@ -117,8 +140,10 @@ def training_costs(trained: TrainedPolicy, max_depth: int) -> dict[str, Any]:
         t = CostTable.from_dict(table)
         c, g = relative_costs(t, int(entry.get("width") or 1), max_depth)
         return {"draft_cost": c, "verify_cost": g, "source": f"cost table at context {np.median(t.context_lens):.0f}"}
-    return {"draft_cost": DRAFT_COST, "verify_cost": verify_cost_table(VERIFY_COST, max_depth).tolist(),
-            "source": f"defaults (no cost table in the training config): c = {DRAFT_COST}, g = {VERIFY_COST}"}
+    spec = env_spec(trained.train_config, trained.env_id)
+    raise ValueError(f"the run {trained.run_dir} has no measured costs (no cost table in its training config or "
+                     f"traces); measure them with draftrl calibrate --target {spec.target} --drafter {spec.drafter} "
+                     "--json --out costs.json and pass --cost-table costs.json.")
 
 
 def runs(values: list[int]) -> list[list[int]]:
@@ -139,8 +164,12 @@ def derive(
     max_batch_size: int = DEFAULT_MAX_BATCH,
     min_share: float = 0.05,
     episodes: int = 20,
+    cost_table: str | Path | None = None,
 ) -> dict[str, Any]:
-    """The engine-independent part: depth statistics, cost model and ``k(B)`` for every batch size."""
+    """The engine-independent part: depth statistics, cost model and ``k(B)`` for every batch size.
+
+    :param cost_table: costs ``draftrl calibrate`` measured, instead of the run's own (a run with
+        none is refused: :func:`training_costs`)."""
     if saturation_tokens <= 0 or max_batch_size < 1 or not 0 <= min_share < 1:
         raise ValueError(
             f"saturation_tokens={saturation_tokens} must be > 0, max_batch_size={max_batch_size} >= 1 and "
@@ -156,7 +185,7 @@ def derive(
     verify_size = max(vhist, key=vhist.get) if vhist else 0
     k1 = weighted_median(hist)
     alpha = fit_alpha(hist, stats["mean_tokens_per_round"], verify_size)
-    costs = training_costs(trained, max(depths))
+    costs = training_costs(trained, max(depths), cost_table)
     scale, k_star = depth_scale(max(depths), alpha, costs["draft_cost"], costs["verify_cost"], saturation_tokens,
                                 max_batch_size, verify_size)
     total = max(1, stats["num_rounds"])
@@ -165,9 +194,10 @@ def derive(
     features = features_entry(trained.train_config, trained.env_id, trained.feature_names, trained.run_dir)
     return {
         "policy": str(trained.model_path),
+        "run_dir": str(trained.run_dir),
         "env_id": trained.env_id,
         "drafter": features.get("drafter"),
-        "target": getattr(env_spec(trained.train_config, trained.env_id), "target", None),
+        "target": run_target(trained),
         "width": int(features.get("width") or 1),
         "depths": depths,
         "verify_size": verify_size,
@@ -188,10 +218,13 @@ def derive(
 
 
 # ----------------------------------------------------------------------------- vLLM
-def head_folder(drafter: str | None, target: str | None) -> str | None:
-    """The EAGLE-3 head folder an ``eagle3[:PATH]`` / ``sam:N[:PATH]`` drafter runs (the one draftrl
-    ships for ``target`` when the spec names none), or None for drafters that run no head. Stock
-    engines run such a drafter as their EAGLE-3 method (``sam`` loses its lookup there)."""
+def head_folder(drafter: str | None, target: str | None, run_dir: Path | None = None,
+                strict: bool = False) -> Path | str | None:
+    """The EAGLE-3 head an ``eagle3[:PATH]`` / ``sam:N[:PATH]`` drafter runs (the one draftrl ships
+    for ``target`` when the spec names none): its folder (a path as written, else relative to the
+    run directory or a parent of it, where training ran), or its hub id; None for drafters that run
+    no head. Stock engines run such a drafter as their EAGLE-3 method (``sam`` loses its lookup there).
+    A folder not found is written as given, or refused with ``strict`` (a bundle copies it)."""
     from draftrl.decoding.vllm.head_proposer import head_spec
 
     parsed = head_spec(drafter or "ngram")
@@ -199,12 +232,39 @@ def head_folder(drafter: str | None, target: str | None) -> str | None:
         return None
     from draftrl.drafters.packaged import resolve_head
 
-    return str(Path(resolve_head(parsed[1], target or "smollm2-135m")).resolve())
+    return _located(resolve_head(parsed[1], target or "smollm2-135m"), run_dir, strict)
 
 
-def _vllm_method(drafter: str | None, method: str | None, target: str | None = None) -> tuple[str, dict[str, Any]]:
+def drafter_source(drafter: str, run_dir: Path | None = None, strict: bool = False) -> Path | str:
+    """A draft model's weights: a known name's folder in draftrl's cache, a folder (as written, else
+    relative to the run directory or a parent of it), or the hub id as it is (``strict``: as
+    :func:`head_folder`)."""
+    from draftrl.models.registry import KNOWN_MODELS
+
+    if drafter in KNOWN_MODELS:
+        from draftrl.models.fetch import fetch_model
+
+        return fetch_model(drafter, quiet=True)
+    return _located(drafter, run_dir, strict)
+
+
+def _located(spec: str, run_dir: Path | None, strict: bool) -> Path | str:
+    from draftrl.export.features import find_near_run
+
+    found = find_near_run(spec, run_dir)
+    if found is not None and found.is_dir():
+        return found.resolve()
+    if strict and (spec.startswith(("/", ".", "~")) or spec.count("/") > 1):
+        raise ValueError(f"the drafter folder {spec!r} the policy trained with is not found from here or the run "
+                         "directory; export where it is (or copy it back there).")
+    return spec  # a hub id (vLLM fetches it), or a folder of the training machine, as written
+
+
+def _vllm_method(drafter: str | None, method: str | None, target: str | None = None,
+                 run_dir: Path | None = None) -> tuple[str, dict[str, Any]]:
     kind, _, arg = (drafter or "ngram").partition(":")
-    folder = head_folder(drafter, target)
+    head = head_folder(drafter, target, run_dir)
+    folder = None if head is None else str(head)
     if method:
         return method, ({"model": folder} if method == "eagle3" and folder else {})
     if kind == "ngram":
@@ -214,14 +274,15 @@ def _vllm_method(drafter: str | None, method: str | None, target: str | None = N
         return "ngram", {"prompt_lookup_min": 1, "prompt_lookup_max": 3}
     if folder:
         return "eagle3", {"model": folder}
-    return "draft_model", {"model": drafter}
+    return "draft_model", {"model": str(drafter_source(str(drafter), run_dir))}
 
 
 def vllm_config(derivation: dict[str, Any], *, method: str | None = None) -> dict[str, Any]:
     """vLLM ``speculative_config`` (static + per-batch-size table) and the ``custom_class`` variant."""
     k1 = derivation["k1"]
     table = derivation["depth_by_batch"]
-    name, extra = _vllm_method(derivation["drafter"], method, derivation.get("target"))
+    run_dir = Path(derivation["run_dir"]) if derivation.get("run_dir") else None
+    name, extra = _vllm_method(derivation["drafter"], method, derivation.get("target"), run_dir)
     notes = [
         "num_speculative_tokens_per_batch_size is vLLM's dynamic speculative decoding table ([start_bs, end_bs, K]); "
         "vLLM documents it as tested with EAGLE, EAGLE-3 and DFlash and disables it under data parallelism.",
@@ -242,6 +303,7 @@ def vllm_config(derivation: dict[str, Any], *, method: str | None = None) -> dic
         "format": FORMAT,
         "engine": "vllm",
         "engine_version": VLLM_VERSION,
+        "target": derivation.get("target"),
         "speculative_config": speculative,
         "custom_class_speculative_config": {
             "method": "custom_class",
@@ -249,7 +311,7 @@ def vllm_config(derivation: dict[str, Any], *, method: str | None = None) -> dic
             "num_speculative_tokens": max(1, max(derivation["depths"])),
         },
         "custom_class_env": {
-            "DRAFTRL_PROPOSER_CONFIG": "<DIR/proposer.json written by draftrl export RUN --format vllm --out DIR>",
+            "DRAFTRL_PROPOSER_CONFIG": "proposer.json (run from DIR, written by draftrl export RUN --format vllm --out DIR)",
         },
         "derivation": derivation,
         "notes": notes,
@@ -274,7 +336,7 @@ def _sglang_draft_model(drafter: str | None, algorithm: str, target: str | None 
         return None
     folder = head_folder(drafter, target) if algorithm.startswith("EAGLE") else None
     if folder:
-        return folder
+        return str(folder)
     kind = (drafter or "ngram").partition(":")[0]
     if kind not in ("ngram", "none", "layerskip", "self") and algorithm == "STANDALONE":
         return drafter
@@ -333,6 +395,7 @@ def sglang_config(derivation: dict[str, Any], *, algorithm: str | None = None,
         "format": FORMAT,
         "engine": "sglang",
         "engine_version": SGLANG_VERSION,
+        "target": derivation.get("target"),
         "server_args": server_args,
         "adaptive_config": tiers,
         "launch_args": launch,

@@ -58,7 +58,7 @@ def env_spec(train_config: dict[str, Any] | None, env_id: str) -> EnvSpec:
     return EnvSpec(id=env_id)
 
 
-def _find(path: str | Path | None, run_dir: Path | None) -> Path | None:
+def find_near_run(path: str | Path | None, run_dir: Path | None) -> Path | None:
     """``path`` as given (relative to the working directory), else relative to the run directory
     or one of its parents (training usually ran from the repository root)."""
     if not path:
@@ -73,13 +73,13 @@ def _find(path: str | Path | None, run_dir: Path | None) -> Path | None:
 def _cost_table(spec: EnvSpec, run_dir: Path | None) -> CostTable | None:
     """The table the training env started its cost features from: ``env.cost_table``, else (TraceReplay)
     the one stored with the traces."""
-    table_path = _find(spec.cost_table, run_dir)
-    trace_dir = _find(spec.traces, run_dir)
+    table_path = find_near_run(spec.cost_table, run_dir)
+    trace_dir = find_near_run(spec.traces, run_dir)
     if table_path is None and trace_dir is not None:
         from draftrl.runs import stored_cost_table_path
 
         table_path = stored_cost_table_path(trace_dir)
-    if table_path is None and spec.traces:
+    if trace_dir is None and spec.traces:
         warnings.warn(
             f"the training traces {spec.traces!r} were not found from here or the run directory; the manifest "
             "records no cost table (cost features then start unknown). Export where the traces are.", stacklevel=3)

@@ -19,9 +19,7 @@ them), not from measured time; the request's token budget is not passed either, 
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -174,10 +172,6 @@ class PolicyProposer(DraftrlProposer):
 
     def __init__(self, vllm_config: Any):
         self.core: PolicyProposerCore | None = None
-        self._config_dir: Path | None = None
-        path = os.environ.get(CONFIG_ENV)
-        if path:
-            self._config_dir = Path(path).resolve().parent
         super().__init__(vllm_config)
         if self.core is None:
             raise ValueError(f"set {CONFIG_ENV}=DIR/proposer.json (written by draftrl export --format vllm --out DIR) "
@@ -192,10 +186,7 @@ class PolicyProposer(DraftrlProposer):
         config.setdefault("rule", "match")
         super().configure(config)
         if policy:
-            policy_path = Path(policy)
-            if not policy_path.is_absolute() and self._config_dir is not None:
-                policy_path = self._config_dir / policy_path
-            self.core = PolicyProposerCore(PolicyController(policy_path), num_speculative_tokens=self.max_depth,
+            self.core = PolicyProposerCore(PolicyController(self.bundle_path(policy)), num_speculative_tokens=self.max_depth,
                                            max_model_len=self.max_model_len, depth_by_batch=table)
             self.rule = "policy"
 

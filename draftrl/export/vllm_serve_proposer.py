@@ -32,10 +32,8 @@ What differs from the driver, and why (vLLM does not show it to a proposer):
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -119,7 +117,6 @@ class ServePolicyProposer(DraftrlProposer):
         self.controller = controller
         self.observer: ServingObserver | None = None
         self._clock = clock
-        self._config_dir = Path(os.environ[CONFIG_ENV]).resolve().parent if os.environ.get(CONFIG_ENV) else None
         self.observations: list[np.ndarray] | None = None
         super().__init__(vllm_config)
         if self.controller is None:
@@ -136,10 +133,7 @@ class ServePolicyProposer(DraftrlProposer):
         policy = config.pop("policy", None)
         super().configure(config)
         if policy:
-            path = Path(policy)
-            if not path.is_absolute() and self._config_dir is not None:
-                path = self._config_dir / path
-            self._use(PolicyController(path))
+            self._use(PolicyController(self.bundle_path(policy)))
 
     def _use(self, controller: Any) -> None:
         from draftrl.export.features import make_serving_features

@@ -5,7 +5,8 @@
   :func:`check_same_logits` when the two models score different numbers of ids
 - :func:`check_model_spec`: a name that is neither known, a directory nor reachable fails at once;
   :func:`model_name`, :func:`model_config`, :func:`check_device`: a target's name, its config and
-  the device, read and checked without loading weights
+  the device, read and checked without loading weights;
+  :func:`model_folder`: the local folder of any spec (a hub id's snapshot in the Hugging Face cache)
 - :func:`list_models` / :func:`fetch_model`: the known names and their cache
 - :func:`apply_kernels` / :func:`kernel_plan`: the few-token CPU layout chosen by a timed probe
   (cached per machine); :func:`apply_fast_linear` / :func:`remove_fast_linear` switch it by hand
@@ -16,7 +17,15 @@
 from draftrl.models.fast_linear import apply_fast_linear, has_fast_linear, remove_fast_linear
 from draftrl.models.fetch import fetch_model
 from draftrl.models.kernels import KERNELS, KernelPlan, apply_kernels, kernel_plan, stock_kernels
-from draftrl.models.loading import LoadedModel, check_device, check_model_spec, load_model, model_config, model_name
+from draftrl.models.loading import (
+    LoadedModel,
+    check_device,
+    check_model_spec,
+    load_model,
+    model_config,
+    model_folder,
+    model_name,
+)
 from draftrl.models.registry import DEFAULT_MODEL, ModelInfo, cache_root, list_models
 from draftrl.models.vocab import check_same_logits, check_same_vocab
 
@@ -39,6 +48,7 @@ __all__ = [
     "list_models",
     "load_model",
     "model_config",
+    "model_folder",
     "model_name",
     "remove_fast_linear",
     "stock_kernels",

@@ -202,3 +202,32 @@ def _torch_device(device: str) -> torch.device:
     if torch_device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device={device!r} but this torch build sees no CUDA GPU; use device='cpu'")
     return torch_device
+
+
+def model_folder(spec: str, what: str = "model") -> Path:
+    """The local folder of ``spec``: draftrl's converted copy of a known name, an existing directory,
+    or a hub id's snapshot in the Hugging Face cache (downloaded when the hub is reachable).
+
+    Why a folder: draftrl reads a head's or a model's ``config.json`` before vLLM loads it (a head
+    that vLLM could not load is refused in one line), and an export copies a drafter into its bundle.
+
+    :raises FileNotFoundError: one line naming the spec and what to pass instead (as
+        :func:`check_model_spec`, which refuses an uncached hub id at once when the hub is out of reach).
+    """
+    if spec in KNOWN_MODELS:
+        return fetch_model(spec, quiet=True)
+    path = Path(spec).expanduser()
+    if path.is_dir():  # what it must hold is the caller's check (a head's files are not a model's)
+        return path
+    _local_or_hub(spec, what)
+    import os
+
+    from huggingface_hub import snapshot_download
+
+    offline = os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+    try:
+        return Path(snapshot_download(spec, local_files_only=offline or _hub_cached(spec) and not _hub_reachable()))
+    except Exception as err:  # the hub's errors are long; the one line names the spec and the way out
+        raise FileNotFoundError(f"{what} {spec!r} could not be fetched from the model hub ({type(err).__name__}); "
+                                "pass a local directory, or download it where the hub is reachable "
+                                "(huggingface-cli download ID).") from None

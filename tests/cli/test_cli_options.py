@@ -335,3 +335,24 @@ def test_a_missing_head_falls_back_from_a_default_and_is_refused_when_asked_for(
         with pytest.raises(ValueError, match=r"ships none for the target 'my-target'.*draftrl distill --target "
                                              r"my-target --out heads/my-target.*or draft by lookup"):
             _config(*argv)
+def test_the_vllm_engine_flags_set_the_serving_config_and_are_refused_without_vllm(capsys):
+    """--gpu-memory-utilization / --enforce-eager are ServeConfig keys on eval and collect --engine
+    vllm; with --engine hf (no vLLM engine) each is refused in one line; a memory share that
+    several held engines would overflow is refused naming the share that fits."""
+    from draftrl.cli import main
+    from draftrl.cli.eval import serving_config
+
+    args = build_parser().parse_args(["eval", "--engine", "vllm", "--out", "o", "--gpu-memory-utilization", "0.45",
+                                      "--enforce-eager", "--set", "env.max_engines=2"])
+    config = serving_config(args)
+    assert (config.gpu_memory_utilization, config.enforce_eager, config.max_engines) == (0.45, True, 2)
+    default = serving_config(build_parser().parse_args(["eval", "--engine", "vllm", "--out", "o"]))
+    assert (default.gpu_memory_utilization, default.enforce_eager, default.max_engines) == (None, None, 1)
+    args = build_parser().parse_args(["eval", "--engine", "vllm", "--out", "o", "--gpu-memory-utilization", "0.6",
+                                      "--set", "env.max_engines=2"])
+    with pytest.raises(ValueError, match=r"gpu_memory_utilization=0.6 x max_engines=2 exceeds the whole GPU; lower "
+                                         r"gpu_memory_utilization to 0.50"):
+        serving_config(args)
+    for command in (["eval", "--policies", "none"], ["collect"], ["calibrate"]):
+        assert main([*command, "--out", "o", "--gpu-memory-utilization", "0.5"]) == 2
+        assert f"--gpu-memory-utilization is read by draftrl {command[0]} --engine vllm only" in capsys.readouterr().err

@@ -20,3 +20,78 @@ def test_eagle3_names_its_method_and_head_and_the_head_belongs_to_eagle3_only(tm
         VLLMEngineConfig(method="ngram", head=head)
     with pytest.raises(FileNotFoundError, match="no EAGLE-3 head folder"):
         VLLMEngineConfig(method="eagle3", head=str(tmp_path))
+
+
+def test_the_memory_share_is_checked_and_the_eager_rule_follows_the_platform(tmp_path):
+    """``gpu_memory_utilization`` in (0, 1]; ``enforce_eager`` None means CUDA graphs on a GPU and
+    eager on CPU; the head in draftrl's proposer runs eager whatever is asked, and asking for
+    compiled forwards with it is refused (its hooks would never run)."""
+    assert VLLMEngineConfig(gpu_memory_utilization=0.45).gpu_memory_utilization == 0.45
+    for bad in (0.0, 1.2, -0.1):
+        with pytest.raises(ValueError, match=rf"gpu_memory_utilization={bad} must be in \(0, 1\]"):
+            VLLMEngineConfig(gpu_memory_utilization=bad)
+    auto, eager, graphs = VLLMEngineConfig(), VLLMEngineConfig(enforce_eager=True), VLLMEngineConfig(enforce_eager=False)
+    assert (auto.eager(on_gpu=True), auto.eager(on_gpu=False)) == (False, True)
+    assert (eager.eager(on_gpu=True), graphs.eager(on_gpu=False)) == (True, False)
+    head = str(random_head(fetch_model("smollm2-135m", quiet=True), 16).save_pretrained(tmp_path / "head"))
+    route_b = VLLMEngineConfig(drafter=f"eagle3:{head}")
+    assert route_b.runs_head and route_b.eager(on_gpu=True) and not auto.runs_head
+    with pytest.raises(ValueError, match="enforce_eager=False with drafter='eagle3:.*hooks"):
+        VLLMEngineConfig(drafter=f"eagle3:{head}", enforce_eager=False)
+
+
+def test_custom_class_proposers_are_refused_on_a_forced_model_runner_v2(monkeypatch):
+    """vLLM 0.32 runs custom_class on its V1 runner only (V2 raises NotImplementedError after
+    loading the weights): a forced V2 is refused before anything loads; stock methods pass."""
+    from draftrl.decoding.vllm.engine import check_model_runner
+
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
+    for method in ("draftrl", "custom_class"):
+        config = VLLMEngineConfig(method=method, proposer="a.B" if method == "custom_class" else None)
+        with pytest.raises(ValueError, match="VLLM_USE_V2_MODEL_RUNNER is set.*V1 model runner only"):
+            check_model_runner(config)
+    check_model_runner(VLLMEngineConfig(method="ngram", num_speculative_tokens=2))
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")
+    check_model_runner(VLLMEngineConfig())
+
+
+def _cached_hub_model(cache, repo: str, files: dict[str, str]):
+    """A hub id's snapshot laid out as huggingface_hub caches it (no network here)."""
+    folder = cache / f"models--{repo.replace('/', '--')}"
+    snapshot = folder / "snapshots" / "0123abcd"
+    snapshot.mkdir(parents=True)
+    (folder / "refs").mkdir()
+    (folder / "refs" / "main").write_text("0123abcd")
+    for name, text in files.items():
+        (snapshot / name).write_text(text)
+    return snapshot
+
+
+def test_hub_ids_are_accepted_where_folders_are_and_refused_in_one_line_when_out_of_reach(tmp_path, monkeypatch):
+    """vLLM's paths take a hub id as they take a folder: the target goes to vLLM as the id, a head
+    resolves to its cached snapshot (draftrl reads its config first); an id neither cached nor
+    reachable is refused at once, naming it."""
+    import huggingface_hub.constants
+
+    from draftrl.decoding.vllm.engine import model_path
+    from draftrl.models import model_folder
+
+    cache = tmp_path / "hub"
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    snapshot = _cached_hub_model(cache, "someone/tiny-llama", {"config.json": "{}"})
+    assert model_path("someone/tiny-llama") == "someone/tiny-llama"
+    assert model_folder("someone/tiny-llama") == snapshot
+    with pytest.raises(ValueError, match="'someone/absent' is neither a known name nor an existing directory, and "
+                                         "HF_HUB_OFFLINE is set"):
+        model_path("someone/absent")
+    with pytest.raises(FileNotFoundError, match="EAGLE-3 head 'someone/absent-head' is neither"):
+        VLLMEngineConfig(method="eagle3", head="someone/absent-head")
+    head = random_head(fetch_model("smollm2-135m", quiet=True), 16).save_pretrained(tmp_path / "saved")
+    cached = _cached_hub_model(cache, "someone/eagle3-head", {})
+    for name in ("config.json", "model.safetensors"):
+        (cached / name).write_bytes((head / name).read_bytes())
+    config = VLLMEngineConfig(method="eagle3", head="someone/eagle3-head", num_speculative_tokens=2)
+    assert config.speculative_config()["model"] == "someone/eagle3-head"  # vLLM reads the same cache
+    assert VLLMEngineConfig(drafter="eagle3:someone/eagle3-head").runs_head

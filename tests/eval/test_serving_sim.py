@@ -84,3 +84,31 @@ def test_class_policies_name_a_proposer_class_and_k():
     for method, proposer in (("custom_class", None), ("ngram", "ref_lookup.RefLookupLatest")):
         with pytest.raises(ValueError, match="custom_class"):
             VLLMEngineConfig(method=method, proposer=proposer)
+
+
+def test_policies_are_grouped_by_engine_and_passes_reuse_the_engine_they_end_on():
+    """One engine at a time: policies that share a vLLM config run back to back on it; each pass
+    opens with the group the previous one closed with (no rebuild there); over as many passes as
+    groups every group takes every place once, and every policy every place in its group."""
+    from draftrl.eval.policy_names import parse_policies
+    from draftrl.eval.serving import engine_groups, pass_order
+
+    names = "none,fixed:2,ngram:2,heuristic,ngram:4,dsd,fixed:4:8"
+    specs = parse_policies(names, engine="vllm")
+    groups = engine_groups(specs, ServeConfig())
+    labels = [[s.label for s in g] for g in groups]
+    assert labels == [["none"], ["fixed:2", "heuristic", "dsd", "fixed:4:8"], ["ngram:2"], ["ngram:4"]]
+    assert [[s.label for s in g] for g in engine_groups(specs)] == [[s.label] for s in specs]  # the simulator
+    n = len(groups)
+    orders = [[s.label for s in pass_order(groups, i)] for i in range(2 * n)]
+    group_of = {label: gi for gi, group in enumerate(labels) for label in group}
+    for order in orders:
+        assert sorted(order) == sorted(names.split(","))
+        runs = [group_of[label] for label in order]
+        assert [g for i, g in enumerate(runs) if i == 0 or g != runs[i - 1]] == list(dict.fromkeys(runs))  # contiguous
+    for before, after in zip(orders, orders[1:]):
+        assert group_of[before[-1]] == group_of[after[0]]  # the engine the pass ended on opens the next
+    firsts = [group_of[order[0]] for order in orders[:n]]
+    assert sorted(firsts) == list(range(n))  # every group opens a pass once in n passes
+    fixed = [[label for label in order if group_of[label] == 1] for order in orders[:4]]
+    assert sorted(f[0] for f in fixed) == sorted(labels[1])  # and inside a group every policy leads once

@@ -15,16 +15,29 @@ from draftrl.export import engine_config as ec
 SHIPPED = str(Path(packaged_head("smollm2-135m")).resolve())
 
 
+def _same_files(a: Path, b: Path) -> bool:
+    names = sorted(p.name for p in a.iterdir())
+    return names == sorted(p.name for p in b.iterdir()) and all((a / n).read_bytes() == (b / n).read_bytes()
+                                                                 for n in names)
+
+
 def test_a_stock_eagle3_table_exports_as_plain_vllm_config(tmp_path, capsys):
+    """The bundle holds the head it names (a path relative to the bundle), the target, vLLM's
+    memory share and lines that run from the bundle folder."""
     out = tmp_path / "route_a"
-    assert main(["export", "eagle3:1-1:3,2-16:1", "--format", "vllm", "--out", str(out)]) == 0
+    assert main(["export", "eagle3:1-1:3,2-16:1", "--format", "vllm", "--out", str(out),
+                 "--gpu-memory-utilization", "0.45"]) == 0
     bundle = json.loads((out / "vllm.json").read_text())
-    assert [p.name for p in out.iterdir()] == ["vllm.json"]
-    assert bundle["speculative_config"] == {"method": "eagle3", "model": SHIPPED, "num_speculative_tokens": 3,
+    assert sorted(p.name for p in out.iterdir()) == ["drafter", "vllm.json"] and _same_files(out / "drafter", Path(SHIPPED))
+    assert bundle["speculative_config"] == {"method": "eagle3", "model": "./drafter", "num_speculative_tokens": 3,
                                             "num_speculative_tokens_per_batch_size": [[1, 1, 3], [2, 16, 1]]}
+    assert bundle["target"] == "smollm2-135m" and bundle["engine_args"] == {"gpu_memory_utilization": 0.45}
     assert bundle["env"] == {} and not any(w in bundle[k] for w in ("custom_class", "DRAFTRL_") for k in ("python", "serve"))
-    assert bundle["serve"].startswith("vllm serve MODEL_DIR --speculative-config ")
+    assert bundle["serve"].startswith("cd BUNDLE_DIR && vllm serve MODEL_DIR --gpu-memory-utilization 0.45 "
+                                      "--speculative-config ")
+    assert "gpu_memory_utilization=0.45" in bundle["python"]
     assert json.loads(bundle["serve"].split("'")[1]) == bundle["speculative_config"]
+    assert str(tmp_path) not in (out / "vllm.json").read_text().replace(bundle["drafter_source"], "")
     assert "speculative_config=" in capsys.readouterr().out
     assert main(["export", "ngram:4", "--format", "vllm", "--out", str(tmp_path / "ngram")]) == 0
     ngram = json.loads((tmp_path / "ngram" / "vllm.json").read_text())["speculative_config"]
@@ -46,9 +59,21 @@ def test_a_head_rule_bundle_also_names_route_a(tmp_path):
     out = tmp_path / "route_b"
     assert main(["export", "sam:2:4:t0.6", "--format", "vllm", "--out", str(out)]) == 0
     bundle = json.loads((out / "vllm.json").read_text())
-    assert bundle["speculative_config"]["method"] == "custom_class"
-    assert bundle["route_a"]["speculative_config"] == {"method": "eagle3", "model": SHIPPED, "num_speculative_tokens": 4}
+    proposer = json.loads((out / "proposer.json").read_text())
+    assert bundle["speculative_config"]["method"] == "custom_class" and bundle["env"] == {"DRAFTRL_PROPOSER_CONFIG":
+                                                                                          "proposer.json"}
+    assert proposer["drafter"] == "sam:2:drafter" and _same_files(out / "drafter", Path(SHIPPED))
+    assert bundle["engine_args"] == {"gpu_memory_utilization": 0.9, "enforce_eager": True}
+    assert "--enforce-eager" in bundle["serve"] and "enforce_eager=True" in bundle["python"]
+    assert bundle["route_a"]["speculative_config"] == {"method": "eagle3", "model": "./drafter",
+                                                       "num_speculative_tokens": 4}
     assert "custom_class" not in bundle["route_a"]["serve"] and "DRAFTRL_" not in bundle["route_a"]["serve"]
+    # a rule names the target given; a run's bundle the run's own (tests/export/test_trained_bundles.py)
+    assert main(["export", "ngram:3", "--format", "vllm", "--out", str(tmp_path / "hub"), "--target",
+                 "someone/my-llama"]) == 0
+    hub = json.loads((tmp_path / "hub" / "vllm.json").read_text())
+    assert hub["target"] == "someone/my-llama" and "vllm serve someone/my-llama " in hub["serve"]
+    assert "LLM(model='someone/my-llama', gpu_memory_utilization=0.9, " in hub["python"]
 
 
 def test_policies_trained_with_the_head_export_to_stock_eagle3():

@@ -120,9 +120,12 @@ def test_export_writes_a_serving_bundle_that_runs(serve_run, tmp_path, monkeypat
     assert manifest["features"]["builder"] == "draftrl.signals.serving.ServingFeatures"
     assert manifest["features"]["settings"] == {"max_num_seqs": 16, "max_model_len": 1024, "max_depth": 8,
                                                 "max_budget": 128, "ema_decay": 0.8}
-    # vLLM builds the class from the config file alone; the policy's actions bound every step's drafts
+    # vLLM builds the class from the config file alone (run from the bundle folder, whose paths are
+    # relative to it); the policy's actions bound every step's drafts
+    assert bundle["env"] == {"DRAFTRL_PROPOSER_CONFIG": "proposer.json"}
     for key, value in bundle["env"].items():
         monkeypatch.setenv(key, value)
+    monkeypatch.chdir(out)
     proposer = ServePolicyProposer(fake_vllm_config(8))
     chosen = []
     act = proposer.controller.act

@@ -31,6 +31,7 @@ def test_exported_policy_runs_in_vllm(replay_run, tmp_path, monkeypatch):
     # start vLLM the way a user would: the environment variable and LLM(...) from the bundle alone
     for key, value in bundle["env"].items():
         monkeypatch.setenv(key, value)
+    monkeypatch.chdir(out)  # the bundle's lines run from its folder: its paths are relative to it
     set_cpu_defaults(VLLMEngineConfig())
     from vllm import LLM, SamplingParams
 

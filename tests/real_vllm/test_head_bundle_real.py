@@ -107,11 +107,12 @@ def test_the_bundle_names_route_b_and_runs_in_a_fresh_llm(bundle_dir, mixed_prom
     bundle = json.loads((bundle_dir / "vllm.json").read_text())
     proposer = json.loads((bundle_dir / "proposer.json").read_text())
     assert bundle["speculative_config"]["model"] == "draftrl.decoding.vllm.head_proposer.HeadProposer"
-    assert proposer["rule"] == "confidence:0.6" and proposer["depth"] == 4 and proposer["drafter"].startswith("sam:2:")
+    assert proposer["rule"] == "confidence:0.6" and proposer["depth"] == 4 and proposer["drafter"] == "sam:2:drafter"
     assert "--enforce-eager" in bundle["serve"]
     prompts = [ids for _, ids in mixed_prompts]
     done = subprocess.run([sys.executable, "-c", SCRIPT, str(bundle_dir / "vllm.json"), model_path("smollm2-135m"),
-                           json.dumps(prompts)], capture_output=True, text=True, env=_env(bundle), timeout=900)
+                           json.dumps(prompts)], capture_output=True, text=True, env=_env(bundle), timeout=900,
+                          cwd=bundle_dir)  # the bundle's lines run from its folder: its paths are relative to it
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     assert done.returncode == 0 and lines, done.stderr[-3000:]
     result = json.loads(lines[-1].removeprefix("RESULT "))
@@ -129,7 +130,7 @@ def test_the_stock_table_runs_in_plain_vllm_and_drafts_k_by_batch_size(stock_bun
     env = {**_env(bundle), "PYTHONPATH": ""}
     done = subprocess.run([sys.executable, "-c", STOCK_SCRIPT, str(stock_bundle_dir / "vllm.json"),
                            model_path("smollm2-135m"), json.dumps(prompts)],
-                          capture_output=True, text=True, env=env, timeout=900)
+                          capture_output=True, text=True, env=env, timeout=900, cwd=stock_bundle_dir)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     assert done.returncode == 0 and lines, done.stderr[-3000:]
     result = json.loads(lines[-1].removeprefix("RESULT "))
@@ -169,7 +170,7 @@ def test_vllm_serve_runs_the_bundle_and_keeps_greedy_output(route, request, mixe
                "--max-model-len", "512", "--seed", "0", "--port", str(port), "--host", "127.0.0.1",
                "--speculative-config", json.dumps(bundle["speculative_config"])]
     log = open(tmp_path / "serve.log", "w")
-    server = subprocess.Popen(command, env=_env(bundle), stdout=log, stderr=subprocess.STDOUT)
+    server = subprocess.Popen(command, env=_env(bundle), stdout=log, stderr=subprocess.STDOUT, cwd=folder)
     try:
         base = f"http://127.0.0.1:{port}"
         deadline = time.time() + 600

@@ -26,6 +26,7 @@ def test_exported_serving_policy_runs_in_vllm(serve_run, mixed_prompts, tmp_path
     assert spec["model"] == "draftrl.export.vllm_serve_proposer.ServePolicyProposer"
     for key, value in bundle["env"].items():
         monkeypatch.setenv(key, value)
+    monkeypatch.chdir(out)  # the bundle's lines run from its folder: its paths are relative to it
     set_cpu_defaults(VLLMEngineConfig())
     from vllm import LLM, SamplingParams
 

@@ -83,6 +83,13 @@ def test_eval_engine_vllm_writes_the_documented_results(tmp_path):
             assert p["tokens_per_cpu_second"] > 0 and p["cpu_speedup_vs_none"] > 0  # the engine thread's CPU clock
             assert set(p["per_language"]) and set(p["per_task"])
         assert table["fixed:4"]["greedy_identical_requests"] == table[other]["greedy_identical_requests"] == 2
+    # one engine at a time: four engines, each built once per load but where a load opens on the last
+    # one's engine, and one left held at the end
+    from draftrl.decoding.vllm.engine import held_engines
+
+    assert sorted(map(sorted, results["engine_groups"])) == sorted(
+        [["none"], ["ngram:2"], ["fixed:4", "heuristic", "ppo"], [other]])
+    assert results["engine_builds"] == 2 * 4 - 1 and len(held_engines()) == 1
 
 
 def test_engines_build_after_an_ngram_engine():

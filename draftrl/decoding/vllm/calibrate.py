@@ -62,15 +62,19 @@ class CalibrationSizes:
 
 
 def calibrate_model(model: str, sizes: CalibrationSizes, *, dtype: str = "float32", threads: int = 1, seed: int = 0,
-                    drafter: str | None = None, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+                    drafter: str | None = None, gpu_memory_utilization: float | None = None,
+                    enforce_eager: bool | None = None, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """:func:`calibrate` the process's shared engine for ``model`` with draftrl's proposer, deep and
-    wide enough for ``sizes``; ``drafter`` a head spec (``eagle3[:PATH]``) adds the head's cells."""
+    wide enough for ``sizes``; ``drafter`` a head spec (``eagle3[:PATH]``) adds the head's cells.
+    ``enforce_eager`` None measures what production runs (CUDA graphs on a GPU; eager on CPU, and
+    wherever the proposer runs a head: ``VLLMEngineConfig.enforce_eager``)."""
     from draftrl.decoding.vllm.engine import VLLMEngineConfig, shared_engine
 
     extra = {"drafter": drafter} if drafter else {}
     engine = shared_engine(VLLMEngineConfig(model=model, method="draftrl", num_speculative_tokens=max(sizes.depths),
                                             dtype=dtype, max_num_seqs=max(sizes.batch_sizes + sizes.prefill_batch_sizes),
-                                            threads=threads, **extra))
+                                            threads=threads, gpu_memory_utilization=gpu_memory_utilization,
+                                            enforce_eager=enforce_eager, **extra), max_engines=1)
     return calibrate(engine, **asdict(sizes), seed=seed, progress=progress)
 
 

