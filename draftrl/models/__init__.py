@@ -2,7 +2,8 @@
 
 - :func:`load_model` -> :class:`LoadedModel` (``model``, ``tokenizer``, ``name``)
 - :func:`check_same_vocab` raises ``ValueError`` naming the first token id that differs;
-  :func:`check_same_logits` when the two models score different numbers of ids
+  :func:`shared_vocab` checks that too and says which ids a draft model may propose when the two
+  embedding matrices are padded differently (:class:`SharedVocab`)
 - :func:`check_model_spec`: a name that is neither known, a directory nor reachable fails at once
 - :func:`list_models` / :func:`fetch_model`: the known names and their cache
 - :func:`apply_kernels` / :func:`kernel_plan`: the few-token CPU layout chosen by a timed probe
@@ -16,7 +17,7 @@ from draftrl.models.fetch import fetch_model
 from draftrl.models.kernels import KERNELS, KernelPlan, apply_kernels, kernel_plan, stock_kernels
 from draftrl.models.loading import LoadedModel, check_model_spec, load_model
 from draftrl.models.registry import DEFAULT_MODEL, ModelInfo, cache_root, list_models
-from draftrl.models.vocab import check_same_logits, check_same_vocab
+from draftrl.models.vocab import SharedVocab, check_same_vocab, shared_vocab
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -24,11 +25,11 @@ __all__ = [
     "KernelPlan",
     "LoadedModel",
     "ModelInfo",
+    "SharedVocab",
     "apply_fast_linear",
     "apply_kernels",
     "cache_root",
     "check_model_spec",
-    "check_same_logits",
     "check_same_vocab",
     "fetch_model",
     "has_fast_linear",
@@ -36,5 +37,6 @@ __all__ = [
     "list_models",
     "load_model",
     "remove_fast_linear",
+    "shared_vocab",
     "stock_kernels",
 ]

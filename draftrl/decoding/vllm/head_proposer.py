@@ -293,7 +293,7 @@ class HeadProposer(DraftrlProposer):
                                "version's custom_class interface differs from 0.32's")
         path = self.head_path or _fitting_head(self.target)
         head = Eagle3Head.from_pretrained(path, dtype=self.head_dtype, device=str(_device(self.target)))
-        check_head_fits(head.config, self.target, f"the head {path}")
+        head.config = check_head_fits(head.config, self.target, f"the head {path}")  # auxiliary layers resolved
         if self.capture is not None and self.capture.layers != head.config.aux_layers:
             self.capture.close()
             self.capture = None
