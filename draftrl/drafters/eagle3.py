@@ -91,8 +91,6 @@ class Eagle3Attention(nn.Module):
         return self.o_proj(out.transpose(1, 2).reshape(q.shape[0], q.shape[2], -1))
 
 
-
-
 class Eagle3Head(nn.Module):
     """The draft head's weights, named as both layouts store them (``fc``, ``midlayer.*``, ``norm``,
     ``lm_head``, ``d2t``, ``t2d``; ``embed_tokens`` when the head has its own embeddings, else they

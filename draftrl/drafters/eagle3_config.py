@@ -166,74 +166,80 @@ class Eagle3Config:
         return out
 
 
+#: what every refusal of a config suggests
+FIX = ("point at a head folder in the speculators or the EAGLE / SpecForge layout (as draftrl distill, "
+       "Eagle3Head.save_pretrained, speculators or SpecForge write them)")
+
+
 def read_config(data: dict, where: str) -> Eagle3Config:
     """The head described by ``config.json``'s ``data`` in either layout (``where`` names the file
     in messages). :raises ValueError: one line naming what is wrong and the layouts accepted."""
     if not isinstance(data, dict):
-        raise ValueError(f"{where} holds a {type(data).__name__}, not a JSON object")
+        raise ValueError(f"{where} holds a {type(data).__name__}, not a JSON object; {FIX}")
     try:
         if "speculators_model_type" in data:
-            return _from_speculators(data, where)
+            return _from_speculators(data)
         if set(data.get("architectures") or ()) & set(EAGLE_ARCHITECTURES):
-            return _from_eagle(data, where)
-    except (KeyError, TypeError) as err:
-        raise ValueError(f"{where} is no EAGLE-3 head's config ({type(err).__name__}: {err})") from None
-    raise ValueError(f"{where} is in no EAGLE-3 layout draftrl reads (architectures {data.get('architectures')}, "
-                     f"model_type {data.get('model_type')!r}): it needs speculators_model_type 'eagle3' (the "
-                     f"speculators layout) or architectures {list(EAGLE_ARCHITECTURES[:1])} (the EAGLE / SpecForge layout)")
+            return _from_eagle(data)
+    except (KeyError, TypeError, ValueError) as err:
+        reason = str(err) if isinstance(err, ValueError) else f"{type(err).__name__}: {err}"
+        raise ValueError(f"{where} is no EAGLE-3 head's config draftrl reads ({reason}); {FIX}") from None
+    raise ValueError(f"{where} is in no EAGLE-3 layout (architectures {data.get('architectures')}, model_type "
+                     f"{data.get('model_type')!r}): the speculators layout has speculators_model_type 'eagle3', the "
+                     f"EAGLE / SpecForge one architectures {list(EAGLE_ARCHITECTURES[:1])}; {FIX}")
 
 
-def _layer(data: dict, where: str) -> LlamaConfig:
+def _layer(data: dict) -> LlamaConfig:
     model_type = data.get("model_type", "llama")
     if model_type != "llama":
-        raise ValueError(f"{where}: the head's layer is model_type {model_type!r}; draftrl runs Llama-layer heads only")
+        raise ValueError(f"the head's layer is model_type {model_type!r}; draftrl runs Llama-layer heads")
     layer = LlamaConfig(**{k: v for k, v in data.items() if k not in _NOT_LAYER})
     if layer.num_hidden_layers != 1:
-        raise ValueError(f"{where}: num_hidden_layers={layer.num_hidden_layers}; draftrl runs one-layer EAGLE-3 heads")
+        raise ValueError(f"num_hidden_layers={layer.num_hidden_layers}; draftrl runs one-layer EAGLE-3 heads")
     return layer
 
 
-def _flags(data: dict, where: str, norm_before_fc: bool | None = None) -> dict:
+def _flags(data: dict, norm_before_fc: bool | None = None) -> dict:
     flags = {"norm_before_residual": data.get("norm_before_residual", False),
              "norm_before_fc": data.get("norm_before_fc", False) if norm_before_fc is None else norm_before_fc,
              "fc_norm": data.get("fc_norm", False), "norm_output": data.get("norm_output", False)}
     for key, value in flags.items():
         if not isinstance(value, bool):
-            raise ValueError(f"{where}: {key}={value!r} must be true or false")
+            raise ValueError(f"{key}={value!r} must be true or false")
     return flags
 
 
-def _aux(value, where: str) -> tuple[int, ...] | None:
+def _aux(value) -> tuple[int, ...] | None:
     if value is None or value == []:
         return None
     if not isinstance(value, list) or not all(isinstance(l, int) for l in value):
-        raise ValueError(f"{where}: eagle_aux_hidden_state_layer_ids={value!r} must be a list of layer numbers")
+        raise ValueError(f"eagle_aux_hidden_state_layer_ids={value!r} must be a list of layer numbers")
     return tuple(value)
 
 
-def _from_speculators(data: dict, where: str) -> Eagle3Config:
+def _from_speculators(data: dict) -> Eagle3Config:
     if data["speculators_model_type"] != "eagle3":
-        raise ValueError(f"{where}: speculators_model_type is {data['speculators_model_type']!r}, not 'eagle3'")
+        raise ValueError(f"speculators_model_type is {data['speculators_model_type']!r}, not 'eagle3'")
     layer_data = data.get("transformer_layer_config")
     if not isinstance(layer_data, dict):
-        raise ValueError(f"{where}: the speculators layout needs transformer_layer_config (the head's Llama layer)")
-    layer = _layer(layer_data, where)
+        raise ValueError("the speculators layout needs transformer_layer_config (the head's Llama layer)")
+    layer = _layer(layer_data)
     verifier = ((data.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path") or ""
     return Eagle3Config(layer, int(data.get("draft_vocab_size") or layer.vocab_size),
                         int(data.get("target_hidden_size") or layer.hidden_size),
-                        _aux(data.get("eagle_aux_hidden_state_layer_ids"), where), str(verifier), **_flags(data, where))
+                        _aux(data.get("eagle_aux_hidden_state_layer_ids")), str(verifier), **_flags(data))
 
 
-def _from_eagle(data: dict, where: str) -> Eagle3Config:
+def _from_eagle(data: dict) -> Eagle3Config:
     eagle = data.get("eagle_config") or {}
     if not isinstance(eagle, dict):
-        raise ValueError(f"{where}: eagle_config={eagle!r} must be an object")
+        raise ValueError(f"eagle_config={eagle!r} must be an object")
     if eagle.get("use_aux_hidden_state", True) is not True:
-        raise ValueError(f"{where}: eagle_config.use_aux_hidden_state is false (an EAGLE-1/2 style head without fc); "
+        raise ValueError("eagle_config.use_aux_hidden_state is false (an EAGLE-1/2 style head without fc); "
                          "draftrl runs EAGLE-3 heads")
-    layer = _layer(data, where)
+    layer = _layer(data)
     aux = data.get("eagle_aux_hidden_state_layer_ids") or eagle.get("eagle_aux_hidden_state_layer_ids")
     norm_before_fc = eagle.get("norm_before_fc", data.get("norm_before_fc", False))
     return Eagle3Config(layer, int(data.get("draft_vocab_size") or layer.vocab_size),
-                        int(data.get("target_hidden_size") or layer.hidden_size), _aux(aux, where), "",
-                        **_flags(data, where, norm_before_fc))
+                        int(data.get("target_hidden_size") or layer.hidden_size), _aux(aux), "",
+                        **_flags(data, norm_before_fc))

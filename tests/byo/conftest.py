@@ -11,7 +11,7 @@ no download; builders in ``byo_models.py``) and return its folder, to pass as ``
 | ``my_draft`` | a 2-layer Llama with the same tokenizer (the target's first layers, norm and output rows), its embedding matrix padded by 64 rows past the tokenizer: compared with the target over the tokenizer's ids |
 | ``my_eagle_head_bin`` | an EAGLE-3 head in the EAGLE / SpecForge layout (``LlamaForCausalLMEagle3``), ``pytorch_model.bin``, scoring the whole vocabulary (no ``d2t`` / ``t2d``) |
 | ``my_eagle_head_safetensors`` | the same layout in ``model.safetensors``, a 256-token draft vocabulary (``d2t``, ``t2d``) |
-| ``my_speculators_head`` | the speculators layout without its optional keys (no ``eagle_aux_hidden_state_layer_ids``: the target's default (2, 4, 5); no ``norm_before_residual``: False; no ``target_hidden_size``), 256-token draft vocabulary |
+| ``my_speculators_head`` | the speculators layout without its optional keys (no ``eagle_aux_hidden_state_layer_ids``: the target's default (2, 4, 5); no ``norm_before_residual``: False, as speculators defines it; no ``target_hidden_size``), 256-token draft vocabulary. vLLM 0.32's speculators reader takes the absent ``norm_before_residual`` as True, so vLLM drafts other tokens with this head than draftrl does: compare draft tokens across the two on the other heads (whose config states it: True) |
 
 Every head is built from ``my_target`` (aux layers (2, 4, 5); ``draftrl distill``'s untrained
 starting point: ``fc`` passing layer 5's input through, the target's output rows) and lists it as
