@@ -63,6 +63,9 @@ LAYOUTS = {
 FAST_LAW = ("speculators-bare", "own-embeddings")
 #: resample-from-p requests of the law test's negative control (test_engine_law's 300, doubled)
 CONTROL_RUNS = 600
+#: accepted draft tokens a round the law test requires (the random heads with norm_before_residual
+#: false were accepted 0.27 a round: thousands of accepted and rejected drafts in a run)
+MIN_ACCEPTED = 0.2
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -197,9 +200,10 @@ def test_each_layout_passes_the_engine_law_test(law_target, law, tmp_path, layou
     ``eagle-safetensors``): both law tests pass at false alarm 1e-4 with power 0.9 against a mean
     total variation of 0.02, and resample-from-p fails both. These heads draft nearer the target's
     law than test_engine_law's (resample-from-p's first-5-token p-value was 3.5e-4 for
-    ``speculators-full`` at 300 requests, 1e-66 per position), so the control runs ``CONTROL_RUNS``."""
+    ``speculators-full`` at 300 requests, 1e-66 per position), so the control runs ``CONTROL_RUNS``;
+    they are accepted 0.27-0.76 tokens a round (measured), so at least ``MIN_ACCEPTED``."""
     check((law_target, built(law_target, tmp_path, layout)[1]), law, "eagle3-sampled-tree", RUNS, REQUEST_TOKENS,
-          control_runs=CONTROL_RUNS)
+          control_runs=CONTROL_RUNS, min_accepted=MIN_ACCEPTED)
 
 
 # ---------------------------------------------------------------------------------------- refusals

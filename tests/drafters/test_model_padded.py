@@ -28,7 +28,6 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "decoding"))
 from test_engine_law import (  # noqa: E402
     ALPHA,
-    CONTROL_RUNS,
     CONTROL_TOKENS,
     LENGTH,
     NOISE,
@@ -58,6 +57,9 @@ from draftrl.models.distribution import SamplingParams, generator_for  # noqa: E
 
 TOKENS = 3  # the tokenizer's ids
 PADDING = 2  # rows past them
+#: resample-from-p requests against the padded target: its first 5 tokens have 5 ** 5 sequences, and
+#: test_engine_law's 300 requests left that chi-square's p-value at 0.02-0.05 (per position: 1e-46)
+PADDED_TARGET_CONTROL_RUNS = 1000
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -74,7 +76,7 @@ def padded(model: TinyLM, rows: int, seed: int, bias: float = 0.0) -> TinyLM:
         out.embed[:vocab] = model.embed
         out.embed[vocab:] = torch.randn(rows - vocab, dim, generator=g)
         out.out[:, :vocab] = model.out
-        out.out[:, vocab:] = torch.randn(dim, rows - vocab, generator=g) + bias
+        out.out[:, vocab:] = 1.5 * torch.randn(dim, rows - vocab, generator=g) / dim**0.5 + bias  # TinyLM's spread
     return out
 
 
@@ -148,14 +150,15 @@ def test_a_padded_target_keeps_its_own_law(padded_target_models, shape):
     """The target's p keeps its padding rows (exactness is w.r.t. its own distribution): it emits
     ids 3 and 4, which the draft never proposes (reachable through recovery) and reads as 0. Both
     law tests pass at false alarm 1e-4; the per-position one detects a mean total variation of
-    0.03 with power 0.9 whatever its shape; resample-from-p fails both."""
+    0.03 with power 0.9 whatever its shape; resample-from-p (``PADDED_TARGET_CONTROL_RUNS``
+    requests) fails both."""
     target, draft = padded_target_models
     law = sequence_law(target, PROMPT, LENGTH, PARAMS)
     make = with_vocab(SharedVocab(TOKENS + PADDING, TOKENS, TOKENS))
     good = run_requests(padded_target_models, shape, "correct", RUNS, tokens=REQUEST_TOKENS, make_drafter=make)
     p_good, pos_good, df, num_tokens = law_tests(target, good, law)
-    bad = run_requests(padded_target_models, shape, "resample-from-p", CONTROL_RUNS, seed=1, tokens=CONTROL_TOKENS,
-                       make_drafter=make)
+    bad = run_requests(padded_target_models, shape, "resample-from-p", PADDED_TARGET_CONTROL_RUNS, seed=1,
+                       tokens=CONTROL_TOKENS, make_drafter=make)
     p_bad, pos_bad, _, _ = law_tests(target, bad, law)
     emitted = np.concatenate([np.array(out) for out in good.outputs])
     print(f"\n{shape}: accepted/round={good.mean_accepted:.2f} padding ids emitted={float((emitted >= TOKENS).mean()):.3f} "
