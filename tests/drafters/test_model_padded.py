@@ -8,8 +8,8 @@ target's p is untouched. Checked on both sides of the padding:
 - a padded target (``SharedVocab(5, 3, 3)``: the target's 2 extra rows carry mass, so it emits ids
   the draft has no row for; the draft reads them as id 0),
 
-by test_engine_law's law tests at temperature 1 (chain, deterministic and sampled trees; resample-
-from-p rejected by the same tests), by float32 greedy identity with real Llamas and tokenizers
+by test_engine_law's law tests at temperature 1 (deterministic and sampled trees; chains in the
+``slow`` set, about 40 s each; resample-from-p rejected by the same tests), by float32 greedy identity with real Llamas and tokenizers
 through the drafter registry, and by the q vectors a sampled tree carries.
 """
 
@@ -108,7 +108,7 @@ def padded_draft_law(padded_draft_models):
     return sequence_law(padded_draft_models[0], PROMPT, LENGTH, PARAMS)
 
 
-@pytest.mark.parametrize("shape", ["chain", "deterministic-tree", "sampled-tree"])
+@pytest.mark.parametrize("shape", [pytest.param("chain", marks=pytest.mark.slow), "deterministic-tree", "sampled-tree"])
 def test_a_padded_draft_keeps_the_targets_law(padded_draft_models, padded_draft_law, shape):
     """test_engine_law's check (power 0.9 against a mean total variation of 0.02; resample-from-p rejected)."""
     check(padded_draft_models, padded_draft_law, shape, RUNS, REQUEST_TOKENS,
@@ -145,7 +145,7 @@ def law_tests(target, run, law) -> tuple[float, float, int, int]:
     return chisquare_law(run.heads, law)[0], p_pos, df, len(tokens)
 
 
-@pytest.mark.parametrize("shape", ["chain", "sampled-tree"])
+@pytest.mark.parametrize("shape", [pytest.param("chain", marks=pytest.mark.slow), "sampled-tree"])
 def test_a_padded_target_keeps_its_own_law(padded_target_models, shape):
     """The target's p keeps its padding rows (exactness is w.r.t. its own distribution): it emits
     ids 3 and 4, which the draft never proposes (reachable through recovery) and reads as 0. Both
