@@ -49,7 +49,7 @@ MODEL_KEYS: dict[str, str] = {
 }
 _MODEL_HELP = {
     "--target": "target model: smollm2-135m, a local path or hub id",
-    "--drafter": "ngram[:MIN:MAX[:earliest|latest]] | layerskip:N | self | eagle3[:PATH] (no PATH: the head draftrl ships for the target) | none | draft model path (same vocabulary)",
+    "--drafter": "ngram[:MIN:MAX[:earliest|latest]] | layerskip:N | self | eagle3[:PATH] (PATH: a head folder in the speculators or EAGLE layout, or a hub id; no PATH: the head draftrl ships for the target) | none | draft model path (same tokenizer)",
     "--device": "cpu or cuda[:N]",
     "--dtype": "float32, bfloat16 or float16",
     "--kernels": "few-token CPU kernels: auto (timed probe, cached per machine), stock or fast_linear",

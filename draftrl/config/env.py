@@ -32,7 +32,8 @@ class EnvConfig(WorkloadConfig):
     # ---- drafting
     drafter: str = "ngram"
     """a spec of ``draftrl.drafters.registry``: ngram | ngram:MIN:MAX[:earliest|latest] | layerskip:N | self | none |
-    a draft model path (same vocabulary)"""
+    eagle3[:PATH] | sam:N[:PATH] | a draft model path or hub id (same tokenizer; its embedding matrix may be padded
+    differently from the target's)"""
     dtype: str = "float32"
     device: str = "cpu"
     kernels: str | None = None

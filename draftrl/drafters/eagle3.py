@@ -1,4 +1,4 @@
-"""An EAGLE-3 draft head over the target's own hidden states, in the ``speculators`` folder format.
+"""An EAGLE-3 draft head over the target's own hidden states, loaded from either published folder layout.
 
 The head (Li et al., EAGLE-3, 2025; the layout vLLM's ``Eagle3LlamaForCausalLM`` loads) is one
 Llama decoder layer whose attention reads ``concat(input_layernorm(embed(token)),
@@ -6,10 +6,23 @@ hidden_norm(hidden))`` (2H -> heads) where ``hidden`` is, at the first draft ste
 ``fc(concat(aux_0, aux_1, aux_2))`` (3H -> H) of the target's auxiliary hidden states and, at
 later steps, the head's own pre-norm output. Its LM head scores a frequency-ranked *draft
 vocabulary* of ``draft_vocab_size`` tokens; ``d2t`` maps a draft id to its target id
-(``target = draft + d2t[draft]``). Token embeddings are the target's (shared, never saved).
+(``target = draft + d2t[draft]``). Token embeddings are the target's (shared) unless the folder
+carries ``embed_tokens.weight`` (speculators' and SpecForge's heads often do): then the head uses
+its own, as vLLM does.
+
+A head folder is ``config.json`` in the speculators or the EAGLE / SpecForge layout
+(:mod:`draftrl.drafters.eagle3_config`, which lists each key's default) and one weights file,
+``model.safetensors`` or ``pytorch_model.bin`` (read with ``torch.load(weights_only=True)``), or a
+hub id (fetched with ``huggingface_hub.snapshot_download``). Weights are named ``fc``,
+``midlayer.*`` (or ``layers.0.*``), ``norm``, ``lm_head``, ``d2t``, ``t2d`` (``t2d`` optional, as
+vLLM ignores it; ``d2t`` optional when the head scores the whole vocabulary), optionally
+``embed_tokens``, and ``input_norm`` / ``fc_norm.i`` for the variants that have them; a missing,
+unexpected or misshapen weight is refused in one line naming it.
 
 Auxiliary layer ``l`` is the *input* of the target's decoder layer ``l`` (the output of layer
-``l - 1``; ``l = 0`` the embeddings), as vLLM's ``aux_hidden_state_layers`` reads it.
+``l - 1``; ``l = 0`` the embeddings), as vLLM's ``aux_hidden_state_layers`` reads it. A config
+without them takes the target's default (2, L // 2, L - 3) when the head is attached to its
+target (:func:`check_head_fits`).
 
 Row convention (vLLM's): draft row ``j`` pairs the target's features at position ``j`` with the
 token at ``j + 1``, sits at position ``j`` and predicts the token at ``j + 2``. Drafting after a
@@ -19,10 +32,10 @@ what the engine's target cache holds between rounds.
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import weakref
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -32,86 +45,19 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, apply_rotary_pos_emb
 
 from draftrl.drafters.base import LevelDrafter, TreeBuilder
+from draftrl.drafters.eagle3_config import LAYOUTS, Eagle3Config, default_aux_layers, read_config
 from draftrl.drafters.tree import DraftTree
 from draftrl.models.distribution import SamplingParams, logits_to_probs, sample
 
-#: file names of the speculators format
-CONFIG_FILE, WEIGHTS_FILE = "config.json", "model.safetensors"
+__all__ = ["Eagle3Config", "Eagle3Drafter", "Eagle3Head", "check_head_fits", "default_aux_layers", "head_config",
+           "head_folder", "random_head"]
 
-
-def default_aux_layers(num_layers: int) -> tuple[int, int, int]:
-    """EAGLE-3's (and vLLM's) default auxiliary layers: (2, n // 2, n - 3); (2, 15, 27) for 30 layers."""
-    if num_layers < 4:
-        raise ValueError(f"a {num_layers}-layer target has no default auxiliary layers; set them explicitly")
-    return (2, num_layers // 2, num_layers - 3)
-
-
-@dataclass
-class Eagle3Config:
-    """What a head is: its Llama layer's shape and how it hangs off its target."""
-
-    layer: LlamaConfig
-    """the decoder layer (hidden size, heads, rope, vocab_size = the target's vocabulary)"""
-    draft_vocab_size: int
-    """tokens the head scores (a frequency-ranked subset of the target's vocabulary)"""
-    target_hidden_size: int
-    aux_layers: tuple[int, ...]
-    """the target layers whose inputs feed ``fc`` (see the module docstring)"""
-    verifier: str = ""
-    """the target's name or local path (``speculators_config.verifier.name_or_path``)"""
-    norm_before_residual: bool = True
-    """speculators' default: the hidden input is normed before it becomes the residual"""
-
-    @classmethod
-    def for_target(cls, target_config, draft_vocab_size: int, aux_layers: tuple[int, ...] | None = None,
-                   verifier: str = "") -> "Eagle3Config":
-        """A head shaped like one of the target's layers (same width, heads and rope)."""
-        layer = LlamaConfig(**{k: v for k, v in target_config.to_dict().items()
-                               if k not in ("architectures", "model_type", "transformers_version")})
-        layer.num_hidden_layers = 1
-        layer.architectures = ["LlamaForCausalLM"]
-        if not 1 <= draft_vocab_size <= target_config.vocab_size:
-            raise ValueError(f"draft_vocab_size={draft_vocab_size} must lie in 1..{target_config.vocab_size}")
-        layers = tuple(aux_layers) if aux_layers else default_aux_layers(target_config.num_hidden_layers)
-        if not all(0 <= l < target_config.num_hidden_layers for l in layers):
-            raise ValueError(f"aux layers {layers} must lie in 0..{target_config.num_hidden_layers - 1}")
-        return cls(layer, draft_vocab_size, target_config.hidden_size, layers, verifier)
-
-    @property
-    def vocab_size(self) -> int:
-        return self.layer.vocab_size
-
-    def to_speculators(self, speculative_tokens: int = 4) -> dict:
-        """config.json of the speculators format (what vLLM's ``eagle3`` method loads)."""
-        layer = self.layer.to_dict()
-        layer.update(model_type="llama", architectures=["LlamaForCausalLM"], num_hidden_layers=1)
-        return {
-            "architectures": ["Eagle3Speculator"],
-            "speculators_model_type": "eagle3",
-            "speculators_version": "0.9.0",
-            "transformer_layer_config": layer,
-            "draft_vocab_size": self.draft_vocab_size,
-            "target_hidden_size": self.target_hidden_size,
-            "eagle_aux_hidden_state_layer_ids": list(self.aux_layers),
-            "norm_before_residual": self.norm_before_residual,
-            "speculators_config": {
-                "algorithm": "eagle3",
-                "default_proposal_method": "greedy",
-                "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": speculative_tokens}],
-                "verifier": {"name_or_path": self.verifier, "architectures": ["LlamaForCausalLM"]},
-            },
-        }
-
-    @classmethod
-    def from_speculators(cls, data: dict) -> "Eagle3Config":
-        if data.get("speculators_model_type") != "eagle3":
-            raise ValueError(f"speculators_model_type is {data.get('speculators_model_type')!r}, not 'eagle3'")
-        layer = LlamaConfig(**{k: v for k, v in data["transformer_layer_config"].items()
-                               if k not in ("model_type", "transformers_version")})
-        return cls(layer, int(data["draft_vocab_size"]), int(data.get("target_hidden_size") or layer.hidden_size),
-                   tuple(data["eagle_aux_hidden_state_layer_ids"]),
-                   data["speculators_config"]["verifier"].get("name_or_path", ""),
-                   bool(data.get("norm_before_residual", True)))
+#: file names of a head folder: its config and one weights file (safetensors first, as vLLM's loader picks)
+CONFIG_FILE, WEIGHTS_FILE, BIN_FILE = "config.json", "model.safetensors", "pytorch_model.bin"
+#: ``Eagle3Head.save_pretrained``'s ``weights`` values and the file each writes
+WEIGHTS_FORMATS = {"safetensors": WEIGHTS_FILE, "bin": BIN_FILE}
+#: weights a head folder may leave out: vLLM ignores ``t2d`` (draftrl rebuilds it from ``d2t``)
+OPTIONAL_WEIGHTS = ("t2d",)
 
 
 class Eagle3Attention(nn.Module):
@@ -122,10 +68,11 @@ class Eagle3Attention(nn.Module):
         hidden = config.hidden_size
         self.num_heads, self.num_kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or hidden // self.num_heads
-        self.q_proj = nn.Linear(2 * hidden, self.num_heads * self.head_dim, bias=False)
-        self.k_proj = nn.Linear(2 * hidden, self.num_kv_heads * self.head_dim, bias=False)
-        self.v_proj = nn.Linear(2 * hidden, self.num_kv_heads * self.head_dim, bias=False)
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias=False)
+        bias = bool(getattr(config, "attention_bias", False))  # as vLLM's Llama attention reads it
+        self.q_proj = nn.Linear(2 * hidden, self.num_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(2 * hidden, self.num_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(2 * hidden, self.num_kv_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias=bias)
 
     def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """(q [B, heads, T, d], k, v [B, kv_heads, T, d]) for x [B, T, 2H], rotated at the rows' positions."""
@@ -145,27 +92,32 @@ class Eagle3Attention(nn.Module):
 
 
 class Eagle3Head(nn.Module):
-    """The draft head's weights, named as the speculators format stores them (``fc``, ``midlayer.*``,
-    ``norm``, ``lm_head``, ``d2t``, ``t2d``). Embeddings come from the target at call time."""
+    """The draft head's weights, named as both layouts store them (``fc``, ``midlayer.*``, ``norm``,
+    ``lm_head``, ``d2t``, ``t2d``; ``embed_tokens`` when the head has its own embeddings, else they
+    come from the target at call time; ``input_norm`` / ``fc_norm`` for those variants)."""
 
-    def __init__(self, config: Eagle3Config):
+    def __init__(self, config: Eagle3Config, embed_tokens: bool = False):
         super().__init__()
         self.config = config
-        layer, hidden = config.layer, config.layer.hidden_size
-        if config.target_hidden_size != hidden:
-            raise ValueError(f"the head's hidden size {hidden} must equal the target's {config.target_hidden_size}")
-        self.fc = nn.Linear(len(config.aux_layers) * config.target_hidden_size, hidden, bias=False)
+        layer, hidden, eps = config.layer, config.layer.hidden_size, config.layer.rms_norm_eps
+        width = config.num_aux * config.target_hidden_size
+        self.embed_tokens = nn.Embedding(config.vocab_size, hidden) if embed_tokens else None
+        self.input_norm = LlamaRMSNorm(width, eps=eps) if config.norm_before_fc else None
+        self.fc_norm = nn.ModuleList([LlamaRMSNorm(config.target_hidden_size, eps=eps) for _ in range(config.num_aux)]
+                                     ) if config.fc_norm else None
+        self.fc = nn.Linear(width, hidden, bias=False)
         self.midlayer = nn.Module()
-        self.midlayer.input_layernorm = LlamaRMSNorm(hidden, eps=layer.rms_norm_eps)
-        self.midlayer.hidden_norm = LlamaRMSNorm(hidden, eps=layer.rms_norm_eps)
+        self.midlayer.input_layernorm = LlamaRMSNorm(hidden, eps=eps)
+        self.midlayer.hidden_norm = LlamaRMSNorm(hidden, eps=eps)
         self.midlayer.self_attn = Eagle3Attention(layer)
-        self.midlayer.post_attention_layernorm = LlamaRMSNorm(hidden, eps=layer.rms_norm_eps)
+        self.midlayer.post_attention_layernorm = LlamaRMSNorm(hidden, eps=eps)
         self.midlayer.mlp = LlamaMLP(layer)
-        self.norm = LlamaRMSNorm(hidden, eps=layer.rms_norm_eps)
+        self.norm = LlamaRMSNorm(hidden, eps=eps)
         self.lm_head = nn.Linear(hidden, config.draft_vocab_size, bias=False)
         self.rotary = LlamaRotaryEmbedding(layer)
         self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))
         self.register_buffer("t2d", torch.zeros(config.vocab_size, dtype=torch.bool))
+        self.t2d[: config.draft_vocab_size] = True  # d2t = 0: the draft vocabulary is the first ids
 
     def set_draft_vocab(self, target_ids: torch.Tensor) -> None:
         """Use ``target_ids`` [draft_vocab_size] (sorted ascending, as vLLM's d2t offsets assume) as the draft vocabulary."""
@@ -181,6 +133,16 @@ class Eagle3Head(nn.Module):
         """[draft_vocab_size] target id of every draft id."""
         return torch.arange(self.config.draft_vocab_size, device=self.d2t.device) + self.d2t
 
+    def project(self, features: torch.Tensor) -> torch.Tensor:
+        """``fc`` of the target's auxiliary states [..., num_aux * H_target] -> [..., H] (normed first
+        in the ``norm_before_fc`` / ``fc_norm`` variants, as vLLM's ``combine_hidden_states``)."""
+        if self.input_norm is not None:
+            features = self.input_norm(features)
+        if self.fc_norm is not None:
+            chunks = features.chunk(len(self.fc_norm), dim=-1)
+            features = torch.cat([norm(chunk) for norm, chunk in zip(self.fc_norm, chunks)], dim=-1)
+        return self.fc(features)
+
     def qkv(self, embeds: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor):
         """First half of the layer: (q, k, v, residual) for embeds, hidden [B, T, H] at positions [B, T]."""
         mid = self.midlayer
@@ -194,11 +156,13 @@ class Eagle3Head(nn.Module):
         return (*mid.self_attn.project(x, cos, sin), residual)
 
     def finish(self, q, keys, values, mask, residual) -> tuple[torch.Tensor, torch.Tensor]:
-        """Second half: (pre-norm output [B, T, H], draft logits [B, T, draft_vocab_size])."""
+        """Second half: (the next step's hidden input [B, T, H]: the pre-norm output, or the normed one
+        with ``norm_output``; draft logits [B, T, draft_vocab_size])."""
         mid = self.midlayer
         h = residual + mid.self_attn.attend(q, keys, values, mask)
         out = h + mid.mlp(mid.post_attention_layernorm(h))
-        return out, self.lm_head(self.norm(out))
+        normed = self.norm(out)
+        return (normed if self.config.norm_output else out), self.lm_head(normed)
 
     def unroll(self, embed: nn.Module, features: torch.Tensor, ids: torch.Tensor, steps: int) -> list[torch.Tensor]:
         """Training-time test: ``steps`` draft steps over whole sequences, teacher-forced tokens.
@@ -214,7 +178,7 @@ class Eagle3Head(nn.Module):
         :return: per step, draft logits [B, T, draft_vocab_size]
         """
         b, t = ids.shape
-        hidden = self.fc(features)
+        hidden = self.project(features)
         positions = torch.arange(t, device=ids.device)[None].expand(b, t)
         causal = torch.ones(t, t, dtype=torch.bool, device=ids.device).tril()
         diagonal = torch.eye(t, dtype=torch.bool, device=ids.device)
@@ -234,50 +198,170 @@ class Eagle3Head(nn.Module):
         full = draft_logits.new_full((*draft_logits.shape[:-1], self.config.vocab_size), -math.inf)
         return full.index_copy_(-1, self.draft_to_target, draft_logits)
 
-    # ------------------------------------------------------------------ the speculators folder
-    def save_pretrained(self, path: str | Path, speculative_tokens: int = 4, dtype: torch.dtype = torch.float32) -> Path:
-        """Write config.json and model.safetensors (weights in ``dtype``, float32 unless a smaller file
-        is wanted; embeddings omitted: shared with the target)."""
+    # ------------------------------------------------------------------ the folder
+    def save_pretrained(self, path: str | Path, speculative_tokens: int = 4, dtype: torch.dtype = torch.float32,
+                        layout: str = "speculators", weights: str = "safetensors") -> Path:
+        """Write config.json in ``layout`` (``speculators``, what vLLM documents and ``draftrl distill``
+        writes, or ``eagle``, the EAGLE / SpecForge layout SGLang reads) and the weights (``safetensors``
+        or ``bin``: ``pytorch_model.bin``), in ``dtype`` (float32 unless a smaller file is wanted).
+        Embeddings are written only when the head has its own; ``d2t`` / ``t2d`` only when the head
+        scores a draft vocabulary smaller than the target's (vLLM keeps no table otherwise)."""
         from safetensors.torch import save
 
         from draftrl.io import atomic_write_bytes, atomic_write_text
 
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout={layout!r} is unknown; choose one of {', '.join(LAYOUTS)}")
+        if weights not in WEIGHTS_FORMATS:
+            raise ValueError(f"weights={weights!r} is unknown; choose one of {', '.join(WEIGHTS_FORMATS)}")
         path = Path(path)
-        atomic_write_text(path / CONFIG_FILE, json.dumps(self.config.to_speculators(speculative_tokens), indent=2) + "\n")
-        tensors = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items() if not k.startswith("rotary.")}
-        atomic_write_bytes(path / WEIGHTS_FILE, save({k: (v.to(dtype) if v.is_floating_point() else v)
-                                                     for k, v in tensors.items()}))
+        other = next((name for name in WEIGHTS_FORMATS.values() if name != WEIGHTS_FORMATS[weights]
+                      and (path / name).exists()), None)
+        if other:
+            raise ValueError(f"{path} already holds {other}, which would be read instead of (or beside) the new "
+                             "weights; write the head into an empty folder")
+        config = self.config.to_speculators(speculative_tokens) if layout == "speculators" else self.config.to_eagle()
+        full_vocab = self.config.draft_vocab_size == self.config.vocab_size
+        tensors = {k: v.detach().contiguous().cpu().clone() for k, v in self.state_dict().items()
+                   if not k.startswith("rotary.") and not (full_vocab and k in ("d2t", "t2d"))}
+        tensors = {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in tensors.items()}
+        if weights == "bin":
+            buffer = io.BytesIO()
+            torch.save(tensors, buffer)
+            data = buffer.getvalue()
+        else:
+            data = save(tensors)
+        atomic_write_text(path / CONFIG_FILE, json.dumps(config, indent=2) + "\n")
+        atomic_write_bytes(path / WEIGHTS_FORMATS[weights], data)
         return path
 
     @classmethod
     def from_pretrained(cls, path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu") -> "Eagle3Head":
-        from safetensors.torch import load_file
+        """The head in the folder (or hub id) ``path``, in either layout (module docstring).
 
-        path = Path(path)
-        head = cls(head_config(path))
-        weights = {k.replace("layers.0.", "midlayer."): v for k, v in load_file(str(path / WEIGHTS_FILE)).items()
-                   if not k.startswith("embed_tokens")}
-        head.load_state_dict(weights, strict=False)
-        missing = set(head.state_dict()) - set(weights) - {k for k in head.state_dict() if k.startswith("rotary.")}
-        if missing:
-            raise ValueError(f"{path / WEIGHTS_FILE} lacks {sorted(missing)}")
+        :raises FileNotFoundError: no such folder, or a file is missing; :raises ValueError: the config
+            or the weights are no EAGLE-3 head's (one line naming the weights at fault)."""
+        folder = head_folder(path)
+        config = head_config(folder)
+        file = weights_file(folder)
+        weights = {("midlayer." + k[len("layers.0."):] if k.startswith("layers.0.") else k): v
+                   for k, v in _read_weights(file).items()}
+        head = cls(config, embed_tokens="embed_tokens.weight" in weights)
+        if head.embed_tokens is None and config.target_hidden_size != config.layer.hidden_size:
+            raise ValueError(f"{file} has no embed_tokens.weight, but the head's width {config.layer.hidden_size} "
+                             f"differs from its target's {config.target_hidden_size}, so it cannot share the target's "
+                             "embeddings; use a folder that includes them")
+        _check_weights(head, weights, file)
+        head.load_state_dict(_vocab_tables(head, weights, file), strict=True)
         return head.to(device=device, dtype=dtype).eval()
 
 
+def _names(names: list[str], most: int = 6) -> str:
+    shown = ", ".join(names[:most])
+    return shown + (f" and {len(names) - most} more" if len(names) > most else "")
+
+
+def _read_weights(file: Path) -> dict[str, torch.Tensor]:
+    if file.name == BIN_FILE:
+        try:
+            weights = torch.load(file, map_location="cpu", weights_only=True)
+        except Exception as err:  # torch raises several kinds for a file that is no safe state dict
+            raise ValueError(f"{file} is no state dict torch.load(weights_only=True) reads ({type(err).__name__}: "
+                             f"{str(err).strip().splitlines()[0] if str(err).strip() else ''})") from None
+        if not isinstance(weights, dict) or not all(isinstance(v, torch.Tensor) for v in weights.values()):
+            raise ValueError(f"{file} holds no flat dict of tensors (a state dict)")
+        return weights
+    from safetensors.torch import load_file
+
+    return load_file(str(file))
+
+
+def _check_weights(head: Eagle3Head, weights: dict[str, torch.Tensor], file: Path) -> None:
+    """Refuse, in one line naming them, weights the config has no place for, places without weights
+    and weights of the wrong shape."""
+    expected = {k: tuple(v.shape) for k, v in head.state_dict().items() if not k.startswith("rotary.")}
+    optional = set(OPTIONAL_WEIGHTS) | ({"d2t"} if head.config.draft_vocab_size == head.config.vocab_size else set())
+    problems = []
+    missing = sorted(set(expected) - set(weights) - optional)
+    unexpected = sorted(set(weights) - set(expected))
+    if missing:
+        problems.append(f"missing {_names(missing)}")
+    if unexpected:
+        problems.append(f"unexpected {_names(unexpected)}")
+    wrong = [f"{k} {list(weights[k].shape)} (config.json: {list(expected[k])})" for k in sorted(weights)
+             if k in expected and tuple(weights[k].shape) != expected[k]]
+    if wrong:
+        problems.append(f"wrong shape {_names(wrong, 3)}")
+    if problems:
+        raise ValueError(f"{file} does not hold the head its {CONFIG_FILE} describes: {'; '.join(problems)}; "
+                         "check that both files come from the same head")
+
+
+def _vocab_tables(head: Eagle3Head, weights: dict[str, torch.Tensor], file: Path) -> dict[str, torch.Tensor]:
+    """``weights`` with ``d2t`` (zeros when absent: the whole vocabulary) and ``t2d`` (rebuilt from
+    ``d2t``) filled in, refused when ``d2t`` maps outside the vocabulary or twice to one id, or a
+    stored ``t2d`` disagrees with it."""
+    config = head.config
+    d2t = weights.get("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long)).long()
+    targets = torch.arange(config.draft_vocab_size) + d2t
+    if int(targets.min()) < 0 or int(targets.max()) >= config.vocab_size or targets.unique().numel() != targets.numel():
+        raise ValueError(f"{file}: d2t maps the draft vocabulary outside 0..{config.vocab_size - 1} or twice to one "
+                         "id; the head's vocabulary table is corrupt")
+    t2d = torch.zeros(config.vocab_size, dtype=torch.bool)
+    t2d[targets] = True
+    if "t2d" in weights and not torch.equal(weights["t2d"].bool(), t2d):
+        raise ValueError(f"{file}: t2d marks other ids than d2t maps to; the head's vocabulary tables disagree")
+    return {**weights, "d2t": d2t, "t2d": t2d}
+
+
+def head_folder(name: str | Path) -> Path:
+    """The local folder of the head ``name``: a directory as given, or a hub id (``ORG/NAME``)
+    fetched once with ``huggingface_hub.snapshot_download`` (its cache, ``HF_HUB_OFFLINE``, ...).
+
+    :raises FileNotFoundError: neither exists; offline, one line saying how to bring the folder."""
+    path = Path(name).expanduser()
+    if path.is_dir():
+        return path
+    text = str(name)
+    if path.exists() or text.startswith(("/", ".", "~")) or text.count("/") != 1 or "\\" in text:
+        raise FileNotFoundError(f"{name} is no EAGLE-3 head folder: no such directory (a hub id reads ORG/NAME)")
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(text, allow_patterns=[CONFIG_FILE, WEIGHTS_FILE, BIN_FILE]))
+    except (OSError, ValueError) as err:  # offline, unknown repository, malformed id
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        raise FileNotFoundError(f"EAGLE-3 head {text!r} is no local folder and could not be fetched from the Hugging "
+                                f"Face hub ({type(err).__name__}: {reason}); download it where the hub is reachable "
+                                f"(hf download {text} --local-dir DIR) and pass DIR") from None
+
+
+def weights_file(folder: Path) -> Path:
+    """The head's weights file in ``folder``: ``model.safetensors``, else ``pytorch_model.bin``."""
+    for name in (WEIGHTS_FILE, BIN_FILE):
+        if (folder / name).is_file():
+            return folder / name
+    raise FileNotFoundError(f"{folder} is no EAGLE-3 head folder: it has neither {WEIGHTS_FILE} nor {BIN_FILE} "
+                            "(a head's weights are one file)")
+
+
 def head_config(path: str | Path) -> Eagle3Config:
-    """The config of the head folder ``path`` (``config.json`` + ``model.safetensors``, speculators format).
+    """The config of the head folder (or hub id) ``path``, in either layout; its auxiliary layers
+    are None when the folder leaves them to the target (:func:`check_head_fits` resolves them).
 
     :raises FileNotFoundError: a file is missing; :raises ValueError: the config is no EAGLE-3 head's.
     """
-    path = Path(path)
-    if not (path / CONFIG_FILE).is_file() or not (path / WEIGHTS_FILE).is_file():
-        raise FileNotFoundError(f"{path} is no EAGLE-3 head folder: it needs {CONFIG_FILE} and {WEIGHTS_FILE} "
-                                "(the speculators format that draftrl distill writes)")
+    folder = head_folder(path)
+    file = folder / CONFIG_FILE
+    if not file.is_file():
+        raise FileNotFoundError(f"{folder} is no EAGLE-3 head folder: it has no {CONFIG_FILE} (the speculators or "
+                                "the EAGLE / SpecForge layout, as draftrl distill or SpecForge write them)")
+    weights_file(folder)
     try:
-        return Eagle3Config.from_speculators(json.loads((path / CONFIG_FILE).read_text()))
-    except (ValueError, KeyError, TypeError) as err:
-        raise ValueError(f"{path / CONFIG_FILE} is no EAGLE-3 head's config ({type(err).__name__}: {err}); "
-                         "point at a folder written by Eagle3Head.save_pretrained or draftrl distill") from None
+        data = json.loads(file.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{file} is no JSON ({err})") from None
+    return read_config(data, str(file))
 
 
 def random_head(target: str | Path, draft_vocab_size: int, seed: int = 0) -> Eagle3Head:
@@ -293,8 +377,9 @@ def random_head(target: str | Path, draft_vocab_size: int, seed: int = 0) -> Eag
     return head
 
 
-def check_head_fits(config: Eagle3Config, target: nn.Module, head_name: str = "the head") -> None:
-    """Refuse, in one line naming both, a head whose vocabulary, hidden size or layers do not match ``target``."""
+def check_head_fits(config: Eagle3Config, target: nn.Module, head_name: str = "the head") -> Eagle3Config:
+    """``config`` attached to ``target`` (its auxiliary layers resolved, :meth:`Eagle3Config.for_layers`);
+    refused, in one line naming both, when the head's vocabulary, hidden size or layers do not match."""
     tc = target.config
     num_layers = len(target.model.layers) if hasattr(getattr(target, "model", None), "layers") else None
     if num_layers is None:
@@ -304,12 +389,15 @@ def check_head_fits(config: Eagle3Config, target: nn.Module, head_name: str = "t
         problems.append(f"vocabulary {config.vocab_size} vs the target's {tc.vocab_size}")
     if config.target_hidden_size != tc.hidden_size:
         problems.append(f"hidden size {config.target_hidden_size} vs the target's {tc.hidden_size}")
-    if max(config.aux_layers) >= num_layers:
-        problems.append(f"aux layers {list(config.aux_layers)} vs the target's {num_layers} layers")
+    try:
+        attached = config.for_layers(num_layers)
+    except ValueError as err:
+        problems.append(f"{err} ({num_layers} layers)")
     if problems:
         name = getattr(tc, "_name_or_path", "") or type(target).__name__
         raise ValueError(f"{head_name} (for {config.verifier or 'another target'}) does not fit the target {name}: "
                          f"{'; '.join(problems)}; distil a head for this target with draftrl distill")
+    return attached
 
 
 class Eagle3Drafter(LevelDrafter):
@@ -335,10 +423,14 @@ class Eagle3Drafter(LevelDrafter):
     def __init__(self, head: Eagle3Head, target: nn.Module | None, sampled: bool = False, name: str = "eagle3",
                  embed: nn.Module | None = None):
         if target is not None:
-            check_head_fits(head.config, target, name)
+            head.config = check_head_fits(head.config, target, name)
             embed = target.get_input_embeddings()
-        elif embed is None:
+        elif embed is None and head.embed_tokens is None:
             raise ValueError("an Eagle3Drafter without a target needs the target's token embedding (embed=...)")
+        embed = head.embed_tokens if head.embed_tokens is not None else embed  # the head's own, as vLLM uses them
+        if embed.weight.shape[-1] != head.config.layer.hidden_size:
+            raise ValueError(f"{name}: the target's embeddings are {embed.weight.shape[-1]} wide, the head's layer "
+                             f"{head.config.layer.hidden_size}; such a head must carry its own embed_tokens")
         self.head, self.target, self.sampled, self.name = head.eval(), target, sampled, name
         self.embed = embed
         self.device = next(head.parameters()).device
@@ -358,7 +450,7 @@ class Eagle3Drafter(LevelDrafter):
 
     # ------------------------------------------------------------------ history
     def reset(self, prompt_ids: list[int]) -> None:
-        self.features_store = torch.zeros(0, len(self.head.config.aux_layers) * self.head.config.target_hidden_size,
+        self.features_store = torch.zeros(0, self.head.config.num_aux * self.head.config.target_hidden_size,
                                           device=self.device, dtype=self.dtype)
         self.keys = self.values = None  # [1, kv_heads, rows, d]: committed rows, then this round's tree rows
         self._rows = 0  # committed draft rows (positions 0.._rows-1)
@@ -423,7 +515,7 @@ class Eagle3Drafter(LevelDrafter):
             self._rows = last
         self._drop_tree()  # rows of an uncommitted proposal (vLLM's proposer commits nothing; a lookup round drafted)
         start = self._rows
-        hidden = self.head.fc(self.features_store[start : last + 1])[None]
+        hidden = self.head.project(self.features_store[start : last + 1])[None]
         n = last + 1 - start
         allowed = torch.ones(n, last + 1, dtype=torch.bool).tril(start)
         out, logits = self._run(ids[start + 1 : last + 2], hidden, list(range(start, last + 1)), allowed)

@@ -112,7 +112,7 @@ def _draft_group(drafters: list[Eagle3Drafter], histories: list[list[int]], caps
             tokens[f, : news[j]] = torch.tensor(histories[j][start + 1 : last + 2])
             positions[f, : news[j]] = torch.arange(start, last + 1)
             features[f, : news[j]] = drafters[j].features_store[start : last + 1]
-        q, k, v, residual = head.qkv(_embed(drafters[0], tokens), head.fc(features), positions.to(device))
+        q, k, v, residual = head.qkv(_embed(drafters[0], tokens), head.project(features), positions.to(device))
         idx = torch.tensor(feeding)
         keys[idx, :, p : p + n], values[idx, :, p : p + n] = k, v
         mask = root_mask(starts[idx], news[idx], p, n)[:, None].to(device)

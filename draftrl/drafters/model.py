@@ -1,6 +1,8 @@
-"""A draft model: any Hugging Face causal LM sharing the target's vocabulary, with its own KV cache."""
+"""A draft model: any Hugging Face causal LM sharing the target's tokenizer, with its own KV cache."""
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import nn
@@ -10,6 +12,7 @@ from draftrl.drafters.base import LevelDrafter, TreeBuilder
 from draftrl.drafters.tree import DraftTree
 from draftrl.models.distribution import SamplingParams, logits_to_probs, sample
 from draftrl.models.kv import cache_argument, cache_length, crop, keep_tail, last_logits_only
+from draftrl.models.vocab import SharedVocab
 
 
 class ModelDrafter(LevelDrafter):
@@ -20,12 +23,25 @@ class ModelDrafter(LevelDrafter):
     best by cumulative draft log-probability are kept. Deterministic mode takes each node's top
     children; sampled mode (``sampled=True``, temperature > 0) draws ``width`` i.i.d. children from
     the draft's distribution q, which verification then treats by recursive rejection sampling.
+
+    With ``vocab`` (a draft whose embedding matrix is padded differently from the target's, over
+    one tokenizer) every draft logit row is mapped into the target's id space before anything
+    reads it: ids ``>= vocab.num_shared`` (past the tokenizer or past either matrix) get logit
+    -inf, so q is zero there and renormalised over the shared ids, the top children are shared
+    ids, and q has the target's length. History tokens the draft has no embedding row for
+    (padding ids a larger target emitted) are fed to the draft as id 0: its later proposals are
+    merely worse, q remains the distribution it really proposed from.
     """
 
-    def __init__(self, model: nn.Module, sampled: bool = False, name: str = "model"):
+    def __init__(self, model: nn.Module, sampled: bool = False, name: str = "model", vocab: SharedVocab | None = None):
         self.model = model
         self.sampled = sampled
         self.name = name
+        self.vocab = None if vocab is None or vocab.identity else vocab
+        self._num_rows = None  # the draft's input embedding rows, when some history ids may lie past them
+        if self.vocab is not None:
+            embed = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+            self._num_rows = int(embed.weight.shape[0]) if embed is not None else self.vocab.num_draft_logits
         self.device = next(model.parameters()).device
         self._cache_arg = cache_argument(model)
         self._last_only = last_logits_only(model)
@@ -42,7 +58,10 @@ class ModelDrafter(LevelDrafter):
     def _forward(
         self, tokens: list[int], positions: list[int], mask: torch.Tensor | None, last_only: bool = False
     ) -> torch.Tensor:
-        """Draft logits [n, V] for the fed tokens ([1, V], the last one's, with ``last_only``)."""
+        """Draft logits [n, V] for the fed tokens ([1, V], the last one's, with ``last_only``), V the
+        target's ids (see ``vocab`` in the class docstring)."""
+        if self._num_rows is not None:
+            tokens = [t if t < self._num_rows else 0 for t in tokens]
         out = self.model(
             input_ids=torch.tensor([tokens], device=self.device),
             position_ids=torch.tensor([positions], device=self.device),
@@ -51,7 +70,13 @@ class ModelDrafter(LevelDrafter):
             use_cache=True,
             **(self._last_only if last_only else {}),
         )
-        return out.logits[0].float()
+        logits = out.logits[0].float()
+        if self.vocab is None:
+            return logits
+        shared = self.vocab.num_shared
+        full = logits.new_full((logits.shape[0], self.vocab.num_target_logits), -math.inf)
+        full[:, :shared] = logits[:, :shared]
+        return full
 
     def root_logits(self, ids: list[int]) -> torch.Tensor:
         """Draft logits for the token after ``ids``: feeds whatever the draft cache has not seen."""

@@ -3,7 +3,8 @@
 ``--drafter`` / ``env.drafter`` (the Hugging Face engine) and the vLLM proposer's ``drafter`` key
 name a drafter the same way: ``KIND`` or ``KIND:ARG:...``, where ``KIND`` is a key of
 :data:`DRAFTERS`; any other spec is a draft model (a local directory, a hub id or a known name)
-that must share the target's vocabulary. Adding a drafter: one module in ``draftrl/drafters/``
+that must share the target's tokenizer (its embedding matrix may be padded differently:
+:class:`~draftrl.models.vocab.SharedVocab`). Adding a drafter: one module in ``draftrl/drafters/``
 and one :class:`DrafterEntry` here.
 """
 
@@ -21,7 +22,7 @@ from draftrl.drafters.model import ModelDrafter
 from draftrl.drafters.mixed import MixedDrafter
 from draftrl.drafters.ngram import NgramDrafter
 from draftrl.drafters.packaged import packaged_head
-from draftrl.models import LoadedModel, check_model_spec, check_same_logits, check_same_vocab, load_model
+from draftrl.models import LoadedModel, check_model_spec, load_model, shared_vocab
 
 
 def _load(spec: str, dtype: str, device: str) -> LoadedModel:
@@ -162,6 +163,5 @@ def build_drafter(spec: str, target: LoadedModel | None = None, *, sampled: bool
         draft = load(spec, dtype, device)
     except FileNotFoundError as reason:
         raise _unknown(spec, reason) from None
-    check_same_vocab(target.tokenizer, draft.tokenizer)
-    check_same_logits(target.model, draft.model)
-    return ModelDrafter(draft.model, sampled=sampled, name=draft.name)
+    vocab = shared_vocab(target.tokenizer, draft.tokenizer, target.model, draft.model)
+    return ModelDrafter(draft.model, sampled=sampled, name=draft.name, vocab=vocab)

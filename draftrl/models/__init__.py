@@ -2,7 +2,8 @@
 
 - :func:`load_model` -> :class:`LoadedModel` (``model``, ``tokenizer``, ``name``)
 - :func:`check_same_vocab` raises ``ValueError`` naming the first token id that differs;
-  :func:`check_same_logits` when the two models score different numbers of ids
+  :func:`shared_vocab` checks that too and says which ids a draft model may propose when the two
+  embedding matrices are padded differently (:class:`SharedVocab`)
 - :func:`check_model_spec`: a name that is neither known, a directory nor reachable fails at once;
   :func:`model_name`, :func:`model_config`, :func:`check_device`: a target's name, its config and
   the device, read and checked without loading weights;
@@ -27,7 +28,7 @@ from draftrl.models.loading import (
     model_name,
 )
 from draftrl.models.registry import DEFAULT_MODEL, ModelInfo, cache_root, list_models
-from draftrl.models.vocab import check_same_logits, check_same_vocab
+from draftrl.models.vocab import SharedVocab, check_same_vocab, shared_vocab
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -35,12 +36,12 @@ __all__ = [
     "KernelPlan",
     "LoadedModel",
     "ModelInfo",
+    "SharedVocab",
     "apply_fast_linear",
     "apply_kernels",
     "cache_root",
     "check_device",
     "check_model_spec",
-    "check_same_logits",
     "check_same_vocab",
     "fetch_model",
     "has_fast_linear",
@@ -51,5 +52,6 @@ __all__ = [
     "model_folder",
     "model_name",
     "remove_fast_linear",
+    "shared_vocab",
     "stock_kernels",
 ]

@@ -2,11 +2,14 @@
 
 Speculative decoding compares the draft's and the target's probabilities of the *same token id*;
 if the ids mean different strings, acceptance ratios compare unrelated events and the output is
-no longer the target's distribution. So pairs are checked id by id, not just by size.
+no longer the target's distribution. So pairs are checked id by id, not just by size; where the
+two embedding matrices are padded differently past the shared tokenizer, the pair is compared
+over the tokenizer's ids (:func:`shared_vocab`).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
 
 
@@ -34,19 +37,49 @@ def check_same_vocab(target_tokenizer: HasVocab, draft_tokenizer: HasVocab) -> N
     )
 
 
-def check_same_logits(target_model, draft_model) -> None:
-    """Raise ``ValueError`` unless both models score the same number of token ids.
+@dataclass(frozen=True)
+class SharedVocab:
+    """Where a draft model's ids and its target's meet, when the two share a tokenizer.
 
-    Tokenizers can agree while the embedding matrices differ (padded to another multiple, or
-    resized after adding tokens); the sampler then compares p and q of different lengths. Both
-    models need transformers' ``get_output_embeddings()`` (or ``config.vocab_size``).
+    Embedding matrices are often padded past the tokenizer, and by different amounts in one
+    family (Qwen2.5-7B scores 152,064 ids, Qwen2.5-0.5B 151,936, their tokenizer has 151,665).
+    The target's distribution p stays over all its rows (exactness is w.r.t. the target's own
+    distribution, padding rows included); the draft proposes only ids below ``num_shared``: the
+    tokenizer's ids that both matrices have rows for.
     """
+
+    num_target_logits: int
+    """rows of the target's output matrix: the length of p"""
+    num_draft_logits: int
+    """rows of the draft's output matrix"""
+    num_shared: int
+    """ids ``0..num_shared-1`` the draft may propose: the tokenizer's ids, capped by either matrix"""
+
+    @property
+    def identity(self) -> bool:
+        """Both matrices are the tokenizer's ids exactly: nothing to map."""
+        return self.num_target_logits == self.num_draft_logits == self.num_shared
+
+
+def shared_vocab(target_tokenizer: HasVocab, draft_tokenizer: HasVocab, target_model, draft_model) -> SharedVocab:
+    """Check that the pair shares one tokenizer (:func:`check_same_vocab`) and say where their
+    output matrices meet (:class:`SharedVocab`).
+
+    Both models need transformers' ``get_output_embeddings()`` (or ``config.vocab_size``).
+    :raises ValueError: the tokenizers differ (one line naming the first id), or a model's size is unknown.
+    """
+    check_same_vocab(target_tokenizer, draft_tokenizer)
     target_size, draft_size = _num_logits(target_model), _num_logits(draft_model)
-    if None not in (target_size, draft_size) and target_size != draft_size:
-        raise ValueError(
-            f"Draft and target share a tokenizer but score different numbers of ids (target logits {target_size} vs "
-            f"draft {draft_size}, the embedding sizes); pick a draft model whose vocab_size is {target_size}."
-        )
+    for which, size, model in (("target", target_size, target_model), ("draft", draft_size, draft_model)):
+        if size is None:
+            raise ValueError(f"the {which} model {type(model).__name__} has neither get_output_embeddings() nor "
+                             "config.vocab_size, so the ids it scores are unknown; pass a transformers causal LM")
+    return SharedVocab(target_size, draft_size, min(_num_ids(target_tokenizer), target_size, draft_size))
+
+
+def _num_ids(tokenizer: HasVocab) -> int:
+    """Ids the tokenizer defines (added tokens included): one past its largest id."""
+    return max(tokenizer.get_vocab().values()) + 1
 
 
 def _num_logits(model) -> int | None:

@@ -132,12 +132,19 @@ class Run:
         return [tuple(out[:LENGTH]) for out in self.outputs]
 
 
-def run_requests(models, shape: str, sampler: str, runs: int, seed: int = 0, tokens: int = LENGTH) -> Run:
-    """``runs`` independent requests of ``tokens`` tokens each through the real engine."""
+def run_requests(models, shape: str, sampler: str, runs: int, seed: int = 0, tokens: int = LENGTH,
+                 make_drafter=None) -> Run:
+    """``runs`` independent requests of ``tokens`` tokens each through the real engine; the drafter is
+    ``make_drafter(target, draft, sampled)`` when given, else the draft's natural one."""
     target, draft = models
     sampled, width, verify_size = SHAPES[shape]
     config = EngineConfig(max_new_tokens=tokens, temperature=TEMPERATURE, seed=seed, sampler=sampler)
-    drafter = Eagle3Drafter(draft, target, sampled) if isinstance(draft, Eagle3Head) else ModelDrafter(draft, sampled)
+    if make_drafter is not None:
+        drafter = make_drafter(target, draft, sampled)
+    elif isinstance(draft, Eagle3Head):
+        drafter = Eagle3Drafter(draft, target, sampled)
+    else:
+        drafter = ModelDrafter(draft, sampled)
     if shape.startswith("sam-"):
         drafter = MixedDrafter(NgramDrafter(1, 3, first="latest"), drafter, min_match=3)
     engine = SpeculativeDecoder(target, drafter, config)
@@ -172,26 +179,29 @@ def empirical_tv(samples: list[tuple[int, ...]], law: dict[tuple[int, ...], floa
     return 0.5 * sum(abs(freq.get(k, 0.0) - law.get(k, 0.0)) for k in set(freq) | set(law))
 
 
-def check(models, law, shape: str, runs: int, tokens: int) -> None:
+def check(models, law, shape: str, runs: int, tokens: int, make_drafter=None, control_runs: int = CONTROL_RUNS,
+          min_accepted: float = 0.4) -> None:
     """``runs`` requests of ``tokens`` tokens pass both tests (the enumerated law of the first
     ``LENGTH`` tokens, the per-position law of all tokens, the latter with power 0.9 against a mean
-    TV of ``TV`` for the contexts visited); resample-from-p fails both."""
-    good = run_requests(models, shape, "correct", runs, tokens=tokens)
+    TV of ``TV`` for the contexts visited); resample-from-p (``control_runs`` requests) fails both.
+    The drafts must be accepted ``min_accepted`` tokens a round at least, or the rules go unexercised."""
+    good = run_requests(models, shape, "correct", runs, tokens=tokens, make_drafter=make_drafter)
     p_good, stat, df = chisquare_law(good.heads, law)
     pos_good, pos_stat, pos_df, detectable, num_tokens = position_test(models[0], good)
-    bad = run_requests(models, shape, "resample-from-p", CONTROL_RUNS, seed=1, tokens=CONTROL_TOKENS)
+    bad = run_requests(models, shape, "resample-from-p", control_runs, seed=1, tokens=CONTROL_TOKENS,
+                       make_drafter=make_drafter)
     p_bad = chisquare_law(bad.heads, law)[0]
     pos_bad, _, _, _, bad_tokens = position_test(models[0], bad)
     print(
         f"\n{shape}: accepted/round={good.mean_accepted:.2f}\n"
         f"  first {LENGTH} tokens: n={runs} df={df} p(correct)={p_good:.3g} tv(correct)={empirical_tv(good.heads, law):.4f} "
-        f"p(resample-from-p, n={CONTROL_RUNS})={p_bad:.3g} tv(resample-from-p)={empirical_tv(bad.heads, law):.4f} "
+        f"p(resample-from-p, n={control_runs})={p_bad:.3g} tv(resample-from-p)={empirical_tv(bad.heads, law):.4f} "
         f"worst-case detectable tv={worst_case_detectable_tv(runs, df, ALPHA):.3f}\n"
         f"  positions: tokens={num_tokens} df={pos_df} p(correct)={pos_good:.3g} "
         f"p(resample-from-p, {bad_tokens} tokens)={pos_bad:.3g} worst-case detectable mean tv={detectable:.4f} "
         f"(bound {worst_case_detectable_tv(num_tokens, pos_df, ALPHA):.4f})"
     )
-    assert good.mean_accepted > 0.4, "the draft must be accepted often, or the rules are not exercised"
+    assert good.mean_accepted > min_accepted, "the draft must be accepted often, or the rules are not exercised"
     assert p_good > ALPHA, f"the engine's {shape} law is off: chi-square p = {p_good:.3g} (statistic {stat:.1f}, df {df})"
     assert pos_good > ALPHA, f"the engine's {shape} per-position law is off: p = {pos_good:.3g} (statistic {pos_stat:.1f}, df {pos_df})"
     assert detectable <= TV, f"the {shape} run detects only a mean total variation of {detectable:.4f}, not {TV}"

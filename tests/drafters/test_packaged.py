@@ -16,6 +16,7 @@ from draftrl.drafters.mixed import MixedDrafter
 from draftrl.drafters.packaged import packaged_head, packaged_heads
 from draftrl.drafters.registry import build_drafter
 from draftrl.models.chat import user_message_ids
+from draftrl.models.distribution import SamplingParams, generator_for
 from draftrl.prompts import load_prompts
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -81,3 +82,37 @@ def test_whether_a_head_ships_is_read_from_the_target_name_alone(tmp_path, monke
     assert missing_head("sam:2:heads/mine", "org/model") is None and missing_head("ngram", "org/model") is None
     hub = missing_head("eagle3", "org/model")
     assert "'org/model'" in hub and "--out heads/model`" in hub
+
+
+def test_the_shipped_head_rewritten_in_the_eagle_layout_drafts_the_same(smollm2, tmp_path):
+    """The shipped head written as an EAGLE / SpecForge folder (``LlamaForCausalLMEagle3``,
+    ``pytorch_model.bin``, float16 as shipped) loads as ``eagle3:DIR`` with the same weights and,
+    after prefixes of a real continuation, the same root logits (bitwise) and the same tree."""
+    shipped = build_drafter("eagle3", smollm2)
+    shipped.head.save_pretrained(tmp_path, layout="eagle", weights="bin", dtype=torch.float16)
+    assert {p.name for p in tmp_path.iterdir()} == {"config.json", "pytorch_model.bin"}
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLMEagle3"] and "speculators_model_type" not in config
+    assert config["norm_before_residual"] is True and config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [2, 15, 27]
+    rewritten = build_drafter(f"eagle3:{tmp_path}", smollm2)
+    mine, theirs = shipped.head.state_dict(), rewritten.head.state_dict()
+    assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)
+    prompt = next(p for p in load_prompts(split="heldout") if p.language == "it")
+    ids = user_message_ids(smollm2.tokenizer, prompt.prompt)
+    with torch.no_grad():
+        sequence = smollm2.model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                          max_new_tokens=12, do_sample=False,
+                                          pad_token_id=smollm2.tokenizer.eos_token_id)[0].tolist()
+        smollm2.model(torch.tensor([sequence]))  # both drafters' hooks read this one forward
+    for drafter in (shipped, rewritten):
+        drafter.reset(sequence)
+        drafter.keep_target_rows(list(range(len(sequence))))
+    for end in range(len(sequence), len(ids) - 1, -3):  # longest first: a rewind only forgets
+        history = sequence[:end]
+        for drafter in (shipped, rewritten):
+            drafter.rewind(len(history))
+        assert torch.equal(shipped.root(history)[0], rewritten.root(history)[0])
+        trees = [d.propose(history, 3, 2, SamplingParams(), generator_for("cpu", 0)) for d in (shipped, rewritten)]
+        assert trees[0].tokens == trees[1].tokens and trees[0].scores == trees[1].scores
+    shipped.close()
+    rewritten.close()

@@ -50,7 +50,7 @@ def eagle3_dir(target: LoadedModel, tmp_path_factory) -> str:
     """A random EAGLE-3 head for ``target`` saved in the speculators format (``eagle3:PATH``'s PATH)."""
     from draftrl.drafters.eagle3 import Eagle3Config, Eagle3Head
 
-    head = Eagle3Head(Eagle3Config.for_target(target.model.config, 16, aux_layers=(0, 1, 1)))
+    head = Eagle3Head(Eagle3Config.for_target(target.model.config, 16, aux_layers=(0, 1)))
     head.set_draft_vocab(torch.arange(0, VOCAB, 2))
     return str(head.save_pretrained(tmp_path_factory.mktemp("eagle3")))
 

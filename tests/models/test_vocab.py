@@ -1,4 +1,5 @@
-"""check_same_vocab compares id -> token maps and names the first id that differs."""
+"""check_same_vocab compares id -> token maps and names the first id that differs; shared_vocab says
+where two differently padded embedding matrices meet."""
 
 from __future__ import annotations
 
@@ -50,12 +51,19 @@ def _tiny_llama(vocab_size: int):
     return LlamaForCausalLM(config)
 
 
-def test_same_tokenizer_other_embedding_size_is_refused() -> None:
-    """Tokenizers can agree while the embeddings are padded differently; the sampler would then
-    compare p and q of different lengths, so the pair is refused with the size to pick."""
-    from draftrl.models import check_same_logits
+def test_padded_embeddings_meet_over_the_tokenizers_ids() -> None:
+    """Tokenizers can agree while the embeddings are padded differently (Qwen2.5-7B 152,064 rows,
+    Qwen2.5-0.5B 151,936, tokenizer 151,665): the pair is compared over the tokenizer's ids, capped
+    by either matrix; a pair whose tokenizers differ is still refused in one line."""
+    from draftrl.models import shared_vocab
 
-    check_same_logits(_tiny_llama(64), _tiny_llama(64))
-    with pytest.raises(ValueError, match=r"target logits 64 vs draft 72.*vocab_size is 64") as info:
-        check_same_logits(_tiny_llama(64), _tiny_llama(72))
+    tokens = ["<unk>"] + [f"t{i}" for i in range(1, 50)]
+    same = _tokenizer(tokens)
+    vocab = shared_vocab(same, same, _tiny_llama(64), _tiny_llama(72))
+    assert (vocab.num_target_logits, vocab.num_draft_logits, vocab.num_shared, vocab.identity) == (64, 72, 50, False)
+    assert shared_vocab(same, same, _tiny_llama(72), _tiny_llama(40)).num_shared == 40
+    exact = _tokenizer(tokens[:40])
+    assert shared_vocab(exact, exact, _tiny_llama(40), _tiny_llama(40)).identity
+    with pytest.raises(ValueError, match=r"differ at token id 2") as info:
+        shared_vocab(same, _tokenizer(["<unk>", "t1", "xy"]), _tiny_llama(64), _tiny_llama(64))
     assert "\n" not in str(info.value)

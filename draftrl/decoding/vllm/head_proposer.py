@@ -305,7 +305,7 @@ class HeadProposer(DraftrlProposer):
                              "(--enforce-eager), or serve the head with stock method eagle3.")
         path = model_folder(self.head_path, "EAGLE-3 head") if self.head_path else _fitting_head(self.target)
         head = Eagle3Head.from_pretrained(path, dtype=self.head_dtype, device=str(_device(self.target)))
-        check_head_fits(head.config, self.target, f"the head {path}")
+        head.config = check_head_fits(head.config, self.target, f"the head {path}")  # auxiliary layers resolved
         if self.capture is not None and self.capture.layers != head.config.aux_layers:
             self.capture.close()
             self.capture = None
