@@ -25,7 +25,7 @@ from pathlib import Path
 
 from draftrl.cli import _options
 from draftrl.cli._output import exactness_failure, progress_bar
-from draftrl.cli.grid import add_eval_options, config
+from draftrl.cli.grid import add_eval_options, config, print_greedy_verdict
 from draftrl.eval.policy_names import accepted_names
 
 #: ``--engine vllm``'s policies without ``--policies``.
@@ -106,6 +106,7 @@ def run(args: argparse.Namespace) -> int:
     ex = results["exactness"]
     print(f"exactness: {'PASSED' if ex['passed'] else 'FAILED'}  monitor_overhead="
           f"{(ex['monitor_overhead']['fraction'] or 0) * 100:.3f}%  report: {args.out}/report.md")
+    print_greedy_verdict(ex.get("greedy_identity") or {})
     return 0
 
 
