@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
     if anchors.get("methods"):
         timed = "  ".join(f"{label}={m['tokens_per_second']:.2f} tok/s" for label, m in anchors["methods"].items())
         print(f"anchors timed in the same run: {timed}  (best prompt lookup: {anchors.get('best_lookup')})")
-    print_greedy_verdict(result["exactness"].get("greedy_identity") or {})
+    print_greedy_verdict((result.get("exactness") or {}).get("greedy_identity") or {})
     print(f"grid.json, grid_heatmap.png and sweep.yaml in {args.out}")
     return 0
 

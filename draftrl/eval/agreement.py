@@ -40,25 +40,19 @@ from draftrl.eval.exactness import GreedyMismatch, check_identity
 #: Target dtypes whose greedy output is compared with plain decoding as a rate, near-ties allowed.
 LOW_PRECISION: tuple[str, ...] = ("bfloat16", "float16")
 #: Default ``eval.near_tie_ulps`` per dtype (docs/design.md, "Exactness by dtype", has the measurements).
-NEAR_TIE_ULPS: dict[str, float] = {"bfloat16": 8.0, "float16": 8.0}
+NEAR_TIE_ULPS: dict[str, float] = {"bfloat16": 8.0, "float16": 16.0}
 #: How many divergences a verdict keeps in full (the counts cover all of them).
 MAX_DIVERGENCES = 50
 
 
-def dtype_eps(dtype: str) -> float:
-    """``torch.finfo(dtype).eps``: the spacing of the dtype's numbers at 1."""
-    import torch
-
-    return float(torch.finfo(getattr(torch, dtype)).eps)
-
-
 def logit_ulp(dtype: str, magnitude: float) -> float:
     """The spacing of ``dtype``'s numbers at ``|magnitude|``: ``eps * 2**floor(log2 |magnitude|)``
-    (at the smallest normal number for 0)."""
+    with ``eps = torch.finfo(dtype).eps`` (the spacing at 1; at the smallest normal number for 0)."""
     import torch
 
-    scale = max(abs(float(magnitude)), float(torch.finfo(getattr(torch, dtype)).tiny))
-    return dtype_eps(dtype) * 2.0 ** math.floor(math.log2(scale))
+    info = torch.finfo(getattr(torch, dtype))
+    scale = max(abs(float(magnitude)), float(info.tiny))
+    return float(info.eps) * 2.0 ** math.floor(math.log2(scale))
 
 
 def default_near_tie_ulps(dtype: str) -> float | None:

@@ -96,8 +96,11 @@ class EvalSettings:
                 f"eval.greedy_reference={self.greedy_reference} and eval.power_tokens={self.power_tokens} must be >= 0."
             )
         if self.near_tie_ulps is not None and not (0 < self.near_tie_ulps < float("inf")):
+            from draftrl.eval.agreement import NEAR_TIE_ULPS
+
+            defaults = ", ".join(f"{v:g} for {k}" for k, v in NEAR_TIE_ULPS.items())
             raise ValueError(f"eval.near_tie_ulps={self.near_tie_ulps} must be a positive number of ulps, or null "
-                             "for the dtype's default (8 for bfloat16 and float16).")
+                             f"for the dtype's default ({defaults}).")
         if self.sampler not in SAMPLERS:
             raise ValueError(f"eval.sampler={self.sampler!r} is unknown; choose one of {', '.join(SAMPLERS)}.")
 
