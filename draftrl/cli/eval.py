@@ -50,7 +50,8 @@ def add_parser(subparsers) -> None:
     keyed(p, "--no-monitor", key="eval.monitor", action="store_const", const=False,
           help="turn the streaming exactness monitor off")
     keyed(p, "--sampler", key="eval.sampler", choices=_options.samplers(),
-          help="resample-from-p is the known-wrong correction, a negative control for the monitor")
+          help="resample-from-p (the known-wrong correction) and off-by-one (keeps the first rejected draft token) "
+               "are negative controls of the monitor and of the per-token argmax check")
     keyed(p, "--power-tokens", key="eval.power_tokens", type=int,
           help="also measure the tokens each monitor statistic needs to catch resample-from-p (0 = skip)")
     _options.add_ignore_eos(p)
