@@ -159,7 +159,8 @@ def agreement_lines(verdict: dict, title: str) -> list[str]:
     per = verdict.get("per_setting") or {}
     rates = ", ".join(f"`{name}` {c['identical']}/{c['comparisons']} ({_f(100 * (c['token_agreement'] or 0), '.0f')}% "
                       "of tokens)" for name, c in per.items())
-    lines = [f"- {title}: {'passed' if verdict.get('passed') else 'FAILED'}. {head[0].upper()}{head[1:]}."]
+    summary = head.split(": ", 1)[1]  # after "greedy agreement with plain decoding (DTYPE)"
+    lines = [f"- {title}, {verdict['dtype']}: {'passed' if verdict.get('passed') else 'FAILED'}. {summary}."]
     if rates:
         lines.append(f"  Per setting (identical requests, share of plain decoding's tokens before the first divergence): "
                      f"{rates}.")

@@ -75,7 +75,7 @@ def test_bfloat16_grid_and_eval_run_to_the_end_and_print_the_verdict(my_target, 
     assert ex["grid_greedy_identity"]["comparisons"] == 4
     assert ex["hf_reference"]["checked"] == 1 and ex["hf_reference"]["passed"]
     report = (eval_out / "report.md").read_text()
-    assert "Greedy agreement with plain decoding (held-out split): passed" in report
+    assert "Greedy agreement with plain decoding (held-out split), bfloat16: passed." in report
     assert "Greedy agreement of the grid's cells with plain decoding (tune split)" in report
 
 
