@@ -11,7 +11,8 @@
     DIR/checkpoints/ppo_<steps>_steps.zip, ppo_vecnormalize_<steps>_steps.pkl
                                      taken at rollout boundaries (SB3's CheckpointCallback names)
     DIR/logs/progress_<start>.csv    SB3's training curves, one file per session
-    DIR/wandb/                       the offline wandb run (unless WANDB_DIR points elsewhere)
+    DIR/wandb/                       the offline wandb run (unless WANDB_DIR or wandb.dir point elsewhere)
+    DIR/wandb.json                   the wandb group and run ids of the pipeline in DIR (``config.wandb``)
 
 Training writes it (``draftrl.train``), ``PPOPolicy.load`` and ``draftrl.export`` read it.
 
@@ -40,6 +41,8 @@ SUMMARY_FILE = "train_summary.json"
 CHECKPOINTS_DIR = "checkpoints"
 LOGS_DIR = "logs"
 CHECKPOINT_PREFIX = "ppo"
+#: in a pipeline folder (a demo's, a command's --out): its wandb group and each step's run id
+WANDB_FILE = "wandb.json"
 HEADER_FILE = "trace.json"
 ARRAYS_FILE = "trace.npz"
 COST_TABLE_FILE = "cost_table.json"

@@ -17,6 +17,9 @@ option             config key     meaning
 ``--threads N``    ``threads``     torch intra-op threads (0 = torch's default)
 ``--seed N``       ``seed``        the command's seed (sampling, measurement order, PPO, ...)
 ``--ignore-eos``   ``env.ignore_eos``  decode to max_new_tokens past EOS (benchmarks, negative controls)
+``--wandb-project``  ``wandb.project``  the wandb project of every run the command (pipeline) makes
+``--wandb-group``    ``wandb.group``    their group (default: the output folder's name and a short id)
+``--wandb-entity``   ``wandb.entity``   the wandb team or user (default: yours)
 ``--out PATH``                    where the command writes
 ``--overwrite``                   replace what an earlier run wrote in ``--out`` (else refused)
 ``--json``                        print one JSON object on stdout instead of tables
@@ -92,6 +95,18 @@ def add_out(parser: argparse.ArgumentParser, help: str, *, required: bool = True
         parser.add_argument("--overwrite", action="store_true", help=overwrite)
 
 
+#: Weights & Biases options: flag -> config key (the ``wandb`` section of every command that logs).
+WANDB_KEYS: dict[str, str] = {"--wandb-project": "wandb.project", "--wandb-group": "wandb.group",
+                              "--wandb-entity": "wandb.entity"}
+
+
+def add_wandb(parser: argparse.ArgumentParser) -> None:
+    """``--wandb-project``, ``--wandb-group``, ``--wandb-entity``: where the command's runs go
+    (offline by default: ``wandb sync DIR/wandb`` uploads them)."""
+    for flag, key in WANDB_KEYS.items():
+        keyed(parser, flag, key=key, help=f"{key.split('.')[1]} of every wandb run this command makes (sets {key})")
+
+
 def add_ignore_eos(parser: argparse.ArgumentParser) -> None:
     keyed(parser, "--ignore-eos", key="env.ignore_eos", action="store_const", const=True,
           help="decode every request to its max_new_tokens past EOS, as vLLM's ignore_eos (sets env.ignore_eos)")
@@ -123,6 +138,66 @@ def load(cls: type[T], args: argparse.Namespace, **kwargs: Any) -> T:
     from draftrl.config import load_config
 
     return load_config(cls, getattr(args, "config", None), overrides(args), **kwargs)
+
+
+def drafter_given(args: argparse.Namespace) -> bool:
+    """Whether the command line names the drafter (``--drafter`` or ``--set env.drafter=...``)."""
+    return getattr(args, "drafter", None) is not None or any(
+        item.partition("=")[0].strip() == "env.drafter" for item in getattr(args, "overrides", None) or [])
+
+
+def settle_drafter(env: T, args: argparse.Namespace) -> T:
+    """``env`` with a drafter whose EAGLE-3 head exists, decided before any model loads.
+
+    A drafter that needs the head draftrl ships for the target (``eagle3``, ``sam:N``) where none
+    ships (``draftrl.drafters.packaged.missing_head``): named on the command line, it is refused
+    with the one line that says how to train the head; from a config file or a default (the
+    demo's ``sam:2``), the command drafts by n-gram lookup instead and prints that line once.
+    """
+    import dataclasses
+    import sys
+
+    from draftrl.drafters.packaged import FALLBACK_DRAFTER, missing_head
+
+    line = missing_head(env.drafter, env.target)
+    if line is None:
+        return env
+    if drafter_given(args):
+        raise ValueError(f"{line}; or draft by lookup with --drafter {FALLBACK_DRAFTER}.")
+    command = getattr(args, "command", None) or ""
+    print(f"draftrl {command}: {line}; drafting with {FALLBACK_DRAFTER} (n-gram lookup) instead.", file=sys.stderr)
+    return dataclasses.replace(env, drafter=FALLBACK_DRAFTER)
+
+
+def is_demo_file(path: str | None) -> bool:
+    """A demo config: a YAML file with the demo's ``train:`` section (``configs/demo_cpu.yaml`` and its copies)."""
+    from pathlib import Path
+
+    from draftrl.config import read_yaml
+
+    if path is None or not Path(path).is_file():
+        return False
+    data = read_yaml(path)
+    return isinstance(data, dict) and isinstance(data.get("train"), dict)
+
+
+def load_step(cls: type[T], args: argparse.Namespace) -> T:
+    """The config of a command the demo runs as a step (``calibrate``, ``collect``, ``grid``, ``eval``).
+
+    A demo config (:func:`is_demo_file`) is read as ``draftrl demo`` reads it and the command takes
+    what its step reads (``draftrl.eval.demo.step_config``: the same sections, defaults and split),
+    so one demo step reruns with the demo's file; of any other file the sections of other commands
+    are skipped. Unknown keys inside the sections read, and every ``--set``, stay strict.
+    """
+    from draftrl.config import load_config
+
+    path = getattr(args, "config", None)
+    if is_demo_file(path):
+        from draftrl.eval.demo import DemoConfig, step_config
+
+        demo = load_config(DemoConfig, path, partial=True)
+        return load_config(cls, None, overrides(args), base=step_config(demo, cls))
+    return load_config(cls, path, overrides(args), partial=True)
 
 
 def set_threads(threads: int) -> None:

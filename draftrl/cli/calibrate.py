@@ -60,10 +60,13 @@ def add_parser(subparsers) -> None:
 
 
 def config(args: argparse.Namespace):
-    """The command's :class:`~draftrl.config.commands.CalibrateConfig`."""
+    """The command's :class:`~draftrl.config.commands.CalibrateConfig` (a demo config's calibrate step:
+    ``_options.load_step``), its drafter's head checked before any model loads."""
     from draftrl.config.commands import CalibrateConfig
 
-    return _options.load(CalibrateConfig, args, partial=True)
+    cfg = _options.load_step(CalibrateConfig, args)
+    cfg.env = _options.settle_drafter(cfg.env, args)
+    return cfg
 
 
 def g_lines(table) -> list[str]:

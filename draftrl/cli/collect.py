@@ -40,10 +40,13 @@ def add_parser(subparsers) -> None:
 
 
 def config(args: argparse.Namespace):
-    """The command's :class:`~draftrl.config.commands.CollectConfig` (the file's other sections are skipped)."""
+    """The command's :class:`~draftrl.config.commands.CollectConfig` (the file's other sections are skipped;
+    a demo config's collect step: ``_options.load_step``), its drafter's head checked before any model loads."""
     from draftrl.config.commands import CollectConfig
 
-    return _options.load(CollectConfig, args, partial=True)
+    cfg = _options.load_step(CollectConfig, args)
+    cfg.env = _options.settle_drafter(cfg.env, args)
+    return cfg
 
 
 def check_out(out: Path, overwrite: bool) -> None:

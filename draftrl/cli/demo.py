@@ -46,11 +46,15 @@ def add_parser(subparsers) -> None:
 
 
 def config(args: argparse.Namespace):
-    """The :class:`~draftrl.eval.demo.DemoConfig`: the built-in default (or ``--quick``), or ``--config``."""
+    """The :class:`~draftrl.eval.demo.DemoConfig`: the built-in default (or ``--quick``), or ``--config``;
+    with no head shipped for ``--target``, the default ``sam:2`` drafts by n-gram lookup
+    (``_options.settle_drafter``)."""
     from draftrl.eval.demo import DemoConfig
 
     base = DemoConfig.quick() if args.quick and not args.config else None
-    return _options.load(DemoConfig, args, base=base)
+    cfg = _options.load(DemoConfig, args, base=base)
+    cfg.env = _options.settle_drafter(cfg.env, args)
+    return cfg
 
 
 def _step_printer(console, steps: tuple[str, ...], progress):
@@ -163,11 +167,20 @@ def print_summary(summary: dict) -> None:
     steps = ", ".join(f"{k} {v['seconds']:.0f}s" for k, v in summary["steps"].items())
     console.print(f"time: {summary['wall_seconds'] / 60:.1f} min ({steps})")
     out = summary["out"]
-    import os
-
-    wandb_note = "" if os.environ.get("WANDB_MODE") == "disabled" else f"; wandb runs: {out}/*/wandb (wandb sync)"
     console.print(f"report: {summary['report']}\nplots:  {out}/eval/*.png, {out}/grid/grid_heatmap.png\n"
-                  f"results: {summary['results']}{wandb_note}")
+                  f"results: {summary['results']}")
+    print_wandb(console, summary.get("wandb"))
+
+
+def print_wandb(console, wandb: dict | None) -> None:
+    """The pipeline's wandb group and the one command that uploads every run of it."""
+    from rich.markup import escape
+
+    if wandb and wandb.get("sync"):
+        console.print(f"wandb: group {escape(wandb['group'])}, offline; upload every run of it with:\n"
+                      f"  {escape(wandb['sync'])}")
+    elif wandb and wandb.get("group"):
+        console.print(f"wandb: group {escape(wandb['group'])}")
 
 
 def run_vllm(args: argparse.Namespace) -> int:
@@ -237,3 +250,4 @@ def print_serve_summary(summary: dict) -> None:
     steps = ", ".join(f"{k} {v['seconds']:.0f}s" for k, v in summary["steps"].items())
     console.print(f"time: {summary['wall_seconds'] / 60:.1f} min ({steps})")
     console.print(f"report: {summary['report']}\nplot:   {summary['plot']}\nsummary: {summary['out']}/serve_demo_summary.json")
+    print_wandb(console, summary.get("wandb"))

@@ -6,15 +6,17 @@
     draftrl distill --out heads/big --target DIR --device cuda --dtype bfloat16 --sharegpt 5000
 
 The folder then serves in stock vLLM (``speculative_config={"method": "eagle3", "model": OUT, ...}``)
-and in draftrl's engine (``--drafter eagle3:OUT``). Rerunning the same command resumes an
-interrupted distillation; rerunning it with a larger ``epochs`` trains on (data and hidden states kept).
+and in draftrl's engine (``--drafter eagle3:OUT``). The whole config is checked against the target's
+``config.json`` before anything is written (a refused run leaves ``--out`` as it was). Rerunning the
+same command resumes an interrupted distillation; rerunning it with a larger ``epochs`` trains on
+(data and hidden states kept). The card (``OUT/README.md``) records the commands with their paths
+relative to ``OUT``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import shlex
 
 from draftrl.cli import _options
 
@@ -49,8 +51,7 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = config(args)
     _options.set_threads(cfg.threads)
-    command = "draftrl " + " ".join(shlex.quote(a) for a in args.argv)
     with progress_bar("distill", enabled=not args.no_progress) as progress:
-        summary = distill(cfg, args.out, command, progress)
+        summary = distill(cfg, args.out, args.argv, progress)
     print(json.dumps(summary) if args.json else " ".join(f"{k}={v}" for k, v in summary.items()))
     return 0

@@ -135,8 +135,18 @@ def serving_config(args: argparse.Namespace):
     hf_only = [item for item in items if item.startswith("eval.") and not item.startswith("eval.policies=")]
     if hf_only:
         raise ValueError(f"{hf_only[0].partition('=')[0]} is read by --engine hf only; drop it with --engine vllm.")
-    return load_serve_config(args.config, [item for item in items if not item.startswith("eval.")],
+    return load_serve_config(args.config, [item for item in items if not item.startswith(("eval.", "wandb."))],
                              split="heldout", shuffle=False, seed=0)
+
+
+def serving_wandb(args: argparse.Namespace):
+    """``--engine vllm``'s :class:`~draftrl.config.wandb.WandbConfig`: ``--config``'s ``wandb:`` section,
+    then ``--set wandb.KEY=VALUE`` and the ``--wandb-*`` flags."""
+    from draftrl.config import load_config
+    from draftrl.config.wandb import WandbSection
+
+    items = [item for item in _options.overrides(args) if item.startswith("wandb.")]
+    return load_config(WandbSection, args.config, items, partial=True).wandb
 
 
 def run_vllm(args: argparse.Namespace) -> int:
@@ -150,17 +160,36 @@ def run_vllm(args: argparse.Namespace) -> int:
     rates = [float(r) for r in args.rates.split(",") if r]
     config = serving_config(args)
     check_policies(specs, config)  # and on a value off the grids or a missing head, before --out is touched
+    wandb = serving_wandb(args)
     from draftrl.eval.evaluate import OUTPUTS
     from draftrl.io import prepare_out
 
     prepare_out(args.out, OUTPUTS, overwrite=args.overwrite, command="eval")  # before vLLM loads
     try:
         with progress_bar("eval", not args.quiet) as update:
-            run_serving_eval(args.out, policies=policies, concurrency=concurrency, rates=rates,
+            results = run_serving_eval(args.out, policies=policies, concurrency=concurrency, rates=rates,
                                        repeats=args.repeats, config=config, progress=update)
     except ServingMismatch as err:
+        _log_serving(wandb, args.out, None)
         print(f"draftrl eval: EXACTNESS FAILED: {err}", file=sys.stderr)
         print(f"partial results in {args.out}/results.json", file=sys.stderr)
         return 3
+    _log_serving(wandb, args.out, results)
     print((Path(args.out) / "report.md").read_text())
     return 0
+
+
+def _log_serving(wandb, out: str, results: dict | None) -> None:
+    """The serving evaluation's wandb run (``job_type`` eval); ``results`` None: the sweep stopped at an
+    exactness failure, its results.json is logged and the run ends failed (exit code 3)."""
+    from draftrl.config.wandb import EXACTNESS_FAILED, logged_run, wandb_mode
+    from draftrl.eval.wandb_log import log_sweep
+    from draftrl.io import read_json
+
+    if wandb_mode(wandb) == "disabled":
+        return
+    failed = results is None
+    results = results if results is not None else read_json(Path(out) / "results.json", "serving results")
+    with logged_run(wandb, out, job_type="eval", code=EXACTNESS_FAILED if failed else 0,
+                    config={"engine": "vllm", **results["config"]}) as run:
+        log_sweep(run, results)

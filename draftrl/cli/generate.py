@@ -54,10 +54,13 @@ def add_parser(subparsers) -> None:
 
 
 def config(args: argparse.Namespace):
-    """The command's :class:`~draftrl.config.commands.GenerateConfig`."""
+    """The command's :class:`~draftrl.config.commands.GenerateConfig`, its drafter's head checked before
+    any model loads."""
     from draftrl.config.commands import GenerateConfig
 
-    return _options.load(GenerateConfig, args, partial=True)
+    cfg = _options.load(GenerateConfig, args, partial=True)
+    cfg.env = _options.settle_drafter(cfg.env, args)
+    return cfg
 
 
 def fit_prompt(prompt_ids: list[int], max_new_tokens: int, max_context: int | None, truncate: bool) -> list[int]:

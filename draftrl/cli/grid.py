@@ -5,7 +5,7 @@
 
 Writes DIR/grid.json (per cell: tokens/s, speedup vs plain decoding, mean tokens per round,
 per language and task; the best setting), DIR/grid_heatmap.png, DIR/sweep.yaml (the same grid
-as a wandb sweep whose agents run the ``--cell`` form) and one wandb run per cell.
+as a wandb sweep whose agents run the ``--cell`` form) and one wandb run holding every cell.
 """
 
 from __future__ import annotations
@@ -18,19 +18,23 @@ from draftrl.cli._output import exactness_failure, progress_bar
 
 
 def add_eval_options(p: argparse.ArgumentParser) -> None:
-    """What grid, eval and demo share: the config, the models, threads, seed, json."""
+    """What grid, eval and demo share: the config, the models, threads, seed, wandb, json."""
     _options.add_config(p)
     _options.add_models(p)
     _options.add_threads(p)
     _options.add_seed(p, "the prompts' sampling seeds (shared by every setting)")
+    _options.add_wandb(p)
     _options.add_json(p)
 
 
 def config(args: argparse.Namespace):
-    """The command's :class:`~draftrl.eval.config.EvalConfig`."""
+    """The command's :class:`~draftrl.eval.config.EvalConfig` (a demo config's grid and eval steps:
+    ``_options.load_step``), its drafter's head checked before any model loads."""
     from draftrl.eval.config import EvalConfig
 
-    return _options.load(EvalConfig, args)
+    cfg = _options.load_step(EvalConfig, args)
+    cfg.env = _options.settle_drafter(cfg.env, args)
+    return cfg
 
 
 def add_parser(subparsers) -> None:

@@ -7,12 +7,14 @@ Example::
     draftrl train --config configs/analytic_regimes.yaml --out runs/analytic --resume   # after an interruption
 
 Writes DIR/policy.zip (+ vecnormalize.pkl, policy.json), DIR/train_summary.json, checkpoints and an
-offline wandb run (``wandb sync DIR/wandb/offline-run-*`` uploads it later).
+offline wandb run (``wandb sync DIR/wandb`` uploads it later; ``--wandb-group`` puts it beside a
+grid's and an evaluation's runs).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import json
 import sys
@@ -31,18 +33,44 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     _options.add_models(parser)
     _options.add_threads(parser)
     _options.add_seed(parser, "PPO, the training envs (seed + i for env i) and torch")
+    _options.add_wandb(parser)
     _options.add_out(parser, "run directory for the policy, checkpoints and summary", overwrite=None)
     parser.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
+    parser.add_argument("--traces", default=None,
+                        help="with a demo config (a file with the demo's train: section, e.g. a copy of "
+                             "configs/demo_cpu.yaml): the traces its collect step wrote (DEMO_OUT/traces); trains the "
+                             "demo's first recipe as its train step does (--set recipe=ppo_depth for another)")
     _options.add_json(parser)
     parser.set_defaults(func=run)
     return parser
 
 
 def config(args: argparse.Namespace):
-    """The command's :class:`~draftrl.train.config.TrainConfig`."""
+    """The command's :class:`~draftrl.train.config.TrainConfig`; from a demo config (``_options.is_demo_file``)
+    what the demo's train step runs on ``--traces`` (``draftrl.eval.demo.train_config``), then ``--set``."""
     from draftrl.train.config import TrainConfig
 
-    return _options.load(TrainConfig, args)
+    if not _options.is_demo_file(args.config):
+        if args.traces is not None:
+            raise ValueError(f"--traces is read with a demo config only (a file with a train: section, e.g. "
+                             f"configs/demo_cpu.yaml); with --config {args.config} set env.traces (and "
+                             "depth_env.traces) in the file or with --set env.traces=DIR.")
+        return _options.load(TrainConfig, args)
+    from draftrl.config import load_config
+    from draftrl.eval.demo import DemoConfig, train_config
+
+    if args.traces is None:
+        raise ValueError(f"--config {args.config} is a demo config: pass --traces DIR, the traces its collect step "
+                         "wrote (e.g. runs/demo/traces, or draftrl collect --config ... --out DIR).")
+    demo = load_config(DemoConfig, args.config, partial=True)
+    items = _options.overrides(args)
+    # the demo trains on one env section, its step-level twin (depth_env) a copy: env.KEY sets both
+    both = [f"depth_env.{item.lstrip()[4:]}" for item in items if item.lstrip().startswith("env.")
+            and item.lstrip()[4:].partition("=")[0].strip() != "id"]
+    cfg = load_config(TrainConfig, None, items + both, base=train_config(demo, demo.train.recipes[0], args.traces))
+    env = _options.settle_drafter(cfg.env, args)  # the drafter the demo's collect step recorded the traces with
+    cfg.env, cfg.depth_env = env, dataclasses.replace(cfg.depth_env, drafter=env.drafter)
+    return cfg
 
 
 def run(args: argparse.Namespace) -> int:

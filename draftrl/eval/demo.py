@@ -12,7 +12,10 @@ Steps, each through the owning package's public Python API, each writing under `
 6. **eval**: plain decoding, best fixed, heuristic, threshold, bandit, PPO and the lookahead bound
    on the held-out split, exactness checks on -> ``DIR/eval/`` (``draftrl.eval.evaluate``).
 
-``DIR/demo_summary.json`` records each step's seconds and the final table. The default
+Every step from calibrate on logs one wandb run (``job_type`` the step), all in one group, offline
+in ``DIR/wandb/`` (``draftrl.config.wandb``; what each holds: ``draftrl.eval.wandb_log``).
+``DIR/demo_summary.json`` records each step's seconds, the final table and the wandb group with
+the one ``wandb sync`` command that uploads it. The default
 (``DemoConfig()``) runs in about 15 minutes on 2 quiet CPU cores; ``DemoConfig.quick()`` in a few.
 """
 
@@ -24,15 +27,19 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, TypeVar
 
 from draftrl.config.env import EnvConfig
 from draftrl.config.commands import CalibrateSettings
 from draftrl.eval.config import EvalConfig, EvalSettings, GridSettings
+from draftrl.runs import WANDB_FILE
+
+T = TypeVar("T")
 
 STEPS: tuple[str, ...] = ("model", "calibrate", "collect", "train", "grid", "eval")
 #: Subdirectories and files the demo writes (``--overwrite`` removes only these).
-OUTPUTS: tuple[str, ...] = ("cost_table.json", "traces", "grid", "eval", "logs", "demo_summary.json")
+OUTPUTS: tuple[str, ...] = ("cost_table.json", "traces", "grid", "eval", "logs", "demo_summary.json", "wandb",
+                             WANDB_FILE)
 
 
 @contextlib.contextmanager
@@ -101,52 +108,86 @@ class DemoConfig(EvalConfig):
 
 
 def _calibrate(config: DemoConfig, out: Path):
+    from draftrl.config import to_dict
+    from draftrl.config.wandb import logged_run
     from draftrl.envs.calibrate import calibrate
+    from draftrl.eval.wandb_log import log_calibration
 
     table = calibrate(config.calibrate, config.env)
     table.save(out / "cost_table.json")
+    with logged_run(config.wandb, out, job_type="calibrate",
+                    config={"calibrate": to_dict(config.calibrate), "env": to_dict(config.env)}) as run:
+        log_calibration(run, table)
     return table
 
 
 def _collect(config: DemoConfig, out: Path, target) -> Path:
+    from draftrl.config import to_dict
+    from draftrl.config.wandb import logged_run
     from draftrl.signals.costs import CostTable
     from draftrl.envs.engines import build_engine
     from draftrl.envs.traces import collect
+    from draftrl.eval.wandb_log import log_traces
 
-    env = dataclasses.replace(config.env, split="tune", monitor=False)
+    env = collect_env(config)
     engine, tokenizer = build_engine(env, target)
     traces = collect(env, engine, tokenizer)
-    return traces.save(out / "traces", cost_table=CostTable.load(out / "cost_table.json"))
+    path = traces.save(out / "traces", cost_table=CostTable.load(out / "cost_table.json"))
+    with logged_run(config.wandb, out, job_type="collect", config={"env": to_dict(env)}) as run:
+        log_traces(run, traces)
+    return path
+
+
+def collect_env(config: DemoConfig) -> EnvConfig:
+    """The env the collect step decodes: the tune split (the grid's), monitor off (greedy traces)."""
+    return dataclasses.replace(config.env, split="tune", monitor=False)
+
+
+def step_config(config: DemoConfig, cls: type[T]) -> T:
+    """What the demo's step that ``cls``'s command runs reads from ``config``: the sections ``cls``
+    declares (calibrate: ``CalibrateConfig``, collect: ``CollectConfig``, grid and eval:
+    ``EvalConfig``), collect's env as :func:`collect_env`. ``draftrl calibrate --config DEMO.yaml``
+    and the others rerun one step with what the demo ran it with."""
+    from draftrl.config.commands import CollectConfig
+
+    values = {f.name: getattr(config, f.name) for f in dataclasses.fields(cls) if hasattr(config, f.name)}
+    if issubclass(cls, CollectConfig):
+        values["env"] = collect_env(config)
+    return cls(**values)
+
+
+def train_config(config: DemoConfig, recipe: str, trace_dir: str | Path):
+    """The ``TrainConfig`` the train step runs ``recipe`` with, on the traces in ``trace_dir``."""
+    from draftrl.config import load_config, to_dict
+    from draftrl.train.config import DepthEnvSpec, EnvSpec, TrainConfig
+
+    overrides = [
+        f"recipe={recipe}",
+        f"total_timesteps={config.train.total_timesteps}",
+        f"eval_episodes={config.train.eval_episodes}",
+        "progress_bar=false",
+        "baselines=[heuristic,threshold,bandit,lookahead]",
+        *config.train.overrides,
+    ]
+    # the traces' own env section; training replays other machines too (cost_jitter) so that the
+    # policy reads the cost features the real engine will measure; the training summary evaluates
+    # on the calibrated costs as measured
+    replay = {**to_dict(config.env), "traces": str(trace_dir), "cost_noise": 0.05, "cost_jitter": 0.25,
+              "eval": {"cost_noise": 0.0, "cost_jitter": 0.0}}
+    cfg = load_config(TrainConfig, None, overrides, base=TrainConfig(
+        env=EnvSpec(id="draftrl/TraceReplay-v0", **replay),  # size policies on TraceReplay-v0
+        depth_env=DepthEnvSpec(id="draftrl/TraceReplayDepth-v0", **replay)))  # depth policies on its step-level twin
+    return dataclasses.replace(cfg, wandb=config.wandb)  # the pipeline's project, group and folder
 
 
 def _train(config: DemoConfig, out: Path, trace_dir: Path) -> dict[str, Path]:
     import importlib
-    import os
 
-    from draftrl.config import load_config, to_dict
     from draftrl.train.evaluation import format_table
-    from draftrl.train.config import DepthEnvSpec, EnvSpec, TrainConfig
 
     dirs = {}
     for recipe in config.train.recipes:
-        overrides = [
-            f"recipe={recipe}",
-            f"total_timesteps={config.train.total_timesteps}",
-            f"eval_episodes={config.train.eval_episodes}",
-            "progress_bar=false",
-            "baselines=[heuristic,threshold,bandit,lookahead]",
-            f"wandb.mode={os.environ.get('WANDB_MODE', config.wandb.mode)}",
-            f"wandb.project={config.wandb.project}",
-            *config.train.overrides,
-        ]
-        # the traces' own env section; training replays other machines too (cost_jitter) so that the
-        # policy reads the cost features the real engine will measure; the training summary evaluates
-        # on the calibrated costs as measured
-        replay = {**to_dict(config.env), "traces": str(trace_dir), "cost_noise": 0.05, "cost_jitter": 0.25,
-                  "eval": {"cost_noise": 0.0, "cost_jitter": 0.0}}
-        cfg = load_config(TrainConfig, None, overrides, base=TrainConfig(
-            env=EnvSpec(id="draftrl/TraceReplay-v0", **replay),  # size policies on TraceReplay-v0
-            depth_env=DepthEnvSpec(id="draftrl/TraceReplayDepth-v0", **replay)))  # depth policies on its step-level twin
+        cfg = train_config(config, recipe, trace_dir)
         run_dir = out / recipe
         summary = importlib.import_module(f"draftrl.train.{recipe}").train(cfg, run_dir)
         print(format_table(summary["evaluation"]))  # into the step's log
@@ -167,12 +208,17 @@ def run_demo(config: DemoConfig, out: str | Path, *, overwrite: bool = False,
     """
     import torch
 
+    from draftrl.config.wandb import pipeline, sync_command
     from draftrl.eval.evaluate import run_eval
     from draftrl.eval.grid import run_grid
     from draftrl.io import write_json
     from draftrl.models import DEFAULT_MODEL, fetch_model
     from draftrl.envs.engines import shared_model
+    from draftrl.drafters.packaged import missing_head
 
+    missing = missing_head(config.env.drafter, config.env.target)
+    if missing is not None:  # before any model loads or output is written (the CLI falls back from a default)
+        raise ValueError(missing)
     out = Path(out)
     owned = [out / name for name in (*OUTPUTS, *config.train.recipes)]
     present = [p for p in owned if p.exists()]
@@ -184,6 +230,8 @@ def run_demo(config: DemoConfig, out: str | Path, *, overwrite: bool = False,
     out.mkdir(parents=True, exist_ok=True)
     if config.threads:
         torch.set_num_threads(config.threads)
+    # one wandb group for every step's run, all of them in out/wandb/ (one `wandb sync` uploads them)
+    config = dataclasses.replace(config, wandb=pipeline(config.wandb, out))
     summary: dict = {"steps": {}, "out": str(out)}
     timer = {"t": 0.0}
 
@@ -252,6 +300,7 @@ def run_demo(config: DemoConfig, out: str | Path, *, overwrite: bool = False,
     # temperature 0: bitwise identity (float32) or the agreement rate with near-ties (bfloat16/float16)
     summary["greedy_agreement"] = {"grid": grid["exactness"].get("greedy_identity"),
                                    "eval": results["exactness"].get("greedy_identity")}
+    summary["wandb"] = {"group": config.wandb.group, "sync": sync_command(config.wandb, out)}
     write_json(out / "demo_summary.json", summary)
     summary["results_dict"] = results
     return summary

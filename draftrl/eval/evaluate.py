@@ -36,12 +36,13 @@ from draftrl.eval.policy_names import REFERENCE
 from draftrl.eval.metrics import add_speedups, grouped, median_runs, paired_speedup, summarize_with_groups
 from draftrl.eval.anchors import anchor_ngram, anchors_for, run_anchor
 from draftrl.eval.rollout import RequestRun, run_fixed, run_policy
+from draftrl.runs import WANDB_FILE
 
 FORMAT = "draftrl-eval/1"
 RESULTS_FILE = "results.json"
 REPORT_FILE = "report.md"
 #: what ``draftrl eval`` writes in its --out (``--overwrite`` removes these first)
-OUTPUTS: tuple[str, ...] = (RESULTS_FILE, REPORT_FILE, "*.png", "wandb")
+OUTPUTS: tuple[str, ...] = (RESULTS_FILE, REPORT_FILE, "*.png", "wandb", WANDB_FILE)
 #: Target share of the run's time spent in the exactness monitor.
 MONITOR_OVERHEAD_TARGET = 0.03
 ADAPTIVE = ("heuristic", "threshold", "bandit", "ppo", "lookahead")
@@ -320,6 +321,8 @@ def write_outputs(results: dict, out: Path, grid: dict | None) -> dict[str, str]
     if traj:
         plots.policy_trajectory(traj, out / "trajectory.png", results["trajectories"]["prompt_id"])
         files["trajectory"] = "trajectory.png"
+    if plots.speedup_bars(results, out / "speedup_vs_best_fixed.png") is not None:
+        files["speedup_vs_best_fixed"] = "speedup_vs_best_fixed.png"
     hists = {name: p["tokens_per_round_histogram"] for name, p in results["policies"].items()
              if p.get("tokens_per_round_histogram")}
     if hists:
@@ -344,26 +347,14 @@ def write_outputs(results: dict, out: Path, grid: dict | None) -> dict[str, str]
 
 
 def log_eval_to_wandb(config: EvalConfig, out: Path, results: dict) -> None:
-    """One run with a table comparing every policy, the per-language table and the plots."""
-    from draftrl.eval.wandb_log import log_images, log_table, start_run
+    """One wandb run (``job_type`` eval) in the pipeline's group: every policy's summary scalars
+    against plain decoding, the best fixed setting and the HF anchors with their intervals, the bar
+    chart, per-language and per-task tables, the exactness verdict and its table
+    (``draftrl.eval.wandb_log.log_eval``). A failed exactness check ends the run failed (exit code 3)."""
+    from draftrl.config.wandb import EXACTNESS_FAILED, logged_run
+    from draftrl.eval.wandb_log import log_eval
 
-    run = start_run(config.wandb, out, name=f"eval-{out.resolve().name}", group=config.wandb.group or "eval",
-                    job_type="eval", config=results["config"])
-    if run is None:
-        return
-    columns = ["policy", "tokens_per_second", "speedup_vs_none", "mean_tokens_per_round", "ttft_s", "itl_p50_ms",
-               "itl_p95_ms", "itl_p99_ms", "peak_memory_mb"]
-    rows = []
-    for name, p in results["policies"].items():
-        ms = lambda v: None if v is None else v * 1e3  # noqa: E731
-        rows.append([name, p["tokens_per_second"], p.get("speedup_vs_none"), p["mean_tokens_per_round"],
-                     p["time_to_first_token_mean"], ms(p["itl_p50"]), ms(p["itl_p95"]), ms(p["itl_p99"]),
-                     p["peak_memory_bytes"] / 2**20])
-    log_table(run, "policies", columns, rows)
-    lang_rows = [[name, lang, s["tokens_per_second"], s.get("speedup_vs_none")]
-                 for name, p in results["policies"].items() for lang, s in p["per_language"].items()]
-    log_table(run, "per_language", ["policy", "language", "tokens_per_second", "speedup_vs_none"], lang_rows)
-    log_images(run, {k: out / v for k, v in results["files"].items() if v.endswith(".png")})
-    run.summary.update({"exactness_passed": results["exactness"]["passed"],
-                        "monitor_overhead": results["exactness"]["monitor_overhead"]["fraction"]})
-    run.finish()
+    with logged_run(config.wandb, out, job_type="eval", code=0 if results["exactness"]["passed"] else EXACTNESS_FAILED,
+                    config={**results["config"], "hardware": results.get("hardware"),
+                            "best_grid": results.get("best_grid")}) as run:
+        log_eval(run, results, out)

@@ -11,7 +11,8 @@ exactness monitor checks each cell's first-repeat stream after timing (outside t
 
 Outputs in ``DIR``: ``grid.json`` (below), ``grid_heatmap.png``, ``sweep.yaml`` (the same grid as
 a wandb sweep: ``wandb sweep DIR/sweep.yaml`` then ``wandb agent ID`` on every GPU), and one
-wandb run per cell plus a summary run (grouped; logged after all timing is done).
+wandb run (``job_type`` grid: every cell in one table, the heatmap, the best setting; opened after
+all timing is done, so wandb's own process does not share the CPU with timed decoding).
 
 ``grid.json``: ``format``, ``split``, ``config`` (resolved), ``hardware``, ``prompts``,
 ``repeats``, ``reference`` (the plain-decoding cell), ``cells`` {name: {``depth``,
@@ -26,6 +27,8 @@ temperature > 0), ``exactness``, ``files``, ``wall_seconds``.
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,13 +42,14 @@ from draftrl.eval.anchors import run_anchor
 from draftrl.eval.config import EvalConfig, GridSettings, env_for_split
 from draftrl.eval.metrics import add_speedups, grouped, median_runs, summarize_with_groups
 from draftrl.eval.rollout import RequestRun, run_fixed
+from draftrl.runs import WANDB_FILE
 
 FORMAT = "draftrl-grid/1"
 GRID_FILE = "grid.json"
 SWEEP_FILE = "sweep.yaml"
 HEATMAP_FILE = "grid_heatmap.png"
 #: what ``draftrl grid`` writes in its --out (``--overwrite`` removes these first)
-OUTPUTS: tuple[str, ...] = (GRID_FILE, SWEEP_FILE, HEATMAP_FILE, "sweep_cells", "wandb")
+OUTPUTS: tuple[str, ...] = (GRID_FILE, SWEEP_FILE, HEATMAP_FILE, "sweep_cells", "wandb", WANDB_FILE)
 #: Keys of each cell's per-language / per-task entries.
 COMPACT_KEYS = ("tokens_per_second", "speedup_vs_none", "mean_tokens_per_round", "num_tokens", "seconds",
                 "num_requests", "time_to_first_token_mean", "itl_p50", "itl_p95", "itl_p99")
@@ -295,7 +299,7 @@ def run_grid(config: EvalConfig, out: str | Path, *, target=None, config_path: s
     write_json(out / GRID_FILE, result)
     grid_heatmap(result, out / HEATMAP_FILE)
     write_sweep(config, out, config_path)
-    log_grid_to_wandb(config, out, result, runs)
+    log_grid_to_wandb(config, out, result)
     raise_first_violation(exactness["greedy_identity"])  # a low-precision violation, after the files
     return result
 
@@ -332,38 +336,21 @@ def write_sweep(config: EvalConfig, out: Path, config_path: str | None) -> Path:
     )
 
 
-def log_grid_to_wandb(config: EvalConfig, out: Path, result: dict, runs: list[RequestRun]) -> None:
-    """One run per cell (grouped) and a summary run with the table and the heatmap."""
-    from draftrl.eval.wandb_log import log_images, log_table, start_run
+def log_grid_to_wandb(config: EvalConfig, out: Path, result: dict) -> None:
+    """The grid as one wandb run (``job_type`` grid) in the pipeline's group: the table of every cell,
+    the heatmap and the chosen best fixed setting (``draftrl.eval.wandb_log.log_grid``)."""
+    from draftrl.config.wandb import logged_run
+    from draftrl.eval.wandb_log import log_grid
 
-    group = config.wandb.group or f"grid-{out.resolve().name}"
-    for name, cell in result["cells"].items():
-        run = start_run(config.wandb, out, name=name, group=group, job_type="grid-cell",
-                        config={"depth": cell["depth"], "verify_size": cell["verify_size"], "width": cell["width"],
-                                "drafter": config.env.drafter, "target": config.env.target,
-                                "temperature": config.env.temperature})
-        if run is None:
-            return
-        run.summary.update({k: cell[k] for k in COMPACT_KEYS if cell.get(k) is not None})
-        run.summary["noise"] = cell["noise"]
-        run.finish()
-    run = start_run(config.wandb, out, name="grid-summary", group=group, job_type="grid-summary",
-                    config=result["config"])
-    columns = ["cell", "depth", "verify_size", "width", "tokens_per_second", "speedup_vs_none", "mean_tokens_per_round",
-               "noise"]
-    rows = [[n, c["depth"], c["verify_size"], c["width"], c["tokens_per_second"], c["speedup_vs_none"],
-             c["mean_tokens_per_round"], c["noise"]] for n, c in result["cells"].items()]
-    log_table(run, "grid", columns, rows)
-    log_images(run, {"speedup_heatmap": out / HEATMAP_FILE})
-    run.summary.update({"best": result["best"]["name"], "best_speedup_vs_none": result["best"]["speedup_vs_none"]})
-    run.finish()
+    with logged_run(config.wandb, out, job_type="grid", config={**result["config"], "hardware": result["hardware"]}) as run:
+        log_grid(run, result, out / HEATMAP_FILE)
 
 
 def run_cell(config: EvalConfig, out: str | Path, cell: Cell, *, target=None) -> dict:
     """A single sweep cell, timed interleaved with plain decoding; writes ``DIR/cell_<name>.json``
     and logs to the current wandb run (the sweep agent's)."""
+    from draftrl.config.wandb import logged_run
     from draftrl.io import write_json
-    from draftrl.eval.wandb_log import start_run
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -373,10 +360,11 @@ def run_cell(config: EvalConfig, out: str | Path, cell: Cell, *, target=None) ->
     result = {"format": FORMAT + "-cell", "cell": table[cell.name], "reference": table[REFERENCE],
               "exactness": exactness, "config": to_dict(config)}
     write_json(out / f"cell_{cell.name}.json", result)
-    raise_first_violation(exactness["greedy_identity"])
-    run = start_run(config.wandb, out, name=cell.name, group=config.wandb.group or "grid-sweep", job_type="grid-cell",
-                    config={"depth": cell.depth, "verify_size": cell.verify_size, "width": cell.width})
-    if run is not None:
-        run.summary.update({k: v for k, v in table[cell.name].items() if isinstance(v, (int, float))})
-        run.finish()
+    # the agent sets the run's id; every agent's cell joins one group per sweep, whatever its machine's folder
+    group = config.wandb.group or f"sweep-{os.environ.get('WANDB_SWEEP_ID', 'cells')}"
+    with logged_run(dataclasses.replace(config.wandb, group=group), out, job_type="grid-cell", name=cell.name,
+                    resume=False, config={"depth": cell.depth, "verify_size": cell.verify_size, "width": cell.width}) as run:
+        if run is not None:
+            run.summary.update({k: v for k, v in table[cell.name].items() if isinstance(v, (int, float))})
+    raise_first_violation(exactness["greedy_identity"])  # a low-precision violation, after the files
     return result

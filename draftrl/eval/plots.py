@@ -8,6 +8,8 @@
   bonus token included) of every policy.
 - :func:`pit_histogram`: the exactness monitor's probability-integral-transform histogram
   (uniform under exactness) with the +-2 sigma band of a uniform multinomial.
+- :func:`speedup_bars`: every policy's speedup over the best fixed setting with its paired
+  bootstrap 95% interval (``ci_vs_best_fixed``), a line at 1.0.
 - :func:`load_sweep`: throughput and p95 inter-token latency against the Poisson arrival rate,
   one line per serving policy (vLLM solid, the simulator dashed).
 """
@@ -190,6 +192,45 @@ def pit_histogram(counts_by_name: dict[str, list[int]], path: str | Path, note: 
         ax.set_xlabel("PIT value u")
     axes[0, 0].set_ylabel("density (1 = uniform;\ngrey: +-2 sigma)")
     fig.suptitle("exactness monitor: randomised PIT histograms" + (f" ({note})" if note else ""), fontsize=10)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def speedup_bars(results: dict, path: str | Path) -> Path | None:
+    """Bars of ``results["policies"][*]["ci_vs_best_fixed"]["ratio"]`` with the interval
+    ``[low, high]`` drawn as whiskers (a ``results.json`` dict); green above 1.0, red below, grey
+    where the interval covers 1.0 ("not resolved"). None when no policy was compared with a best
+    fixed setting (no ``--grid``)."""
+    rows = [(name, p["ci_vs_best_fixed"]) for name, p in results["policies"].items()
+            if (p.get("ci_vs_best_fixed") or {}).get("ratio") is not None]
+    if not rows:
+        return None
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7.5, 0.9 + 0.42 * len(rows)))
+    y = np.arange(len(rows))[::-1]  # the first policy on top
+    ratios = np.array([ci["ratio"] for _, ci in rows])
+    low = np.array([ci.get("low", ci["ratio"]) if not ci.get("reference") else ci["ratio"] for _, ci in rows])
+    high = np.array([ci.get("high", ci["ratio"]) if not ci.get("reference") else ci["ratio"] for _, ci in rows])
+    colors = ["tab:blue" if ci.get("reference") else
+              "tab:grey" if ci.get("verdict") == "not resolved" else
+              "tab:green" if ci["ratio"] > 1 else "tab:red" for _, ci in rows]
+    ax.barh(y, ratios - 1.0, left=1.0, color=colors, alpha=0.7, height=0.6)
+    ax.errorbar(ratios, y, xerr=[ratios - low, high - ratios], fmt="o", color="black", capsize=4, markersize=3)
+    ax.axvline(1.0, color="black", linewidth=1)
+    for yi, (name, ci) in zip(y, rows):
+        note = "reference" if ci.get("reference") else f"[{ci['low']:.2f}, {ci['high']:.2f}] {ci.get('verdict', '')}"
+        ax.annotate(f"{ci['ratio']:.2f}x {note}", xy=(max(high.max(), 1.0), yi), xytext=(6, 0),
+                    textcoords="offset points", va="center", fontsize=7)
+    ax.set_yticks(y, [name for name, _ in rows], fontsize=8)
+    span = max(high.max(), 1.0) - min(low.min(), 1.0)
+    ax.set_xlim(min(low.min(), 1.0) - 0.05 * span - 0.01, max(high.max(), 1.0) + 0.45 * span + 0.05)
+    best = (results.get("best_grid") or {}).get("name", "best fixed")
+    num = len(results.get("prompts", []))
+    ax.set_xlabel(f"speedup over the best fixed setting ({best}), paired bootstrap 95% interval over {num} requests")
+    ax.set_title("held-out speedup over grid search's best fixed setting; grey: not resolved", fontsize=10)
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=110)

@@ -15,7 +15,9 @@ Steps, each through the owning package's public Python API, each writing under `
    ``DIR/sweep/`` (``results.json``, ``report.md``, ``sweep.png``, ``sim/results.json``).
 
 ``DIR/serve_demo_summary.json`` holds each step's seconds and, per rate and policy, the speedup
-over no speculation in vLLM and in the simulator. A step whose output is already in ``DIR``
+over no speculation in vLLM and in the simulator. Each step logs one wandb run (``job_type`` the
+step) in one group, offline in ``DIR/wandb/``: the sweep's speedup against the arrival rate per
+policy and its per-rate tables beside the calibration, training and DSD search they came from. A step whose output is already in ``DIR``
 (from an interrupted run with the same settings, ``DIR/serve_demo_config.json``) is skipped.
 The default (``ServeDemoConfig()``) is sized for about 15 minutes on 2 quiet CPU cores;
 ``ServeDemoConfig.quick()`` runs in a few.
@@ -30,12 +32,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from draftrl.config.wandb import WandbConfig
 from draftrl.decoding.vllm.calibrate import CalibrationSizes
+from draftrl.runs import WANDB_FILE
 
 STEPS: tuple[str, ...] = ("calibrate", "collect", "train", "dsd", "sweep")
 #: What the demo writes in DIR (``--overwrite`` removes only these).
 OUTPUTS: tuple[str, ...] = ("serve_demo_config.json", "vllm_costs.json", "rec_tune", "rec_heldout", "ppo_sim",
-                            "dsd_grid.json", "sweep", "logs", "serve_demo_summary.json")
+                            "dsd_grid.json", "sweep", "logs", "serve_demo_summary.json", "wandb", WANDB_FILE)
 
 
 @dataclass
@@ -65,6 +69,9 @@ class ServeDemoConfig:
     threads: int = 1
     """CPU threads of vLLM's worker"""
     seed: int = 0
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+    """one run per step (job_type calibrate, collect, train, dsd, sweep) in one group, offline in
+    DIR/wandb/ (not part of the settings a resumed demo must match)"""
 
     @classmethod
     def quick(cls) -> "ServeDemoConfig":
@@ -123,15 +130,18 @@ def run_serve_demo(config: ServeDemoConfig, out: str | Path, *, overwrite: bool 
     :raises ServingMismatch: (``draftrl.eval.serving``) when a policy fails an exactness check in
         the sweep; its results are written first.
     """
+    import dataclasses
     import importlib
     import shutil
 
     from draftrl.config import to_dict
+    from draftrl.config.wandb import EXACTNESS_FAILED, logged_run, pipeline, sync_command
+    from draftrl.eval import wandb_log
     from draftrl.io import plain, read_json, write_json
 
     out = Path(out)
     train_cfg = _train_config(config, out)  # a missing recipe fails before any work
-    settings = plain(to_dict(config))
+    settings = plain({k: v for k, v in to_dict(config).items() if k != "wandb"})  # how it is watched may change
     if overwrite:
         for name in OUTPUTS:
             path = out / name
@@ -142,6 +152,7 @@ def run_serve_demo(config: ServeDemoConfig, out: str | Path, *, overwrite: bool 
                          "it, or another --out.")
     out.mkdir(parents=True, exist_ok=True)
     write_json(earlier, settings)
+    wb = pipeline(config.wandb, out)  # every step's run in one group, in out/wandb/ (a resumed demo keeps both)
     summary: dict = {"steps": {}, "out": str(out)}
     started = time.perf_counter()
 
@@ -165,24 +176,29 @@ def run_serve_demo(config: ServeDemoConfig, out: str | Path, *, overwrite: bool 
         result = calibrate_model(train_cfg.env.serve.target, config.calibrate, dtype=train_cfg.env.serve.dtype,
                                  threads=config.threads, seed=config.seed)
         write_json(out / "vllm_costs.json", result)
+        with logged_run(wb, out, job_type="calibrate", config={"calibrate": to_dict(config.calibrate)}) as run:
+            wandb_log.log_vllm_calibration(run, result)
         f = result["fit"]
         return f"{f['base'] * 1e3:.0f} ms + {f['per_seq'] * 1e3:.1f} ms/seq + {f['per_token'] * 1e3:.1f} ms/token"
 
     def collect() -> str:
         from draftrl.envs.serve_replay import record_workload
 
-        notes = []
+        notes, recorded = [], {}
         for split in ("tune", "heldout"):
             if not (out / f"rec_{split}").exists():
                 recordings = record_workload(_serve_config(config, split=split))
                 recordings.save(out / f"rec_{split}")
                 notes.append(f"{split}: {len(recordings)} requests")
+                recorded[split] = recordings
+        with logged_run(wb, out, job_type="collect", config={"max_new_tokens": config.max_new_tokens}) as run:
+            wandb_log.log_recordings(run, recorded)
         return ", ".join(notes)
 
     def train() -> str:
         run_dir = out / "ppo_sim"  # an interrupted run continues from its newest checkpoint
-        summary_ = importlib.import_module(f"draftrl.train.{train_cfg.recipe}").train(train_cfg, run_dir,
-                                                                                      resume=run_dir.exists())
+        summary_ = importlib.import_module(f"draftrl.train.{train_cfg.recipe}").train(
+            dataclasses.replace(train_cfg, wandb=wb), run_dir, resume=run_dir.exists())
         table = summary_["evaluation"]["table"]
         best = max((k for k in table if k.startswith("fixed")), key=lambda k: table[k]["throughput"])
         return f"PPO {table['ppo']['throughput'] / table[best]['throughput']:.3f}x the best fixed {best} (simulator)"
@@ -194,21 +210,33 @@ def run_serve_demo(config: ServeDemoConfig, out: str | Path, *, overwrite: bool 
         scored = search_dsd(sim_env, _serve_config(config, split="tune"), list(train_cfg.env.serve.loads),
                             ks=config.dsd_ks)
         write_json(out / "dsd_grid.json", {"best": scored[0]["label"], "tables": scored})
+        with logged_run(wb, out, job_type="dsd", config={"ks": list(config.dsd_ks)}) as run:
+            wandb_log.log_dsd(run, scored)
         return f"{scored[0]['label']} ({scored[0]['score']:.3f}x over no speculation, {len(scored)} tables)"
 
     def sweep() -> str:
         from draftrl.eval.plots import load_sweep
-        from draftrl.eval.serving import run_serving_eval
+        from draftrl.eval.serving import ServingMismatch, run_serving_eval
 
         policies = _policies(config, out)
         serve = _serve_config(config, split="heldout")
         sim = run_serving_eval(out / "sweep" / "sim", policies=[p for p in policies if not p.startswith("ngram")],
                                concurrency=(), rates=config.rates, repeats=config.repeats, config=serve,
                                make_env=_sim_env(out, "rec_heldout"))
-        real = run_serving_eval(out / "sweep", policies=policies, concurrency=(), rates=config.rates,
-                                repeats=config.repeats, config=serve, progress=progress)
-        load_sweep(real, sim, real["policies"], out / "sweep" / "sweep.png")
+        try:
+            real = run_serving_eval(out / "sweep", policies=policies, concurrency=(), rates=config.rates,
+                                    repeats=config.repeats, config=serve, progress=progress)
+        except ServingMismatch:  # its results are written: logged, the run marked failed
+            log_sweep(read_json(out / "sweep" / "results.json", "sweep results"), sim, None, code=EXACTNESS_FAILED)
+            raise
+        plot = load_sweep(real, sim, real["policies"], out / "sweep" / "sweep.png")
+        log_sweep(real, sim, plot, code=0)
         return f"exactness {'passed' if real['exactness']['passed'] else 'FAILED'}"
+
+    def log_sweep(real: dict, sim: dict, plot: Path | None, code: int) -> None:
+        with logged_run(wb, out / "sweep", job_type="sweep", code=code,
+                        config={"rates": list(config.rates), "policies": real["policies"]}) as run:
+            wandb_log.log_sweep(run, real, sim, plot)
 
     step(0, out / "vllm_costs.json", calibrate)
     step(1, out / "rec_heldout", collect)  # tune is recorded first: held-out present means both are
@@ -220,6 +248,7 @@ def run_serve_demo(config: ServeDemoConfig, out: str | Path, *, overwrite: bool 
                                  read_json(out / "sweep" / "sim" / "results.json", "simulated sweep results")))
     summary["plot"] = str(out / "sweep" / "sweep.png")
     summary["report"] = str(out / "sweep" / "report.md")
+    summary["wandb"] = {"group": wb.group, "sync": sync_command(wb, out)}
     write_json(out / "serve_demo_summary.json", summary)
     return summary
 

@@ -3,7 +3,9 @@
 - :func:`load_model` -> :class:`LoadedModel` (``model``, ``tokenizer``, ``name``)
 - :func:`check_same_vocab` raises ``ValueError`` naming the first token id that differs;
   :func:`check_same_logits` when the two models score different numbers of ids
-- :func:`check_model_spec`: a name that is neither known, a directory nor reachable fails at once
+- :func:`check_model_spec`: a name that is neither known, a directory nor reachable fails at once;
+  :func:`model_name`, :func:`model_config`, :func:`check_device`: a target's name, its config and
+  the device, read and checked without loading weights
 - :func:`list_models` / :func:`fetch_model`: the known names and their cache
 - :func:`apply_kernels` / :func:`kernel_plan`: the few-token CPU layout chosen by a timed probe
   (cached per machine); :func:`apply_fast_linear` / :func:`remove_fast_linear` switch it by hand
@@ -14,7 +16,7 @@
 from draftrl.models.fast_linear import apply_fast_linear, has_fast_linear, remove_fast_linear
 from draftrl.models.fetch import fetch_model
 from draftrl.models.kernels import KERNELS, KernelPlan, apply_kernels, kernel_plan, stock_kernels
-from draftrl.models.loading import LoadedModel, check_model_spec, load_model
+from draftrl.models.loading import LoadedModel, check_device, check_model_spec, load_model, model_config, model_name
 from draftrl.models.registry import DEFAULT_MODEL, ModelInfo, cache_root, list_models
 from draftrl.models.vocab import check_same_logits, check_same_vocab
 
@@ -27,6 +29,7 @@ __all__ = [
     "apply_fast_linear",
     "apply_kernels",
     "cache_root",
+    "check_device",
     "check_model_spec",
     "check_same_logits",
     "check_same_vocab",
@@ -35,6 +38,8 @@ __all__ = [
     "kernel_plan",
     "list_models",
     "load_model",
+    "model_config",
+    "model_name",
     "remove_fast_linear",
     "stock_kernels",
 ]

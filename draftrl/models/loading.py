@@ -92,6 +92,34 @@ def load_model(spec: str, *, dtype: str = "float32", device: str = "cpu", kernel
     return LoadedModel(model=model, tokenizer=tokenizer, name=name, kernels=plan)
 
 
+def model_name(spec: str) -> str:
+    """The name :func:`load_model` gives ``spec``'s model (``LoadedModel.name``), without loading
+    anything: a known name as written, an existing directory's own name, else the hub id."""
+    if spec in KNOWN_MODELS:
+        return spec
+    path = Path(spec).expanduser()
+    return path.resolve().name if path.exists() else spec
+
+
+def model_config(spec: str):
+    """The ``transformers`` config of ``spec``'s model (its ``config.json`` only, no weights), to
+    check a command's settings against the target before anything heavy loads or is written."""
+    from transformers import AutoConfig
+
+    source = str(fetch_model(spec, quiet=True)) if spec in KNOWN_MODELS else _local_or_hub(spec)[0]
+    try:
+        return AutoConfig.from_pretrained(source)
+    except (OSError, ValueError) as err:
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise FileNotFoundError(f"could not read the config of model {spec!r} ({reason}); pass a directory saved "
+                                f"with save_pretrained, or one of: {', '.join(KNOWN_MODELS)}") from err
+
+
+def check_device(device: str) -> None:
+    """Refuse, in one line, a ``device`` that is not a torch device or that this machine lacks."""
+    _torch_device(device)
+
+
 def check_model_spec(spec: str, what: str = "model") -> None:
     """Fail at once, before anything loads, on a spec that cannot name a model here.
 
@@ -136,7 +164,7 @@ def _local_or_hub(spec: str, what: str = "model") -> tuple[str, str]:
                 f"{path} has no config.json; pass a directory saved with save_pretrained "
                 f"(config.json, weights, tokenizer files), or one of: {', '.join(KNOWN_MODELS)}"
             )
-        return str(path), path.resolve().name
+        return str(path), model_name(spec)
     looks_like_path = spec.startswith(("/", ".", "~")) or spec.count("/") > 1 or "\\" in spec
     if looks_like_path:
         raise FileNotFoundError(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -82,10 +81,15 @@ class ThroughputCallback(BaseCallback):
     ``rollout/episode_throughput`` (tokens / seconds of the episodes that ended in the rollout),
     ``rollout/tokens_per_round``, ``rollout/mean_depth`` and ``rollout/mean_verify_size``, and the
     chosen depths and verify sizes as histograms (wandb only). Reads the env's ``info``.
+
+    :param reference: the best fixed setting's episode throughput on the same env
+        (``draftrl.train.evaluation.best_fixed_reference``): then also ``rollout/best_fixed_throughput``
+        and ``rollout/throughput_vs_best_fixed``, which passes 1.0 when the policy does.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, reference: float | None = None) -> None:
         super().__init__()
+        self.reference = reference
         self._episode_tokens: np.ndarray | None = None
 
     def _on_training_start(self) -> None:
@@ -119,6 +123,9 @@ class ThroughputCallback(BaseCallback):
     def _on_rollout_end(self) -> None:
         if self._throughputs:
             self.logger.record("rollout/episode_throughput", float(np.mean(self._throughputs)))
+            if self.reference:
+                self.logger.record("rollout/best_fixed_throughput", self.reference)
+                self.logger.record("rollout/throughput_vs_best_fixed", float(np.mean(self._throughputs)) / self.reference)
         if self._rounds:
             self.logger.record("rollout/tokens_per_round", self._tokens / self._rounds)
         for key, values in (("depth", self._depths), ("verify_size", self._verify_sizes)):
@@ -154,28 +161,37 @@ class WandbOutput(KVWriter):
 
 
 def start_wandb(cfg: TrainConfig, out: Path, run_id: str) -> Any:
-    """The wandb run of this training run (same id across resumes), or None when disabled.
+    """The wandb run of this training run (``job_type`` train, the run id of ``run_state.json``, so a
+    resumed run continues it), or None when disabled (``draftrl.config.wandb.start_run``: offline
+    runs in ``out/wandb/``, or the pipeline's ``wandb.dir``; ``WANDB_MODE`` and ``WANDB_DIR`` win)."""
+    from draftrl.config.wandb import start_run
 
-    ``WANDB_MODE`` and ``WANDB_DIR`` in the environment win over the config (tests set
-    ``WANDB_MODE=disabled``); the default directory is ``out``.
-    """
-    mode = os.environ.get("WANDB_MODE", cfg.wandb.mode)
-    if mode == "disabled":
-        return None
+    return start_run(cfg.wandb, out, job_type="train", name=f"train-{out.name}", config=to_dict(cfg), run_id=run_id)
+
+
+def log_learning_curve(run: Any, out: Path, reference: dict[str, Any]) -> None:
+    """``rollout/learning_curve``: PPO's episode throughput per rollout (every session's
+    ``logs/progress_*.csv``) and the best fixed setting's on the same env, on one chart."""
+    import csv
+
     import wandb
 
-    return wandb.init(
-        project=cfg.wandb.project,
-        entity=cfg.wandb.entity,
-        group=cfg.wandb.group,
-        tags=list(cfg.wandb.tags),
-        name=out.name,
-        id=run_id,
-        resume="allow",
-        mode=mode,
-        dir=os.environ.get("WANDB_DIR", str(out)),
-        config=to_dict(cfg),
-    )
+    points = []
+    for path in sorted((out / LOGS_DIR).glob("progress_*.csv")):
+        with path.open() as f:
+            for row in csv.DictReader(f):
+                if row.get("rollout/episode_throughput"):
+                    points.append((int(float(row["time/total_timesteps"])), float(row["rollout/episode_throughput"])))
+    if not points:
+        return
+    points.sort()
+    steps = [s for s, _ in points]
+    run.log({"rollout/learning_curve": wandb.plot.line_series(
+        xs=steps, ys=[[v for _, v in points], [reference["throughput"]] * len(steps)],
+        keys=["PPO (episode throughput)", f"best fixed {reference['name']} (same env)"],
+        title="learning curve vs the best fixed setting", xname="env steps")})
+    run.summary.update({"reference/best_fixed": reference["name"],
+                        "reference/best_fixed_throughput": reference["throughput"]})
 
 
 def make_logger(out: Path, start: int, wandb_run: Any, verbose: bool = False) -> Logger:

@@ -34,6 +34,7 @@ from stable_baselines3.common.callbacks import BaseCallback
 from draftrl.policies import LEVEL_FEATURE, Policy, PPOPolicy, env_grids
 from draftrl.io import write_json
 from draftrl.runs import MANIFEST_FILE, POLICY_FILE, STATE_FILE, VECNORMALIZE_FILE
+from draftrl.config.wandb import exit_code
 from draftrl.train.callbacks import start_wandb
 from draftrl.train.envs import make_env, make_vec_env
 from draftrl.train.state import Stopwatch, open_run
@@ -170,6 +171,11 @@ def train(
         steps = 2 * cfg.cotrain_rounds * cfg.total_timesteps
         return finish_run(cfg, out, state, clock, steps, eval_spec=cfg.depth_env, extra_kwargs=hook,
                           wandb_run=wandb_run, extra={"policies": {"depth": str(out / "depth"), "size": str(out / "size")}})
+    except BaseException as err:
+        if wandb_run is not None:
+            wandb_run.finish(exit_code=exit_code(err))  # marked failed (Ctrl-C: 130); --resume continues it
+            wandb_run = None
+        raise
     finally:
         if wandb_run is not None:
             wandb_run.finish()

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 
 from draftrl.config import to_dict
 from draftrl.policies import (
@@ -42,6 +43,35 @@ def build_baselines(names: list[str], env: gym.Env) -> list[Policy]:
     return policies
 
 
+def fixed_settings(env: gym.Env) -> list[Policy]:
+    """Every fixed setting of ``env``'s grids: ``Fixed.grid`` on a round-level env; on a step-level
+    env (a depth policy's) each depth drafted to the end, named ``fixed(d=D)``."""
+    if not isinstance(env.action_space, gym.spaces.Discrete):
+        return Fixed.grid(env)
+    depths, _, _ = env_grids(env)
+    fixed = [Fixed.for_env(env, depth=d) for d in depths]
+    for policy in fixed:
+        policy.name = f"fixed(d={policy.depth})"
+    return fixed
+
+
+def best_fixed_reference(cfg: TrainConfig, spec: EnvSpec, extra_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The best fixed setting on the env PPO trains on (``spec`` as trained, not its ``eval`` keys):
+    the reference line of the learning curve (``rollout/best_fixed_throughput``).
+
+    Every fixed setting plays ``cfg.eval_episodes`` episodes from ``cfg.eval_seed``; its score is
+    the mean of the episodes' throughputs, the statistic ``rollout/episode_throughput`` logs.
+
+    :return: ``{"name", "throughput", "episodes", "scores" {name: throughput}}``.
+    """
+    env = make_env(spec, extra_kwargs=extra_kwargs)
+    scores = {p.name: float(np.mean(evaluate_policy_on_env(p, env, cfg.eval_episodes, cfg.eval_seed)["episode_throughputs"]))
+              for p in fixed_settings(env)}
+    env.close()
+    name = max(scores, key=scores.__getitem__)
+    return {"name": name, "throughput": scores[name], "episodes": cfg.eval_episodes, "scores": scores}
+
+
 def evaluate_run(
     cfg: TrainConfig,
     policy_dir: Path,
@@ -62,15 +92,8 @@ def evaluate_run(
     """
     spec = spec or cfg.env
     env = make_env(spec, evaluation=True, extra_kwargs=extra_kwargs)
-    step_level = isinstance(env.action_space, gym.spaces.Discrete)
     policies: list[Policy] = [PPOPolicy.load(policy_dir, env, name="ppo")]
-    if step_level:
-        depths, _, _ = env_grids(env)
-        fixed = [Fixed.for_env(env, depth=d) for d in depths]
-        for policy in fixed:
-            policy.name = f"fixed(d={policy.depth})"
-    else:
-        fixed = Fixed.grid(env)
+    fixed = fixed_settings(env)
     baselines = list(cfg.baselines)
     serving = not getattr(env.unwrapped, "one_request_per_episode", True)
     if serving and "heuristic" in baselines:  # evaluated below on its own env

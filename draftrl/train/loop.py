@@ -26,7 +26,7 @@ from draftrl.io import plain, write_json
 from draftrl.policies import env_grids
 from draftrl.policies.ppo import write_manifest
 from draftrl.runs import CHECKPOINTS_DIR, STATE_FILE, SUMMARY_FILE, VECNORMALIZE_FILE, checkpoints, portable_config
-from draftrl.train.callbacks import RolloutCheckpoint, ThroughputCallback, make_logger
+from draftrl.train.callbacks import RolloutCheckpoint, ThroughputCallback, log_learning_curve, make_logger
 from draftrl.train.config import EnvSpec, TrainConfig
 from draftrl.train.envs import detached, first_env
 from draftrl.train.evaluation import evaluate_run
@@ -122,6 +122,7 @@ def learn_phases(
     new_model: Callable[[VecEnv], PPO],
     callbacks: Sequence[BaseCallback] = (),
     start_from: Path | None = None,
+    reference: float | None = None,
 ) -> Learned | None:
     """Train one PPO model through ``phases``; returns it, or None if a callback stopped the session.
 
@@ -132,6 +133,8 @@ def learn_phases(
     :param new_model: ``venv -> PPO``: a fresh model, when there is no checkpoint or ``start_from``.
     :param start_from: a saved policy directory to continue training from when there is no
         checkpoint (co-training's later rounds), else a fresh PPO.
+    :param reference: the best fixed setting's episode throughput on the training env, logged
+        beside the learning curve (:class:`~draftrl.train.callbacks.ThroughputCallback`).
     """
     checkpoint = resume_checkpoint(directory, cfg.ppo.normalize_obs or cfg.ppo.normalize_reward) if resume else None
     model: PPO | None = None
@@ -172,7 +175,7 @@ def learn_phases(
         try:
             model.learn(
                 total_timesteps=phase.until - model.num_timesteps,
-                callback=[saver, ThroughputCallback(), *callbacks],
+                callback=[saver, ThroughputCallback(reference), *callbacks],
                 reset_num_timesteps=False,
                 progress_bar=cfg.progress_bar,
             )
@@ -228,8 +231,14 @@ def finish_run(
     extra_kwargs: dict[str, Any] | None = None,
     wandb_run: Any = None,
     extra: dict[str, Any] | None = None,
+    reference: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Mark the run complete, evaluate the policy in ``out`` and write ``train_summary.json``."""
+    """Mark the run complete, evaluate the policy in ``out`` and write ``train_summary.json``.
+
+    :param reference: the best fixed setting on the training env
+        (``draftrl.train.evaluation.best_fixed_reference``): kept in the summary as
+        ``reference_best_fixed`` and drawn with the learning curve in wandb.
+    """
     state.update(completed=True, num_timesteps=num_timesteps, wall_seconds=clock.elapsed())
     write_json(out / STATE_FILE, state)
     train_seconds = clock.elapsed()
@@ -245,6 +254,7 @@ def finish_run(
         "sessions": state["sessions"],
         "wall_seconds": {"training": train_seconds, "evaluation": eval_clock.elapsed()},
         **(extra or {}),
+        **({"reference_best_fixed": reference} if reference else {}),
         "evaluation": evaluation,
     }
     write_json(out / SUMMARY_FILE, summary)
@@ -253,4 +263,6 @@ def finish_run(
         wandb_run.summary["eval/best_fixed"] = evaluation["best_fixed"]
         if evaluation.get("lookahead_gain_captured") is not None:
             wandb_run.summary["eval/lookahead_gain_captured"] = evaluation["lookahead_gain_captured"]
+        if reference:
+            log_learning_curve(wandb_run, out, reference)
     return summary

@@ -4,7 +4,8 @@ Reads top to bottom like CleanRL's ``ppo.py``, with SB3 doing the PPO update:
 
 1. the env (``cfg.env``: trace replay, the analytic model or the real engine); its grids and
    features are what the policy is for, and a bad config fails before ``DIR`` is written;
-2. the run directory (fresh, or ``--resume``d with the same run id), its clock and wandb run;
+2. the run directory (fresh, or ``--resume``d with the same run id), its clock and wandb run (with
+   the best fixed setting on this env measured as the learning curve's reference line);
 3. the phases: ``total_timesteps`` on ``cfg.env``, then optionally ``finetune_real_timesteps``
    more on ``cfg.finetune_env`` (the real engine), counted by one step counter;
 4. PPO: SB3's ``"MlpPolicy"`` over the flat observation, ``MultiDiscrete([len(depths),
@@ -32,12 +33,14 @@ from stable_baselines3 import PPO
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.vec_env import VecEnv
 
+from draftrl.config.wandb import exit_code
 from draftrl.io import write_json
 from draftrl.runs import STATE_FILE
 from draftrl.train.callbacks import start_wandb
 from draftrl.train.config import EnvSpec, TrainConfig
 from draftrl.train.envs import make_env, make_vec_env
 from draftrl.train.loop import Learned, Phase, finish_run, learn_phases, save_trained
+from draftrl.train.evaluation import best_fixed_reference
 from draftrl.train.selection import score_checkpoints
 from draftrl.train.state import Stopwatch, open_run
 
@@ -118,9 +121,12 @@ def run(
     if cfg.finetune_real_timesteps:
         phases.append(Phase("finetune", envs(cfg.finetune_env), cfg.total_timesteps + cfg.finetune_real_timesteps))
     try:
+        # the learning curve's reference line: the best fixed setting on this env (only when it is drawn)
+        reference = best_fixed_reference(cfg, spec, env_kwargs) if wandb_run is not None else None
         # 4. PPO through the phases (fresh, or from the newest checkpoint)
         learned = learn_phases(cfg, phases, out, kind=kind, resume=resume, wandb_run=wandb_run, on_save=record_state,
-                               new_model=lambda venv: new_ppo(cfg, venv, kind), callbacks=callbacks)
+                               new_model=lambda venv: new_ppo(cfg, venv, kind), callbacks=callbacks,
+                               reference=reference["throughput"] if reference else None)
         if learned is None:
             return None
         # 5. the policy files; with keep=best, then replaced by the checkpoint best on fresh training-env episodes
@@ -136,7 +142,13 @@ def run(
                 save_trained(best, out, kind=kind, env_id=spec.id, grids_env=grids_env, extra=manifest_extra)
         # 6. the evaluation against every fixed setting and the baselines, train_summary.json
         return finish_run(cfg, out, state, clock, trained_steps, eval_spec=spec, extra_kwargs=env_kwargs,
-                          wandb_run=wandb_run, extra={"selection": selection} if selection else None)
+                          wandb_run=wandb_run, extra={"selection": selection} if selection else None,
+                          reference=reference)
+    except BaseException as err:
+        if wandb_run is not None:
+            wandb_run.finish(exit_code=exit_code(err))  # marked failed (Ctrl-C: 130); --resume continues it
+            wandb_run = None
+        raise
     finally:
         if wandb_run is not None:
             wandb_run.finish()

@@ -30,6 +30,9 @@ SHARED = {
     "--kernels": ("stock", "env.kernels", "stock"),
     "--threads": ("3", "threads", 3),
     "--seed": ("7", "seed", 7),
+    "--wandb-project": ("speedups", "wandb.project", "speedups"),
+    "--wandb-group": ("cpu-baseline", "wandb.group", "cpu-baseline"),
+    "--wandb-entity": ("team", "wandb.entity", "team"),
 }
 CONFIG_COMMANDS = ("generate", "calibrate", "collect", "train", "grid", "eval", "demo")
 
@@ -190,6 +193,29 @@ def test_the_flags_set_the_serving_config_too():
             serving_config(args)
 
 
+def test_every_command_that_logs_takes_the_wandb_flags():
+    """grid, eval, train and both demos: --wandb-project/--wandb-group/--wandb-entity are their wandb keys
+    (--engine vllm reads them beside its ServeConfig, the serve demo into its own wandb section)."""
+    from draftrl.cli.demo import config as demo_config
+    from draftrl.cli.eval import serving_config, serving_wandb
+    from draftrl.config import load_config
+    from draftrl.eval.serve_demo import ServeDemoConfig
+
+    for command in ("train", "grid", "eval", "demo"):
+        for flag in ("--wandb-project", "--wandb-group", "--wandb-entity"):
+            assert _accepts(command, flag), (command, flag)
+    assert _config("grid", "--wandb-group", "2026").wandb.group == "2026"  # a number-like name stays a name
+    argv = ["--wandb-project", "p", "--wandb-group", "g", "--wandb-entity", "e"]
+    args = build_parser().parse_args(["eval", "--engine", "vllm", "--out", "o", *argv, "--set", "wandb.tags=[x]"])
+    wandb = serving_wandb(args)
+    assert (wandb.project, wandb.group, wandb.entity, wandb.tags) == ("p", "g", "e", ["x"])
+    serving_config(args)  # the wandb keys are not workload keys
+    args = build_parser().parse_args(["demo", "--engine", "vllm", *argv])
+    assert demo_config(args).wandb.group == "g"
+    served = load_config(ServeDemoConfig, None, ["wandb.group=g", "wandb.project=p"])
+    assert (served.wandb.group, served.wandb.project) == ("g", "p")
+
+
 def test_a_serving_config_file_reads_the_env_section_and_refuses_unknown_sections(tmp_path):
     from draftrl.config.serve import load_serve_config
 
@@ -212,3 +238,100 @@ def test_collect_engine_vllm_reads_the_same_env_keys():
                                       "--target", "tiny-model"])
     config = serving_config(args)
     assert (config.split, config.target) == ("heldout", "tiny-model")
+
+
+# ----------------------------------------------------------------------------- a demo config drives each step
+def _demo_copy(tmp_path, name: str = "demo_cpu.yaml", target: str = "my-target", extra: str = ""):
+    """configs/NAME as a user copies it, the target edited (its drafter still sam:2), plus ``extra`` lines."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "configs" / name).read_text()
+    copy = tmp_path / name
+    copy.write_text(text.replace("\nenv:\n", f"\nenv:\n  target: {target}\n", 1) + extra)
+    return str(copy)
+
+
+@pytest.mark.parametrize("name", ["demo_cpu.yaml", "demo_quick_cpu.yaml"])
+def test_every_step_command_reads_a_demo_config_as_the_demo_runs_that_step(tmp_path, name):
+    """Each step command takes what the demo's step reads, with the demo's defaults (not the command's own)."""
+    import dataclasses
+
+    from draftrl.config.commands import CalibrateConfig, CollectConfig
+    from draftrl.eval.config import EvalConfig
+    from draftrl.eval.demo import step_config, train_config
+
+    copy = _demo_copy(tmp_path, name, target="smollm2-135m")
+    demo = _config("demo", "--config", copy)
+    assert demo.env.drafter == "sam:2"  # a head ships for SmolLM2: nothing falls back
+    for command, cls in (("calibrate", CalibrateConfig), ("collect", CollectConfig), ("grid", EvalConfig),
+                         ("eval", EvalConfig)):
+        assert _config(command, "--config", copy) == step_config(demo, cls), command
+    assert _config("calibrate", "--config", copy).calibrate.widths == (1,)  # the demo's, not CalibrateSettings' 1,2,4,8
+    assert _config("collect", "--config", copy).env.split == "tune"  # the demo collects the tune split
+    assert _config("collect", "--config", copy, "--set", "env.split=heldout").env.split == "heldout"
+    assert _config("grid", "--config", copy).threads == 1 != EvalConfig().threads
+    trained = _config("train", "--config", copy, "--traces", "runs/demo/traces")
+    assert trained == train_config(demo, demo.train.recipes[0], "runs/demo/traces")
+    flagged = _config("train", "--config", copy, "--traces", "t", "--kernels", "stock", "--set", "recipe=ppo_depth",
+                      "--set", "ppo.learning_rate=1.0e-3")
+    assert flagged == dataclasses.replace(
+        train_config(dataclasses.replace(demo, env=dataclasses.replace(demo.env, kernels="stock")), "ppo_depth", "t"),
+        ppo=dataclasses.replace(trained.ppo, learning_rate=1.0e-3))  # env.KEY sets env and depth_env, as the demo
+
+
+def test_a_demo_config_keeps_unknown_keys_and_sections_refused(tmp_path):
+    for command in ("calibrate", "collect", "grid", "eval", "demo"):
+        with pytest.raises(ValueError, match=r"unknown config key 'grid.repeat'; did you mean 'grid.repeats'"):
+            _config(command, "--config", _typo(tmp_path, "grid:\n", "grid:\n  repeat: 2\n"))
+        with pytest.raises(ValueError, match="did you mean 'calibrate.contexts'"):
+            _config(command, "--config", _typo(tmp_path, "calibrate:\n", "calibrate:\n  context: [64]\n"))
+        with pytest.raises(ValueError, match=r"unknown (section|config key) 'grids'; did you mean 'grid'"):
+            _config(command, "--config", _typo(tmp_path, "grid:\n", "grids:\n"))
+    with pytest.raises(ValueError, match="did you mean 'train.total_timesteps'"):
+        _config("train", "--config", _typo(tmp_path, "train:\n", "train:\n  total_timestep: 5\n"), "--traces", "t")
+    with pytest.raises(ValueError, match="demo config: pass --traces DIR"):
+        _config("train", "--config", _demo_copy(tmp_path))
+    with pytest.raises(ValueError, match="--traces is read with a demo config only"):
+        _config("train", "--config", "configs/analytic_regimes.yaml", "--traces", "t")
+    with pytest.raises(ValueError, match="did you mean 'calibrate.repeats'"):  # --set stays strict
+        _config("calibrate", "--config", _demo_copy(tmp_path), "--set", "calibrate.repeat=2")
+
+
+def _typo(tmp_path, old: str, new: str) -> str:
+    """A copy of configs/demo_cpu.yaml with its first ``old`` replaced by ``new``."""
+    path = tmp_path / "typo.yaml"
+    text = open(_demo_copy(tmp_path)).read()
+    assert old in text
+    path.write_text(text.replace(old, new, 1))
+    return str(path)
+
+
+def test_a_missing_head_falls_back_from_a_default_and_is_refused_when_asked_for(tmp_path, capsys):
+    """Decided from the target's name before anything loads: the demo's default sam:2 (built in or in a
+    copied file) drafts by n-gram lookup, saying so once; sam:2 or eagle3 on the command line is refused."""
+    from draftrl.drafters.packaged import FALLBACK_DRAFTER
+
+    copy = _demo_copy(tmp_path)
+    for argv in (["demo", "--target", "my-target"], ["demo", "--quick", "--target", "my-target"],
+                 ["demo", "--config", copy], ["grid", "--config", copy], ["eval", "--config", copy],
+                 ["calibrate", "--config", copy], ["collect", "--config", copy], ["generate", "--config", copy],
+                 ["train", "--config", copy, "--traces", "t"]):
+        cfg = _config(*argv)
+        assert cfg.env.drafter == FALLBACK_DRAFTER, argv
+        (line,) = capsys.readouterr().err.strip().splitlines()
+        assert line.startswith(f"draftrl {argv[0]}: drafter sam:2 needs an EAGLE-3 head"), line
+        assert ("ships none for the target 'my-target'" in line and "drafting with ngram:1:3:latest" in line
+                and "`draftrl distill --target my-target --out heads/my-target`" in line), line
+    assert _config("train", "--config", copy, "--traces", "t").depth_env.drafter == FALLBACK_DRAFTER
+    capsys.readouterr()
+    assert _config("demo").env.drafter == "sam:2" and not capsys.readouterr().err  # SmolLM2's head ships
+    assert _config("grid", "--target", "my-target").env.drafter == "ngram"  # needs no head: untouched
+    assert _config("demo", "--target", "my-target", "--drafter", "sam:2:heads/mine").env.drafter == "sam:2:heads/mine"
+    for argv in (["demo", "--target", "my-target", "--drafter", "sam:2"],
+                 ["grid", "--config", copy, "--drafter", "eagle3"],
+                 ["calibrate", "--config", copy, "--set", "env.drafter=sam:3"],
+                 ["generate", "--target", "my-target", "--drafter", "eagle3"],
+                 ["train", "--config", copy, "--traces", "t", "--drafter", "sam:2"]):
+        with pytest.raises(ValueError, match=r"ships none for the target 'my-target'.*draftrl distill --target "
+                                             r"my-target --out heads/my-target.*or draft by lookup"):
+            _config(*argv)

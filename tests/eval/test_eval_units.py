@@ -85,7 +85,7 @@ def test_sweep_file_runs_the_grid_cell_command(tmp_path):
 def test_sweep_agents_run_online(monkeypatch):
     """wandb agents cannot run offline runs: inside an agent (WANDB_SWEEP_ID) offline becomes online."""
     from draftrl.config.wandb import WandbConfig
-    from draftrl.eval.wandb_log import wandb_mode
+    from draftrl.config.wandb import wandb_mode
 
     monkeypatch.delenv("WANDB_MODE", raising=False)
     monkeypatch.delenv("WANDB_SWEEP_ID", raising=False)
@@ -154,19 +154,70 @@ def test_report_and_plots_render(tmp_path):
     json.dumps(results)  # the fake is JSON-able like the real thing
 
 
-def test_grid_logs_one_offline_wandb_run_per_cell_and_a_summary(tmp_path, monkeypatch):
-    from draftrl.eval.grid import log_grid_to_wandb
-
+@pytest.fixture
+def offline(monkeypatch):
+    pytest.importorskip("wandb")
     monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
     monkeypatch.delenv("WANDB_DIR", raising=False)
+
+
+def test_the_grid_is_one_wandb_run_with_every_cell_and_the_best(tmp_path, offline):
+    from draftrl.eval.grid import log_grid_to_wandb
+    from draftrl.eval.plots import grid_heatmap
+    from wandb_records import read_runs
+
     _, grid = fake_results()
     for cell in grid["cells"].values():
-        cell.update({"tokens_per_second": 10.0, "mean_tokens_per_round": 1.5, "noise": 0.1})
-    grid["config"] = {"env": {"drafter": "ngram"}}
-    config = EvalConfig()
-    log_grid_to_wandb(config, tmp_path, grid, [])
-    runs = sorted((tmp_path / "wandb").glob("offline-run-*"))
-    assert len(runs) == len(grid["cells"]) + 1
+        cell.update({"tokens_per_second": 10.0 * cell["speedup_vs_none"], "mean_tokens_per_round": 1 + cell["depth"] / 4,
+                     "noise": 0.1, "itl_p50": 0.03, "itl_p99": 0.05, "per_task": {"chat": {
+                         "tokens_per_second": 9.0, "speedup_vs_none": 1.0, "mean_tokens_per_round": 1.2}}})
+    grid["hardware"] = {"cpu": "test"}
+    grid_heatmap(grid, tmp_path / "grid_heatmap.png")
+    log_grid_to_wandb(EvalConfig(), tmp_path, grid)
+    (run,) = read_runs(tmp_path / "wandb")  # one run, not one per cell
+    assert run.job_type == "grid" and run.group.startswith(tmp_path.name + "-") and run.exit_code == 0
+    columns, rows = run.table("grid/cells")
+    for column in ("depth", "verify_size", "width", "drafter", "tokens_per_second", "speedup_vs_none",
+                   "acceptance_length"):
+        assert column in columns
+    assert sorted(row[0] for row in rows) == sorted(grid["cells"])
+    assert {row[columns.index("drafter")] for row in rows} == {"none", "ngram"}
+    assert run.summary["best/name"] == "d2_v0_w1" and run.summary["best/speedup_vs_none"] == 1.2
+    assert run.summary["best/acceptance_length"] == 1.5 and run.summary["num_cells"] == 3
+    assert_png(run.image("grid/heatmap"))
+    assert len(run.table("grid/per_task")[1]) == 3
+
+
+def test_the_eval_run_holds_every_policy_against_the_best_fixed_with_intervals(tmp_path, offline):
+    """The comparison a user came for, on the eval run: and a policy missing from it is caught."""
+    import copy
+
+    from draftrl.eval.evaluate import log_eval_to_wandb, write_outputs
+    from eval_helpers import eval_run_problems, with_intervals
+    from wandb_records import read_runs
+
+    results, grid = fake_results()
+    results = with_intervals(results)
+    results["files"] = write_outputs(results, tmp_path, grid)
+    assert_png(tmp_path / results["files"]["speedup_vs_best_fixed"])
+    log_eval_to_wandb(EvalConfig(), tmp_path, results)
+    (run,) = read_runs(tmp_path / "wandb")
+    assert run.job_type == "eval" and run.exit_code == 0
+    assert eval_run_problems(run, results) == []
+    assert run.summary["policy/best-grid/speedup_vs_best_fixed_verdict"] == "reference"
+    assert run.summary["policy/ppo/speedup_vs_best_fixed"] == pytest.approx(13.0 / 12.0)
+    # negative controls: a policy missing from the summary, an interval that does not hold its ratio
+    broken = copy.deepcopy(run)
+    broken.summary = {k: v for k, v in run.summary.items() if not k.startswith("policy/ppo/")}
+    assert any("policy/ppo/speedup_vs_best_fixed" in p for p in eval_run_problems(broken, results))
+    broken.summary = dict(run.summary, **{"policy/heuristic/speedup_vs_hf_low": 5.0})
+    assert any("outside its interval" in p for p in eval_run_problems(broken, results))
+    # a failed exactness check: the run is logged and marked failed (exit code 3, as the command)
+    results["exactness"]["passed"] = False
+    log_eval_to_wandb(EvalConfig(), tmp_path / "failed", results)
+    (failed,) = read_runs(tmp_path / "failed" / "wandb")
+    assert failed.exit_code == 3 and failed.summary["exactness/passed"] is False
 
 
 # ----------------------------------------------------------------------------- demo
@@ -176,11 +227,12 @@ def test_demo_table_prints_every_policy_and_the_verdict(capsys):
     results, _ = fake_results()
     results["policies"]["lookahead"] = results["policies"]["ppo"]
     summary = {"results_dict": results, "steps": {"grid": {"seconds": 60.0}}, "wall_seconds": 300.0, "out": "runs/demo",
-               "report": "runs/demo/eval/report.md", "results": "runs/demo/eval/results.json"}
+               "report": "runs/demo/eval/report.md", "results": "runs/demo/eval/results.json",
+               "wandb": {"group": "demo-1a2b3c", "sync": "wandb sync runs/demo/wandb"}}
     print_summary(summary)
     out = capsys.readouterr().out
     for text in ("plain decoding", "HF heuristic", "PPO", "lookahead (upper bound)", "1.30x", "PASSED",
-                 "runs/demo/eval/report.md", "monitor overhead"):
+                 "runs/demo/eval/report.md", "monitor overhead", "group demo-1a2b3c", "wandb sync runs/demo/wandb"):
         assert text in out, text
 
 

@@ -45,3 +45,56 @@ def test_a_run_with_other_settings_is_refused_before_any_work(tmp_path):
 def test_a_missing_training_recipe_names_the_setting(tmp_path):
     with pytest.raises(FileNotFoundError, match="train_config=nowhere.yaml"):
         run_serve_demo(ServeDemoConfig(train_config="nowhere.yaml"), tmp_path)
+
+
+def test_the_sweep_is_logged_against_the_arrival_rate(tmp_path, monkeypatch):
+    """The serving sweep's wandb run: speedup over no speculation per policy against the rate (vLLM and
+    the simulator, one line each), a table per rate, each policy's geometric mean in the summary."""
+    pytest.importorskip("wandb")
+    from draftrl.config.wandb import WandbConfig, logged_run
+    from draftrl.eval.wandb_log import log_sweep
+    from wandb_records import read_runs
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.delenv("WANDB_DIR", raising=False)
+    real = _results({"0.5": {"none": 1.0, "fixed:4": 1.6, "ppo:x": 1.4}, "8": {"none": 1.0, "fixed:4": 0.9, "ppo:x": 1.1}})
+    sim = _results({"0.5": {"none": 1.0, "fixed:4": 1.5, "ppo:x": 1.3}, "8": {"none": 1.0, "fixed:4": 1.2, "ppo:x": 1.0}})
+    with logged_run(WandbConfig(), tmp_path / "sweep", job_type="sweep") as run:
+        log_sweep(run, real, sim)
+    (read,) = read_runs(tmp_path / "sweep" / "wandb")  # a command's runs land in its --out
+    assert read.job_type == "sweep" and read.exit_code == 0
+    for key, results in (("sweep/speedup_vs_none", real), ("sweep/sim_speedup_vs_none", sim)):
+        assert read.chart(key)["panel_config"]["panelDefId"] == "wandb/lineseries/v0"
+        columns, points = read.table(f"{key}_table")
+        lines = {(row[1], row[0]): row[2] for row in points}  # (policy, rate) -> speedup
+        assert lines == {(name, float(rate)): p["speedup_vs_none"] for rate, entry in results["rates"].items()
+                         for name, p in entry["policies"].items()}
+    columns, rows = read.table("sweep/rate_0_5")
+    assert {row[0]: (row[1], row[2]) for row in rows} == {"none": (1.0, 1.0), "fixed:4": (1.6, 1.5), "ppo:x": (1.4, 1.3)}
+    assert read.table("sweep/rate_8")[1]
+    assert read.summary["policy/ppo:x/geomean_speedup_vs_none"] == pytest.approx(math.sqrt(1.4 * 1.1))
+    assert read.summary["policy/fixed:4/speedup_vs_none/rate_8"] == 0.9
+
+
+def test_eval_engine_vllm_logs_its_sweep_in_the_given_group(tmp_path, monkeypatch):
+    """``draftrl eval --engine vllm --wandb-group G``: the sweep's run (job_type eval) in --out/wandb."""
+    pytest.importorskip("wandb")
+    from draftrl.cli import main
+    from wandb_records import read_runs
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.delenv("WANDB_DIR", raising=False)
+    out = tmp_path / "out"
+
+    def fake_run(out_dir, **kwargs):  # the sweep's results, without vLLM
+        (out / "report.md").write_text("report\n")
+        return {**_results({"2": {"none": 1.0, "fixed:4": 1.3}}), "config": {"max_new_tokens": 8}}
+
+    monkeypatch.setattr("draftrl.eval.serving.run_serving_eval", fake_run)
+    assert main(["eval", "--engine", "vllm", "--policies", "none,fixed:4", "--rates", "2", "--out", str(out),
+                 "--quiet", "--wandb-group", "serving-ab"]) == 0
+    (run,) = read_runs(out / "wandb")
+    assert (run.job_type, run.group, run.exit_code) == ("eval", "serving-ab", 0)
+    assert {row[0]: row[1] for row in run.table("sweep/rate_2")[1]} == {"none": 1.0, "fixed:4": 1.3}

@@ -1,7 +1,7 @@
 """Training recipes: PPO beats grid search on the analytic regime workload; resume; configs; CLI.
 
-Every test here runs with ``WANDB_MODE=disabled`` (``.ci/run`` sets it too) except the one that
-checks the offline run directory.
+Every test here runs with ``WANDB_MODE=disabled`` (``.ci/run`` sets it too) except the ones that
+read the offline run back.
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ from draftrl.policies import ConfidenceThreshold, PPOPolicy, evaluate_policy_on_
 from draftrl.train import ppo_size
 from draftrl.train.config import TrainConfig
 from draftrl.train.envs import make_env
+
+from wandb_records import read_run
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 ANALYTIC = CONFIGS / "analytic_regimes.yaml"
@@ -378,10 +380,40 @@ def test_wandb_offline_run_directory_is_written(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
     monkeypatch.setenv("WANDB_SILENT", "true")
-    summary = ppo_size.train(tiny("total_timesteps=256"), tmp_path / "run")
+    summary = ppo_size.train(tiny("total_timesteps=512"), tmp_path / "run")
     runs = list((tmp_path / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and runs[0].name.endswith(summary["run_id"])
-    assert list(runs[0].glob("run-*.wandb"))
+    run = read_run(runs[0])
+    assert (run.job_type, run.name, run.exit_code) == ("train", "train-run", 0)
+    # the learning curve beside the best fixed setting measured on the same env
+    reference = summary["reference_best_fixed"]
+    assert reference["name"] in summary["evaluation"]["table"] and reference["throughput"] == max(reference["scores"].values())
+    rows = [row for row in run.history if "rollout/episode_throughput" in row]
+    assert rows and all(row["rollout/best_fixed_throughput"] == pytest.approx(reference["throughput"]) for row in rows)
+    assert all(row["rollout/throughput_vs_best_fixed"] == pytest.approx(
+        row["rollout/episode_throughput"] / reference["throughput"]) for row in rows)
+    chart = run.chart("rollout/learning_curve")
+    assert chart["panel_config"]["panelDefId"] == "wandb/lineseries/v0"
+    columns, points = run.table("rollout/learning_curve_table")
+    assert {p[columns.index("lineKey")] for p in points} == {"PPO (episode throughput)",
+                                                         f"best fixed {reference['name']} (same env)"}
+    assert run.summary["reference/best_fixed_throughput"] == pytest.approx(reference["throughput"])
+
+
+def test_a_failed_training_run_is_marked_failed(tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+
+    class Broken(BaseCallback):
+        def _on_step(self) -> bool:
+            raise RuntimeError("the env broke")
+
+    with pytest.raises(RuntimeError, match="the env broke"):
+        ppo_size.train(tiny("total_timesteps=256"), tmp_path / "run", callbacks=[Broken()])
+    (folder,) = (tmp_path / "wandb").glob("offline-run-*")
+    assert read_run(folder).exit_code == 1
 
 
 def test_baselines_and_ppo_share_episodes(trained):
