@@ -120,6 +120,7 @@ def print_summary(summary: dict) -> None:
     from rich.markup import escape
     from rich.table import Table
 
+    from draftrl.eval.agreement import verdict_lines
     from draftrl.eval.report import POLICY_COLUMNS, policy_rows
 
     results = summary["results_dict"]
@@ -135,8 +136,13 @@ def print_summary(summary: dict) -> None:
     ex = results["exactness"]
     verdict = "[bold green]PASSED[/]" if ex["passed"] else "[bold red]FAILED[/]"
     checks = []
-    if ex["greedy_identity"].get("checked"):
-        checks.append(f"greedy token identity on {ex['greedy_identity']['requests']} requests")
+    gi = ex["greedy_identity"]
+    if gi.get("checked") and gi.get("mode") == "near-tie":
+        checks.append(f"per-token argmax of the verifying forward on every round; agreement with plain decoding "
+                      f"{gi['identical']}/{gi['comparisons']}, {gi['num_near_ties']} near-tie(s), "
+                      f"{gi['num_violations']} violation(s)")
+    elif gi.get("checked"):
+        checks.append(f"greedy token identity on {gi['requests']} requests")
     if ex["hf_reference"].get("checked"):
         checks.append(f"HF generate on {ex['hf_reference']['checked']}")
     overhead = ex["monitor_overhead"]["fraction"]
@@ -147,6 +153,12 @@ def print_summary(summary: dict) -> None:
         checks.append(f"monitor caught resample-from-p after {wrong.get('first_detection') or 'never'} tokens, "
                       f"quiet on the correct sampler over {power['correct']['tokens']}")
     console.print(f"exactness: {verdict} ({'; '.join(checks)})")
+    for label, key in (("grid (tune)", "grid_greedy_identity"), ("eval (held-out)", "greedy_identity")):
+        if (ex.get(key) or {}).get("mode") == "near-tie":
+            lines = verdict_lines(ex[key])
+            console.print(escape(f"{label}: {lines[0]}"), soft_wrap=True)
+            for line in lines[1:]:
+                console.print(escape(line), soft_wrap=True)
     if overhead is not None:
         where = ("at temperature 1, every token tested" if "correct" in power
                  else "at temperature 0 the monitor has nothing to test; eval.power_tokens > 0 measures it at "

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from draftrl.cli import _options
 from draftrl.cli._output import exactness_failure, progress_bar
-from draftrl.cli.grid import add_eval_options, config
+from draftrl.cli.grid import add_eval_options, config, print_greedy_verdict
 from draftrl.eval.policy_names import accepted_names
 
 #: ``--engine vllm``'s policies without ``--policies``.
@@ -50,7 +50,8 @@ def add_parser(subparsers) -> None:
     keyed(p, "--no-monitor", key="eval.monitor", action="store_const", const=False,
           help="turn the streaming exactness monitor off")
     keyed(p, "--sampler", key="eval.sampler", choices=_options.samplers(),
-          help="resample-from-p is the known-wrong correction, a negative control for the monitor")
+          help="resample-from-p (the known-wrong correction) and off-by-one (keeps the first rejected draft token) "
+               "are negative controls of the monitor and of the per-token argmax check")
     keyed(p, "--power-tokens", key="eval.power_tokens", type=int,
           help="also measure the tokens each monitor statistic needs to catch resample-from-p (0 = skip)")
     _options.add_ignore_eos(p)
@@ -108,6 +109,7 @@ def run(args: argparse.Namespace) -> int:
     ex = results["exactness"]
     print(f"exactness: {'PASSED' if ex['passed'] else 'FAILED'}  monitor_overhead="
           f"{(ex['monitor_overhead']['fraction'] or 0) * 100:.3f}%  report: {args.out}/report.md")
+    print_greedy_verdict(ex.get("greedy_identity") or {})
     return 0
 
 

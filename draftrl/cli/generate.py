@@ -38,7 +38,8 @@ def add_parser(subparsers) -> None:
     keyed(p, "--depth", key="depth", type=int, help="draft depth per round (0 = plain decoding; default 4)")
     keyed(p, "--verify-size", key="verify_size", type=int, help="draft nodes the target verifies (default 0 = all)")
     keyed(p, "--sampler", key="sampler", choices=_options.samplers(),
-          help="resample-from-p is the known-wrong correction, for negative controls of the exactness monitor")
+          help="resample-from-p (the known-wrong correction) and off-by-one (keeps the first rejected draft token): "
+               "negative controls of the exactness monitor and of the per-token argmax check")
     p.add_argument(
         "--policy", default=None, metavar="FILE",
         help="exported policy (draftrl export --format onnx) choosing depth and verify size every round; "

@@ -95,8 +95,18 @@ def run(args: argparse.Namespace) -> int:
     if anchors.get("methods"):
         timed = "  ".join(f"{label}={m['tokens_per_second']:.2f} tok/s" for label, m in anchors["methods"].items())
         print(f"anchors timed in the same run: {timed}  (best prompt lookup: {anchors.get('best_lookup')})")
+    print_greedy_verdict((result.get("exactness") or {}).get("greedy_identity") or {})
     print(f"grid.json, grid_heatmap.png and sweep.yaml in {args.out}")
     return 0
+
+
+def print_greedy_verdict(verdict: dict, label: str = "exactness") -> None:
+    """The greedy verdict (``draftrl.eval.agreement``): bitwise identity in float32, the agreement rate
+    and each divergence's margin in bfloat16/float16; nothing at temperature > 0."""
+    from draftrl.eval.agreement import verdict_lines
+
+    for i, line in enumerate(verdict_lines(verdict)):
+        print(f"{label}: {line}" if i == 0 else line)
 
 
 def _anchor_ratios(cell: dict) -> str:

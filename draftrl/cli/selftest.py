@@ -17,7 +17,7 @@ import argparse
 import json
 from typing import Any
 
-from draftrl.config import SAMPLERS
+from draftrl.config import SELFTEST_SAMPLERS
 
 _LABELS = "ABCDEFGH"
 
@@ -58,7 +58,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0, help="seed of the torch generator (default: 0)")
     parser.add_argument(
         "--method",
-        choices=SAMPLERS,
+        choices=SELFTEST_SAMPLERS,
         default="correct",
         help="verification rule; resample-from-p is the known-wrong negative control and must fail",
     )

@@ -17,9 +17,15 @@ import yaml
 
 T = TypeVar("T")
 
-#: Verification rules: ``correct``, and ``resample-from-p``, the known-wrong correction that
-#: negative controls of the exactness monitor and of ``draftrl selftest`` run.
-SAMPLERS: tuple[str, ...] = ("correct", "resample-from-p")
+#: Verification rules: ``correct``, and two known-wrong rules for negative controls only:
+#: ``resample-from-p`` (after a rejection, sample from p instead of the residual; the control of the
+#: exactness monitor and of ``draftrl selftest``) and ``off-by-one`` (at a round's first rejection,
+#: emit and keep the rejected draft token: one more accepted than the rule allows; the control of the
+#: engine's per-token argmax check at temperature 0 and of the monitor at temperature > 0).
+SAMPLERS: tuple[str, ...] = ("correct", "resample-from-p", "off-by-one")
+#: The rules ``draftrl selftest`` runs on its one-node vectors (``off-by-one`` is a rule of the whole
+#: acceptance walk: the engine-level tests control it).
+SELFTEST_SAMPLERS: tuple[str, ...] = ("correct", "resample-from-p")
 #: The baselines, by the one name configs (``baselines``, ``eval.policies``), tables and reports use:
 #: Hugging Face's +2/-1 schedule, the confidence threshold, the UCB bandit, the lookahead bound.
 BASELINES: tuple[str, ...] = ("heuristic", "threshold", "bandit", "lookahead")

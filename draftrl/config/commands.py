@@ -30,7 +30,8 @@ class GenerateConfig:
     verify_size: int = 0
     """draft nodes the target verifies; 0 = every drafted node"""
     sampler: str = "correct"
-    """correct, or resample-from-p (the known-wrong correction: a negative control for the monitor)"""
+    """correct; resample-from-p (the known-wrong correction) or off-by-one (keeps the first rejected draft
+    token): negative controls of the monitor and of the per-token argmax check"""
     seed: int = 0
     """seed of the sampling generator"""
     threads: int = 0

@@ -23,6 +23,11 @@ from draftrl.decoding.stats import TokenStats
 from draftrl.drafters.tree import DraftTree
 from draftrl.models.distribution import SamplingParams, check_generator_device, logits_to_probs, sample
 
+#: The known-wrong acceptance of ``draftrl.config.SAMPLERS`` (negative controls only): at a round's
+#: first rejection the rejected draft token (the node's first child) is emitted and kept as accepted,
+#: and the walk goes on from it.
+OFF_BY_ONE = "off-by-one"
+
 
 @dataclass
 class Acceptance:
@@ -32,10 +37,13 @@ class Acceptance:
     """accepted node indices, root to leaf"""
     stats: TokenStats
     """exactness statistics, one entry per emitted token"""
+    row_argmax: list[int] | None = None
+    """temperature 0: the argmax of every verified row (root first, then node i at i + 1), as the walk
+    transferred it; the engine checks each emitted token against it (``decoding.argmax_check``)"""
 
     def truncate(self, n: int) -> "Acceptance":
         """The first ``n`` emitted tokens (EOS or the length limit cut the round)."""
-        return Acceptance(self.tokens[:n], self.accepted[:n], self.stats.slice(0, n))
+        return Acceptance(self.tokens[:n], self.accepted[:n], self.stats.slice(0, n), self.row_argmax)
 
 
 def accept_tree(
@@ -52,14 +60,14 @@ def accept_tree(
     there, each q is moved there, and ``generator`` must be a generator of that device.
     """
     if params.greedy:
-        return _accept_greedy(tree, logits)
+        return _accept_greedy(tree, logits, sampler)
     device = logits.device if probs is None else probs.device
     check_generator_device(generator, device)
     kids = tree.children()
     tokens: list[int] = []
     accepted: list[int] = []
     rows: list[tuple] = []  # (p_token, mass_before, entropy, drafted, agree, agree_expected)
-    node = -1
+    node, kept_rejected = -1, False
     while True:
         p = probs[node + 1] if probs is not None else logits_to_probs(logits[node + 1].float(), params)
         children = kids.get(node, [])
@@ -69,12 +77,15 @@ def accept_tree(
             tokens.append(y)
             break
         child_tokens = torch.tensor([tree.tokens[c] for c in children], device=device)
+        method = "correct" if sampler == OFF_BY_ONE else sampler
         if tree.deterministic:
-            index, y = verify_node_deterministic(p, child_tokens, generator, method=sampler)
+            index, y = verify_node_deterministic(p, child_tokens, generator, method=method)
             expected = agree_expected_deterministic(p, child_tokens)  # normalised p, in float64
         else:
             q = tree.q[node].to(device)
-            index, y, expected = verify_node_sampled(p, child_tokens, q, generator, method=sampler)
+            index, y, expected = verify_node_sampled(p, child_tokens, q, generator, method=method)
+        if index < 0 and sampler == OFF_BY_ONE and not kept_rejected:  # the round's first rejection
+            index, y, kept_rejected = 0, tree.tokens[children[0]], True
         rows.append((*target_stats(p, y), True, float(bool((child_tokens == y).any())), expected))
         tokens.append(y)
         if index < 0:
@@ -84,7 +95,7 @@ def accept_tree(
     return Acceptance(tokens, accepted, _stats(tokens, rows))
 
 
-def _accept_greedy(tree: DraftTree, logits: torch.Tensor) -> Acceptance:
+def _accept_greedy(tree: DraftTree, logits: torch.Tensor, sampler: str = "correct") -> Acceptance:
     """Temperature 0: p is one-hot at the argmax (lowest id on ties, as ``logits_to_probs``), so
     every rule above reduces to "descend while the argmax is a child". One argmax for all rows;
     every statistic is then known without touching the vocabulary again."""
@@ -93,11 +104,14 @@ def _accept_greedy(tree: DraftTree, logits: torch.Tensor) -> Acceptance:
     tokens: list[int] = []
     accepted: list[int] = []
     rows: list[tuple] = []
-    node = -1
+    node, kept_rejected = -1, False
     while True:
         y = best[node + 1]
         children = kids.get(node, [])
         child = next((c for c in children if tree.tokens[c] == y), None)
+        if child is None and children and sampler == OFF_BY_ONE and not kept_rejected:
+            child, kept_rejected = children[0], True  # the negative control keeps the first rejected draft token
+            y = tree.tokens[child]
         agree = float(child is not None)
         rows.append((1.0, 0.0, 0.0, bool(children), agree, agree))
         tokens.append(y)
@@ -105,7 +119,7 @@ def _accept_greedy(tree: DraftTree, logits: torch.Tensor) -> Acceptance:
             break
         node = child
         accepted.append(node)
-    return Acceptance(tokens, accepted, _stats(tokens, rows))
+    return Acceptance(tokens, accepted, _stats(tokens, rows), row_argmax=best)
 
 
 def _stats(tokens: list[int], rows: list[tuple]) -> TokenStats:

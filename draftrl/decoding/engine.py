@@ -23,6 +23,7 @@ from transformers import DynamicCache
 
 from draftrl.config import SAMPLERS
 from draftrl.decoding.acceptance import accept_tree
+from draftrl.decoding.argmax_check import check_argmax
 from draftrl.decoding.clock import device_clock
 from draftrl.decoding.stats import TokenStats
 from draftrl.drafters.base import Drafter, LevelDrafter
@@ -56,7 +57,7 @@ class EngineConfig:
     max_verify_size: int = 256
     """largest number of draft nodes the target verifies in one forward"""
     sampler: str = "correct"
-    """'correct', or 'resample-from-p': the known-wrong correction, for negative controls only"""
+    """'correct'; 'resample-from-p' and 'off-by-one' are known-wrong rules, for negative controls only"""
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -328,6 +329,8 @@ class SpeculativeDecoder:
 
         verdict = accept_tree(selected, logits, self.params, self.generator, self.config.sampler)
         verdict = verdict.truncate(self._emit_count(verdict.tokens))
+        if verdict.row_argmax is not None:  # temperature 0: each token is its verifying row's argmax, any dtype
+            check_argmax(selected, verdict.tokens, verdict.accepted, verdict.row_argmax, len(self.output_ids))
         emitted, stop = verdict.tokens, self._stop_reason(verdict.tokens)
         past = len(self.ids) - 1
         keep = verdict.accepted[: len(emitted) - 1]  # the last emitted token becomes the next root

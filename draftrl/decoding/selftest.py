@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from draftrl.config import SAMPLERS
+from draftrl.config import SELFTEST_SAMPLERS
 from draftrl.decoding import sampling
 from draftrl.models.distribution import sample
 
@@ -153,8 +153,8 @@ def run_selftest(trials: int = 200_000, seed: int = 0, method: str = "correct") 
     """Run every vector in :data:`VECTORS`; returns {"vectors": [...], "passed": bool, ...}."""
     if isinstance(trials, bool) or not isinstance(trials, int) or trials < 1:
         raise ValueError(f"trials={trials!r} must be a positive integer; e.g. --trials 200000.")
-    if method not in SAMPLERS:
-        raise ValueError(f"method={method!r} is not 'correct' or 'resample-from-p'; use --method correct.")
+    if method not in SELFTEST_SAMPLERS:
+        raise ValueError(f"method={method!r} is not one of {', '.join(SELFTEST_SAMPLERS)}; use --method correct.")
     generator = torch.Generator().manual_seed(seed)
     start = time.perf_counter()
     # trials x V tensors with V <= 4: one intra-op thread avoids thread start-up and contention costs

@@ -69,7 +69,13 @@ class EvalSettings:
     monitor: bool = True
     """run the streaming exactness monitor on every emitted token"""
     sampler: str = "correct"
-    """correct, or resample-from-p (the known-wrong correction: a negative control)"""
+    """correct; resample-from-p (the known-wrong correction) or off-by-one (keeps the first rejected draft
+    token): negative controls"""
+    near_tie_ulps: float | None = None
+    """bfloat16/float16 targets at temperature 0: a divergence from plain decoding is a rounding near-tie
+    (reported) when the target's margin between the two disputed tokens is within this many ulps of the
+    dtype at their logits' magnitude, else a violation (raised); None = the dtype's default
+    (``draftrl.eval.agreement.NEAR_TIE_ULPS``); float32 demands bitwise identity and ignores it"""
     power_tokens: int = 0
     """> 0: also measure how many tokens each monitor statistic needs to catch resample-from-p"""
     anchors: bool = True
@@ -89,6 +95,12 @@ class EvalSettings:
             raise ValueError(
                 f"eval.greedy_reference={self.greedy_reference} and eval.power_tokens={self.power_tokens} must be >= 0."
             )
+        if self.near_tie_ulps is not None and not (0 < self.near_tie_ulps < float("inf")):
+            from draftrl.eval.agreement import NEAR_TIE_ULPS
+
+            defaults = ", ".join(f"{v:g} for {k}" for k, v in NEAR_TIE_ULPS.items())
+            raise ValueError(f"eval.near_tie_ulps={self.near_tie_ulps} must be a positive number of ulps, or null "
+                             f"for the dtype's default ({defaults}).")
         if self.sampler not in SAMPLERS:
             raise ValueError(f"eval.sampler={self.sampler!r} is unknown; choose one of {', '.join(SAMPLERS)}.")
 

@@ -297,6 +297,9 @@ def run_demo(config: DemoConfig, out: str | Path, *, overwrite: bool = False,
                                   "tokens_per_second": p["tokens_per_second"]}
                            for name, p in results["policies"].items()}
     summary["exactness_passed"] = results["exactness"]["passed"]
+    # temperature 0: bitwise identity (float32) or the agreement rate with near-ties (bfloat16/float16)
+    summary["greedy_agreement"] = {"grid": grid["exactness"].get("greedy_identity"),
+                                   "eval": results["exactness"].get("greedy_identity")}
     summary["wandb"] = {"group": config.wandb.group, "sync": sync_command(config.wandb, out)}
     write_json(out / "demo_summary.json", summary)
     summary["results_dict"] = results

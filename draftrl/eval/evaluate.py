@@ -117,7 +117,8 @@ def run_eval(config: EvalConfig, out: str | Path, *, policies: list[str] | str |
     from draftrl.signals.costs import hardware_info
     from draftrl.envs.engines import build_engine, shared_model
     from draftrl.envs.workload import Workload
-    from draftrl.eval.exactness import GreedyMismatch, TimedMonitor, check_identity, hf_greedy
+    from draftrl.eval.agreement import GreedyAgreement
+    from draftrl.eval.exactness import GreedyMismatch, TimedMonitor, hf_greedy
     from draftrl.io import read_json, write_json
     from draftrl.eval.policies import build_policy
     from draftrl.eval.policy_names import parse_policies
@@ -159,6 +160,9 @@ def run_eval(config: EvalConfig, out: str | Path, *, policies: list[str] | str |
         run_anchor(target.model, anchor, warm, eos_token_ids=sorted(warm_engine.eos_token_ids), device=env_cfg.device)
 
     monitors = {label: TimedMonitor(ExactnessMonitor()) for label in labels} if settings.monitor else {}
+    # temperature 0: float32 demands bitwise identity with plain decoding; bfloat16/float16 a rate with near-ties
+    agreement = GreedyAgreement(target.model, env_cfg.dtype, settings.near_tie_ulps, tokenizer=tokenizer)
+    hf_agreement = GreedyAgreement(target.model, env_cfg.dtype, settings.near_tie_ulps, tokenizer=tokenizer)
     trajectories: dict[str, dict] = {}
     traj_prompt = prompts[0]
     adaptive = {s.label for s in specs if s.kind in ADAPTIVE}
@@ -203,26 +207,29 @@ def run_eval(config: EvalConfig, out: str | Path, *, policies: list[str] | str |
                     done += 1
                     if progress:
                         progress(done, total, f"{label} {prompt_id}")
-                if env_cfg.temperature == 0:  # every policy of this request against plain decoding
+                # every policy of this request against plain decoding (low precision: once, the rates count requests)
+                if env_cfg.temperature == 0 and (repeat == 0 or agreement.bitwise):
+                    request = reference_env.workload.request(reference_env.workload.index_of(prompt_id))
                     for run in runs[-len(labels):]:
-                        check_identity(f"policy {run.policy}", prompt_id, references[prompt_id], run.token_ids,
-                                       tokenizer)
+                        if run.policy != REFERENCE:
+                            agreement.compare(run.policy, prompt_id, request.prompt_ids, references[prompt_id],
+                                              run.token_ids, what=f"policy {run.policy}")
         hf = {"checked": 0}
         if env_cfg.temperature == 0 and settings.greedy_reference:
             for prompt_id in prompts[: settings.greedy_reference]:
                 request = reference_env.workload.request(reference_env.workload.index_of(prompt_id))
                 ref = hf_greedy(target.model, request.prompt_ids, request.max_new_tokens, sorted(reference_env.engine.eos_token_ids))
-                check_identity("plain decoding (none) vs Hugging Face generate(do_sample=False)", prompt_id, ref,
-                               references[prompt_id], tokenizer)
+                hf_agreement.compare("none", prompt_id, request.prompt_ids, ref, references[prompt_id],
+                                     what="plain decoding (none) vs Hugging Face generate(do_sample=False)")
                 hf["checked"] += 1
-            hf["passed"] = True
+            hf.update({**hf_agreement.verdict(), "checked": hf["checked"]})
     except (ExactnessViolation, GreedyMismatch) as err:
         error = err
         failure = {"error": type(err).__name__, "message": str(err),
                    "evidence": getattr(err, "evidence", None) or getattr(err, "failures", None)}
         hf = {"checked": 0, "skipped": "stopped at the first exactness failure"}
 
-    results = _results(config, specs, runs, grid, env_cfg, monitors, references, hf, failure)
+    results = _results(config, specs, runs, grid, env_cfg, monitors, references, hf, failure, agreement)
     add_anchors(results, runs, anchor_runs, references, best_fixed="best-grid" if "best-grid" in labels else None)
     results["hardware"] = hardware_info(env_cfg.device)
     results["kernels"] = target.kernels.to_dict() if target.kernels is not None else None
@@ -240,7 +247,7 @@ def run_eval(config: EvalConfig, out: str | Path, *, policies: list[str] | str |
     return results
 
 
-def _results(config, specs, runs, grid, env_cfg, monitors, references, hf, failure) -> dict:
+def _results(config, specs, runs, grid, env_cfg, monitors, references, hf, failure, agreement) -> dict:
     from draftrl.eval.exactness import monitor_verdict
 
     kept = median_runs(runs)
@@ -260,7 +267,8 @@ def _results(config, specs, runs, grid, env_cfg, monitors, references, hf, failu
     run_seconds = sum(r.total_seconds for r in runs)
     identity = {"checked": False, "why": "temperature > 0: the monitor checks the distribution instead"}
     if env_cfg.temperature == 0:
-        identity = {"checked": True, "passed": failure is None, "requests": len(references),
+        verdict = agreement.verdict()
+        identity = {**verdict, "passed": failure is None and verdict["passed"], "requests": len(references),
                     "policies": [s.label for s in specs if s.label != REFERENCE],
                     "reference": "plain decoding (none, depth 0) on the same requests"}
     verdicts = {label: monitor_verdict(m) for label, m in monitors.items()}
@@ -282,6 +290,8 @@ def _results(config, specs, runs, grid, env_cfg, monitors, references, hf, failu
     }
     if failure is not None:
         exactness["failure"] = failure
+    if grid is not None and grid.get("exactness", {}).get("greedy_identity", {}).get("checked"):
+        exactness["grid_greedy_identity"] = grid["exactness"]["greedy_identity"]  # the tune split's verdict
     out = {
         "format": FORMAT,
         "split": "heldout",

@@ -37,6 +37,7 @@ from typing import Callable
 import numpy as np
 
 from draftrl.config import to_dict
+from draftrl.eval.agreement import raise_first_violation
 from draftrl.eval.anchors import run_anchor
 from draftrl.eval.config import EvalConfig, GridSettings, env_for_split
 from draftrl.eval.metrics import add_speedups, grouped, median_runs, summarize_with_groups
@@ -116,14 +117,20 @@ def measure_cells(config: EvalConfig, cells: list[Cell], *, target=None, split: 
     and its prompt lookup at every ``eval.anchor_gammas`` are timed in the same interleaved
     order and their :class:`~draftrl.eval.anchors.AnchorRun` records appended to it.
 
-    Raises ``draftrl.eval.exactness.GreedyMismatch`` or ``ExactnessViolation`` on a failed check.
+    At temperature 0 every cell's first-repeat output is compared with plain decoding's
+    (``draftrl.eval.agreement``): in float32 a difference raises
+    ``draftrl.eval.exactness.GreedyMismatch`` here; in bfloat16/float16 the verdict (agreement rate,
+    divergences with their margins) goes into ``exactness["greedy_identity"]`` and a violation is
+    left for the caller to raise after writing (``raise_first_violation``). A failed monitor test
+    raises ``ExactnessViolation``, and the engine's per-token argmax check its ``ArgmaxViolation``.
     """
     import torch
 
     from draftrl.decoding.monitor import ExactnessMonitor
     from draftrl.envs.engines import build_engine, shared_model
     from draftrl.envs.workload import Workload
-    from draftrl.eval.exactness import check_identity, monitor_verdict
+    from draftrl.eval.agreement import GreedyAgreement
+    from draftrl.eval.exactness import monitor_verdict
 
     settings = config.grid
     if config.threads:
@@ -183,13 +190,18 @@ def measure_cells(config: EvalConfig, cells: list[Cell], *, target=None, split: 
                 if progress:
                     progress(done, total, f"{cell.name} {request.prompt.id}")
     identity = {"checked": False}
-    if greedy:
+    if greedy:  # float32: bitwise identity (raises); bfloat16/float16: a rate, near-ties reported (after timing)
+        agreement = GreedyAgreement(target.model, env.dtype, config.eval.near_tie_ulps, raise_at_once=False,
+                                    tokenizer=tokenizer)
+        prompt_ids = {r.prompt.id: r.prompt_ids for r in requests}
         for (name, prompt_id), tokens in first_outputs.items():
-            check_identity(f"grid cell {name}", prompt_id, first_outputs[REFERENCE, prompt_id], tokens, tokenizer)
-        identity = {"checked": True, "passed": True, "requests": len(requests), "cells": len(cells),
+            if name != REFERENCE:
+                agreement.compare(name, prompt_id, prompt_ids[prompt_id], first_outputs[REFERENCE, prompt_id], tokens,
+                                  what=f"grid cell {name}")
+        identity = {**agreement.verdict(), "requests": len(requests), "cells": len(cells),
                     "reference": "plain decoding (depth 0) on the same engine"}
     exactness = {
-        "passed": True,
+        "passed": identity.get("passed", True),
         "temperature": env.temperature,
         "greedy_identity": identity,
         "monitor": {name: monitor_verdict(m) for name, m in monitors.items()},
@@ -288,6 +300,7 @@ def run_grid(config: EvalConfig, out: str | Path, *, target=None, config_path: s
     grid_heatmap(result, out / HEATMAP_FILE)
     write_sweep(config, out, config_path)
     log_grid_to_wandb(config, out, result)
+    raise_first_violation(exactness["greedy_identity"])  # a low-precision violation, after the files
     return result
 
 
@@ -353,4 +366,5 @@ def run_cell(config: EvalConfig, out: str | Path, cell: Cell, *, target=None) ->
                     resume=False, config={"depth": cell.depth, "verify_size": cell.verify_size, "width": cell.width}) as run:
         if run is not None:
             run.summary.update({k: v for k, v in table[cell.name].items() if isinstance(v, (int, float))})
+    raise_first_violation(exactness["greedy_identity"])  # a low-precision violation, after the files
     return result

@@ -96,13 +96,20 @@ def exactness_lines(ex: dict) -> list[str]:
     lines = [f"**Verdict: {'PASSED' if ex['passed'] else 'FAILED'}** (temperature {ex['temperature']:g}, "
              f"sampler `{ex['sampler']}`)", ""]
     gi = ex.get("greedy_identity", {})
-    if gi.get("checked"):
+    if gi.get("checked") and gi.get("mode") == "near-tie":
+        lines += agreement_lines(gi, "Greedy agreement with plain decoding (held-out split)")
+    elif gi.get("checked"):
         lines.append(f"- Greedy token identity with plain decoding: {'passed' if gi.get('passed') else 'FAILED'} on "
                      f"{gi.get('requests')} requests x {len(gi.get('policies', []))} policies.")
     else:
         lines.append(f"- Greedy token identity: not applicable ({gi.get('why', '')}).")
+    grid = ex.get("grid_greedy_identity") or {}
+    if grid.get("mode") == "near-tie":
+        lines += agreement_lines(grid, "Greedy agreement of the grid's cells with plain decoding (tune split)")
     hf = ex.get("hf_reference", {})
-    if hf.get("checked"):
+    if hf.get("checked") and hf.get("num_divergences"):
+        lines += agreement_lines(hf, "Plain decoding vs Hugging Face `generate(do_sample=False)`")
+    elif hf.get("checked"):
         lines.append(f"- Plain decoding vs Hugging Face `generate(do_sample=False)`: passed on {hf['checked']} requests.")
     mon = ex.get("monitor", {})
     if mon.get("enabled") is False:
@@ -141,6 +148,23 @@ def exactness_lines(ex: dict) -> list[str]:
     if ex.get("failure"):
         lines += ["", "```", ex["failure"]["message"], "```"]
     return lines
+
+
+def agreement_lines(verdict: dict, title: str) -> list[str]:
+    """A low-precision greedy verdict (``draftrl.eval.agreement``) as a bullet, a per-setting line and
+    the divergences' table (position, disputed tokens, the target's margin, near-tie or violation)."""
+    from draftrl.eval.agreement import verdict_lines
+
+    head, *table = verdict_lines(verdict, markdown=True)
+    per = verdict.get("per_setting") or {}
+    rates = ", ".join(f"`{name}` {c['identical']}/{c['comparisons']} ({_f(100 * (c['token_agreement'] or 0), '.0f')}% "
+                      "of tokens)" for name, c in per.items())
+    summary = head.split(": ", 1)[1]  # after "greedy agreement with plain decoding (DTYPE)"
+    lines = [f"- {title}, {verdict['dtype']}: {'passed' if verdict.get('passed') else 'FAILED'}. {summary}."]
+    if rates:
+        lines.append(f"  Per setting (identical requests, share of plain decoding's tokens before the first divergence): "
+                     f"{rates}.")
+    return lines + table + ([""] if table else [])
 
 
 def render_report(results: dict, files: dict[str, str]) -> str:
