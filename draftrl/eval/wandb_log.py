@@ -143,9 +143,14 @@ def exactness_rows(exactness: dict) -> list[list[Any]]:
     rows = []
     identity = exactness.get("greedy_identity") or {}
     if identity.get("checked"):
+        near_tie = identity.get("mode") == "near-tie"  # bf16/fp16: agreement as a rate, near-ties reported
+        check = "greedy agreement vs none" if near_tie else "greedy identity vs none"
+        detail = f"{identity.get('requests')} requests, " + (
+            f"{identity.get('dtype')}: {identity.get('identical')}/{identity.get('comparisons')} identical, "
+            f"{identity.get('num_near_ties')} near-tie(s), {identity.get('num_violations')} violation(s)"
+            if near_tie else "token for token")
         for name in identity.get("policies", []):
-            rows.append(["greedy identity vs none", name, identity.get("passed"),
-                         f"{identity.get('requests')} requests, token for token"])
+            rows.append([check, name, identity.get("passed"), detail])
     hf = exactness.get("hf_reference") or {}
     if hf.get("checked"):
         rows.append(["none vs HF generate(do_sample=False)", "none", hf.get("passed"), f"{hf['checked']} requests"])

@@ -326,3 +326,21 @@ def test_grid_prints_each_cell_against_the_hf_anchors(tmp_path, capsys, monkeypa
     out = capsys.readouterr().out
     assert "speedup_vs_none=1.500x  vs_hf=1.200x  vs_hf_lookup=0.900x" in out
     assert "hf=25.00 tok/s" in out and "best prompt lookup: hf-lookup:4" in out
+
+
+def test_the_wandb_exactness_table_says_what_was_checked_in_each_dtype():
+    """float32 rows claim token-for-token identity; bf16/fp16 rows report the agreement rate, the
+    near-ties and the violations instead (the verdict of draftrl.eval.agreement)."""
+    from draftrl.eval.wandb_log import exactness_rows
+
+    bitwise = {"greedy_identity": {"checked": True, "mode": "bitwise", "dtype": "float32", "passed": True,
+                                   "requests": 4, "policies": ["heuristic"]}}
+    near = {"greedy_identity": {"checked": True, "mode": "near-tie", "dtype": "bfloat16", "passed": True,
+                                "requests": 4, "policies": ["heuristic", "ppo"], "identical": 7, "comparisons": 8,
+                                "num_near_ties": 1, "num_violations": 0}}
+    (row,) = exactness_rows(bitwise)
+    assert row[0] == "greedy identity vs none" and row[3].endswith("token for token")
+    rows = exactness_rows(near)
+    assert [r[1] for r in rows] == ["heuristic", "ppo"]
+    assert all(r[0] == "greedy agreement vs none" and "token for token" not in r[3] for r in rows)
+    assert "bfloat16: 7/8 identical, 1 near-tie(s), 0 violation(s)" in rows[0][3]
