@@ -62,10 +62,10 @@ def main() -> None:
     bench = Bench(args, __file__)
 
     from draftrl.config.commands import CalibrateSettings
-    from draftrl.envs.calibrate import calibrate
+    from draftrl.replay.calibrate import calibrate
     from draftrl.config.env import load_env_config
-    from draftrl.envs.engines import build_engine
-    from draftrl.envs.traces import collect
+    from draftrl.decoding.build import build_engine
+    from draftrl.replay.traces import collect
 
     config = load_env_config(args.config)
     work = Path(tempfile.mkdtemp(prefix="env_speed_"))

@@ -16,7 +16,7 @@ same seeds and arrivals for every arm):
 - any ``--policies`` (``dsd:...``, ``ppo:PATH``) through the usual serving runner.
 
 With ``--head [DIR]`` (the EAGLE-3 head; no DIR: the one draftrl ships) the head's proposals are
-replayed too (``draftrl.decoding.replay.HeadProposals``), each head row charged route (b)'s engine as
+replayed too (``draftrl.replay.recordings.HeadProposals``), each head row charged route (b)'s engine as
 ``draftrl calibrate --engine vllm --drafter eagle3`` measured it (``--head-calibration``: its decode
 cells, where the head only takes its rows, and its head cells):
 
@@ -30,7 +30,7 @@ cells, where the head only takes its rows, and its head cells):
   less), drafting only what will be accepted is not the fastest schedule;
 - **optimum** (concurrency 1 only): the exact fewest seconds over every per-step choice of drafter
   and depth, a dynamic program over each request's tokens
-  (``draftrl.decoding.replay.single_stream_optimum``, both drafters priced on route (b)'s engine, the
+  (``draftrl.replay.serve_engine.single_stream_optimum``, both drafters priced on route (b)'s engine, the
   one engine that serves both);
 - **ceiling**: the best of those per load, what any per-request choice of drafter and depth
   could reach here (issue "Policies that choose the drafter" asks a learned one for >= 1.20x the
@@ -58,9 +58,9 @@ import time
 import numpy as np
 
 from _bench import Bench, common_flags, parse_args
-from draftrl.decoding.replay import (Proposals, Recordings, head_proposals, single_stream_fixed,
-                                     single_stream_optimum)
-from draftrl.decoding.vllm.calibrate import StepCostModel
+from draftrl.replay.recordings import Proposals, Recordings, head_proposals
+from draftrl.replay.serve_calibrate import StepCostModel
+from draftrl.replay.serve_engine import single_stream_fixed, single_stream_optimum
 from draftrl.envs.serve_replay import ServeReplayEnv
 from draftrl.config.serve import load_serve_config
 from draftrl.eval.policy_names import parse_policies

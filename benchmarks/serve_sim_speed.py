@@ -18,7 +18,7 @@ import time
 import numpy as np
 
 from _bench import Bench, common_flags, parse_args, rotate
-from draftrl.decoding.replay import Recordings
+from draftrl.replay.recordings import Recordings
 from draftrl.envs.serve_replay import ServeReplayEnv
 from draftrl.envs.serve_vllm import ServeVLLMEnv
 

@@ -21,8 +21,8 @@ from __future__ import annotations
 import argparse
 
 from _bench import Bench, common_flags, parse_args
-from draftrl.decoding.replay import Proposals, Recordings
-from draftrl.decoding.vllm.calibrate import StepCostModel
+from draftrl.replay.recordings import Proposals, Recordings
+from draftrl.replay.serve_calibrate import StepCostModel
 from draftrl.envs.serve_replay import ServeReplayEnv
 from draftrl.eval.plots import load_sweep
 from draftrl.config.serve import load_serve_config

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from draftrl.envs.traces import Traces
+from draftrl.replay.traces import Traces
 from draftrl.prompts import Prompt
 from draftrl.signals.costs import CostTable
 

@@ -49,16 +49,10 @@ def analytic_run(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def serve_run(tmp_path_factory) -> Path:
-    import sys
-
-    from draftrl.io import write_json
-
-    sys.path.insert(0, str(ROOT / "tests" / "envs"))
-    sys.path.insert(0, str(ROOT / "tests" / "decoding"))
-    from test_serve_replay import synthetic_recordings
-    from test_vllm_calibrate import synthetic_calibration
+    from serve_recordings import synthetic_calibration, synthetic_recordings
 
     from draftrl.config import load_config
+    from draftrl.io import write_json
     from draftrl.train import ppo_size
     from draftrl.train.config import TrainConfig
 
@@ -102,7 +96,7 @@ def analytic_exports(analytic_run, tmp_path_factory) -> dict[str, Path]:
 @pytest.fixture
 def tiny_traces():
     """``tiny_traces(token=7)``: one prompt, two positions, a one-node chain per position."""
-    from draftrl.envs.traces import Traces
+    from draftrl.replay.traces import Traces
     from draftrl.prompts import Prompt
 
     def make(token: int = 7) -> Traces:

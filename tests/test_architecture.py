@@ -30,13 +30,15 @@ MAY_IMPORT: dict[str, set[str]] = {
     "models": set(),
     "drafters": {"models"},
     "decoding": {"models", "drafters"},
-    "envs": {"signals", "models", "drafters", "decoding"},
+    "replay": {"signals", "models", "drafters", "decoding"},
+    "envs": {"signals", "models", "drafters", "decoding", "replay"},
     "policies": {"signals", "decoding", "envs"},
     "export": {"signals", "models", "drafters", "decoding", "policies"},
-    "train": {"signals", "models", "drafters", "decoding", "envs", "policies"},
+    "train": {"signals", "models", "drafters", "decoding", "replay", "envs", "policies"},
     "distill": {"models", "drafters", "decoding"},
-    "eval": {"signals", "models", "drafters", "decoding", "envs", "policies", "train"},
-    "cli": {"signals", "models", "drafters", "decoding", "envs", "policies", "export", "train", "distill", "eval"},
+    "eval": {"signals", "models", "drafters", "decoding", "replay", "envs", "policies", "train"},
+    "cli": {"signals", "models", "drafters", "decoding", "replay", "envs", "policies", "export", "train", "distill",
+            "eval"},
     "__main__": {"cli"},
 }
 
@@ -141,7 +143,9 @@ def test_no_module_imports_from_a_layer_above_it():
 def test_wrong_way_edges_are_caught():
     """Negative controls: the edges this redesign removed would fail the check."""
     assert _wrong_way({"draftrl.eval.demo": {"draftrl.cli.calibrate"}}) == ["draftrl.eval.demo -> draftrl.cli.calibrate"]
-    assert _wrong_way({"draftrl.export.features": {"draftrl.envs.traces"}})
+    assert _wrong_way({"draftrl.export.features": {"draftrl.replay.traces"}})  # export rebuilds features without replay
+    assert _wrong_way({"draftrl.decoding.batch": {"draftrl.replay.serve_engine"}})  # replay sits above decoding
+    assert _wrong_way({"draftrl.replay.traces": {"draftrl.envs.spec_decode"}})  # and below the envs
     assert _wrong_way({"draftrl.config.env": {"draftrl.models"}})
     assert _wrong_way({"draftrl.policies.baselines": {"draftrl.signals.speedup"}}) == []
     assert _wrong_way({"draftrl.drafters.ngram": {"draftrl.decoding.engine"}})  # drafters sit below the engine

@@ -100,8 +100,8 @@ def train_policy(out: Path, traces: Path, target: Path, drafter: str) -> Path:
     """Collect greedy traces of ``target`` with ``drafter`` and a cost table, then train PPO on them."""
     from draftrl.config import from_dict
     from draftrl.config.env import EnvConfig
-    from draftrl.envs.engines import build_engine
-    from draftrl.envs.traces import collect
+    from draftrl.decoding.build import build_engine
+    from draftrl.replay.traces import collect
     from draftrl.train import ppo_size
     from draftrl.train.config import TrainConfig
 

@@ -17,8 +17,8 @@ import argparse
 import os
 import time
 
-from draftrl.decoding.replay import Proposals, Recordings
-from draftrl.decoding.vllm.calibrate import StepCostModel
+from draftrl.replay.recordings import Proposals, Recordings
+from draftrl.replay.serve_calibrate import StepCostModel
 from draftrl.envs.serve_replay import ServeReplayEnv
 from draftrl.config.serve import load_serve_config
 from draftrl.eval.dsd_search import search_dsd

@@ -13,13 +13,8 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces
 
+from draftrl.signals.actions import CONTINUE, SizePolicy
 from draftrl.signals.features import LEVEL_FEATURES, feature_bounds, level_observation
-
-#: Action values of the per-level envs.
-STOP, CONTINUE = 0, 1
-
-#: ``size_policy(observation, tree) -> verify_size``, asked when a round is verified.
-SizePolicy = Callable[[np.ndarray, Any], int]
 
 
 class DepthControl:

@@ -1,5 +1,4 @@
-"""``draftrl/ServeReplay-v0``: ``ServeVLLM-v0`` simulated from recordings and a calibrated step cost,
-and the recordings of a workload it replays (:func:`record_workload`)."""
+"""``draftrl/ServeReplay-v0``: ``ServeVLLM-v0`` replayed from recordings and a calibrated step cost."""
 
 from __future__ import annotations
 
@@ -9,13 +8,14 @@ from typing import Any
 
 import numpy as np
 
-from draftrl.decoding.admission import StepAction
-from draftrl.decoding.vllm.calibrate import StepCostModel
 from draftrl.config import resolve
 from draftrl.config.serve import ServeConfig
-from draftrl.decoding.replay import HeadProposals, Proposals, Recordings, ReplayEngine, record
+from draftrl.decoding.admission import StepAction
+from draftrl.decoding.workload import Workload
 from draftrl.envs.serve_vllm import ServeVLLMEnv
-from draftrl.envs.workload import Workload
+from draftrl.replay.recordings import HeadProposals, Proposals, Recordings
+from draftrl.replay.serve_calibrate import StepCostModel
+from draftrl.replay.serve_engine import ReplayEngine
 
 #: ServeConfig fields a per-episode load (``loads``) may set.
 LOAD_KEYS = ("arrival", "concurrency", "rate", "burst_size", "burst_interval")
@@ -26,7 +26,7 @@ class ServeReplayEnv(ServeVLLMEnv):
     ## Description
 
     ``draftrl/ServeVLLM-v0`` with the engine replaced by a continuous-batching simulator
-    (:class:`draftrl.decoding.replay.ReplayEngine`): the recorded greedy continuations of the
+    (:class:`draftrl.replay.serve_engine.ReplayEngine`): the recorded greedy continuations of the
     workload's requests (``draftrl collect --engine vllm``), the n-gram drafter's proposal
     recomputed at every true prefix (exact acceptance at temperature 0), vLLM's step semantics
     (prefill step, one-step action lag, ``max_num_seqs``, admission by survival score) and step
@@ -61,7 +61,7 @@ class ServeReplayEnv(ServeVLLMEnv):
     or ``hindsight`` (this env only: each request drafts just what it will accept, the ceiling of
     per-request depth control; ``benchmarks/serve_headroom.py``). ``drafter`` (default ``ngram``) and
     ``head_proposals`` replay an EAGLE-3 head too (``eagle3``, ``sam:N``, ``best``:
-    :class:`~draftrl.decoding.replay.ReplayEngine`), with the calibration's head cells as its cost.
+    :class:`~draftrl.replay.serve_engine.ReplayEngine`), with the calibration's head cells as its cost.
 
     ``env.unwrapped.lookahead_action()``: the greedy one-step lookahead (the ``LookAhead`` baseline).
 
@@ -137,26 +137,3 @@ class ServeReplayEnv(ServeVLLMEnv):
                 if score > best_score + 1e-12:
                     best, best_score = np.array([i, j]), score
         return best
-
-
-def record_workload(config: ServeConfig, engine=None, tokenizer=None, progress=None) -> Recordings:
-    """Record every request of a :class:`~draftrl.config.serve.ServeConfig`'s workload.
-
-    Default engine: vLLM without speculation in ``config.dtype`` (float32 by default: there vLLM
-    with draftrl's proposer is token-identical to it, so the recording is what ``ServeVLLM-v0``
-    emits under every policy; a Hugging Face greedy decode may break float ties differently).
-    """
-    if engine is None:
-        from draftrl.decoding.vllm.engine import VLLMEngineConfig, shared_engine
-
-        engine = shared_engine(VLLMEngineConfig.serving(config, method="none"))
-    if tokenizer is None:
-        from transformers import AutoTokenizer
-
-        from draftrl.decoding.vllm.engine import model_path
-
-        tokenizer = AutoTokenizer.from_pretrained(model_path(config.target))
-    workload = Workload(config, tokenizer)
-    requests = [(r.prompt, r.prompt_ids, r.max_new_tokens) for r in map(workload.request, range(len(workload)))]
-    describe = engine.describe() if hasattr(engine, "describe") else {"engine": type(engine).__name__}
-    return record(engine, requests, meta={"config": dataclasses.asdict(config), "engine": describe}, progress=progress)

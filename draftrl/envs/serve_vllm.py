@@ -9,11 +9,11 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from draftrl.decoding.admission import StepAction
-from draftrl.envs.rewards import RewardModel
 from draftrl.config import resolve
 from draftrl.config.serve import ServeConfig
-from draftrl.envs.workload import Workload
+from draftrl.decoding.admission import StepAction
+from draftrl.decoding.workload import Workload
+from draftrl.signals.rewards import RewardModel
 # the observation table (OBSERVATION, FEATURE_NAMES) lives with the code that builds it, which the
 # exported vLLM proposer shares; importers keep reading the names from here
 from draftrl.signals.serving import FEATURE_NAMES, OBSERVATION, ServingFeatures, StepCounts  # noqa: F401
@@ -106,7 +106,7 @@ class ServeVLLMEnv(gym.Env[np.ndarray, np.ndarray]):
     Wall clock, NOT reproducible run to run. With ``tokens`` the tokens all requests gained in
     the step and ``seconds`` its wall time: ``reward="ratio"`` (default) pays
     ``tokens - rho * seconds`` (``rho`` a running tokens/s estimate, frozen within an episode);
-    ``reward="throughput"`` pays ``tokens / seconds`` (``draftrl.envs.rewards``).
+    ``reward="throughput"`` pays ``tokens / seconds`` (``draftrl.signals.rewards``).
 
     ## Starting State
 

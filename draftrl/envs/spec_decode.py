@@ -2,7 +2,7 @@
 
 A step is one round of :class:`~draftrl.decoding.engine.SpeculativeDecoder`; the env turns the
 round's result into an observation (``draftrl.signals.features``) and a reward
-(``draftrl.envs.rewards``). No model code lives here: the engine does the decoding.
+(``draftrl.signals.rewards``). No model code lives here: the engine does the decoding.
 """
 
 from __future__ import annotations
@@ -15,11 +15,35 @@ from gymnasium import spaces
 
 from draftrl.config import resolve
 from draftrl.config.env import EnvConfig
+from draftrl.decoding.build import build_engine, check_engine
+from draftrl.decoding.workload import Request, Workload
 from draftrl.signals.costs import CostTable
-from draftrl.envs.engines import build_engine, check_engine
 from draftrl.signals.features import CostTracker, FeatureBuilder, RoundSummary
-from draftrl.envs.rewards import RewardModel
-from draftrl.envs.workload import Request, SeededEpisodes, Workload
+from draftrl.signals.rewards import RewardModel
+
+
+class SeededEpisodes:
+    """Mixin: gymnasium's reset seeding for the envs with ``config``, ``workload``, ``features``, ``rewards``.
+
+    The first reset without a seed takes ``config.seed``; a seeded reset (or the first) restarts
+    the prompt order, the measured costs and the reward's running estimate, so a seed fixes the run.
+    """
+
+    _seeded: bool = False
+
+    def _seed_episode(self, seed: int | None) -> bool:
+        """Seed this episode (``gym.Env.reset``); True when the env restarted from the seed."""
+        if seed is None and not self._seeded and self.config.seed is not None:
+            seed = self.config.seed
+        gym.Env.reset(self, seed=seed)
+        restarted = seed is not None or not self._seeded
+        if restarted:
+            self._seeded = True
+            self.workload.restart(self.np_random)
+            self.features.reset_costs()
+            self.rewards.restart()
+        self.rewards.start_episode()
+        return restarted
 
 
 class EngineEpisodes(SeededEpisodes, gym.Env[np.ndarray, Any]):
@@ -171,7 +195,7 @@ class SpecDecodeEnv(EngineEpisodes):
     ``reward="ratio"`` (default) pays ``tokens - rho * seconds`` (tokens; ``rho`` a running
     tokens/s estimate frozen within an episode, so the episode return is maximised by the
     highest total tokens / total time); ``reward="throughput"`` pays ``tokens / seconds``
-    (Learning to Draft). See ``draftrl.envs.rewards``.
+    (Learning to Draft). See ``draftrl.signals.rewards``.
 
     ## Starting State
 

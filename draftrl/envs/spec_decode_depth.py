@@ -14,7 +14,8 @@ import numpy as np
 
 from draftrl.config.env import EnvConfig
 from draftrl.drafters.base import LevelDrafter
-from draftrl.envs.depth_control import DepthControl, SizePolicy
+from draftrl.envs.depth_control import DepthControl
+from draftrl.signals.actions import SizePolicy
 from draftrl.envs.spec_decode import EngineEpisodes
 
 

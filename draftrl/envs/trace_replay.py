@@ -1,6 +1,6 @@
 """``draftrl/TraceReplay-v0``: ``SpecDecode-v1`` replayed from greedy traces, without models.
 
-Tokens per round are exact (see ``draftrl.envs.traces``); seconds come from a cost table
+Tokens per round are exact (see ``draftrl.replay.traces``); seconds come from a cost table
 (``draftrl calibrate``). The observation is built by the same :class:`FeatureBuilder` as the
 real env's, so a policy trained here runs unchanged on ``draftrl/SpecDecode-v1``.
 """
@@ -20,9 +20,10 @@ from draftrl.config import resolve
 from draftrl.config.env import EnvConfig
 from draftrl.signals.costs import CostTable
 from draftrl.signals.features import DRAFT_FEATURES, CostTracker, FeatureBuilder, RoundSummary
-from draftrl.envs.rewards import RewardModel
-from draftrl.envs.traces import Traces, stored_cost_table
-from draftrl.envs.workload import SeededEpisodes, Workload, budget
+from draftrl.decoding.workload import Workload, budget
+from draftrl.envs.spec_decode import SeededEpisodes
+from draftrl.replay.traces import Traces, stored_cost_table
+from draftrl.signals.rewards import RewardModel
 
 
 class TraceReplayEnv(SeededEpisodes, gym.Env[np.ndarray, np.ndarray]):

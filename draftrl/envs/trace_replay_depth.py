@@ -14,9 +14,10 @@ from typing import Any, SupportsFloat
 import numpy as np
 
 from draftrl.config.env import EnvConfig
-from draftrl.envs.depth_control import DepthControl, SizePolicy
+from draftrl.envs.depth_control import DepthControl
 from draftrl.envs.trace_replay import TraceReplayEnv
-from draftrl.envs.traces import Traces
+from draftrl.replay.traces import Traces
+from draftrl.signals.actions import SizePolicy
 from draftrl.signals.costs import CostTable
 from draftrl.signals.features import tree_level_features
 

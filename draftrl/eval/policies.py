@@ -80,7 +80,7 @@ def ppo_env_config(path: str, base: EnvConfig) -> tuple[EnvConfig, str]:
 def build_policy(spec: PolicySpec, base: EnvConfig, target, *, grid: dict | None = None,
                  references: dict[str, list[int]] | None = None) -> tuple[Any, Any]:
     """``(env, policy)`` for ``spec`` on the real engine around ``target`` (a ``LoadedModel``)."""
-    from draftrl.envs.engines import build_engine
+    from draftrl.decoding.build import build_engine
     from draftrl.envs.spec_decode import SpecDecodeEnv
     from draftrl.eval.lookahead import GreedyLookAhead
     from draftrl.policies import ConfidenceThreshold, Fixed, HFHeuristic, PPOPolicy, UCBBandit

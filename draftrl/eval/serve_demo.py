@@ -3,9 +3,9 @@
 Steps, each through the owning package's public Python API, each writing under ``DIR``:
 
 1. **calibrate**: vLLM step seconds vs sequences and tokens verified, and prefill seconds
-   (``draftrl.decoding.vllm.calibrate.calibrate_model``) -> ``DIR/vllm_costs.json``;
+   (``draftrl.replay.serve_calibrate.calibrate_model``) -> ``DIR/vllm_costs.json``;
 2. **collect**: every tune and held-out request's greedy continuation in vLLM
-   (``draftrl.envs.serve_replay.record_workload``) -> ``DIR/rec_tune/``, ``DIR/rec_heldout/``;
+   (``draftrl.replay.recordings.record_workload``) -> ``DIR/rec_tune/``, ``DIR/rec_heldout/``;
 3. **train**: batch-aware PPO on the serving simulator ``draftrl/ServeReplay-v0`` with the
    recipe of ``configs/serve_sim_cpu.yaml`` (``draftrl.train.ppo_size``) -> ``DIR/ppo_sim/``;
 4. **dsd**: vLLM's Dynamic SD table grid-searched in the simulator on the tune split, the
@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Callable
 
 from draftrl.config.wandb import WandbConfig
-from draftrl.decoding.vllm.calibrate import CalibrationSizes
+from draftrl.replay.serve_calibrate import CalibrationSizes
 from draftrl.runs import WANDB_FILE
 
 STEPS: tuple[str, ...] = ("calibrate", "collect", "train", "dsd", "sweep")
@@ -171,7 +171,7 @@ def run_serve_demo(config: ServeDemoConfig, out: str | Path, *, overwrite: bool 
             step_done(i, STEPS[i], seconds, note)
 
     def calibrate() -> str:
-        from draftrl.decoding.vllm.calibrate import calibrate_model
+        from draftrl.replay.serve_calibrate import calibrate_model
 
         result = calibrate_model(train_cfg.env.serve.target, config.calibrate, dtype=train_cfg.env.serve.dtype,
                                  threads=config.threads, seed=config.seed)
@@ -182,7 +182,7 @@ def run_serve_demo(config: ServeDemoConfig, out: str | Path, *, overwrite: bool 
         return f"{f['base'] * 1e3:.0f} ms + {f['per_seq'] * 1e3:.1f} ms/seq + {f['per_token'] * 1e3:.1f} ms/token"
 
     def collect() -> str:
-        from draftrl.envs.serve_replay import record_workload
+        from draftrl.replay.recordings import record_workload
 
         notes, recorded = [], {}
         for split in ("tune", "heldout"):
@@ -263,8 +263,8 @@ def _serve_config(config: ServeDemoConfig, *, split: str):
 
 def _sim_env(out: Path, recordings: str):
     """``make_env`` for :func:`run_serving_eval`: ``draftrl/ServeReplay-v0`` on ``out/recordings``."""
-    from draftrl.decoding.replay import Proposals, Recordings
-    from draftrl.decoding.vllm.calibrate import StepCostModel
+    from draftrl.replay.recordings import Proposals, Recordings
+    from draftrl.replay.serve_calibrate import StepCostModel
     from draftrl.envs.serve_replay import ServeReplayEnv
 
     loaded = Recordings.load(out / recordings)

@@ -306,7 +306,7 @@ def log_calibration(run: Any, table: Any) -> None:
 
 
 def log_traces(run: Any, traces: Any) -> None:
-    """Collected greedy traces (``draftrl.envs.traces.Traces``): prompts, positions, draft nodes, seconds."""
+    """Collected greedy traces (``draftrl.replay.traces.Traces``): prompts, positions, draft nodes, seconds."""
     if run is None:
         return
     _summary(run, {"traces/prompts": len(traces), "traces/positions": int(traces.cu_num_positions[-1]),
@@ -315,7 +315,7 @@ def log_traces(run: Any, traces: Any) -> None:
 
 
 def log_recordings(run: Any, recordings: dict[str, Any]) -> None:
-    """vLLM recordings per split (``draftrl.decoding.replay.Recordings``): requests, tokens, seconds."""
+    """vLLM recordings per split (``draftrl.replay.recordings.Recordings``): requests, tokens, seconds."""
     if run is None:
         return
     _summary(run, {k: v for split, r in recordings.items() for k, v in {

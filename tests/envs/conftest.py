@@ -142,7 +142,7 @@ def scripted():
 @pytest.fixture(scope="session")
 def shared_smollm2(smollm2):
     """The session's SmolLM2, also registered as the envs' per-process shared copy."""
-    from draftrl.envs import engines
+    from draftrl.models import loading
 
-    engines._LOADED[("smollm2-135m", "float32", "cpu", None)] = smollm2  # key of shared_model(spec, dtype, device, kernels)
+    loading._SHARED[("smollm2-135m", "float32", "cpu", None)] = smollm2  # key of shared_model(spec, dtype, device, kernels)
     return smollm2

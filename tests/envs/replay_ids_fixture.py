@@ -39,7 +39,7 @@ def traces(width: int):
     continuation for a random number of levels, then strays (width 2: a wrong sibling per level);
     every draft feature varies; prompt 1's budget is below its recording, prompt 2 ended at EOS."""
     from draftrl.prompts import Prompt
-    from draftrl.envs.traces import Traces
+    from draftrl.replay.traces import Traces
 
     rng = np.random.default_rng(100 + width)
     lengths, budgets = (9, 12, 6), (9, 12, 6)
@@ -94,7 +94,7 @@ def cost_table():
 def recordings():
     """Requests whose continuations repeat pieces of their prompts (some n-gram matches), one ending early."""
     from draftrl.prompts import Prompt
-    from draftrl.decoding.replay import Recording, Recordings
+    from draftrl.replay.recordings import Recording, Recordings
 
     rng = np.random.default_rng(7)
     recs = []
@@ -110,7 +110,7 @@ def recordings():
 
 
 def step_cost():
-    from draftrl.decoding.vllm.calibrate import StepCostModel
+    from draftrl.replay.serve_calibrate import StepCostModel
 
     return StepCostModel(base=0.03, per_seq=0.002, per_token=0.0005, residual_std=0.002, per_prefill_token=1e-5)
 

@@ -13,7 +13,7 @@ from draftrl.decoding.engine import EngineConfig, SpeculativeDecoder
 from draftrl.decoding.generate import fixed_schedule, generate
 from draftrl.decoding.stats import TokenStats
 from draftrl.config.env import EnvConfig
-from draftrl.envs.depth_control import CONTINUE, STOP
+from draftrl.signals.actions import CONTINUE, STOP
 
 SHORT = dict(languages=("en",), tasks=("chat",), limit_per_group=2, max_new_tokens=8, depths=(0, 1, 3))
 

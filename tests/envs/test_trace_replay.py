@@ -21,12 +21,12 @@ import draftrl.envs  # noqa: F401  registers the env ids (gymnasium.register_env
 from draftrl.cli import main
 from draftrl.config.env import EnvConfig
 from draftrl.signals.costs import CostTable
-from draftrl.envs.engines import build_engine
+from draftrl.decoding.build import build_engine
 from draftrl.envs.trace_replay import TraceReplayEnv
 from draftrl.envs.trace_replay_depth import TraceReplayDepthEnv
 from draftrl.envs.spec_decode import SpecDecodeEnv
 from draftrl.envs.spec_decode_depth import SpecDecodeDepthEnv
-from draftrl.envs.traces import Traces, collect
+from draftrl.replay.traces import Traces, collect
 
 WORKLOAD = dict(languages=("en",), tasks=("code_edit",), limit_per_group=2, max_new_tokens=20, depths=(0, 1, 2, 4))
 ROUND_KEYS = ("token_ids", "num_emitted", "num_accepted", "num_proposed", "num_verified", "verified_depth", "stop_reason",
@@ -309,7 +309,7 @@ def test_collect_keeps_finished_prompts_and_resumes(shared_smollm2, tmp_path):
     directory; the next run decodes only the rest and yields the same traces as one whole run."""
     import dataclasses
 
-    from draftrl.envs.traces import _ARRAYS
+    from draftrl.replay.traces import _ARRAYS
 
     config = EnvConfig(**WORKLOAD, seed=0)
     engine, tokenizer = build_engine(config, shared_smollm2)

@@ -17,8 +17,8 @@ from draftrl.decoding.generate import fixed_schedule, generate
 from draftrl.decoding.schedule import HeuristicSchedule
 from draftrl.drafters.eagle3 import Eagle3Drafter
 from draftrl.envs.trace_replay import TraceReplayEnv
-from draftrl.envs.round_table import drafter_costs, match_depths, round_table
-from draftrl.envs.traces import collect
+from draftrl.replay.round_table import drafter_costs, match_depths, round_table
+from draftrl.replay.traces import collect
 from draftrl.eval.headroom import headroom, hindsight, play, play_stop
 from draftrl.policies.acceptance_stop import AcceptanceModel, AcceptanceStop
 from draftrl.policies.confidence_stop import CumulativeConfidenceStop, LevelStopRule, RocConfidenceStop

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
@@ -14,9 +11,8 @@ from draftrl.envs.serve_replay import ServeReplayEnv
 from draftrl.eval.policy_names import ENGINE_KINDS, parse_policies
 from draftrl.eval.serve_policies import build_serving_policy, check_policies, proposer_rule
 from draftrl.policies import DynamicSD, Policy
+from serve_recordings import COST, TOKENS, synthetic_recordings
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "envs"))
-from test_serve_replay import COST, TOKENS, synthetic_recordings  # noqa: E402
 
 #: One name of every serving kind that needs no trained policy or vLLM proposer class.
 BASELINES = ("none,fixed:4,fixed:2:8,heuristic,ngram:4,eagle3:4,class:ref_lookup.RefLookupLatest:4,dsd,dsd:1-1:8,2-16:2,"

@@ -3,17 +3,13 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
 from draftrl.config.serve import ServeConfig
 from draftrl.envs.serve_replay import ServeReplayEnv
 from draftrl.eval.serving import run_serving_eval
+from serve_recordings import COST, TOKENS, synthetic_recordings
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "envs"))
-from test_serve_replay import COST, TOKENS, synthetic_recordings  # noqa: E402
 
 
 def test_policies_in_the_simulator_under_load(tmp_path):

@@ -8,12 +8,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from draftrl.decoding.vllm.calibrate import StepCostModel, calibrate, decode_table
+from draftrl.replay.serve_calibrate import StepCostModel, calibrate, decode_table
 from draftrl.decoding.vllm.engine import VLLMEngineConfig, shared_engine
 from draftrl.envs.serve_vllm import ServeVLLMEnv
 from draftrl.config.serve import ServeConfig
 from draftrl.envs.serve_replay import ServeReplayEnv
-from draftrl.envs.serve_replay import record_workload
+from draftrl.replay.recordings import record_workload
 
 CONFIG = ServeConfig(split="heldout", languages=("en", "it", "zh", "es"), tasks=("code_edit", "summarize"),
                      max_new_tokens=24, concurrency=4, shuffle=False)

@@ -8,7 +8,6 @@ the simulator itself; tests/real_vllm checks it against vLLM), so this runs in s
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -20,11 +19,8 @@ from draftrl.policies import PPOPolicy
 from draftrl.train import ppo_size
 from draftrl.train.config import TrainConfig
 from draftrl.train.envs import make_env
+from serve_recordings import synthetic_calibration, synthetic_recordings
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "envs"))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "decoding"))
-from test_serve_replay import synthetic_recordings  # noqa: E402
-from test_vllm_calibrate import synthetic_calibration  # noqa: E402
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "serve_sim_cpu.yaml"
 

@@ -1,10 +1,10 @@
-"""Build the decoding engine an env drives, sharing loaded models within a process.
+"""Build a :class:`~draftrl.decoding.engine.SpeculativeDecoder` from an ``EnvConfig``: the one place it is done.
 
-Models are never pickled or copied into subprocesses: every env made in one process with the
-same ``(target, dtype, device)`` gets the same loaded model object, and each env gets its own
-:class:`~draftrl.decoding.engine.SpeculativeDecoder` (engines hold one request's KV caches, so
-they are not shared). Vectorise with ``gymnasium.vector.SyncVectorEnv`` or SB3's
-``DummyVecEnv``; ``AsyncVectorEnv`` / ``SubprocVecEnv`` would load one model per worker.
+Models are never pickled or copied into subprocesses: every engine built in one process with the
+same ``(target, dtype, device, kernels)`` gets the same loaded model object
+(:func:`draftrl.models.shared_model`), and each caller gets its own engine (engines hold one
+request's KV caches, so they are not shared). Vectorise envs with ``gymnasium.vector.SyncVectorEnv``
+or SB3's ``DummyVecEnv``; ``AsyncVectorEnv`` / ``SubprocVecEnv`` would load one model per worker.
 """
 
 from __future__ import annotations
@@ -17,19 +17,6 @@ if TYPE_CHECKING:
     from draftrl.decoding.engine import SpeculativeDecoder
     from draftrl.models import LoadedModel
 
-_LOADED: dict[tuple[str, str, str, str | None], "LoadedModel"] = {}
-
-
-def shared_model(spec: str, dtype: str = "float32", device: str = "cpu", kernels: str | None = None) -> "LoadedModel":
-    """``draftrl.models.load_model(spec)``, loaded once per process and then reused. Its few-token
-    kernels are chosen at the first load, for the torch thread count set at that time."""
-    from draftrl.models import load_model
-
-    key = (spec, dtype, device, kernels)
-    if key not in _LOADED:
-        _LOADED[key] = load_model(spec, dtype=dtype, device=device, kernels=kernels)
-    return _LOADED[key]
-
 
 def build_engine(config: EnvConfig, target: "LoadedModel | None" = None, *, max_new_tokens: int = 1,
                  seed: int | None = None, sampler: str = "correct") -> "tuple[SpeculativeDecoder, object]":
@@ -40,7 +27,7 @@ def build_engine(config: EnvConfig, target: "LoadedModel | None" = None, *, max_
     """
     from draftrl.decoding.engine import EngineConfig, SpeculativeDecoder
     from draftrl.drafters.registry import build_drafter, check_drafter_spec
-    from draftrl.models import check_model_spec
+    from draftrl.models import check_model_spec, shared_model
 
     if target is None:
         check_model_spec(config.target, "EnvConfig.target")
@@ -72,7 +59,7 @@ def check_engine(config: EnvConfig, engine: "SpeculativeDecoder") -> None:
         if getattr(ec, name) != getattr(config, name):
             raise ValueError(
                 f"engine {name}={getattr(ec, name)!r} differs from EnvConfig.{name}={getattr(config, name)!r}; "
-                "build the engine from the same config with draftrl.envs.engines.build_engine(config, target)."
+                "build the engine from the same config with draftrl.decoding.build.build_engine(config, target)."
             )
     if config.max_depth > ec.max_depth:
         raise ValueError(
