@@ -1,4 +1,4 @@
-"""How much any drafting schedule can gain over the best fixed K, in the serving simulator.
+"""How much any drafting schedule can gain over the best fixed K, in the serving replay.
 
 Issue "Learning under load" asks a learned policy for >= 1.10x the best single fixed K over a load
 sweep (geometric mean of per-load speedups). Before training for it, measure the ceiling on this
@@ -41,7 +41,7 @@ kind's geometric mean over the loads and its ratio to the best single fixed K; `
 them in ``results.json`` (the serving runner's files of ``--policies`` in ``OUT/policies/``).
 
     python benchmarks/serve_headroom.py --recordings runs/serve/rec_heldout --calibration runs/serve/vllm_costs.json \\
-        --policies dsd:1-1:6,2-4:4,5-8:2,9-16:1,ppo:runs/serve/ppo_sim --out runs/bench/serve_headroom
+        --policies dsd:1-1:6,2-4:4,5-8:2,9-16:1,ppo:runs/serve/ppo_replay --out runs/bench/serve_headroom
     python benchmarks/serve_headroom.py --recordings ... --calibration ... --quick     # concurrency 1 and 4 only
     python benchmarks/serve_headroom.py --recordings ... --calibration runs/serve/vllm_costs.json \
         --head --head-calibration runs/serve/vllm_head_costs.json --out runs/bench/serve_headroom_head
@@ -61,7 +61,7 @@ from _bench import Bench, common_flags, parse_args
 from draftrl.replay.recordings import Proposals, Recordings, head_proposals
 from draftrl.replay.serve_calibrate import StepCostModel
 from draftrl.replay.serve_engine import single_stream_fixed, single_stream_optimum
-from draftrl.envs.serve_replay import ServeReplayEnv
+from draftrl.envs.serve_vllm import ServeVLLMEnv
 from draftrl.config.serve import load_serve_config
 from draftrl.eval.policy_names import parse_policies
 from draftrl.eval.rollout import episode_throughput
@@ -136,11 +136,12 @@ def main() -> None:
     loads += [("rates", f"{r:g}", {"arrival": "poisson", "rate": r}) for r in rates]
     seed = config.seed if config.seed is not None else 0
 
-    def env_for(cfg, drafter: str = "ngram") -> ServeReplayEnv:
-        return ServeReplayEnv(recordings, cost if drafter == "ngram" else head_cost, cfg, cost_noise=False,
-                              proposals=proposals, drafter=drafter, head_proposals=heads)
+    def env_for(cfg, drafter: str = "ngram") -> ServeVLLMEnv:
+        return ServeVLLMEnv(cfg, engine="replay", recordings=recordings,
+                            calibration=cost if drafter == "ngram" else head_cost, cost_noise=False,
+                            proposals=proposals, drafter=drafter, head_proposals=heads)
 
-    def throughput(env: ServeReplayEnv, policy) -> float:
+    def throughput(env: ServeVLLMEnv, policy) -> float:
         """Tokens per engine second of one episode over the workload, ``policy`` choosing each action."""
         prompt_ids = [prompt.id for prompt in env.workload.prompts][: config.num_requests or None]
         return episode_throughput(env, policy, prompt_ids, seed)

@@ -50,29 +50,3 @@ def build_engine(config: EnvConfig, target: "LoadedModel | None" = None, *, max_
     eos = [] if config.ignore_eos else target.eos_token_ids
     engine = SpeculativeDecoder(target.model, drafter, engine_config, eos_token_ids=eos)
     return engine, target.tokenizer
-
-
-def check_engine(config: EnvConfig, engine: "SpeculativeDecoder") -> None:
-    """Refuse an engine whose sampling or limits contradict the env config."""
-    ec = engine.config
-    for name in ("temperature", "top_k", "top_p"):
-        if getattr(ec, name) != getattr(config, name):
-            raise ValueError(
-                f"engine {name}={getattr(ec, name)!r} differs from EnvConfig.{name}={getattr(config, name)!r}; "
-                "build the engine from the same config with draftrl.decoding.build.build_engine(config, target)."
-            )
-    if config.max_depth > ec.max_depth:
-        raise ValueError(
-            f"EnvConfig.depths reach {config.max_depth} but the engine allows max_depth={ec.max_depth}; "
-            "raise EngineConfig.max_depth or shrink the action space."
-        )
-    if config.width > ec.max_width:
-        raise ValueError(f"EnvConfig.width={config.width} exceeds EngineConfig.max_width={ec.max_width}.")
-    if max(config.verify_sizes) > ec.max_verify_size:
-        raise ValueError(
-            f"EnvConfig.verify_sizes reach {max(config.verify_sizes)} but EngineConfig.max_verify_size="
-            f"{ec.max_verify_size}; raise it or shrink the action space."
-        )
-    if config.max_depth > 0 and engine.drafter is None:
-        raise ValueError(f"EnvConfig.depths={list(config.depths)} need a drafter but the engine has none; "
-                         "use depths: [0] or a drafter.")

@@ -62,13 +62,15 @@ class Workload:
     """Hands out one :class:`Request` per episode in a seeded order."""
 
     def __init__(self, config: WorkloadConfig, tokenizer=None, prompts: list[Prompt] | None = None,
-                 prompt_ids: dict[str, list[int]] | None = None):
-        """``tokenizer`` may be None when only indices are needed (round replay) or when
-        ``prompt_ids`` (prompt id -> token ids, e.g. recorded ones) covers ``prompts``."""
+                 prompt_ids: dict[str, list[int]] | None = None, limits: dict[str, int] | None = None):
+        """``tokenizer`` may be None when only indices are needed or when ``prompt_ids`` (prompt id ->
+        token ids, e.g. recorded ones) covers ``prompts``; ``limits`` (prompt id -> tokens) caps a
+        request's budget where less was recorded (replayed traces)."""
         self.config = config
         self.tokenizer = tokenizer
         self.prompts = prompts if prompts is not None else select_prompts(config)
         self._ids: dict[str, list[int]] = dict(prompt_ids or {})
+        self._limits: dict[str, int] = dict(limits or {})
         self._order: list[int] = list(range(len(self.prompts)))
         self._next = 0
 
@@ -112,7 +114,10 @@ class Workload:
         prompt = self.prompts[index]
         if prompt.id not in self._ids:
             self._ids[prompt.id] = encode(self.tokenizer, prompt.prompt, self.config.chat_template)
-        return Request(prompt, self._ids[prompt.id], budget(self.config, prompt))
+        tokens = budget(self.config, prompt)
+        if prompt.id in self._limits:
+            tokens = min(tokens, self._limits[prompt.id])
+        return Request(prompt, self._ids[prompt.id], tokens)
 
     def index_of(self, prompt_id: str) -> int:
         for i, prompt in enumerate(self.prompts):

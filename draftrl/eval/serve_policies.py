@@ -1,7 +1,7 @@
 """How each policy of ``draftrl eval --engine vllm`` is built: its engine, its env's rule, its ``Policy``.
 
 The names are ``draftrl.eval.policy_names``' (one grammar for both engines). Every policy acts
-through the ``draftrl.policies.Policy`` interface on ``draftrl/ServeVLLM-v0`` (or the simulator,
+through the ``draftrl.policies.Policy`` interface on ``draftrl/ServeVLLM-v0`` (or the replay,
 ``ServeReplay-v0``), whose second action grid is the batch's verification budget:
 
 - ``none``, ``ngram:K``, ``eagle3:K``, ``class:MODULE.Class:K``: ``Fixed`` at depth 0; the engine

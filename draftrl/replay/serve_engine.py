@@ -21,12 +21,16 @@ from __future__ import annotations
 import copy
 from collections import deque
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from draftrl.config.serve import ServeConfig
 from draftrl.decoding.admission import RequestAcceptance, StepAction, admit_drafts, draft_cap
 from draftrl.decoding.interface import EngineStep, QueuedBatch, RequestStep
 from draftrl.decoding.vllm.proposer import ACCEPT_DECAY
+from draftrl.decoding.workload import Workload
 from draftrl.replay.recordings import LOOKAHEAD, HeadProposals, Proposals, Recordings, parse_replay_drafter
 from draftrl.replay.serve_calibrate import StepCostModel
 
@@ -111,7 +115,10 @@ class ReplayEngine(QueuedBatch):
     :param max_model_len: the engine's context limit (the proposer leaves room below it).
     :param rule: each request's own depth before the cap and budget: ``match``, ``heuristic`` or
         ``hindsight`` (the accepted prefix of its proposal: a ceiling, see ``RULES``).
-    :param rng: draws the step-cost noise (``cost.seconds``); None = no noise.
+    :param rng: draws the step-cost noise (``cost.seconds``); None = no noise (until :meth:`restart`).
+    :param cost_jitter: lognormal sigma of the per-episode factors on the step cost's coefficients
+        that :meth:`restart` draws (0 = none: another machine per episode otherwise).
+    :param cost_noise: whether :meth:`restart` turns on the per-step residual noise.
     :param drafter: whose proposals each request drafts (:data:`~draftrl.replay.recordings.REPLAY_DRAFTERS`); every kind but
         ``ngram`` needs ``head_proposals`` and a ``cost`` calibrated with the head. ``best`` is an
         oracle: the drafter whose proposal the continuation accepts more of (with ``rule="hindsight"``
@@ -123,7 +130,7 @@ class ReplayEngine(QueuedBatch):
     def __init__(self, recordings: Recordings, cost: StepCostModel, *, max_depth: int = 8, max_num_seqs: int = 16,
                  max_model_len: int = 1024, rule: str = "match", rng: np.random.Generator | None = None,
                  proposals: Proposals | None = None, drafter: str = "ngram",
-                 head_proposals: HeadProposals | None = None):
+                 head_proposals: HeadProposals | None = None, cost_jitter: float = 0.0, cost_noise: bool = True):
         if rule not in RULES:
             raise ValueError(f"rule={rule!r} cannot be replayed; choose one of {', '.join(RULES)}.")
         self.min_match = parse_replay_drafter(drafter)
@@ -134,7 +141,10 @@ class ReplayEngine(QueuedBatch):
             raise ValueError(f"drafter={drafter!r} needs the head's step cost; calibrate with draftrl calibrate "
                              "--engine vllm --drafter eagle3 --out FILE.")
         self.drafter, self.head_proposals = drafter, head_proposals
+        if cost_jitter < 0:
+            raise ValueError(f"cost_jitter={cost_jitter} must be >= 0 (a lognormal sigma).")
         self.recordings, self.cost, self.rng = recordings, cost, rng
+        self.cost_model, self.cost_jitter, self.cost_noise = cost, float(cost_jitter), bool(cost_noise)
         self.max_depth, self.max_num_seqs, self.max_model_len = int(max_depth), int(max_num_seqs), int(max_model_len)
         self.rule = rule
         self.initial_depth = float(self.max_depth)
@@ -147,6 +157,41 @@ class ReplayEngine(QueuedBatch):
             else Proposals(recordings, self.max_depth)
         self._by_prompt = {tuple(r.prompt_ids): i for i, r in enumerate(recordings.requests)}
         self._start_queue()
+
+    @classmethod
+    def for_config(cls, config: ServeConfig, recordings: str | Path | Recordings,
+                   calibration: str | Path | dict | StepCostModel, **kwargs: Any) -> ReplayEngine:
+        """The replay of ``config``'s serving engine: ``recordings`` (a ``draftrl collect --engine vllm``
+        directory or :class:`Recordings`, made with the config's target and chat template) and the step
+        cost of ``calibration`` (a ``draftrl calibrate --engine vllm`` JSON, refitted, or a
+        :class:`StepCostModel`); ``kwargs`` as the constructor's (``proposals``, ``drafter``,
+        ``head_proposals``, ``cost_jitter``, ``cost_noise``)."""
+        if config.temperature != 0:
+            raise ValueError(f"{config.section}.temperature={config.temperature}: ServeReplay-v0 replays greedy "
+                             "recordings; use temperature 0 (or ServeVLLM-v0 to sample).")
+        if recordings is None or calibration is None:
+            raise ValueError("the serving replay needs recordings= (draftrl collect --engine vllm --out DIR) and "
+                             "calibration= (draftrl calibrate --engine vllm --out FILE).")
+        if not isinstance(recordings, Recordings):
+            recordings = Recordings.load(recordings)
+        recorded = recordings.meta.get("config", {})
+        for name in ("target", "chat_template"):
+            if name in recorded and recorded[name] != getattr(config, name):
+                raise ValueError(f"{config.section}.{name}={getattr(config, name)!r} differs from the recordings' "
+                                 f"{recorded[name]!r}; record again with --set env.{name}={getattr(config, name)}.")
+        cost = calibration if isinstance(calibration, StepCostModel) else StepCostModel.from_calibration(calibration)
+        return cls(recordings, cost, max_depth=max(1, config.max_depth), max_num_seqs=config.max_num_seqs,
+                   max_model_len=config.max_model_len, rule=config.rule, **kwargs)
+
+    def workload(self, config: ServeConfig) -> Workload:
+        """The recorded requests as a workload (tokenised as recorded: no tokenizer needed)."""
+        return Workload(config, None, prompts=self.recordings.prompts, prompt_ids=self.recordings.prompt_ids())
+
+    def restart(self, rng: np.random.Generator) -> None:
+        """A new episode: this machine's step cost, the calibrated one jittered by ``cost_jitter`` (factors
+        drawn from ``rng``, the env's), and the per-step noise from ``rng`` when ``cost_noise``."""
+        self.cost = self.cost_model.jittered(self.cost_jitter, rng)
+        self.rng = rng if self.cost_noise else None
 
     def set_rule(self, rule: str, initial_depth: float | None = None) -> None:
         """As ``DraftrlProposer.set_rule`` (``fill`` is for calibration and is not replayed)."""

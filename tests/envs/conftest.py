@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from draftrl.decoding.engine import EngineConfig, RoundResult
+from draftrl.decoding.engine import EngineConfig, RoundResult, SpeculativeDecoder, TimedLevels
 from draftrl.decoding.stats import TokenStats
 from draftrl.drafters.base import LevelDrafter, TreeBuilder
 from draftrl.drafters.tree import DraftTree
@@ -65,6 +65,9 @@ class ScriptedEngine:
     level ``PER_LEVEL``; the clock only moves when the engine charges time.
     """
 
+    samples = True
+    drafts_levels = True
+
     def __init__(self, accepts=(2, 0, 4, 1), max_levels: int = 16, temperature: float = 0.0):
         self.config = EngineConfig(temperature=temperature)
         self.accepts = accepts
@@ -81,7 +84,13 @@ class ScriptedEngine:
     def clock(self) -> float:
         return self.now
 
-    def start(self, prompt_ids, seed=None, prefill=True) -> float:  # the scripted costs charge rounds only
+    def check(self, config) -> None:  # the live engine's checks: they read only config and drafter
+        SpeculativeDecoder.check(self, config)
+
+    def begin_levels(self, width):
+        return TimedLevels(lambda: self.drafter.begin(self.ids, width, self.params, None), self.clock)
+
+    def start(self, prompt_ids, seed=None, prefill=True, rng=None) -> float:  # the scripted costs charge rounds only
         self.now = 0.0  # each request restarts the fake clock, so float sums repeat exactly
         self.ids = list(prompt_ids)
         self.num_prompt_tokens = len(self.ids)

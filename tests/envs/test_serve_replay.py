@@ -116,11 +116,11 @@ def test_budget_zero_reproduces_the_no_speculation_schedule(recordings, concurre
 
 
 def test_spaces_and_features_are_serve_vllms(recordings):
-    sim = make(recordings).unwrapped
+    replay = make(recordings).unwrapped
     real = ServeVLLMEnv(ServeConfig(), engine=ReplayEngine(recordings, COST), tokenizer=object())
-    assert sim.action_space == real.action_space and sim.observation_space == real.observation_space
-    assert sim.feature_names == real.feature_names == FEATURE_NAMES
-    assert (sim.depths, sim.budgets, sim.action_lag) == (real.depths, real.budgets, real.action_lag) == \
+    assert replay.action_space == real.action_space and replay.observation_space == real.observation_space
+    assert replay.feature_names == real.feature_names == FEATURE_NAMES
+    assert (replay.depths, replay.budgets, replay.action_lag) == (real.depths, real.budgets, real.action_lag) == \
         ((0, 1, 2, 3, 4, 6, 8), (0, 2, 4, 8, 16, 32, 64, 128), 1)
     check_env(make(recordings, concurrency=4).unwrapped, skip_render_check=True)
 

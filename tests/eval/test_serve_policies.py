@@ -6,8 +6,7 @@ import numpy as np
 import pytest
 
 from draftrl.config.serve import ServeConfig
-from draftrl.envs.serve_vllm import FEATURE_NAMES
-from draftrl.envs.serve_replay import ServeReplayEnv
+from draftrl.envs.serve_vllm import FEATURE_NAMES, ServeVLLMEnv
 from draftrl.eval.policy_names import ENGINE_KINDS, parse_policies
 from draftrl.eval.serve_policies import build_serving_policy, check_policies, proposer_rule
 from draftrl.policies import DynamicSD, Policy
@@ -21,7 +20,8 @@ BASELINES = ("none,fixed:4,fixed:2:8,heuristic,ngram:4,eagle3:4,class:ref_lookup
 
 @pytest.fixture(scope="module")
 def env():
-    return ServeReplayEnv(synthetic_recordings(4), COST, ServeConfig(max_new_tokens=TOKENS, shuffle=False, seed=0))
+    return ServeVLLMEnv(ServeConfig(max_new_tokens=TOKENS, shuffle=False, seed=0), engine="replay",
+                        recordings=synthetic_recordings(4), calibration=COST)
 
 
 def test_every_serving_baseline_is_a_policy(env):

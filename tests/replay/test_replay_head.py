@@ -1,4 +1,4 @@
-"""The serving simulator replaying an EAGLE-3 head: its proposals from every true prefix equal a live
+"""The serving replay of an EAGLE-3 head: its proposals from every true prefix equal a live
 head's, every drafter replays the recorded tokens exactly, the head's step cost is charged where it
 drafts, SAM's rule and hindsight's per-request choice pick the drafter they name."""
 

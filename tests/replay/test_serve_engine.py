@@ -22,8 +22,8 @@ def recordings():
 
 
 def test_admission_equals_the_vllm_proposers_on_the_same_steps(recordings):
-    """Drive draftrl's vLLM proposer class with the simulator's batches: every request's drafts,
-    acceptance estimates and match lengths are the simulator's."""
+    """Drive draftrl's vLLM proposer class with the replay's batches: every request's drafts,
+    acceptance estimates and match lengths are the replay's."""
     for rule in ("match", "heuristic"):
         engine = ReplayEngine(recordings, COST, max_depth=8, max_num_seqs=6, rule=rule)
         proposer = DraftrlProposer(SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=8),
@@ -63,7 +63,7 @@ def test_admission_equals_the_vllm_proposers_on_the_same_steps(recordings):
             acceptance, match = engine.request_signals()
             np.testing.assert_allclose(acceptance, proposer.last.acceptance)
             assert match.tolist() == proposer.last.match_len.tolist()
-            for k, d in zip(rows, drafts):  # the simulator's acceptance = the proposer's drafts vs the recording
+            for k, d in zip(rows, drafts):  # the replay's acceptance = the proposer's drafts vs the recording
                 index, n = int(k[1:]), len(outputs[k])
                 rec = recordings.requests[index].token_ids
                 agree = 0

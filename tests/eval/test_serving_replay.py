@@ -1,4 +1,4 @@
-"""``draftrl.eval.serving.run_serving_eval`` on the serving simulator (``make_env``): the runner of
+"""``draftrl.eval.serving.run_serving_eval`` on the serving replay (``make_env``): the runner of
 ``draftrl eval --engine vllm`` and ``benchmarks/serve_sweep.py``, without vLLM."""
 
 from __future__ import annotations
@@ -6,25 +6,31 @@ from __future__ import annotations
 import pytest
 
 from draftrl.config.serve import ServeConfig
-from draftrl.envs.serve_replay import ServeReplayEnv
+from draftrl.envs.serve_vllm import ServeVLLMEnv
 from draftrl.eval.serving import run_serving_eval
 from serve_recordings import COST, TOKENS, synthetic_recordings
 
 
 
-def test_policies_in_the_simulator_under_load(tmp_path):
+
+def replay_env(recordings):
+    """``make_env`` for the runner: ``ServeReplay-v0`` on ``recordings``."""
+    return lambda cfg, spec: ServeVLLMEnv(cfg, engine="replay", recordings=recordings, calibration=COST)
+
+
+def test_policies_in_the_replay_under_load(tmp_path):
     recordings = synthetic_recordings(8)
     config = ServeConfig(max_new_tokens=TOKENS, shuffle=False, seed=0)
     results = run_serving_eval(tmp_path, policies="none,fixed:1,fixed:4:4,heuristic,dsd", concurrency=[1, 4],
                                rates=[3.0], repeats=2, config=config,
-                               make_env=lambda cfg, spec: ServeReplayEnv(recordings, COST, cfg))
+                               make_env=replay_env(recordings))
     assert results["exactness"]["passed"]  # every policy emitted the recorded continuations
     for section, key in (("concurrency", "1"), ("concurrency", "4"), ("rates", "3")):
         table = results[section][key]["policies"]
         assert set(table) == {"none", "fixed:1", "fixed:4:4", "heuristic", "dsd"}
         assert table["none"]["speedup_vs_none"] == 1.0 and table["none"]["num_verified"] == 0
         assert table["fixed:1"]["num_verified"] > 0
-        assert table["fixed:1"]["tokens_per_cpu_second"] is None  # the simulator has no CPU clock
+        assert table["fixed:1"]["tokens_per_cpu_second"] is None  # the replay has no CPU clock
         assert all(t["num_tokens"] == table["none"]["num_tokens"] for t in table.values())
     four = results["concurrency"]["4"]["policies"]
     assert four["fixed:4:4"]["num_verified"] <= 4 * four["fixed:4:4"]["num_steps"]  # the budget binds
@@ -33,7 +39,7 @@ def test_policies_in_the_simulator_under_load(tmp_path):
     assert results["repeats"] == 2
     with pytest.raises(ValueError, match="repeats=0"):
         run_serving_eval(tmp_path, policies="none", concurrency=[1], repeats=0, config=config,
-                         make_env=lambda cfg, spec: ServeReplayEnv(recordings, COST, cfg))
+                         make_env=replay_env(recordings))
 
 
 def test_dsd_grid_search_scores_tables_as_the_evaluation_does(tmp_path):
@@ -45,7 +51,7 @@ def test_dsd_grid_search_scores_tables_as_the_evaluation_does(tmp_path):
 
     recordings = synthetic_recordings(8)
     config = ServeConfig(max_new_tokens=TOKENS, shuffle=False, seed=0)
-    make_env = lambda cfg, spec: ServeReplayEnv(recordings, COST, cfg)  # noqa: E731
+    make_env = replay_env(recordings)
     scored = search_dsd(make_env, config, [{"concurrency": 1}, {"concurrency": 8}], ranges=((1, 1), (2, 16)),
                         ks=(0, 2, 8))
     assert sorted(r["label"] for r in scored) == sorted(
@@ -94,7 +100,7 @@ def test_policies_are_grouped_by_engine_and_passes_reuse_the_engine_they_end_on(
     groups = engine_groups(specs, ServeConfig())
     labels = [[s.label for s in g] for g in groups]
     assert labels == [["none"], ["fixed:2", "heuristic", "dsd", "fixed:4:8"], ["ngram:2"], ["ngram:4"]]
-    assert [[s.label for s in g] for g in engine_groups(specs)] == [[s.label] for s in specs]  # the simulator
+    assert [[s.label for s in g] for g in engine_groups(specs)] == [[s.label] for s in specs]  # the replay
     n = len(groups)
     orders = [[s.label for s in pass_order(groups, i)] for i in range(2 * n)]
     group_of = {label: gi for gi, group in enumerate(labels) for label in group}
