@@ -1,6 +1,6 @@
 """Env logic on a scripted engine and synthetic tables: features, rewards, shaping, config errors.
 
-No model runs here; ``test_spec_decode_real.py`` and ``test_trace_replay.py`` cover the real engine.
+No model runs here; ``test_spec_decode_real.py`` and ``test_spec_decode_replay.py`` cover the real engine.
 """
 
 from __future__ import annotations
