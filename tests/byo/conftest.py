@@ -28,11 +28,11 @@ import pytest
 from byo_models import build_draft, build_head, build_target
 
 
-@pytest.fixture(scope="session", autouse=True)
-def stock_kernels():
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("DRAFTRL_KERNELS", "stock")
-        yield
+@pytest.fixture(autouse=True)
+def stock_kernels(monkeypatch):
+    """Per test, not per session: a session-wide setting outlived these tests and forced the stock
+    layout on every model the rest of the session loaded (the smollm2 fixture among them)."""
+    monkeypatch.setenv("DRAFTRL_KERNELS", "stock")
 
 
 @pytest.fixture(scope="session")

@@ -57,7 +57,7 @@ def test_the_cli_hands_head_to_eagle3_and_refuses_eagle3_without_one(monkeypatch
     monkeypatch.setattr("draftrl.eval.serving.run_serving_eval", fake_run)
     head = tmp_path / "head"
     head.mkdir()
-    (head / CONFIG_FILE).write_text(json.dumps({"speculators_model_type": "eagle3", "transformer_layer_config": {},
+    (head / CONFIG_FILE).write_text(json.dumps({"speculators_model_type": "eagle3", "transformer_layer_config": {"num_hidden_layers": 1},
                                                 "draft_vocab_size": 8, "eagle_aux_hidden_state_layer_ids": [2, 15, 27],
                                                 "speculators_config": {"verifier": {}}}))
     (head / WEIGHTS_FILE).write_bytes(b"")
