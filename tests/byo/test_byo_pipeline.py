@@ -136,3 +136,19 @@ def test_export_writes_a_bundle_stock_vllm_reads_as_draftrl_trained(byo_pipeline
         assert written == given
     # the padded draft scores 1,088 ids, the target 1,024: vLLM's draft_model accepts it with the flag only
     assert spec.get("use_heterogeneous_vocab", False) is (drafter == "my_draft")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_wrong_acceptance_is_still_caught_on_the_users_models(byo_pipeline, dtype, tmp_path, capsys):
+    """Negative control of the verdicts above: ``off-by-one`` (keeps a round's first rejected draft token)
+    with the padded draft model, whose drafts the target both accepts and rejects, stops eval with exit 3
+    in either dtype: the engine's per-token argmax check, after the partial results were written."""
+    from draftrl.cli import main
+
+    p = byo_pipeline("my_draft", dtype)
+    out = tmp_path / "eval"
+    assert main(["eval", "--config", str(p.config), "--policies", "none,fixed:3", "--sampler", "off-by-one",
+                 "--out", str(out), "--quiet"]) == 3
+    assert "argmax" in capsys.readouterr().err
+    failure = json.loads((out / "results.json").read_text())["exactness"]["failure"]
+    assert failure["error"] == "ArgmaxViolation" and failure["evidence"][0]["statistic"] == "argmax"
