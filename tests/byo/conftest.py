@@ -13,7 +13,7 @@ float32 or bfloat16 (``--dtype``):
 | ``my_eagle_head_bin`` | an EAGLE-3 head in the EAGLE / SpecForge layout (``LlamaForCausalLMEagle3``), ``pytorch_model.bin``, scoring the whole vocabulary (no ``d2t`` / ``t2d``) |
 | ``my_eagle_head_safetensors`` | the same layout in ``model.safetensors``, a 256-token draft vocabulary (``d2t``, ``t2d``) |
 | ``my_speculators_head`` | the speculators layout without its optional keys (no ``eagle_aux_hidden_state_layer_ids``: the target's default (2, 4, 5); no ``norm_before_residual``: False, as speculators defines it; no ``target_hidden_size``), 256-token draft vocabulary. vLLM 0.32's speculators reader takes the absent ``norm_before_residual`` as True, so vLLM would draft other tokens with this folder than draftrl does: an export states the key in its copy |
-| ``my_one_token_head`` | the EAGLE layout in ``model.safetensors`` with a one-token draft vocabulary, the token the target writes most often on the suite's workload (``byo_models.most_written_token``): its drafts are accepted wherever the target writes it, so a head's accepted drafts are tested too |
+| ``my_one_token_head`` | the speculators layout with every key (as ``draftrl distill`` writes it) and a one-token draft vocabulary, the token the target writes most often on the suite's workload (``byo_models.most_written_token``): its drafts are accepted wherever the target writes it, so a head's accepted drafts are tested too |
 
 Every head is built from ``my_target`` (aux layers (2, 4, 5); ``draftrl distill``'s untrained
 starting point: ``fc`` passing layer 5's input through, the target's output rows) and lists it as
@@ -81,7 +81,7 @@ def my_speculators_head(my_target, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def my_one_token_head(my_target, tmp_path_factory) -> Path:
-    return build_head(tmp_path_factory.mktemp("byo") / "my-head-one-token", my_target, layout="eagle",
+    return build_head(tmp_path_factory.mktemp("byo") / "my-head-one-token", my_target, layout="speculators",
                       weights="safetensors", draft_ids=[most_written_token(my_target)])
 
 
