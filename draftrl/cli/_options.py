@@ -20,15 +20,16 @@ option             config key     meaning
 ``--wandb-project``  ``wandb.project``  the wandb project of every run the command (pipeline) makes
 ``--wandb-group``    ``wandb.group``    their group (default: the output folder's name and a short id)
 ``--wandb-entity``   ``wandb.entity``   the wandb team or user (default: yours)
-``--gpu-memory-utilization``  ``env.gpu_memory_utilization``  vLLM: the GPU memory share of each engine (demo: ``gpu_memory_utilization``)
-``--enforce-eager``  ``env.enforce_eager``  vLLM: eager forwards on a GPU too, default CUDA graphs there (demo: ``enforce_eager``)
+``--gpu-memory-utilization``  ``env.gpu_memory_utilization``  vLLM: the GPU memory share of each engine
+``--enforce-eager``  ``env.enforce_eager``  vLLM: eager forwards on a GPU too (default: CUDA graphs there)
 ``--out PATH``                    where the command writes
 ``--overwrite``                   replace what an earlier run wrote in ``--out`` (else refused)
 ``--json``                        print one JSON object on stdout instead of tables
 =================  =============  ==========================================================
 
 Defaults are the config's (``None`` here means "not given"), so a command's default lives in
-its config dataclass only.
+its config dataclass only. ``draftrl demo --engine vllm`` reads the two vLLM engine flags into
+``ServeDemoConfig``'s top-level keys of the same name (it has no ``env`` section).
 """
 
 from __future__ import annotations

@@ -107,9 +107,9 @@ def workload_prompts(tokenizer) -> list[tuple[str, list[int]]]:
     """``(id, ids)`` of :data:`WORKLOAD`'s prompts of both splits, as draftrl encodes them (the chat template)."""
     from draftrl.models.chat import user_message_ids
 
-    keep = lambda p: p.language in WORKLOAD["languages"] and p.task in WORKLOAD["tasks"]  # noqa: E731
     return [(p.id, user_message_ids(tokenizer, p.prompt)) for split in ("tune", "heldout")
-            for p in load_prompts(split=split, limit_per_group=WORKLOAD["limit_per_group"]) if keep(p)]
+            for p in load_prompts(split=split, limit_per_group=WORKLOAD["limit_per_group"])
+            if p.language in WORKLOAD["languages"] and p.task in WORKLOAD["tasks"]]
 
 
 def most_written_token(target: Path) -> int:

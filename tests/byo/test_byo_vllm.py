@@ -28,7 +28,8 @@ from byo_steps import cli
 
 from draftrl.decoding.vllm.engine import INSTALL_CPU, vllm_available
 
-pytestmark = [pytest.mark.vllm, pytest.mark.skipif(not vllm_available(), reason=f"vllm is not installed ({INSTALL_CPU})")]
+pytestmark = [pytest.mark.vllm,
+              pytest.mark.skipif(not vllm_available(), reason=f"vllm is not installed ({INSTALL_CPU})")]
 
 #: the drafter fixtures whose float32 policies are served; those whose drafts must be accepted sometimes
 SERVED = ("my_draft", "my_eagle_head_bin", "my_eagle_head_safetensors", "my_speculators_head", "my_one_token_head")
@@ -97,7 +98,7 @@ def test_bundles_of_a_users_own_drafters_run_in_stock_vllm_after_being_copied(by
     assert done.returncode == 0 and lines, done.stderr[-3000:]
     result = json.loads(lines[-1].removeprefix("RESULT "))
     assert not result["draftrl"]
-    assert len(result["plain"]) == len(prompts) and all(len(out) == WORKLOAD["max_new_tokens"] for out in result["plain"])
+    assert [len(out) for out in result["plain"]] == [WORKLOAD["max_new_tokens"]] * len(prompts)
     for name, folder in folders.items():
         got = result[str(folder)]
         assert got["out"] == result["plain"], name
