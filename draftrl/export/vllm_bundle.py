@@ -182,7 +182,7 @@ def write_stock_policy_bundle(policy: str | Path, out: str | Path, model: str, g
     source = head if head is not None else ec.drafter_source(drafter, run_dir, strict=True)
     k1, table = int(derivation["k1"]), derivation["depth_by_batch"]
     local = isinstance(source, Path)
-    vocab = draft_vocab_options(model, source) if method == "draft_model" else {}
+    vocab, vocab_note = ec.draft_vocab_options(model, source) if method == "draft_model" else ({}, None)
     speculative = None if k1 == 0 else {
         "method": method, "model": f"./{DRAFTER_DIR}" if local else source, "num_speculative_tokens": k1,
         "num_speculative_tokens_per_batch_size": table, **vocab}
@@ -200,8 +200,8 @@ def write_stock_policy_bundle(policy: str | Path, out: str | Path, model: str, g
                         "proposer, so this bundle drafts with the head alone.")
     if k1 == 0:
         notes.insert(0, "The policy's median depth is 0 (it mostly does not speculate): run without speculation.")
-    if vocab and speculative is not None:
-        notes.append(VOCAB_NOTE)
+    if vocab_note and speculative is not None:
+        notes.append(vocab_note)
     out = Path(out)
     with staged_files(out) as stage:
         if local and speculative is not None:
@@ -211,31 +211,6 @@ def write_stock_policy_bundle(policy: str | Path, out: str | Path, model: str, g
                        "drafter_source": str(source), "derivation": derivation})
         write_json(stage / "vllm.json", bundle)
     return bundle
-
-
-#: the note of a bundle whose draft model's output matrix differs in size from the target's
-VOCAB_NOTE = ("use_heterogeneous_vocab: the draft's vocab_size differs from the target's (embedding rows padded past "
-              "the shared tokenizer by other amounts), which vLLM's draft_model method refuses unless told; with it, "
-              "vLLM drafts over the ids both tokenizers define, as draftrl did in training, and still verifies every "
-              "draft with the target.")
-
-
-def draft_vocab_options(target: str, draft: Path | str) -> dict[str, Any]:
-    """What vLLM's ``draft_model`` method needs for this pair besides the draft: ``{"use_heterogeneous_vocab":
-    True}`` when the two ``config.json`` give different ``vocab_size``, else nothing.
-
-    Why: vLLM 0.32 refuses a draft model whose vocab_size differs from the target's
-    (``SpeculativeConfig.verify_equal_vocab_size_if_draft_model``), though one family's models share a
-    tokenizer and only pad their embedding matrices by different amounts (Qwen2.5-7B 152,064 rows,
-    Qwen2.5-0.5B 151,936). draftrl compares such a pair over the tokenizer's ids
-    (``draftrl.models.vocab.SharedVocab``); vLLM's ``use_heterogeneous_vocab`` does the same (the draft's
-    logits masked to the tokens both tokenizers define, ids mapped by token), so the bundle keeps the
-    draft's weights as they are. Greedy drafts only, vLLM's default.
-    """
-    from draftrl.models import model_config
-
-    sizes = [model_config(str(spec)).get_text_config().vocab_size for spec in (target, draft)]
-    return {"use_heterogeneous_vocab": True} if sizes[0] != sizes[1] else {}
 
 
 def copy_drafter(source: Path, dest: Path) -> list[str]:

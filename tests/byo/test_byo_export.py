@@ -72,18 +72,33 @@ def test_a_draft_model_policy_exports_to_stock_draft_model(byo_pipeline, tmp_pat
     assert _same_files(out / "drafter", p.folder)
 
 
-def test_draft_vocab_options_follow_the_two_configs(my_target, my_draft, tmp_path):
-    """The flag is written exactly when the two vocab_size differ (an unpadded copy of the draft needs none)."""
+def test_draft_vocab_options_follow_the_two_configs(my_target, my_draft, tmp_path, monkeypatch):
+    """The flag is written exactly when the two vocab_size differ (an unpadded copy of the draft needs none);
+    a config that cannot be read here (a hub id out of reach) leaves the flag out with a note naming it."""
     from transformers import AutoTokenizer, LlamaForCausalLM
 
-    from draftrl.export.vllm_bundle import draft_vocab_options
+    from draftrl.export.engine_config import VOCAB_NOTE, draft_vocab_options
 
-    assert draft_vocab_options(str(my_target), my_draft) == {"use_heterogeneous_vocab": True}
+    assert draft_vocab_options(str(my_target), my_draft) == ({"use_heterogeneous_vocab": True}, VOCAB_NOTE)
     unpadded = tmp_path / "unpadded"
     model = LlamaForCausalLM.from_pretrained(my_draft)
     model.resize_token_embeddings(len(AutoTokenizer.from_pretrained(my_draft)))
     model.save_pretrained(unpadded)
-    assert draft_vocab_options(str(my_target), unpadded) == {}
+    assert draft_vocab_options(str(my_target), unpadded) == ({}, None)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    options, note = draft_vocab_options(str(my_target), "someone/uncached-draft")
+    assert options == {} and "were not compared" in note and '"use_heterogeneous_vocab": true' in note
+
+
+def test_the_static_config_carries_the_flag_too(byo_pipeline, tmp_path):
+    """--format vllm --out FILE.json (no bundle): the same speculative_config keys for the padded draft."""
+    p = byo_pipeline("my_draft", "float32")
+    static = tmp_path / "static.json"
+    assert main(["export", str(p.run), "--format", "vllm", "--out", str(static)]) == 0
+    written = json.loads(static.read_text())
+    assert written["speculative_config"]["use_heterogeneous_vocab"] is True
+    assert written["speculative_config"]["model"] == str(p.folder)
+    assert any(note.startswith("use_heterogeneous_vocab:") for note in written["notes"])
 
 
 def test_a_run_without_measured_costs_is_refused_and_a_measured_table_is_taken(byo_pipeline, tmp_path, capsys):
