@@ -28,7 +28,8 @@ option             config key     meaning
 =================  =============  ==========================================================
 
 Defaults are the config's (``None`` here means "not given"), so a command's default lives in
-its config dataclass only.
+its config dataclass only. ``draftrl demo --engine vllm`` reads the two vLLM engine flags into
+``ServeDemoConfig``'s top-level keys of the same name (it has no ``env`` section).
 """
 
 from __future__ import annotations
@@ -73,12 +74,19 @@ VLLM_ENGINE_KEYS: dict[str, str] = {
 }
 
 
-def add_vllm_engine(parser: argparse.ArgumentParser) -> None:
-    """``--gpu-memory-utilization`` and ``--enforce-eager``, read with ``--engine vllm`` only."""
-    keyed(parser, "--gpu-memory-utilization", key=VLLM_ENGINE_KEYS["--gpu-memory-utilization"], type=float,
+def add_vllm_engine(parser: argparse.ArgumentParser, section: str | None = "env") -> None:
+    """``--gpu-memory-utilization`` and ``--enforce-eager``, read with ``--engine vllm`` only.
+
+    :param section: the config section holding their keys: ``env`` (a ``ServeConfig``: eval, collect,
+        calibrate), None for a config that holds them at its top level (``ServeDemoConfig``: demo).
+    """
+    def key(flag: str) -> str:
+        return VLLM_ENGINE_KEYS[flag] if section == "env" else VLLM_ENGINE_KEYS[flag].partition(".")[2]
+
+    keyed(parser, "--gpu-memory-utilization", key=key("--gpu-memory-utilization"), type=float,
           help="vllm: the share of the GPU's memory each engine takes (default: vLLM's 0.9; a comparison holds one "
                "engine at a time, env.max_engines); not read on CPU")
-    keyed(parser, "--enforce-eager", key=VLLM_ENGINE_KEYS["--enforce-eager"], action="store_const", const=True,
+    keyed(parser, "--enforce-eager", key=key("--enforce-eager"), action="store_const", const=True,
           help="vllm: eager forwards on a GPU too (default: CUDA graphs on a GPU, what production runs; eager on CPU)")
 
 

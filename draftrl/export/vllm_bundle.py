@@ -182,9 +182,10 @@ def write_stock_policy_bundle(policy: str | Path, out: str | Path, model: str, g
     source = head if head is not None else ec.drafter_source(drafter, run_dir, strict=True)
     k1, table = int(derivation["k1"]), derivation["depth_by_batch"]
     local = isinstance(source, Path)
+    vocab, vocab_note = ec.draft_vocab_options(model, source) if method == "draft_model" else ({}, None)
     speculative = None if k1 == 0 else {
         "method": method, "model": f"./{DRAFTER_DIR}" if local else source, "num_speculative_tokens": k1,
-        "num_speculative_tokens_per_batch_size": table}
+        "num_speculative_tokens_per_batch_size": table, **vocab}
     notes = [
         "Stock vLLM: no draftrl code runs in the engine. The policy chose each request's depth every round from "
         "its drafter's own confidence, which vLLM's proposers do not consult; it is summarised to the K table "
@@ -199,15 +200,47 @@ def write_stock_policy_bundle(policy: str | Path, out: str | Path, model: str, g
                         "proposer, so this bundle drafts with the head alone.")
     if k1 == 0:
         notes.insert(0, "The policy's median depth is 0 (it mostly does not speculate): run without speculation.")
-    bundle = _base(model, speculative, {}, gpu_memory_utilization, notes)
-    bundle.update({"route": "stock", "policy": str(derivation["policy"]), "drafter": drafter,
-                   "drafter_source": str(source), "derivation": derivation})
+    if vocab_note and speculative is not None:
+        notes.append(vocab_note)
     out = Path(out)
     with staged_files(out) as stage:
         if local and speculative is not None:
-            shutil.copytree(source, stage / DRAFTER_DIR)
+            notes += copy_drafter(source, stage / DRAFTER_DIR)
+        bundle = _base(model, speculative, {}, gpu_memory_utilization, notes)
+        bundle.update({"route": "stock", "policy": str(derivation["policy"]), "drafter": drafter,
+                       "drafter_source": str(source), "derivation": derivation})
         write_json(stage / "vllm.json", bundle)
     return bundle
+
+
+def copy_drafter(source: Path, dest: Path) -> list[str]:
+    """Copy a local head or draft model folder into a bundle (``dest``), a head's ``config.json`` made to
+    mean to vLLM what it meant to draftrl (:func:`pin_head_config`); returns the notes saying what changed."""
+    shutil.copytree(source, dest)
+    return pin_head_config(dest)
+
+
+def pin_head_config(folder: Path) -> list[str]:
+    """Write into a copied EAGLE-3 head's ``config.json`` the keys vLLM 0.32 would read otherwise than draftrl.
+
+    A speculators-layout head without ``norm_before_residual``: speculators' config and draftrl read the
+    absent key as False (``draftrl.drafters.eagle3_config``), vLLM 0.32's speculators reader as True
+    (``vllm/transformers_utils/configs/speculators/algos.py``), so the same weights would draft other
+    tokens in vLLM than the policy was trained with. The copy states draftrl's value. The EAGLE / SpecForge
+    layout and draft models mean the same to both: nothing is written.
+
+    :returns: one note per key written.
+    """
+    from draftrl.drafters.eagle3_config import read_config
+
+    path = folder / "config.json"
+    data = json.loads(path.read_text()) if path.is_file() else None
+    if not isinstance(data, dict) or "speculators_model_type" not in data or "norm_before_residual" in data:
+        return []
+    value = read_config(data, str(path)).norm_before_residual
+    write_json(path, {**data, "norm_before_residual": value})
+    return [f"{DRAFTER_DIR}/config.json: norm_before_residual={str(value).lower()} written (the head's config left it "
+            f"out: speculators and draftrl read that as false, vLLM 0.32 as true, which drafts other tokens)."]
 
 
 def write_head_bundle(name: str, out: str | Path, *, depth: int, min_match: int | None = None,
@@ -246,7 +279,7 @@ def write_head_bundle(name: str, out: str | Path, *, depth: int, min_match: int 
     out = Path(out)
     with staged_files(out) as stage:
         if local:
-            shutil.copytree(source, stage / DRAFTER_DIR)
+            bundle["notes"] += copy_drafter(source, stage / DRAFTER_DIR)
         write_json(stage / "proposer.json", proposer)
         write_json(stage / "vllm.json", bundle)
     return bundle
@@ -293,7 +326,7 @@ def write_stock_bundle(name: str, out: str | Path, *, method: str, depth: int,
     out = Path(out)
     with staged_files(out) as stage:
         if local:
-            shutil.copytree(source, stage / DRAFTER_DIR)
+            bundle["notes"] += copy_drafter(source, stage / DRAFTER_DIR)
         write_json(stage / "vllm.json", bundle)
     return bundle
 

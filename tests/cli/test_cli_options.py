@@ -356,3 +356,30 @@ def test_the_vllm_engine_flags_set_the_serving_config_and_are_refused_without_vl
     for command in (["eval", "--policies", "none"], ["collect"], ["calibrate"]):
         assert main([*command, "--out", "o", "--gpu-memory-utilization", "0.5"]) == 2
         assert f"--gpu-memory-utilization is read by draftrl {command[0]} --engine vllm only" in capsys.readouterr().err
+
+
+def test_the_vllm_engine_flags_set_the_serve_demos_config_and_are_refused_on_its_hf_engine(tmp_path, capsys):
+    """demo --engine vllm takes --gpu-memory-utilization / --enforce-eager as every other vLLM command does,
+    into ServeDemoConfig's keys of the same name (which reach each step's engine); --engine hf refuses them in
+    one line before anything runs; a share outside (0, 1] is refused naming the range."""
+    from draftrl.cli import main
+    from draftrl.cli._options import load
+    from draftrl.eval.serve_demo import ServeDemoConfig, _serve_config
+
+    args = build_parser().parse_args(["demo", "--engine", "vllm", "--quick", "--gpu-memory-utilization", "0.45",
+                                      "--enforce-eager"])
+    config = load(ServeDemoConfig, args, base=ServeDemoConfig.quick())
+    assert (config.gpu_memory_utilization, config.enforce_eager) == (0.45, True)
+    serve = _serve_config(config, split="heldout")  # what the collect and sweep steps build their engines from
+    assert (serve.gpu_memory_utilization, serve.enforce_eager) == (0.45, True)
+    default = load(ServeDemoConfig, build_parser().parse_args(["demo", "--engine", "vllm"]))
+    assert (default.gpu_memory_utilization, default.enforce_eager) == (None, None)
+    with pytest.raises(ValueError, match=r"gpu_memory_utilization=1.5 must be in \(0, 1\]"):
+        load(ServeDemoConfig, build_parser().parse_args(["demo", "--engine", "vllm", "--gpu-memory-utilization",
+                                                          "1.5"]))
+    for flag in (["--gpu-memory-utilization", "0.5"], ["--enforce-eager"]):
+        out = tmp_path / "demo"
+        assert main(["demo", "--quick", "--out", str(out), *flag]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.endswith(f"{flag[0]} is read by draftrl demo --engine vllm only; drop it, or add --engine vllm.")
+        assert len(err.splitlines()) == 1 and not out.exists()

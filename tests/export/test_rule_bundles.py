@@ -68,7 +68,7 @@ def test_a_head_rule_bundle_also_names_route_a(tmp_path):
     assert bundle["route_a"]["speculative_config"] == {"method": "eagle3", "model": "./drafter",
                                                        "num_speculative_tokens": 4}
     assert "custom_class" not in bundle["route_a"]["serve"] and "DRAFTRL_" not in bundle["route_a"]["serve"]
-    # a rule names the target given; a run's bundle the run's own (tests/export/test_trained_bundles.py)
+    # a rule names the target given; a run's bundle the run's own (tests/byo/test_byo_export.py)
     assert main(["export", "ngram:3", "--format", "vllm", "--out", str(tmp_path / "hub"), "--target",
                  "someone/my-llama"]) == 0
     hub = json.loads((tmp_path / "hub" / "vllm.json").read_text())
