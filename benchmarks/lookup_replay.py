@@ -78,7 +78,8 @@ def make_proposer(arm: str) -> Callable[[list[list[int]], np.ndarray, np.ndarray
         return make_proposer(f"fixed:{k}")
     if kind in ("ref_latest", "ref_earliest"):
         return (RefLookupLatest if kind == "ref_latest" else RefLookupEarliest)(_vllm_config(k)).propose
-    raise ValueError(f"arm {arm!r} is unknown; use none:0, fixed:K, vllm-ngram:K, hindsight:K, ref_latest:K or ref_earliest:K.")
+    raise ValueError(f"arm {arm!r} is unknown; use none:0, fixed:K, vllm-ngram:K, hindsight:K, ref_latest:K or "
+                     "ref_earliest:K.")
 
 
 def replay(arm: str, requests: list[dict], cost: Any = None) -> dict[str, Any]:

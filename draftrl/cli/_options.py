@@ -85,7 +85,8 @@ def add_vllm_engine(parser: argparse.ArgumentParser) -> None:
 
 def add_retired(parser: argparse.ArgumentParser, flag: str, replacement: str) -> None:
     """A flag of an earlier release, hidden from ``--help``: :func:`refuse_retired` names ``replacement``."""
-    parser.add_argument(flag, dest=f"retired_{flag.lstrip('-').replace('-', '_')}", default=None, help=argparse.SUPPRESS)
+    dest = f"retired_{flag.lstrip('-').replace('-', '_')}"
+    parser.add_argument(flag, dest=dest, default=None, help=argparse.SUPPRESS)
     retired = dict(parser.get_default("retired_flags") or {})
     retired[flag] = replacement
     parser.set_defaults(retired_flags=retired)

@@ -14,7 +14,8 @@ Inside vLLM under concurrent load (draftrl.eval.serving; needs vLLM installed)::
 One policy grammar for both engines (draftrl.eval.policy_names; a name one engine cannot run is
 refused naming the ones it can): a policy name says what decides, ``--drafter`` (or a policy's own
 ``@DRAFTER``, e.g. ``fixed:2@eagle3``) what drafts. One workload section: ``--set env.KEY=VALUE``,
-``--target`` and ``--drafter`` set the same key on both. Writes DIR/results.json and DIR/report.md (hf: PNG plots too); exits 3
+``--target`` and ``--drafter`` set the same key on both. Writes DIR/results.json and DIR/report.md
+(hf: PNG plots too); exits 3
 with the evidence when an exactness check fails.
 """
 

@@ -53,7 +53,8 @@ class ServeVLLMEnv(gym.Env[np.ndarray, np.ndarray]):
     ## Description
 
     A serving engine (vLLM in-process by default, with draftrl's proposer drafting with
-    ``drafter``, n-gram lookup by default, as its ``custom_class`` proposer) decoding a workload of requests that arrive over time. One env
+    ``drafter``, n-gram lookup by default, as its ``custom_class`` proposer) decoding a
+    workload of requests that arrive over time. One env
     step is one engine step over the whole running batch. The agent chooses, every step, a
     depth cap (the most draft tokens any request may propose) and a verification budget (the
     most draft tokens the whole batch may verify); the proposer admits the batch's best draft

@@ -233,8 +233,9 @@ def _fixed(item: str, arg: str, engine: str) -> PolicySpec:
     suffix = parts.pop() if len(parts) > 1 and parts[-1][:1] in ("w", "b") else None
     if len(parts) == 3 and all(p.isdigit() for p in parts) and suffix is None:  # the earlier fixed:D:V:W
         limit = f":{parts[1]}" if parts[1] != "0" else ""
+        note = ")." if limit else "; no V verifies every drafted node)."
         raise ValueError(f"policy {item!r} is renamed: write fixed:{parts[0]}{limit}:w{parts[2]} (the tree width is "
-                         "the suffix :wW, on --engine hf" + ("; no V verifies every drafted node)." if not limit else ")."))
+                         f"the suffix :wW, on --engine hf{note}")
     if not 1 <= len(parts) <= 2 or not all(p.isdigit() for p in parts):
         raise _bad(item, f"must look like {form} with integers", engine)
     if len(parts) == 2 and int(parts[1]) == 0:
@@ -249,7 +250,7 @@ def _fixed(item: str, arg: str, engine: str) -> PolicySpec:
     depth = int(parts[0])
     if engine == "vllm" and depth > VLLM_MAX_DEPTH:
         raise _bad(item, f"drafts deeper than vLLM's proposer ({VLLM_MAX_DEPTH})", engine)
-    extra = {} if suffix is None else {"width": int(suffix[1:])} if letter == "w" else {"head_max_batch": int(suffix[1:])}
+    extra = {} if suffix is None else {"width" if letter == "w" else "head_max_batch": int(suffix[1:])}
     return PolicySpec("fixed", item, depth, int(parts[1]) if len(parts) == 2 else None, **extra)
 
 

@@ -1,6 +1,7 @@
 """``draftrl export RULE --format vllm --out DIR`` for rules with no policy network: a stock rule
 (route (a): ``vllm-eagle3``/``vllm-ngram``, a Dynamic SD table optional) writes a config plain vLLM
-runs; a head rule (route (b): ``fixed``/``stop`` with a head drafter) also names route (a) at its depth. Policies trained with the head export to
+runs; a head rule (route (b): ``fixed``/``stop`` with a head drafter) also names route (a) at its
+depth. Policies trained with the head export to
 stock ``eagle3`` with the head folder. (Real vLLM starts these in tests/real_vllm.)"""
 
 from __future__ import annotations

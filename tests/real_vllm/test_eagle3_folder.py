@@ -58,7 +58,8 @@ def test_a_saved_head_runs_in_stock_vllm_and_keeps_greedy_output(tmp_path, mixed
 
 
 def test_the_serving_eval_runs_eagle3_k_and_checks_its_greedy_identity(tmp_path, eagle3_head):
-    """``vllm-eagle3:2`` as its own engine, its head named by the run's drafter ``eagle3:DIR``, at concurrency 1 and 4, on four requests (four languages):
+    """``vllm-eagle3:2`` as its own engine, its head named by the run's drafter ``eagle3:DIR``, at
+    concurrency 1 and 4, on four requests (four languages):
     every token equals ``none``'s, and vLLM's own counts give its acceptance length."""
     from draftrl.config.serve import ServeConfig
     from draftrl.eval.serving import run_serving_eval
