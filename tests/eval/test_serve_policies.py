@@ -122,3 +122,25 @@ def test_the_earlier_head_key_is_refused_naming_the_drafter():
         with pytest.raises(ValueError, match=r"env.head is gone|head is gone") as err:
             make()
         assert "drafter: eagle3:DIR" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_the_serving_env_builds_its_engine_with_the_configs_drafter(monkeypatch):
+    """``ServeVLLM-v0`` without an engine builds vLLM with draftrl's proposer drafting with
+    ``config.drafter`` (a head one runs the head proposer), not always n-gram lookup."""
+    from draftrl.envs.serve_vllm import ServeVLLMEnv
+
+    seen = []
+
+    class Built(Exception):
+        pass
+
+    def shared_engine(config, *args, **kwargs):
+        seen.append(config)
+        raise Built
+
+    monkeypatch.setattr("draftrl.decoding.vllm.engine.shared_engine", shared_engine)
+    for drafter in ("ngram:1:3:latest", "sam:2"):
+        with pytest.raises(Built):
+            ServeVLLMEnv(ServeConfig(drafter=drafter))
+    assert [(c.method, c.drafter, c.runs_head) for c in seen] == [("draftrl", "ngram:1:3:latest", False),
+                                                                  ("draftrl", "sam:2", True)]
