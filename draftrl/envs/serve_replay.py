@@ -12,7 +12,7 @@ import numpy as np
 from draftrl.decoding.admission import StepAction
 from draftrl.decoding.vllm.calibrate import StepCostModel
 from draftrl.config import resolve
-from draftrl.config.serve import ServeConfig
+from draftrl.config.serve import SERVING_DRAFTER, ServeConfig
 from draftrl.decoding.replay import HeadProposals, Proposals, Recordings, ReplayEngine, record
 from draftrl.envs.serve_vllm import ServeVLLMEnv
 from draftrl.envs.workload import Workload
@@ -61,7 +61,8 @@ class ServeReplayEnv(ServeVLLMEnv):
     or ``hindsight`` (this env only: each request drafts just what it will accept, the ceiling of
     per-request depth control; ``benchmarks/serve_headroom.py``). ``drafter`` (default ``ngram``) and
     ``head_proposals`` replay an EAGLE-3 head too (``eagle3``, ``sam:N``, ``best``:
-    :class:`~draftrl.decoding.replay.ReplayEngine`), with the calibration's head cells as its cost.
+    :class:`~draftrl.decoding.replay.ReplayEngine`), with the calibration's head cells as its cost;
+    the config's ``drafter`` (a drafter spec) names the same (:func:`replay_drafter`).
 
     ``env.unwrapped.lookahead_action()``: the greedy one-step lookahead (the ``LookAhead`` baseline).
 
@@ -99,7 +100,8 @@ class ServeReplayEnv(ServeVLLMEnv):
         self.cost_jitter, self.cost_noise = float(cost_jitter), bool(cost_noise)
         engine = ReplayEngine(recordings, self.cost_model, max_depth=max(1, config.max_depth),
                               max_num_seqs=config.max_num_seqs, max_model_len=config.max_model_len, rule=config.rule,
-                              proposals=proposals, drafter=drafter, head_proposals=head_proposals)
+                              proposals=proposals, drafter=replay_drafter(config, drafter),
+                              head_proposals=head_proposals)
         self.tokenizer = None
         self._setup(config, engine, Workload(config, None, prompts=recordings.prompts,
                                              prompt_ids=recordings.prompt_ids()))
@@ -137,6 +139,23 @@ class ServeReplayEnv(ServeVLLMEnv):
                 if score > best_score + 1e-12:
                     best, best_score = np.array([i, j]), score
         return best
+
+
+def replay_drafter(config: ServeConfig, drafter: str = "ngram") -> str:
+    """The drafter :class:`~draftrl.decoding.replay.ReplayEngine` replays: ``drafter`` (its names:
+    ``ngram``, ``eagle3``, ``sam:N``, the oracle ``best``), or the one ``config.drafter`` names when
+    it is not the default (``eagle3[:DIR]`` -> ``eagle3``, ``sam:N[:DIR]`` -> ``sam:N``; the head's
+    proposals come from ``head_proposals``). One line when the two disagree or the spec is another
+    n-gram drafter than the one the recordings' proposals are computed with."""
+    if config.drafter == SERVING_DRAFTER:
+        return drafter
+    kind, _, rest = config.drafter.partition(":")
+    named = {"eagle3": "eagle3", "sam": f"sam:{rest.partition(':')[0]}"}.get(kind)
+    if named is None or drafter not in ("ngram", named):
+        raise ValueError(f"{config.section}.drafter={config.drafter!r} cannot be replayed with drafter={drafter!r}: "
+                         f"ServeReplay-v0 replays the proposer's n-gram drafter ({SERVING_DRAFTER}) or an EAGLE-3 head "
+                         "(eagle3[:DIR], sam:N[:DIR], with head_proposals); set one of those.")
+    return named
 
 
 def record_workload(config: ServeConfig, engine=None, tokenizer=None, progress=None) -> Recordings:

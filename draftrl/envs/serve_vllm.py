@@ -52,8 +52,9 @@ class ServeVLLMEnv(gym.Env[np.ndarray, np.ndarray]):
     """
     ## Description
 
-    A serving engine (vLLM in-process by default, with draftrl's n-gram drafter as its
-    ``custom_class`` proposer) decoding a workload of requests that arrive over time. One env
+    A serving engine (vLLM in-process by default, with draftrl's proposer drafting with
+    ``drafter``, n-gram lookup by default, as its ``custom_class`` proposer) decoding a
+    workload of requests that arrive over time. One env
     step is one engine step over the whole running batch. The agent chooses, every step, a
     depth cap (the most draft tokens any request may propose) and a verification budget (the
     most draft tokens the whole batch may verify); the proposer admits the batch's best draft
@@ -139,7 +140,7 @@ class ServeVLLMEnv(gym.Env[np.ndarray, np.ndarray]):
 
     ``config`` (:class:`~draftrl.config.serve.ServeConfig`, a dict or None) plus keyword
     overrides; ``engine`` (any ``draftrl.decoding.interface.ServingEngine``; default: vLLM with
-    draftrl's proposer, one per process and config) and ``tokenizer``.
+    draftrl's proposer drafting with ``config.drafter``, one per process and config) and ``tokenizer``.
 
     ## Version History
 
@@ -158,7 +159,7 @@ class ServeVLLMEnv(gym.Env[np.ndarray, np.ndarray]):
         if engine is None:
             from draftrl.decoding.vllm.engine import VLLMEngineConfig, shared_engine
 
-            engine = shared_engine(VLLMEngineConfig.serving(config, method="draftrl",
+            engine = shared_engine(VLLMEngineConfig.serving(config, method="draftrl", drafter=config.drafter,
                                                             num_speculative_tokens=max(1, config.max_depth)))
         if tokenizer is None:
             from transformers import AutoTokenizer

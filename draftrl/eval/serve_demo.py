@@ -60,7 +60,7 @@ class ServeDemoConfig:
     """more TrainConfig overrides, as for draftrl train --set"""
     dsd_ks: tuple[int, ...] = (0, 1, 2, 3, 4, 6, 8)
     """depths each batch-size range of the Dynamic SD table may take"""
-    policies: tuple[str, ...] = ("none", "fixed:2", "fixed:4", "heuristic", "ngram:4")
+    policies: tuple[str, ...] = ("none", "fixed:2", "fixed:4", "heuristic", "vllm-ngram:4")
     """serving policies of the sweep besides the searched DSD table and PPO (``draftrl eval --engine vllm`` names)"""
     rates: tuple[float, ...] = (0.5, 1.0, 2.0, 8.0)
     """Poisson arrival rates of the sweep, requests per second, light to saturating"""
@@ -237,7 +237,8 @@ def run_serve_demo(config: ServeDemoConfig, out: str | Path, *, overwrite: bool 
 
         policies = _policies(config, out)
         serve = _serve_config(config, split="heldout")
-        sim = run_serving_eval(out / "sweep" / "sim", policies=[p for p in policies if not p.startswith("ngram")],
+        # vLLM's own methods (vllm-*) run no draftrl proposer, hence have no replay
+        sim = run_serving_eval(out / "sweep" / "sim", policies=[p for p in policies if not p.startswith("vllm-")],
                                concurrency=(), rates=config.rates, repeats=config.repeats, config=serve,
                                make_env=_sim_env(out, "rec_heldout"))
         try:

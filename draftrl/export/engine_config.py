@@ -332,8 +332,8 @@ def vllm_config(derivation: dict[str, Any], *, method: str | None = None) -> dic
     else:
         if (derivation["drafter"] or "").startswith("sam:") and name == "eagle3":
             notes.insert(0, "Trained with sam (n-gram lookup on a long match, else the head): stock vLLM runs one "
-                            "proposer, so this config drafts with the head alone; draftrl export sam:N:K --format "
-                            "vllm --out DIR runs both inside vLLM (route (b)).")
+                            "proposer, so this config drafts with the head alone; draftrl export fixed:K@sam:N "
+                            "--format vllm --out DIR runs both inside vLLM (route (b)).")
         speculative = {"method": name, **extra, "num_speculative_tokens": k1,
                        "num_speculative_tokens_per_batch_size": table}
         if vocab_note:

@@ -20,10 +20,11 @@ by route, ``policy.onnx`` + ``policy.onnx.json`` (the network and its manifest),
 path in them is relative to ``DIR`` (the lines run from it: ``cd DIR``), so the folder can be
 copied to the serving host as it is. The target itself is named, not copied.
 
-A head rule (``draftrl export sam:2:6:t0.6 --format vllm --out DIR``, :func:`write_head_bundle`)
-runs the EAGLE-3 head inside draftrl's proposer (``draftrl.decoding.vllm.head_proposer``: route
-(b)) with no policy network; its ``vllm.json`` also carries route (a) at the same depth
-(``route_a``). A stock rule (``draftrl export eagle3:1-1:3,2-16:1 --format vllm --out DIR``,
+A head rule (``draftrl export stop:6:t0.6@sam:2 --format vllm --out DIR``: a ``fixed`` or ``stop``
+policy name with a head drafter, :func:`write_head_bundle`) runs the EAGLE-3 head inside draftrl's
+proposer (``draftrl.decoding.vllm.head_proposer``: route (b)) with no policy network; its
+``vllm.json`` also carries route (a) at the same depth (``route_a``). A stock rule
+(``draftrl export vllm-eagle3:1-1:3,2-16:1 --format vllm --out DIR``,
 :func:`write_stock_bundle`) is route (a) alone: vLLM's own ``eagle3`` (or ``ngram``) with its
 Dynamic SD table, which plain ``vllm serve`` runs with no draftrl code.
 
@@ -244,11 +245,13 @@ def pin_head_config(folder: Path) -> list[str]:
 
 
 def write_head_bundle(name: str, out: str | Path, *, depth: int, min_match: int | None = None,
-                      rule: str = "match", model: str | None = None, head: str | None = None,
+                      rule: str = "match", budget: int | None = None, model: str | None = None,
+                      head: str | None = None,
                       gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION) -> dict[str, Any]:
-    """Export the head rule ``name`` (``head:K[:S][:bB]`` / ``sam:N:K[:S][:bB]`` of ``draftrl.eval.policy_names``,
-    parsed by the caller: ``depth`` K, ``min_match`` N for ``sam``, ``rule`` the proposer's rule,
-    ``draftrl.eval.serve_policies.proposer_rule``: its stop and load parts)
+    """Export the head rule ``name`` (``fixed:K[:V][:bB]`` / ``stop:K:S[:bB]`` of ``draftrl.eval.policy_names``
+    with a head drafter, ``eagle3[:DIR]`` or ``sam:N[:DIR]``, parsed by the caller: ``depth`` K,
+    ``min_match`` N for ``sam``, ``rule`` the proposer's rule, ``draftrl.eval.serve_policies.proposer_rule``:
+    its stop and load parts, ``budget`` V, the draft tokens each step verifies at most, None: no limit)
     with the head ``head`` (default: the head draftrl ships for ``model``) into ``out``:
     ``proposer.json``, ``vllm.json`` and the head folder (``drafter/``), no policy network. vLLM
     must run the target eagerly (``enforce_eager``): the proposer reads its hidden states through
@@ -261,7 +264,7 @@ def write_head_bundle(name: str, out: str | Path, *, depth: int, min_match: int 
     local = isinstance(source, Path)
     where = DRAFTER_DIR if local else source
     drafter = f"eagle3:{where}" if min_match is None else f"sam:{min_match}:{where}"
-    proposer = {"drafter": drafter, "depth": depth, "rule": rule, "budget": None}
+    proposer = {"drafter": drafter, "depth": depth, "rule": rule, "budget": budget}
     bundle = _custom_class_bundle(model, proposer, None, HEAD_CLASS_PATH, gpu_memory_utilization, enforce_eager=True)
     bundle.update({"route": "head", "policy": name, "drafter_source": str(source)})
     bundle["notes"][0] = "draftrl must be importable where vLLM runs (the proposer and the head are draftrl's)."
@@ -302,8 +305,8 @@ def write_stock_bundle(name: str, out: str | Path, *, method: str, depth: int,
                        table: tuple[tuple[int, int, int], ...] = (), model: str | None = None,
                        head: str | None = None,
                        gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION) -> dict[str, Any]:
-    """Export the stock rule ``name`` (``eagle3:K``, ``eagle3:S-E:K,...``, ``ngram:...`` of
-    ``draftrl.eval.policy_names``, parsed by the caller) into ``out``: route (a), a ``vllm.json``
+    """Export the stock rule ``name`` (``vllm-eagle3:K``, ``vllm-eagle3:S-E:K,...``, ``vllm-ngram:...`` of
+    ``draftrl.eval.policy_names``, parsed by the caller; ``method`` eagle3 or ngram) into ``out``: route (a), a ``vllm.json``
     plain vLLM runs with no draftrl code (``eagle3`` with the head ``head``, default the one draftrl
     ships for ``model``, copied into ``out/drafter``)."""
     _check_share(gpu_memory_utilization)

@@ -140,10 +140,10 @@ def test_rule_bundles_state_the_heads_norm_before_residual_too(my_target, my_spe
     """A head rule (draftrl's proposer, with stock eagle3 as its route_a) and a stock rule copy the head as a
     trained policy's bundle does: a bare speculators head gets the key vLLM would read otherwise; a head whose
     config means the same to both (the EAGLE layout) is copied byte for byte."""
-    for rule in ("head:2", "eagle3:1-1:3,2-16:1"):
+    for rule in ("fixed:2", "vllm-eagle3:1-1:3,2-16:1"):
         for head, pinned in ((my_speculators_head, True), (my_eagle_head_bin, False)):
             out = tmp_path / f"{rule.partition(':')[0]}-{head.name}"
-            bundle = _export(rule, out, "--head", str(head), "--target", str(my_target))
+            bundle = _export(rule, out, "--drafter", f"eagle3:{head}", "--target", str(my_target))
             given = json.loads((head / "config.json").read_text())
             written = json.loads((out / "drafter" / "config.json").read_text())
             assert written == ({**given, "norm_before_residual": False} if pinned else given)

@@ -186,8 +186,12 @@ def test_the_flags_set_the_serving_config_too():
                                       "--dtype", "bfloat16", "--threads", "3", "--seed", "7"])
     config = serving_config(args)
     assert (config.target, config.dtype, config.threads, config.seed) == ("tiny-model", "bfloat16", 3, 7)
-    for argv, message in ((["--drafter", "ngram"], "env.drafter"), (["--no-monitor"], "eval.monitor"),
-                          (["--set", "temperature=1"], "env.KEY=VALUE")):
+    assert config.drafter == "ngram:1:3:latest"  # the proposer's n-gram drafter, unless --drafter names another
+    args = build_parser().parse_args(["eval", "--engine", "vllm", "--out", "o", "--drafter", "eagle3:runs/head"])
+    assert serving_config(args).drafter == "eagle3:runs/head"
+    for argv, message in ((["--drafter", "layerskip:8"], "env.drafter='layerskip:8' cannot run inside vLLM's proposer"),
+                          (["--no-monitor"], "eval.monitor"), (["--set", "temperature=1"], "env.KEY=VALUE"),
+                          (["--set", "env.head=runs/head"], "env.head is gone.*env.drafter: eagle3:DIR")):
         args = build_parser().parse_args(["eval", "--engine", "vllm", "--out", "o", *argv])
         with pytest.raises(ValueError, match=message):
             serving_config(args)
@@ -238,6 +242,27 @@ def test_collect_engine_vllm_reads_the_same_env_keys():
                                       "--target", "tiny-model"])
     config = serving_config(args)
     assert (config.split, config.target) == ("heldout", "tiny-model")
+
+
+def test_collect_engine_vllm_refuses_a_drafter_it_would_not_read(tmp_path, capsys):
+    """Recordings are decoded without speculation: a drafter there would be ignored, so it is refused."""
+    from draftrl.cli import main
+
+    assert main(["collect", "--engine", "vllm", "--drafter", "eagle3", "--out", str(tmp_path / "rec")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "records without speculation" in err and not (tmp_path / "rec").exists()
+
+
+@pytest.mark.parametrize("argv", [["eval", "--out", "o"], ["eval", "--engine", "vllm", "--out", "o"],
+                                  ["export", "runs/x", "--format", "vllm", "--out", "o"]])
+def test_the_head_flag_is_refused_naming_the_drafter(argv, capsys):
+    """``--head DIR`` of earlier releases: hidden from --help, refused in one line naming ``--drafter eagle3:DIR``."""
+    from draftrl.cli import main
+
+    assert main([*argv, "--head", "runs/head"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--head is gone" in err and "--drafter eagle3:runs/head" in err
+    assert "--head" not in _parser(argv[0]).format_help()
 
 
 # ----------------------------------------------------------------------------- a demo config drives each step
