@@ -14,14 +14,20 @@ import numpy as np
 import torch
 
 from draftrl.decoding.sampling import (
-    agree_expected_deterministic,
-    target_stats,
-    verify_node_deterministic,
-    verify_node_sampled,
+    agree_expected_deterministic_batch,
+    target_stats_batch,
+    verify_node_deterministic_batch,
+    verify_node_sampled_batch,
 )
 from draftrl.decoding.stats import TokenStats
 from draftrl.drafters.tree import DraftTree
-from draftrl.models.distribution import SamplingParams, check_generator_device, logits_to_probs, sample
+from draftrl.models.distribution import (
+    DeferredChecks,
+    SamplingParams,
+    check_generator_device,
+    logits_to_probs,
+    sample_rows,
+)
 
 
 @dataclass
@@ -30,12 +36,12 @@ class Acceptance:
     """emitted tokens: accepted draft tokens, then one recovered or bonus token"""
     accepted: list[int]
     """accepted node indices, root to leaf"""
-    stats: TokenStats
-    """exactness statistics, one entry per emitted token"""
+    stats: TokenStats | None
+    """exactness statistics, one entry per emitted token (None when not asked for)"""
 
     def truncate(self, n: int) -> "Acceptance":
         """The first ``n`` emitted tokens (EOS or the length limit cut the round)."""
-        return Acceptance(self.tokens[:n], self.accepted[:n], self.stats.slice(0, n))
+        return Acceptance(self.tokens[:n], self.accepted[:n], None if self.stats is None else self.stats.slice(0, n))
 
 
 def accept_tree(
@@ -45,46 +51,111 @@ def accept_tree(
     generator: torch.Generator | None,
     sampler: str = "correct",
     probs: torch.Tensor | None = None,  # [1 + len(tree), V]: logits_to_probs(logits), if already computed
+    stats: bool = True,
 ) -> Acceptance:
     """Descend from the root while a child is accepted; see the module docstring.
 
     Every tensor of the walk lives on ``logits``' device (``probs``' when given): p is computed
     there, each q is moved there, and ``generator`` must be a generator of that device.
+
+    Host syncs: the walk reads the device once. Every row's outcome (the child it accepts or
+    the token it emits) is drawn on the device as if the walk reached it, each from its own
+    uniforms, and the host walks the tree on the transferred outcomes; a row the walk never
+    reaches is discarded unseen, so each visited row's outcome is still an independent exact
+    draw. The draws therefore follow a fixed layout per tree (sibling groups by size, then the
+    leaves), whatever the outcome. ``stats`` (the :class:`TokenStats` the exactness monitor reads;
+    False: None) costs one more transfer, over the emitted tokens' rows only.
     """
     if params.greedy:
-        return _accept_greedy(tree, logits)
+        return _accept_greedy(tree, logits, stats)
     device = logits.device if probs is None else probs.device
     check_generator_device(generator, device)
     kids = tree.children()
+    checks = DeferredChecks()
+    with checks.collecting():
+        p = probs if probs is not None else logits_to_probs(logits.float(), params)  # [1 + n, V]
+        token, index, expected = _outcomes(tree, kids, p, generator, sampler, stats)
+    rows = p.shape[0]
+    values = torch.cat([token, index, checks.flags(device)]).tolist()  # the walk's one transfer
+    checks.raise_failed(values[2 * rows :])
     tokens: list[int] = []
     accepted: list[int] = []
-    rows: list[tuple] = []  # (p_token, mass_before, entropy, drafted, agree, agree_expected)
     node = -1
     while True:
-        p = probs[node + 1] if probs is not None else logits_to_probs(logits[node + 1].float(), params)
+        tokens.append(values[node + 1])
         children = kids.get(node, [])
-        if not children:
-            y = int(sample(p, generator))
-            rows.append((*target_stats(p, y), False, 0.0, 0.0))
-            tokens.append(y)
+        child = values[rows + node + 1]
+        if not children or child < 0:
             break
-        child_tokens = torch.tensor([tree.tokens[c] for c in children], device=device)
-        if tree.deterministic:
-            index, y = verify_node_deterministic(p, child_tokens, generator, method=sampler)
-            expected = agree_expected_deterministic(p, child_tokens)  # normalised p, in float64
-        else:
-            q = tree.q[node].to(device)
-            index, y, expected = verify_node_sampled(p, child_tokens, q, generator, method=sampler)
-        rows.append((*target_stats(p, y), True, float(bool((child_tokens == y).any())), expected))
-        tokens.append(y)
-        if index < 0:
-            break
-        node = children[index]
+        node = children[child]
         accepted.append(node)
-    return Acceptance(tokens, accepted, _stats(tokens, rows))
+    if not stats:
+        return Acceptance(tokens, accepted, None)
+    return Acceptance(tokens, accepted, _emitted_stats(tree, kids, p, tokens, accepted, expected))
 
 
-def _accept_greedy(tree: DraftTree, logits: torch.Tensor) -> Acceptance:
+def _outcomes(
+    tree: DraftTree, kids: dict[int, list[int]], p: torch.Tensor, generator: torch.Generator | None, sampler: str,
+    expected: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Every row's outcome as if the walk reached it, on the device: token [1 + n] (the accepted
+    child's token, or the recovered or bonus token), index [1 + n] (the accepted child's position
+    among the row's children, -1 if none) and, with ``expected``, agree_expected [1 + n] float64
+    (0 at leaves). One upload carries the tree's rows and children."""
+    device, rows = p.device, p.shape[0]
+    groups: dict[int, list[int]] = {}  # number of children -> parent nodes, in node order
+    for parent, children in kids.items():
+        groups.setdefault(len(children), []).append(parent)
+    leaves = [node for node in range(-1, rows - 1) if node not in kids]
+    sizes = sorted(groups)
+    flat = [node + 1 for node in leaves]
+    for c in sizes:
+        flat += [parent + 1 for parent in groups[c]]
+        flat += [tree.tokens[child] for parent in groups[c] for child in kids[parent]]
+    data = torch.tensor(flat, dtype=torch.long, device=device)  # the one upload
+    token = torch.zeros(rows, dtype=torch.long, device=device)
+    index = torch.full((rows,), -1, dtype=torch.long, device=device)
+    agree_expected = torch.zeros(rows, dtype=torch.float64, device=device) if expected else None
+    at = len(leaves)
+    for c in sizes:
+        num = len(groups[c])
+        parent_rows, children = data[at : at + num], data[at + num : at + num + num * c].view(num, c)
+        at += num + num * c
+        p_rows = p[parent_rows]
+        if tree.deterministic:
+            found, drawn = verify_node_deterministic_batch(p_rows, children, generator, method=sampler)
+            exp = agree_expected_deterministic_batch(p_rows, children) if expected else None
+        else:
+            q = torch.stack([tree.q[parent] for parent in groups[c]]).to(device)
+            found, drawn, exp = verify_node_sampled_batch(p_rows, children, q, generator, method=sampler,
+                                                          expected=expected)
+        index[parent_rows], token[parent_rows] = found, drawn
+        if expected:
+            agree_expected[parent_rows] = exp
+    if leaves:  # bonus tokens, drawn as ``models.distribution.sample`` draws
+        leaf_rows = data[: len(leaves)]
+        token[leaf_rows] = sample_rows(p[leaf_rows].double(), generator)
+    return token, index, agree_expected
+
+
+def _emitted_stats(
+    tree: DraftTree, kids: dict[int, list[int]], p: torch.Tensor, tokens: list[int], accepted: list[int],
+    expected: torch.Tensor,
+) -> TokenStats:
+    """The emitted tokens' :class:`TokenStats` (one upload, one transfer): emitted token j was drawn
+    at the root (j = 0) or at the j-th accepted node."""
+    nodes = [-1] + accepted[: len(tokens) - 1]
+    rows = torch.tensor([node + 1 for node in nodes] + tokens, dtype=torch.long, device=p.device)
+    at, emitted = rows[: len(nodes)], rows[len(nodes) :]
+    p_token, mass_before, entropy = target_stats_batch(p[at], emitted)
+    values = torch.stack([p_token, mass_before, entropy, expected[at]]).tolist()
+    drafted = [bool(kids.get(node)) for node in nodes]
+    agree = [float(any(tree.tokens[c] == y for c in kids.get(node, []))) for node, y in zip(nodes, tokens)]
+    return TokenStats(token=tokens, p_token=values[0], mass_before=values[1], entropy=values[2],
+                      drafted=drafted, agree=agree, agree_expected=values[3])
+
+
+def _accept_greedy(tree: DraftTree, logits: torch.Tensor, stats: bool = True) -> Acceptance:
     """Temperature 0: p is one-hot at the argmax (lowest id on ties, as ``logits_to_probs``), so
     every rule above reduces to "descend while the argmax is a child". One argmax for all rows;
     every statistic is then known without touching the vocabulary again."""
@@ -105,7 +176,7 @@ def _accept_greedy(tree: DraftTree, logits: torch.Tensor) -> Acceptance:
             break
         node = child
         accepted.append(node)
-    return Acceptance(tokens, accepted, _stats(tokens, rows))
+    return Acceptance(tokens, accepted, _stats(tokens, rows) if stats else None)
 
 
 def _stats(tokens: list[int], rows: list[tuple]) -> TokenStats:

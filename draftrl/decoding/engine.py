@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from torch import nn
 from transformers import DynamicCache
@@ -57,6 +58,10 @@ class EngineConfig:
     """largest number of draft nodes the target verifies in one forward"""
     sampler: str = "correct"
     """'correct', or 'resample-from-p': the known-wrong correction, for negative controls only"""
+    token_stats: bool = True
+    """compute each emitted token's exactness statistics (``RoundResult.token_stats``, what the
+    exactness monitor reads); False skips their float64 passes over the vocabulary and their host
+    transfer, and leaves ``token_stats`` None (``--no-monitor`` turns them off)"""
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -103,7 +108,8 @@ class RoundResult:
     """sampling, verification walk, exactness statistics and KV bookkeeping"""
     finished: bool
     stop_reason: str | None
-    token_stats: TokenStats
+    token_stats: TokenStats | None
+    """one entry per emitted token; None when ``EngineConfig.token_stats`` is off"""
     draft_features: dict[str, float] = field(default_factory=dict)
     prompt_fed: bool = False
     """the round's forward also fed the prompt (``start(prefill=False)``): ``verify_seconds``
@@ -326,7 +332,8 @@ class SpeculativeDecoder:
         logits = self.verify_forward(selected)  # [1 + n, V]
         t2 = self.clock()
 
-        verdict = accept_tree(selected, logits, self.params, self.generator, self.config.sampler)
+        verdict = accept_tree(selected, logits, self.params, self.generator, self.config.sampler,
+                              stats=self.config.token_stats)
         verdict = verdict.truncate(self._emit_count(verdict.tokens))
         emitted, stop = verdict.tokens, self._stop_reason(verdict.tokens)
         past = len(self.ids) - 1
@@ -379,12 +386,17 @@ class SpeculativeDecoder:
             return root[None]
         before = max(0, past - cached)  # rows fed before the root: the prompt, after a deferred prefill
         skip = int(root is not None)  # tree rows the cache holds: the kept root
+        fed = self.ids[cached:] + tree.tokens
         if tree.is_chain:
+            input_ids = torch.tensor([fed], device=self.device)
             mask = None
             positions = None if cached == 0 else torch.arange(cached, past + 1 + n, device=self.device)[None]
-        else:
-            mask = tree.attention_mask(past, self.dtype, self.device)[..., skip:, :]  # [1, 1, rows, past + 1 + n]
-            positions = tree.position_ids(past, self.device)[..., skip:]
+        else:  # one upload: the fed tokens and the tree's ancestor table
+            data = torch.as_tensor(np.concatenate([np.asarray(fed, dtype=np.int64), tree.ancestors().ravel()]),
+                                   device=self.device)
+            input_ids, ancestors = data[None, : len(fed)], data[len(fed) :].view(1 + n, 1 + n).bool()
+            mask = tree.attention_mask(past, self.dtype, self.device, ancestors)[..., skip:, :]  # [1, 1, rows, past + 1 + n]
+            positions = tree.position_ids(past, self.device, ancestors)[..., skip:]
             if before:
                 blocked = torch.finfo(self.dtype).min  # above the diagonal: causal rows before the root
                 causal = torch.full((before, past + 1 + n), blocked, dtype=self.dtype, device=self.device)
@@ -392,7 +404,7 @@ class SpeculativeDecoder:
                 positions = torch.cat([torch.arange(cached, past, device=self.device)[None], positions], 1)
         keep = {name: 1 + n for name in self._prefill_kwargs} if before else {}
         out = self.target(
-            input_ids=torch.tensor([self.ids[cached:] + tree.tokens], device=self.device),
+            input_ids=input_ids,
             position_ids=positions,
             attention_mask=mask,
             **{self._cache_arg: self.cache},
