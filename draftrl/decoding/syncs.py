@@ -13,7 +13,8 @@ operations themselves (a ``torch.overrides.TorchFunctionMode`` sees every tensor
 function called from Python), which makes the count a property of the code, testable without a
 GPU. It tells host tensors from device tensors as a GPU would place them: a tensor made inside the
 block by a factory without a ``device`` (``torch.tensor(list)``, ``torch.zeros(n)``,
-``torch.from_numpy``), by ``.cpu()``, or by any op on host tensors only, is a host tensor; every
+``torch.from_numpy``, which the counter wraps while it is active: torch-function modes do not see
+it), by ``.cpu()``, or by any op on host tensors only, is a host tensor; every
 other tensor (model weights and outputs, anything made with ``device=``, tensors from before the
 block) is a device tensor. Three kinds of sync:
 
@@ -54,7 +55,9 @@ SHAPES = frozenset({"nonzero", "argwhere", "masked_select", "unique", "unique_co
 #: factories that copy their data argument
 COPIES = frozenset({"tensor", "as_tensor", "asarray"})
 #: results that live on the host whatever their input
-TO_HOST = frozenset({"cpu", "from_numpy"})
+TO_HOST = frozenset({"cpu"})
+#: host factories that torch-function modes never see (wrapped while the counter is active)
+_UNSEEN_HOST_FACTORIES = ("from_numpy", "frombuffer")
 
 _SYNC_WARNING = "called a synchronizing CUDA operation"
 
@@ -139,7 +142,8 @@ class SyncCounter(TorchFunctionMode):
             return None
         if name in COPIES:
             data_on_device = isinstance(first, torch.Tensor) and not self.is_host(first)
-            return "upload" if kwargs.get("device") is not None and not data_on_device else None
+            empty = isinstance(first, (list, tuple)) and not first  # nothing to copy
+            return "upload" if kwargs.get("device") is not None and not data_on_device and not empty else None
         if name == "copy_" and len(args) > 1 and isinstance(args[1], torch.Tensor):  # dst.copy_(src)
             dst_host, src_host = self.is_host(args[0]), self.is_host(args[1])
             return "read" if dst_host and not src_host else "upload" if src_host and not dst_host else None
@@ -187,6 +191,11 @@ class SyncCounter(TorchFunctionMode):
 
     # ------------------------------------------------------------------ the block
     def __enter__(self) -> "SyncCounter":
+        # torch.from_numpy and torch.frombuffer bypass torch-function modes: wrap them for the block,
+        # so that their results are known as host tensors
+        self._factories = {name: getattr(torch, name) for name in _UNSEEN_HOST_FACTORIES}
+        for name, factory in self._factories.items():
+            setattr(torch, name, self._host_factory(factory))
         if self.cuda:
             self._debug_mode = torch.cuda.get_sync_debug_mode()
             self._catcher = warnings.catch_warnings(record=True)
@@ -195,8 +204,17 @@ class SyncCounter(TorchFunctionMode):
             torch.cuda.set_sync_debug_mode("warn")
         return super().__enter__()
 
+    def _host_factory(self, factory):
+        def made_on_host(*args, **kwargs):
+            out = factory(*args, **kwargs)
+            self._host[out] = True
+            return out
+        return made_on_host
+
     def __exit__(self, *exc) -> None:
         super().__exit__(*exc)
+        for name, factory in self._factories.items():
+            setattr(torch, name, factory)
         if self.cuda:
             torch.cuda.set_sync_debug_mode(self._debug_mode)
             self.cuda_syncs = sum(_SYNC_WARNING in str(w.message) for w in self._log)
