@@ -22,7 +22,7 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
-from draftrl.config import SAMPLERS
+from draftrl.config import COMPILE_MODES, SAMPLERS
 from draftrl.decoding.acceptance import accept_tree
 from draftrl.decoding.clock import device_clock
 from draftrl.decoding.stats import TokenStats
@@ -58,6 +58,10 @@ class EngineConfig:
     """largest number of draft nodes the target verifies in one forward"""
     sampler: str = "correct"
     """'correct', or 'resample-from-p': the known-wrong correction, for negative controls only"""
+    compile: str = "off"
+    """``torch.compile`` the target's verify forward (read when the engine is built): 'off', or a
+    torch.compile mode ('default', 'reduce-overhead', 'max-autotune'), with dynamic shapes; the
+    prefill stays eager. Off by default until measured on a GPU"""
     token_stats: bool = True
     """compute each emitted token's exactness statistics (``RoundResult.token_stats``, what the
     exactness monitor reads); False skips their float64 passes over the vocabulary and their host
@@ -68,6 +72,9 @@ class EngineConfig:
             raise ValueError(f"max_new_tokens={self.max_new_tokens} must be >= 1")
         if self.sampler not in SAMPLERS:
             raise ValueError(f"sampler={self.sampler!r} is unknown; choose one of {', '.join(SAMPLERS)}")
+        if self.compile not in COMPILE_MODES:
+            raise ValueError(f"compile={self.compile!r} is not a torch.compile mode; choose one of "
+                             f"{', '.join(COMPILE_MODES)}")
         self.sampling  # validates temperature / top-k / top-p
 
     def check_action(self, depth: int, verify_size: int | None, width: int) -> None:
@@ -156,6 +163,9 @@ class SpeculativeDecoder:
         self.target = target
         self.drafter = drafter
         self.config = config or EngineConfig()
+        #: what verify_forward calls: the target, or its torch.compile'd wrapper (the same weights)
+        self._verifier = target if self.config.compile == "off" else torch.compile(
+            target, mode=self.config.compile, dynamic=True)
         self.eos_token_ids = set(int(t) for t in eos_token_ids)
         self.device = next(target.parameters()).device
         self.dtype = next(target.parameters()).dtype
@@ -403,7 +413,7 @@ class SpeculativeDecoder:
                 mask = torch.cat([causal.triu(cached + 1)[None, None], mask], dim=2)
                 positions = torch.cat([torch.arange(cached, past, device=self.device)[None], positions], 1)
         keep = {name: 1 + n for name in self._prefill_kwargs} if before else {}
-        out = self.target(
+        out = self._verifier(
             input_ids=input_ids,
             position_ids=positions,
             attention_mask=mask,

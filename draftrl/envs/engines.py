@@ -64,6 +64,7 @@ def build_engine(config: EnvConfig, target: "LoadedModel | None" = None, *, max_
         max_width=max(16, config.width),
         sampler=sampler,
         token_stats=config.monitor if token_stats is None else token_stats,
+        compile=config.compile,
     )
     eos = [] if config.ignore_eos else target.eos_token_ids
     engine = SpeculativeDecoder(target.model, drafter, engine_config, eos_token_ids=eos)
