@@ -15,6 +15,7 @@ import torch
 
 from draftrl.decoding.sampling import (
     agree_expected_deterministic_batch,
+    agree_expected_sampled_batch,
     target_stats_batch,
     verify_node_deterministic_batch,
     verify_node_sampled_batch,
@@ -74,7 +75,7 @@ def accept_tree(
     checks = DeferredChecks()
     with checks.collecting():
         p = probs if probs is not None else logits_to_probs(logits.float(), params)  # [1 + n, V]
-        token, index, expected = _outcomes(tree, kids, p, generator, sampler, stats)
+        token, index = _outcomes(tree, kids, p, generator, sampler)
     rows = p.shape[0]
     values = torch.cat([token, index, checks.flags(device)]).tolist()  # the walk's one transfer
     checks.raise_failed(values[2 * rows :])
@@ -91,68 +92,90 @@ def accept_tree(
         accepted.append(node)
     if not stats:
         return Acceptance(tokens, accepted, None)
-    return Acceptance(tokens, accepted, _emitted_stats(tree, kids, p, tokens, accepted, expected))
+    return Acceptance(tokens, accepted, _emitted_stats(tree, kids, p, tokens, accepted))
 
 
 def _outcomes(
     tree: DraftTree, kids: dict[int, list[int]], p: torch.Tensor, generator: torch.Generator | None, sampler: str,
-    expected: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Every row's outcome as if the walk reached it, on the device: token [1 + n] (the accepted
-    child's token, or the recovered or bonus token), index [1 + n] (the accepted child's position
-    among the row's children, -1 if none) and, with ``expected``, agree_expected [1 + n] float64
-    (0 at leaves). One upload carries the tree's rows and children."""
+    child's token, or the recovered or bonus token) and index [1 + n] (the accepted child's
+    position among the row's children, -1 if none). One upload carries the tree's rows and children."""
     device, rows = p.device, p.shape[0]
-    groups: dict[int, list[int]] = {}  # number of children -> parent nodes, in node order
-    for parent, children in kids.items():
-        groups.setdefault(len(children), []).append(parent)
     leaves = [node for node in range(-1, rows - 1) if node not in kids]
-    sizes = sorted(groups)
-    flat = [node + 1 for node in leaves]
-    for c in sizes:
-        flat += [parent + 1 for parent in groups[c]]
-        flat += [tree.tokens[child] for parent in groups[c] for child in kids[parent]]
-    data = torch.tensor(flat, dtype=torch.long, device=device)  # the one upload
+    groups = _sibling_groups(list(kids), kids)
+    data = torch.tensor([node + 1 for node in leaves] + _group_data(tree, kids, groups), dtype=torch.long,
+                        device=device)  # the one upload
     token = torch.zeros(rows, dtype=torch.long, device=device)
     index = torch.full((rows,), -1, dtype=torch.long, device=device)
-    agree_expected = torch.zeros(rows, dtype=torch.float64, device=device) if expected else None
-    at = len(leaves)
-    for c in sizes:
-        num = len(groups[c])
-        parent_rows, children = data[at : at + num], data[at + num : at + num + num * c].view(num, c)
-        at += num + num * c
-        p_rows = p[parent_rows]
+    for parents, parent_rows, children in _split_groups(groups, data, len(leaves)):
         if tree.deterministic:
-            found, drawn = verify_node_deterministic_batch(p_rows, children, generator, method=sampler)
-            exp = agree_expected_deterministic_batch(p_rows, children) if expected else None
+            found, drawn = verify_node_deterministic_batch(p[parent_rows], children, generator, method=sampler)
         else:
-            q = torch.stack([tree.q[parent] for parent in groups[c]]).to(device)
-            found, drawn, exp = verify_node_sampled_batch(p_rows, children, q, generator, method=sampler,
-                                                          expected=expected)
+            q = torch.stack([tree.q[parent] for parent in parents]).to(device)
+            found, drawn, _ = verify_node_sampled_batch(p[parent_rows], children, q, generator, method=sampler,
+                                                        expected=False)
         index[parent_rows], token[parent_rows] = found, drawn
-        if expected:
-            agree_expected[parent_rows] = exp
     if leaves:  # bonus tokens, drawn as ``models.distribution.sample`` draws
         leaf_rows = data[: len(leaves)]
         token[leaf_rows] = sample_rows(p[leaf_rows].double(), generator)
-    return token, index, agree_expected
+    return token, index
+
+
+def _sibling_groups(parents: list[int], kids: dict[int, list[int]]) -> dict[int, list[int]]:
+    """Number of children -> the ``parents`` with that many, in the given order (one batch each)."""
+    groups: dict[int, list[int]] = {}
+    for parent in parents:
+        groups.setdefault(len(kids[parent]), []).append(parent)
+    return dict(sorted(groups.items()))
+
+
+def _group_data(tree: DraftTree, kids: dict[int, list[int]], groups: dict[int, list[int]]) -> list[int]:
+    """Per group: its parents' rows, then their children's tokens (row-major), for one upload."""
+    flat: list[int] = []
+    for parents in groups.values():
+        flat += [parent + 1 for parent in parents]
+        flat += [tree.tokens[child] for parent in parents for child in kids[parent]]
+    return flat
+
+
+def _split_groups(groups: dict[int, list[int]], data: torch.Tensor, at: int):
+    """(parents, their rows [B], their children's tokens [B, c]) per group, read from ``data`` at ``at``."""
+    for size, parents in groups.items():
+        num = len(parents)
+        yield parents, data[at : at + num], data[at + num : at + num * (1 + size)].view(num, size)
+        at += num * (1 + size)
 
 
 def _emitted_stats(
-    tree: DraftTree, kids: dict[int, list[int]], p: torch.Tensor, tokens: list[int], accepted: list[int],
-    expected: torch.Tensor,
+    tree: DraftTree, kids: dict[int, list[int]], p: torch.Tensor, tokens: list[int], accepted: list[int]
 ) -> TokenStats:
-    """The emitted tokens' :class:`TokenStats` (one upload, one transfer): emitted token j was drawn
-    at the root (j = 0) or at the j-th accepted node."""
+    """The emitted tokens' :class:`TokenStats`, over their rows only (one upload, one transfer):
+    emitted token j was drawn at the root (j = 0) or at the j-th accepted node."""
     nodes = [-1] + accepted[: len(tokens) - 1]
-    rows = torch.tensor([node + 1 for node in nodes] + tokens, dtype=torch.long, device=p.device)
-    at, emitted = rows[: len(nodes)], rows[len(nodes) :]
+    drafted = [node for node in nodes if node in kids]
+    groups = _sibling_groups(drafted, kids)
+    position = {node: j for j, node in enumerate(nodes)}
+    data = torch.tensor([node + 1 for node in nodes] + tokens + [position[node] for group in groups.values()
+                                                                 for node in group] + _group_data(tree, kids, groups),
+                        dtype=torch.long, device=p.device)
+    n = len(nodes)
+    at, emitted, where = data[:n], data[n : 2 * n], data[2 * n : 2 * n + len(drafted)]
     p_token, mass_before, entropy = target_stats_batch(p[at], emitted)
-    values = torch.stack([p_token, mass_before, entropy, expected[at]]).tolist()
-    drafted = [bool(kids.get(node)) for node in nodes]
+    agree_expected = torch.zeros(n, dtype=torch.float64, device=p.device)
+    done = 0
+    for parents, parent_rows, children in _split_groups(groups, data, 2 * n + len(drafted)):
+        if tree.deterministic:
+            expected = agree_expected_deterministic_batch(p[parent_rows], children)
+        else:
+            q = torch.stack([tree.q[parent] for parent in parents]).to(p.device)
+            expected = agree_expected_sampled_batch(p[parent_rows], children, q)
+        agree_expected[where[done : done + len(parents)]] = expected
+        done += len(parents)
+    values = torch.stack([p_token, mass_before, entropy, agree_expected]).tolist()
     agree = [float(any(tree.tokens[c] == y for c in kids.get(node, []))) for node, y in zip(nodes, tokens)]
     return TokenStats(token=tokens, p_token=values[0], mass_before=values[1], entropy=values[2],
-                      drafted=drafted, agree=agree, agree_expected=values[3])
+                      drafted=[node in kids for node in nodes], agree=agree, agree_expected=values[3])
 
 
 def _accept_greedy(tree: DraftTree, logits: torch.Tensor, stats: bool = True) -> Acceptance:

@@ -337,6 +337,12 @@ def verify_node_sampled_batch(
     return index, token, _agree_expected_sampled(p, children, q) if expected else None
 
 
+def agree_expected_sampled_batch(p: Tensor, children: Tensor, q: Tensor) -> Tensor:
+    """The agree_expected of :func:`verify_node_sampled_batch` alone: p [B, V], children [B, c]
+    drawn i.i.d. from q [B, V] -> [B] float64 (rows normalised in float64)."""
+    return _agree_expected_sampled(_normalise(p), children.long(), _normalise(q))
+
+
 def _agree_expected_sampled(p: Tensor, children: Tensor, q: Tensor) -> Tensor:
     """[B] P(the emitted token is one of the children) under the CORRECT rule, whatever rule ran:
     the monitor compares what happened with what exact sampling predicts."""
