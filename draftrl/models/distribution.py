@@ -94,7 +94,7 @@ class DeferredChecks:
         """[k] long on ``device``: 1 where the k-th recorded check holds."""
         if not self.pending:
             return torch.zeros(0, dtype=torch.long, device=device)
-        return torch.stack([ok.reshape(()) for ok, _ in self.pending]).long()
+        return torch.stack([ok.reshape(()).to(device) for ok, _ in self.pending]).long()
 
     def raise_failed(self, values: list[int] | list[float]) -> None:
         """Raise the first failed check's ``ValueError``, given the transferred :meth:`flags`."""

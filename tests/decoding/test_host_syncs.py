@@ -176,3 +176,36 @@ def test_without_token_stats_a_sampled_round_reads_once_less(bigram):
     assert all(r.token_stats is None for _, r in without)
     assert [r.tokens for _, r in with_stats] == [r.tokens for _, r in without]  # the same draws
     assert [c.device_to_host for c, _ in without] == [c.device_to_host - 1 for c, _ in with_stats]
+
+
+def test_input_checks_read_with_the_results_still_refuse_bad_input():
+    """The walk and the draft model defer their input checks into their one transfer: bad logits
+    still raise the same one-line ValueError (at the transfer, before any result is used)."""
+    from draftrl.decoding.acceptance import accept_tree
+    from draftrl.drafters.tree import DraftTree
+    from draftrl.models.distribution import DeferredChecks, SamplingParams, logits_to_probs
+
+    tree = DraftTree()
+    tree.add(1, -1, 0.0)
+    logits = torch.zeros(2, 4)
+    logits[1, 2] = float("nan")
+    with pytest.raises(ValueError, match="contain NaN"):
+        accept_tree(tree, logits, SamplingParams(temperature=1.0), torch.Generator())
+    checks = DeferredChecks()
+    with checks.collecting():
+        logits_to_probs(logits, SamplingParams(temperature=1.0))  # recorded, not read
+    assert len(checks.pending) == 1
+    with pytest.raises(ValueError, match="contain NaN"):
+        checks.raise_failed(checks.flags("cpu").tolist())
+
+    class NanModel(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(1))
+
+        def forward(self, input_ids, **kwargs):
+            return type("Out", (), {"logits": torch.full((1, input_ids.shape[1], 4), float("nan"))})()
+
+    drafter = ModelDrafter(NanModel(), sampled=True)
+    with pytest.raises(ValueError, match="contain NaN"):
+        drafter.propose([0, 1], 2, 2, SamplingParams(temperature=1.0), torch.Generator())
