@@ -15,6 +15,7 @@ option             config key     meaning
 ``--device``       ``env.device``  ``cpu`` or ``cuda[:N]``
 ``--dtype``        ``env.dtype``   ``float32``, ``bfloat16`` or ``float16``
 ``--kernels``      ``env.kernels`` ``auto`` (a timed probe on this machine), ``stock`` or ``fast_linear``
+``--compile``      ``env.compile`` ``torch.compile`` the target's verify forward: ``off`` or a torch.compile mode
 ``--threads N``    ``threads``     torch intra-op threads (0 = torch's default)
 ``--seed N``       ``seed``        the command's seed (sampling, measurement order, PPO, ...)
 ``--ignore-eos``   ``env.ignore_eos``  decode to max_new_tokens past EOS (benchmarks, negative controls)
@@ -48,6 +49,7 @@ MODEL_KEYS: dict[str, str] = {
     "--device": "env.device",
     "--dtype": "env.dtype",
     "--kernels": "env.kernels",
+    "--compile": "env.compile",
 }
 _MODEL_HELP = {
     "--target": "target model: smollm2-135m, a local path or hub id",
@@ -55,6 +57,7 @@ _MODEL_HELP = {
     "--device": "cpu or cuda[:N]",
     "--dtype": "float32, bfloat16 or float16",
     "--kernels": "few-token CPU kernels: auto (timed probe, cached per machine), stock or fast_linear",
+    "--compile": "torch.compile the target's verify forward: off (default), default, reduce-overhead or max-autotune",
 }
 
 

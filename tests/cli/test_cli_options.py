@@ -28,6 +28,7 @@ SHARED = {
     "--device": ("cuda:1", "env.device", "cuda:1"),
     "--dtype": ("bfloat16", "env.dtype", "bfloat16"),
     "--kernels": ("stock", "env.kernels", "stock"),
+    "--compile": ("default", "env.compile", "default"),
     "--threads": ("3", "threads", 3),
     "--seed": ("7", "seed", 7),
     "--wandb-project": ("speedups", "wandb.project", "speedups"),
