@@ -7,7 +7,7 @@ vllm``, which keeps ``lookahead`` tokens past the budget): each step the propose
 request's tokens as vLLM passes them, its draft is accepted up to the first token that differs
 from the recording, and the step emits accepted + 1 tokens. The first step is the prefill.
 
-Arms (``--arms``): ``fixed:K`` (draftrl's vLLM proposer as it is now, depth K every step), ``ngram:K``
+Arms (``--arms``): ``fixed:K`` (draftrl's vLLM proposer as it is now, depth K every step), ``vllm-ngram:K``
 (vLLM's own numba matcher, ``prompt_lookup_min/max`` as ``VLLMEngineConfig`` sets them),
 ``ref_latest:K`` / ``ref_earliest:K`` (:mod:`draftrl.decoding.vllm.ref_lookup`) and ``hindsight:K``: draftrl's
 depth-K draft cut to the prefix that will be accepted, i.e. the best depth any per-request depth
@@ -20,11 +20,11 @@ With ``--calibration`` (``draftrl calibrate --engine vllm``) each step is also c
 calibrated batch-1 step seconds (prefill by prompt tokens, decode by tokens verified) and the
 line starts with ``seconds_vs_none`` and ``seconds_vs_best_fixed`` (the best ``fixed:K`` arm).
 
-    python benchmarks/lookup_replay.py --recordings runs/serve/rec_heldout --arms fixed:2,fixed:4,ngram:4,ref_latest:4
-    python benchmarks/lookup_replay.py --calibration runs/serve/vllm_costs.json --arms fixed:4,fixed:8,hindsight:8,ngram:8
+    python benchmarks/lookup_replay.py --recordings runs/serve/rec_heldout --arms fixed:2,fixed:4,vllm-ngram:4,ref_latest:4
+    python benchmarks/lookup_replay.py --calibration runs/serve/vllm_costs.json --arms fixed:4,fixed:8,hindsight:8,vllm-ngram:8
     python benchmarks/lookup_replay.py --quick        # ref_latest:4 and ref_earliest:4 (no vLLM needed)
 
-``fixed`` and ``ngram`` arms need vLLM (``draftrl[vllm]``); the ``ref_*``, ``hindsight`` and ``none`` arms do not.
+``fixed`` and ``vllm-ngram`` arms need vLLM (``draftrl[vllm]``); the ``ref_*``, ``hindsight`` and ``none`` arms do not.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def make_proposer(arm: str) -> Callable[[list[list[int]], np.ndarray, np.ndarray
         proposer = DraftrlProposer(_vllm_config(8))
         proposer.action = StepAction(k)
         return proposer.propose
-    if kind == "ngram":
+    if kind == "vllm-ngram":
         from vllm.v1.spec_decode.ngram_proposer import _find_longest_matched_ngram_and_propose_tokens as match
 
         from draftrl.decoding.vllm.engine import VLLMEngineConfig
@@ -78,7 +78,8 @@ def make_proposer(arm: str) -> Callable[[list[list[int]], np.ndarray, np.ndarray
         return make_proposer(f"fixed:{k}")
     if kind in ("ref_latest", "ref_earliest"):
         return (RefLookupLatest if kind == "ref_latest" else RefLookupEarliest)(_vllm_config(k)).propose
-    raise ValueError(f"arm {arm!r} is unknown; use none:0, fixed:K, ngram:K, hindsight:K, ref_latest:K or ref_earliest:K.")
+    raise ValueError(f"arm {arm!r} is unknown; use none:0, fixed:K, vllm-ngram:K, hindsight:K, ref_latest:K or "
+                     "ref_earliest:K.")
 
 
 def replay(arm: str, requests: list[dict], cost: Any = None) -> dict[str, Any]:
@@ -123,8 +124,8 @@ def replay(arm: str, requests: list[dict], cost: Any = None) -> dict[str, Any]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], parents=[common_flags()])
     p.add_argument("--recordings", default="runs/serve/rec_heldout", help="a draftrl collect --engine vllm directory")
-    p.add_argument("--arms", default="fixed:2,fixed:4,fixed:8,ngram:2,ngram:4,ngram:8,ref_latest:2,ref_latest:4,"
-                                     "ref_latest:8,ref_earliest:4")
+    p.add_argument("--arms", default="fixed:2,fixed:4,fixed:8,vllm-ngram:2,vllm-ngram:4,vllm-ngram:8,ref_latest:2,"
+                                     "ref_latest:4,ref_latest:8,ref_earliest:4")
     p.add_argument("--by-task", action="store_true", help="also print steps per task")
     p.add_argument("--calibration", default=None, help="draftrl calibrate --engine vllm FILE: also charge step seconds")
     args = parse_args(p, quick=dict(arms="ref_latest:4,ref_earliest:4"))

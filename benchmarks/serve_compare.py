@@ -1,5 +1,6 @@
-"""Drafting inside vLLM under concurrent load: no speculation, vLLM's ngram at each K, the minimal
-prompt-lookup proposer of issue 10 (:mod:`draftrl.decoding.vllm.ref_lookup`) at each K, draftrl's drafter at each fixed
+"""Drafting inside vLLM under concurrent load: no speculation, vLLM's ngram at each K (``vllm-ngram:K``), the minimal
+prompt-lookup proposer of issue 10 (:mod:`draftrl.decoding.vllm.ref_lookup`, ``vllm-class:...:K``) at each K, draftrl's
+drafter at each fixed
 depth, the +2/-1 heuristic, a Dynamic SD table and (given) a PPO policy, at concurrency 1, 4 and 16
 on the mixed held-out workload; Hugging Face anchors at batch 1.
 
@@ -47,8 +48,8 @@ def main() -> None:
 
     from draftrl.eval.serving import run_serving_eval
 
-    policies = ["none"] + [f"ngram:{k}" for k in args.ks.split(",") if k] + \
-        [f"class:{REF_LOOKUP}:{k}" for k in args.ref_ks.split(",") if k] + \
+    policies = ["none"] + [f"vllm-ngram:{k}" for k in args.ks.split(",") if k] + \
+        [f"vllm-class:{REF_LOOKUP}:{k}" for k in args.ref_ks.split(",") if k] + \
         [f"fixed:{d}" for d in args.depths.split(",") if d] + (["heuristic"] if args.heuristic else [])
     if args.dsd:
         policies.append(args.dsd)
@@ -64,8 +65,8 @@ def main() -> None:
     where = dict(dtype=args.dtype, max_new_tokens=args.max_new_tokens, repeats=args.repeats)
     for level in levels:
         table = results["concurrency"][str(level)]["policies"]
-        ngram = max((v["tokens_per_second"] for k, v in table.items() if k.startswith("ngram")), default=None)
-        ngram_cpu = max((v["tokens_per_cpu_second"] or 0 for k, v in table.items() if k.startswith("ngram")),
+        ngram = max((v["tokens_per_second"] for k, v in table.items() if k.startswith("vllm-ngram")), default=None)
+        ngram_cpu = max((v["tokens_per_cpu_second"] or 0 for k, v in table.items() if k.startswith("vllm-ngram")),
                         default=None)
         for name, s in sorted(table.items(), key=lambda kv: -kv[1]["tokens_per_second"]):
             bench.row({"speedup_vs_none": s["speedup_vs_none"],

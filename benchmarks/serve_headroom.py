@@ -20,8 +20,8 @@ replayed too (``draftrl.replay.recordings.HeadProposals``), each head row charge
 ``draftrl calibrate --engine vllm --drafter eagle3`` measured it (``--head-calibration``: its decode
 cells, where the head only takes its rows, and its head cells):
 
-- **fixed head K** (route (b)'s ``head:K``) beside fixed n-gram K: the best fixed (drafter, K);
-- **SAM** ``sam:N:K`` (n-gram lookup on an N-token match, else the head);
+- **fixed head K** (route (b)'s ``fixed:K@eagle3``) beside fixed n-gram K: the best fixed (drafter, K);
+- **SAM** ``fixed:K@sam:N`` (n-gram lookup on an N-token match, else the head);
 - **hindsight over both drafters**: every request, every step, drafts with the drafter that accepts
   more, just the tokens it accepts;
 - **oracle drafter**: the same choice of drafter, the depth from the step's (depth, budget), every
@@ -79,7 +79,7 @@ def group_ceilings(bench: Bench, recordings: Recordings, tokens: int, depths: li
     fixed (drafter, K), the ``optimum`` (per request, from :func:`single_stream_optimum`) and their
     ratio, the group's ceiling; ``none``: each request's seconds without speculation."""
     arms = {f"fixed:{d}": single_stream_fixed(recordings, tokens, d, (proposals, cost)) for d in depths}
-    arms.update({f"head:{d}": single_stream_fixed(recordings, tokens, d, (heads, head_cost)) for d in depths})
+    arms.update({f"fixed:{d}@eagle3": single_stream_fixed(recordings, tokens, d, (heads, head_cost)) for d in depths})
     bench.note("concurrency 1 per group: the best fixed (drafter, K) and the optimum, both over no speculation")
     for key in ("task", "language"):
         for value in sorted({getattr(recordings.requests[i].prompt, key) for i in chosen}):
@@ -157,7 +157,7 @@ def main() -> None:
         plain = throughput(env, Fixed.for_env(env, depth=0, verify_size=0))
         speed = lambda e, d, b: throughput(e, Fixed.for_env(e, depth=d, verify_size=b)) / plain  # noqa: E731
         fixed_k = {f"fixed:{d}": speed(env, d, no_limit) for d in depths}
-        static = {f"fixed:{d}:{b}": speed(env, d, b) for d in depths for b in budgets}
+        static = {f"fixed:{d}:{b}" if b else "fixed:0": speed(env, d, b) for d in depths for b in budgets}  # b 0: none
         hindsight = {f"hindsight:{d}:{b}": speed(hind, d, b) for d in depths for b in budgets}
         lookahead = throughput(env, LookAhead.for_env(env)) / plain
         row = {"load": f"{section}={key}", "none_tokens_per_second": plain, "fixed_k": fixed_k,
@@ -171,8 +171,8 @@ def main() -> None:
             head_env, sam_env = env_for(cfg, "eagle3"), env_for(cfg, f"sam:{args.sam}")
             both = env_for(dataclasses.replace(config, rule="hindsight", **load), "best")
             oracle = env_for(cfg, "best")
-            row["fixed_head"] = {f"head:{d}": speed(head_env, d, no_limit) for d in depths}
-            row["sam"] = {f"sam:{args.sam}:{d}": speed(sam_env, d, no_limit) for d in depths}
+            row["fixed_head"] = {f"fixed:{d}@eagle3": speed(head_env, d, no_limit) for d in depths}
+            row["sam"] = {f"fixed:{d}@sam:{args.sam}": speed(sam_env, d, no_limit) for d in depths}
             row["hindsight_both"] = {f"hindsight_both:{d}:{b}": speed(both, d, b) for d in depths for b in budgets}
             row["oracle_drafter"] = {f"oracle_drafter:{d}:{b}": speed(oracle, d, b) for d in depths for b in budgets}
             row["oracle_lookahead"] = throughput(oracle, LookAhead.for_env(oracle)) / plain

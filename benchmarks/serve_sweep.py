@@ -8,8 +8,8 @@ no speculation in vLLM and in the replay (``vllm_speedup_vs_none``, ``replay_spe
 then throughput, TTFT and ITL p50/p95/p99 of both;
 then Kendall's tau between the two rankings of the policies (tau-a over pairs, per load and over
 every load's speedups together), and ``OUT/sweep.png``: throughput and p95 ITL against load per
-policy (the runner's files in ``OUT/real/`` and ``OUT/replay/``). vLLM's own ``ngram:K`` has no
-replay (it is not draftrl's proposer) and is run in vLLM only.
+policy (the runner's files in ``OUT/real/`` and ``OUT/replay/``). vLLM's own methods (``vllm-ngram:K``,
+``vllm-eagle3:K``, ``vllm-class:...``) have no replay (they are not draftrl's proposer) and run in vLLM only.
 
     python benchmarks/serve_sweep.py --recordings runs/serve/rec_heldout --calibration runs/serve/vllm_costs.json \\
         --policies none,fixed:2,fixed:4,fixed:8,heuristic,ppo:runs/serve/ppo_replay --rates 0.5,2,8 --out runs/bench/serve_sweep
@@ -50,7 +50,7 @@ def main() -> None:
     rates = [float(r) for r in args.rates.split(",") if r]
     concurrency = [int(c) for c in args.concurrency.split(",") if c]
     specs = parse_policies(args.policies, engine="vllm")
-    replayed = ",".join(s.label for s in specs if s.kind != "ngram")
+    replayed = ",".join(s.text for s in specs if not s.kind.startswith("vllm-"))
     recordings, cost = Recordings.load(args.recordings), StepCostModel.from_calibration(args.calibration)
     proposals = Proposals(recordings, config.max_depth)
 

@@ -1,16 +1,16 @@
-"""vLLM's own drafters against no speculation in vLLM: an EAGLE-3 head (``eagle3:K``) and vLLM's
-prompt lookup (``ngram:K``) at each K, at concurrency 1, 4 and 16 on the mixed held-out workload
+"""vLLM's own drafters against no speculation in vLLM: an EAGLE-3 head (``vllm-eagle3:K``) and vLLM's
+prompt lookup (``vllm-ngram:K``) at each K, at concurrency 1, 4 and 16 on the mixed held-out workload
 (four languages x four tasks), overall and per task and language; the head's draft cost per added
 position as a fraction of a plain decode step and its acceptance length from vLLM's own counts;
 Hugging Face anchors at batch 1, timed in the same run.
 
-One ``draftrl.eval.serving.run_serving_eval`` per K (``none``, ``eagle3:K``, ``ngram:K``: policies
+One ``draftrl.eval.serving.run_serving_eval`` per K (``none``, ``vllm-eagle3:K``, ``vllm-ngram:K``: policies
 rotated per load, float32 greedy identity against ``none``), the Ks in a random order, each K's
 engines released before the next K's load (an engine holds ~2 GB here: seventeen do not fit), so
 each K's ratios are taken against the ``none`` measured beside it. Prints ratios first:
 
-    speedup_vs_none=1.310x  cpu_vs_none=1.280x  vs_ngram=1.100x  en=1.2x ...  acceptance_length=2.1  tok_s=...  policy=eagle3:4  k=4  concurrency=1  ...
-    step_vs_none=1.210x  cost_per_position=0.053x  expected_speedup=1.736x  acceptance_length=2.1  ...  policy=eagle3:4  k=4  concurrency=1
+    speedup_vs_none=1.310x  cpu_vs_none=1.280x  vs_ngram=1.100x  en=1.2x ...  acceptance_length=2.1  tok_s=...  policy=vllm-eagle3:4  k=4  concurrency=1  ...
+    step_vs_none=1.210x  cost_per_position=0.053x  expected_speedup=1.736x  acceptance_length=2.1  ...  policy=vllm-eagle3:4  k=4  concurrency=1
     draft_cost_per_position=0.052x  head_overhead=0.040x  plain_step_ms=81  ks=1,2,...,8  fit=least_squares  concurrency=1
 
 ``step_vs_none``: the head's mean decode step at K (``decode_step_seconds``) over the one without
@@ -22,7 +22,8 @@ excluded). ``acceptance_length``: vLLM's own counts, ``1 + num_accepted / num_dr
 token counted). ``en=``, ``code_edit=``, ...: each language's and task's tokens / request latency
 over none's.
 
-Without ``--head`` the head draftrl ships for the target drafts; with ``--head random`` a head of the
+Without ``--head`` the head draftrl ships for the target drafts (the run's drafter ``eagle3:HEAD``, which
+``vllm-eagle3:K`` loads); with ``--head random`` a head of the
 target's shape with random weights and a ``--draft-vocab``-token draft vocabulary is built: its drafts are almost never accepted (speedups below 1), but it costs
 what a trained head of that shape costs. With ``--out``: ``results.json``, ``vllm_drafters.png``
 (speedup vs K, one panel per concurrency), each K's serving run in ``serving/k{K}/`` and a built
@@ -51,7 +52,7 @@ from _bench import (
 
 PLOT = "vllm_drafters.png"
 #: the drafters compared at each K, and their line styles in the plot
-METHODS = {"eagle3": "-o", "ngram": "--s"}
+METHODS = {"vllm-eagle3": "-o", "vllm-ngram": "--s"}
 
 
 def plot(path: Path, speedups: dict[tuple[str, int, int], float], ks: list[int], levels: list[int],
@@ -89,8 +90,8 @@ def main() -> None:
                                                 "with random weights (draft cost only)")
     p.add_argument("--draft-vocab", type=int, default=8192,
                    help="the built head's draft vocabulary (draftrl distill's default)")
-    p.add_argument("--ks", default="1,2,3,4,5,6,7,8", help="K values of eagle3 (and ngram)")
-    p.add_argument("--ngram", action=argparse.BooleanOptionalAction, default=True, help="vLLM's ngram at each K")
+    p.add_argument("--ks", default="1,2,3,4,5,6,7,8", help="K values of vllm-eagle3 (and vllm-ngram)")
+    p.add_argument("--ngram", action=argparse.BooleanOptionalAction, default=True, help="vllm-ngram at each K")
     p.add_argument("--concurrency", default="1,4,16")
     add_serving_args(p)
     args = parse_args(p, quick=dict(ks="2,4", concurrency="1,4", max_new_tokens=16, tasks="code_edit", hf_lookup=4))
@@ -118,12 +119,12 @@ def main() -> None:
         head_name = f"random({args.draft_vocab})"
         bench.note(f"head: random weights, draft vocabulary {args.draft_vocab} (acceptance ~0; a trained head's "
                    f"draft cost): {head}")
-    config = dataclasses.replace(config, head=head)
+    config = dataclasses.replace(config, drafter=f"eagle3:{head}")  # the head vllm-eagle3:K loads
     serving_dir = root / "serving"
     t0 = time.perf_counter()
     groups: dict[int, dict] = {}
     for k in next(rotations(ks, 1)):  # the Ks in a random order: drift does not follow K
-        policies = ["none", f"eagle3:{k}"] + ([f"ngram:{k}"] if args.ngram else [])
+        policies = ["none", f"vllm-eagle3:{k}"] + ([f"vllm-ngram:{k}"] if args.ngram else [])
         groups[k] = run_serving_eval(serving_dir / f"k{k}", policies=policies, concurrency=levels, config=config,
                                      repeats=args.repeats,
                                      progress=lambda d, t, m, k=k: bench.note(f"K={k} [{d}/{t}] {m}"))
@@ -135,14 +136,14 @@ def main() -> None:
     for level in levels:
         for k in ks:
             table = groups[k]["concurrency"][str(level)]["policies"]
-            ngram = table.get(f"ngram:{k}")
+            ngram = table.get(f"vllm-ngram:{k}")
             for method in METHODS:
                 s = table.get(f"{method}:{k}")
                 if s is None:
                     continue
                 speedups[(method, k, level)] = s["speedup_vs_none"]
                 ratios = {"speedup_vs_none": s["speedup_vs_none"], "cpu_vs_none": s["cpu_speedup_vs_none"]}
-                if method != "ngram":
+                if method != "vllm-ngram":
                     ratios["vs_ngram"] = s["tokens_per_second"] / ngram["tokens_per_second"] if ngram else None
                 bench.row({**ratios, **group_ratios(s, table["none"])},
                           {"acceptance_length": s["spec_decoding"]["acceptance_length"],
@@ -156,7 +157,7 @@ def main() -> None:
         steps, plain = {}, []
         for k in ks:
             table = groups[k]["concurrency"]["1"]["policies"]
-            e, n = table[f"eagle3:{k}"], table["none"]
+            e, n = table[f"vllm-eagle3:{k}"], table["none"]
             steps[k] = e["decode_step_seconds"] / n["decode_step_seconds"]
             plain.append(n["decode_step_seconds"])
             accept = e["spec_decoding"]["acceptance_length"]
@@ -164,7 +165,7 @@ def main() -> None:
                        "expected_speedup": accept / steps[k] if accept else None},
                       {"acceptance_length": accept, "step_ms": e["decode_step_seconds"] * 1e3,
                        "plain_step_ms": n["decode_step_seconds"] * 1e3},
-                      policy=f"eagle3:{k}", k=k, concurrency=1, **where)
+                      policy=f"vllm-eagle3:{k}", k=k, concurrency=1, **where)
         draft_cost = {"step_vs_none": {str(k): v for k, v in steps.items()},
                       "plain_step_seconds": statistics.median(plain)}
         if len(ks) >= 2:

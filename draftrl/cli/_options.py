@@ -10,10 +10,12 @@ option             config key     meaning
 ``--config FILE``                 YAML overriding the command's defaults (``configs/``)
 ``--set K=V``      ``K``          one config key, e.g. ``env.max_new_tokens=32`` (repeatable)
 ``--target``       ``env.target``  target model: a known name, a local directory or a hub id
-``--drafter``      ``env.drafter`` ``ngram[:MIN:MAX[:FIRST]]``, ``layerskip:N``, ``self``, ``none`` or a model
+``--drafter``      ``env.drafter`` ``ngram[:MIN:MAX[:FIRST]]``, ``eagle3[:DIR]``, ``sam:N[:DIR]``, ``layerskip:N``,
+                                  ``self``, ``none`` or a model (``--engine vllm``: the first three)
 ``--device``       ``env.device``  ``cpu`` or ``cuda[:N]``
 ``--dtype``        ``env.dtype``   ``float32``, ``bfloat16`` or ``float16``
 ``--kernels``      ``env.kernels`` ``auto`` (a timed probe on this machine), ``stock`` or ``fast_linear``
+``--compile``      ``env.compile`` ``torch.compile`` the target's verify forward: ``off`` or a torch.compile mode
 ``--threads N``    ``threads``     torch intra-op threads (0 = torch's default)
 ``--seed N``       ``seed``        the command's seed (sampling, measurement order, PPO, ...)
 ``--ignore-eos``   ``env.ignore_eos``  decode to max_new_tokens past EOS (benchmarks, negative controls)
@@ -28,7 +30,8 @@ option             config key     meaning
 =================  =============  ==========================================================
 
 Defaults are the config's (``None`` here means "not given"), so a command's default lives in
-its config dataclass only.
+its config dataclass only. ``draftrl demo --engine vllm`` reads the two vLLM engine flags into
+``ServeDemoConfig``'s top-level keys of the same name (it has no ``env`` section).
 """
 
 from __future__ import annotations
@@ -46,13 +49,15 @@ MODEL_KEYS: dict[str, str] = {
     "--device": "env.device",
     "--dtype": "env.dtype",
     "--kernels": "env.kernels",
+    "--compile": "env.compile",
 }
 _MODEL_HELP = {
     "--target": "target model: smollm2-135m, a local path or hub id",
-    "--drafter": "ngram[:MIN:MAX[:earliest|latest]] | layerskip:N | self | eagle3[:PATH] (PATH: a head folder in the speculators or EAGLE layout, or a hub id; no PATH: the head draftrl ships for the target) | none | draft model path (same tokenizer)",
+    "--drafter": "ngram[:MIN:MAX[:earliest|latest]] | eagle3[:PATH] (PATH: a head folder in the speculators or EAGLE layout, or a hub id; no PATH: the head draftrl ships for the target) | sam:N[:PATH] | layerskip:N | self | none | draft model path (same tokenizer); --engine vllm: ngram, eagle3 or sam, default ngram:1:3:latest",
     "--device": "cpu or cuda[:N]",
     "--dtype": "float32, bfloat16 or float16",
     "--kernels": "few-token CPU kernels: auto (timed probe, cached per machine), stock or fast_linear",
+    "--compile": "torch.compile the target's verify forward: off (default), default, reduce-overhead or max-autotune",
 }
 
 
@@ -73,13 +78,37 @@ VLLM_ENGINE_KEYS: dict[str, str] = {
 }
 
 
-def add_vllm_engine(parser: argparse.ArgumentParser) -> None:
-    """``--gpu-memory-utilization`` and ``--enforce-eager``, read with ``--engine vllm`` only."""
-    keyed(parser, "--gpu-memory-utilization", key=VLLM_ENGINE_KEYS["--gpu-memory-utilization"], type=float,
+def add_vllm_engine(parser: argparse.ArgumentParser, section: str | None = "env") -> None:
+    """``--gpu-memory-utilization`` and ``--enforce-eager``, read with ``--engine vllm`` only.
+
+    :param section: the config section holding their keys: ``env`` (a ``ServeConfig``: eval, collect,
+        calibrate), None for a config that holds them at its top level (``ServeDemoConfig``: demo).
+    """
+    def key(flag: str) -> str:
+        return VLLM_ENGINE_KEYS[flag] if section == "env" else VLLM_ENGINE_KEYS[flag].partition(".")[2]
+
+    keyed(parser, "--gpu-memory-utilization", key=key("--gpu-memory-utilization"), type=float,
           help="vllm: the share of the GPU's memory each engine takes (default: vLLM's 0.9; a comparison holds one "
                "engine at a time, env.max_engines); not read on CPU")
-    keyed(parser, "--enforce-eager", key=VLLM_ENGINE_KEYS["--enforce-eager"], action="store_const", const=True,
+    keyed(parser, "--enforce-eager", key=key("--enforce-eager"), action="store_const", const=True,
           help="vllm: eager forwards on a GPU too (default: CUDA graphs on a GPU, what production runs; eager on CPU)")
+
+
+def add_retired(parser: argparse.ArgumentParser, flag: str, replacement: str) -> None:
+    """A flag of an earlier release, hidden from ``--help``: :func:`refuse_retired` names ``replacement``."""
+    dest = f"retired_{flag.lstrip('-').replace('-', '_')}"
+    parser.add_argument(flag, dest=dest, default=None, help=argparse.SUPPRESS)
+    retired = dict(parser.get_default("retired_flags") or {})
+    retired[flag] = replacement
+    parser.set_defaults(retired_flags=retired)
+
+
+def refuse_retired(args: argparse.Namespace) -> None:
+    """One line naming the replacement of a retired flag the command line gave (:func:`add_retired`)."""
+    for flag, replacement in (getattr(args, "retired_flags", None) or {}).items():
+        value = getattr(args, f"retired_{flag.lstrip('-').replace('-', '_')}", None)
+        if value is not None:
+            raise ValueError(f"{flag} is gone: {replacement.format(value=value)}.")
 
 
 def refuse_vllm_engine(args: argparse.Namespace, command: str) -> None:

@@ -77,10 +77,15 @@ def serving_config(args: argparse.Namespace):
 
 def run_vllm(args: argparse.Namespace) -> int:
     """Recordings for ``draftrl/ServeReplay-v0`` (``draftrl.replay.recordings.record_workload``)."""
+    from draftrl.config.serve import SERVING_DRAFTER
     from draftrl.io import prepare_out
     from draftrl.replay.recordings import RECORDINGS_FILE, record_workload
 
     config = serving_config(args)
+    if config.drafter != SERVING_DRAFTER:
+        raise ValueError(f"env.drafter={config.drafter!r}: draftrl collect --engine vllm records without speculation, so "
+                         "no drafter is read; name the drafter where the recordings are replayed (ServeReplay-v0's "
+                         "drafter, draftrl eval).")
     prepare_out(args.out, (RECORDINGS_FILE,), overwrite=args.overwrite, command="collect")  # before vLLM loads
     recordings = record_workload(config, progress=lambda msg: print(f"[collect] {msg}", file=sys.stderr, flush=True))
     path = recordings.save(args.out)

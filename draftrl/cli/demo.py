@@ -40,6 +40,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--engine", choices=["hf", "vllm"], default="hf",
                    help="hf: draftrl's exact engine, one request at a time (default); vllm: learning under load in "
                         "real vLLM (--config/--set keys are ServeDemoConfig fields, draftrl/eval/serve_demo.py)")
+    _options.add_vllm_engine(p, section=None)  # ServeDemoConfig holds them at its top level
     _options.add_out(p, "output directory (default: runs/demo; --engine vllm: runs/serve_demo)", required=False,
                      overwrite="replace an earlier demo's outputs in --out")
     p.set_defaults(func=run)
@@ -74,6 +75,7 @@ def _step_printer(console, steps: tuple[str, ...], progress):
 def run(args: argparse.Namespace) -> int:
     if args.engine == "vllm":
         return run_vllm(args)
+    _options.refuse_vllm_engine(args, "draftrl demo")
     args.out = args.out or "runs/demo"
     from rich.console import Console
 

@@ -6,13 +6,16 @@
 
 Inside vLLM under concurrent load (draftrl.eval.serving; needs vLLM installed)::
 
-    draftrl eval --engine vllm --policies none,fixed:4,heuristic,ngram:4,dsd:1-1:4,2-4:3,5-16:1 \
+    draftrl eval --engine vllm --policies none,fixed:4,heuristic,vllm-ngram:4,dsd:1-1:4,2-4:3,5-16:1 \
         --concurrency 1,4,16 --out runs/serve
-    draftrl eval --engine vllm --policies none,eagle3:2,eagle3:4 --head runs/distill/head --out runs/serve_eagle3
+    draftrl eval --engine vllm --policies none,vllm-eagle3:2,fixed:2,stop:6:t0.6 --drafter eagle3:runs/distill/head \
+        --out runs/serve_eagle3
 
 One policy grammar for both engines (draftrl.eval.policy_names; a name one engine cannot run is
-refused naming the ones it can) and one workload section: ``--set env.KEY=VALUE`` and ``--target``
-set the same key on both. Writes DIR/results.json and DIR/report.md (hf: PNG plots too); exits 3
+refused naming the ones it can): a policy name says what decides, ``--drafter`` (or a policy's own
+``@DRAFTER``, e.g. ``fixed:2@eagle3``) what drafts. One workload section: ``--set env.KEY=VALUE``,
+``--target`` and ``--drafter`` set the same key on both. Writes DIR/results.json and DIR/report.md
+(hf: PNG plots too); exits 3
 with the evidence when an exactness check fails.
 """
 
@@ -44,7 +47,8 @@ def add_parser(subparsers) -> None:
     keyed = _options.keyed
     keyed(p, "--policies", key="eval.policies", type=_policies,
           help=f"comma-separated (sets eval.policies); --engine hf: {accepted_names('hf')}; "
-               f"--engine vllm: {accepted_names('vllm')}")
+               f"--engine vllm: {accepted_names('vllm')}; NAME@DRAFTER drafts with another drafter than --drafter "
+               "(e.g. fixed:2@eagle3)")
     p.add_argument("--grid", default=None, help="grid.json from draftrl grid (needed by best-grid; adds the heatmap)")
     _options.add_out(p, "output directory (results.json, report.md, plots)")
     keyed(p, "--no-monitor", key="eval.monitor", action="store_const", const=False,
@@ -63,18 +67,16 @@ def add_parser(subparsers) -> None:
     p.add_argument("--concurrency", default="1,4,16", help="vllm: requests kept in flight, comma-separated")
     p.add_argument("--rates", default="", help="vllm: Poisson arrival rates (requests/s), comma-separated")
     p.add_argument("--repeats", type=int, default=1, help="vllm: interleaved passes; the median-time pass is kept")
-    keyed(p, "--head", key="env.head",
-          help="vllm: the EAGLE-3 head folder (speculators format) the eagle3:K policies draft with (sets env.head)")
+    _options.add_retired(p, "--head", "the head is part of the drafter spec: --drafter eagle3:{value} (every policy "
+                         "drafts with it) or one policy's @eagle3:{value} (e.g. vllm-eagle3:2@eagle3:{value})")
     _options.add_vllm_engine(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    _options.refuse_retired(args)
     if args.engine == "vllm":
         return run_vllm(args)
-    if args.head:
-        raise ValueError("--head is read by --engine vllm only (its eagle3:K policies); on --engine hf draft with "
-                         "the head through --drafter eagle3:DIR.")
     _options.refuse_vllm_engine(args, "draftrl eval")
     from draftrl.decoding.monitor import ExactnessViolation
     from draftrl.eval.exactness import GreedyMismatch
@@ -84,9 +86,17 @@ def run(args: argparse.Namespace) -> int:
     policies = list(cfg.eval.policies)
     from draftrl.policies.ppo import load_checked
 
-    for spec in parse_policies(policies):  # fail on a bad name or a damaged policy before loading any model
+    from draftrl.drafters.packaged import missing_head
+    from draftrl.drafters.registry import check_drafter_spec
+
+    for spec in parse_policies(policies):  # fail on a bad name, drafter or damaged policy before loading any model
         if spec.kind == "ppo":
             load_checked(spec.path)
+        if spec.drafter is not None:
+            check_drafter_spec(spec.drafter)
+            line = missing_head(spec.drafter, cfg.env.target)
+            if line is not None:
+                raise ValueError(f"policy {spec.label!r}: {line}")
     from draftrl.eval.evaluate import OUTPUTS, run_eval
     from draftrl.io import prepare_out
 
@@ -161,7 +171,7 @@ def run_vllm(args: argparse.Namespace) -> int:
     concurrency = [int(c) for c in args.concurrency.split(",") if c]
     rates = [float(r) for r in args.rates.split(",") if r]
     config = serving_config(args)
-    check_policies(specs, config)  # and on a value off the grids or a missing head, before --out is touched
+    check_policies(specs, config)  # and on a value off the grids, a drafter or head vLLM cannot run, before --out
     wandb = serving_wandb(args)
     from draftrl.eval.evaluate import OUTPUTS
     from draftrl.io import prepare_out

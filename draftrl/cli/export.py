@@ -7,8 +7,8 @@ Example::
     draftrl export runs/replay/policy.zip --format vllm --out vllm.json             # static config
     draftrl export runs/replay --format vllm --out runs/vllm_policy                 # policy inside vLLM
     draftrl export runs/head_policy --format vllm --out runs/vllm_head              # stock eagle3, K per batch size
-    draftrl export sam:2:6:t0.6 --format vllm --out runs/vllm_sam                   # the head inside vLLM
-    draftrl export eagle3:1-1:3,2-16:1 --format vllm --out runs/vllm_eagle3        # stock vLLM, K per batch size
+    draftrl export stop:6:t0.6@sam:2 --format vllm --out runs/vllm_sam             # the head inside vLLM
+    draftrl export vllm-eagle3:1-1:3,2-16:1 --format vllm --out runs/vllm_eagle3   # stock vLLM, K per batch size
     draftrl export runs/replay/policy.zip --format sglang --out sglang.json        # + sglang.json.adaptive.json
 
 onnx / torchscript write the policy network alone plus a manifest (feature order, normalisation,
@@ -33,6 +33,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from draftrl.cli import _options
 from draftrl.cli._options import add_out
 
 
@@ -45,10 +46,15 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         description=__doc__.split("\n\n")[0] if __doc__ else None,
     )
     parser.add_argument("policy", help="run directory of draftrl train, its policy.zip, or a checkpoint zip; "
-                                       "with --format vllm also a head rule (head:K[:tT|:cT][:bB], sam:N:K[:tT|:cT][:bB]) "
-                                       "or a stock one (eagle3:K, eagle3:S-E:K,..., ngram:K, ngram:S-E:K,...)")
-    parser.add_argument("--head", default=None,
-                        help="vllm head and eagle3 rules: the EAGLE-3 head, a folder or hub id (default: the shipped one)")
+                                       "with --format vllm also a head rule (fixed:K[:V][:bB], stop:K:tT[:bB], "
+                                       "stop:K:cT[:bB], drafting with an eagle3 or sam drafter: --drafter or @DRAFTER) "
+                                       "or a stock one (vllm-eagle3:K, vllm-eagle3:S-E:K,..., vllm-ngram:K, "
+                                       "vllm-ngram:S-E:K,...)")
+    parser.add_argument("--drafter", default=None,
+                        help="vllm rules: the drafter spec a head rule drafts with, eagle3[:DIR] or sam:N[:DIR], and whose "
+                             "head vllm-eagle3 loads (DIR a folder or hub id; default: the head draftrl ships)")
+    _options.add_retired(parser, "--head", "the head is part of the drafter spec: --drafter eagle3:{value} (or the "
+                         "rule's @eagle3:{value})")
     parser.add_argument("--target", default=None,
                         help="vllm rules: the target the bundle names (default smollm2-135m); a run's bundle names the "
                              "run's own target (another one is refused)")
@@ -81,20 +87,44 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return parser
 
 
-#: Stock vLLM methods a rule name exports as route (a).
-STOCK_KINDS = ("eagle3", "ngram")
+#: Stock vLLM methods a rule name exports as route (a), by policy kind.
+STOCK_KINDS = {"vllm-eagle3": "eagle3", "vllm-ngram": "ngram"}
+#: Policy kinds a rule name exports as route (b): draftrl's proposer running the head.
+HEAD_RULE_KINDS = ("fixed", "stop")
+#: Earlier rule names, refused by the parser naming their replacement.
+RENAMED_RULES = ("head", "sam", "eagle3", "ngram")
 
 
 def vllm_rule(name: str) -> Any | None:
-    """The parsed rule name ``head:K[:S]`` / ``sam:N:K[:S]`` (the head inside draftrl's vLLM
-    proposer) or ``eagle3:...`` / ``ngram:...`` (stock vLLM), or None when ``name`` is no such
-    name (a run directory, a policy file)."""
+    """The parsed rule name ``fixed:K[:V][:bB]`` / ``stop:K:S[:bB]`` (the head inside draftrl's vLLM
+    proposer) or ``vllm-eagle3:...`` / ``vllm-ngram:...`` (stock vLLM), with an optional
+    ``@DRAFTER``, or None when ``name`` is no such name (a run directory, a policy file). Names of
+    earlier releases (``sam:2:6:t0.6``, ``eagle3:2``) are refused naming their replacement."""
     from draftrl.eval.policy_names import parse_policies
-    from draftrl.eval.serve_policies import PROPOSER_HEAD_KINDS
 
-    if name.partition(":")[0] not in (*PROPOSER_HEAD_KINDS, *STOCK_KINDS) or Path(name).exists():
+    kind = name.partition(":")[0].partition("@")[0].lower()
+    if kind not in (*STOCK_KINDS, *HEAD_RULE_KINDS, *RENAMED_RULES) or Path(name).exists():
         return None
     return parse_policies([name], engine="vllm")[-1]
+
+
+def rule_drafter(rule: Any, flag: str | None) -> str | None:
+    """The drafter spec of a rule: its ``@DRAFTER`` or ``--drafter`` (once); None: neither.
+
+    :raises ValueError: both given, or a drafter that runs no EAGLE-3 head where the rule needs one.
+    """
+    if rule.drafter is not None and flag is not None:
+        raise ValueError(f"{rule.text} names its drafter and --drafter {flag} names another; give it once.")
+    drafter = rule.drafter or flag
+    if rule.kind == "vllm-ngram" and drafter is not None:
+        raise ValueError(f"{rule.text} is vLLM's own prompt lookup, which reads no drafter; drop --drafter.")
+    if drafter is not None and drafter.partition(":")[0] not in ("eagle3", "sam"):
+        raise ValueError(f"drafter {drafter!r}: a vllm rule bundle runs an EAGLE-3 head; use eagle3[:DIR] or sam:N[:DIR] "
+                         "(n-gram lookup in plain vLLM: vllm-ngram:K).")
+    if rule.kind in HEAD_RULE_KINDS and drafter is None:
+        raise ValueError(f"{rule.text} runs the head inside draftrl's proposer: name it with --drafter eagle3[:DIR] or "
+                         f"sam:N[:DIR] (or {rule.text}@eagle3); n-gram lookup in plain vLLM is vllm-ngram:K.")
+    return drafter
 
 
 #: What a ``--format vllm`` bundle folder holds (every kind of bundle writes some of these; ``drafter``
@@ -130,6 +160,7 @@ def check_out(out: Path, fmt: str, overwrite: bool) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    _options.refuse_retired(args)
     out = Path(args.out)
     try:
         bundle_dir = args.format == "vllm" and out.suffix != ".json"
@@ -140,6 +171,9 @@ def run(args: argparse.Namespace) -> int:
                 raise ValueError(f"{flag} is read by --format vllm with a bundle folder"
                                  f"{'' if flag != '--cost-table' else ' and the vllm / sglang static configs'} only; "
                                  "drop it.")
+        if args.drafter is not None and not (bundle_dir and vllm_rule(args.policy) is not None):
+            raise ValueError("--drafter is read by --format vllm rule bundles only (fixed:K, stop:K:tT, vllm-eagle3:K "
+                             "into a folder); a trained policy drafts with its run's drafter: drop it.")
         check_out(out, args.format, args.overwrite)
         if args.format in ("onnx", "torchscript"):
             from draftrl.export.network import export
@@ -162,15 +196,22 @@ def run(args: argparse.Namespace) -> int:
             memory = args.gpu_memory_utilization or DEFAULT_GPU_MEMORY_UTILIZATION
             rule = vllm_rule(args.policy)
             if rule is not None:
+                from draftrl.decoding.vllm.head_proposer import head_spec
+
+                if args.budget is not None:
+                    raise ValueError(f"--budget {args.budget}: a rule's budget is its V (fixed:K:V); drop --budget.")
+                drafter = rule_drafter(rule, args.drafter)
+                min_match, head = head_spec(drafter) if drafter is not None else (None, None)
                 if rule.kind in STOCK_KINDS:
-                    bundle = write_stock_bundle(args.policy, out, method=rule.kind, depth=rule.depth, table=rule.dsd,
-                                                head=args.head, model=args.target, gpu_memory_utilization=memory)
+                    bundle = write_stock_bundle(rule.text, out, method=STOCK_KINDS[rule.kind], depth=rule.depth,
+                                                table=rule.dsd, head=head, model=args.target,
+                                                gpu_memory_utilization=memory)
                 else:
                     from draftrl.eval.serve_policies import proposer_rule
 
-                    bundle = write_head_bundle(args.policy, out, depth=rule.depth, min_match=rule.min_match,
-                                               rule=proposer_rule(rule), head=args.head, model=args.target,
-                                               gpu_memory_utilization=memory)
+                    bundle = write_head_bundle(rule.text, out, depth=rule.depth, min_match=min_match,
+                                               rule=proposer_rule(rule), budget=rule.verify_size, head=head,
+                                               model=args.target, gpu_memory_utilization=memory)
             else:
                 bundle = write_bundle(args.policy, out, target=args.target, budget=args.budget,
                                       check_observations=args.check_observations, gpu_memory_utilization=memory,

@@ -31,6 +31,9 @@ SELFTEST_SAMPLERS: tuple[str, ...] = ("correct", "resample-from-p")
 BASELINES: tuple[str, ...] = ("heuristic", "threshold", "bandit", "lookahead")
 #: Few-token CPU kernel choices of ``env.kernels`` (``draftrl.models.kernels`` implements them).
 KERNELS: tuple[str, ...] = ("auto", "stock", "fast_linear")
+#: ``torch.compile`` of the target's verify forward: off, or one of torch.compile's modes
+#: (``EngineConfig.compile``, ``env.compile``, ``--compile``).
+COMPILE_MODES: tuple[str, ...] = ("off", "default", "reduce-overhead", "max-autotune")
 #: Weights & Biases modes of every command's ``wandb`` section (``WANDB_MODE`` wins).
 WANDB_MODES: tuple[str, ...] = ("offline", "online", "disabled")
 

@@ -39,6 +39,10 @@ class EnvConfig(WorkloadConfig):
     kernels: str | None = None
     """few-token CPU kernels: auto (a timed probe, cached per machine), stock or fast_linear;
     None = $DRAFTRL_KERNELS, else auto (see draftrl.models.kernels)"""
+    compile: str = "off"
+    """``torch.compile`` the target's verify forward: off, default, reduce-overhead or max-autotune
+    (torch.compile's modes, dynamic shapes). Off by default: not yet measured on a GPU, and each new
+    shape it meets costs a compilation (seconds to minutes) before it can pay off"""
     draft_sampling: bool = False
     """model drafters sample proposals from q instead of taking the top children"""
     # ---- action grid
@@ -75,11 +79,14 @@ class EnvConfig(WorkloadConfig):
     """SpecDecodeDepth-v1 with reward=ratio: pay -rho * draft seconds on every draft step"""
 
     def __post_init__(self) -> None:
-        from draftrl.config import KERNELS
+        from draftrl.config import COMPILE_MODES, KERNELS
 
         super().__post_init__()
         if self.kernels is not None and self.kernels not in KERNELS:
             raise ValueError(f"{self.section}.kernels={self.kernels!r} is not a kernel choice; use one of {', '.join(KERNELS)}.")
+        if self.compile not in COMPILE_MODES:
+            raise ValueError(f"{self.section}.compile={self.compile!r} is not a torch.compile mode; use one of "
+                             f"{', '.join(COMPILE_MODES)}.")
         self.depths = _grid(self.depths, f"{self.section}.depths", minimum=0)
         self.verify_sizes = _grid(self.verify_sizes, f"{self.section}.verify_sizes", minimum=0)
         if self.width < 1:

@@ -9,6 +9,15 @@ from draftrl.config.env import REWARD_MODES
 from draftrl.config.workload import WorkloadConfig
 
 ARRIVALS = ("fixed", "poisson", "burst")
+#: The drafter of draftrl's vLLM proposer unless ``env.drafter`` (or a proposer config) names
+#: another: suffix n-grams of 3..1 tokens, the chain continuing the LATEST earlier occurrence (fewer
+#: steps and fewer wasted drafts than the earliest, which vLLM's ``ngram`` takes). Matches of 4
+#: tokens would save another 0.3% of the steps but shift the match-length features trained
+#: policies read.
+SERVING_DRAFTER = "ngram:1:3:latest"
+#: Drafter kinds that run inside vLLM's proposer: lookup on token ids, or an EAGLE-3 head the
+#: proposer runs itself (``draftrl.decoding.vllm.head_proposer``).
+SERVING_DRAFTER_KINDS = ("ngram", "eagle3", "sam")
 
 
 @dataclass
@@ -42,17 +51,20 @@ class ServeConfig(WorkloadConfig):
     0.9. With ``max_engines`` engines held at once, keep their sum below 1"""
     enforce_eager: bool | None = None
     """null: CUDA graphs on a GPU (what production vLLM runs), eager on CPU; true: eager everywhere.
-    The head in draftrl's proposer (head:K, sam:N:K) always runs eager"""
+    An EAGLE-3 head in draftrl's proposer (drafter eagle3 or sam:N) always runs eager"""
     max_engines: int = 1
     """vLLM engines a comparison holds at once (each speculative config is its own engine; each holds
     its weights and KV cache): 1 builds one, runs its policies, frees it, builds the next"""
-    head: str | None = None
-    """the target's EAGLE-3 head (a folder, speculators format, or a hub id) that the eagle3:K policies draft with"""
+    drafter: str = SERVING_DRAFTER
+    """what draftrl's proposer drafts with (a drafter spec, ``--drafter``): ngram[:MIN:MAX[:earliest|latest]],
+    eagle3[:DIR] or sam:N[:DIR] (DIR an EAGLE-3 head folder or hub id; none: the head draftrl ships for the
+    target), which vllm-eagle3:K also loads; a policy's own ``@DRAFTER`` wins"""
     rule: str = "match"
     """each request's own depth before the cap and budget: match | heuristic (see the proposer);
     confidence:T | cumulative:T where the proposer runs a head (its per-level stop), any of those
     but heuristic with ``|batch:B`` (the head drafts only in steps of at most B requests);
-    hindsight in ServeReplay-v0 only (drafts only what will be accepted: a ceiling, not a policy)"""
+    hindsight in ServeReplay-v0 only (drafts only what will be accepted: a ceiling, not a policy).
+    ``draftrl eval`` sets it from each policy's name (heuristic, stop:K:tT, stop:K:cT, ...:bB)"""
     # ---- action grid
     depths: tuple[int, ...] = (0, 1, 2, 3, 4, 6, 8)
     """depth caps; 0 = no speculation"""
@@ -68,6 +80,9 @@ class ServeConfig(WorkloadConfig):
         super().__post_init__()
         self.depths = tuple(int(d) for d in self.depths)
         self.budgets = tuple(int(b) for b in self.budgets)
+        if self.drafter.partition(":")[0] not in SERVING_DRAFTER_KINDS:
+            raise ValueError(f"{self.section}.drafter={self.drafter!r} cannot run inside vLLM's proposer; use "
+                             "ngram[:MIN:MAX[:earliest|latest]], eagle3[:DIR] or sam:N[:DIR] (none: the policy none).")
         if self.arrival not in ARRIVALS:
             raise ValueError(f"{self.section}.arrival={self.arrival!r} is unknown; use one of {', '.join(ARRIVALS)}.")
         for name in ("concurrency", "max_num_seqs", "burst_size", "max_engines"):
@@ -99,6 +114,15 @@ class ServeConfig(WorkloadConfig):
     @property
     def max_depth(self) -> int:
         return max(self.depths)
+
+    @classmethod
+    def moved_key(cls, data: dict[str, Any], key: str, prefix: str) -> str | None:
+        """Where a key of an earlier release went, for the error (``draftrl.config.from_dict``)."""
+        if key != "head":
+            return None
+        return (f"{prefix}head is gone: the head is part of the drafter spec; set {prefix}drafter: eagle3:DIR (every "
+                "policy on draftrl's proposer, and vllm-eagle3:K, draft with it) or name it per policy "
+                "(vllm-eagle3:K@eagle3:DIR, fixed:K@eagle3:DIR)")
 
 
 #: Top-level keys the serving commands read besides the ``env`` section (the ServeConfig field of each).

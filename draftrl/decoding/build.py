@@ -19,11 +19,15 @@ if TYPE_CHECKING:
 
 
 def build_engine(config: EnvConfig, target: "LoadedModel | None" = None, *, max_new_tokens: int = 1,
-                 seed: int | None = None, sampler: str = "correct") -> "tuple[SpeculativeDecoder, object]":
+                 seed: int | None = None, sampler: str = "correct",
+                 token_stats: bool | None = None) -> "tuple[SpeculativeDecoder, object]":
     """(engine, tokenizer) for ``config``; ``target`` defaults to the shared copy of ``config.target``.
 
     A separate draft model is loaded once per process too. An env sets the engine's
     ``max_new_tokens`` per episode; ``seed`` (default ``config.seed``, else 0) seeds the sampler.
+    ``token_stats`` (default ``config.monitor``): compute the per-token exactness statistics a
+    monitor reads (``EngineConfig.token_stats``); a caller that runs its own monitor over an env
+    built with ``monitor=False`` (the evaluation, the grid) turns them on.
     """
     from draftrl.decoding.engine import EngineConfig, SpeculativeDecoder
     from draftrl.drafters.registry import build_drafter, check_drafter_spec
@@ -46,6 +50,8 @@ def build_engine(config: EnvConfig, target: "LoadedModel | None" = None, *, max_
         max_depth=max(16, config.max_depth),
         max_width=max(16, config.width),
         sampler=sampler,
+        token_stats=config.monitor if token_stats is None else token_stats,
+        compile=config.compile,
     )
     eos = [] if config.ignore_eos else target.eos_token_ids
     engine = SpeculativeDecoder(target.model, drafter, engine_config, eos_token_ids=eos)

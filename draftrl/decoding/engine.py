@@ -17,11 +17,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from torch import nn
 from transformers import DynamicCache
 
-from draftrl.config import SAMPLERS
+from draftrl.config import COMPILE_MODES, SAMPLERS
 from draftrl.decoding.acceptance import accept_tree
 from draftrl.decoding.argmax_check import check_argmax
 from draftrl.decoding.clock import device_clock
@@ -58,12 +59,23 @@ class EngineConfig:
     """largest number of draft nodes the target verifies in one forward"""
     sampler: str = "correct"
     """'correct'; 'resample-from-p' and 'off-by-one' are known-wrong rules, for negative controls only"""
+    compile: str = "off"
+    """``torch.compile`` the target's verify forward (read when the engine is built): 'off', or a
+    torch.compile mode ('default', 'reduce-overhead', 'max-autotune'), with dynamic shapes; the
+    prefill stays eager. Off by default until measured on a GPU"""
+    token_stats: bool = True
+    """compute each emitted token's exactness statistics (``RoundResult.token_stats``, what the
+    exactness monitor reads); False skips their float64 passes over the vocabulary and their host
+    transfer, and leaves ``token_stats`` None (``--no-monitor`` turns them off)"""
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens={self.max_new_tokens} must be >= 1")
         if self.sampler not in SAMPLERS:
             raise ValueError(f"sampler={self.sampler!r} is unknown; choose one of {', '.join(SAMPLERS)}")
+        if self.compile not in COMPILE_MODES:
+            raise ValueError(f"compile={self.compile!r} is not a torch.compile mode; choose one of "
+                             f"{', '.join(COMPILE_MODES)}")
         self.sampling  # validates temperature / top-k / top-p
 
     def check_action(self, depth: int, verify_size: int | None, width: int) -> None:
@@ -104,7 +116,8 @@ class RoundResult:
     """sampling, verification walk, exactness statistics and KV bookkeeping"""
     finished: bool
     stop_reason: str | None
-    token_stats: TokenStats
+    token_stats: TokenStats | None
+    """one entry per emitted token; None when ``EngineConfig.token_stats`` is off"""
     draft_features: dict[str, float] = field(default_factory=dict)
     prompt_fed: bool = False
     """the round's forward also fed the prompt (``start(prefill=False)``): ``verify_seconds``
@@ -155,6 +168,9 @@ class SpeculativeDecoder:
         self.target = target
         self.drafter = drafter
         self.config = config or EngineConfig()
+        #: what verify_forward calls: the target, or its torch.compile'd wrapper (the same weights)
+        self._verifier = target if self.config.compile == "off" else torch.compile(
+            target, mode=self.config.compile, dynamic=True)
         self.eos_token_ids = set(int(t) for t in eos_token_ids)
         self.device = next(target.parameters()).device
         self.dtype = next(target.parameters()).dtype
@@ -259,6 +275,9 @@ class SpeculativeDecoder:
                 f"EnvConfig.verify_sizes reach {max(config.verify_sizes)} but EngineConfig.max_verify_size="
                 f"{ec.max_verify_size}; raise it or shrink the action space."
             )
+        if config.monitor and not ec.token_stats:
+            raise ValueError("EnvConfig.monitor=True needs the engine's per-token statistics but it was built with "
+                             "EngineConfig.token_stats=False; build it with token_stats=True or set monitor=False.")
         if config.max_depth > 0 and self.drafter is None:
             raise ValueError(f"EnvConfig.depths={list(config.depths)} need a drafter but the engine has none; "
                              "use depths: [0] or a drafter.")
@@ -372,7 +391,8 @@ class SpeculativeDecoder:
         logits = self.verify_forward(selected)  # [1 + n, V]
         t2 = self.clock()
 
-        verdict = accept_tree(selected, logits, self.params, self.generator, self.config.sampler)
+        verdict = accept_tree(selected, logits, self.params, self.generator, self.config.sampler,
+                              stats=self.config.token_stats)
         verdict = verdict.truncate(self._emit_count(verdict.tokens))
         if verdict.row_argmax is not None:  # temperature 0: each token is its verifying row's argmax, any dtype
             check_argmax(selected, verdict.tokens, verdict.accepted, verdict.row_argmax, len(self.output_ids))
@@ -427,20 +447,25 @@ class SpeculativeDecoder:
             return root[None]
         before = max(0, past - cached)  # rows fed before the root: the prompt, after a deferred prefill
         skip = int(root is not None)  # tree rows the cache holds: the kept root
+        fed = self.ids[cached:] + tree.tokens
         if tree.is_chain:
+            input_ids = torch.tensor([fed], device=self.device)
             mask = None
             positions = None if cached == 0 else torch.arange(cached, past + 1 + n, device=self.device)[None]
-        else:
-            mask = tree.attention_mask(past, self.dtype, self.device)[..., skip:, :]  # [1, 1, rows, past + 1 + n]
-            positions = tree.position_ids(past, self.device)[..., skip:]
+        else:  # one upload: the fed tokens and the tree's ancestor table
+            data = torch.as_tensor(np.concatenate([np.asarray(fed, dtype=np.int64), tree.ancestors().ravel()]),
+                                   device=self.device)
+            input_ids, ancestors = data[None, : len(fed)], data[len(fed) :].view(1 + n, 1 + n).bool()
+            mask = tree.attention_mask(past, self.dtype, self.device, ancestors)[..., skip:, :]  # [1, 1, rows, past + 1 + n]
+            positions = tree.position_ids(past, self.device, ancestors)[..., skip:]
             if before:
                 blocked = torch.finfo(self.dtype).min  # above the diagonal: causal rows before the root
                 causal = torch.full((before, past + 1 + n), blocked, dtype=self.dtype, device=self.device)
                 mask = torch.cat([causal.triu(cached + 1)[None, None], mask], dim=2)
                 positions = torch.cat([torch.arange(cached, past, device=self.device)[None], positions], 1)
         keep = {name: 1 + n for name in self._prefill_kwargs} if before else {}
-        out = self.target(
-            input_ids=torch.tensor([self.ids[cached:] + tree.tokens], device=self.device),
+        out = self._verifier(
+            input_ids=input_ids,
             position_ids=positions,
             attention_mask=mask,
             **{self._cache_arg: self.cache},

@@ -196,6 +196,9 @@ class ExactnessMonitor:
         """
         if not self.config.enabled:
             return
+        if stats is None:
+            raise ValueError("token_stats is None: the engine ran with EngineConfig.token_stats=False (what "
+                             "--no-monitor sets); build it with token_stats=True to monitor its rounds.")
         self._num_updates += 1
         n = len(stats)
         if n:

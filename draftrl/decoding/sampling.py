@@ -272,17 +272,25 @@ def verify_node_deterministic(
     return int(index[0]), int(token[0])
 
 
+def agree_expected_deterministic_batch(p: Tensor, children: Tensor) -> Tensor:
+    """Batched :func:`agree_expected_deterministic`: p [B, V], children [B, c] -> [B] float64.
+    A repeated child counts once (a mask over the vocabulary, so no data-dependent shapes)."""
+    drafted = torch.zeros(p.shape, dtype=torch.bool, device=p.device).scatter_(-1, children.long(), True)
+    return torch.where(drafted, _normalise(p), 0.0).sum(dim=-1)
+
+
 def agree_expected_deterministic(p: Tensor, children: Tensor) -> float:
     """P(y ~ p is one of the deterministic children) = p(children).sum(), in float64.
 
-    :param p: [V] target distribution; :param children: [c] distinct token ids.
+    :param p: [V] target distribution; :param children: [c] token ids (a repeated one counts once).
     """
-    return float(_normalise(p)[children.long().unique()].sum())
+    return float(agree_expected_deterministic_batch(p.unsqueeze(0), children.unsqueeze(0))[0])
 
 
 def verify_node_sampled_batch(
-    p: Tensor, children: Tensor, q: Tensor, generator: torch.Generator | None, method: str = "correct"
-) -> tuple[Tensor, Tensor, Tensor]:
+    p: Tensor, children: Tensor, q: Tensor, generator: torch.Generator | None, method: str = "correct",
+    *, expected: bool = True,
+) -> tuple[Tensor, Tensor, Tensor | None]:
     """Batched :func:`verify_node_sampled`: draws B*c uniforms for acceptance, then B to sample.
 
     :param p: [B, V] target distribution at the node.
@@ -291,6 +299,8 @@ def verify_node_sampled_batch(
     :param method: "correct"; negative controls: "resample-from-p" (after the last rejection the
         token is sampled from p instead of the residual) and "no-residual-update" (every child is
         tested against the original p, and the fallback samples from norm(max(p - q, 0))).
+    :param expected: also compute agree_expected (False: None in its place, and c fewer residual
+        passes over the vocabulary: the verification walk needs it only for the exactness statistics).
     :return: index [B] long (accepted child or -1), token [B] long, agree_expected [B] float64.
     """
     _check_method(method, NODE_METHODS)
@@ -324,7 +334,13 @@ def verify_node_sampled_batch(
         final = current
     fallback = sample_rows(final, generator)
     token = torch.where(index < 0, fallback, token)
-    return index, token, _agree_expected_sampled(p, children, q)
+    return index, token, _agree_expected_sampled(p, children, q) if expected else None
+
+
+def agree_expected_sampled_batch(p: Tensor, children: Tensor, q: Tensor) -> Tensor:
+    """The agree_expected of :func:`verify_node_sampled_batch` alone: p [B, V], children [B, c]
+    drawn i.i.d. from q [B, V] -> [B] float64 (rows normalised in float64)."""
+    return _agree_expected_sampled(_normalise(p), children.long(), _normalise(q))
 
 
 def _agree_expected_sampled(p: Tensor, children: Tensor, q: Tensor) -> Tensor:

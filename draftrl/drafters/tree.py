@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 
@@ -108,24 +109,37 @@ class DraftTree:
             kids.setdefault(parent, []).append(i)
         return kids
 
-    def attention_mask(self, past_len: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        """Additive 4-D mask [1, 1, 1 + n, past_len + 1 + n] for feeding root + nodes after ``past_len``
-        cached tokens: each query sees the whole past, the root and its own ancestors."""
+    def ancestors(self) -> np.ndarray:
+        """[1 + n, 1 + n] bool: row 0 is the root, row i + 1 node i; each row marks the root, the
+        node's ancestors and the node itself (what its query may attend to among the tree's rows)."""
         n = len(self)
-        allowed = torch.zeros(1 + n, 1 + n, dtype=torch.bool)
-        allowed[:, 0] = True
-        allowed[0, 0] = True
+        table = np.zeros((1 + n, 1 + n), dtype=bool)
+        table[:, 0] = True
         for i, parent in enumerate(self.parents):
-            row = i + 1
-            allowed[row, row] = True
-            if parent >= 0:
-                allowed[row] |= allowed[parent + 1]
-        full = torch.ones(1 + n, past_len + 1 + n, dtype=torch.bool)
-        full[:, past_len:] = allowed
-        mask = torch.zeros(full.shape, dtype=dtype)
-        mask.masked_fill_(~full, torch.finfo(dtype).min)
-        return mask.to(device)[None, None]
+            table[i + 1] = table[parent + 1]  # the root's row for a child of the root
+            table[i + 1, i + 1] = True
+        return table
 
-    def position_ids(self, past_len: int, device: torch.device) -> torch.Tensor:
-        """Positions [1, 1 + n]: the root sits at ``past_len``, a node at ``past_len + depth``."""
-        return torch.tensor([[past_len] + [past_len + d for d in self.depths]], device=device)
+    def attention_mask(
+        self, past_len: int, dtype: torch.dtype, device: torch.device, ancestors: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Additive 4-D mask [1, 1, 1 + n, past_len + 1 + n] for feeding root + nodes after ``past_len``
+        cached tokens: each query sees the whole past, the root and its own ancestors.
+
+        Built on ``device`` from :meth:`ancestors` (uploaded here, or passed already on ``device``
+        when the caller uploads it with other data); the past's columns are never copied."""
+        if ancestors is None:
+            ancestors = torch.from_numpy(self.ancestors()).to(device)
+        n = len(self)
+        mask = torch.zeros((1 + n, past_len + 1 + n), dtype=dtype, device=device)
+        mask[:, past_len:].masked_fill_(~ancestors, torch.finfo(dtype).min)
+        return mask[None, None]
+
+    def position_ids(
+        self, past_len: int, device: torch.device, ancestors: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Positions [1, 1 + n]: the root sits at ``past_len``, a node at ``past_len + depth``
+        (with ``ancestors`` on ``device``: computed there, as its rows' counts, with no upload)."""
+        if ancestors is None:
+            return torch.tensor([[past_len] + [past_len + d for d in self.depths]], device=device)
+        return (ancestors.sum(dim=-1) + (past_len - 1))[None]

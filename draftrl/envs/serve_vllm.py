@@ -67,8 +67,9 @@ class ServeVLLMEnv(gym.Env[np.ndarray, np.ndarray]):
     """
     ## Description
 
-    A serving engine (vLLM in-process by default, with draftrl's n-gram drafter as its
-    ``custom_class`` proposer) decoding a workload of requests that arrive over time. One env
+    A serving engine (vLLM in-process by default, with draftrl's proposer drafting with
+    ``drafter``, n-gram lookup by default, as its ``custom_class`` proposer) decoding a
+    workload of requests that arrive over time. One env
     step is one engine step over the whole running batch. ``draftrl/ServeReplay-v0``
     (``engine="replay"``) replaces the engine by its replay,
     :class:`~draftrl.replay.serve_engine.ReplayEngine`: the recorded greedy continuations of the
@@ -172,9 +173,9 @@ class ServeVLLMEnv(gym.Env[np.ndarray, np.ndarray]):
     ```
 
     ``config`` (:class:`~draftrl.config.serve.ServeConfig`, a dict or None) plus keyword
-    overrides; ``engine``: ``None`` or ``"live"`` (vLLM with draftrl's proposer, one per process and
-    config), ``"replay"``, or any :class:`~draftrl.decoding.interface.ServingEngine`; ``tokenizer``
-    (default: the target's); ``loads`` (a list of dicts of arrival fields, e.g.
+    overrides; ``engine``: ``None`` or ``"live"`` (vLLM with draftrl's proposer drafting with
+    ``config.drafter``, one per process and config), ``"replay"``, or any
+    :class:`~draftrl.decoding.interface.ServingEngine`; ``tokenizer`` (default: the target's); ``loads`` (a list of dicts of arrival fields, e.g.
     ``[{"concurrency": 1}, {"arrival": "poisson", "rate": 8.0}]``: each episode draws one, so a
     policy trains across loads; default: the config's).
 
@@ -187,7 +188,8 @@ class ServeVLLMEnv(gym.Env[np.ndarray, np.ndarray]):
     accept, the ceiling of per-request depth control; ``benchmarks/serve_headroom.py``).
     ``drafter`` (default ``ngram``) and ``head_proposals`` replay an EAGLE-3 head too (``eagle3``,
     ``sam:N``, ``best``: :class:`~draftrl.replay.serve_engine.ReplayEngine`), with the
-    calibration's head cells as its cost.
+    calibration's head cells as its cost; the config's ``drafter`` (a drafter spec) names the same
+    (:func:`~draftrl.replay.serve_engine.replay_drafter`).
 
     ``env.unwrapped.lookahead_action()`` (replay only; None on an engine that cannot be cloned): the
     greedy one-step lookahead (the ``LookAhead`` baseline).
@@ -236,7 +238,7 @@ class ServeVLLMEnv(gym.Env[np.ndarray, np.ndarray]):
         elif engine is None or engine == "live":
             from draftrl.decoding.vllm.engine import VLLMEngineConfig, shared_engine
 
-            engine = shared_engine(VLLMEngineConfig.serving(config, method="draftrl",
+            engine = shared_engine(VLLMEngineConfig.serving(config, method="draftrl", drafter=config.drafter,
                                                             num_speculative_tokens=max(1, config.max_depth)))
         replayed = hasattr(engine, "workload")  # an engine that replays recordings brings their requests
         if tokenizer is None and not replayed:

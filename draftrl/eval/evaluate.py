@@ -145,13 +145,14 @@ def run_eval(config: EvalConfig, out: str | Path, *, policies: list[str] | str |
     built = {s.label: build_policy(s, env_cfg, target, grid=grid, references=references) for s in specs}
     for env, _ in built.values():
         env.unwrapped.engine.config.sampler = settings.sampler
+        env.unwrapped.engine.config.token_stats = settings.monitor  # the envs run no monitor: this one does
     labels = [s.label for s in specs]
     prompts = [p.id for p in built[REFERENCE][0].unwrapped.workload.prompts]
     anchors = {a.label: a for a in eval_anchors(config, grid)} if env_cfg.temperature == 0 else {}
     reference_env = built[REFERENCE][0].unwrapped
 
     # untimed warm-up of the shared model: plain and drafted rounds on a spare engine
-    warm_engine, tokenizer = build_engine(env_cfg, target)
+    warm_engine, tokenizer = build_engine(env_cfg, target, token_stats=settings.monitor)
     warm = Workload(env_cfg, tokenizer).request(0)
     warm = type(warm)(warm.prompt, warm.prompt_ids, min(8, warm.max_new_tokens))
     for depth in sorted({0, max(env_cfg.depths)}):

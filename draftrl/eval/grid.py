@@ -166,6 +166,7 @@ def measure_cells(config: EvalConfig, cells: list[Cell], *, target=None, split: 
     runs: list[RequestRun] = []
     first_outputs: dict[tuple[str, str], list[int]] = {}
     monitors = {cell.name: ExactnessMonitor() for cell in cells} if config.eval.monitor and not greedy else {}
+    engine.config.token_stats = bool(monitors)  # the statistics' float64 passes only when a monitor reads them
     total, done = settings.repeats * len(requests) * len(methods), 0
     for repeat in range(settings.repeats):
         for i, request in enumerate(requests):

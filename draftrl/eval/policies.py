@@ -79,12 +79,15 @@ def ppo_env_config(path: str, base: EnvConfig) -> tuple[EnvConfig, str]:
 
 def build_policy(spec: PolicySpec, base: EnvConfig, target, *, grid: dict | None = None,
                  references: dict[str, list[int]] | None = None) -> tuple[Any, Any]:
-    """``(env, policy)`` for ``spec`` on the real engine around ``target`` (a ``LoadedModel``)."""
+    """``(env, policy)`` for ``spec`` on the real engine around ``target`` (a ``LoadedModel``), drafting
+    with the policy's own drafter (``fixed:4@eagle3``) where it names one, else ``base.drafter``."""
     from draftrl.decoding.build import build_engine
     from draftrl.envs.spec_decode import SpecDecodeEnv
     from draftrl.eval.lookahead import GreedyLookAhead
     from draftrl.policies import ConfidenceThreshold, Fixed, HFHeuristic, PPOPolicy, UCBBandit
 
+    if spec.drafter is not None:
+        base = dataclasses.replace(base, drafter=spec.drafter)
     kind, cfg, env_kind = spec.kind, base, "size"
     fixed: tuple[int, int, int] | None = None
     if kind == REFERENCE:
@@ -97,7 +100,7 @@ def build_policy(spec: PolicySpec, base: EnvConfig, target, *, grid: dict | None
                                  "(written by draftrl grid --config C --out DIR).")
             best = grid["best"]
             fixed = (int(best["depth"]), int(best["verify_size"]), int(best["width"]))
-        else:
+        else:  # no V: verify every drafted node (verify_size 0 in the env's grid)
             fixed = (spec.depth, spec.verify_size or 0, spec.width)
         d, v, w = fixed
         if d == 0:

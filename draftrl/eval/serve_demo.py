@@ -37,6 +37,8 @@ from draftrl.replay.serve_calibrate import CalibrationSizes
 from draftrl.runs import WANDB_FILE
 
 STEPS: tuple[str, ...] = ("calibrate", "collect", "train", "dsd", "sweep")
+#: ``ServeDemoConfig`` fields a resumed demo may change (they change no result)
+RESUMABLE_CHANGES: tuple[str, ...] = ("wandb", "gpu_memory_utilization")
 #: What the demo writes in DIR (``--overwrite`` removes only these).
 OUTPUTS: tuple[str, ...] = ("serve_demo_config.json", "vllm_costs.json", "rec_tune", "rec_heldout", "ppo_replay",
                             "dsd_grid.json", "sweep", "logs", "serve_demo_summary.json", "wandb", WANDB_FILE)
@@ -58,7 +60,7 @@ class ServeDemoConfig:
     """more TrainConfig overrides, as for draftrl train --set"""
     dsd_ks: tuple[int, ...] = (0, 1, 2, 3, 4, 6, 8)
     """depths each batch-size range of the Dynamic SD table may take"""
-    policies: tuple[str, ...] = ("none", "fixed:2", "fixed:4", "heuristic", "ngram:4")
+    policies: tuple[str, ...] = ("none", "fixed:2", "fixed:4", "heuristic", "vllm-ngram:4")
     """serving policies of the sweep besides the searched DSD table and PPO (``draftrl eval --engine vllm`` names)"""
     rates: tuple[float, ...] = (0.5, 1.0, 2.0, 8.0)
     """Poisson arrival rates of the sweep, requests per second, light to saturating"""
@@ -69,9 +71,21 @@ class ServeDemoConfig:
     threads: int = 1
     """CPU threads of vLLM's worker"""
     seed: int = 0
+    gpu_memory_utilization: float | None = None
+    """the share of the GPU's memory vLLM's engine takes in every step (``ServeConfig.gpu_memory_utilization``;
+    the demo holds one engine at a time); null: vLLM's 0.9. Not read on CPU, and not part of the settings a
+    resumed demo must match (a run stopped for memory resumes with a smaller share)"""
+    enforce_eager: bool | None = None
+    """null: CUDA graphs on a GPU (what production vLLM runs, and so what the calibration measures), eager on
+    CPU; true: eager everywhere (``ServeConfig.enforce_eager``)"""
     wandb: WandbConfig = field(default_factory=WandbConfig)
     """one run per step (job_type calibrate, collect, train, dsd, sweep) in one group, offline in
     DIR/wandb/ (not part of the settings a resumed demo must match)"""
+
+    def __post_init__(self) -> None:
+        from draftrl.decoding.vllm.engine import check_memory_share
+
+        check_memory_share(self.gpu_memory_utilization)
 
     @classmethod
     def quick(cls) -> "ServeDemoConfig":
@@ -141,7 +155,8 @@ def run_serve_demo(config: ServeDemoConfig, out: str | Path, *, overwrite: bool 
 
     out = Path(out)
     train_cfg = _train_config(config, out)  # a missing recipe fails before any work
-    settings = plain({k: v for k, v in to_dict(config).items() if k != "wandb"})  # how it is watched may change
+    # how it is watched, and the memory share it takes, may change between a run and its resumption
+    settings = plain({k: v for k, v in to_dict(config).items() if k not in RESUMABLE_CHANGES})
     if overwrite:
         for name in OUTPUTS:
             path = out / name
@@ -174,7 +189,9 @@ def run_serve_demo(config: ServeDemoConfig, out: str | Path, *, overwrite: bool 
         from draftrl.replay.serve_calibrate import calibrate_model
 
         result = calibrate_model(train_cfg.env.serve.target, config.calibrate, dtype=train_cfg.env.serve.dtype,
-                                 threads=config.threads, seed=config.seed)
+                                 threads=config.threads, seed=config.seed,
+                                 gpu_memory_utilization=config.gpu_memory_utilization,
+                                 enforce_eager=config.enforce_eager)
         write_json(out / "vllm_costs.json", result)
         with logged_run(wb, out, job_type="calibrate", config={"calibrate": to_dict(config.calibrate)}) as run:
             wandb_log.log_vllm_calibration(run, result)
@@ -220,9 +237,10 @@ def run_serve_demo(config: ServeDemoConfig, out: str | Path, *, overwrite: bool 
 
         policies = _policies(config, out)
         serve = _serve_config(config, split="heldout")
-        replay = run_serving_eval(out / "sweep" / "replay", policies=[p for p in policies if not p.startswith("ngram")],
-                               concurrency=(), rates=config.rates, repeats=config.repeats, config=serve,
-                               make_env=_replay_env(out, "rec_heldout"))
+        # vLLM's own methods (vllm-*) run no draftrl proposer, hence have no replay
+        replayed = [p for p in policies if not p.startswith("vllm-")]
+        replay = run_serving_eval(out / "sweep" / "replay", policies=replayed, concurrency=(), rates=config.rates,
+                                  repeats=config.repeats, config=serve, make_env=_replay_env(out, "rec_heldout"))
         try:
             real = run_serving_eval(out / "sweep", policies=policies, concurrency=(), rates=config.rates,
                                     repeats=config.repeats, config=serve, progress=progress)
@@ -258,7 +276,8 @@ def _serve_config(config: ServeDemoConfig, *, split: str):
     from draftrl.config.serve import ServeConfig
 
     return ServeConfig(split=split, shuffle=False, seed=0, max_new_tokens=config.max_new_tokens, threads=config.threads,
-                       num_requests=config.num_requests if split == "heldout" else None)
+                       num_requests=config.num_requests if split == "heldout" else None,
+                       gpu_memory_utilization=config.gpu_memory_utilization, enforce_eager=config.enforce_eager)
 
 
 def _replay_env(out: Path, recordings: str):

@@ -6,16 +6,17 @@ by default, file order) through ``draftrl/ServeVLLM-v0`` at each load: a fixed c
 second of engine time). Loads run one after the other; within a load the policies run back to
 back in an order rotated by one per load and repeat, so drift on a shared machine spreads over
 all of them. Each vLLM speculative config is its own engine; policies that share one (``none``
-alone, ``fixed:D``, ``heuristic``, ``dsd`` and ``ppo`` on draftrl's n-gram proposer, each
-``ngram:K``, ...) run back to back on it, and at most ``ServeConfig.max_engines`` engines (default
+alone, ``fixed:D``, ``heuristic``, ``dsd`` and ``ppo`` on draftrl's proposer with one drafter, each
+``vllm-ngram:K``, ...) run back to back on it, and at most ``ServeConfig.max_engines`` engines (default
 1) are held at once: a pass builds a group's engine, runs its policies, and frees it for the next
 (:func:`pass_order`: the groups rotate back by one per pass, so each pass opens on the engine the
 last one closed on). Memory then holds one engine, not one per config (measured on CPU:
 docs/serving.md), and on a GPU each engine may take the whole ``gpu_memory_utilization``.
 
-Policies: ``draftrl.eval.policy_names`` (the grammar both engines share: ``none``, ``fixed:D[:B]``,
-``heuristic``, ``ngram:K``, ``eagle3:K`` (the head folder ``config.head``), ``class:MODULE.Class:K``,
-``dsd[:S-E:K,...]``, ``ppo:DIR``), each built as a
+Policies: ``draftrl.eval.policy_names`` (the grammar both engines share: ``none``, ``fixed:D[:V]``,
+``heuristic``, ``dsd[:S-E:K,...]``, ``stop:K:tT``, ``ppo:DIR``, each with the run's drafter
+``config.drafter`` or its own ``@DRAFTER``; vLLM's own ``vllm-ngram:K``, ``vllm-eagle3:K``,
+``vllm-class:MODULE.Class:K``), each built as a
 ``draftrl.policies.Policy`` on its engine by ``draftrl.eval.serve_policies``; episodes run through
 ``draftrl.eval.rollout.run_episode``, are summarised by ``draftrl.eval.metrics.summarize_serving`` and
 reported by ``draftrl.eval.report.render_serving_report``. ``draftrl.eval.dsd_search`` tunes the
@@ -51,7 +52,8 @@ from draftrl.eval.metrics import histogram, serving_groups, summarize_serving
 from draftrl.eval.policy_names import REFERENCE, PolicySpec, parse_policies
 from draftrl.eval.report import render_serving_report
 from draftrl.eval.rollout import run_episode
-from draftrl.eval.serve_policies import build_serving_policy, check_policies, engine_config_for, proposer_rule
+from draftrl.eval.serve_policies import (build_serving_policy, check_policies, engine_config_for, policy_drafter,
+                                          proposer_rule)
 
 FORMAT = "draftrl-serve-eval/1"
 
@@ -117,7 +119,7 @@ def _episode(make_env, load_cfg, spec: PolicySpec, config, seed: int, checks: di
     """One policy's episode at one load: ``(requests, steps, vLLM's speculative-decoding counts or
     None)``. A function of its own so that the env, and the engine it holds, are dropped when it
     returns: the next group's engine is built with this one's memory free."""
-    env = make_env(dataclasses.replace(load_cfg, rule=proposer_rule(spec)), spec)
+    env = make_env(dataclasses.replace(load_cfg, rule=proposer_rule(spec), drafter=policy_drafter(spec, config)), spec)
     prompt_ids = [p.id for p in env.workload.prompts][: config.num_requests or None]
     engine = env.engine if engines is not None else None
     before = engine.spec_counts.snapshot() if engine is not None else None

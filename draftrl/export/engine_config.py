@@ -260,21 +260,58 @@ def _located(spec: str, run_dir: Path | None, strict: bool) -> Path | str:
     return spec  # a hub id (vLLM fetches it), or a folder of the training machine, as written
 
 
+#: the note of a bundle whose draft model's output matrix differs in size from the target's
+VOCAB_NOTE = ("use_heterogeneous_vocab: the draft's vocab_size differs from the target's (embedding rows padded past "
+              "the shared tokenizer by other amounts), which vLLM's draft_model method refuses unless told; with it, "
+              "vLLM drafts over the ids both tokenizers define, as draftrl did in training, and still verifies every "
+              "draft with the target.")
+
+
+def draft_vocab_options(target: str, draft: Path | str) -> tuple[dict[str, Any], str | None]:
+    """What vLLM's ``draft_model`` method needs for this pair besides the draft, and the note that says why:
+    ``{"use_heterogeneous_vocab": True}`` when the two ``config.json`` give different ``vocab_size``;
+    nothing when they agree; nothing and a note naming the flag when a config cannot be read here
+    (a hub id out of reach: vLLM fetches it on the serving host).
+
+    Why: vLLM 0.32 refuses a draft model whose vocab_size differs from the target's
+    (``SpeculativeConfig.verify_equal_vocab_size_if_draft_model``), though one family's models share a
+    tokenizer and only pad their embedding matrices by different amounts (Qwen2.5-7B 152,064 rows,
+    Qwen2.5-0.5B 151,936). draftrl compares such a pair over the tokenizer's ids
+    (``draftrl.models.vocab.SharedVocab``); vLLM's ``use_heterogeneous_vocab`` does the same (the draft's
+    logits masked to the tokens both tokenizers define, ids mapped by token), so the bundle keeps the
+    draft's weights as they are. Greedy drafts only, vLLM's default.
+    """
+    from draftrl.models import model_config
+
+    try:
+        sizes = [model_config(str(spec)).get_text_config().vocab_size for spec in (target, draft)]
+    except FileNotFoundError as err:
+        return {}, (f"The draft's and the target's vocab_size were not compared ({' '.join(str(err).split())}); if "
+                    "vLLM refuses the pair for their vocabulary sizes, add \"use_heterogeneous_vocab\": true to the "
+                    "speculative_config.")
+    if sizes[0] == sizes[1]:
+        return {}, None
+    return {"use_heterogeneous_vocab": True}, VOCAB_NOTE
+
+
 def _vllm_method(drafter: str | None, method: str | None, target: str | None = None,
-                 run_dir: Path | None = None) -> tuple[str, dict[str, Any]]:
+                 run_dir: Path | None = None) -> tuple[str, dict[str, Any], str | None]:
+    """``(method, its speculative_config keys, a note or None)`` for the training drafter."""
     kind, _, arg = (drafter or "ngram").partition(":")
     head = head_folder(drafter, target, run_dir)
     folder = None if head is None else str(head)
     if method:
-        return method, ({"model": folder} if method == "eagle3" and folder else {})
+        return method, ({"model": folder} if method == "eagle3" and folder else {}), None
     if kind == "ngram":
         low, high = (arg.split(":")[:2] if arg else ("1", "3"))  # ngram:MIN:MAX[:FIRST]
-        return "ngram", {"prompt_lookup_min": int(low), "prompt_lookup_max": int(high)}
+        return "ngram", {"prompt_lookup_min": int(low), "prompt_lookup_max": int(high)}, None
     if kind in ("none", "layerskip", "self"):
-        return "ngram", {"prompt_lookup_min": 1, "prompt_lookup_max": 3}
+        return "ngram", {"prompt_lookup_min": 1, "prompt_lookup_max": 3}, None
     if folder:
-        return "eagle3", {"model": folder}
-    return "draft_model", {"model": str(drafter_source(str(drafter), run_dir))}
+        return "eagle3", {"model": folder}, None
+    draft = drafter_source(str(drafter), run_dir)
+    vocab, note = draft_vocab_options(str(target), draft)
+    return "draft_model", {"model": str(draft), **vocab}, note
 
 
 def vllm_config(derivation: dict[str, Any], *, method: str | None = None) -> dict[str, Any]:
@@ -282,7 +319,7 @@ def vllm_config(derivation: dict[str, Any], *, method: str | None = None) -> dic
     k1 = derivation["k1"]
     table = derivation["depth_by_batch"]
     run_dir = Path(derivation["run_dir"]) if derivation.get("run_dir") else None
-    name, extra = _vllm_method(derivation["drafter"], method, derivation.get("target"), run_dir)
+    name, extra, vocab_note = _vllm_method(derivation["drafter"], method, derivation.get("target"), run_dir)
     notes = [
         "num_speculative_tokens_per_batch_size is vLLM's dynamic speculative decoding table ([start_bs, end_bs, K]); "
         "vLLM documents it as tested with EAGLE, EAGLE-3 and DFlash and disables it under data parallelism.",
@@ -295,10 +332,12 @@ def vllm_config(derivation: dict[str, Any], *, method: str | None = None) -> dic
     else:
         if (derivation["drafter"] or "").startswith("sam:") and name == "eagle3":
             notes.insert(0, "Trained with sam (n-gram lookup on a long match, else the head): stock vLLM runs one "
-                            "proposer, so this config drafts with the head alone; draftrl export sam:N:K --format "
-                            "vllm --out DIR runs both inside vLLM (route (b)).")
+                            "proposer, so this config drafts with the head alone; draftrl export fixed:K@sam:N "
+                            "--format vllm --out DIR runs both inside vLLM (route (b)).")
         speculative = {"method": name, **extra, "num_speculative_tokens": k1,
                        "num_speculative_tokens_per_batch_size": table}
+        if vocab_note:
+            notes.append(vocab_note)
     return {
         "format": FORMAT,
         "engine": "vllm",

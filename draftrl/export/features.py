@@ -132,19 +132,23 @@ def serving_entry(train_config: dict[str, Any] | None, env_id: str, names: list[
 
     :return: ``{"builder": SERVING_BUILDER, "settings": ServingFeatures' arguments, "rule", "drafter",
         "depths", "budgets", "source"}``; ``rule`` is the env's per-request rule, ``drafter`` the
-        serving proposer's (the env always drafts with it).
+        env's (``env.serve.drafter``, what the exported proposer drafts with: token-id drafters only).
     """
-    from draftrl.decoding.vllm.proposer import SERVING_DRAFTER
+    from draftrl.decoding.vllm.head_proposer import needs_head
 
     if list(names) != list(SERVING_FEATURES):
         raise ValueError(f"the policy reads features {list(names)} but {SERVING_BUILDER} builds {list(SERVING_FEATURES)}; "
                          "the run was trained by another draftrl version: train it again.")
     config = env_spec(train_config, env_id).serve.serve_config()
+    if needs_head(config.drafter):
+        raise ValueError(f"the policy was trained with env.serve.drafter={config.drafter!r}, an EAGLE-3 head the "
+                         "exported serving proposer does not run (it drafts on token ids); train with an n-gram drafter, "
+                         "or serve the head with draftrl export fixed:K@eagle3 --format vllm.")
     return {
         "builder": SERVING_BUILDER,
         "settings": ServingFeatures.from_config(config).settings(),
         "rule": config.rule,
-        "drafter": SERVING_DRAFTER,
+        "drafter": config.drafter,
         "depths": list(config.depths),
         "budgets": list(config.budgets),
         "source": "train config" if train_config else "ServeConfig defaults (no train config)",

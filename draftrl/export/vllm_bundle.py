@@ -20,10 +20,11 @@ by route, ``policy.onnx`` + ``policy.onnx.json`` (the network and its manifest),
 path in them is relative to ``DIR`` (the lines run from it: ``cd DIR``), so the folder can be
 copied to the serving host as it is. The target itself is named, not copied.
 
-A head rule (``draftrl export sam:2:6:t0.6 --format vllm --out DIR``, :func:`write_head_bundle`)
-runs the EAGLE-3 head inside draftrl's proposer (``draftrl.decoding.vllm.head_proposer``: route
-(b)) with no policy network; its ``vllm.json`` also carries route (a) at the same depth
-(``route_a``). A stock rule (``draftrl export eagle3:1-1:3,2-16:1 --format vllm --out DIR``,
+A head rule (``draftrl export stop:6:t0.6@sam:2 --format vllm --out DIR``: a ``fixed`` or ``stop``
+policy name with a head drafter, :func:`write_head_bundle`) runs the EAGLE-3 head inside draftrl's
+proposer (``draftrl.decoding.vllm.head_proposer``: route (b)) with no policy network; its
+``vllm.json`` also carries route (a) at the same depth (``route_a``). A stock rule
+(``draftrl export vllm-eagle3:1-1:3,2-16:1 --format vllm --out DIR``,
 :func:`write_stock_bundle`) is route (a) alone: vLLM's own ``eagle3`` (or ``ngram``) with its
 Dynamic SD table, which plain ``vllm serve`` runs with no draftrl code.
 
@@ -182,9 +183,10 @@ def write_stock_policy_bundle(policy: str | Path, out: str | Path, model: str, g
     source = head if head is not None else ec.drafter_source(drafter, run_dir, strict=True)
     k1, table = int(derivation["k1"]), derivation["depth_by_batch"]
     local = isinstance(source, Path)
+    vocab, vocab_note = ec.draft_vocab_options(model, source) if method == "draft_model" else ({}, None)
     speculative = None if k1 == 0 else {
         "method": method, "model": f"./{DRAFTER_DIR}" if local else source, "num_speculative_tokens": k1,
-        "num_speculative_tokens_per_batch_size": table}
+        "num_speculative_tokens_per_batch_size": table, **vocab}
     notes = [
         "Stock vLLM: no draftrl code runs in the engine. The policy chose each request's depth every round from "
         "its drafter's own confidence, which vLLM's proposers do not consult; it is summarised to the K table "
@@ -199,23 +201,57 @@ def write_stock_policy_bundle(policy: str | Path, out: str | Path, model: str, g
                         "proposer, so this bundle drafts with the head alone.")
     if k1 == 0:
         notes.insert(0, "The policy's median depth is 0 (it mostly does not speculate): run without speculation.")
-    bundle = _base(model, speculative, {}, gpu_memory_utilization, notes)
-    bundle.update({"route": "stock", "policy": str(derivation["policy"]), "drafter": drafter,
-                   "drafter_source": str(source), "derivation": derivation})
+    if vocab_note and speculative is not None:
+        notes.append(vocab_note)
     out = Path(out)
     with staged_files(out) as stage:
         if local and speculative is not None:
-            shutil.copytree(source, stage / DRAFTER_DIR)
+            notes += copy_drafter(source, stage / DRAFTER_DIR)
+        bundle = _base(model, speculative, {}, gpu_memory_utilization, notes)
+        bundle.update({"route": "stock", "policy": str(derivation["policy"]), "drafter": drafter,
+                       "drafter_source": str(source), "derivation": derivation})
         write_json(stage / "vllm.json", bundle)
     return bundle
 
 
+def copy_drafter(source: Path, dest: Path) -> list[str]:
+    """Copy a local head or draft model folder into a bundle (``dest``), a head's ``config.json`` made to
+    mean to vLLM what it meant to draftrl (:func:`pin_head_config`); returns the notes saying what changed."""
+    shutil.copytree(source, dest)
+    return pin_head_config(dest)
+
+
+def pin_head_config(folder: Path) -> list[str]:
+    """Write into a copied EAGLE-3 head's ``config.json`` the keys vLLM 0.32 would read otherwise than draftrl.
+
+    A speculators-layout head without ``norm_before_residual``: speculators' config and draftrl read the
+    absent key as False (``draftrl.drafters.eagle3_config``), vLLM 0.32's speculators reader as True
+    (``vllm/transformers_utils/configs/speculators/algos.py``), so the same weights would draft other
+    tokens in vLLM than the policy was trained with. The copy states draftrl's value. The EAGLE / SpecForge
+    layout and draft models mean the same to both: nothing is written.
+
+    :returns: one note per key written.
+    """
+    from draftrl.drafters.eagle3_config import read_config
+
+    path = folder / "config.json"
+    data = json.loads(path.read_text()) if path.is_file() else None
+    if not isinstance(data, dict) or "speculators_model_type" not in data or "norm_before_residual" in data:
+        return []
+    value = read_config(data, str(path)).norm_before_residual
+    write_json(path, {**data, "norm_before_residual": value})
+    return [f"{DRAFTER_DIR}/config.json: norm_before_residual={str(value).lower()} written (the head's config left it "
+            f"out: speculators and draftrl read that as false, vLLM 0.32 as true, which drafts other tokens)."]
+
+
 def write_head_bundle(name: str, out: str | Path, *, depth: int, min_match: int | None = None,
-                      rule: str = "match", model: str | None = None, head: str | None = None,
+                      rule: str = "match", budget: int | None = None, model: str | None = None,
+                      head: str | None = None,
                       gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION) -> dict[str, Any]:
-    """Export the head rule ``name`` (``head:K[:S][:bB]`` / ``sam:N:K[:S][:bB]`` of ``draftrl.eval.policy_names``,
-    parsed by the caller: ``depth`` K, ``min_match`` N for ``sam``, ``rule`` the proposer's rule,
-    ``draftrl.eval.serve_policies.proposer_rule``: its stop and load parts)
+    """Export the head rule ``name`` (``fixed:K[:V][:bB]`` / ``stop:K:S[:bB]`` of ``draftrl.eval.policy_names``
+    with a head drafter, ``eagle3[:DIR]`` or ``sam:N[:DIR]``, parsed by the caller: ``depth`` K,
+    ``min_match`` N for ``sam``, ``rule`` the proposer's rule, ``draftrl.eval.serve_policies.proposer_rule``:
+    its stop and load parts, ``budget`` V, the draft tokens each step verifies at most, None: no limit)
     with the head ``head`` (default: the head draftrl ships for ``model``) into ``out``:
     ``proposer.json``, ``vllm.json`` and the head folder (``drafter/``), no policy network. vLLM
     must run the target eagerly (``enforce_eager``): the proposer reads its hidden states through
@@ -228,7 +264,7 @@ def write_head_bundle(name: str, out: str | Path, *, depth: int, min_match: int 
     local = isinstance(source, Path)
     where = DRAFTER_DIR if local else source
     drafter = f"eagle3:{where}" if min_match is None else f"sam:{min_match}:{where}"
-    proposer = {"drafter": drafter, "depth": depth, "rule": rule, "budget": None}
+    proposer = {"drafter": drafter, "depth": depth, "rule": rule, "budget": budget}
     bundle = _custom_class_bundle(model, proposer, None, HEAD_CLASS_PATH, gpu_memory_utilization, enforce_eager=True)
     bundle.update({"route": "head", "policy": name, "drafter_source": str(source)})
     bundle["notes"][0] = "draftrl must be importable where vLLM runs (the proposer and the head are draftrl's)."
@@ -246,7 +282,7 @@ def write_head_bundle(name: str, out: str | Path, *, depth: int, min_match: int 
     out = Path(out)
     with staged_files(out) as stage:
         if local:
-            shutil.copytree(source, stage / DRAFTER_DIR)
+            bundle["notes"] += copy_drafter(source, stage / DRAFTER_DIR)
         write_json(stage / "proposer.json", proposer)
         write_json(stage / "vllm.json", bundle)
     return bundle
@@ -269,8 +305,8 @@ def write_stock_bundle(name: str, out: str | Path, *, method: str, depth: int,
                        table: tuple[tuple[int, int, int], ...] = (), model: str | None = None,
                        head: str | None = None,
                        gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION) -> dict[str, Any]:
-    """Export the stock rule ``name`` (``eagle3:K``, ``eagle3:S-E:K,...``, ``ngram:...`` of
-    ``draftrl.eval.policy_names``, parsed by the caller) into ``out``: route (a), a ``vllm.json``
+    """Export the stock rule ``name`` (``vllm-eagle3:K``, ``vllm-eagle3:S-E:K,...``, ``vllm-ngram:...`` of
+    ``draftrl.eval.policy_names``, parsed by the caller; ``method`` eagle3 or ngram) into ``out``: route (a), a ``vllm.json``
     plain vLLM runs with no draftrl code (``eagle3`` with the head ``head``, default the one draftrl
     ships for ``model``, copied into ``out/drafter``)."""
     _check_share(gpu_memory_utilization)
@@ -293,7 +329,7 @@ def write_stock_bundle(name: str, out: str | Path, *, method: str, depth: int,
     out = Path(out)
     with staged_files(out) as stage:
         if local:
-            shutil.copytree(source, stage / DRAFTER_DIR)
+            bundle["notes"] += copy_drafter(source, stage / DRAFTER_DIR)
         write_json(stage / "vllm.json", bundle)
     return bundle
 

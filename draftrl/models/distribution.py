@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -49,6 +52,58 @@ class SamplingParams:
         return self.temperature == 0
 
 
+# --------------------------------------------------------------------------- input checks
+
+#: the checks being collected by :meth:`DeferredChecks.collecting` (None: check at once)
+_COLLECTING: ContextVar[list | None] = ContextVar("draftrl_deferred_checks", default=None)
+
+
+def _require(ok: Tensor, message: Callable[[], str]) -> None:
+    """Raise ``ValueError(message())`` unless the 0-d bool ``ok`` holds. Reading ``ok`` is a host
+    sync on a GPU: inside :meth:`DeferredChecks.collecting` it is recorded instead, and the caller
+    reads every check together with its own results, in one transfer."""
+    pending = _COLLECTING.get()
+    if pending is not None:
+        pending.append((ok, message))
+    elif not bool(ok):
+        raise ValueError(message())
+
+
+@dataclass
+class DeferredChecks:
+    """Input checks of :func:`logits_to_probs`, :func:`sample` and :func:`sample_rows` recorded on
+    the device instead of read at once (each read would be one host sync per call).
+
+    Usage: ``with checks.collecting(): ...``; then transfer ``checks.flags(device)`` with the
+    results and call ``checks.raise_failed(values)``, which raises the first failed check's
+    ``ValueError``. Until then results computed from bad input are garbage (never out-of-range
+    indices: :func:`sample_rows` clamps its draws), so nothing may be read before it.
+    """
+
+    pending: list[tuple[Tensor, Callable[[], str]]] = field(default_factory=list)
+
+    @contextmanager
+    def collecting(self) -> Iterator["DeferredChecks"]:
+        token = _COLLECTING.set(self.pending)
+        try:
+            yield self
+        finally:
+            _COLLECTING.reset(token)
+
+    def flags(self, device: torch.device | str) -> Tensor:
+        """[k] long on ``device``: 1 where the k-th recorded check holds."""
+        if not self.pending:
+            return torch.zeros(0, dtype=torch.long, device=device)
+        return torch.stack([ok.reshape(()).to(device) for ok, _ in self.pending]).long()
+
+    def raise_failed(self, values: list[int] | list[float]) -> None:
+        """Raise the first failed check's ``ValueError``, given the transferred :meth:`flags`."""
+        for (_, message), value in zip(self.pending, values, strict=True):
+            if not value:
+                raise ValueError(message())
+        self.pending.clear()
+
+
 # --------------------------------------------------------------------------- logits -> probs
 
 
@@ -69,8 +124,7 @@ def logits_to_probs(logits: Tensor, params: SamplingParams) -> Tensor:
     if logits.dim() == 0 or logits.shape[-1] == 0:
         raise ValueError(f"logits of shape {tuple(logits.shape)} have no vocabulary axis; pass [..., V] with V >= 1.")
     top = logits.amax(dim=-1, keepdim=True)  # NaN if any NaN, +inf if any +inf, -inf if all -inf
-    if not bool(torch.isfinite(top).all()):
-        raise ValueError(_invalid_logits_message(logits))
+    _require(torch.isfinite(top).all(), lambda: _invalid_logits_message(logits))
     if params.greedy:
         out = torch.zeros(logits.shape, dtype=torch.float32, device=logits.device)
         return out.scatter_(-1, logits.argmax(dim=-1, keepdim=True), 1.0)  # argmax: first maximal index
@@ -155,8 +209,7 @@ def sample(probs: Tensor, generator: torch.Generator | None = None, num_samples:
     if num_samples is not None and (isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1):
         raise ValueError(f"num_samples={num_samples!r} must be an integer >= 1, or None for one draw per row.")
     flat = probs.reshape(-1, probs.shape[-1])
-    if bool((flat < 0).any()):
-        raise ValueError("probs contain negative entries; pass probabilities from logits_to_probs, not logits.")
+    _require(~(flat < 0).any(), lambda: "probs contain negative entries; pass probabilities from logits_to_probs, not logits.")
     tokens = sample_rows(flat.double(), generator, 1 if num_samples is None else num_samples)
     return tokens.reshape(probs.shape[:-1] if num_samples is None else (*probs.shape[:-1], num_samples))
 
@@ -166,12 +219,13 @@ def sample_rows(weights: Tensor, generator: torch.Generator | None, num_samples:
     i.i.d. draws per row when ``num_samples`` > 1 (row-major uniforms)."""
     cdf = weights.cumsum(dim=-1)
     total = cdf[:, -1:]
-    if not bool(((total > 0) & torch.isfinite(total)).all()):
-        raise ValueError("a probability row sums to zero or is not finite; every row needs positive finite mass.")
+    _require(((total > 0) & torch.isfinite(total)).all(),
+             lambda: "a probability row sums to zero or is not finite; every row needs positive finite mass.")
     u = torch.rand((total.shape[0], num_samples), dtype=torch.float64, device=weights.device, generator=generator)
     # u * total < total, also after rounding; then the first cdf entry above it has positive weight
     point = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
-    tokens = torch.searchsorted(cdf, point, right=True)
+    # (the clamp only matters for a bad row whose check is deferred: its draw stays a valid index)
+    tokens = torch.searchsorted(cdf, point, right=True).clamp_(max=weights.shape[-1] - 1)
     return tokens.squeeze(-1) if num_samples == 1 else tokens
 
 

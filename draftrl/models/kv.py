@@ -22,9 +22,13 @@ def keep_tail(cache: DynamicCache, prefix_len: int, tail_positions: list[int]) -
     packed right after the prefix; everything else is discarded."""
     new_len = prefix_len + len(tail_positions)
     contiguous = tail_positions == list(range(prefix_len, new_len))
+    sources: dict[torch.device, torch.Tensor] = {}  # one upload per device, not one per layer
     for layer in cache.layers:
         if not contiguous:
-            src = torch.tensor(tail_positions, device=layer.keys.device)
+            device = layer.keys.device
+            if device not in sources:
+                sources[device] = torch.tensor(tail_positions, device=device)
+            src = sources[device]
             layer.keys[:, :, prefix_len:new_len] = layer.keys.index_select(2, src)
             layer.values[:, :, prefix_len:new_len] = layer.values.index_select(2, src)
         layer.keys = layer.keys[:, :, :new_len]

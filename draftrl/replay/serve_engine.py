@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from draftrl.config.serve import ServeConfig
+from draftrl.config.serve import SERVING_DRAFTER, ServeConfig
 from draftrl.decoding.admission import RequestAcceptance, StepAction, admit_drafts, draft_cap
 from draftrl.decoding.interface import EngineStep, QueuedBatch, RequestStep
 from draftrl.decoding.vllm.proposer import ACCEPT_DECAY
@@ -89,6 +89,23 @@ def _step_seconds(props: Proposals | HeadProposals, cost: StepCostModel, depth: 
     """One request's decode step verifying ``depth`` drafts of ``props``' drafter (the head's
     drafting included for :class:`HeadProposals`)."""
     return cost.mean(1, depth + 1, 0, (1, depth) if isinstance(props, HeadProposals) else (0, 0))
+
+
+def replay_drafter(config: ServeConfig, drafter: str = "ngram") -> str:
+    """The drafter :class:`ReplayEngine` replays: ``drafter`` (its names: ``ngram``, ``eagle3``,
+    ``sam:N``, the oracle ``best``), or the one ``config.drafter`` names when it is not the default
+    (``eagle3[:DIR]`` -> ``eagle3``, ``sam:N[:DIR]`` -> ``sam:N``; the head's proposals come from
+    ``head_proposals``). One line when the two disagree or the spec is another n-gram drafter than
+    the one the recordings' proposals are computed with."""
+    if config.drafter == SERVING_DRAFTER:
+        return drafter
+    kind, _, rest = config.drafter.partition(":")
+    named = {"eagle3": "eagle3", "sam": f"sam:{rest.partition(':')[0]}"}.get(kind)
+    if named is None or drafter not in ("ngram", named):
+        raise ValueError(f"{config.section}.drafter={config.drafter!r} cannot be replayed with drafter={drafter!r}: "
+                         f"ServeReplay-v0 replays the proposer's n-gram drafter ({SERVING_DRAFTER}) or an EAGLE-3 head "
+                         "(eagle3[:DIR], sam:N[:DIR], with head_proposals); set one of those.")
+    return named
 
 
 @dataclass
@@ -165,7 +182,8 @@ class ReplayEngine(QueuedBatch):
         directory or :class:`Recordings`, made with the config's target and chat template) and the step
         cost of ``calibration`` (a ``draftrl calibrate --engine vllm`` JSON, refitted, or a
         :class:`StepCostModel`); ``kwargs`` as the constructor's (``proposals``, ``drafter``,
-        ``head_proposals``, ``cost_jitter``, ``cost_noise``)."""
+        ``head_proposals``, ``cost_jitter``, ``cost_noise``). The config's ``drafter`` (a drafter
+        spec) names the drafter replayed as ``drafter`` does (:func:`replay_drafter`)."""
         if config.temperature != 0:
             raise ValueError(f"{config.section}.temperature={config.temperature}: ServeReplay-v0 replays greedy "
                              "recordings; use temperature 0 (or ServeVLLM-v0 to sample).")
@@ -180,6 +198,7 @@ class ReplayEngine(QueuedBatch):
                 raise ValueError(f"{config.section}.{name}={getattr(config, name)!r} differs from the recordings' "
                                  f"{recorded[name]!r}; record again with --set env.{name}={getattr(config, name)}.")
         cost = calibration if isinstance(calibration, StepCostModel) else StepCostModel.from_calibration(calibration)
+        kwargs["drafter"] = replay_drafter(config, kwargs.get("drafter", "ngram"))
         return cls(recordings, cost, max_depth=max(1, config.max_depth), max_num_seqs=config.max_num_seqs,
                    max_model_len=config.max_model_len, rule=config.rule, **kwargs)
 

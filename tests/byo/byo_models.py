@@ -35,6 +35,10 @@ TARGET_SHAPE = dict(hidden_size=64, head_dim=64, num_attention_heads=2, num_key_
 LATE_LAYER_SCALE = 0.1
 #: rows "my draft" adds past the tokenizer (``resize_token_embeddings(len + DRAFT_PADDING)``)
 DRAFT_PADDING = 64
+#: the pipeline suite's workload (``conftest.byo_pipeline``, env keys): two English tasks, copy-heavy and
+#: open-ended, one prompt each per split, 24 tokens (the tiny target writes loops of a few tokens there,
+#: so the draft model is accepted about half the time)
+WORKLOAD = dict(languages=["en"], tasks=["code_edit", "chat"], limit_per_group=1, max_new_tokens=24)
 
 
 def build_tokenizer() -> PreTrainedTokenizerFast:
@@ -99,23 +103,49 @@ def frequent_ids(target: Path, count: int) -> torch.Tensor:
     return torch.tensor(order[:count])
 
 
+def workload_prompts(tokenizer) -> list[tuple[str, list[int]]]:
+    """``(id, ids)`` of :data:`WORKLOAD`'s prompts of both splits, as draftrl encodes them (the chat template)."""
+    from draftrl.models.chat import user_message_ids
+
+    return [(p.id, user_message_ids(tokenizer, p.prompt)) for split in ("tune", "heldout")
+            for p in load_prompts(split=split, limit_per_group=WORKLOAD["limit_per_group"])
+            if p.language in WORKLOAD["languages"] and p.task in WORKLOAD["tasks"]]
+
+
+def most_written_token(target: Path) -> int:
+    """The token ``target`` writes most often in its greedy continuations of :data:`WORKLOAD`'s prompts
+    (float32, ``max_new_tokens`` each; the lowest id on ties)."""
+    model, tokenizer = LlamaForCausalLM.from_pretrained(target).eval(), AutoTokenizer.from_pretrained(target)
+    counts = torch.zeros(model.config.vocab_size)
+    for _, ids in workload_prompts(tokenizer):
+        out = model.generate(torch.tensor([ids]), max_new_tokens=WORKLOAD["max_new_tokens"], do_sample=False,
+                             eos_token_id=None, pad_token_id=tokenizer.pad_token_id)[0, len(ids):]
+        counts += torch.bincount(out, minlength=counts.numel()).float()
+    return int(counts.argmax())
+
+
 def build_head(out: Path, target: Path, *, layout: str, weights: str, draft_vocab_size: int | None = None,
-               bare: bool = False, seed: int = 0) -> Path:
+               draft_ids: list[int] | None = None, bare: bool = False, seed: int = 0) -> Path:
     """An EAGLE-3 head for ``target`` written in ``layout`` (``eagle`` or ``speculators``) with
     ``weights`` (``bin`` or ``safetensors``): EAGLE-3's default auxiliary layers of the target,
-    the target's output rows of its draft vocabulary (``draft_vocab_size`` most frequent ids; None:
-    the whole vocabulary, written without ``d2t``) and ``fc`` passing the deepest auxiliary layer
-    through (``draftrl distill``'s starting point, untrained: its drafts are rarely accepted; the head
-    predicts two tokens ahead of the features it reads).
+    the target's output rows of its draft vocabulary (``draft_vocab_size`` most frequent ids, or the ids
+    ``draft_ids``; neither: the whole vocabulary, written without ``d2t``) and ``fc`` passing the deepest
+    auxiliary layer through (``draftrl distill``'s starting point, untrained: its drafts are rarely accepted;
+    the head predicts two tokens ahead of the features it reads; a one-id draft vocabulary drafts that id
+    every time, accepted wherever the target writes it).
     ``bare`` (speculators only) leaves out the optional keys: ``eagle_aux_hidden_state_layer_ids``,
     ``norm_before_residual`` (then False, speculators' default) and ``target_hidden_size``."""
+    if draft_vocab_size and draft_ids:
+        raise ValueError("pass draft_vocab_size or draft_ids, not both")
     model = LlamaForCausalLM.from_pretrained(target).eval()
-    vocab = draft_vocab_size or model.config.vocab_size
+    vocab = draft_vocab_size or (len(draft_ids) if draft_ids else model.config.vocab_size)
     config = Eagle3Config.for_target(model.config, vocab, verifier=str(target), norm_before_residual=not bare)
     torch.manual_seed(seed)
     head = Eagle3Head(config)
     if draft_vocab_size:
         head.set_draft_vocab(frequent_ids(target, draft_vocab_size))
+    elif draft_ids:
+        head.set_draft_vocab(torch.tensor(draft_ids))
     init_head(head, model)
     head.save_pretrained(out, speculative_tokens=3, layout=layout, weights=weights)
     if bare:

@@ -1,6 +1,7 @@
 """Bring your own target from the first command: ``draftrl demo --quick --target DIR`` on a CPU
-stand-in of a user's model (a tiny random Llama saved with ``save_pretrained``, SmolLM2's tokenizer
-and chat template) runs to the end in float32 with n-gram drafts, saying once how to train a head;
+stand-in of a user's model (``my_target``, conftest.py: a tiny random Llama saved with
+``save_pretrained``, its own tokenizer and chat template) runs to the end in float32 with n-gram
+drafts, saying once how to train a head;
 asking for the shipped head explicitly is refused before any model loads; a copy of
 ``configs/demo_quick_cpu.yaml`` with the target edited reruns one step as the demo ran it."""
 
@@ -11,36 +12,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from draftrl.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def save_tiny_llama(folder: Path) -> Path:
-    """A user's target folder in miniature: a random 4-layer Llama of width 32 over SmolLM2's
-    tokenizer (49,152 ids, with its chat template), written by ``save_pretrained``."""
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    from draftrl.models import fetch_model
-
-    tokenizer = AutoTokenizer.from_pretrained(fetch_model("smollm2-135m", quiet=True))
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=4,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
-                         tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
-                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
-    LlamaForCausalLM(config).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
-
-
-@pytest.fixture(scope="module")
-def my_target(tmp_path_factory) -> Path:
-    return save_tiny_llama(tmp_path_factory.mktemp("user") / "my-target")
 
 
 def _demo_copy(target: Path, folder: Path) -> Path:

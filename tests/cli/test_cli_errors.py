@@ -272,18 +272,18 @@ def test_export_refuses_to_replace_an_earlier_export_without_overwrite(tmp_path,
     """A second export to the same --out is refused in one line; with --overwrite a bundle folder's
     earlier files go first, so a route (b) proposer.json never survives beside a stock vllm.json."""
     out = tmp_path / "bundle"
-    assert main(["export", "sam:2:4", "--format", "vllm", "--out", str(out)]) == 0
+    assert main(["export", "fixed:4@sam:2", "--format", "vllm", "--out", str(out)]) == 0
     assert sorted(p.name for p in out.iterdir()) == ["drafter", "proposer.json", "vllm.json"]  # the head, copied
     (out / "notes.txt").write_text("mine")
     capsys.readouterr()
-    assert main(["export", "eagle3:2", "--format", "vllm", "--out", str(out)]) == 2
+    assert main(["export", "vllm-eagle3:2", "--format", "vllm", "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "--overwrite" in err and "proposer.json" in err
-    assert main(["export", "eagle3:2", "--format", "vllm", "--out", str(out), "--overwrite"]) == 0
+    assert main(["export", "vllm-eagle3:2", "--format", "vllm", "--out", str(out), "--overwrite"]) == 0
     assert sorted(p.name for p in out.iterdir()) == ["drafter", "notes.txt", "vllm.json"]
     static = tmp_path / "static.json"
     static.write_text("{}")
-    assert main(["export", "eagle3:2", "--format", "vllm", "--out", str(static)]) == 2
+    assert main(["export", "vllm-eagle3:2", "--format", "vllm", "--out", str(static)]) == 2
     assert "already exist" in capsys.readouterr().err and static.read_text() == "{}"
 
 

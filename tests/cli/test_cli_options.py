@@ -28,6 +28,7 @@ SHARED = {
     "--device": ("cuda:1", "env.device", "cuda:1"),
     "--dtype": ("bfloat16", "env.dtype", "bfloat16"),
     "--kernels": ("stock", "env.kernels", "stock"),
+    "--compile": ("default", "env.compile", "default"),
     "--threads": ("3", "threads", 3),
     "--seed": ("7", "seed", 7),
     "--wandb-project": ("speedups", "wandb.project", "speedups"),
@@ -186,8 +187,12 @@ def test_the_flags_set_the_serving_config_too():
                                       "--dtype", "bfloat16", "--threads", "3", "--seed", "7"])
     config = serving_config(args)
     assert (config.target, config.dtype, config.threads, config.seed) == ("tiny-model", "bfloat16", 3, 7)
-    for argv, message in ((["--drafter", "ngram"], "env.drafter"), (["--no-monitor"], "eval.monitor"),
-                          (["--set", "temperature=1"], "env.KEY=VALUE")):
+    assert config.drafter == "ngram:1:3:latest"  # the proposer's n-gram drafter, unless --drafter names another
+    args = build_parser().parse_args(["eval", "--engine", "vllm", "--out", "o", "--drafter", "eagle3:runs/head"])
+    assert serving_config(args).drafter == "eagle3:runs/head"
+    for argv, message in ((["--drafter", "layerskip:8"], "env.drafter='layerskip:8' cannot run inside vLLM's proposer"),
+                          (["--no-monitor"], "eval.monitor"), (["--set", "temperature=1"], "env.KEY=VALUE"),
+                          (["--set", "env.head=runs/head"], "env.head is gone.*env.drafter: eagle3:DIR")):
         args = build_parser().parse_args(["eval", "--engine", "vllm", "--out", "o", *argv])
         with pytest.raises(ValueError, match=message):
             serving_config(args)
@@ -238,6 +243,27 @@ def test_collect_engine_vllm_reads_the_same_env_keys():
                                       "--target", "tiny-model"])
     config = serving_config(args)
     assert (config.split, config.target) == ("heldout", "tiny-model")
+
+
+def test_collect_engine_vllm_refuses_a_drafter_it_would_not_read(tmp_path, capsys):
+    """Recordings are decoded without speculation: a drafter there would be ignored, so it is refused."""
+    from draftrl.cli import main
+
+    assert main(["collect", "--engine", "vllm", "--drafter", "eagle3", "--out", str(tmp_path / "rec")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "records without speculation" in err and not (tmp_path / "rec").exists()
+
+
+@pytest.mark.parametrize("argv", [["eval", "--out", "o"], ["eval", "--engine", "vllm", "--out", "o"],
+                                  ["export", "runs/x", "--format", "vllm", "--out", "o"]])
+def test_the_head_flag_is_refused_naming_the_drafter(argv, capsys):
+    """``--head DIR`` of earlier releases: hidden from --help, refused in one line naming ``--drafter eagle3:DIR``."""
+    from draftrl.cli import main
+
+    assert main([*argv, "--head", "runs/head"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--head is gone" in err and "--drafter eagle3:runs/head" in err
+    assert "--head" not in _parser(argv[0]).format_help()
 
 
 # ----------------------------------------------------------------------------- a demo config drives each step
@@ -356,3 +382,30 @@ def test_the_vllm_engine_flags_set_the_serving_config_and_are_refused_without_vl
     for command in (["eval", "--policies", "none"], ["collect"], ["calibrate"]):
         assert main([*command, "--out", "o", "--gpu-memory-utilization", "0.5"]) == 2
         assert f"--gpu-memory-utilization is read by draftrl {command[0]} --engine vllm only" in capsys.readouterr().err
+
+
+def test_the_vllm_engine_flags_set_the_serve_demos_config_and_are_refused_on_its_hf_engine(tmp_path, capsys):
+    """demo --engine vllm takes --gpu-memory-utilization / --enforce-eager as every other vLLM command does,
+    into ServeDemoConfig's keys of the same name (which reach each step's engine); --engine hf refuses them in
+    one line before anything runs; a share outside (0, 1] is refused naming the range."""
+    from draftrl.cli import main
+    from draftrl.cli._options import load
+    from draftrl.eval.serve_demo import ServeDemoConfig, _serve_config
+
+    args = build_parser().parse_args(["demo", "--engine", "vllm", "--quick", "--gpu-memory-utilization", "0.45",
+                                      "--enforce-eager"])
+    config = load(ServeDemoConfig, args, base=ServeDemoConfig.quick())
+    assert (config.gpu_memory_utilization, config.enforce_eager) == (0.45, True)
+    serve = _serve_config(config, split="heldout")  # what the collect and sweep steps build their engines from
+    assert (serve.gpu_memory_utilization, serve.enforce_eager) == (0.45, True)
+    default = load(ServeDemoConfig, build_parser().parse_args(["demo", "--engine", "vllm"]))
+    assert (default.gpu_memory_utilization, default.enforce_eager) == (None, None)
+    with pytest.raises(ValueError, match=r"gpu_memory_utilization=1.5 must be in \(0, 1\]"):
+        load(ServeDemoConfig, build_parser().parse_args(["demo", "--engine", "vllm", "--gpu-memory-utilization",
+                                                          "1.5"]))
+    for flag in (["--gpu-memory-utilization", "0.5"], ["--enforce-eager"]):
+        out = tmp_path / "demo"
+        assert main(["demo", "--quick", "--out", str(out), *flag]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.endswith(f"{flag[0]} is read by draftrl demo --engine vllm only; drop it, or add --engine vllm.")
+        assert len(err.splitlines()) == 1 and not out.exists()

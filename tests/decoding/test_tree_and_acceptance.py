@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from draftrl.decoding.acceptance import accept_tree
@@ -98,3 +99,40 @@ def test_keep_tail_packs_the_accepted_path_after_the_prefix():
     keep_tail(cache, 4, [6, 8])
     assert cache.layers[0].keys.flatten().tolist() == [0, 1, 2, 3, 6, 8]
     assert cache.get_seq_length() == 6
+
+
+def test_the_walks_statistics_are_each_emitted_rows_own():
+    """accept_tree computes every row's outcome on the device and the statistics over the emitted
+    rows only, batched by sibling-group size: each emitted token's entry must equal what its own row
+    gives computed alone (p(x), mass before x, entropy; agree_expected from the row's children)."""
+    from draftrl.decoding.sampling import agree_expected_deterministic, target_stats, verify_node_sampled
+
+    gen = torch.Generator().manual_seed(3)
+    params = SamplingParams(temperature=1.0)
+    checked = 0
+    for trial in range(120):
+        tree = random_tree(gen, width=2 + trial % 2)
+        if trial % 2:  # sampled children: a q per parent (sibling groups of unequal sizes)
+            tree.q = {parent: torch.softmax(torch.randn(VOCAB, generator=gen), -1) for parent in tree.children()}
+        logits = 2 * torch.randn(1 + len(tree), VOCAB, generator=gen)
+        for i, parent in enumerate(tree.parents):  # acceptance likely: walks go deep
+            logits[parent + 1, tree.tokens[i]] += 3
+        verdict = accept_tree(tree, logits, params, torch.Generator().manual_seed(trial))
+        p = logits_to_probs(logits, params)
+        kids = tree.children()
+        for j, (node, token) in enumerate(zip([-1] + verdict.accepted, verdict.tokens)):
+            stats = verdict.stats
+            assert (stats.p_token[j], stats.mass_before[j], stats.entropy[j]) == pytest.approx(
+                target_stats(p[node + 1], token), rel=1e-9, abs=1e-12)
+            children = torch.tensor([tree.tokens[c] for c in kids.get(node, [])], dtype=torch.long)
+            assert stats.drafted[j] == bool(len(children))
+            assert stats.agree[j] == float(token in children.tolist())
+            if not len(children):
+                assert stats.agree_expected[j] == 0.0
+            elif tree.deterministic:
+                assert stats.agree_expected[j] == pytest.approx(agree_expected_deterministic(p[node + 1], children))
+            else:
+                alone = verify_node_sampled(p[node + 1], children, tree.q[node], torch.Generator())[2]
+                assert stats.agree_expected[j] == pytest.approx(alone, rel=1e-9)
+            checked += 1
+    assert checked > 300

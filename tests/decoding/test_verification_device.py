@@ -85,17 +85,17 @@ def test_the_drafter_draws_children_on_the_generator_device(monkeypatch):
 def test_a_sampled_tree_round_keeps_every_tensor_on_one_device(monkeypatch):
     """Spy on a real round: the drafter's draws and each node's verification see one device."""
     calls = []
-    real_node, real_sample = acceptance.verify_node_sampled, drafter_model.sample
+    real_node, real_sample = acceptance.verify_node_sampled_batch, drafter_model.sample
 
-    def spy_node(p, children, q, generator, method="correct"):
+    def spy_node(p, children, q, generator, method="correct", **kwargs):
         calls.append(("verify", p.device, children.device, q.device, generator.device))
-        return real_node(p, children, q, generator, method)
+        return real_node(p, children, q, generator, method, **kwargs)
 
     def spy_sample(q, generator, num_samples=None):
         calls.append(("draft", q.device, generator.device))
         return real_sample(q, generator, num_samples)
 
-    monkeypatch.setattr(acceptance, "verify_node_sampled", spy_node)
+    monkeypatch.setattr(acceptance, "verify_node_sampled_batch", spy_node)
     monkeypatch.setattr(drafter_model, "sample", spy_sample)
     target = TinyLM(5)
     engine = SpeculativeDecoder(target, ModelDrafter(draft_of(target, 0.3, 1), sampled=True),

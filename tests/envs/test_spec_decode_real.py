@@ -139,3 +139,32 @@ def test_vectorised_envs_share_one_model(model):
     obs, _ = sync.reset(seed=0)
     assert obs.shape == (2, len(first.feature_names))
     assert sync.envs[0].unwrapped.engine.target is model.model
+
+
+def test_monitor_off_skips_the_token_statistics_and_monitor_on_needs_them(model):
+    """``monitor=False`` (``--no-monitor``) builds an engine without per-token statistics (None in
+    ``info``, the same tokens); ``monitor=True`` with such an engine is refused, naming the fix."""
+    from draftrl.decoding.monitor import ExactnessMonitor
+    from draftrl.decoding.build import build_engine
+
+    off = EnvConfig(**SHORT, temperature=1.0, monitor=False)
+    on = EnvConfig(**SHORT, temperature=1.0)
+    engine, tokenizer = build_engine(off, model)
+    assert not engine.config.token_stats and build_engine(on, model)[0].config.token_stats
+    assert build_engine(off, model, token_stats=True)[0].config.token_stats  # a caller with its own monitor
+    with pytest.raises(ValueError, match="EnvConfig.monitor=True needs.*token_stats=True"):
+        engine.check(on)
+    with pytest.raises(ValueError, match="token_stats is None.*token_stats=True"):
+        ExactnessMonitor().update(None)
+    streams = {}
+    for name, config in (("off", off), ("on", on)):
+        env = gym.make("draftrl/SpecDecode-v1", config=config)
+        env.reset(seed=0, options={"prompt_id": env.unwrapped.workload.prompts[0].id})
+        infos, done = [], False
+        while not done:
+            _, _, done, _, info = env.step(np.array([2, 0]))
+            infos.append(info)
+        streams[name] = infos
+    assert all(i["token_stats"] is None and i["exactness_passed"] is None for i in streams["off"])
+    assert all(isinstance(i["token_stats"], TokenStats) and i["exactness_passed"] for i in streams["on"])
+    assert [i["token_ids"] for i in streams["off"]] == [i["token_ids"] for i in streams["on"]]

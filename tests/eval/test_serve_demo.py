@@ -43,6 +43,29 @@ def test_a_run_with_other_settings_is_refused_before_any_work(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["serve_demo_config.json"]
 
 
+def test_a_resumed_run_may_take_another_memory_share_but_not_other_engine_settings(tmp_path, monkeypatch):
+    """A serve demo stopped for GPU memory resumes with a smaller --gpu-memory-utilization (it changes no
+    result); --enforce-eager changes what the calibration measures, so it is another run."""
+    import dataclasses
+
+    import draftrl.replay.serve_calibrate as calibrate
+
+    class Resumed(Exception):
+        pass
+
+    def reached(*args, **kwargs):
+        raise Resumed(kwargs["gpu_memory_utilization"])
+
+    monkeypatch.setattr(calibrate, "calibrate_model", reached)
+    quick = ServeDemoConfig.quick()
+    with pytest.raises(Resumed):  # the first run: settings written, then its calibrate step starts
+        run_serve_demo(quick, tmp_path)
+    with pytest.raises(Resumed, match="0.5"):  # resumed with a smaller share: past the guard, the share applied
+        run_serve_demo(dataclasses.replace(quick, gpu_memory_utilization=0.5), tmp_path)
+    with pytest.raises(ValueError, match="other settings.*--overwrite"):
+        run_serve_demo(dataclasses.replace(quick, enforce_eager=True), tmp_path)
+
+
 def test_a_missing_training_recipe_names_the_setting(tmp_path):
     with pytest.raises(FileNotFoundError, match="train_config=nowhere.yaml"):
         run_serve_demo(ServeDemoConfig(train_config="nowhere.yaml"), tmp_path)

@@ -11,8 +11,6 @@ from draftrl.eval.serving import run_serving_eval
 from serve_recordings import COST, TOKENS, synthetic_recordings
 
 
-
-
 def replay_env(recordings):
     """``make_env`` for the runner: ``ServeReplay-v0`` on ``recordings``."""
     return lambda cfg, spec: ServeVLLMEnv(cfg, engine="replay", recordings=recordings, calibration=COST)
@@ -71,14 +69,15 @@ def test_dsd_grid_search_scores_tables_as_the_evaluation_does(tmp_path):
 
 
 def test_class_policies_name_a_proposer_class_and_k():
-    """``class:MODULE.Class:K`` evaluates another custom_class proposer (a reference) in vLLM."""
+    """``vllm-class:MODULE.Class:K`` evaluates another custom_class proposer (a reference) in vLLM."""
     from draftrl.decoding.vllm.engine import VLLMEngineConfig
     from draftrl.eval.policy_names import parse_policies
 
-    spec = parse_policies("none,class:ref_lookup.RefLookupLatest:4", engine="vllm")[1]
-    assert (spec.kind, spec.path, spec.depth) == ("class", "ref_lookup.RefLookupLatest", 4)
-    for bad in ("class:RefLookupLatest:4", "class:ref_lookup.RefLookupLatest", "class:ref_lookup.RefLookupLatest:0"):
-        with pytest.raises(ValueError, match="class:MODULE.Class:K"):
+    spec = parse_policies("none,vllm-class:ref_lookup.RefLookupLatest:4", engine="vllm")[1]
+    assert (spec.kind, spec.path, spec.depth) == ("vllm-class", "ref_lookup.RefLookupLatest", 4)
+    for bad in ("vllm-class:RefLookupLatest:4", "vllm-class:ref_lookup.RefLookupLatest",
+                "vllm-class:ref_lookup.RefLookupLatest:0"):
+        with pytest.raises(ValueError, match="vllm-class:MODULE.Class:K"):
             parse_policies(bad, engine="vllm")
     config = VLLMEngineConfig(method="custom_class", proposer="ref_lookup.RefLookupLatest", num_speculative_tokens=4)
     assert config.speculative_config() == {"method": "custom_class", "model": "ref_lookup.RefLookupLatest",
@@ -95,11 +94,12 @@ def test_policies_are_grouped_by_engine_and_passes_reuse_the_engine_they_end_on(
     from draftrl.eval.policy_names import parse_policies
     from draftrl.eval.serving import engine_groups, pass_order
 
-    names = "none,fixed:2,ngram:2,heuristic,ngram:4,dsd,fixed:4:8"
+    names = "none,fixed:2,vllm-ngram:2,heuristic,vllm-ngram:4,dsd,fixed:4:8,fixed:2@eagle3,stop:4:t0.6@eagle3"
     specs = parse_policies(names, engine="vllm")
     groups = engine_groups(specs, ServeConfig())
     labels = [[s.label for s in g] for g in groups]
-    assert labels == [["none"], ["fixed:2", "heuristic", "dsd", "fixed:4:8"], ["ngram:2"], ["ngram:4"]]
+    assert labels == [["none"], ["fixed:2", "heuristic", "dsd", "fixed:4:8"], ["vllm-ngram:2"], ["vllm-ngram:4"],
+                      ["fixed:2@eagle3", "stop:4:t0.6@eagle3"]]  # one drafter, one engine
     assert [[s.label for s in g] for g in engine_groups(specs)] == [[s.label] for s in specs]  # the replay
     n = len(groups)
     orders = [[s.label for s in pass_order(groups, i)] for i in range(2 * n)]
@@ -114,3 +114,30 @@ def test_policies_are_grouped_by_engine_and_passes_reuse_the_engine_they_end_on(
     assert sorted(firsts) == list(range(n))  # every group opens a pass once in n passes
     fixed = [[label for label in order if group_of[label] == 1] for order in orders[:4]]
     assert sorted(f[0] for f in fixed) == sorted(labels[1])  # and inside a group every policy leads once
+
+
+def test_the_replay_drafts_with_the_policys_drafter_or_refuses_it(tmp_path):
+    """Each episode's env gets the policy's drafter (``@DRAFTER``, else the run's) in its config: the
+    replay maps a head drafter to the head it replays, and refuses, in one line, a drafter whose
+    proposals it does not hold (here: no head proposals; another n-gram drafter than the
+    proposer's) instead of replaying n-gram lookup under its name."""
+    from draftrl.replay.serve_engine import replay_drafter
+
+    recordings = synthetic_recordings(4)
+    config = ServeConfig(max_new_tokens=TOKENS, shuffle=False, seed=0)
+    assert replay_drafter(config) == "ngram" and replay_drafter(config, "best") == "best"
+    assert replay_drafter(ServeConfig(drafter="eagle3:runs/head")) == "eagle3"
+    assert replay_drafter(ServeConfig(drafter="sam:3")) == replay_drafter(ServeConfig(drafter="sam:3"), "sam:3") == "sam:3"
+    for drafter, given in (("ngram:1:4", "ngram"), ("sam:2", "eagle3")):
+        with pytest.raises(ValueError, match=f"drafter={drafter!r} cannot be replayed with drafter={given!r}"):
+            replay_drafter(ServeConfig(drafter=drafter), given)
+    seen = []
+
+    def make_env(cfg, spec):
+        seen.append((spec.label, cfg.drafter))
+        return ServeVLLMEnv(cfg, engine="replay", recordings=recordings, calibration=COST)
+
+    with pytest.raises(ValueError, match="drafter='eagle3' replays the head: pass head_proposals"):
+        run_serving_eval(tmp_path, policies="none,fixed:2,fixed:2@eagle3", concurrency=[1],
+                         config=config, make_env=make_env)
+    assert ("fixed:2", "ngram:1:3:latest") in seen and seen[-1] == ("fixed:2@eagle3", "eagle3")

@@ -156,3 +156,12 @@ def test_proposer_without_its_config_is_one_line(monkeypatch):
     monkeypatch.delenv(CONFIG_ENV, raising=False)
     with pytest.raises(ValueError, match="DRAFTRL_PROPOSER_CONFIG"):
         ServePolicyProposer(fake_vllm_config(4))
+
+
+def test_the_manifest_names_the_envs_drafter_and_refuses_a_head():
+    """The exported serving proposer drafts with the env's drafter (``env.serve.drafter``); one that
+    runs an EAGLE-3 head, which that proposer does not, is refused naming the head rule bundle."""
+    assert entry_for(ServeConfig(drafter="ngram:1:4:latest"))["drafter"] == "ngram:1:4:latest"
+    with pytest.raises(ValueError, match=r"env.serve.drafter='eagle3'.*draftrl export fixed:K@eagle3") as err:
+        entry_for(ServeConfig(drafter="eagle3"))
+    assert "\n" not in str(err.value)

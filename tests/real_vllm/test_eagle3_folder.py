@@ -58,22 +58,23 @@ def test_a_saved_head_runs_in_stock_vllm_and_keeps_greedy_output(tmp_path, mixed
 
 
 def test_the_serving_eval_runs_eagle3_k_and_checks_its_greedy_identity(tmp_path, eagle3_head):
-    """``eagle3:2`` as its own engine, at concurrency 1 and 4, on four requests (four languages):
+    """``vllm-eagle3:2`` as its own engine, its head named by the run's drafter ``eagle3:DIR``, at
+    concurrency 1 and 4, on four requests (four languages):
     every token equals ``none``'s, and vLLM's own counts give its acceptance length."""
     from draftrl.config.serve import ServeConfig
     from draftrl.eval.serving import run_serving_eval
 
     config = ServeConfig(split="heldout", shuffle=False, seed=0, tasks=("code_edit",), max_new_tokens=12,
-                         head=eagle3_head)
-    results = run_serving_eval(tmp_path / "serve", policies="none,eagle3:2", concurrency=[1, 4], config=config)
+                         drafter=f"eagle3:{eagle3_head}")
+    results = run_serving_eval(tmp_path / "serve", policies="none,vllm-eagle3:2", concurrency=[1, 4], config=config)
     assert results["exactness"]["passed"] and not results["exactness"]["greedy_identity"]["mismatches"]
-    assert results["engines"]["eagle3:2"]["head"] == eagle3_head
+    assert results["engines"]["vllm-eagle3:2"]["head"] == eagle3_head
     for level in ("1", "4"):
         table = results["concurrency"][level]["policies"]
         assert {r for r in table["none"]["per_language"]} == {"en", "es", "it", "zh"}
-        assert table["eagle3:2"]["greedy_identical_requests"] == 4
-        counts = table["eagle3:2"]["spec_decoding"]
+        assert table["vllm-eagle3:2"]["greedy_identical_requests"] == 4
+        counts = table["vllm-eagle3:2"]["spec_decoding"]
         assert counts["num_drafts"] > 0 and counts["num_draft_tokens"] == 2 * counts["num_drafts"]
         assert counts["acceptance_length"] == 1 + counts["num_accepted"] / counts["num_drafts"]
         assert table["none"]["spec_decoding"]["num_drafts"] == 0
-        assert table["eagle3:2"]["decode_step_seconds"] > 0
+        assert table["vllm-eagle3:2"]["decode_step_seconds"] > 0

@@ -1,7 +1,7 @@
 """Rules exported with ``draftrl export RULE --format vllm`` start real vLLM from their bundle alone,
 both ``LLM(...)`` in a fresh interpreter and vLLM's OpenAI server over HTTP, and the float32 greedy
-outputs equal vLLM's without speculation: a head rule (``sam:N:K:tT``, route (b): draftrl's proposer
-runs the shipped EAGLE-3 head itself) and a stock rule (``eagle3:1-1:3,2-16:1``, route (a): vLLM's
+outputs equal vLLM's without speculation: a head rule (``stop:K:tT@sam:N``, route (b): draftrl's proposer
+runs the shipped EAGLE-3 head itself) and a stock rule (``vllm-eagle3:1-1:3,2-16:1``, route (a): vLLM's
 own EAGLE-3 with the head and its Dynamic SD table, no draftrl code, K changing with the batch)."""
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from draftrl.cli import main
 from draftrl.decoding.vllm.engine import VLLMEngineConfig, model_path, shared_engine
 
 TOKENS = 24
-RULE = "sam:2:4:t0.6"
-STOCK_RULE = "eagle3:1-1:3,2-16:1"
+RULE = "stop:4:t0.6@sam:2"
+STOCK_RULE = "vllm-eagle3:1-1:3,2-16:1"
 
 #: a fresh interpreter with no draftrl driver, as a user runs the bundle's python line
 SCRIPT = textwrap.dedent("""

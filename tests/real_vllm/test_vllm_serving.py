@@ -68,8 +68,8 @@ def _untrained_ppo(path):
 def test_eval_engine_vllm_writes_the_documented_results(tmp_path):
     out = tmp_path / "serve"
     ppo = _untrained_ppo(tmp_path)
-    other = "class:draftrl.decoding.vllm.proposer.DraftrlProposer:3"  # any custom_class proposer, run as vLLM's
-    code = main(["eval", "--engine", "vllm", "--policies", f"none,ngram:2,fixed:4,heuristic,{other},ppo:{ppo}",
+    other = "vllm-class:draftrl.decoding.vllm.proposer.DraftrlProposer:3"  # any custom_class proposer, run as vLLM's
+    code = main(["eval", "--engine", "vllm", "--policies", f"none,vllm-ngram:2,fixed:4,heuristic,{other},ppo:{ppo}",
                  "--concurrency", "1,2",
                  "--set", "env.num_requests=2", "--set", "env.max_new_tokens=12", "--out", str(out), "--quiet"])
     assert code == 0
@@ -77,7 +77,7 @@ def test_eval_engine_vllm_writes_the_documented_results(tmp_path):
     assert results["exactness"]["passed"] is True
     for level in ("1", "2"):
         table = results["concurrency"][level]["policies"]
-        assert set(table) == {"none", "ngram:2", "fixed:4", "heuristic", other, "ppo"}
+        assert set(table) == {"none", "vllm-ngram:2", "fixed:4", "heuristic", other, "ppo"}
         for p in table.values():
             assert p["tokens_per_second"] > 0 and p["itl_p50"] is not None and p["num_tokens"] > 0
             assert p["tokens_per_cpu_second"] > 0 and p["cpu_speedup_vs_none"] > 0  # the engine thread's CPU clock
@@ -88,7 +88,7 @@ def test_eval_engine_vllm_writes_the_documented_results(tmp_path):
     from draftrl.decoding.vllm.engine import held_engines
 
     assert sorted(map(sorted, results["engine_groups"])) == sorted(
-        [["none"], ["ngram:2"], ["fixed:4", "heuristic", "ppo"], [other]])
+        [["none"], ["vllm-ngram:2"], ["fixed:4", "heuristic", "ppo"], [other]])
     assert results["engine_builds"] == 2 * 4 - 1 and len(held_engines()) == 1
 
 

@@ -52,6 +52,7 @@ from typing import Any
 
 import numpy as np
 
+from draftrl.config.serve import SERVING_DRAFTER
 from draftrl.decoding.admission import RequestAcceptance, StepAction, admit_drafts, draft_cap
 from draftrl.decoding.vllm.guards import guard_cpu_expand
 from draftrl.drafters.base import Drafter
@@ -68,11 +69,6 @@ ACCEPT_DECAY = 0.8
 _TAIL = 8
 
 
-#: The proposer's drafter unless a config names another: suffix n-grams of 3..1 tokens, the chain
-#: continuing the LATEST earlier occurrence (fewer steps and fewer wasted drafts than the earliest,
-#: which vLLM's ``ngram`` takes). Matches of 4 tokens would save another 0.3% of the steps but
-#: shift the match-length features trained policies read.
-SERVING_DRAFTER = "ngram:1:3:latest"
 #: vLLM drafts greedily: proposals are the drafter's top chain.
 _GREEDY = SamplingParams()
 

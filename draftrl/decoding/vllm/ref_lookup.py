@@ -1,6 +1,6 @@
 """A minimal prompt-lookup proposer for vLLM's ``custom_class`` method: the reference that
 issue 10 measured at 1.37x vLLM's own ``ngram``, a baseline for the serving evaluation and the
-benchmarks (``class:draftrl.decoding.vllm.ref_lookup.RefLookupLatest:4``), not draftrl's drafter.
+benchmarks (``vllm-class:draftrl.decoding.vllm.ref_lookup.RefLookupLatest:4``), not draftrl's drafter.
 
 Each step, for every decoding request: match its last n tokens (n from ``max_n`` down to
 ``min_n``) against its earlier tokens and propose up to K tokens that followed the LATEST (or,
