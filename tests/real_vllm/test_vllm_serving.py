@@ -66,6 +66,9 @@ def _untrained_ppo(path):
 
 
 def test_eval_engine_vllm_writes_the_documented_results(tmp_path):
+    from draftrl.decoding.vllm.engine import held_engines, release_engines
+
+    release_engines()  # an engine an earlier test left held could open a load without a build
     out = tmp_path / "serve"
     ppo = _untrained_ppo(tmp_path)
     other = "vllm-class:draftrl.decoding.vllm.proposer.DraftrlProposer:3"  # any custom_class proposer, run as vLLM's
@@ -85,8 +88,6 @@ def test_eval_engine_vllm_writes_the_documented_results(tmp_path):
         assert table["fixed:4"]["greedy_identical_requests"] == table[other]["greedy_identical_requests"] == 2
     # one engine at a time: four engines, each built once per load but where a load opens on the last
     # one's engine, and one left held at the end
-    from draftrl.decoding.vllm.engine import held_engines
-
     assert sorted(map(sorted, results["engine_groups"])) == sorted(
         [["none"], ["vllm-ngram:2"], ["fixed:4", "heuristic", "ppo"], [other]])
     assert results["engine_builds"] == 2 * 4 - 1 and len(held_engines()) == 1
