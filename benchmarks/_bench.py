@@ -36,7 +36,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from draftrl.decoding.clock import device_clock
-from draftrl.envs.workload import encode
+from draftrl.decoding.workload import encode
 from draftrl.io import prepare_out, write_json
 from draftrl.prompts import load_prompts
 from draftrl.signals.costs import hardware_info
@@ -358,7 +358,7 @@ def anchor_method(model, anchor, eos: list[int], device: str = "cpu"):
     """A method for :func:`interleave`: stock Hugging Face ``generate``, plain or with prompt lookup,
     as every speed table's anchors run it (``anchor`` a :class:`draftrl.eval.anchors.Anchor`);
     returns (tokens, target forwards, prefill included)."""
-    from draftrl.envs.workload import Request as Episode
+    from draftrl.decoding.workload import Request as Episode
     from draftrl.eval.anchors import run_anchor
 
     def run(req: Request) -> tuple[list[int], int]:
@@ -385,7 +385,7 @@ def serving_prompts(config) -> list[tuple[str, list[int], int]]:
     from transformers import AutoTokenizer
 
     from draftrl.decoding.vllm.engine import model_path
-    from draftrl.envs.workload import Workload
+    from draftrl.decoding.workload import Workload
 
     workload = Workload(config, AutoTokenizer.from_pretrained(model_path(config.target)))
     return [(r.prompt.id, r.prompt_ids, r.max_new_tokens) for r in (workload.request(i) for i in range(len(workload)))]

@@ -41,9 +41,9 @@ from _bench import (Bench, anchor_method, common_flags, engine_method, interleav
 from draftrl.decoding.engine import EngineConfig, SpeculativeDecoder
 from draftrl.decoding.generate import fixed_schedule, generate
 from draftrl.decoding.schedule import HeuristicSchedule
-from draftrl.envs.round_table import level_path_probs, match_depths
+from draftrl.replay.round_table import level_path_probs, match_depths
 from draftrl.envs.trace_choice import TraceChoiceEnv
-from draftrl.envs.traces import Traces
+from draftrl.replay.traces import Traces
 from draftrl.eval.anchors import Anchor
 from draftrl.eval.bootstrap import paired_ratio_ci
 from draftrl.policies.acceptance_stop import fit_acceptance

@@ -34,8 +34,8 @@ from collections import defaultdict
 
 from _bench import Bench, common_flags, named_dirs, parse_args, stop_flags, stop_rules
 from draftrl.envs.trace_choice import TraceChoiceEnv
-from draftrl.envs.traces import Traces, stored_cost_table
-from draftrl.envs.round_table import level_path_probs, match_depths, round_table
+from draftrl.replay.round_table import level_path_probs, match_depths, round_table
+from draftrl.replay.traces import Traces, stored_cost_table
 from draftrl.eval.headroom import headroom
 from draftrl.policies.acceptance_stop import fit_acceptance
 

@@ -20,7 +20,6 @@ import time
 from pathlib import Path
 
 import gymnasium as gym
-from gymnasium.envs.registration import find_highest_version
 
 import draftrl.envs  # noqa: F401  registers the env ids
 from _bench import Bench, common_flags, median, parse_args, rotate
@@ -62,10 +61,10 @@ def main() -> None:
     bench = Bench(args, __file__)
 
     from draftrl.config.commands import CalibrateSettings
-    from draftrl.envs.calibrate import calibrate
+    from draftrl.replay.calibrate import calibrate
     from draftrl.config.env import load_env_config
-    from draftrl.envs.engines import build_engine
-    from draftrl.envs.traces import collect
+    from draftrl.decoding.build import build_engine
+    from draftrl.replay.traces import collect
 
     config = load_env_config(args.config)
     work = Path(tempfile.mkdtemp(prefix="env_speed_"))
@@ -80,19 +79,19 @@ def main() -> None:
         engine, tokenizer = build_engine(config)
         traces = str(collect(config, engine, tokenizer).save(work / "traces"))
 
-    kwargs = {"SpecDecode": dict(config=config), "SpecDecodeDepth": dict(config=config),
-              "TraceReplay": dict(traces=traces, cost_table=cost_table),
-              "TraceReplayDepth": dict(traces=traces, cost_table=cost_table), "Analytic": {}}
-    ids = {name: f"draftrl/{name}-v{find_highest_version('draftrl', name)}" for name in kwargs}  # newest versions
-    envs = {name: warm_up(gym.make(ids[name], **kw)) for name, kw in kwargs.items()}
-    slices = rotate({name: (lambda env=env: steps_per_second(env, args.seconds / args.repeats))
-                     for name, env in envs.items()}, args.repeats)
-    rates = {name: median(values) for name, values in slices.items()}
-    real = rates["SpecDecode"]
+    live, replay = "draftrl/SpecDecode-v1", "draftrl/TraceReplay-v0"
+    kwargs = {live: dict(config=config), "draftrl/SpecDecodeDepth-v1": dict(config=config),
+              replay: dict(traces=traces, cost_table=cost_table),
+              "draftrl/TraceReplayDepth-v0": dict(traces=traces, cost_table=cost_table), "draftrl/Analytic-v0": {}}
+    envs = {env_id: warm_up(gym.make(env_id, **kw)) for env_id, kw in kwargs.items()}
+    slices = rotate({env_id: (lambda env=env: steps_per_second(env, args.seconds / args.repeats))
+                     for env_id, env in envs.items()}, args.repeats)
+    rates = {env_id: median(values) for env_id, values in slices.items()}
+    real = rates[live]
     where = dict(config=Path(args.config).name, seconds=args.seconds, repeats=args.repeats)
-    for name, rate in rates.items():
-        bench.row({"vs_real": rate / real}, {"steps_per_s": rate}, env=ids[name], **where)
-    bench.row({"replay_vs_real": rates["TraceReplay"] / real}, **where)
+    for env_id, rate in rates.items():
+        bench.row({"vs_real": rate / real}, {"steps_per_s": rate}, env=env_id, **where)
+    bench.row({"replay_vs_real": rates[replay] / real}, **where)
     bench.save()
 
 

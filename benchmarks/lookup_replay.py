@@ -135,7 +135,7 @@ def main() -> None:
     tokens = sum(min(int(r["max_new_tokens"]), len(r["token_ids"])) for r in requests)
     cost = None
     if args.calibration:
-        from draftrl.decoding.vllm.calibrate import StepCostModel
+        from draftrl.replay.serve_calibrate import StepCostModel
 
         cost = StepCostModel.from_calibration(args.calibration)
     results = [replay(arm, requests, cost) for arm in args.arms.split(",") if arm]

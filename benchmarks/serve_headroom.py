@@ -1,4 +1,4 @@
-"""How much any drafting schedule can gain over the best fixed K, in the serving simulator.
+"""How much any drafting schedule can gain over the best fixed K, in the serving replay.
 
 Issue "Learning under load" asks a learned policy for >= 1.10x the best single fixed K over a load
 sweep (geometric mean of per-load speedups). Before training for it, measure the ceiling on this
@@ -16,7 +16,7 @@ same seeds and arrivals for every arm):
 - any ``--policies`` (``dsd:...``, ``ppo:PATH``) through the usual serving runner.
 
 With ``--head [DIR]`` (the EAGLE-3 head; no DIR: the one draftrl ships) the head's proposals are
-replayed too (``draftrl.decoding.replay.HeadProposals``), each head row charged route (b)'s engine as
+replayed too (``draftrl.replay.recordings.HeadProposals``), each head row charged route (b)'s engine as
 ``draftrl calibrate --engine vllm --drafter eagle3`` measured it (``--head-calibration``: its decode
 cells, where the head only takes its rows, and its head cells):
 
@@ -30,7 +30,7 @@ cells, where the head only takes its rows, and its head cells):
   less), drafting only what will be accepted is not the fastest schedule;
 - **optimum** (concurrency 1 only): the exact fewest seconds over every per-step choice of drafter
   and depth, a dynamic program over each request's tokens
-  (``draftrl.decoding.replay.single_stream_optimum``, both drafters priced on route (b)'s engine, the
+  (``draftrl.replay.serve_engine.single_stream_optimum``, both drafters priced on route (b)'s engine, the
   one engine that serves both);
 - **ceiling**: the best of those per load, what any per-request choice of drafter and depth
   could reach here (issue "Policies that choose the drafter" asks a learned one for >= 1.20x the
@@ -41,7 +41,7 @@ kind's geometric mean over the loads and its ratio to the best single fixed K; `
 them in ``results.json`` (the serving runner's files of ``--policies`` in ``OUT/policies/``).
 
     python benchmarks/serve_headroom.py --recordings runs/serve/rec_heldout --calibration runs/serve/vllm_costs.json \\
-        --policies dsd:1-1:6,2-4:4,5-8:2,9-16:1,ppo:runs/serve/ppo_sim --out runs/bench/serve_headroom
+        --policies dsd:1-1:6,2-4:4,5-8:2,9-16:1,ppo:runs/serve/ppo_replay --out runs/bench/serve_headroom
     python benchmarks/serve_headroom.py --recordings ... --calibration ... --quick     # concurrency 1 and 4 only
     python benchmarks/serve_headroom.py --recordings ... --calibration runs/serve/vllm_costs.json \
         --head --head-calibration runs/serve/vllm_head_costs.json --out runs/bench/serve_headroom_head
@@ -58,10 +58,10 @@ import time
 import numpy as np
 
 from _bench import Bench, common_flags, parse_args
-from draftrl.decoding.replay import (Proposals, Recordings, head_proposals, single_stream_fixed,
-                                     single_stream_optimum)
-from draftrl.decoding.vllm.calibrate import StepCostModel
-from draftrl.envs.serve_replay import ServeReplayEnv
+from draftrl.replay.recordings import Proposals, Recordings, head_proposals
+from draftrl.replay.serve_calibrate import StepCostModel
+from draftrl.replay.serve_engine import single_stream_fixed, single_stream_optimum
+from draftrl.envs.serve_vllm import ServeVLLMEnv
 from draftrl.config.serve import load_serve_config
 from draftrl.eval.policy_names import parse_policies
 from draftrl.eval.rollout import episode_throughput
@@ -136,11 +136,12 @@ def main() -> None:
     loads += [("rates", f"{r:g}", {"arrival": "poisson", "rate": r}) for r in rates]
     seed = config.seed if config.seed is not None else 0
 
-    def env_for(cfg, drafter: str = "ngram") -> ServeReplayEnv:
-        return ServeReplayEnv(recordings, cost if drafter == "ngram" else head_cost, cfg, cost_noise=False,
-                              proposals=proposals, drafter=drafter, head_proposals=heads)
+    def env_for(cfg, drafter: str = "ngram") -> ServeVLLMEnv:
+        return ServeVLLMEnv(cfg, engine="replay", recordings=recordings,
+                            calibration=cost if drafter == "ngram" else head_cost, cost_noise=False,
+                            proposals=proposals, drafter=drafter, head_proposals=heads)
 
-    def throughput(env: ServeReplayEnv, policy) -> float:
+    def throughput(env: ServeVLLMEnv, policy) -> float:
         """Tokens per engine second of one episode over the workload, ``policy`` choosing each action."""
         prompt_ids = [prompt.id for prompt in env.workload.prompts][: config.num_requests or None]
         return episode_throughput(env, policy, prompt_ids, seed)

@@ -22,8 +22,8 @@ import argparse
 
 from _bench import Bench, common_flags, median, parse_args, requests, rotations
 from draftrl.config.env import EnvConfig
+from draftrl.decoding.build import build_engine
 from draftrl.decoding.syncs import round_syncs
-from draftrl.envs.engines import build_engine
 from draftrl.models import load_model
 
 

@@ -16,7 +16,7 @@
 
 Training writes it (``draftrl.train``), ``PPOPolicy.load`` and ``draftrl.export`` read it.
 
-A trace directory (``draftrl collect --out DIR``, read by ``draftrl.envs.traces``)::
+A trace directory (``draftrl collect --out DIR``, read by ``draftrl.replay.traces``)::
 
     DIR/trace.json                   header: format, trace_id, config, hardware, prompts
     DIR/trace.npz                    the arrays (tokens, continuations, draft trees)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from draftrl.envs.traces import Traces
+from draftrl.replay.traces import Traces
 from draftrl.prompts import Prompt
 from draftrl.signals.costs import CostTable
 
@@ -30,7 +30,7 @@ def synthetic(seed: int, width: int, lengths=(7, 9, 5), follow=(0, 5)) -> Traces
         prompts.append(Prompt(f"en-chat-{p:03d}", "en", "chat", "tune", "hi", length))
         cont += cont_rng.integers(10, 30, length).tolist()
         cu_pos.append(len(cont))
-        prompt_tokens += [1, 2, 3]
+        prompt_tokens += [1, 2, 3 + p]  # distinct prompts: a replay finds a request by its tokens
         cu_prompt.append(len(prompt_tokens))
     tokens, parents, depths, scores, cu_nodes, signal = [], [], [], [], [0], []
     for p in range(len(lengths)):

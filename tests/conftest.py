@@ -4,7 +4,7 @@
 - ``analytic_run``: PPO on the analytic regime workload (``configs/analytic_regimes.yaml`` shrunk to
   2,048 steps, seconds on CPU): 6 features, 13 depths, VecNormalize on; ``analytic_exports``: it
   exported to ONNX and TorchScript. Used by the export, policy and CLI tests;
-- ``serve_run``: PPO on ``draftrl/ServeReplay-v0`` (``configs/serve_sim_cpu.yaml`` shrunk to 256
+- ``serve_run``: PPO on ``draftrl/ServeReplay-v0`` (``configs/serve_replay_cpu.yaml`` shrunk to 256
   steps over synthetic recordings and costs, seconds on CPU): the serving env's 20 features,
   depths 0/2/8, budgets 0/4/128. Used by the export tests and the real-vLLM export test;
 - ``tiny_traces``: makes a one-prompt ``Traces`` small enough to save and load.
@@ -49,23 +49,17 @@ def analytic_run(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def serve_run(tmp_path_factory) -> Path:
-    import sys
-
-    from draftrl.io import write_json
-
-    sys.path.insert(0, str(ROOT / "tests" / "envs"))
-    sys.path.insert(0, str(ROOT / "tests" / "decoding"))
-    from test_serve_replay import synthetic_recordings
-    from test_vllm_calibrate import synthetic_calibration
+    from serve_recordings import synthetic_calibration, synthetic_recordings
 
     from draftrl.config import load_config
+    from draftrl.io import write_json
     from draftrl.train import ppo_size
     from draftrl.train.config import TrainConfig
 
     base = tmp_path_factory.mktemp("serve")
     synthetic_recordings(12, seed=0).save(base / "tune")
     write_json(base / "costs.json", synthetic_calibration((0.03, 0.002, 0.0006), sd=0.002))
-    cfg = load_config(TrainConfig, ROOT / "configs" / "serve_sim_cpu.yaml", [
+    cfg = load_config(TrainConfig, ROOT / "configs" / "serve_replay_cpu.yaml", [
         f"env.serve.recordings={base / 'tune'}", f"env.serve.calibration={base / 'costs.json'}",
         f"env.eval.serve.recordings={base / 'tune'}", "env.serve.num_requests=6", "env.serve.max_new_tokens=40",
         "env.serve.depths=[0,2,8]", "env.serve.budgets=[0,4,128]", "total_timesteps=256", "ppo.n_envs=1",
@@ -102,7 +96,7 @@ def analytic_exports(analytic_run, tmp_path_factory) -> dict[str, Path]:
 @pytest.fixture
 def tiny_traces():
     """``tiny_traces(token=7)``: one prompt, two positions, a one-node chain per position."""
-    from draftrl.envs.traces import Traces
+    from draftrl.replay.traces import Traces
     from draftrl.prompts import Prompt
 
     def make(token: int = 7) -> Traces:

@@ -1,4 +1,4 @@
-"""Grid-search vLLM's Dynamic SD table (K per batch-size range) in the serving simulator.
+"""Grid-search vLLM's Dynamic SD table (K per batch-size range) in the serving replay.
 
 Every table of depths over the batch-size ranges (K never growing with the batch, by default) runs
 on ``draftrl/ServeReplay-v0`` with the tuning split's recordings and the calibrated step cost, at
@@ -17,12 +17,12 @@ import argparse
 import os
 import time
 
-from draftrl.decoding.replay import Proposals, Recordings
-from draftrl.decoding.vllm.calibrate import StepCostModel
-from draftrl.envs.serve_replay import ServeReplayEnv
 from draftrl.config.serve import load_serve_config
+from draftrl.envs.serve_vllm import ServeVLLMEnv
 from draftrl.eval.dsd_search import search_dsd
 from draftrl.io import prepare_out, write_json
+from draftrl.replay.recordings import Proposals, Recordings
+from draftrl.replay.serve_calibrate import StepCostModel
 
 
 def parse_loads(text: str) -> list[dict]:
@@ -63,7 +63,8 @@ def main() -> None:
     proposals = Proposals(recordings, config.max_depth)
     ranges = tuple(tuple(int(x) for x in r.split("-")) for r in args.ranges.split(","))
     t0 = time.perf_counter()
-    scored = search_dsd(lambda cfg, spec: ServeReplayEnv(recordings, cost, cfg, proposals=proposals), config,
+    scored = search_dsd(lambda cfg, spec: ServeVLLMEnv(cfg, engine="replay", recordings=recordings, calibration=cost,
+                                                     proposals=proposals), config,
                         parse_loads(args.loads), ranges=ranges, ks=tuple(int(k) for k in args.ks.split(",")),
                         monotone=not args.any_order)
     seconds = time.perf_counter() - t0
@@ -74,7 +75,7 @@ def main() -> None:
         print(f"geomean={r['score']:.3f}x  {per_load}  {r['label']}")
     print(f"best={best['label']}  geomean={best['score']:.3f}x  best_constant={constant[0]['label']} "
           f"{constant[0]['score']:.3f}x  tables={len(scored)}  seconds={seconds:.0f}  "
-          f"load1={os.getloadavg()[0]:.2f}  (simulator, {args.recordings})")
+          f"load1={os.getloadavg()[0]:.2f}  (replay, {args.recordings})")
     write_json(out / "dsd_grid.json", {"best": best["label"], "loads": args.loads, "ranges": args.ranges,
                                                   "calibration": args.calibration, "recordings": args.recordings,
                                                   "seconds": seconds, "tables": scored})

@@ -1,7 +1,7 @@
 """``draftrl calibrate``: measure what a round costs on this machine and write a cost table.
 
 Prints g(V) = cost(V) / cost(1) per context length; the measurement is
-:func:`draftrl.envs.calibrate.calibrate` (what is timed and how: its module docstring).
+:func:`draftrl.replay.calibrate.calibrate` (what is timed and how: its module docstring).
 
     draftrl calibrate --json --out costs.json
 """
@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from draftrl.cli import _options
-from draftrl.decoding.vllm.calibrate import CalibrationSizes
+from draftrl.replay.serve_calibrate import CalibrationSizes
 
 #: The vLLM cells measured by default (importing the module does not import vLLM).
 SIZES = CalibrationSizes()
@@ -46,7 +46,7 @@ def add_parser(subparsers) -> None:
     keyed(p, "--temperature", key="env.temperature", type=float, help="sampling transform timed by the sample cost")
     p.add_argument("--engine", choices=["hf", "vllm"], default="hf",
                    help="vllm: step seconds of an in-process vLLM engine vs sequences and tokens verified "
-                        "(draftrl.decoding.vllm.calibrate; --target, --dtype, --threads apply; --drafter eagle3[:PATH] "
+                        "(draftrl.replay.serve_calibrate; --target, --dtype, --threads apply; --drafter eagle3[:PATH] "
                         "also times what the head's drafting adds to a step)")
     p.add_argument("--batch-sizes", type=_ints, default=SIZES.batch_sizes, help="vllm: running sequences")
     p.add_argument("--depths", type=_ints, default=SIZES.depths, help="vllm: draft tokens per sequence")
@@ -88,7 +88,7 @@ def g_lines(table) -> list[str]:
 
 
 def run_vllm(args: argparse.Namespace) -> int:
-    from draftrl.decoding.vllm.calibrate import calibrate_model
+    from draftrl.replay.serve_calibrate import calibrate_model
     from draftrl.decoding.vllm.head_proposer import needs_head
     from draftrl.io import write_json
 
@@ -115,7 +115,7 @@ def run_vllm(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from draftrl.envs.calibrate import calibrate
+    from draftrl.replay.calibrate import calibrate
 
     if args.out and Path(args.out).exists() and not args.overwrite:  # before minutes of timing, not after
         raise ValueError(f"--out {args.out} exists (an earlier calibration); pass --overwrite to replace it or "

@@ -3,8 +3,8 @@
 Reads an env config (YAML with an ``env:`` section, e.g. ``configs/tiny_cpu.yaml``), decodes
 every selected prompt greedily with the real target and stores, from every true prefix, the
 drafter's tree of ``max(env.depths)`` levels and ``env.width`` nodes per level (see
-``draftrl.envs.traces``). The resolved config, the hardware and (with ``--cost-table``) the cost
-table are saved next to the traces, all three replaced as one unit (``draftrl.envs.traces``).
+``draftrl.replay.traces``). The resolved config, the hardware and (with ``--cost-table``) the cost
+table are saved next to the traces, all three replaced as one unit (``draftrl.replay.traces``).
 
 An existing trace directory is replaced only with ``--overwrite``; finished prompts are kept in
 ``OUT/.partial/``, so after an interruption (Ctrl-C, a crash) the same command resumes.
@@ -76,12 +76,10 @@ def serving_config(args: argparse.Namespace):
 
 
 def run_vllm(args: argparse.Namespace) -> int:
-    """Recordings for ``draftrl/ServeReplay-v0`` (``draftrl.envs.serve_replay.record_workload``)."""
-    from draftrl.decoding.replay import RECORDINGS_FILE
-    from draftrl.envs.serve_replay import record_workload
-    from draftrl.io import prepare_out
-
+    """Recordings for ``draftrl/ServeReplay-v0`` (``draftrl.replay.recordings.record_workload``)."""
     from draftrl.config.serve import SERVING_DRAFTER
+    from draftrl.io import prepare_out
+    from draftrl.replay.recordings import RECORDINGS_FILE, record_workload
 
     config = serving_config(args)
     if config.drafter != SERVING_DRAFTER:
@@ -98,12 +96,12 @@ def run_vllm(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from draftrl.envs.engines import build_engine
+    from draftrl.decoding.build import build_engine
 
     if args.engine == "vllm":
         return run_vllm(args)
     _options.refuse_vllm_engine(args, "draftrl collect")
-    from draftrl.envs.traces import collect
+    from draftrl.replay.traces import collect
     from draftrl.runs import PARTIAL_DIR
     from draftrl.signals.costs import CostTable
 

@@ -14,9 +14,9 @@ Learning under load in real vLLM (needs vLLM installed; ``draftrl.eval.serve_dem
     draftrl demo --engine vllm --quick     # a few minutes
     draftrl demo --engine vllm --set rates=[1,4,16] --out runs/serve_demo2
 
-calibrate -> collect -> PPO in the serving simulator -> Dynamic SD grid -> every policy in vLLM
+calibrate -> collect -> PPO in the serving replay -> Dynamic SD grid -> every policy in vLLM
 under a Poisson load sweep; per rate a table, ratios to no speculation first (vLLM, then the
-simulator), and the sweep plot. Run it again after an interruption: finished steps are skipped.
+replay), and the sweep plot. Run it again after an interruption: finished steps are skipped.
 """
 
 from __future__ import annotations
@@ -219,7 +219,7 @@ def run_vllm(args: argparse.Namespace) -> int:
 
 
 def print_serve_summary(summary: dict) -> None:
-    """Per rate: every policy's speedup over no speculation in vLLM and in the simulator, then
+    """Per rate: every policy's speedup over no speculation in vLLM and in the replay, then
     throughput and latency; then the geometric mean over rates, exactness, time and files."""
     from rich.console import Console
     from rich.markup import escape
@@ -232,11 +232,12 @@ def print_serve_summary(summary: dict) -> None:
     for rate, rows in summary["rates"].items():
         table = Table(title=f"Poisson {rate} requests/s, held-out requests, {hardware_name(summary['hardware'])}; "
                             "policies interleaved, ratios from one run")
-        for i, col in enumerate(("policy", "vs none (vLLM)", "vs none (sim)", "tokens/s", "TTFT p50 s",
+        for i, col in enumerate(("policy", "vs none (vLLM)", "vs none (replay)", "tokens/s", "TTFT p50 s",
                                  "ITL p50 ms", "ITL p95 ms")):
             table.add_column(col, justify="left" if i == 0 else "right")
         for name, r in sorted(rows.items(), key=lambda kv: -kv[1]["speedup_vs_none"]):
-            table.add_row(escape(name), f"{r['speedup_vs_none']:.2f}x", fmt(r["sim_speedup_vs_none"], spec="{:.2f}x"),
+            table.add_row(escape(name), f"{r['speedup_vs_none']:.2f}x",
+                          fmt(r["replay_speedup_vs_none"], spec="{:.2f}x"),
                           f"{r['tokens_per_second']:.1f}", fmt(r["ttft_p50"]), fmt(r["itl_p50"], 1e3, "{:.0f}"),
                           fmt(r["itl_p95"], 1e3, "{:.0f}"))
         console.print(table)
@@ -244,7 +245,7 @@ def print_serve_summary(summary: dict) -> None:
                                                                  key=lambda kv: -kv[1]))
     console.print(f"geometric mean over rates, vs none: {geo}")
     tau = summary["kendall_tau"]
-    console.print(f"simulator vs vLLM ranking: Kendall tau {fmt(tau)} over every (rate, policy)")
+    console.print(f"replay vs vLLM ranking: Kendall tau {fmt(tau)} over every (rate, policy)")
     ex = summary["exactness"]
     how = ("float32 greedy identity against vLLM without speculation" if ex["greedy_identity"]["checked"]
            else "the monitor on the sampled streams")

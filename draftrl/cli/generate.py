@@ -84,8 +84,8 @@ def run(args: argparse.Namespace) -> int:
     from draftrl.decoding.generate import fixed_schedule, generate
     from draftrl.decoding.monitor import ExactnessMonitor, ExactnessViolation
     from draftrl.drafters.registry import check_drafter_spec
-    from draftrl.envs.engines import build_engine
-    from draftrl.envs.workload import encode
+    from draftrl.decoding.build import build_engine
+    from draftrl.decoding.workload import encode
     from draftrl.models import check_model_spec, load_model
 
     cfg = config(args)

@@ -16,7 +16,7 @@ import numpy as np
 from draftrl.config import from_dict, read_env_file
 from draftrl.config.workload import WorkloadConfig
 
-#: Reward modes (see ``draftrl.envs.rewards``).
+#: Reward modes (see ``draftrl.signals.rewards``).
 REWARD_MODES: tuple[str, ...] = ("ratio", "throughput")
 
 
@@ -60,7 +60,7 @@ class EnvConfig(WorkloadConfig):
     cost_decay: float = 0.9
     """per-sample decay of the running cost averages (verify, draft)"""
     reward: str = "ratio"
-    """ratio: tokens - rho * seconds; throughput: tokens / seconds (see draftrl.envs.rewards)"""
+    """ratio: tokens - rho * seconds; throughput: tokens / seconds (see draftrl.signals.rewards)"""
     rho: float = 0.0
     """initial throughput estimate in tokens/s for reward=ratio; 0 = from the cost table or the first round"""
     rho_rate: float = 0.1

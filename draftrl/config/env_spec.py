@@ -181,7 +181,7 @@ class EnvSpec(EnvConfig):
             if not (serve.recordings and serve.calibration):
                 raise ValueError(f"{self.section}.serve.recordings and {self.section}.serve.calibration must both be "
                                  f"set for {self.id} "
-                                 "(see configs/serve_sim_cpu.yaml).")
+                                 "(see configs/serve_replay_cpu.yaml).")
             return {"recordings": serve.recordings, "calibration": serve.calibration, "config": serve.serve_config(),
                     "cost_jitter": serve.cost_jitter, "cost_noise": serve.cost_noise, "loads": list(serve.loads),
                     **depth}

@@ -131,7 +131,7 @@ def draft_cap(action_depth: int, own_depth: float, max_depth: int, max_model_len
 
 def admit_drafts(histories: list[RequestAcceptance], match_len: np.ndarray, wanted: np.ndarray,
                  budget: int | None) -> tuple[np.ndarray, np.ndarray]:
-    """One step's admission over a batch (the vLLM proposer's and the serving simulator's rule).
+    """One step's admission over a batch (the vLLM proposer's and the serving replay's rule).
 
     :param histories: ``[A]`` the requests' draft histories; ``last_proposed`` is set to the admitted count
     :param match_len: ``[A]`` matched n-gram lengths

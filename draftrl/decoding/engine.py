@@ -27,7 +27,7 @@ from draftrl.decoding.acceptance import accept_tree
 from draftrl.decoding.argmax_check import check_argmax
 from draftrl.decoding.clock import device_clock
 from draftrl.decoding.stats import TokenStats
-from draftrl.drafters.base import Drafter, LevelDrafter
+from draftrl.drafters.base import Drafter, LevelDrafter, TreeBuilder
 from draftrl.drafters.tree import DraftTree
 from draftrl.models.distribution import SamplingParams, generator_for
 from draftrl.models.kv import cache_argument, crop, keep_tail, last_logits_only
@@ -151,8 +151,12 @@ class SpeculativeDecoder:
     ``round(depth, verify_size, width)``: the drafter proposes a tree of ``depth`` levels and
     ``width`` nodes per level; the target verifies the ``verify_size`` best nodes in one forward
     under a tree attention mask and the longest valid path is accepted exactly; both KV caches
-    keep only the accepted path. ``depth=0`` is a plain target step.
+    keep only the accepted path. ``depth=0`` is a plain target step. It is the live
+    :class:`~draftrl.decoding.interface.RoundEngine` of the round envs.
     """
+
+    samples = True
+    """a request takes a sampling seed (``start(seed=...)``), and the exactness monitor tests its output"""
 
     def __init__(
         self,
@@ -197,8 +201,11 @@ class SpeculativeDecoder:
 
     # ------------------------------------------------------------------ request
     @torch.inference_mode()
-    def start(self, prompt_ids: list[int], seed: int | None = None, prefill: bool = True) -> float:
+    def start(self, prompt_ids: list[int], seed: int | None = None, prefill: bool = True, rng=None) -> float:
         """Begin a request: prefill the target with the whole prompt. Returns seconds.
+
+        ``seed`` seeds the sampling generator; ``rng`` (the caller's numpy generator, which a replayed
+        engine draws its cost noise from) is not used: the live engine's randomness is its generator.
 
         The prefill keeps the logits at the last prompt token, so the first round's verification
         feeds only its drafts (a plain first step needs no forward at all), as Hugging Face
@@ -241,6 +248,47 @@ class SpeculativeDecoder:
     @property
     def output_ids(self) -> list[int]:
         return self.ids[self.num_prompt_tokens :]
+
+    @property
+    def drafts_levels(self) -> bool:
+        """Whether :meth:`begin_levels` can grow this engine's drafts a level at a time."""
+        return isinstance(self.drafter, LevelDrafter)
+
+    def check(self, config) -> None:
+        """Refuse an ``EnvConfig`` whose sampling or limits contradict this engine (an env's config)."""
+        ec = self.config
+        for name in ("temperature", "top_k", "top_p"):
+            if getattr(ec, name) != getattr(config, name):
+                raise ValueError(
+                    f"engine {name}={getattr(ec, name)!r} differs from EnvConfig.{name}={getattr(config, name)!r}; "
+                    "build the engine from the same config with draftrl.decoding.build.build_engine(config, target)."
+                )
+        if config.max_depth > ec.max_depth:
+            raise ValueError(
+                f"EnvConfig.depths reach {config.max_depth} but the engine allows max_depth={ec.max_depth}; "
+                "raise EngineConfig.max_depth or shrink the action space."
+            )
+        if config.width > ec.max_width:
+            raise ValueError(f"EnvConfig.width={config.width} exceeds EngineConfig.max_width={ec.max_width}.")
+        if max(config.verify_sizes) > ec.max_verify_size:
+            raise ValueError(
+                f"EnvConfig.verify_sizes reach {max(config.verify_sizes)} but EngineConfig.max_verify_size="
+                f"{ec.max_verify_size}; raise it or shrink the action space."
+            )
+        if config.monitor and not ec.token_stats:
+            raise ValueError("EnvConfig.monitor=True needs the engine's per-token statistics but it was built with "
+                             "EngineConfig.token_stats=False; build it with token_stats=True or set monitor=False.")
+        if config.max_depth > 0 and self.drafter is None:
+            raise ValueError(f"EnvConfig.depths={list(config.depths)} need a drafter but the engine has none; "
+                             "use depths: [0] or a drafter.")
+
+    def begin_levels(self, width: int) -> TimedLevels:
+        """This round's draft tree after ``ids``, one level per ``step()``, each step timed on the engine's
+        clock (verify it with :meth:`round_from_tree`)."""
+        if not self.drafts_levels:
+            raise ValueError(f"{type(self.drafter).__name__} drafts whole trees only; a level-by-level round needs "
+                             "a LevelDrafter (ngram, layerskip:N, eagle3, sam or a draft model).")
+        return TimedLevels(lambda: self.drafter.begin(self.ids, width, self.params, self.generator), self.clock)
 
     @property
     def remaining(self) -> int:
@@ -440,3 +488,29 @@ class SpeculativeDecoder:
         if len(emitted) >= self.remaining:
             return "length"
         return None
+
+
+class TimedLevels(TreeBuilder):
+    """A drafter's :class:`~draftrl.drafters.base.TreeBuilder`, begun at the first ``step()`` and each step
+    timed on ``clock`` (``step_seconds``: the drafter's ``begin`` included in the first), so that an env
+    charges every level what it cost."""
+
+    def __init__(self, begin: Callable[[], TreeBuilder], clock: Callable[[], float]):
+        self._begin, self._clock = begin, clock
+        self._builder: TreeBuilder | None = None
+        self.step_seconds = 0.0
+
+    def step(self) -> bool:
+        t0 = self._clock()
+        if self._builder is None:
+            self._builder = self._begin()
+        grew = self._builder.step()
+        self.step_seconds = self._clock() - t0
+        return grew
+
+    def level_features(self) -> dict[str, float]:
+        return self._builder.level_features() if self._builder is not None else {}
+
+    @property
+    def tree(self) -> DraftTree:
+        return self._builder.tree if self._builder is not None else DraftTree()

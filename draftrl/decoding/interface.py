@@ -1,4 +1,11 @@
-"""The engine interface that the serving environment, evaluation and export drive.
+"""The two engine interfaces the envs, evaluation and export drive: one request a round at a time
+(:class:`RoundEngine`), a batch a step at a time (:class:`ServingEngine`). Each has a live
+implementation here in ``decoding`` and a replayed one in ``draftrl.replay``; an env drives either.
+
+A *round engine* decodes one request; each **round** drafts a tree, verifies it in one target
+forward and emits the accepted tokens plus one (:class:`~draftrl.decoding.engine.RoundResult`):
+:class:`draftrl.decoding.engine.SpeculativeDecoder` (live) and
+:class:`draftrl.replay.round_engine.TraceRoundEngine` (greedy traces, a cost table's seconds).
 
 A *serving engine* holds a batch of requests and advances all of them by one **engine step**
 at a time; the step's action is a :class:`~draftrl.decoding.admission.StepAction` (a draft depth
@@ -12,6 +19,9 @@ cap and a verification budget for the whole batch). Two implementations:
   vLLM drafts at the end of a step for the next one, so the action given to step ``t`` is
   verified in step ``t + 1`` (``action_lag = 1``).
 
+- :class:`draftrl.replay.serve_engine.ReplayEngine`: recordings replayed with vLLM's step
+  semantics and a calibrated step cost (``action_lag = 1``).
+
 Terms as in :mod:`draftrl.decoding.engine`: a request gains ``num_accepted + 1`` tokens in a
 step in which it decodes (fewer only at EOS or its token limit).
 """
@@ -21,11 +31,16 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Callable, Protocol, runtime_checkable
 
 import numpy as np
 
 from draftrl.decoding.admission import StepAction
+
+if TYPE_CHECKING:
+    from draftrl.decoding.engine import EngineConfig, RoundResult
+    from draftrl.drafters.base import TreeBuilder
+    from draftrl.drafters.tree import DraftTree
 
 
 @dataclass
@@ -78,6 +93,65 @@ class EngineStep:
 
 
 @runtime_checkable
+class RoundEngine(Protocol):
+    """One request decoded a round at a time: what ``SpecDecodeEnv`` and ``SpecDecodeDepthEnv`` use.
+
+    Optional members: ``lookahead(depths, verify_sizes, value) -> [i, j]`` (the coming round's best
+    grid indices by ``value(tokens, seconds)``, for an engine that knows the continuation: the envs'
+    ``lookahead_action``) and ``workload(config)`` (the requests an engine that replays recordings
+    can play: the env's workload then).
+    """
+
+    config: EngineConfig
+    """``max_new_tokens`` (the env sets it per request), ``max_depth``, ``max_verify_size``"""
+    samples: bool
+    """whether a request takes a sampling seed and its output is the exactness monitor's to test"""
+    finished: bool
+    """the request is done (EOS or ``max_new_tokens``)"""
+
+    @property
+    def drafts_levels(self) -> bool:
+        """Whether :meth:`begin_levels` can grow a tree a level at a time."""
+
+    @property
+    def ids(self) -> list[int]:
+        """Prompt and emitted tokens."""
+
+    @property
+    def output_ids(self) -> list[int]:
+        """Emitted tokens."""
+
+    @property
+    def remaining(self) -> int:
+        """Tokens the request may still emit."""
+
+    def check(self, config: Any) -> None:
+        """Refuse an ``EnvConfig`` this engine cannot play (one line naming the fix)."""
+
+    def start(self, prompt_ids: list[int], seed: int | None = None, prefill: bool = False,
+              rng: np.random.Generator | None = None) -> float:
+        """Begin a request (``seed``: the sampler's; ``rng``: the env's, for an engine that draws per-episode
+        noise); returns the seconds it took."""
+
+    def features(self) -> dict[str, float]:
+        """The drafter's signals before the coming round (never target output)."""
+
+    def round(self, depth: int, verify_size: int | None = None, width: int = 1) -> RoundResult:
+        """Draft up to ``depth`` levels, verify ``verify_size`` nodes (None = all), emit what is accepted."""
+
+    def begin_levels(self, width: int) -> TreeBuilder:
+        """The coming round's tree, one level per ``step()``; each step's seconds in ``step_seconds``."""
+
+    def round_from_tree(self, tree: DraftTree, verify_size: int | None = None, *, draft_seconds: float = 0.0,
+                        depth: int | None = None, width: int = 1) -> RoundResult:
+        """Verify a tree grown by :meth:`begin_levels` (``draft_seconds``: its levels' seconds)."""
+
+
+#: ``value(tokens, seconds)`` of a round, which ``RoundEngine.lookahead`` maximises.
+RoundValue = Callable[[int, float], float]
+
+
+@runtime_checkable
 class ServingEngine(Protocol):
     """A batch of requests advanced one engine step at a time under a batch action."""
 
@@ -108,10 +182,14 @@ class ServingEngine(Protocol):
     def abort_all(self) -> None:
         """Drop every queued and running request (an episode ended early)."""
 
+    # Optional members: ``restart(rng)`` (an engine that draws per-episode noise draws it from the env's
+    # ``rng`` when an episode starts: the replay) and ``clone()`` (a copy whose steps leave the engine
+    # untouched: the env's ``lookahead_action`` explores on it).
+
 
 class QueuedBatch:
     """Request bookkeeping of an engine that keeps its own queue (the Hugging Face batch engine,
-    the serving simulator): ``waiting`` requests join ``running`` at a step when there is room;
+    the serving replay): ``waiting`` requests join ``running`` at a step when there is room;
     ``_signals`` holds the last step's ``request_signals()``."""
 
     def _start_queue(self) -> None:

@@ -50,7 +50,7 @@ alpha_k = (alpha / 4) * 6 / (pi^2 (k + 1)^2), which sums to alpha / 4 over an un
 ``agreement`` is time-uniform (Ville), checked after every token at no extra cost. Apart from
 impossible tokens nothing is raised before ``min_tokens`` informative tokens. ``check_every``
 only delays evaluation; it never changes what is tested, so the rate does not depend on it.
-Measured with the simulator of tests/decoding/test_monitor.py (3000 exact streams of 3200
+Measured with the simulated samplers of tests/decoding/test_monitor.py (3000 exact streams of 3200
 tokens, alpha = 0.05): P(any raise) = 0.027; pit_chi2 0.009, pit_ks 0.009, entropy 0.004, agreement
 0.006, each against a share of 0.0125.
 

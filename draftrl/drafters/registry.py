@@ -41,7 +41,7 @@ class DrafterContext:
     device: str = "cpu"
     load: Callable[[str, str, str], LoadedModel] = _load
     """``(spec, dtype, device) -> LoadedModel`` for a separate draft model; the envs pass
-    ``draftrl.envs.engines.shared_model`` so that every env of a process shares one copy"""
+    ``draftrl.models.shared_model`` so that every env of a process shares one copy"""
 
 
 @dataclass(frozen=True)

@@ -1,22 +1,37 @@
-"""``draftrl/ServeVLLM-v0``: a serving engine under load as a Gymnasium env, one engine step per step."""
+"""``draftrl/ServeVLLM-v0`` and ``draftrl/ServeReplay-v0``: a serving engine under load as a Gymnasium env,
+one engine step per step, over a live engine (vLLM by default) or its replay
+(:class:`~draftrl.replay.serve_engine.ReplayEngine`, ``kwargs={"engine": "replay"}``)."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, SupportsFloat
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, SupportsFloat
 
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from draftrl.decoding.admission import StepAction
-from draftrl.envs.rewards import RewardModel
 from draftrl.config import resolve
 from draftrl.config.serve import ServeConfig
-from draftrl.envs.workload import Workload
+from draftrl.decoding.admission import StepAction
+from draftrl.decoding.workload import Workload
+from draftrl.signals.rewards import RewardModel
 # the observation table (OBSERVATION, FEATURE_NAMES) lives with the code that builds it, which the
 # exported vLLM proposer shares; importers keep reading the names from here
 from draftrl.signals.serving import FEATURE_NAMES, OBSERVATION, ServingFeatures, StepCounts  # noqa: F401
+
+if TYPE_CHECKING:
+    from draftrl.decoding.interface import ServingEngine
+    from draftrl.replay.recordings import HeadProposals, Proposals, Recordings
+    from draftrl.replay.serve_calibrate import StepCostModel
+
+#: The engines the env builds itself: ``live`` (vLLM in-process with draftrl's proposer; also
+#: ``engine=None``) and ``replay`` (``ReplayEngine`` over ``recordings`` and ``calibration``).
+ENGINES = ("live", "replay")
+#: ServeConfig fields a per-episode load (``loads``) may set.
+LOAD_KEYS = ("arrival", "concurrency", "rate", "burst_size", "burst_interval")
 
 
 @dataclass
@@ -55,7 +70,14 @@ class ServeVLLMEnv(gym.Env[np.ndarray, np.ndarray]):
     A serving engine (vLLM in-process by default, with draftrl's proposer drafting with
     ``drafter``, n-gram lookup by default, as its ``custom_class`` proposer) decoding a
     workload of requests that arrive over time. One env
-    step is one engine step over the whole running batch. The agent chooses, every step, a
+    step is one engine step over the whole running batch. ``draftrl/ServeReplay-v0``
+    (``engine="replay"``) replaces the engine by its replay,
+    :class:`~draftrl.replay.serve_engine.ReplayEngine`: the recorded greedy continuations of the
+    workload's requests (``draftrl collect --engine vllm``), the drafter's proposal recomputed at
+    every true prefix (exact acceptance at temperature 0), vLLM's step semantics (prefill step,
+    one-step action lag, ``max_num_seqs``, admission by survival score) and step seconds from the
+    cost model fitted on ``draftrl calibrate --engine vllm``. No model runs in the replay: a step
+    takes tens of microseconds, and a policy moves between the two unchanged. The agent chooses, every step, a
     depth cap (the most draft tokens any request may propose) and a verification budget (the
     most draft tokens the whole batch may verify); the proposer admits the batch's best draft
     positions by their survival estimate (``draftrl.decoding.admission``). vLLM verifies
@@ -107,7 +129,15 @@ class ServeVLLMEnv(gym.Env[np.ndarray, np.ndarray]):
     Wall clock, NOT reproducible run to run. With ``tokens`` the tokens all requests gained in
     the step and ``seconds`` its wall time: ``reward="ratio"`` (default) pays
     ``tokens - rho * seconds`` (``rho`` a running tokens/s estimate, frozen within an episode);
-    ``reward="throughput"`` pays ``tokens / seconds`` (``draftrl.envs.rewards``).
+    ``reward="throughput"`` pays ``tokens / seconds`` (``draftrl.signals.rewards``).
+
+    In the replay ``seconds`` (reward, clock, TTFT, ITL) are the cost model's:
+    ``(base + per_seq * B) * j1 + (per_token * tokens + per_prefill_token * prompt_tokens) * j2
+    + residual_std * z``, with ``B`` the sequences in the step, ``tokens`` the tokens its forward
+    verifies (drafts + 1 of decoding requests), ``prompt_tokens`` the prompts of the requests it
+    prefills (calibrated apart: a prompt token costs far less than a decode token), ``j1, j2``
+    mean-one lognormal factors of sigma ``cost_jitter`` drawn per episode, ``z ~ N(0, 1)`` per step
+    when ``cost_noise`` (floored at a tenth of the mean). Deterministic given the seed.
 
     ## Starting State
 
@@ -115,7 +145,8 @@ class ServeVLLMEnv(gym.Env[np.ndarray, np.ndarray]):
     arrival times (``arrival``: ``fixed`` keeps ``concurrency`` requests in flight, ``poisson``
     draws exponential gaps at ``rate`` requests per second of engine time, ``burst`` releases
     ``burst_size`` requests every ``burst_interval`` seconds) and admits the requests that have
-    arrived at time 0. Idle time before the next arrival is skipped (and not rewarded).
+    arrived at time 0. Idle time before the next arrival is skipped (and not rewarded). With
+    ``loads`` each episode first draws its load (the arrival process and its parameters).
 
     ## Episode End
 
@@ -125,56 +156,101 @@ class ServeVLLMEnv(gym.Env[np.ndarray, np.ndarray]):
     ## Information
 
     ``num_emitted`` (tokens all requests gained in the step), ``seconds``, ``cpu_seconds`` (the
-    engine's thread CPU seconds, None in the simulator), ``num_verified`` (drafts verified in the
+    engine's thread CPU seconds, None in the replay), ``num_verified`` (drafts verified in the
     step), ``num_accepted``, ``num_proposed`` (drafts proposed for the next step), ``running``,
     ``waiting``, ``depth``, ``budget``, ``clock`` (engine seconds since reset), ``finished``
     (request ids finished in the step); at the end ``requests`` (:class:`RequestTimeline` list:
-    arrival, token times and ids per request, for TTFT and inter-token latency).
+    arrival, token times and ids per request, for TTFT and inter-token latency). ``reset`` returns
+    ``num_requests``, ``arrivals`` and the episode's ``load``.
 
     ## Arguments
 
     ```python
     env = gym.make("draftrl/ServeVLLM-v0", arrival="poisson", rate=8.0, split="heldout")
     env = ServeVLLMEnv(ServeConfig(concurrency=16), engine=my_engine, tokenizer=tok)   # any ServingEngine
+    env = gym.make("draftrl/ServeReplay-v0", recordings="runs/serve/rec", calibration="runs/serve/cal.json",
+                   arrival="poisson", rate=8.0, cost_jitter=0.1)
     ```
 
     ``config`` (:class:`~draftrl.config.serve.ServeConfig`, a dict or None) plus keyword
-    overrides; ``engine`` (any ``draftrl.decoding.interface.ServingEngine``; default: vLLM with
-    draftrl's proposer drafting with ``config.drafter``, one per process and config) and ``tokenizer``.
+    overrides; ``engine``: ``None`` or ``"live"`` (vLLM with draftrl's proposer drafting with
+    ``config.drafter``, one per process and config), ``"replay"``, or any
+    :class:`~draftrl.decoding.interface.ServingEngine`; ``tokenizer`` (default: the target's); ``loads`` (a list of dicts of arrival fields, e.g.
+    ``[{"concurrency": 1}, {"arrival": "poisson", "rate": 8.0}]``: each episode draws one, so a
+    policy trains across loads; default: the config's).
+
+    The replay's (``engine="replay"``): ``recordings`` (a directory from ``draftrl collect --engine
+    vllm`` or :class:`~draftrl.replay.recordings.Recordings`: the recorded prompts are the
+    workload), ``calibration`` (a ``draftrl calibrate --engine vllm`` JSON, refitted on load, or a
+    ``StepCostModel``), ``cost_jitter`` (default 0), ``cost_noise`` (default True), ``proposals``
+    (precomputed n-gram proposals to share between envs). ``temperature`` must be 0 and ``rule``
+    ``match``, ``heuristic`` or ``hindsight`` (replay only: each request drafts just what it will
+    accept, the ceiling of per-request depth control; ``benchmarks/serve_headroom.py``).
+    ``drafter`` (default ``ngram``) and ``head_proposals`` replay an EAGLE-3 head too (``eagle3``,
+    ``sam:N``, ``best``: :class:`~draftrl.replay.serve_engine.ReplayEngine`), with the
+    calibration's head cells as its cost; the config's ``drafter`` (a drafter spec) names the same
+    (:func:`~draftrl.replay.serve_engine.replay_drafter`).
+
+    ``env.unwrapped.lookahead_action()`` (replay only; None on an engine that cannot be cloned): the
+    greedy one-step lookahead (the ``LookAhead`` baseline).
 
     ## Version History
 
+    ``draftrl/ServeVLLM-v0``:
+
     - v0: initial version.
+
+    ``draftrl/ServeReplay-v0`` (``engine="replay"``):
+
+    - v0: initial version (``ServeReplayEnv``). Since issue 42 this class with the replay engine
+      injected; its episodes are bit-identical for the same seed and actions
+      (``tests/envs/test_replay_ids_fixture.py``), so the version stands.
     """
 
     metadata = {"render_modes": []}
     #: an episode is a whole workload, not one prompt (``evaluate_policy_on_env`` then does not pick prompts)
     one_request_per_episode = False
 
-    def __init__(self, config: ServeConfig | dict | None = None, *, engine=None, tokenizer=None,
-                 render_mode: str | None = None, **overrides: Any):
+    def __init__(self, config: ServeConfig | dict | None = None, *, engine: "str | ServingEngine | None" = None,
+                 tokenizer=None, loads: list[dict[str, Any]] | None = None,
+                 recordings: "str | Path | Recordings | None" = None,
+                 calibration: "str | Path | dict | StepCostModel | None" = None, cost_jitter: float = 0.0,
+                 cost_noise: bool = True, proposals: "Proposals | None" = None, drafter: str = "ngram",
+                 head_proposals: "HeadProposals | None" = None, render_mode: str | None = None, **overrides: Any):
         config = resolve(ServeConfig, config, overrides)
         if render_mode is not None:
             raise ValueError(f"render_mode={render_mode!r} is not supported; the serving env does not render.")
-        if engine is None:
+        unknown = {k for load in loads or () for k in load} - set(LOAD_KEYS)
+        if unknown:
+            raise ValueError(f"loads may set only {', '.join(LOAD_KEYS)}, not {', '.join(sorted(unknown))}.")
+        self.loads = [dataclasses.replace(config, **load) for load in loads or ()]
+        if isinstance(engine, str) and engine not in ENGINES:
+            raise ValueError(f"engine={engine!r} is unknown; use one of {', '.join(ENGINES)} or pass a ServingEngine.")
+        if engine == "replay":
+            from draftrl.replay.serve_engine import ReplayEngine
+
+            engine = ReplayEngine.for_config(config, recordings, calibration, cost_jitter=cost_jitter,
+                                             cost_noise=cost_noise, proposals=proposals, drafter=drafter,
+                                             head_proposals=head_proposals)
+        elif recordings is not None or calibration is not None:
+            raise ValueError("recordings= and calibration= are the replay's; pass engine='replay' "
+                             "(draftrl/ServeReplay-v0) or drop them.")
+        elif engine is None or engine == "live":
             from draftrl.decoding.vllm.engine import VLLMEngineConfig, shared_engine
 
             engine = shared_engine(VLLMEngineConfig.serving(config, method="draftrl", drafter=config.drafter,
                                                             num_speculative_tokens=max(1, config.max_depth)))
-        if tokenizer is None:
+        replayed = hasattr(engine, "workload")  # an engine that replays recordings brings their requests
+        if tokenizer is None and not replayed:
             from transformers import AutoTokenizer
 
             from draftrl.decoding.vllm.engine import model_path
 
             tokenizer = AutoTokenizer.from_pretrained(model_path(config.target))
         self.tokenizer = tokenizer
-        self._setup(config, engine, Workload(config, tokenizer))
-
-    def _setup(self, config: ServeConfig, engine, workload: Workload) -> None:
-        """Spaces, reward and episode state around ``engine`` (shared with ``ServeReplay-v0``)."""
         self.config = config
         self.engine = engine
-        self.workload = workload
+        self.workload = engine.workload(config) if replayed else Workload(config, tokenizer)
         self.depths, self.budgets = config.depths, config.budgets
         self.feature_names = FEATURE_NAMES
         self.action_lag = int(engine.action_lag)
@@ -187,9 +263,14 @@ class ServeVLLMEnv(gym.Env[np.ndarray, np.ndarray]):
         self.requests: list[RequestTimeline] = []
         self._seeded = False
         self._done = True
+        if not hasattr(engine, "clone"):  # the lookahead explores on copies of the engine
+            self.lookahead_action = None
 
     # ------------------------------------------------------------------ episode
     def _arrivals(self, n: int) -> np.ndarray:
+        """Arrival times of ``n`` requests; with ``loads``, first draw this episode's load."""
+        if self.loads:
+            self.config = self.loads[int(self.np_random.integers(len(self.loads)))]
         c = self.config
         if c.arrival == "poisson":
             return np.cumsum(self.np_random.exponential(1.0 / c.rate, n)) - 0.0
@@ -233,7 +314,11 @@ class ServeVLLMEnv(gym.Env[np.ndarray, np.ndarray]):
         self.features.restart()
         self._done = False
         self._admit()
-        return self._observation(), {"num_requests": len(self.requests), "arrivals": arrivals.tolist()}
+        restart = getattr(self.engine, "restart", None)  # a replay draws this episode's machine
+        if restart is not None:
+            restart(self.np_random)
+        load = {k: getattr(self.config, k) for k in LOAD_KEYS}
+        return self._observation(), {"num_requests": len(self.requests), "arrivals": arrivals.tolist(), "load": load}
 
     def _admit(self) -> None:
         """Hand the engine every request that has arrived (fixed: up to ``concurrency`` in flight);
@@ -293,6 +378,27 @@ class ServeVLLMEnv(gym.Env[np.ndarray, np.ndarray]):
             info["requests"] = self.requests
             info["idle_seconds"] = self.idle_seconds
         return self._observation(), float(reward), self._done, False, info
+
+    def lookahead_action(self) -> np.ndarray:
+        """The greedy one-step lookahead: the action whose drafts (verified in the next step, the
+        one-step lag) give the most ``tokens - rho * seconds`` over this step and the next, each
+        action tried on a copy of the engine with the noise-free step cost; ties go to the
+        shallowest, smallest-budget action. ``rho`` is the reward's running tokens/s."""
+        rho = self.rewards.rho or 0.0
+        best, best_score = np.array([0, 0]), -np.inf
+        for i, depth in enumerate(self.depths):
+            for j, budget in enumerate(self.budgets):
+                if (depth == 0 or budget == 0) and (i, j) != (0, 0):
+                    continue  # every no-speculation action is (0, 0)
+                engine, score = self.engine.clone(), 0.0
+                for _ in range(2):
+                    if not engine.has_unfinished_requests():
+                        break
+                    result = engine.step(StepAction(depth, budget))
+                    score += result.num_emitted - rho * result.seconds
+                if score > best_score + 1e-12:
+                    best, best_score = np.array([i, j]), score
+        return best
 
     def _decode_action(self, action) -> tuple[int, int]:
         """(depth, budget) of a ``MultiDiscrete`` action; a ValueError naming it when outside the space."""

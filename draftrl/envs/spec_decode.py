@@ -1,13 +1,17 @@
-"""``draftrl/SpecDecode-v1``: the real speculative decoding engine as a Gymnasium env.
+"""``draftrl/SpecDecode-v1`` and ``draftrl/TraceReplay-v0``: speculative decoding as a Gymnasium env, a round a step.
 
-A step is one round of :class:`~draftrl.decoding.engine.SpeculativeDecoder`; the env turns the
-round's result into an observation (``draftrl.signals.features``) and a reward
-(``draftrl.envs.rewards``). No model code lives here: the engine does the decoding.
+A step is one round of a :class:`~draftrl.decoding.interface.RoundEngine`: the live
+:class:`~draftrl.decoding.engine.SpeculativeDecoder` (``SpecDecode-v1``) or the replay of greedy
+traces, :class:`~draftrl.replay.round_engine.TraceRoundEngine` (``TraceReplay-v0``, registered with
+``kwargs={"engine": "replay"}``). The env turns the round's result into an observation
+(``draftrl.signals.features``) and a reward (``draftrl.signals.rewards``); the engine does the
+decoding, so the spaces, features and reward are one code for both engines.
 """
 
 from __future__ import annotations
 
-from typing import Any, SupportsFloat
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, SupportsFloat
 
 import gymnasium as gym
 import numpy as np
@@ -15,40 +19,101 @@ from gymnasium import spaces
 
 from draftrl.config import resolve
 from draftrl.config.env import EnvConfig
+from draftrl.decoding.workload import Request, Workload
 from draftrl.signals.costs import CostTable
-from draftrl.envs.engines import build_engine, check_engine
 from draftrl.signals.features import CostTracker, FeatureBuilder, RoundSummary
-from draftrl.envs.rewards import RewardModel
-from draftrl.envs.workload import Request, SeededEpisodes, Workload
+from draftrl.signals.rewards import RewardModel
+
+if TYPE_CHECKING:
+    from draftrl.decoding.interface import RoundEngine
+    from draftrl.replay.traces import Traces
+
+#: The engines an env builds itself: ``live`` (a ``SpeculativeDecoder`` around the config's target and
+#: drafter; also ``engine=None``) and ``replay`` (``TraceRoundEngine`` over ``traces``).
+ENGINES = ("live", "replay")
+
+
+def round_engine(config: EnvConfig | dict | None, overrides: dict[str, Any], engine: "str | RoundEngine | None",
+                 traces: "str | Path | Traces | None", cost_table: CostTable | str | Path | None, tokenizer,
+                 target) -> "tuple[EnvConfig, RoundEngine, Any]":
+    """``(config, engine, tokenizer)`` of a round env: the resolved config (a replay's defaults to the
+    traces' recorded one) and the engine it drives, checked against each other."""
+    if isinstance(engine, str) and engine not in ENGINES:
+        raise ValueError(f"engine={engine!r} is unknown; use one of {', '.join(ENGINES)} or pass a RoundEngine.")
+    if engine == "replay":
+        from draftrl.replay.round_engine import TraceRoundEngine, open_traces, replay_cost_table
+
+        traces, trace_dir = open_traces(traces)
+        config = resolve(EnvConfig, config if config is not None else traces.config, overrides)
+        return config, TraceRoundEngine(traces, config, replay_cost_table(cost_table, config, trace_dir)), None
+    if traces is not None or cost_table is not None:
+        raise ValueError("traces= and cost_table= are the replay's; pass engine='replay' (draftrl/TraceReplay-v0) "
+                         "or drop them.")
+    config = resolve(EnvConfig, config, overrides)
+    if engine is None or engine == "live":
+        from draftrl.decoding.build import build_engine
+
+        engine, built_tokenizer = build_engine(config, target)
+        tokenizer = tokenizer if tokenizer is not None else built_tokenizer
+    elif tokenizer is None and not hasattr(engine, "workload"):
+        raise ValueError("an engine was passed without its tokenizer; pass tokenizer=loaded.tokenizer as well.")
+    engine.check(config)
+    return config, engine, tokenizer
+
+
+class SeededEpisodes:
+    """Mixin: gymnasium's reset seeding for the envs with ``config``, ``workload``, ``features``, ``rewards``.
+
+    The first reset without a seed takes ``config.seed``; a seeded reset (or the first) restarts
+    the prompt order, the measured costs and the reward's running estimate, so a seed fixes the run.
+    """
+
+    _seeded: bool = False
+
+    def _seed_episode(self, seed: int | None) -> bool:
+        """Seed this episode (``gym.Env.reset``); True when the env restarted from the seed."""
+        if seed is None and not self._seeded and self.config.seed is not None:
+            seed = self.config.seed
+        gym.Env.reset(self, seed=seed)
+        restarted = seed is not None or not self._seeded
+        if restarted:
+            self._seeded = True
+            self.workload.restart(self.np_random)
+            self.features.reset_costs()
+            self.rewards.restart()
+        self.rewards.start_episode()
+        return restarted
 
 
 class EngineEpisodes(SeededEpisodes, gym.Env[np.ndarray, Any]):
-    """What the real envs share: requests, the engine, features, rewards and the monitor."""
+    """What the round envs share: requests, the engine, features, rewards, the monitor and the lookahead."""
 
     metadata = {"render_modes": []}
 
-    def __init__(self, config: EnvConfig | dict | None = None, *, engine=None, tokenizer=None, target=None,
-                 render_mode: str | None = None, **overrides: Any):
-        self.config = config = resolve(EnvConfig, config, overrides)
+    def __init__(self, config: EnvConfig | dict | None = None, *, engine: "str | RoundEngine | None" = None,
+                 traces: "str | Path | Traces | None" = None, cost_table: CostTable | str | Path | None = None,
+                 tokenizer=None, target=None, render_mode: str | None = None, **overrides: Any):
         if render_mode is not None:
             raise ValueError(f"render_mode={render_mode!r} is not supported; the speculative-decoding envs do not render.")
         self.render_mode = render_mode
-        if engine is None:
-            engine, built_tokenizer = build_engine(config, target)
-            tokenizer = tokenizer if tokenizer is not None else built_tokenizer
-        elif tokenizer is None:
-            raise ValueError("an engine was passed without its tokenizer; pass tokenizer=loaded.tokenizer as well.")
-        check_engine(config, engine)
+        config, engine, tokenizer = round_engine(config, overrides, engine, traces, cost_table, tokenizer, target)
+        self.config = config
         self.engine = engine
         self.tokenizer = tokenizer
-        self.workload = Workload(config, tokenizer)
-        self.cost_table = CostTable.load(config.cost_table) if config.cost_table else None
+        self.workload = engine.workload(config) if hasattr(engine, "workload") else Workload(config, tokenizer)
+        # a replay charges its cost table's seconds: the cost features start from it
+        self.cost_table = getattr(engine, "cost_table", None) or (
+            CostTable.load(config.cost_table) if config.cost_table else None)
         self.features = FeatureBuilder(config.history, config.ema_decay,
                                        CostTracker(self.cost_table, config.cost_decay, config.width))
         self.feature_names: tuple[str, ...] = self.features.names
+        self.depths: tuple[int, ...] = config.depths
+        self.verify_sizes: tuple[int, ...] = config.verify_sizes
         self.rewards = RewardModel(config.reward, config.rho, config.rho_rate, rho_prior=self._rho_prior)
         self.monitor = None
         self.request: Request | None = None
+        if not hasattr(engine, "lookahead"):  # only an engine that knows the continuation has one
+            self.lookahead_action = None
 
     # ------------------------------------------------------------------ shared pieces
     def _rho_prior(self) -> float | None:
@@ -56,7 +121,7 @@ class EngineEpisodes(SeededEpisodes, gym.Env[np.ndarray, Any]):
         return 1.0 / ar if ar else None
 
     def _new_monitor(self):
-        if not self.config.monitor:
+        if not self.config.monitor or not self.engine.samples:  # a replay samples nothing to test
             return None
         from draftrl.decoding.monitor import ExactnessMonitor
 
@@ -66,10 +131,10 @@ class EngineEpisodes(SeededEpisodes, gym.Env[np.ndarray, Any]):
         if self._seed_episode(seed):
             self.monitor = self._new_monitor()
         self.request = self.workload.request(self.workload.pick(options, self.np_random))
-        sampling_seed = int(self.np_random.integers(2**31))
+        sampling_seed = int(self.np_random.integers(2**31)) if self.engine.samples else None
         self.engine.config.max_new_tokens = self.request.max_new_tokens
         # the first round verifies inside the prefill (as decoding.generate does): its seconds include the prompt
-        prefill = self.engine.start(self.request.prompt_ids, seed=sampling_seed, prefill=False)
+        prefill = self.engine.start(self.request.prompt_ids, seed=sampling_seed, prefill=False, rng=self.np_random)
         self.features.start_episode(self.request.max_new_tokens)
         return {
             "prompt_id": self.request.prompt.id,
@@ -80,6 +145,25 @@ class EngineEpisodes(SeededEpisodes, gym.Env[np.ndarray, Any]):
             "prefill_seconds": prefill,
             "sampling_seed": sampling_seed,
         }
+
+    def lookahead_action(self) -> np.ndarray:
+        """The coming round's best action (grid indices) in hindsight: the ``LookAhead`` baseline, the
+        upper bound training summaries report. Replay only (``None`` on an engine without ``lookahead``).
+
+        Every (depth, verify_size) of the grid is played along the recorded continuation and charged
+        the cost table's seconds (this episode's jitter, no per-round noise); the one with the best
+        round reward wins: ``tokens - rho * seconds`` with the reward model's ``rho``, or
+        ``tokens / seconds``. Greedy per round (the next round's position depends on this one)."""
+        return self._lookahead(self.verify_sizes)
+
+    def _lookahead(self, verify_sizes: tuple[int, ...]) -> np.ndarray:
+        """:meth:`lookahead_action` over ``verify_sizes`` (the second index points into it)."""
+        if self.request is None or self.engine.finished:
+            raise RuntimeError("lookahead_action() called before reset() or after the episode ended; call reset().")
+        rho = self.rewards.rho if self.config.reward == "ratio" else None
+        if rho is not None:
+            return self.engine.lookahead(self.depths, verify_sizes, lambda tokens, seconds: tokens - rho * seconds)
+        return self.engine.lookahead(self.depths, verify_sizes, lambda tokens, seconds: tokens / seconds)
 
     def _observation(self) -> np.ndarray:
         engine = self.engine
@@ -120,7 +204,7 @@ class SpecDecodeEnv(EngineEpisodes):
     """
     ## Description
 
-    Speculative decoding on a real draft/target pair, one round per step. An episode is one
+    Speculative decoding on a draft/target pair, one round per step. An episode is one
     request drawn from a prompt set (``EnvConfig``: the shipped multilingual set by default).
     Each round the agent picks the draft depth (0 = no speculation: one plain target step) and
     the verification size (how many of the drafted tree's best nodes the target checks in its
@@ -128,12 +212,21 @@ class SpecDecodeEnv(EngineEpisodes):
     output equals the target's own greedy decoding), so the policy changes only the speed,
     never the text's distribution.
 
+    The engine is injected (``engine``): the live ``SpeculativeDecoder`` (``draftrl/SpecDecode-v1``)
+    or the replay of greedy traces recorded by ``draftrl collect`` (``draftrl/TraceReplay-v0``,
+    ``engine="replay"``, :class:`~draftrl.replay.round_engine.TraceRoundEngine`): the round's tree is
+    the first ``depth`` levels of the tree recorded at the current position and the accepted length
+    is found by walking it along the recorded continuation, so for the same actions every round's
+    tokens equal the live engine's (tested). No model runs in the replay: a step takes
+    microseconds (>= 100x faster). A policy moves between the two unchanged.
+
     ## Action Space
 
     ``MultiDiscrete([len(depths), len(verify_sizes)])``: ``action[0]`` indexes
     ``env.unwrapped.depths`` (default ``(0, 1, 2, 3, 4, 6, 8)``; 0 = no speculation) and
     ``action[1]`` indexes ``env.unwrapped.verify_sizes`` (default ``(0,)``; 0 = every drafted
-    node). The tree width is fixed by ``EnvConfig.width`` (1 = chain).
+    node). The tree width is fixed by ``EnvConfig.width`` (1 = chain). In the replay ``max(depths)``
+    may not exceed the recorded depth and ``width`` must equal the recorded one.
 
     ## Observation Space
 
@@ -162,7 +255,8 @@ class SpecDecodeEnv(EngineEpisodes):
     features locate the request (cost grows with context; drafting past the remaining budget is
     waste); the cost ratios tell the policy what a deeper draft or a larger verification costs
     on this machine, so one policy adapts to CPU (steep g(V)) and GPU (flat g(V)). Cost
-    averages persist across episodes and start from ``EnvConfig.cost_table`` when given.
+    averages persist across episodes and start from ``EnvConfig.cost_table`` when given (the
+    replay's cost table in the replay: they sit at its ratios, plus noise with ``cost_noise > 0``).
 
     ## Rewards
 
@@ -171,7 +265,13 @@ class SpecDecodeEnv(EngineEpisodes):
     ``reward="ratio"`` (default) pays ``tokens - rho * seconds`` (tokens; ``rho`` a running
     tokens/s estimate frozen within an episode, so the episode return is maximised by the
     highest total tokens / total time); ``reward="throughput"`` pays ``tokens / seconds``
-    (Learning to Draft). See ``draftrl.envs.rewards``.
+    (Learning to Draft). See ``draftrl.signals.rewards``.
+
+    In the replay ``seconds`` are the cost table's: draft ``base + levels * level(width)``, verify
+    ``forward(1 + num_verified, context)``, sample ``base + tokens * per_token``, each times
+    ``exp(sigma * z - sigma^2 / 2)`` with ``sigma = EnvConfig.cost_noise`` and ``z ~ N(0, 1)`` from
+    the env's RNG (``cost_jitter``: one such factor per episode on the verify cost's growth and on
+    draft seconds). Deterministic given the seed.
 
     ## Starting State
 
@@ -181,12 +281,14 @@ class SpecDecodeEnv(EngineEpisodes):
     prompt's. ``reset(seed=...)`` draws a new prompt order and
     restarts the cost averages, ``rho`` and the exactness monitor, so a seed fixes the prompts
     and the sampling seeds (not the timings). ``reset(options={"prompt_id": ...})`` or
-    ``{"prompt_index": i}`` decodes a given prompt.
+    ``{"prompt_index": i}`` decodes a given prompt. The replay's workload is the recorded prompts
+    (the config's prompt filters are not used).
 
     ## Episode End
 
     - Termination: the target emits EOS or the request reaches its ``max_new_tokens`` (the
-      prompt's suggestion capped at ``max_new_tokens_cap``, or ``EnvConfig.max_new_tokens``).
+      prompt's suggestion capped at ``max_new_tokens_cap``, or ``EnvConfig.max_new_tokens``;
+      in the replay never more than was recorded).
     - Truncation: ``max_episode_steps=1024`` rounds in ``register(...)`` (every round emits at
       least one token, so it binds only for budgets above 1024).
 
@@ -197,8 +299,10 @@ class SpecDecodeEnv(EngineEpisodes):
     ``verified_depth``, ``token_ids``, ``token_stats`` (``draftrl.decoding.stats.TokenStats`` of
     the emitted tokens), ``exactness_passed`` (the running verdict of
     ``draftrl.decoding.monitor.ExactnessMonitor``; None with ``monitor=False``; a failed test
-    raises ``ExactnessViolation``), ``stop_reason``, ``prompt_id``. ``reset`` returns the
-    prompt's id, language, task, length, budget, prefill seconds and sampling seed.
+    raises ``ExactnessViolation``; None in the replay: nothing is sampled, ``token_stats`` are the
+    greedy statistics the engine would report, p = 1 on the emitted token), ``stop_reason``,
+    ``prompt_id``. ``reset`` returns the prompt's id, language, task, length, budget, prefill
+    seconds and sampling seed (None in the replay).
 
     ## Arguments
 
@@ -208,29 +312,46 @@ class SpecDecodeEnv(EngineEpisodes):
     env = gym.make("draftrl/SpecDecode-v1", config=EnvConfig(drafter="ngram", languages=("en",)))
     env = gym.make("draftrl/SpecDecode-v1", depths=(0, 2, 4), max_new_tokens=32)   # field overrides
     env = SpecDecodeEnv(config, engine=engine, tokenizer=tokenizer)                # a prebuilt engine
+    env = gym.make("draftrl/TraceReplay-v0", traces="runs/traces/tiny")             # the recorded config
+    env = gym.make("draftrl/TraceReplay-v0", traces="runs/traces/tiny", depths=(0, 2, 4), cost_noise=0.05)
     ```
 
     ``config`` (:class:`~draftrl.config.env.EnvConfig`, a dict of its fields, or None) plus
-    keyword overrides of its fields; ``engine`` + ``tokenizer`` (a prebuilt
-    ``SpeculativeDecoder`` whose sampling matches the config) or ``target`` (a ``LoadedModel``
-    to build the engine around). Without them the target is loaded once per process and shared
-    by every env of that process: vectorise with ``SyncVectorEnv`` / ``DummyVecEnv`` (models are
-    never pickled into subprocesses).
+    keyword overrides of its fields; ``engine``: ``None`` or ``"live"`` (a ``SpeculativeDecoder``
+    built around ``target``, a ``LoadedModel``, or the config's target, loaded once per process
+    and shared by every env of that process: vectorise with ``SyncVectorEnv`` / ``DummyVecEnv``,
+    models are never pickled into subprocesses), ``"replay"`` (with ``traces``: a directory written
+    by ``draftrl collect`` or a :class:`~draftrl.replay.traces.Traces`; ``config`` defaults to the
+    recorded one; ``cost_table``: a ``CostTable`` or its JSON, default ``EnvConfig.cost_table``,
+    else the ``cost_table.json`` stored with the traces), or a prebuilt
+    :class:`~draftrl.decoding.interface.RoundEngine` (a ``SpeculativeDecoder`` with its
+    ``tokenizer``, whose sampling matches the config).
+
+    ``env.unwrapped.lookahead_action()`` (replay only; None on the live engine) gives the coming
+    round's hindsight-best action (the ``LookAhead`` baseline, the upper bound that training
+    summaries report).
 
     ## Version History
+
+    ``draftrl/SpecDecode-v1`` (live):
 
     - v1: the first round feeds the prompt with its drafts (as Hugging Face prompt lookup does),
       so its seconds, and hence its reward, include the prompt's forward. The reward formula and
       the spaces are unchanged.
     - v0: initial version; ``reset`` prefilled the prompt, outside every round's seconds.
+
+    ``draftrl/TraceReplay-v0`` (``engine="replay"``):
+
+    - v0: initial version (``TraceReplayEnv``). Since issue 42 this class with the replay round
+      engine injected; its episodes are bit-identical for the same seed and actions
+      (``tests/envs/test_replay_ids_fixture.py``), so the version stands.
     """
 
-    def __init__(self, config: EnvConfig | dict | None = None, *, engine=None, tokenizer=None, target=None,
-                 render_mode: str | None = None, **overrides: Any):
-        super().__init__(config, engine=engine, tokenizer=tokenizer, target=target, render_mode=render_mode,
-                         **overrides)
-        self.depths: tuple[int, ...] = self.config.depths
-        self.verify_sizes: tuple[int, ...] = self.config.verify_sizes
+    def __init__(self, config: EnvConfig | dict | None = None, *, engine: "str | RoundEngine | None" = None,
+                 traces: "str | Path | Traces | None" = None, cost_table: CostTable | str | Path | None = None,
+                 tokenizer=None, target=None, render_mode: str | None = None, **overrides: Any):
+        super().__init__(config, engine=engine, traces=traces, cost_table=cost_table, tokenizer=tokenizer,
+                         target=target, render_mode=render_mode, **overrides)
         self.action_space = spaces.MultiDiscrete([len(self.depths), len(self.verify_sizes)])
         self.observation_space = spaces.Box(self.features.low, self.features.high, dtype=np.float32)
 

@@ -1,35 +1,47 @@
-"""``draftrl/SpecDecodeDepth-v1``: stop or continue drafting after every draft level.
+"""``draftrl/SpecDecodeDepth-v1`` and ``draftrl/TraceReplayDepth-v0``: stop or continue drafting after every level.
 
-Learning to Draft's depth policy on the real engine: the tree is grown one level per step
-(``Drafter.begin`` / ``TreeBuilder.step``, one batched draft forward per level) and verified
-with ``SpeculativeDecoder.round_from_tree`` when the agent stops. Observations and rewards come
-from the same builder and reward model as ``draftrl/SpecDecode-v1``.
+Learning to Draft's depth policy: the tree is grown one level per step
+(``RoundEngine.begin_levels`` / ``TreeBuilder.step``: one batched draft forward per level live,
+the recorded tree's next level in the replay) and verified with ``RoundEngine.round_from_tree``
+when the agent stops. Observations and rewards come from the same builder and reward model as
+``draftrl/SpecDecode-v1``; the engine is injected as there (``engine="replay"``: ``TraceReplayDepth-v0``).
 """
 
 from __future__ import annotations
 
-from typing import Any, SupportsFloat
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, SupportsFloat
 
 import numpy as np
+from gymnasium import spaces
 
 from draftrl.config.env import EnvConfig
-from draftrl.drafters.base import LevelDrafter
-from draftrl.envs.depth_control import DepthControl, SizePolicy
 from draftrl.envs.spec_decode import EngineEpisodes
+from draftrl.signals.actions import CONTINUE, SizePolicy
+from draftrl.signals.costs import CostTable
+from draftrl.signals.features import LEVEL_FEATURES, feature_bounds, level_observation
+
+if TYPE_CHECKING:
+    from draftrl.decoding.interface import RoundEngine
+    from draftrl.replay.traces import Traces
 
 
-class SpecDecodeDepthEnv(DepthControl, EngineEpisodes):
+class SpecDecodeDepthEnv(EngineEpisodes):
     """
     ## Description
 
-    The real speculative decoding engine with one decision per draft level: after each level
-    the agent sees the round's draft-side state and chooses CONTINUE (draft one more level,
-    one batched draft forward) or STOP (the target verifies the tree now). A round is therefore
-    1 + (levels drafted) steps, except that the round is verified in the same step as the last
-    level when the tree reaches ``max(EnvConfig.depths)`` levels, the request's remaining budget
-    (``remaining - 1`` levels), or the drafter has nothing more to propose. STOP before any
-    level is a plain target step. The verification size is fixed (``verify_size``, 0 = every
-    drafted node) or chosen by ``size_policy(observation, tree) -> int`` at STOP.
+    Speculative decoding with one decision per draft level: after each level the agent sees the
+    round's draft-side state and chooses CONTINUE (draft one more level, one batched draft
+    forward) or STOP (the target verifies the tree now). A round is therefore 1 + (levels
+    drafted) steps, except that the round is verified in the same step as the last level when
+    the tree reaches ``max(EnvConfig.depths)`` levels, the request's remaining budget
+    (``remaining - 1`` levels), or the drafter has nothing more to propose (in the replay: the
+    recorded tree has no deeper level). STOP before any level is a plain target step. The
+    verification size is fixed (``verify_size``, 0 = every drafted node) or chosen by
+    ``size_policy(observation, tree) -> int`` at STOP. The engine is the live one
+    (``SpecDecodeDepth-v1``) or the replay of recorded traces (``TraceReplayDepth-v0``,
+    ``engine="replay"``), as in ``SpecDecode-v1`` / ``TraceReplay-v0``; for the same actions the
+    rounds are equal (tested).
 
     ## Action Space
 
@@ -49,11 +61,13 @@ class SpecDecodeDepthEnv(DepthControl, EngineEpisodes):
 
     ## Rewards
 
-    Wall clock, NOT reproducible. Paid when the round is verified: the round's reward exactly
+    Wall clock, NOT reproducible (live). Paid when the round is verified: the round's reward exactly
     as in ``SpecDecode-v1`` (``ratio`` or ``throughput``); intermediate draft steps pay 0. With
     ``EnvConfig.depth_shaping=True`` (``reward="ratio"`` only) each draft step pays
     ``-rho * (its draft seconds)`` and the verifying step pays ``tokens - rho * (the round's
-    remaining seconds)``: the same round total, credited where the time is spent.
+    remaining seconds)``: the same round total, credited where the time is spent. In the replay
+    the seconds are the cost table's: a draft level costs ``draft.level_seconds(width)``, the
+    per-round draft base is charged with the verification (deterministic given the seed).
 
     ## Starting State
 
@@ -62,7 +76,7 @@ class SpecDecodeDepthEnv(DepthControl, EngineEpisodes):
     ## Episode End
 
     - Termination: EOS or ``max_new_tokens`` reached by a verified round.
-    - Truncation: ``max_episode_steps=16384`` steps in ``register(...)``.
+    - Truncation: ``max_episode_steps=16384`` steps in ``register(...)`` (both ids).
 
     ## Information
 
@@ -71,38 +85,79 @@ class SpecDecodeDepthEnv(DepthControl, EngineEpisodes):
 
     ## Arguments
 
-    ``config`` / overrides / ``engine`` + ``tokenizer`` / ``target`` as ``SpecDecode-v1``;
-    ``verify_size`` (int, 0 = all drafted nodes); ``size_policy`` (callable or None).
-    ``EnvConfig.verify_sizes`` is not used here.
+    ``config`` / overrides / ``engine`` (``"live"``, ``"replay"`` with ``traces`` and ``cost_table``,
+    or a ``RoundEngine``) / ``tokenizer`` / ``target`` as ``SpecDecode-v1``; ``verify_size`` (int,
+    0 = all drafted nodes); ``size_policy`` (callable or None). ``EnvConfig.verify_sizes`` is not
+    used here. ``env.unwrapped.lookahead_action()`` (replay only, and only without a size policy):
+    ``TraceReplay-v0``'s per-round best at the fixed ``verify_size`` (only the depth index means
+    anything; ``Policy.act_step`` drafts to that depth and stops).
 
     ## Version History
+
+    ``draftrl/SpecDecodeDepth-v1`` (live):
 
     - v1: the first round's verification feeds the prompt (as in ``SpecDecode-v1``), so its
       seconds and reward include the prompt's forward; spaces unchanged.
     - v0: initial version; ``reset`` prefilled the prompt.
+
+    ``draftrl/TraceReplayDepth-v0`` (``engine="replay"``):
+
+    - v0: initial version (``TraceReplayDepthEnv``). Since issue 42 this class with the replay
+      round engine injected; its episodes are bit-identical for the same seed and actions
+      (``tests/envs/test_replay_ids_fixture.py``), so the version stands.
     """
 
-    def __init__(self, config: EnvConfig | dict | None = None, *, engine=None, tokenizer=None, target=None,
-                 verify_size: int = 0, size_policy: SizePolicy | None = None,
+    def __init__(self, config: EnvConfig | dict | None = None, *, engine: "str | RoundEngine | None" = None,
+                 traces: "str | Path | Traces | None" = None, cost_table: CostTable | str | Path | None = None,
+                 tokenizer=None, target=None, verify_size: int = 0, size_policy: SizePolicy | None = None,
                  render_mode: str | None = None, **overrides: Any):
-        super().__init__(config, engine=engine, tokenizer=tokenizer, target=target, render_mode=render_mode,
-                         **overrides)
+        super().__init__(config, engine=engine, traces=traces, cost_table=cost_table, tokenizer=tokenizer,
+                         target=target, render_mode=render_mode, **overrides)
         if verify_size < 0 or verify_size > self.engine.config.max_verify_size:
             raise ValueError(
                 f"verify_size={verify_size} must lie in 0..{self.engine.config.max_verify_size} (0 = all drafted nodes)."
             )
-        if self.config.max_depth > 0 and not isinstance(self.engine.drafter, LevelDrafter):
+        if self.config.max_depth > 0 and not self.engine.drafts_levels:
             raise ValueError(f"SpecDecodeDepth-v1 grows drafts level by level; drafter {self.config.drafter!r} cannot "
                              "(it is none, or has no LevelDrafter.begin); use ngram, layerskip:N or a draft model.")
-        self._init_depth_control(verify_size, size_policy)
+        self.verify_size, self.size_policy = verify_size, size_policy
+        self.max_depth = self.config.max_depth
+        self.feature_names = self.features.names + LEVEL_FEATURES
+        self.action_space = spaces.Discrete(2)
+        low, high = feature_bounds(self.feature_names)
+        self.observation_space = spaces.Box(low, high, dtype=np.float32)
+        if size_policy is not None:  # sizes chosen at STOP: no fixed size to find the best depth for
+            self.lookahead_action = None
         self._reset_round()
 
     def _reset_round(self) -> None:
+        """A new round: no level drafted, nothing charged, the round's features not built yet."""
         self._builder = None
-        super()._reset_round()
+        self._level = 0
+        self._draft_seconds = 0.0
+        self._charged = 0.0
+        self._base_obs: np.ndarray | None = None
 
     def _level_features(self) -> dict[str, float]:
         return self._builder.level_features() if self._builder is not None else {}
+
+    def _level_obs(self) -> np.ndarray:
+        """The round's features (built once per round) followed by the current level's."""
+        if self._base_obs is None:
+            self._base_obs = self._observation()
+        return level_observation(self._base_obs, self._level_features())
+
+    def _continues(self, action) -> bool:
+        """True for CONTINUE, False for STOP; anything else is refused."""
+        value = int(np.asarray(action))
+        if not self.action_space.contains(value):
+            raise ValueError(f"action={action!r} is outside {self.action_space} (0 = STOP, 1 = CONTINUE).")
+        return value == CONTINUE
+
+    def lookahead_action(self) -> np.ndarray:
+        """``TraceReplay-v0``'s per-round best at this env's fixed ``verify_size``: only the depth index
+        (first entry) means anything here; ``Policy.act_step`` drafts to that depth and stops."""
+        return self._lookahead((self.verify_size,))
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict]:
         info = self._start_request(seed, options)
@@ -115,11 +170,10 @@ class SpecDecodeDepthEnv(DepthControl, EngineEpisodes):
             raise RuntimeError("step() called before reset() or after the episode ended; call reset().")
         limit = min(self.max_depth, engine.remaining - 1)
         if self._continues(action) and self._level < limit:
-            t0 = engine.clock()
             if self._builder is None:
-                self._builder = engine.drafter.begin(engine.ids, self.config.width, engine.params, engine.generator)
+                self._builder = engine.begin_levels(self.config.width)
             grew = self._builder.step()
-            seconds = engine.clock() - t0
+            seconds = self._builder.step_seconds
             self._draft_seconds += seconds
             if grew:
                 self._level += 1
@@ -138,7 +192,7 @@ class SpecDecodeDepthEnv(DepthControl, EngineEpisodes):
 
         engine = self.engine
         tree = self._builder.tree if self._builder is not None else DraftTree()
-        verify_size = self._chosen_size(lambda: tree)
+        verify_size = self.verify_size if self.size_policy is None else int(self.size_policy(self._level_obs(), tree))
         rnd = engine.round_from_tree(tree, verify_size or None, draft_seconds=self._draft_seconds,
                                      depth=self._level, width=self.config.width)
         reward, info = self._finish_round(rnd, self._level, rnd.seconds - self._charged)

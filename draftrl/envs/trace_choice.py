@@ -29,23 +29,10 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from draftrl.envs.traces import Traces, stored_cost_table
-from draftrl.envs.round_table import RoundTable, round_table
+from draftrl.replay.round_table import RoundTable, round_table
+from draftrl.replay.traces import Traces, load_choice_traces
 from draftrl.signals.choice import ChoiceFeatures
 from draftrl.signals.costs import CostTable
-
-
-def load_choice_traces(traces: Mapping[str, str | Path | Traces]) -> tuple[dict[str, Traces], dict[str, CostTable]]:
-    """Each drafter's traces and the cost table stored with them."""
-    loaded, costs = {}, {}
-    for name, source in traces.items():
-        loaded[name] = source if isinstance(source, Traces) else Traces.load(source)
-        table = None if isinstance(source, Traces) else stored_cost_table(source)
-        if table is None:
-            raise ValueError(f"the {name!r} traces have no stored cost table; collect them with --cost-table FILE "
-                             "or pass cost_tables={name: table}.")
-        costs[name] = table
-    return loaded, costs
 
 
 class TraceChoiceEnv(gym.Env[np.ndarray, np.int64]):

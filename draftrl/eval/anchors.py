@@ -62,7 +62,7 @@ class AnchorRun(DecodedRequest):
 
 def run_anchor(model, anchor: Anchor, request, *, eos_token_ids: list[int], repeat: int = 0,
                device: str = "cpu") -> AnchorRun:
-    """Decode ``request`` (a ``draftrl.envs.workload.Request``) with ``anchor`` on ``model``."""
+    """Decode ``request`` (a ``draftrl.decoding.workload.Request``) with ``anchor`` on ``model``."""
     import torch
 
     from draftrl.decoding.clock import clock_for

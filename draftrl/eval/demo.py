@@ -4,8 +4,8 @@ Steps, each through the owning package's public Python API, each writing under `
 
 1. **model**: fetch and load the embedded default target (``draftrl.models``);
 2. **calibrate**: measure verify / draft / sample costs -> ``DIR/cost_table.json``
-   (``draftrl.envs.calibrate.calibrate``);
-3. **collect**: greedy traces of the tune prompts -> ``DIR/traces/`` (``draftrl.envs.traces.collect``);
+   (``draftrl.replay.calibrate.calibrate``);
+3. **collect**: greedy traces of the tune prompts -> ``DIR/traces/`` (``draftrl.replay.traces.collect``);
 4. **train**: PPO on ``draftrl/TraceReplay-v0`` over those traces -> ``DIR/ppo_size/`` (and more
    recipes when configured) (``draftrl.train.<recipe>.train``);
 5. **grid**: fixed settings on the tune split, wall clock -> ``DIR/grid/`` (``draftrl.eval.grid``);
@@ -110,7 +110,7 @@ class DemoConfig(EvalConfig):
 def _calibrate(config: DemoConfig, out: Path):
     from draftrl.config import to_dict
     from draftrl.config.wandb import logged_run
-    from draftrl.envs.calibrate import calibrate
+    from draftrl.replay.calibrate import calibrate
     from draftrl.eval.wandb_log import log_calibration
 
     table = calibrate(config.calibrate, config.env)
@@ -125,8 +125,8 @@ def _collect(config: DemoConfig, out: Path, target) -> Path:
     from draftrl.config import to_dict
     from draftrl.config.wandb import logged_run
     from draftrl.signals.costs import CostTable
-    from draftrl.envs.engines import build_engine
-    from draftrl.envs.traces import collect
+    from draftrl.decoding.build import build_engine
+    from draftrl.replay.traces import collect
     from draftrl.eval.wandb_log import log_traces
 
     env = collect_env(config)
@@ -213,7 +213,7 @@ def run_demo(config: DemoConfig, out: str | Path, *, overwrite: bool = False,
     from draftrl.eval.grid import run_grid
     from draftrl.io import write_json
     from draftrl.models import DEFAULT_MODEL, fetch_model
-    from draftrl.envs.engines import shared_model
+    from draftrl.models import shared_model
     from draftrl.drafters.packaged import missing_head
 
     missing = missing_head(config.env.drafter, config.env.target)

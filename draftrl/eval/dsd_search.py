@@ -1,4 +1,4 @@
-"""Grid-search vLLM's Dynamic SD schedule, the strongest hand-made serving baseline, in the simulator."""
+"""Grid-search vLLM's Dynamic SD schedule, the strongest hand-made serving baseline, in the replay."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ def search_dsd(make_env: Callable[[Any, PolicySpec], Any], config, loads: list[d
                ks: tuple[int, ...] = (0, 1, 2, 3, 4, 6, 8), monotone: bool = True,
                progress: Callable[[int, int], None] | None = None) -> list[dict[str, Any]]:
     """Grid-search vLLM's Dynamic SD schedule (one K per batch-size range) on ``make_env``'s env
-    (the simulator, on the tuning split): every table of ``ks`` over ``ranges`` (with
+    (the replay, on the tuning split): every table of ``ks`` over ``ranges`` (with
     ``monotone``, only tables whose K never grows with the batch, as vLLM's examples and the cost
     of verification suggest), scored by the geometric mean over ``loads`` (dicts of arrival fields)
     of its throughput over no speculation's. Returns every table's score, best first:

@@ -115,8 +115,9 @@ def run_eval(config: EvalConfig, out: str | Path, *, policies: list[str] | str |
 
     from draftrl.decoding.monitor import ExactnessMonitor, ExactnessViolation
     from draftrl.signals.costs import hardware_info
-    from draftrl.envs.engines import build_engine, shared_model
-    from draftrl.envs.workload import Workload
+    from draftrl.decoding.build import build_engine
+    from draftrl.decoding.workload import Workload
+    from draftrl.models import shared_model
     from draftrl.eval.agreement import GreedyAgreement
     from draftrl.eval.exactness import GreedyMismatch, TimedMonitor, hf_greedy
     from draftrl.io import read_json, write_json

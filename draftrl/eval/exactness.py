@@ -214,7 +214,7 @@ def monitor_power(target, tokens: int, setting: PowerSetting | None = None, *, s
     from draftrl.config.env import EnvConfig
     from draftrl.decoding.generate import fixed_schedule, generate
     from draftrl.decoding.monitor import TESTS, ExactnessMonitor, ExactnessViolation
-    from draftrl.envs.workload import Workload
+    from draftrl.decoding.workload import Workload
 
     if until not in ("all", "first"):
         raise ValueError(f"until={until!r} must be 'all' or 'first'")

@@ -127,8 +127,9 @@ def measure_cells(config: EvalConfig, cells: list[Cell], *, target=None, split: 
     import torch
 
     from draftrl.decoding.monitor import ExactnessMonitor
-    from draftrl.envs.engines import build_engine, shared_model
-    from draftrl.envs.workload import Workload
+    from draftrl.decoding.build import build_engine
+    from draftrl.decoding.workload import Workload
+    from draftrl.models import shared_model
     from draftrl.eval.agreement import GreedyAgreement
     from draftrl.eval.exactness import monitor_verdict
 
@@ -235,7 +236,7 @@ def summarize_cells(runs: list[RequestRun], cells: list[Cell]) -> dict[str, dict
 
 def target_kernels(config: EvalConfig, target=None) -> dict | None:
     """The few-token kernel plan the grid's target ran with (``draftrl.models.kernels``)."""
-    from draftrl.envs.engines import shared_model
+    from draftrl.models import shared_model
 
     loaded = target if target is not None else shared_model(config.env.target, config.env.dtype, config.env.device,
                                                             config.env.kernels)

@@ -1,6 +1,6 @@
 """How much a per-round choice of drafter and depth could gain on recorded traces, at most.
 
-Over :func:`draftrl.envs.round_table.round_table` (every round any schedule could play, in the
+Over :func:`draftrl.replay.round_table.round_table` (every round any schedule could play, in the
 seconds ``TraceReplay-v0`` charges), this module plays
 
 - **fixed** ``(drafter, depth)`` every round: the grid search's candidates;
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from draftrl.decoding.schedule import heuristic_depth
-from draftrl.envs.round_table import RoundTable
+from draftrl.replay.round_table import RoundTable
 from draftrl.policies.confidence_stop import LevelStopRule
 
 # ----------------------------------------------------------------------------- schedules

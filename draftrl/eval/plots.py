@@ -11,7 +11,7 @@
 - :func:`speedup_bars`: every policy's speedup over the best fixed setting with its paired
   bootstrap 95% interval (``ci_vs_best_fixed``), a line at 1.0.
 - :func:`load_sweep`: throughput and p95 inter-token latency against the Poisson arrival rate,
-  one line per serving policy (vLLM solid, the simulator dashed).
+  one line per serving policy (vLLM solid, the replay dashed).
 """
 
 from __future__ import annotations
@@ -238,9 +238,9 @@ def speedup_bars(results: dict, path: str | Path) -> Path | None:
     return path
 
 
-def load_sweep(real: dict, sim: dict | None, labels: list[str], path: str | Path) -> Path | None:
+def load_sweep(real: dict, replay: dict | None, labels: list[str], path: str | Path) -> Path | None:
     """Throughput and p95 ITL per Poisson rate of ``draftrl.eval.serving.run_serving_eval`` results
-    (``real``: vLLM, solid; ``sim``: the simulator, dashed, optional); None when no rate was run."""
+    (``real``: vLLM, solid; ``replay``: the replay, dashed, optional); None when no rate was run."""
     from draftrl.signals.costs import hardware_info, hardware_name
 
     rates = sorted(real.get("rates", {}), key=float)
@@ -248,7 +248,7 @@ def load_sweep(real: dict, sim: dict | None, labels: list[str], path: str | Path
         return None
     plt = _plt()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    runs = [(real, "-", "o", "vLLM")] + ([(sim, "--", "x", "sim")] if sim else [])
+    runs = [(real, "-", "o", "vLLM")] + ([(replay, "--", "x", "replay")] if replay else [])
     for label, color in zip(labels, itertools.cycle(plt.rcParams["axes.prop_cycle"].by_key()["color"])):
         for results, style, marker, where in runs:
             rows = [results["rates"][r]["policies"].get(label) for r in rates]
@@ -263,7 +263,7 @@ def load_sweep(real: dict, sim: dict | None, labels: list[str], path: str | Path
         ax.set_xticks([float(r) for r in rates], [f"{float(r):g}" for r in rates])  # the measured rates
         ax.minorticks_off()
     axes[0].legend(fontsize=6)
-    fig.suptitle(f"{hardware_name(hardware_info())}: vLLM (solid)" + (" vs simulator (dashed)" if sim else ""))
+    fig.suptitle(f"{hardware_name(hardware_info())}: vLLM (solid)" + (" vs replay (dashed)" if replay else ""))
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=120)

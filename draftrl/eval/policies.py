@@ -81,7 +81,7 @@ def build_policy(spec: PolicySpec, base: EnvConfig, target, *, grid: dict | None
                  references: dict[str, list[int]] | None = None) -> tuple[Any, Any]:
     """``(env, policy)`` for ``spec`` on the real engine around ``target`` (a ``LoadedModel``), drafting
     with the policy's own drafter (``fixed:4@eagle3``) where it names one, else ``base.drafter``."""
-    from draftrl.envs.engines import build_engine
+    from draftrl.decoding.build import build_engine
     from draftrl.envs.spec_decode import SpecDecodeEnv
     from draftrl.eval.lookahead import GreedyLookAhead
     from draftrl.policies import ConfidenceThreshold, Fixed, HFHeuristic, PPOPolicy, UCBBandit

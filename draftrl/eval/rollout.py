@@ -112,7 +112,7 @@ def _arrays(rows: list[tuple]) -> dict[str, np.ndarray]:
 
 def run_fixed(engine, request, depth: int, verify_size: int, width: int, *, seed: int, label: str,
               repeat: int = 0, keep_stats: bool = False, device: str = "cpu") -> RequestRun:
-    """Decode ``request`` (a ``draftrl.envs.workload.Request``) with one fixed setting.
+    """Decode ``request`` (a ``draftrl.decoding.workload.Request``) with one fixed setting.
 
     :param verify_size: 0 = verify every drafted node.
     :param seed: sampling seed of the request (the same for every cell, so outputs match).

@@ -3,19 +3,19 @@
 Steps, each through the owning package's public Python API, each writing under ``DIR``:
 
 1. **calibrate**: vLLM step seconds vs sequences and tokens verified, and prefill seconds
-   (``draftrl.decoding.vllm.calibrate.calibrate_model``) -> ``DIR/vllm_costs.json``;
+   (``draftrl.replay.serve_calibrate.calibrate_model``) -> ``DIR/vllm_costs.json``;
 2. **collect**: every tune and held-out request's greedy continuation in vLLM
-   (``draftrl.envs.serve_replay.record_workload``) -> ``DIR/rec_tune/``, ``DIR/rec_heldout/``;
-3. **train**: batch-aware PPO on the serving simulator ``draftrl/ServeReplay-v0`` with the
-   recipe of ``configs/serve_sim_cpu.yaml`` (``draftrl.train.ppo_size``) -> ``DIR/ppo_sim/``;
-4. **dsd**: vLLM's Dynamic SD table grid-searched in the simulator on the tune split, the
+   (``draftrl.replay.recordings.record_workload``) -> ``DIR/rec_tune/``, ``DIR/rec_heldout/``;
+3. **train**: batch-aware PPO on the serving replay ``draftrl/ServeReplay-v0`` with the
+   recipe of ``configs/serve_replay_cpu.yaml`` (``draftrl.train.ppo_size``) -> ``DIR/ppo_replay/``;
+4. **dsd**: vLLM's Dynamic SD table grid-searched in the replay on the tune split, the
    strongest hand-made baseline (``draftrl.eval.dsd_search.search_dsd``) -> ``DIR/dsd_grid.json``;
 5. **sweep**: every policy in real vLLM at each Poisson arrival rate, interleaved, exactness
-   checked, and the same sweep in the simulator (``draftrl.eval.serving.run_serving_eval``) ->
-   ``DIR/sweep/`` (``results.json``, ``report.md``, ``sweep.png``, ``sim/results.json``).
+   checked, and the same sweep in the replay (``draftrl.eval.serving.run_serving_eval``) ->
+   ``DIR/sweep/`` (``results.json``, ``report.md``, ``sweep.png``, ``replay/results.json``).
 
 ``DIR/serve_demo_summary.json`` holds each step's seconds and, per rate and policy, the speedup
-over no speculation in vLLM and in the simulator. Each step logs one wandb run (``job_type`` the
+over no speculation in vLLM and in the replay. Each step logs one wandb run (``job_type`` the
 step) in one group, offline in ``DIR/wandb/``: the sweep's speedup against the arrival rate per
 policy and its per-rate tables beside the calibration, training and DSD search they came from. A step whose output is already in ``DIR``
 (from an interrupted run with the same settings, ``DIR/serve_demo_config.json``) is skipped.
@@ -33,14 +33,14 @@ from pathlib import Path
 from typing import Callable
 
 from draftrl.config.wandb import WandbConfig
-from draftrl.decoding.vllm.calibrate import CalibrationSizes
+from draftrl.replay.serve_calibrate import CalibrationSizes
 from draftrl.runs import WANDB_FILE
 
 STEPS: tuple[str, ...] = ("calibrate", "collect", "train", "dsd", "sweep")
 #: ``ServeDemoConfig`` fields a resumed demo may change (they change no result)
 RESUMABLE_CHANGES: tuple[str, ...] = ("wandb", "gpu_memory_utilization")
 #: What the demo writes in DIR (``--overwrite`` removes only these).
-OUTPUTS: tuple[str, ...] = ("serve_demo_config.json", "vllm_costs.json", "rec_tune", "rec_heldout", "ppo_sim",
+OUTPUTS: tuple[str, ...] = ("serve_demo_config.json", "vllm_costs.json", "rec_tune", "rec_heldout", "ppo_replay",
                             "dsd_grid.json", "sweep", "logs", "serve_demo_summary.json", "wandb", WANDB_FILE)
 
 
@@ -51,11 +51,11 @@ class ServeDemoConfig:
     calibrate: CalibrationSizes = field(default_factory=CalibrationSizes)
     """the step-cost measurement (``draftrl calibrate --engine vllm``'s cells)"""
     max_new_tokens: int = 32
-    """tokens per request in the recordings, the simulator and the sweep"""
-    train_config: str = "configs/serve_sim_cpu.yaml"
+    """tokens per request in the recordings, the replay and the sweep"""
+    train_config: str = "configs/serve_replay_cpu.yaml"
     """the training recipe (relative paths are read from the working directory, else the repository)"""
     total_timesteps: int = 90_000
-    """simulated engine steps of PPO training (about 2 minutes; the recipe's own default)"""
+    """replayed engine steps of PPO training (about 2 minutes; the recipe's own default)"""
     train_overrides: tuple[str, ...] = ()
     """more TrainConfig overrides, as for draftrl train --set"""
     dsd_ks: tuple[int, ...] = (0, 1, 2, 3, 4, 6, 8)
@@ -106,7 +106,7 @@ def _train_config_path(path: str) -> Path:
     if not given.is_absolute() and in_repo.is_file():
         return in_repo
     raise FileNotFoundError(f"train_config={path} does not exist; pass --set train_config=PATH to "
-                            "configs/serve_sim_cpu.yaml of the draftrl repository.")
+                            "configs/serve_replay_cpu.yaml of the draftrl repository.")
 
 
 @contextlib.contextmanager
@@ -186,7 +186,7 @@ def run_serve_demo(config: ServeDemoConfig, out: str | Path, *, overwrite: bool 
             step_done(i, STEPS[i], seconds, note)
 
     def calibrate() -> str:
-        from draftrl.decoding.vllm.calibrate import calibrate_model
+        from draftrl.replay.serve_calibrate import calibrate_model
 
         result = calibrate_model(train_cfg.env.serve.target, config.calibrate, dtype=train_cfg.env.serve.dtype,
                                  threads=config.threads, seed=config.seed,
@@ -199,7 +199,7 @@ def run_serve_demo(config: ServeDemoConfig, out: str | Path, *, overwrite: bool 
         return f"{f['base'] * 1e3:.0f} ms + {f['per_seq'] * 1e3:.1f} ms/seq + {f['per_token'] * 1e3:.1f} ms/token"
 
     def collect() -> str:
-        from draftrl.envs.serve_replay import record_workload
+        from draftrl.replay.recordings import record_workload
 
         notes, recorded = [], {}
         for split in ("tune", "heldout"):
@@ -213,18 +213,18 @@ def run_serve_demo(config: ServeDemoConfig, out: str | Path, *, overwrite: bool 
         return ", ".join(notes)
 
     def train() -> str:
-        run_dir = out / "ppo_sim"  # an interrupted run continues from its newest checkpoint
+        run_dir = out / "ppo_replay"  # an interrupted run continues from its newest checkpoint
         summary_ = importlib.import_module(f"draftrl.train.{train_cfg.recipe}").train(
             dataclasses.replace(train_cfg, wandb=wb), run_dir, resume=run_dir.exists())
         table = summary_["evaluation"]["table"]
         best = max((k for k in table if k.startswith("fixed")), key=lambda k: table[k]["throughput"])
-        return f"PPO {table['ppo']['throughput'] / table[best]['throughput']:.3f}x the best fixed {best} (simulator)"
+        return f"PPO {table['ppo']['throughput'] / table[best]['throughput']:.3f}x the best fixed {best} (replay)"
 
     def dsd() -> str:
         from draftrl.eval.dsd_search import search_dsd
 
-        sim_env = _sim_env(out, "rec_tune")
-        scored = search_dsd(sim_env, _serve_config(config, split="tune"), list(train_cfg.env.serve.loads),
+        replay_env = _replay_env(out, "rec_tune")
+        scored = search_dsd(replay_env, _serve_config(config, split="tune"), list(train_cfg.env.serve.loads),
                             ks=config.dsd_ks)
         write_json(out / "dsd_grid.json", {"best": scored[0]["label"], "tables": scored})
         with logged_run(wb, out, job_type="dsd", config={"ks": list(config.dsd_ks)}) as run:
@@ -238,32 +238,32 @@ def run_serve_demo(config: ServeDemoConfig, out: str | Path, *, overwrite: bool 
         policies = _policies(config, out)
         serve = _serve_config(config, split="heldout")
         # vLLM's own methods (vllm-*) run no draftrl proposer, hence have no replay
-        sim = run_serving_eval(out / "sweep" / "sim", policies=[p for p in policies if not p.startswith("vllm-")],
-                               concurrency=(), rates=config.rates, repeats=config.repeats, config=serve,
-                               make_env=_sim_env(out, "rec_heldout"))
+        replayed = [p for p in policies if not p.startswith("vllm-")]
+        replay = run_serving_eval(out / "sweep" / "replay", policies=replayed, concurrency=(), rates=config.rates,
+                                  repeats=config.repeats, config=serve, make_env=_replay_env(out, "rec_heldout"))
         try:
             real = run_serving_eval(out / "sweep", policies=policies, concurrency=(), rates=config.rates,
                                     repeats=config.repeats, config=serve, progress=progress)
         except ServingMismatch:  # its results are written: logged, the run marked failed
-            log_sweep(read_json(out / "sweep" / "results.json", "sweep results"), sim, None, code=EXACTNESS_FAILED)
+            log_sweep(read_json(out / "sweep" / "results.json", "sweep results"), replay, None, code=EXACTNESS_FAILED)
             raise
-        plot = load_sweep(real, sim, real["policies"], out / "sweep" / "sweep.png")
-        log_sweep(real, sim, plot, code=0)
+        plot = load_sweep(real, replay, real["policies"], out / "sweep" / "sweep.png")
+        log_sweep(real, replay, plot, code=0)
         return f"exactness {'passed' if real['exactness']['passed'] else 'FAILED'}"
 
-    def log_sweep(real: dict, sim: dict, plot: Path | None, code: int) -> None:
+    def log_sweep(real: dict, replay: dict, plot: Path | None, code: int) -> None:
         with logged_run(wb, out / "sweep", job_type="sweep", code=code,
                         config={"rates": list(config.rates), "policies": real["policies"]}) as run:
-            wandb_log.log_sweep(run, real, sim, plot)
+            wandb_log.log_sweep(run, real, replay, plot)
 
     step(0, out / "vllm_costs.json", calibrate)
     step(1, out / "rec_heldout", collect)  # tune is recorded first: held-out present means both are
-    step(2, out / "ppo_sim" / "train_summary.json", train)
+    step(2, out / "ppo_replay" / "train_summary.json", train)
     step(3, out / "dsd_grid.json", dsd)
     step(4, out / "sweep" / "results.json", sweep)
     summary["wall_seconds"] = time.perf_counter() - started
     summary.update(sweep_summary(read_json(out / "sweep" / "results.json", "sweep results"),
-                                 read_json(out / "sweep" / "sim" / "results.json", "simulated sweep results")))
+                                 read_json(out / "sweep" / "replay" / "results.json", "replayed sweep results")))
     summary["plot"] = str(out / "sweep" / "sweep.png")
     summary["report"] = str(out / "sweep" / "report.md")
     summary["wandb"] = {"group": wb.group, "sync": sync_command(wb, out)}
@@ -280,11 +280,11 @@ def _serve_config(config: ServeDemoConfig, *, split: str):
                        gpu_memory_utilization=config.gpu_memory_utilization, enforce_eager=config.enforce_eager)
 
 
-def _sim_env(out: Path, recordings: str):
+def _replay_env(out: Path, recordings: str):
     """``make_env`` for :func:`run_serving_eval`: ``draftrl/ServeReplay-v0`` on ``out/recordings``."""
-    from draftrl.decoding.replay import Proposals, Recordings
-    from draftrl.decoding.vllm.calibrate import StepCostModel
-    from draftrl.envs.serve_replay import ServeReplayEnv
+    from draftrl.envs.serve_vllm import ServeVLLMEnv
+    from draftrl.replay.recordings import Proposals, Recordings
+    from draftrl.replay.serve_calibrate import StepCostModel
 
     loaded = Recordings.load(out / recordings)
     cost = StepCostModel.from_calibration(out / "vllm_costs.json")
@@ -293,7 +293,8 @@ def _sim_env(out: Path, recordings: str):
     def make_env(cfg, spec):
         if cfg.max_depth not in proposals:
             proposals[cfg.max_depth] = Proposals(loaded, cfg.max_depth)
-        return ServeReplayEnv(loaded, cost, cfg, proposals=proposals[cfg.max_depth])
+        return ServeVLLMEnv(cfg, engine="replay", recordings=loaded, calibration=cost,
+                            proposals=proposals[cfg.max_depth])
     return make_env
 
 
@@ -301,30 +302,30 @@ def _policies(config: ServeDemoConfig, out: Path) -> list[str]:
     from draftrl.io import read_json
 
     best_dsd = read_json(out / "dsd_grid.json", "DSD grid")["best"]
-    return [*config.policies, best_dsd, f"ppo:{out / 'ppo_sim'}"]
+    return [*config.policies, best_dsd, f"ppo:{out / 'ppo_replay'}"]
 
 
-def sweep_summary(real: dict, sim: dict) -> dict:
-    """Per rate and policy the speedup over no speculation in vLLM and in the simulator, the
+def sweep_summary(real: dict, replay: dict) -> dict:
+    """Per rate and policy the speedup over no speculation in vLLM and in the replay, the
     geometric mean over rates, and Kendall's tau between the two rankings over every (rate, policy)."""
     from draftrl.eval.metrics import kendall_tau
 
     rates: dict[str, dict] = {}
-    pairs_real, pairs_sim = [], []
+    pairs_real, pairs_replay = [], []
     for rate, entry in real.get("rates", {}).items():
-        sim_table = sim.get("rates", {}).get(rate, {}).get("policies", {})
+        replay_table = replay.get("rates", {}).get(rate, {}).get("policies", {})
         rows = {}
         for name, p in entry["policies"].items():
-            s = sim_table.get(name)
-            rows[name] = {"speedup_vs_none": p["speedup_vs_none"], "sim_speedup_vs_none": s and s["speedup_vs_none"],
+            s = replay_table.get(name)
+            rows[name] = {"speedup_vs_none": p["speedup_vs_none"], "replay_speedup_vs_none": s and s["speedup_vs_none"],
                           "tokens_per_second": p["tokens_per_second"], "ttft_p50": p["time_to_first_token_p50"],
                           "itl_p50": p["itl_p50"], "itl_p95": p["itl_p95"]}
             if s:
                 pairs_real.append(p["speedup_vs_none"])
-                pairs_sim.append(s["speedup_vs_none"])
+                pairs_replay.append(s["speedup_vs_none"])
         rates[rate] = rows
     names = list(real.get("policies", []))
     geomean = {name: math.exp(sum(math.log(rates[r][name]["speedup_vs_none"]) for r in rates) / len(rates))
                for name in names if rates and all(name in rates[r] for r in rates)}
-    return {"rates": rates, "geomean_speedup_vs_none": geomean, "kendall_tau": kendall_tau(pairs_real, pairs_sim),
+    return {"rates": rates, "geomean_speedup_vs_none": geomean, "kendall_tau": kendall_tau(pairs_real, pairs_replay),
             "exactness": real["exactness"], "hardware": real.get("hardware", {})}

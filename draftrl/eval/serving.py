@@ -20,7 +20,7 @@ Policies: ``draftrl.eval.policy_names`` (the grammar both engines share: ``none`
 ``draftrl.policies.Policy`` on its engine by ``draftrl.eval.serve_policies``; episodes run through
 ``draftrl.eval.rollout.run_episode``, are summarised by ``draftrl.eval.metrics.summarize_serving`` and
 reported by ``draftrl.eval.report.render_serving_report``. ``draftrl.eval.dsd_search`` tunes the
-Dynamic SD table in the simulator.
+Dynamic SD table in the replay.
 
 Metrics per (load, policy): ``tokens_per_second`` (tokens / engine seconds, idle excluded),
 ``speedup_vs_none``, ``tokens_per_cpu_second`` and ``cpu_speedup_vs_none`` (the same in the engine
@@ -70,7 +70,7 @@ def loads_of(results: dict) -> list[tuple[str, str]]:
 
 def engine_groups(specs: list[PolicySpec], config=None) -> list[list[PolicySpec]]:
     """The policies grouped by the vLLM engine each runs on (first appearance order; each policy
-    alone when ``config`` is None: the simulator has no engines)."""
+    alone when ``config`` is None: the replay has no engines)."""
     if config is None:
         return [[spec] for spec in specs]
     groups: dict[Any, list[PolicySpec]] = {}
@@ -136,7 +136,7 @@ def run_serving_eval(out: str | Path, *, policies: list[str] | str, concurrency:
     """Evaluate ``policies`` at each load; write ``out/results.json`` and return it.
 
     ``make_env(load_config, spec)`` builds each (load, policy) episode's env instead of
-    ``ServeVLLM-v0`` on vLLM (e.g. ``ServeReplay-v0``, the simulator: ``benchmarks/serve_sweep.py``).
+    ``ServeVLLM-v0`` on vLLM (e.g. ``ServeReplay-v0``, the replay: ``benchmarks/serve_sweep.py``).
 
     ``results["concurrency"]["4"]["policies"]["fixed:4"]["tokens_per_second"]``; Poisson loads
     under ``results["rates"]["8"]``. Raises :class:`ServingMismatch` (after writing the results) when a

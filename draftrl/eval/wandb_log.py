@@ -11,7 +11,7 @@ run's summary (the scalars the group's runs table shows side by side).
   ``compare/policies``, ``compare/per_language``, ``compare/per_task``, ``exactness/checks``, the
   bar chart ``compare/speedup_vs_best_fixed`` (intervals drawn), the plots under ``plots/``;
 - serving sweep (:func:`log_sweep`): line plots ``sweep/speedup_vs_none`` (vLLM) and
-  ``sweep/sim_speedup_vs_none`` against the arrival rate, one table per load (``sweep/rate_<r>``);
+  ``sweep/replay_speedup_vs_none`` against the arrival rate, one table per load (``sweep/rate_<r>``);
 - calibrate, collect, dsd: :func:`log_calibration`, :func:`log_traces`, :func:`log_vllm_calibration`,
   :func:`log_recordings`, :func:`log_dsd`.
 
@@ -209,16 +209,16 @@ def log_eval(run: Any, results: dict, out: Path) -> None:
 
 
 # ----------------------------------------------------------------------------- serving
-SWEEP_COLUMNS = ["policy", "speedup_vs_none", "sim_speedup_vs_none", "tokens_per_second", "ttft_p50_s",
+SWEEP_COLUMNS = ["policy", "speedup_vs_none", "replay_speedup_vs_none", "tokens_per_second", "ttft_p50_s",
                  "itl_p50_ms", "itl_p95_ms", "acceptance_length"]
 #: results.json's load sections: (section, the x axis of its line plot, its table and summary key part)
 LOADS = (("rates", "arrival rate (requests/s)", "rate"), ("concurrency", "requests in flight", "concurrency"))
 
 
-def log_sweep(run: Any, real: dict, sim: dict | None = None, plot: Path | None = None) -> None:
+def log_sweep(run: Any, real: dict, replay: dict | None = None, plot: Path | None = None) -> None:
     """The serving sweep (``draftrl.eval.serving.run_serving_eval`` results, vLLM and optionally the
-    simulator): speedup over no speculation per policy against the arrival rate (line plots
-    ``sweep/speedup_vs_none`` and ``sweep/sim_speedup_vs_none``; against concurrency
+    replay): speedup over no speculation per policy against the arrival rate (line plots
+    ``sweep/speedup_vs_none`` and ``sweep/replay_speedup_vs_none``; against concurrency
     ``sweep/speedup_vs_none_by_concurrency``), one table per load (``sweep/rate_<r>``,
     ``sweep/concurrency_<c>``), the PNG (``sweep/plot``), and in the summary each policy's speedup
     per load (``policy/<name>/speedup_vs_none/rate_<r>``) and geometric mean over the rates
@@ -237,7 +237,7 @@ def log_sweep(run: Any, real: dict, sim: dict | None = None, plot: Path | None =
         if not loads:
             continue
         suffix = "" if section == "rates" else "_by_concurrency"
-        for which, results in (("speedup_vs_none", real), ("sim_speedup_vs_none", sim)):
+        for which, results in (("speedup_vs_none", real), ("replay_speedup_vs_none", replay)):
             shown = [n for n in names if results and all(n in results.get(section, {}).get(x, {}).get("policies", {})
                                                          for x in loads)]
             if not shown:
@@ -245,12 +245,13 @@ def log_sweep(run: Any, real: dict, sim: dict | None = None, plot: Path | None =
             data[f"sweep/{which}{suffix}"] = wandb.plot.line_series(
                 xs=[float(x) for x in loads], keys=shown,
                 ys=[[results[section][x]["policies"][n]["speedup_vs_none"] for x in loads] for n in shown],
-                xname=xname, title=f"speedup over no speculation vs {xname} ({'vLLM' if results is real else 'simulator'})")
+                xname=xname,
+                title=f"speedup over no speculation vs {xname} ({'vLLM' if results is real else 'replay'})")
         for x in loads:
-            sim_rows = ((sim or {}).get(section, {}).get(x) or {}).get("policies", {})
+            replay_rows = ((replay or {}).get(section, {}).get(x) or {}).get("policies", {})
             rows = []
             for name, p in real[section][x]["policies"].items():
-                rows.append([name, p["speedup_vs_none"], (sim_rows.get(name) or {}).get("speedup_vs_none"),
+                rows.append([name, p["speedup_vs_none"], (replay_rows.get(name) or {}).get("speedup_vs_none"),
                              p["tokens_per_second"], p.get("time_to_first_token_p50"), _ms(p.get("itl_p50")),
                              _ms(p.get("itl_p95")), (p.get("spec_decoding") or {}).get("acceptance_length")])
                 scalars[f"policy/{key_part(name)}/speedup_vs_none/{part}_{key_part(x)}"] = p["speedup_vs_none"]
@@ -268,7 +269,7 @@ def log_sweep(run: Any, real: dict, sim: dict | None = None, plot: Path | None =
 
 
 def log_dsd(run: Any, scored: list[dict]) -> None:
-    """The Dynamic SD tables searched in the simulator: ``dsd/tables`` (label, score = speedup over
+    """The Dynamic SD tables searched in the replay: ``dsd/tables`` (label, score = speedup over
     no speculation averaged over the loads) and ``best/label``, ``best/score``."""
     if run is None:
         return
@@ -306,7 +307,7 @@ def log_calibration(run: Any, table: Any) -> None:
 
 
 def log_traces(run: Any, traces: Any) -> None:
-    """Collected greedy traces (``draftrl.envs.traces.Traces``): prompts, positions, draft nodes, seconds."""
+    """Collected greedy traces (``draftrl.replay.traces.Traces``): prompts, positions, draft nodes, seconds."""
     if run is None:
         return
     _summary(run, {"traces/prompts": len(traces), "traces/positions": int(traces.cu_num_positions[-1]),
@@ -315,7 +316,7 @@ def log_traces(run: Any, traces: Any) -> None:
 
 
 def log_recordings(run: Any, recordings: dict[str, Any]) -> None:
-    """vLLM recordings per split (``draftrl.decoding.replay.Recordings``): requests, tokens, seconds."""
+    """vLLM recordings per split (``draftrl.replay.recordings.Recordings``): requests, tokens, seconds."""
     if run is None:
         return
     _summary(run, {k: v for split, r in recordings.items() for k, v in {

@@ -44,7 +44,7 @@ BUILDER_ENVS: tuple[str, ...] = (
 BUILDER = "draftrl.signals.features.FeatureBuilder"
 #: Env ids whose observations ``ServingFeatures`` builds (one engine step of a whole batch).
 SERVING_ENVS: tuple[str, ...] = ("draftrl/ServeVLLM-v0", "draftrl/ServeReplay-v0")
-#: Per-request rules of the serving env that vLLM's proposer can follow (``hindsight`` is the simulator's ceiling).
+#: Per-request rules of the serving env that vLLM's proposer can follow (``hindsight`` is the replay's ceiling).
 SERVING_RULES: tuple[str, ...] = ("match", "heuristic")
 
 
@@ -167,7 +167,7 @@ def make_serving_features(entry: dict[str, Any], names: list[str] | tuple[str, .
         raise ValueError(f"the policy reads {list(names)} but {SERVING_BUILDER} builds {list(SERVING_FEATURES)}; "
                          "export the policy again with this draftrl.")
     if entry.get("rule", "match") not in SERVING_RULES:
-        raise ValueError(f"the policy was trained with rule={entry.get('rule')!r}, which only the simulator can follow "
+        raise ValueError(f"the policy was trained with rule={entry.get('rule')!r}, which only the replay can follow "
                          f"(it knows the future); train with env.serve.rule one of {', '.join(SERVING_RULES)}.")
     return ServingFeatures(**entry["settings"])
 

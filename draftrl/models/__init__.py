@@ -1,6 +1,7 @@
 """Load draft/target models and check that a pair shares one vocabulary. Knows nothing about RL.
 
-- :func:`load_model` -> :class:`LoadedModel` (``model``, ``tokenizer``, ``name``)
+- :func:`load_model` -> :class:`LoadedModel` (``model``, ``tokenizer``, ``name``); :func:`shared_model`
+  loads one copy per process for every env and engine of that process
 - :func:`check_same_vocab` raises ``ValueError`` naming the first token id that differs;
   :func:`shared_vocab` checks that too and says which ids a draft model may propose when the two
   embedding matrices are padded differently (:class:`SharedVocab`)
@@ -26,6 +27,7 @@ from draftrl.models.loading import (
     model_config,
     model_folder,
     model_name,
+    shared_model,
 )
 from draftrl.models.registry import DEFAULT_MODEL, ModelInfo, cache_root, list_models
 from draftrl.models.vocab import SharedVocab, check_same_vocab, shared_vocab
@@ -52,6 +54,7 @@ __all__ = [
     "model_folder",
     "model_name",
     "remove_fast_linear",
+    "shared_model",
     "shared_vocab",
     "stock_kernels",
 ]

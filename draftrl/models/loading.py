@@ -92,6 +92,21 @@ def load_model(spec: str, *, dtype: str = "float32", device: str = "cpu", kernel
     return LoadedModel(model=model, tokenizer=tokenizer, name=name, kernels=plan)
 
 
+#: Models loaded once per process (:func:`shared_model`), by (spec, dtype, device, kernels).
+_SHARED: dict[tuple[str, str, str, str | None], LoadedModel] = {}
+
+
+def shared_model(spec: str, dtype: str = "float32", device: str = "cpu", kernels: str | None = None) -> LoadedModel:
+    """:func:`load_model`, loaded once per process and then reused: every env and engine made in one
+    process with the same ``(spec, dtype, device, kernels)`` gets the same loaded model object (models
+    are never pickled into subprocesses: vectorise with ``SyncVectorEnv`` / ``DummyVecEnv``). Its
+    few-token kernels are chosen at the first load, for the torch thread count set at that time."""
+    key = (spec, dtype, device, kernels)
+    if key not in _SHARED:
+        _SHARED[key] = load_model(spec, dtype=dtype, device=device, kernels=kernels)
+    return _SHARED[key]
+
+
 def model_name(spec: str) -> str:
     """The name :func:`load_model` gives ``spec``'s model (``LoadedModel.name``), without loading
     anything: a known name as written, an existing directory's own name, else the hub id."""

@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 # act_step answers with the step-level envs' own actions: CONTINUE (1) drafts another level, STOP (0) verifies
-from draftrl.envs.depth_control import CONTINUE, STOP
+from draftrl.signals.actions import CONTINUE, STOP
 
 #: Observation feature of step-level envs: draft levels built so far this round.
 LEVEL_FEATURE = "level"

@@ -5,7 +5,7 @@ runs inside vLLM (``draftrl.export.vllm_serve_proposer``), where no env exists. 
 exported proposer both feed :class:`ServingFeatures` what an engine step did (:class:`StepCounts`)
 and read :meth:`ServingFeatures.observation`; neither computes a feature itself.
 
-Units: seconds of wall clock (or of the simulator's cost model), token counts; ``running``,
+Units: seconds of wall clock (or of the replay's cost model), token counts; ``running``,
 ``waiting`` and ``tokens_in_flight`` are shares of the engine's ``max_num_seqs`` and
 ``max_num_seqs x max_model_len``. The table with every entry is in ``ServeVLLMEnv``'s docstring.
 Numpy only, no engine code.

@@ -1,6 +1,6 @@
 """Which checkpoint a run keeps (``TrainConfig.keep``): the last one, or the best on fresh episodes.
 
-Why: PPO's throughput does not rise monotonically. On the serving simulator one seed reached
+Why: PPO's throughput does not rise monotonically. On the serving replay one seed reached
 1.238x no speculation (geometric mean over five loads, tuning split) at 10k steps and fell to
 1.190x at 90k, while another rose from 1.165x to 1.248x. With ``keep: best`` every checkpoint is
 scored on the same ``select_episodes`` seeded episodes of the *training* env (its split, its

@@ -24,7 +24,7 @@ import json
 import pytest
 from byo_steps import DRAFTERS, DTYPES, cli
 
-from draftrl.envs.traces import Traces
+from draftrl.replay.traces import Traces
 
 PIPELINES = [pytest.param(d, t, id=f"{d}-{t}") for d in DRAFTERS for t in DTYPES]
 #: requests per split (byo_models.WORKLOAD) and the grid's drafted cells (conftest.byo_config)

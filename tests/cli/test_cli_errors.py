@@ -246,13 +246,12 @@ def test_bad_artifact_is_one_line_and_changes_nothing(case, analytic_run, analyt
     """Damaged and mismatched artifacts, tried as a user would: every case exits non-zero with
     exactly one line on stderr, no traceback, before any model loads, and leaves the earlier files
     untouched."""
-    from draftrl.envs import engines
+    import draftrl.models
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("WANDB_MODE", "disabled")
     loaded = []
-    monkeypatch.setattr(engines, "shared_model", lambda *a, **k: loaded.append(a) or pytest.fail("model loaded"))
-    import draftrl.models
+    monkeypatch.setattr(draftrl.models, "shared_model", lambda *a, **k: loaded.append(a) or pytest.fail("model loaded"))
 
     monkeypatch.setattr(draftrl.models, "load_model", lambda *a, **k: pytest.fail("model loaded"))
     argv, expected = case(tmp_path, analytic_run, analytic_exports, tiny_traces)

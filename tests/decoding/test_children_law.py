@@ -22,7 +22,7 @@ import torch
 from scipy.stats import norm
 
 from draftrl.models.distribution import SamplingParams, logits_to_probs, sample
-from draftrl.envs.workload import encode
+from draftrl.decoding.workload import encode
 from draftrl.prompts import load_prompts
 
 VOCAB = 49152  # SmolLM2's vocabulary

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from draftrl.decoding.engine import EngineConfig, RoundResult
+from draftrl.decoding.engine import EngineConfig, RoundResult, SpeculativeDecoder, TimedLevels
 from draftrl.decoding.stats import TokenStats
 from draftrl.drafters.base import LevelDrafter, TreeBuilder
 from draftrl.drafters.tree import DraftTree
@@ -65,6 +65,9 @@ class ScriptedEngine:
     level ``PER_LEVEL``; the clock only moves when the engine charges time.
     """
 
+    samples = True
+    drafts_levels = True
+
     def __init__(self, accepts=(2, 0, 4, 1), max_levels: int = 16, temperature: float = 0.0):
         self.config = EngineConfig(temperature=temperature)
         self.accepts = accepts
@@ -81,7 +84,13 @@ class ScriptedEngine:
     def clock(self) -> float:
         return self.now
 
-    def start(self, prompt_ids, seed=None, prefill=True) -> float:  # the scripted costs charge rounds only
+    def check(self, config) -> None:  # the live engine's checks: they read only config and drafter
+        SpeculativeDecoder.check(self, config)
+
+    def begin_levels(self, width):
+        return TimedLevels(lambda: self.drafter.begin(self.ids, width, self.params, None), self.clock)
+
+    def start(self, prompt_ids, seed=None, prefill=True, rng=None) -> float:  # the scripted costs charge rounds only
         self.now = 0.0  # each request restarts the fake clock, so float sums repeat exactly
         self.ids = list(prompt_ids)
         self.num_prompt_tokens = len(self.ids)
@@ -142,7 +151,7 @@ def scripted():
 @pytest.fixture(scope="session")
 def shared_smollm2(smollm2):
     """The session's SmolLM2, also registered as the envs' per-process shared copy."""
-    from draftrl.envs import engines
+    from draftrl.models import loading
 
-    engines._LOADED[("smollm2-135m", "float32", "cpu", None)] = smollm2  # key of shared_model(spec, dtype, device, kernels)
+    loading._SHARED[("smollm2-135m", "float32", "cpu", None)] = smollm2  # key of shared_model(spec, dtype, device, kernels)
     return smollm2

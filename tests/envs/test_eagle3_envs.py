@@ -15,8 +15,8 @@ from tiny_eagle3 import WordTokenizer, tiny_pair
 from draftrl.config.env import EnvConfig
 from draftrl.decoding.engine import EngineConfig, SpeculativeDecoder
 from draftrl.drafters.eagle3 import Eagle3Drafter
-from draftrl.envs.calibrate import measure_draft
-from draftrl.envs.traces import collect
+from draftrl.replay.calibrate import measure_draft
+from draftrl.replay.traces import collect
 from draftrl.models.distribution import SamplingParams
 
 

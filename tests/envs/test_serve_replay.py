@@ -1,11 +1,10 @@
 """``draftrl/ServeReplay-v0`` without vLLM: exact continuations for every policy, budget 0 = the
-no-speculation schedule, admission identical to the vLLM proposer's code, the cost model refit,
-and spaces identical to ``ServeVLLM-v0``."""
+no-speculation schedule, the cost model's seconds, and spaces identical to ``ServeVLLM-v0``
+(the engine alone: ``tests/replay/test_serve_engine.py``)."""
 
 from __future__ import annotations
 
 import heapq
-from types import SimpleNamespace
 
 import gymnasium as gym
 import numpy as np
@@ -14,34 +13,10 @@ from gymnasium.utils.env_checker import check_env
 
 import draftrl.envs  # noqa: F401  registers the ids
 from draftrl.config.serve import ServeConfig
-from draftrl.decoding.admission import StepAction
-from draftrl.decoding.replay import Recording, Recordings, ReplayEngine
-from draftrl.decoding.vllm.calibrate import StepCostModel
-from draftrl.decoding.vllm.proposer import DraftrlProposer
 from draftrl.envs.serve_vllm import FEATURE_NAMES, ServeVLLMEnv
-from draftrl.prompts import Prompt
-
-COST = StepCostModel(base=0.03, per_seq=0.002, per_token=0.0005, residual_std=0.002)
-TOKENS = 40
-LOOKAHEAD = 9
-
-
-def synthetic_recordings(num: int = 12, seed: int = 0) -> Recordings:
-    """Requests whose continuations repeat pieces of their prompts (the n-gram drafter matches
-    some positions, fails on others), some ending early at 'EOS'."""
-    rng = np.random.default_rng(seed)
-    recs = []
-    for i in range(num):
-        motif = rng.integers(0, 60, size=10).tolist()
-        prompt = motif * 2 + rng.integers(0, 60, size=int(rng.integers(5, 30))).tolist()
-        cont: list[int] = []
-        while len(cont) < TOKENS + LOOKAHEAD:
-            cont += motif[: int(rng.integers(2, 10))] + rng.integers(60, 90, size=int(rng.integers(1, 4))).tolist()
-        length = TOKENS + LOOKAHEAD if i % 4 else int(rng.integers(5, TOKENS))  # every 4th ends at 'EOS'
-        recs.append(Recording(Prompt(f"p{i:02d}", ("en", "it", "zh", "es")[i % 4], ("qa", "code_edit")[i % 2],
-                                     "tune", f"prompt {i}", TOKENS), prompt, TOKENS, cont[:length], LOOKAHEAD))
-    return Recordings(recs, {"config": {"target": "smollm2-135m", "chat_template": True}})
-
+from draftrl.replay.serve_calibrate import StepCostModel
+from draftrl.replay.serve_engine import ReplayEngine
+from serve_recordings import COST, TOKENS, synthetic_recordings
 
 @pytest.fixture(scope="module")
 def recordings():
@@ -139,63 +114,13 @@ def test_budget_zero_reproduces_the_no_speculation_schedule(recordings, concurre
     assert len(drafting) < len(plain)  # and speculation does shorten it on these requests
 
 
-def test_admission_equals_the_vllm_proposers_on_the_same_steps(recordings):
-    """Drive draftrl's vLLM proposer class with the simulator's batches: every request's drafts,
-    acceptance estimates and match lengths are the simulator's."""
-    for rule in ("match", "heuristic"):
-        engine = ReplayEngine(recordings, COST, max_depth=8, max_num_seqs=6, rule=rule)
-        proposer = DraftrlProposer(SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=8),
-                                                   model_config=SimpleNamespace(max_model_len=1024)))
-        proposer.set_rule(rule)
-        for i, r in enumerate(recordings.requests):
-            engine.add_request(f"r{i}", r.prompt_ids, TOKENS)
-        prompts = {f"r{i}": r.prompt_ids for i, r in enumerate(recordings.requests)}
-        outputs: dict[str, list[int]] = {k: [] for k in prompts}
-        rng = np.random.default_rng(1)
-        expected: dict[str, int] = {}
-        while engine.has_unfinished_requests():
-            action = StepAction(int(rng.choice([0, 1, 2, 4, 8])), [None, 0, 3, 8][int(rng.integers(4))])
-            result = engine.step(action)
-            sampled = []
-            for r in result.requests:
-                assert r.num_verified == expected.pop(r.request_id, 0)
-                index, n = int(r.request_id[1:]), len(outputs[r.request_id])
-                rec = recordings.requests[index].token_ids
-                if r.finished and n:  # vLLM's proposer sees every token the last step verified, past the limit
-                    sampled.append(rec[n: n + min(min(engine.proposals.accepted[index][n], r.num_verified) + 1,
-                                                  len(rec) - n)])
-                else:
-                    sampled.append(r.token_ids)
-                outputs[r.request_id].extend(sampled[-1])
-            rows = [r.request_id for r in result.requests]
-            contexts = [prompts[k] + outputs[k] for k in rows]
-            token_ids = np.zeros((len(rows), max(map(len, contexts))), dtype=np.int64)
-            for row, ctx in enumerate(contexts):
-                token_ids[row, :len(ctx)] = ctx
-            proposer.runner = SimpleNamespace(input_batch=SimpleNamespace(req_ids=rows))
-            proposer.action = action
-            drafts = proposer.propose(sampled, np.array(list(map(len, contexts))),
-                                      token_ids)
-            assert sum(map(len, drafts)) == result.num_proposed
-            expected = {k: len(d) for k, d in zip(rows, drafts) if d}
-            acceptance, match = engine.request_signals()
-            np.testing.assert_allclose(acceptance, proposer.last.acceptance)
-            assert match.tolist() == proposer.last.match_len.tolist()
-            for k, d in zip(rows, drafts):  # the simulator's acceptance = the proposer's drafts vs the recording
-                index, n = int(k[1:]), len(outputs[k])
-                rec = recordings.requests[index].token_ids
-                agree = 0
-                while agree < len(d) and n + agree < len(rec) and d[agree] == rec[n + agree]:
-                    agree += 1
-                assert agree == min(len(d), engine.proposals.accepted[index][n])
-
 
 def test_spaces_and_features_are_serve_vllms(recordings):
-    sim = make(recordings).unwrapped
+    replay = make(recordings).unwrapped
     real = ServeVLLMEnv(ServeConfig(), engine=ReplayEngine(recordings, COST), tokenizer=object())
-    assert sim.action_space == real.action_space and sim.observation_space == real.observation_space
-    assert sim.feature_names == real.feature_names == FEATURE_NAMES
-    assert (sim.depths, sim.budgets, sim.action_lag) == (real.depths, real.budgets, real.action_lag) == \
+    assert replay.action_space == real.action_space and replay.observation_space == real.observation_space
+    assert replay.feature_names == real.feature_names == FEATURE_NAMES
+    assert (replay.depths, replay.budgets, replay.action_lag) == (real.depths, real.budgets, real.action_lag) == \
         ((0, 1, 2, 3, 4, 6, 8), (0, 2, 4, 8, 16, 32, 64, 128), 1)
     check_env(make(recordings, concurrency=4).unwrapped, skip_render_check=True)
 
@@ -236,19 +161,9 @@ def test_a_prefill_step_is_charged_per_prompt_token(recordings):
 def test_errors_name_the_fix(recordings):
     with pytest.raises(ValueError, match="temperature"):
         make(recordings, temperature=0.7)
-    with pytest.raises(ValueError, match="record"):
-        ReplayEngine(recordings, COST).add_request("x", [1, 2, 3], 8)
-    with pytest.raises(ValueError, match="max_new_tokens_cap"):
-        ReplayEngine(recordings, COST).add_request("x", recordings.requests[1].prompt_ids, TOKENS + 1)
     with pytest.raises(ValueError, match="calibrate --engine vllm"):
         gym.make("draftrl/ServeReplay-v0", recordings=recordings, calibration="/nonexistent.json")
 
-
-def test_recordings_round_trip(recordings, tmp_path):
-    recordings.save(tmp_path)
-    loaded = Recordings.load(tmp_path)
-    assert [(r.prompt, r.prompt_ids, r.token_ids) for r in loaded.requests] == \
-        [(r.prompt, r.prompt_ids, r.token_ids) for r in recordings.requests]
 
 
 def test_loads_are_drawn_per_episode_and_the_lookahead_acts_in_the_grid(recordings):

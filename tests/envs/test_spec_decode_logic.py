@@ -1,6 +1,6 @@
 """Env logic on a scripted engine and synthetic tables: features, rewards, shaping, config errors.
 
-No model runs here; ``test_spec_decode_real.py`` and ``test_trace_replay.py`` cover the real engine.
+No model runs here; ``test_spec_decode_real.py`` and ``test_spec_decode_replay.py`` cover the real engine.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from stable_baselines3.common.env_checker import check_env as sb3_check_env
 import draftrl.envs  # noqa: F401  registers the env ids (gymnasium.register_envs idiom)
 from draftrl.config.env import EnvConfig
 from draftrl.signals.features import feature_names
-from draftrl.envs.rewards import RewardModel
+from draftrl.signals.rewards import RewardModel
 from draftrl.envs.spec_decode import SpecDecodeEnv
-from draftrl.envs.depth_control import CONTINUE, STOP
+from draftrl.signals.actions import CONTINUE, STOP
 from draftrl.envs.spec_decode_depth import SpecDecodeDepthEnv
 
 SMALL = dict(languages=("en",), tasks=("chat",), limit_per_group=3, max_new_tokens=12, depths=(0, 1, 2, 4))
@@ -213,7 +213,7 @@ def test_bad_env_arguments_name_the_fix(tmp_path):
     with pytest.raises(ValueError, match="did you mean 'depths'"):
         gym.make("draftrl/SpecDecode-v1", depth=(0, 1))
     with pytest.raises(ValueError, match="no prompt matches"):
-        from draftrl.envs.workload import select_prompts
+        from draftrl.decoding.workload import select_prompts
 
         select_prompts(EnvConfig(prompts=str(_one_prompt_file(tmp_path)), tasks=("chat",), split=None))
 

@@ -13,7 +13,7 @@ from draftrl.decoding.engine import EngineConfig, SpeculativeDecoder
 from draftrl.decoding.generate import fixed_schedule, generate
 from draftrl.decoding.stats import TokenStats
 from draftrl.config.env import EnvConfig
-from draftrl.envs.depth_control import CONTINUE, STOP
+from draftrl.signals.actions import CONTINUE, STOP
 
 SHORT = dict(languages=("en",), tasks=("chat",), limit_per_group=2, max_new_tokens=8, depths=(0, 1, 3))
 
@@ -145,7 +145,7 @@ def test_monitor_off_skips_the_token_statistics_and_monitor_on_needs_them(model)
     """``monitor=False`` (``--no-monitor``) builds an engine without per-token statistics (None in
     ``info``, the same tokens); ``monitor=True`` with such an engine is refused, naming the fix."""
     from draftrl.decoding.monitor import ExactnessMonitor
-    from draftrl.envs.engines import build_engine, check_engine
+    from draftrl.decoding.build import build_engine
 
     off = EnvConfig(**SHORT, temperature=1.0, monitor=False)
     on = EnvConfig(**SHORT, temperature=1.0)
@@ -153,7 +153,7 @@ def test_monitor_off_skips_the_token_statistics_and_monitor_on_needs_them(model)
     assert not engine.config.token_stats and build_engine(on, model)[0].config.token_stats
     assert build_engine(off, model, token_stats=True)[0].config.token_stats  # a caller with its own monitor
     with pytest.raises(ValueError, match="EnvConfig.monitor=True needs.*token_stats=True"):
-        check_engine(on, engine)
+        engine.check(on)
     with pytest.raises(ValueError, match="token_stats is None.*token_stats=True"):
         ExactnessMonitor().update(None)
     streams = {}

@@ -6,18 +6,13 @@ limit that did nothing would fail the test."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
 from draftrl.config.serve import ServeConfig
-from draftrl.envs.serve_replay import ServeReplayEnv
+from draftrl.envs.serve_vllm import ServeVLLMEnv
 from draftrl.eval.policy_names import parse_policies
 from draftrl.eval.serve_policies import build_serving_policy
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "envs"))
-from test_serve_replay import COST, TOKENS, synthetic_recordings  # noqa: E402
+from serve_recordings import COST, TOKENS, synthetic_recordings
 
 
 def _verified(env, policy) -> tuple[list[int], list[int]]:
@@ -35,8 +30,8 @@ def _verified(env, policy) -> tuple[list[int], list[int]]:
 def test_v_limits_the_drafts_one_engine_step_verifies_on_the_serving_replay():
     """vLLM's semantics without vLLM: four requests in flight at depth 4; ``fixed:4:4`` verifies at
     most 4 draft tokens over the whole batch each step (and reaches 4), ``fixed:4`` more."""
-    env = ServeReplayEnv(synthetic_recordings(8), COST, ServeConfig(max_new_tokens=TOKENS, shuffle=False, seed=0,
-                                                                     concurrency=4))
+    env = ServeVLLMEnv(ServeConfig(max_new_tokens=TOKENS, shuffle=False, seed=0, concurrency=4), engine="replay",
+                       recordings=synthetic_recordings(8), calibration=COST)
     runs = {name: _verified(env, build_serving_policy(parse_policies(name, engine="vllm")[-1], env))
             for name in ("fixed:4:4", "fixed:4")}
     limited, unlimited = runs["fixed:4:4"][0], runs["fixed:4"][0]

@@ -16,9 +16,9 @@ from draftrl.decoding.engine import EngineConfig, SpeculativeDecoder
 from draftrl.decoding.generate import fixed_schedule, generate
 from draftrl.decoding.schedule import HeuristicSchedule
 from draftrl.drafters.eagle3 import Eagle3Drafter
-from draftrl.envs.trace_replay import TraceReplayEnv
-from draftrl.envs.round_table import drafter_costs, match_depths, round_table
-from draftrl.envs.traces import collect
+from draftrl.envs.spec_decode import SpecDecodeEnv
+from draftrl.replay.round_table import drafter_costs, match_depths, round_table
+from draftrl.replay.traces import collect
 from draftrl.eval.headroom import headroom, hindsight, play, play_stop
 from draftrl.policies.acceptance_stop import AcceptanceModel, AcceptanceStop
 from draftrl.policies.confidence_stop import CumulativeConfidenceStop, LevelStopRule, RocConfidenceStop
@@ -39,7 +39,7 @@ def test_every_fixed_arm_costs_what_the_replay_env_charges(pair):
     for name, tr in traces.items():
         config = EnvConfig(depths=DEPTHS, verify_sizes=(0,), width=tr.width, temperature=0.0, cost_noise=0.0,
                            cost_jitter=0.0, drafter="ngram")
-        env = TraceReplayEnv(tr, config, cost_table=drafter_costs(tables["ngram"], tables[name]))
+        env = SpecDecodeEnv(config, engine="replay", traces=tr, cost_table=drafter_costs(tables["ngram"], tables[name]))
         for depth in DEPTHS[1:]:
             for p in range(len(tr.prompts)):
                 env.reset(seed=0, options={"prompt_index": p})

@@ -25,14 +25,15 @@ def _results(speedups: dict[str, dict[str, float]]) -> dict:
 
 def test_sweep_summary_gives_ratios_geomean_and_tau():
     real = _results({"0.5": {"none": 1.0, "fixed:4": 1.6, "ppo:x": 1.4}, "8": {"none": 1.0, "fixed:4": 0.9, "ppo:x": 1.1}})
-    sim = _results({"0.5": {"none": 1.0, "fixed:4": 1.5, "ppo:x": 1.3}, "8": {"none": 1.0, "fixed:4": 1.2, "ppo:x": 1.0}})
-    out = sweep_summary(real, sim)
+    replay = _results({"0.5": {"none": 1.0, "fixed:4": 1.5, "ppo:x": 1.3},
+                       "8": {"none": 1.0, "fixed:4": 1.2, "ppo:x": 1.0}})
+    out = sweep_summary(real, replay)
     assert out["rates"]["8"]["fixed:4"]["speedup_vs_none"] == 0.9
-    assert out["rates"]["8"]["fixed:4"]["sim_speedup_vs_none"] == 1.2
+    assert out["rates"]["8"]["fixed:4"]["replay_speedup_vs_none"] == 1.2
     assert out["geomean_speedup_vs_none"]["ppo:x"] == pytest.approx(math.sqrt(1.4 * 1.1))
     # six (rate, policy) points, paired rate by rate and policy by policy
     assert out["kendall_tau"] == pytest.approx(kendall_tau([1.0, 1.6, 1.4, 1.0, 0.9, 1.1], [1.0, 1.5, 1.3, 1.0, 1.2, 1.0]))
-    assert out["kendall_tau"] < 1.0  # the simulator puts fixed:4 above ppo at rate 8, vLLM below
+    assert out["kendall_tau"] < 1.0  # the replay puts fixed:4 above ppo at rate 8, vLLM below
 
 
 def test_a_run_with_other_settings_is_refused_before_any_work(tmp_path):
@@ -47,7 +48,7 @@ def test_a_resumed_run_may_take_another_memory_share_but_not_other_engine_settin
     result); --enforce-eager changes what the calibration measures, so it is another run."""
     import dataclasses
 
-    import draftrl.decoding.vllm.calibrate as calibrate
+    import draftrl.replay.serve_calibrate as calibrate
 
     class Resumed(Exception):
         pass
@@ -72,7 +73,7 @@ def test_a_missing_training_recipe_names_the_setting(tmp_path):
 
 def test_the_sweep_is_logged_against_the_arrival_rate(tmp_path, monkeypatch):
     """The serving sweep's wandb run: speedup over no speculation per policy against the rate (vLLM and
-    the simulator, one line each), a table per rate, each policy's geometric mean in the summary."""
+    the replay, one line each), a table per rate, each policy's geometric mean in the summary."""
     pytest.importorskip("wandb")
     from draftrl.config.wandb import WandbConfig, logged_run
     from draftrl.eval.wandb_log import log_sweep
@@ -82,12 +83,13 @@ def test_the_sweep_is_logged_against_the_arrival_rate(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_SILENT", "true")
     monkeypatch.delenv("WANDB_DIR", raising=False)
     real = _results({"0.5": {"none": 1.0, "fixed:4": 1.6, "ppo:x": 1.4}, "8": {"none": 1.0, "fixed:4": 0.9, "ppo:x": 1.1}})
-    sim = _results({"0.5": {"none": 1.0, "fixed:4": 1.5, "ppo:x": 1.3}, "8": {"none": 1.0, "fixed:4": 1.2, "ppo:x": 1.0}})
+    replay = _results({"0.5": {"none": 1.0, "fixed:4": 1.5, "ppo:x": 1.3},
+                       "8": {"none": 1.0, "fixed:4": 1.2, "ppo:x": 1.0}})
     with logged_run(WandbConfig(), tmp_path / "sweep", job_type="sweep") as run:
-        log_sweep(run, real, sim)
+        log_sweep(run, real, replay)
     (read,) = read_runs(tmp_path / "sweep" / "wandb")  # a command's runs land in its --out
     assert read.job_type == "sweep" and read.exit_code == 0
-    for key, results in (("sweep/speedup_vs_none", real), ("sweep/sim_speedup_vs_none", sim)):
+    for key, results in (("sweep/speedup_vs_none", real), ("sweep/replay_speedup_vs_none", replay)):
         assert read.chart(key)["panel_config"]["panelDefId"] == "wandb/lineseries/v0"
         columns, points = read.table(f"{key}_table")
         lines = {(row[1], row[0]): row[2] for row in points}  # (policy, rate) -> speedup

@@ -2,21 +2,16 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 from draftrl.config.serve import ServeConfig
-from draftrl.envs.serve_vllm import FEATURE_NAMES
-from draftrl.envs.serve_replay import ServeReplayEnv
+from draftrl.envs.serve_vllm import FEATURE_NAMES, ServeVLLMEnv
 from draftrl.eval.policy_names import ENGINE_KINDS, parse_policies
 from draftrl.eval.serve_policies import build_serving_policy, check_policies, proposer_rule
 from draftrl.policies import DynamicSD, Policy
+from serve_recordings import COST, TOKENS, synthetic_recordings
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "envs"))
-from test_serve_replay import COST, TOKENS, synthetic_recordings  # noqa: E402
 
 #: One name of every serving kind that needs no trained policy or vLLM proposer class.
 BASELINES = ("none,fixed:4,fixed:2:8,heuristic,vllm-ngram:4,vllm-eagle3:4,vllm-class:ref_lookup.RefLookupLatest:4,dsd,"
@@ -25,7 +20,8 @@ BASELINES = ("none,fixed:4,fixed:2:8,heuristic,vllm-ngram:4,vllm-eagle3:4,vllm-c
 
 @pytest.fixture(scope="module")
 def env():
-    return ServeReplayEnv(synthetic_recordings(4), COST, ServeConfig(max_new_tokens=TOKENS, shuffle=False, seed=0))
+    return ServeVLLMEnv(ServeConfig(max_new_tokens=TOKENS, shuffle=False, seed=0), engine="replay",
+                        recordings=synthetic_recordings(4), calibration=COST)
 
 
 def test_every_serving_baseline_is_a_policy(env):
@@ -118,7 +114,8 @@ def test_the_earlier_head_key_is_refused_naming_the_drafter():
     from draftrl.config.serve import load_serve_config
 
     for make in (lambda: load_serve_config(None, ["env.head=runs/head"]),
-                 lambda: ServeReplayEnv(synthetic_recordings(2), COST, {"head": "runs/head"})):
+                 lambda: ServeVLLMEnv({"head": "runs/head"}, engine="replay", recordings=synthetic_recordings(2),
+                                      calibration=COST)):
         with pytest.raises(ValueError, match=r"env.head is gone|head is gone") as err:
             make()
         assert "drafter: eagle3:DIR" in str(err.value) and "\n" not in str(err.value)

@@ -44,9 +44,9 @@ def replay_config():
 @pytest.fixture(scope="session")
 def shared_target(smollm2):
     """The session's SmolLM2, registered as the envs' per-process shared copy."""
-    from draftrl.envs import engines
+    from draftrl.models import loading
 
-    engines._LOADED[("smollm2-135m", "float32", "cpu")] = smollm2
+    loading._SHARED[("smollm2-135m", "float32", "cpu", None)] = smollm2  # key of shared_model(spec, dtype, device, kernels)
     return smollm2
 
 
@@ -54,8 +54,8 @@ def shared_target(smollm2):
 def replay_traces(shared_target, replay_config, tmp_path_factory) -> Path:
     import torch
 
-    from draftrl.envs.engines import build_engine
-    from draftrl.envs.traces import collect
+    from draftrl.decoding.build import build_engine
+    from draftrl.replay.traces import collect
 
     torch.set_num_threads(1)
     config = replay_config

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from draftrl.envs.engines import build_engine
+from draftrl.decoding.build import build_engine
 from draftrl.export.controller import PolicyController
 from draftrl.export.hf import PolicyCandidateGenerator, policy_generate
 from draftrl.export.schedule import PolicySchedule

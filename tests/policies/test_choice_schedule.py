@@ -16,7 +16,7 @@ from draftrl.drafters.eagle3 import Eagle3Drafter
 from draftrl.drafters.mixed import MixedDrafter
 from draftrl.drafters.ngram import NgramDrafter
 from draftrl.envs.trace_choice import TraceChoiceEnv
-from draftrl.envs.traces import collect
+from draftrl.replay.traces import collect
 from draftrl.policies.choice import ChoiceSchedule
 
 BUDGET = 14

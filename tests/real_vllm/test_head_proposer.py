@@ -158,7 +158,7 @@ def test_calibration_times_the_heads_drafting_beside_lookup(monkeypatch):
     """``draftrl calibrate --engine vllm --drafter eagle3`` on a real route (b) engine: every decode
     cell with d >= 1 also as a head cell, the head's batched forward running only there, and what
     it adds to a step positive; the proposer's rule (and so its load part) is restored afterwards."""
-    from draftrl.decoding.vllm.calibrate import StepCostModel, calibrate
+    from draftrl.replay.serve_calibrate import StepCostModel, calibrate
     from draftrl.drafters.packaged import packaged_head
 
     engine = VLLMEngine(VLLMEngineConfig(method="draftrl", drafter=f"eagle3:{packaged_head('smollm2-135m')}",

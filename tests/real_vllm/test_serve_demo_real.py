@@ -28,7 +28,7 @@ def test_quick_serve_demo_runs_end_to_end_and_resumes(tmp_path, monkeypatch, cap
     rows = summary["rates"]["2"]
     assert {"none", "fixed:2"} <= set(rows) and any(name.startswith("dsd:") for name in rows)
     assert rows["none"]["speedup_vs_none"] == 1.0 and all(r["tokens_per_second"] > 0 for r in rows.values())
-    assert all(r["sim_speedup_vs_none"] is not None for name, r in rows.items())
+    assert all(r["replay_speedup_vs_none"] is not None for name, r in rows.items())
     assert (out / "sweep" / "sweep.png").stat().st_size > 0 and (out / "sweep" / "report.md").exists()
     printed = capsys.readouterr().out
     assert "vs none (vLLM)" in printed and "Poisson 2 requests/s" in printed

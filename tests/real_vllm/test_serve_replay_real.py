@@ -1,5 +1,5 @@
 """``ServeReplay-v0`` against real vLLM: recordings from vLLM without speculation, then the same
-episodes in ``ServeVLLM-v0`` and in the simulator give the same tokens and the same schedule
+episodes in ``ServeVLLM-v0`` and in the replay give the same tokens and the same schedule
 (tokens, drafts verified, accepted and proposed, running and waiting, step by step); the cost
 model refits on a fresh tiny calibration."""
 
@@ -8,12 +8,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from draftrl.decoding.vllm.calibrate import StepCostModel, calibrate, decode_table
+from draftrl.config.serve import ServeConfig
 from draftrl.decoding.vllm.engine import VLLMEngineConfig, shared_engine
 from draftrl.envs.serve_vllm import ServeVLLMEnv
-from draftrl.config.serve import ServeConfig
-from draftrl.envs.serve_replay import ServeReplayEnv
-from draftrl.envs.serve_replay import record_workload
+from draftrl.replay.recordings import record_workload
+from draftrl.replay.serve_calibrate import StepCostModel, calibrate, decode_table
 
 CONFIG = ServeConfig(split="heldout", languages=("en", "it", "zh", "es"), tasks=("code_edit", "summarize"),
                      max_new_tokens=24, concurrency=4, shuffle=False)
@@ -37,13 +36,14 @@ def episode(env, action):
 
 
 @pytest.mark.parametrize("action", [(4, 7), (6, 2), (5, 0)])  # depth 4 unlimited; depth 6 budget 4; budget 0
-def test_simulator_replays_real_vllm_step_by_step(recordings, vllm_tokenizer, action):
+def test_the_replay_follows_real_vllm_step_by_step(recordings, vllm_tokenizer, action):
     real = ServeVLLMEnv(CONFIG, tokenizer=vllm_tokenizer)
-    sim = ServeReplayEnv(recordings, StepCostModel(0.05, 0.002, 0.001), CONFIG)
+    replay = ServeVLLMEnv(CONFIG, engine="replay", recordings=recordings, calibration=StepCostModel(0.05, 0.002, 0.001))
     real_steps, real_tokens = episode(real, action)
-    sim_steps, sim_tokens = episode(sim, action)
-    assert sim_tokens == real_tokens == {r.prompt.id: r.token_ids[:CONFIG.max_new_tokens] for r in recordings.requests}
-    assert sim_steps == real_steps
+    replay_steps, replay_tokens = episode(replay, action)
+    recorded = {r.prompt.id: r.token_ids[:CONFIG.max_new_tokens] for r in recordings.requests}
+    assert replay_tokens == real_tokens == recorded
+    assert replay_steps == real_steps
 
 
 def test_cost_model_refits_on_a_fresh_tiny_calibration():

@@ -116,7 +116,7 @@ def test_engines_build_after_an_ngram_engine():
 
 
 def test_calibrate_fill_rule_verifies_exactly_the_depth():
-    from draftrl.decoding.vllm.calibrate import calibrate
+    from draftrl.replay.serve_calibrate import calibrate
 
     engine = shared_engine(VLLMEngineConfig(method="draftrl"))
     engine.proposer.set_rule("fill")

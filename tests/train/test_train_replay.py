@@ -42,8 +42,8 @@ def cpu_traces(smollm2, tmp_path_factory):
     import torch
 
     from draftrl.config.env import EnvConfig
-    from draftrl.envs.engines import build_engine
-    from draftrl.envs.traces import collect
+    from draftrl.decoding.build import build_engine
+    from draftrl.replay.traces import collect
 
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("cpu_traces")

@@ -74,8 +74,8 @@ _GREEDY = SamplingParams()
 
 
 def serving_drafter(spec: str = SERVING_DRAFTER) -> Drafter:
-    """The drafter named ``spec`` for the vLLM proposer (and the serving simulator that replays
-    it). Inside vLLM a drafter sees token ids only, so the registry refuses kinds that need the
+    """The drafter named ``spec`` for the vLLM proposer (and the serving replay, which recomputes
+    its proposals). Inside vLLM a drafter sees token ids only, so the registry refuses kinds that need the
     target (``DrafterEntry.needs_target``)."""
     drafter = build_drafter(spec)
     if drafter is None:

@@ -1,14 +1,13 @@
-"""``configs/serve_sim_cpu.yaml``: PPO trains on ``draftrl/ServeReplay-v0`` through the ordinary
+"""``configs/serve_replay_cpu.yaml``: PPO trains on ``draftrl/ServeReplay-v0`` through the ordinary
 recipe, is evaluated against every fixed (depth cap, budget), the per-request heuristic and the
-greedy one-step lookahead, and loads back onto the simulator's (= ServeVLLM-v0's) spaces.
+greedy one-step lookahead, and loads back onto the replay's (= ServeVLLM-v0's) spaces.
 
 Synthetic recordings and a synthetic calibration file stand for the vLLM ones (tests/envs checks
-the simulator itself; tests/real_vllm checks it against vLLM), so this runs in seconds.
+the replay itself; tests/real_vllm checks it against vLLM), so this runs in seconds.
 """
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -20,13 +19,10 @@ from draftrl.policies import PPOPolicy
 from draftrl.train import ppo_size
 from draftrl.train.config import TrainConfig
 from draftrl.train.envs import make_env
+from serve_recordings import synthetic_calibration, synthetic_recordings
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "envs"))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "decoding"))
-from test_serve_replay import synthetic_recordings  # noqa: E402
-from test_vllm_calibrate import synthetic_calibration  # noqa: E402
 
-CONFIG = Path(__file__).resolve().parents[2] / "configs" / "serve_sim_cpu.yaml"
+CONFIG = Path(__file__).resolve().parents[2] / "configs" / "serve_replay_cpu.yaml"
 
 
 @pytest.fixture(autouse=True)
@@ -34,7 +30,7 @@ def _no_wandb(monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "disabled")
 
 
-def test_ppo_trains_on_the_serving_simulator_and_meets_its_baselines(tmp_path):
+def test_ppo_trains_on_the_serving_replay_and_meets_its_baselines(tmp_path):
     synthetic_recordings(12, seed=0).save(tmp_path / "tune")
     synthetic_recordings(6, seed=1).save(tmp_path / "heldout")
     write_json(tmp_path / "costs.json", synthetic_calibration((0.03, 0.002, 0.0006), sd=0.002))

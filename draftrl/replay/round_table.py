@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from draftrl.envs.traces import Traces
+from draftrl.replay.traces import Traces
 from draftrl.prompts import Prompt
 from draftrl.signals.costs import CostTable
 from draftrl.signals.features import DRAFT_FEATURES

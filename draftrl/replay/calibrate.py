@@ -24,7 +24,7 @@ from draftrl.decoding.clock import clock_for
 from draftrl.decoding.engine import EngineConfig, SpeculativeDecoder
 from draftrl.drafters.registry import build_drafter
 from draftrl.drafters.tree import DraftTree
-from draftrl.envs.engines import shared_model
+from draftrl.models import shared_model
 from draftrl.models.chat import user_message_ids
 from draftrl.models.distribution import SamplingParams, generator_for
 from draftrl.prompts import load_prompts

@@ -1,34 +1,34 @@
-"""``draftrl.eval.serving.run_serving_eval`` on the serving simulator (``make_env``): the runner of
+"""``draftrl.eval.serving.run_serving_eval`` on the serving replay (``make_env``): the runner of
 ``draftrl eval --engine vllm`` and ``benchmarks/serve_sweep.py``, without vLLM."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
 from draftrl.config.serve import ServeConfig
-from draftrl.envs.serve_replay import ServeReplayEnv
+from draftrl.envs.serve_vllm import ServeVLLMEnv
 from draftrl.eval.serving import run_serving_eval
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "envs"))
-from test_serve_replay import COST, TOKENS, synthetic_recordings  # noqa: E402
+from serve_recordings import COST, TOKENS, synthetic_recordings
 
 
-def test_policies_in_the_simulator_under_load(tmp_path):
+def replay_env(recordings):
+    """``make_env`` for the runner: ``ServeReplay-v0`` on ``recordings``."""
+    return lambda cfg, spec: ServeVLLMEnv(cfg, engine="replay", recordings=recordings, calibration=COST)
+
+
+def test_policies_in_the_replay_under_load(tmp_path):
     recordings = synthetic_recordings(8)
     config = ServeConfig(max_new_tokens=TOKENS, shuffle=False, seed=0)
     results = run_serving_eval(tmp_path, policies="none,fixed:1,fixed:4:4,heuristic,dsd", concurrency=[1, 4],
                                rates=[3.0], repeats=2, config=config,
-                               make_env=lambda cfg, spec: ServeReplayEnv(recordings, COST, cfg))
+                               make_env=replay_env(recordings))
     assert results["exactness"]["passed"]  # every policy emitted the recorded continuations
     for section, key in (("concurrency", "1"), ("concurrency", "4"), ("rates", "3")):
         table = results[section][key]["policies"]
         assert set(table) == {"none", "fixed:1", "fixed:4:4", "heuristic", "dsd"}
         assert table["none"]["speedup_vs_none"] == 1.0 and table["none"]["num_verified"] == 0
         assert table["fixed:1"]["num_verified"] > 0
-        assert table["fixed:1"]["tokens_per_cpu_second"] is None  # the simulator has no CPU clock
+        assert table["fixed:1"]["tokens_per_cpu_second"] is None  # the replay has no CPU clock
         assert all(t["num_tokens"] == table["none"]["num_tokens"] for t in table.values())
     four = results["concurrency"]["4"]["policies"]
     assert four["fixed:4:4"]["num_verified"] <= 4 * four["fixed:4:4"]["num_steps"]  # the budget binds
@@ -37,7 +37,7 @@ def test_policies_in_the_simulator_under_load(tmp_path):
     assert results["repeats"] == 2
     with pytest.raises(ValueError, match="repeats=0"):
         run_serving_eval(tmp_path, policies="none", concurrency=[1], repeats=0, config=config,
-                         make_env=lambda cfg, spec: ServeReplayEnv(recordings, COST, cfg))
+                         make_env=replay_env(recordings))
 
 
 def test_dsd_grid_search_scores_tables_as_the_evaluation_does(tmp_path):
@@ -49,7 +49,7 @@ def test_dsd_grid_search_scores_tables_as_the_evaluation_does(tmp_path):
 
     recordings = synthetic_recordings(8)
     config = ServeConfig(max_new_tokens=TOKENS, shuffle=False, seed=0)
-    make_env = lambda cfg, spec: ServeReplayEnv(recordings, COST, cfg)  # noqa: E731
+    make_env = replay_env(recordings)
     scored = search_dsd(make_env, config, [{"concurrency": 1}, {"concurrency": 8}], ranges=((1, 1), (2, 16)),
                         ks=(0, 2, 8))
     assert sorted(r["label"] for r in scored) == sorted(
@@ -100,7 +100,7 @@ def test_policies_are_grouped_by_engine_and_passes_reuse_the_engine_they_end_on(
     labels = [[s.label for s in g] for g in groups]
     assert labels == [["none"], ["fixed:2", "heuristic", "dsd", "fixed:4:8"], ["vllm-ngram:2"], ["vllm-ngram:4"],
                       ["fixed:2@eagle3", "stop:4:t0.6@eagle3"]]  # one drafter, one engine
-    assert [[s.label for s in g] for g in engine_groups(specs)] == [[s.label] for s in specs]  # the simulator
+    assert [[s.label for s in g] for g in engine_groups(specs)] == [[s.label] for s in specs]  # the replay
     n = len(groups)
     orders = [[s.label for s in pass_order(groups, i)] for i in range(2 * n)]
     group_of = {label: gi for gi, group in enumerate(labels) for label in group}
@@ -121,7 +121,7 @@ def test_the_replay_drafts_with_the_policys_drafter_or_refuses_it(tmp_path):
     replay maps a head drafter to the head it replays, and refuses, in one line, a drafter whose
     proposals it does not hold (here: no head proposals; another n-gram drafter than the
     proposer's) instead of replaying n-gram lookup under its name."""
-    from draftrl.envs.serve_replay import replay_drafter
+    from draftrl.replay.serve_engine import replay_drafter
 
     recordings = synthetic_recordings(4)
     config = ServeConfig(max_new_tokens=TOKENS, shuffle=False, seed=0)
@@ -135,10 +135,9 @@ def test_the_replay_drafts_with_the_policys_drafter_or_refuses_it(tmp_path):
 
     def make_env(cfg, spec):
         seen.append((spec.label, cfg.drafter))
-        return ServeReplayEnv(recordings, COST, cfg)
+        return ServeVLLMEnv(cfg, engine="replay", recordings=recordings, calibration=COST)
 
     with pytest.raises(ValueError, match="drafter='eagle3' replays the head: pass head_proposals"):
         run_serving_eval(tmp_path, policies="none,fixed:2,fixed:2@eagle3", concurrency=[1],
                          config=config, make_env=make_env)
     assert ("fixed:2", "ngram:1:3:latest") in seen and seen[-1] == ("fixed:2@eagle3", "eagle3")
-

@@ -1,31 +1,13 @@
 """``StepCostModel``: vLLM's measured step seconds (``draftrl calibrate --engine vllm``) as the
-serving simulator's cost, refitted from synthetic calibrations whose coefficients are known."""
+serving replay's cost, refitted from synthetic calibrations whose coefficients are known."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from draftrl.decoding.vllm.calibrate import FORMAT, StepCostModel
-
-
-def synthetic_calibration(coef, sd, seed=0, prefill=None):
-    """Decode points of ``coef = (base, per_seq, per_token)`` and, given ``prefill`` (seconds per
-    prompt token), prefill points of 1 and 4 prompts of 32..384 tokens."""
-    rng = np.random.default_rng(seed)
-    points = []
-    for b in (1, 2, 4, 8, 16):
-        for d in (0, 1, 2, 4, 8):
-            tokens = b * (d + 1)
-            s = coef[0] + coef[1] * b + coef[2] * tokens + sd * rng.standard_normal(8)
-            points.append({"kind": "decode", "num_seqs": b, "depth": d, "tokens_verified": tokens,
-                           "prompt_tokens": 0, "seconds": s.tolist()})
-    for b in (1, 4) if prefill is not None else ():
-        for length in (32, 128, 384):
-            s = coef[0] + coef[1] * b + prefill * b * length + sd * rng.standard_normal(8)
-            points.append({"kind": "prefill", "num_seqs": b, "prompt_len": length, "tokens_verified": 0,
-                           "prompt_tokens": b * length, "seconds": s.tolist()})
-    return {"format": FORMAT, "points": points}
+from draftrl.replay.serve_calibrate import FORMAT, StepCostModel
+from serve_recordings import synthetic_calibration
 
 
 @pytest.mark.parametrize("coef,prefill", [((0.040, 0.0015, 0.0006), None), ((0.012, 0.004, 0.0002), None),

@@ -45,6 +45,8 @@ from draftrl.runs import ARRAYS_FILE, COST_TABLE_FILE, HEADER_FILE, TRACE_FILES,
 from draftrl.signals.features import DRAFT_FEATURES
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from draftrl.signals.costs import CostTable
 
 FORMAT = "draftrl-trace/1"
@@ -267,7 +269,7 @@ def collect(config: EnvConfig, engine, tokenizer, *, max_depth: int | None = Non
         what is collected (``collection.json``); one made for another config is refused.
     """
     from draftrl.config import to_dict
-    from draftrl.envs.workload import Workload
+    from draftrl.decoding.workload import Workload
     from draftrl.models.distribution import SamplingParams
     from draftrl.signals.costs import hardware_info
 
@@ -405,3 +407,16 @@ def open_partial(partial: Path, what: dict) -> int:
         partial.mkdir(parents=True, exist_ok=True)
         write_json(state, what)
     return len(list(partial.glob("[0-9]*.npz")))
+
+
+def load_choice_traces(traces: Mapping[str, str | Path | Traces]) -> tuple[dict[str, Traces], dict[str, CostTable]]:
+    """Each drafter's traces and the cost table stored with them."""
+    loaded, costs = {}, {}
+    for name, source in traces.items():
+        loaded[name] = source if isinstance(source, Traces) else Traces.load(source)
+        table = None if isinstance(source, Traces) else stored_cost_table(source)
+        if table is None:
+            raise ValueError(f"the {name!r} traces have no stored cost table; collect them with --cost-table FILE "
+                             "or pass cost_tables={name: table}.")
+        costs[name] = table
+    return loaded, costs

@@ -21,12 +21,10 @@ import draftrl.envs  # noqa: F401  registers the env ids (gymnasium.register_env
 from draftrl.cli import main
 from draftrl.config.env import EnvConfig
 from draftrl.signals.costs import CostTable
-from draftrl.envs.engines import build_engine
-from draftrl.envs.trace_replay import TraceReplayEnv
-from draftrl.envs.trace_replay_depth import TraceReplayDepthEnv
+from draftrl.decoding.build import build_engine
 from draftrl.envs.spec_decode import SpecDecodeEnv
 from draftrl.envs.spec_decode_depth import SpecDecodeDepthEnv
-from draftrl.envs.traces import Traces, collect
+from draftrl.replay.traces import Traces, collect
 
 WORKLOAD = dict(languages=("en",), tasks=("code_edit",), limit_per_group=2, max_new_tokens=20, depths=(0, 1, 2, 4))
 ROUND_KEYS = ("token_ids", "num_emitted", "num_accepted", "num_proposed", "num_verified", "verified_depth", "stop_reason",
@@ -60,12 +58,13 @@ def recorded(request, shared_smollm2, tmp_path_factory):
 def test_real_and_replay_agree_round_by_round(recorded):
     config, engine, tokenizer, directory = recorded
     real = SpecDecodeEnv(config, engine=engine, tokenizer=tokenizer, monitor=False)
-    replay = TraceReplayEnv(directory)
-    assert replay.feature_names == real.feature_names
+    replay = SpecDecodeEnv(engine="replay", traces=directory)
+    assert replay.feature_names == real.feature_names  # one env class: the engine changes nothing a policy sees
+    assert (replay.observation_space, replay.action_space) == (real.observation_space, real.action_space)
     compared = [i for i, name in enumerate(real.feature_names) if not name.startswith(("verify_cost", "draft_cost"))]
     rng = np.random.default_rng(7)
     real_seconds, rounds, num_tokens = 0.0, 0, 0
-    for prompt in replay.traces.prompts:
+    for prompt in replay.workload.prompts:
         obs_real, info_real = real.reset(options={"prompt_id": prompt.id})
         obs_replay, info_replay = replay.reset(options={"prompt_id": prompt.id})
         assert info_real["num_prompt_tokens"] == info_replay["num_prompt_tokens"]
@@ -108,7 +107,7 @@ def test_replay_is_reproducible_from_the_seed(recorded):
     *_, directory = recorded
 
     def episode(seed):
-        env = TraceReplayEnv(directory, cost_noise=0.1, reward="throughput")
+        env = SpecDecodeEnv(engine="replay", traces=directory, cost_noise=0.1, reward="throughput")
         env.action_space.seed(0)
         _, info = env.reset(seed=seed)
         rewards, done = [], False
@@ -123,7 +122,7 @@ def test_replay_is_reproducible_from_the_seed(recorded):
 
 def test_replay_seconds_come_from_the_cost_table(recorded):
     *_, directory = recorded
-    env = TraceReplayEnv(directory)
+    env = SpecDecodeEnv(engine="replay", traces=directory)
     _, info = env.reset(seed=0)
     _, _, _, _, step = env.step(np.array([env.depths.index(2), 0]))
     t = table()
@@ -154,8 +153,8 @@ def test_cost_jitter_moves_costs_per_episode_never_tokens(recorded):
         growth = (step["verify_seconds"] - one) / (t.verify(1 + step["num_verified"], ctx) - one)
         return growth, step["draft_seconds"] / t.draft(2, env.config.width), tokens, env.features.costs.features()
 
-    plain = TraceReplayEnv(directory)
-    jittered = TraceReplayEnv(directory, cost_jitter=0.3)
+    plain = SpecDecodeEnv(engine="replay", traces=directory)
+    jittered = SpecDecodeEnv(engine="replay", traces=directory, cost_jitter=0.3)
     base = episode(plain, 0)
     assert base[:2] == pytest.approx((1.0, 1.0))
     runs = [episode(jittered, seed) for seed in range(40)]
@@ -166,7 +165,7 @@ def test_cost_jitter_moves_costs_per_episode_never_tokens(recorded):
     assert abs(np.log(growths).mean() + 0.045) < 4 * 0.3 / np.sqrt(40)
     assert len({round(r[3][-1], 9) for r in runs}) > 30  # draft_cost_level differs between episodes
     with pytest.raises(ValueError, match="cost_jitter"):
-        TraceReplayEnv(directory, cost_jitter=-0.1)
+        SpecDecodeEnv(engine="replay", traces=directory, cost_jitter=-0.1)
 
 
 @pytest.mark.parametrize("reward", ["ratio", "throughput"])
@@ -174,7 +173,7 @@ def test_lookahead_action_is_the_best_round_in_hindsight(recorded, reward):
     """From the same state, no action of the grid gets a better round reward than the lookahead's;
     and it is not a constant: it changes its choice along the episode."""
     *_, directory = recorded
-    env = TraceReplayEnv(directory, depths=(0, 1, 2, 4), cost_jitter=0.3, reward=reward)
+    env = SpecDecodeEnv(engine="replay", traces=directory, depths=(0, 1, 2, 4), cost_jitter=0.3, reward=reward)
     env.reset(seed=5)
     actions = [np.array([i, j]) for i in range(len(env.depths)) for j in range(len(env.verify_sizes))]
     chosen, done = [], False
@@ -192,15 +191,16 @@ def test_lookahead_baseline_runs_on_replay_envs(recorded):
     from draftrl.policies import LookAhead
 
     *_, directory = recorded
-    for env in (TraceReplayEnv(directory, depths=(0, 1, 2, 4)), TraceReplayDepthEnv(directory, depths=(0, 1, 2, 4))):
+    for env in (SpecDecodeEnv(engine="replay", traces=directory, depths=(0, 1, 2, 4)),
+                SpecDecodeDepthEnv(engine="replay", traces=directory, depths=(0, 1, 2, 4))):
         policy = LookAhead.for_env(env)
         obs, _ = env.reset(seed=0)
         done = False
         while not done:
-            action = policy.act_step(obs) if isinstance(env, TraceReplayDepthEnv) else policy.to_action(*policy.act(obs))
+            action = policy.act_step(obs) if isinstance(env, SpecDecodeDepthEnv) else policy.to_action(*policy.act(obs))
             obs, _, done, _, _ = env.step(np.asarray(action, dtype=np.int64))
     with pytest.raises(TypeError, match="lookahead_action"):  # sizes chosen at STOP: no fixed size to plan for
-        LookAhead.for_env(TraceReplayDepthEnv(directory, size_policy=lambda obs, tree: 0))
+        LookAhead.for_env(SpecDecodeDepthEnv(engine="replay", traces=directory, size_policy=lambda obs, tree: 0))
 
 
 def test_policy_evaluation_visits_every_recorded_prompt(recorded):
@@ -217,11 +217,11 @@ def test_policy_evaluation_visits_every_recorded_prompt(recorded):
             seen.append(info["prompt_id"])
             return obs, info
 
-    env = Prompts(TraceReplayEnv(directory, shuffle=False))
-    n = len(env.unwrapped.traces.prompts)
+    env = Prompts(SpecDecodeEnv(engine="replay", traces=directory, shuffle=False))
+    n = len(env.unwrapped.workload.prompts)
     assert n >= 2
     result = evaluate_policy_on_env(Fixed.for_env(env, depth=2), env, episodes=2 * n, seed=3)
-    assert seen == [p.id for p in env.unwrapped.traces.prompts] * 2
+    assert seen == [p.id for p in env.unwrapped.workload.prompts] * 2
     assert len(set(result["episode_tokens"])) > 1 or len(set(result["episode_seconds"])) > 1
 
 
@@ -239,18 +239,18 @@ def test_traces_roundtrip(recorded):
 def test_replay_refuses_what_it_cannot_replay(recorded):
     config, *_, directory = recorded
     with pytest.raises(ValueError, match="width"):
-        TraceReplayEnv(directory, width=config.width + 1)
+        SpecDecodeEnv(engine="replay", traces=directory, width=config.width + 1)
     with pytest.raises(ValueError, match="hold trees of 4 levels"):
-        TraceReplayEnv(directory, depths=(0, 8))
+        SpecDecodeEnv(engine="replay", traces=directory, depths=(0, 8))
     with pytest.raises(ValueError, match="temperature=0.5 must be 0"):
-        TraceReplayEnv(directory, temperature=0.5)
+        SpecDecodeEnv(engine="replay", traces=directory, temperature=0.5)
     with pytest.raises(ValueError, match="drafter='layerskip:4' differs"):
-        TraceReplayEnv(directory, drafter="layerskip:4")
+        SpecDecodeEnv(engine="replay", traces=directory, drafter="layerskip:4")
     traces = Traces.load(directory)
     with pytest.raises(ValueError, match="draftrl calibrate"):
-        TraceReplayEnv(traces)  # no cost table anywhere
+        SpecDecodeEnv(engine="replay", traces=traces)  # no cost table anywhere
     with pytest.raises(FileNotFoundError, match="draftrl collect"):
-        TraceReplayEnv(directory / "nothing")
+        SpecDecodeEnv(engine="replay", traces=directory / "nothing")
 
 
 def test_collect_and_calibrate_commands(shared_smollm2, tmp_path, capsys):
@@ -278,12 +278,13 @@ def test_collect_and_calibrate_commands(shared_smollm2, tmp_path, capsys):
 def test_real_and_replay_depth_envs_agree(recorded):
     config, engine, tokenizer, directory = recorded
     real = SpecDecodeDepthEnv(config, engine=engine, tokenizer=tokenizer, monitor=False)
-    replay = TraceReplayDepthEnv(directory)
+    replay = SpecDecodeDepthEnv(engine="replay", traces=directory)
     assert replay.feature_names == real.feature_names
+    assert (replay.observation_space, replay.action_space) == (real.observation_space, real.action_space)
     compared = [i for i, name in enumerate(real.feature_names) if not name.startswith(("verify_cost", "draft_cost"))]
     rng = np.random.default_rng(11)
     num_tokens = 0
-    for prompt in replay.traces.prompts:
+    for prompt in replay.workload.prompts:
         obs_real, _ = real.reset(options={"prompt_id": prompt.id})
         obs_replay, _ = replay.reset(options={"prompt_id": prompt.id})
         done = False
@@ -309,7 +310,7 @@ def test_collect_keeps_finished_prompts_and_resumes(shared_smollm2, tmp_path):
     directory; the next run decodes only the rest and yields the same traces as one whole run."""
     import dataclasses
 
-    from draftrl.envs.traces import _ARRAYS
+    from draftrl.replay.traces import _ARRAYS
 
     config = EnvConfig(**WORKLOAD, seed=0)
     engine, tokenizer = build_engine(config, shared_smollm2)

@@ -1,15 +1,16 @@
-"""Requests for the envs: which prompt each episode decodes, tokenised, with its token budget.
+"""A workload's requests: which prompt each request decodes, tokenised, with its token budget.
 
-An episode is one request. Prompts come from ``draftrl.prompts.load_prompts`` filtered by the
-config; a seeded reset draws a fresh permutation from the env's ``np_random`` and episodes walk
-through it (reshuffled after every pass), so a seed fixes the prompt order.
+Both engines' callers consume it: the round envs (one request per episode), the serving env (a
+batch of them), the evaluation, ``draftrl collect`` and the benchmarks. Prompts come from
+``draftrl.prompts.load_prompts`` filtered by the config; a seeded restart draws a fresh
+permutation from the caller's RNG and requests walk through it (reshuffled after every pass), so a
+seed fixes the prompt order.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import gymnasium as gym
 import numpy as np
 
 from draftrl.config.workload import WorkloadConfig
@@ -61,13 +62,15 @@ class Workload:
     """Hands out one :class:`Request` per episode in a seeded order."""
 
     def __init__(self, config: WorkloadConfig, tokenizer=None, prompts: list[Prompt] | None = None,
-                 prompt_ids: dict[str, list[int]] | None = None):
-        """``tokenizer`` may be None when only indices are needed (trace replay) or when
-        ``prompt_ids`` (prompt id -> token ids, e.g. recorded ones) covers ``prompts``."""
+                 prompt_ids: dict[str, list[int]] | None = None, limits: dict[str, int] | None = None):
+        """``tokenizer`` may be None when only indices are needed or when ``prompt_ids`` (prompt id ->
+        token ids, e.g. recorded ones) covers ``prompts``; ``limits`` (prompt id -> tokens) caps a
+        request's budget where less was recorded (replayed traces)."""
         self.config = config
         self.tokenizer = tokenizer
         self.prompts = prompts if prompts is not None else select_prompts(config)
         self._ids: dict[str, list[int]] = dict(prompt_ids or {})
+        self._limits: dict[str, int] = dict(limits or {})
         self._order: list[int] = list(range(len(self.prompts)))
         self._next = 0
 
@@ -111,34 +114,13 @@ class Workload:
         prompt = self.prompts[index]
         if prompt.id not in self._ids:
             self._ids[prompt.id] = encode(self.tokenizer, prompt.prompt, self.config.chat_template)
-        return Request(prompt, self._ids[prompt.id], budget(self.config, prompt))
+        tokens = budget(self.config, prompt)
+        if prompt.id in self._limits:
+            tokens = min(tokens, self._limits[prompt.id])
+        return Request(prompt, self._ids[prompt.id], tokens)
 
     def index_of(self, prompt_id: str) -> int:
         for i, prompt in enumerate(self.prompts):
             if prompt.id == prompt_id:
                 return i
         raise ValueError(f"prompt id {prompt_id!r} is not among the {len(self.prompts)} selected prompts.")
-
-
-class SeededEpisodes:
-    """Mixin: gymnasium's reset seeding for the envs with ``config``, ``workload``, ``features``, ``rewards``.
-
-    The first reset without a seed takes ``config.seed``; a seeded reset (or the first) restarts
-    the prompt order, the measured costs and the reward's running estimate, so a seed fixes the run.
-    """
-
-    _seeded: bool = False
-
-    def _seed_episode(self, seed: int | None) -> bool:
-        """Seed this episode (``gym.Env.reset``); True when the env restarted from the seed."""
-        if seed is None and not self._seeded and self.config.seed is not None:
-            seed = self.config.seed
-        gym.Env.reset(self, seed=seed)
-        restarted = seed is not None or not self._seeded
-        if restarted:
-            self._seeded = True
-            self.workload.restart(self.np_random)
-            self.features.reset_costs()
-            self.rewards.restart()
-        self.rewards.start_episode()
-        return restarted

@@ -7,7 +7,7 @@ import shutil
 import numpy as np
 import pytest
 
-from draftrl.envs.traces import Traces
+from draftrl.replay.traces import Traces
 from draftrl.runs import stored_cost_table_path
 from draftrl.signals.costs import CostTable
 

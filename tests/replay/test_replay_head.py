@@ -1,4 +1,4 @@
-"""The serving simulator replaying an EAGLE-3 head: its proposals from every true prefix equal a live
+"""The serving replay of an EAGLE-3 head: its proposals from every true prefix equal a live
 head's, every drafter replays the recorded tokens exactly, the head's step cost is charged where it
 drafts, SAM's rule and hindsight's per-request choice pick the drafter they name."""
 
@@ -12,8 +12,9 @@ import torch
 from tiny_eagle3 import tiny_pair
 
 from draftrl.decoding.admission import StepAction
-from draftrl.decoding.replay import HeadProposals, Proposals, Recording, Recordings, ReplayEngine
-from draftrl.decoding.vllm.calibrate import StepCostModel
+from draftrl.replay.recordings import HeadProposals, Proposals, Recording, Recordings
+from draftrl.replay.serve_engine import ReplayEngine
+from draftrl.replay.serve_calibrate import StepCostModel
 from draftrl.drafters.eagle3 import Eagle3Drafter
 from draftrl.models.distribution import SamplingParams
 from draftrl.prompts import Prompt
@@ -174,7 +175,7 @@ def test_single_stream_optimum_bounds_every_schedule_and_meets_the_known_one():
     drafter and depth, SAM, hindsight's best drafter), strictly less than the best of them when the
     choice per step matters; where a step costs the same whatever it verifies and drafting is free,
     the optimum drafts all it can, and equals the engine's deepest fixed depth exactly."""
-    from draftrl.decoding.replay import single_stream_optimum
+    from draftrl.replay.serve_engine import single_stream_optimum
 
     recs = recordings()
     head = as_head_proposals(scripted_head(recs))
@@ -195,7 +196,7 @@ def test_single_stream_optimum_bounds_every_schedule_and_meets_the_known_one():
 def test_single_stream_fixed_is_the_engines_fixed_arm(drafter, depth):
     """Per request and summed, the fixed arm's seconds at concurrency 1 are the engine's, less the
     head's drafting after each request's last step (the engine's proposer cannot know it finished)."""
-    from draftrl.decoding.replay import single_stream_fixed
+    from draftrl.replay.serve_engine import single_stream_fixed
 
     recs = recordings()
     head = as_head_proposals(scripted_head(recs))

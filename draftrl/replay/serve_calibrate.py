@@ -13,17 +13,17 @@ p10, p90 per cell) and a least-squares fit over every sample
     seconds = base + per_seq * B + per_token * B * (d + 1) + per_prefill_token * B * P
 
 (``P = 0`` in decode steps, ``d + 1 = 0`` in prefill steps) with its residual standard deviation
-(the measurement noise), the cost model a serving simulator needs (issue "Learning under load").
+(the measurement noise), the cost model the serving replay needs (issue "Learning under load").
 
 With a proposer that runs an EAGLE-3 head (``--drafter eagle3[:PATH]``, route (b) of serving a head),
 every decode cell with ``d >= 1`` is measured twice, interleaved on the same engine: ``decode`` with
 the head idle (n-gram lookup fills the drafts, the head only takes its rows) and ``head`` with the
 head drafting all ``d`` levels for all ``B`` requests. The difference of the two medians is what the
-head's drafting adds to a step (:func:`head_table`), the term the simulator charges when it replays
+head's drafting adds to a step (:func:`head_table`), the term the replay engine charges when it replays
 the head's proposals; measured side by side so that machine drift does not enter it.
 Why a separate prefill slope: one prompt token costs far less than one verified decode token
 (the prompt runs as one large matrix product); charging prompts at the decode slope put the
-simulated time to first token ~30x above vLLM's.
+replayed time to first token ~30x above vLLM's.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ class CalibrationSizes:
     depths: tuple[int, ...] = (0, 1, 2, 3, 4, 6, 8)
     """draft tokens per sequence per decode cell: every depth of the serving action grid, since a
     CPU step is not linear in rows (measured on an Intel Xeon: depth 6 interpolated between 4 and
-    8 was priced so cheap that the simulator gave it 1.78x no speculation at batch 1, vLLM 1.65x)"""
+    8 was priced so cheap that the replay gave it 1.78x no speculation at batch 1, vLLM 1.65x)"""
     steps: int = 8
     """timed steps per cell, over all rounds"""
     prefill_lens: tuple[int, ...] = (32, 128, 384)
@@ -210,7 +210,7 @@ def decode_table(points: list[dict]) -> dict[int, tuple[list[int], list[float]]]
     made non-decreasing in tokens: on vLLM 0.32's CPU runner more tokens do cost less at small
     batches, reproducibly (a 2-core AMD EPYC, two calibrations: 1 request verifying 2 tokens 53 and
     57 ms, 3-5 tokens 38-41 ms, 1 token 46-49 ms), and the running maximum that flattened it priced
-    depths 2-4 as depth 1, so the simulator's best fixed depth at concurrency 1 was 8 (1.69x no
+    depths 2-4 as depth 1, so the replay's best fixed depth at concurrency 1 was 8 (1.69x no
     speculation) where vLLM's was 4 (1.82x; the table as measured gives 1.79x)."""
     rows: dict[int, list[tuple[int, float]]] = {}
     for p in points:

@@ -1,254 +1,43 @@
 """A continuous-batching serving engine replayed from recordings: ``draftrl/ServeReplay-v0``'s engine.
 
-**Recordings** (:func:`record`, :class:`Recordings`): each request's greedy continuation, decoded
-by a real serving engine without speculation (``draftrl collect --engine vllm``, through
-:func:`draftrl.envs.serve_replay.record_workload`: vLLM, float32, the engine the simulator stands for). At temperature 0 a correct speculative engine emits
-exactly that continuation whatever it drafts, so the tokens need no model.
-
-**Proposals** (:class:`Proposals`): the n-gram drafter is deterministic given the context, so its
-proposal from every true prefix ``prompt + continuation[:t]`` is recomputed here with the same
-:class:`~draftrl.drafters.ngram.NgramDrafter` (width 1) that the vLLM proposer runs: the matched
-n-gram length, how many draft tokens it can propose, and how many of them the continuation
-accepts. Acceptance is then exact: ``min(accepted_prefix, admitted) + 1`` tokens per step.
-
-**The head's proposals** (:class:`HeadProposals`): an EAGLE-3 head is deterministic given the
-target's hidden states, so its greedy chain from every true prefix is recomputed too, from one
-float32 forward of the Hugging Face target over the recorded sequence (the features vLLM's
-route (b) hooks capture, float rounding aside). With them the engine replays the head
-(``drafter="eagle3"``), SAM's rule (``sam:N``: n-gram lookup on an N-token match, else the head)
-and the oracle ``drafter="best"``: every request drafts with whichever drafter accepts more (under
-``rule="hindsight"`` just the tokens it accepts). A step whose proposer drafts ``L`` head levels for ``h``
-requests costs ``StepCostModel.head_seconds(h, L)`` more (calibrated with ``draftrl calibrate
---engine vllm --drafter eagle3``).
-
-**The engine** (:class:`ReplayEngine`) keeps vLLM's step semantics (what ``VLLMEngine`` does):
-a waiting queue admitted up to ``max_num_seqs`` at the start of a step (a request's first step is
-its prefill, charged per prompt token, and yields one token), drafts proposed at the end of a step under that step's action
+:class:`ReplayEngine` keeps vLLM's step semantics (what ``VLLMEngine`` does) over
+:class:`~draftrl.replay.recordings.Recordings` and their proposals: a waiting queue admitted up
+to ``max_num_seqs`` at the start of a step (a request's first step is its prefill, charged per
+prompt token, and yields one token), drafts proposed at the end of a step under that step's action
 and verified in the next (``action_lag = 1``), drafts also proposed for requests that just
 finished (the proposer cannot know), admission through :func:`draftrl.decoding.admission.admit_drafts`
 with the proposer's own history, decay and rules. Each step costs the seconds of a
-:class:`~draftrl.decoding.vllm.calibrate.StepCostModel` fitted on ``draftrl calibrate --engine vllm``.
+:class:`~draftrl.replay.serve_calibrate.StepCostModel` fitted on ``draftrl calibrate --engine vllm``;
+a step whose proposer drafts ``L`` head levels for ``h`` requests costs
+``StepCostModel.head_seconds(h, L)`` more (calibrated with ``draftrl calibrate --engine vllm
+--drafter eagle3``). Numpy only: no model runs, a step takes tens of microseconds.
+
+:func:`single_stream_optimum` and :func:`single_stream_fixed` price a request alone over the same
+proposals (the headroom benchmark's ceiling and fixed arms).
 """
 
 from __future__ import annotations
 
 import copy
-import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
+from draftrl.config.serve import SERVING_DRAFTER, ServeConfig
 from draftrl.decoding.admission import RequestAcceptance, StepAction, admit_drafts, draft_cap
 from draftrl.decoding.interface import EngineStep, QueuedBatch, RequestStep
-from draftrl.decoding.vllm.calibrate import StepCostModel
-from draftrl.decoding.vllm.proposer import ACCEPT_DECAY, serving_drafter
-from draftrl.drafters.base import Drafter
-from draftrl.io import read_json, write_json
-from draftrl.models.distribution import SamplingParams
-from draftrl.prompts import Prompt
+from draftrl.decoding.vllm.proposer import ACCEPT_DECAY
+from draftrl.decoding.workload import Workload
+from draftrl.replay.recordings import LOOKAHEAD, HeadProposals, Proposals, Recordings, parse_replay_drafter
+from draftrl.replay.serve_calibrate import StepCostModel
 
-FORMAT = "draftrl-serve-recordings/1"
-#: File of a recordings directory.
-RECORDINGS_FILE = "recordings.json"
-#: Rules of the proposer the simulator replays (``fill`` pads drafts: calibration only). ``hindsight``
+#: Rules of the proposer the replay engine replays (``fill`` pads drafts: calibration only). ``hindsight``
 #: exists only here: each request drafts just the tokens its continuation will accept (under the
 #: step's cap and budget), the most any per-request depth policy could get from this drafter.
 RULES = ("match", "heuristic", "hindsight")
-#: Tokens recorded past each request's limit (see :class:`Recording`).
-LOOKAHEAD = 16
-
-
-@dataclass
-class Recording:
-    """One request decoded greedily without speculation, ``lookahead`` tokens past its limit.
-
-    Why the lookahead: in the step a request reaches its limit, vLLM's proposer still sees every
-    token the step verified, past the limit too (the scheduler truncates the output afterwards),
-    and its acceptance estimate then weighs in that step's budget. Past an EOS nothing is
-    recorded; the simulator counts drafts beyond it as rejected (the one place it may differ
-    from vLLM's bookkeeping: a request's last step, when it ends at EOS).
-    """
-
-    prompt: Prompt
-    prompt_ids: list[int]
-    max_new_tokens: int
-    """the request's token limit"""
-    token_ids: list[int]
-    """the continuation, decoded to ``max_new_tokens + lookahead`` tokens or EOS"""
-    lookahead: int = 0
-
-    def tokens_for(self, max_new_tokens: int) -> int:
-        """How many tokens a request with ``max_new_tokens`` emits (an error past the recording)."""
-        if max_new_tokens > self.max_new_tokens:
-            raise ValueError(f"prompt {self.prompt.id!r} was recorded for max_new_tokens={self.max_new_tokens}, "
-                             f"not {max_new_tokens}; record again with a larger max_new_tokens_cap.")
-        return min(max_new_tokens, len(self.token_ids))
-
-
-@dataclass
-class Recordings:
-    """Every recorded request plus what they were decoded with (``meta``: engine, config)."""
-
-    requests: list[Recording]
-    meta: dict[str, Any] = field(default_factory=dict)
-
-    def __len__(self) -> int:
-        return len(self.requests)
-
-    @property
-    def prompts(self) -> list[Prompt]:
-        return [r.prompt for r in self.requests]
-
-    def prompt_ids(self) -> dict[str, list[int]]:
-        """Prompt id -> its recorded prompt token ids (the workload needs no tokenizer)."""
-        return {r.prompt.id: r.prompt_ids for r in self.requests}
-
-    def save(self, out: str | Path) -> Path:
-        path = Path(out) / RECORDINGS_FILE
-        write_json(path, {"format": FORMAT, "meta": self.meta, "requests": [
-            {"prompt": r.prompt.__dict__, "prompt_ids": r.prompt_ids, "max_new_tokens": r.max_new_tokens,
-             "token_ids": r.token_ids, "lookahead": r.lookahead} for r in self.requests]})
-        return path
-
-    @classmethod
-    def load(cls, path: str | Path) -> "Recordings":
-        """A recordings directory (or its ``recordings.json``) from :func:`record`."""
-        path = Path(path)
-        if path.is_dir():
-            path = path / RECORDINGS_FILE
-        if not path.is_file():
-            raise ValueError(f"no recordings at {path}; record them with draftrl collect --engine vllm --out DIR.")
-        data = read_json(path, "recordings")
-        if data.get("format") != FORMAT:
-            raise ValueError(f"{path} is not a serving recording (format {data.get('format')!r}, expected {FORMAT!r}).")
-        return cls([Recording(Prompt(**r["prompt"]), [int(t) for t in r["prompt_ids"]], int(r["max_new_tokens"]),
-                              [int(t) for t in r["token_ids"]], int(r["lookahead"])) for r in data["requests"]],
-                   data.get("meta", {}))
-
-
-def record(engine, requests: list[tuple[Prompt, list[int], int]], *, lookahead: int = LOOKAHEAD,
-           meta: dict[str, Any] | None = None, progress=None) -> Recordings:
-    """Decode ``(prompt, prompt_ids, max_new_tokens)`` requests greedily without speculation on
-    ``engine`` (any :class:`~draftrl.decoding.interface.ServingEngine`; every step's action is
-    depth 0, budget 0), all queued at once, each to ``max_new_tokens + lookahead`` tokens."""
-    if engine.has_unfinished_requests():
-        engine.abort_all()
-    tokens: dict[str, list[int]] = {}
-    for i, (prompt, ids, max_new_tokens) in enumerate(requests):
-        engine.add_request(f"rec{i}", list(ids), int(max_new_tokens) + lookahead, temperature=0.0)
-        tokens[f"rec{i}"] = []
-    t0 = time.perf_counter()
-    num_steps = 0
-    while engine.has_unfinished_requests():
-        for r in engine.step(StepAction(0, 0)).requests:
-            tokens[r.request_id].extend(int(t) for t in r.token_ids)
-        num_steps += 1
-        if progress is not None and num_steps % 32 == 0:
-            progress(f"{num_steps} steps, {sum(map(len, tokens.values()))} tokens")
-    meta = {**(meta or {}), "record_seconds": time.perf_counter() - t0, "record_steps": num_steps}
-    return Recordings([Recording(p, list(ids), int(m), tokens[f"rec{i}"], lookahead)
-                       for i, (p, ids, m) in enumerate(requests)], meta)
-
-
-def accepted_prefix(draft: list[int], continuation: list[int], t: int) -> int:
-    """How many leading tokens of ``draft``, proposed after ``t`` tokens, the recorded
-    ``continuation`` accepts (greedy: each must equal the next recorded token)."""
-    a = 0
-    while a < len(draft) and t + a < len(continuation) and draft[a] == continuation[t + a]:
-        a += 1
-    return a
-
-
-class Proposals:
-    """The drafter's proposal at every true prefix of every recording, and what it accepts.
-
-    For recording ``i`` and ``t`` tokens generated (``1 <= t <= len(continuation)``), context
-    ``prompt + continuation[:t]``: ``match_len[i][t]`` (the matched n-gram, 0 = none),
-    ``available[i][t]`` (draft tokens the drafter can propose, at most ``max_depth``) and
-    ``accepted[i][t]`` (how many leading ones equal ``continuation[t:]``). Python lists: the
-    simulator reads single entries, which lists do faster than numpy.
-    """
-
-    def __init__(self, recordings: Recordings, max_depth: int, drafter: Drafter | None = None):
-        drafter = drafter or serving_drafter()
-        self.max_depth = int(max_depth)
-        self.match_len: list[list[int]] = []
-        self.available: list[list[int]] = []
-        self.accepted: list[list[int]] = []
-        for rec in recordings.requests:
-            ids = list(rec.prompt_ids) + list(rec.token_ids)
-            cont, m = rec.token_ids, len(rec.prompt_ids)
-            match, avail, acc = [0], [0], [0]
-            for t in range(1, len(cont) + 1):
-                tree = drafter.propose(ids[: m + t], self.max_depth, 1, SamplingParams(), None)  # greedy, as vLLM
-                match.append(int(tree.features.get("ngram_match_len", 0)))
-                avail.append(len(tree.tokens))
-                acc.append(accepted_prefix(tree.tokens, cont, t))
-            self.match_len.append(match)
-            self.available.append(avail)
-            self.accepted.append(acc)
-
-
-class HeadProposals:
-    """An EAGLE-3 head's greedy chain at every true prefix of every recording (module docstring).
-
-    Same layout as :class:`Proposals`: ``available[i][t]`` (drafts, at most ``max_depth``),
-    ``accepted[i][t]`` (how many leading ones the continuation accepts) and ``scores[i][t]`` (the
-    chain's cumulative log probabilities under the head, one per draft).
-
-    :param drafter: an :class:`~draftrl.drafters.eagle3.Eagle3Drafter` hooked on ``target`` (the
-        Hugging Face model that ``draftrl.drafters.registry.build_drafter("eagle3", ...)`` loads).
-    """
-
-    def __init__(self, recordings: Recordings, max_depth: int, drafter: Drafter, target: Any,
-                 progress: Callable[[str], None] | None = None):
-        import torch
-
-        if not drafter.reads_target_rows:
-            raise ValueError(f"drafter {drafter.name!r} reads no target rows; HeadProposals replays an EAGLE-3 head.")
-        self.max_depth = int(max_depth)
-        self.available: list[list[int]] = []
-        self.accepted: list[list[int]] = []
-        self.scores: list[list[list[float]]] = []
-        device = next(target.parameters()).device
-        for n, rec in enumerate(recordings.requests):
-            ids = list(rec.prompt_ids) + list(rec.token_ids)
-            cont, m = rec.token_ids, len(rec.prompt_ids)
-            drafter.reset(ids)
-            with torch.inference_mode():
-                target(torch.tensor([ids], device=device))
-            drafter.keep_target_rows(list(range(len(ids))))
-            avail, acc, scores = [0], [0], [[]]
-            for t in range(1, len(cont) + 1):
-                prefix = ids[: m + t]
-                tree = drafter.propose(prefix, self.max_depth, 1, SamplingParams(), None)
-                drafter.commit(prefix, [])
-                avail.append(len(tree.tokens))
-                acc.append(accepted_prefix(tree.tokens, cont, t))
-                scores.append([float(x) for x in tree.scores])
-            self.available.append(avail)
-            self.accepted.append(acc)
-            self.scores.append(scores)
-            if progress is not None:
-                progress(f"head proposals: {n + 1}/{len(recordings)} recordings")
-
-
-def head_proposals(recordings: Recordings, max_depth: int, target: str, head: str | None = None,
-                   progress: Callable[[str], None] | None = None) -> HeadProposals:
-    """:class:`HeadProposals` of the head at ``head`` (None: the one draftrl ships for ``target``)
-    on the Hugging Face ``target`` (a known name or a folder), float32 on the CPU as recorded."""
-    from draftrl.drafters.registry import build_drafter
-    from draftrl.models.loading import load_model
-
-    loaded = load_model(target)
-    drafter = build_drafter(f"eagle3:{head}" if head else "eagle3", loaded)
-    try:
-        return HeadProposals(recordings, max_depth, drafter, loaded.model, progress)
-    finally:
-        drafter.close()
 
 
 def single_stream_optimum(recordings: Recordings, max_new_tokens: int, max_depth: int,
@@ -302,26 +91,25 @@ def _step_seconds(props: Proposals | HeadProposals, cost: StepCostModel, depth: 
     return cost.mean(1, depth + 1, 0, (1, depth) if isinstance(props, HeadProposals) else (0, 0))
 
 
-#: drafters the engine replays: the n-gram proposer's, an EAGLE-3 head's, SAM's mix (``sam:N``),
-#: and ``best`` (an oracle: per request and step, the drafter whose proposal is accepted further)
-REPLAY_DRAFTERS = ("ngram", "eagle3", "sam:N", "best")
-
-
-def parse_replay_drafter(spec: str) -> int | None:
-    """SAM's shortest lookup match for ``sam:N``, 0 for ``ngram``, None for the head-only kinds
-    (``eagle3``, ``best``); a one-line error for anything else."""
-    if spec == "ngram":
-        return 0
-    if spec in ("eagle3", "best"):
-        return None
-    kind, _, n = spec.partition(":")
-    if kind == "sam" and n.isdigit() and int(n) >= 1:
-        return int(n)
-    raise ValueError(f"drafter={spec!r} cannot be replayed; choose one of {', '.join(REPLAY_DRAFTERS)} (e.g. sam:2).")
+def replay_drafter(config: ServeConfig, drafter: str = "ngram") -> str:
+    """The drafter :class:`ReplayEngine` replays: ``drafter`` (its names: ``ngram``, ``eagle3``,
+    ``sam:N``, the oracle ``best``), or the one ``config.drafter`` names when it is not the default
+    (``eagle3[:DIR]`` -> ``eagle3``, ``sam:N[:DIR]`` -> ``sam:N``; the head's proposals come from
+    ``head_proposals``). One line when the two disagree or the spec is another n-gram drafter than
+    the one the recordings' proposals are computed with."""
+    if config.drafter == SERVING_DRAFTER:
+        return drafter
+    kind, _, rest = config.drafter.partition(":")
+    named = {"eagle3": "eagle3", "sam": f"sam:{rest.partition(':')[0]}"}.get(kind)
+    if named is None or drafter not in ("ngram", named):
+        raise ValueError(f"{config.section}.drafter={config.drafter!r} cannot be replayed with drafter={drafter!r}: "
+                         f"ServeReplay-v0 replays the proposer's n-gram drafter ({SERVING_DRAFTER}) or an EAGLE-3 head "
+                         "(eagle3[:DIR], sam:N[:DIR], with head_proposals); set one of those.")
+    return named
 
 
 @dataclass
-class _SimRequest:
+class _ReplayRequest:
     request_id: str
     index: int
     """recording index"""
@@ -344,8 +132,11 @@ class ReplayEngine(QueuedBatch):
     :param max_model_len: the engine's context limit (the proposer leaves room below it).
     :param rule: each request's own depth before the cap and budget: ``match``, ``heuristic`` or
         ``hindsight`` (the accepted prefix of its proposal: a ceiling, see ``RULES``).
-    :param rng: draws the step-cost noise (``cost.seconds``); None = no noise.
-    :param drafter: whose proposals each request drafts (:data:`REPLAY_DRAFTERS`); every kind but
+    :param rng: draws the step-cost noise (``cost.seconds``); None = no noise (until :meth:`restart`).
+    :param cost_jitter: lognormal sigma of the per-episode factors on the step cost's coefficients
+        that :meth:`restart` draws (0 = none: another machine per episode otherwise).
+    :param cost_noise: whether :meth:`restart` turns on the per-step residual noise.
+    :param drafter: whose proposals each request drafts (:data:`~draftrl.replay.recordings.REPLAY_DRAFTERS`); every kind but
         ``ngram`` needs ``head_proposals`` and a ``cost`` calibrated with the head. ``best`` is an
         oracle: the drafter whose proposal the continuation accepts more of (with ``rule="hindsight"``
         also just the tokens it accepts).
@@ -356,7 +147,7 @@ class ReplayEngine(QueuedBatch):
     def __init__(self, recordings: Recordings, cost: StepCostModel, *, max_depth: int = 8, max_num_seqs: int = 16,
                  max_model_len: int = 1024, rule: str = "match", rng: np.random.Generator | None = None,
                  proposals: Proposals | None = None, drafter: str = "ngram",
-                 head_proposals: HeadProposals | None = None):
+                 head_proposals: HeadProposals | None = None, cost_jitter: float = 0.0, cost_noise: bool = True):
         if rule not in RULES:
             raise ValueError(f"rule={rule!r} cannot be replayed; choose one of {', '.join(RULES)}.")
         self.min_match = parse_replay_drafter(drafter)
@@ -367,7 +158,10 @@ class ReplayEngine(QueuedBatch):
             raise ValueError(f"drafter={drafter!r} needs the head's step cost; calibrate with draftrl calibrate "
                              "--engine vllm --drafter eagle3 --out FILE.")
         self.drafter, self.head_proposals = drafter, head_proposals
+        if cost_jitter < 0:
+            raise ValueError(f"cost_jitter={cost_jitter} must be >= 0 (a lognormal sigma).")
         self.recordings, self.cost, self.rng = recordings, cost, rng
+        self.cost_model, self.cost_jitter, self.cost_noise = cost, float(cost_jitter), bool(cost_noise)
         self.max_depth, self.max_num_seqs, self.max_model_len = int(max_depth), int(max_num_seqs), int(max_model_len)
         self.rule = rule
         self.initial_depth = float(self.max_depth)
@@ -381,6 +175,43 @@ class ReplayEngine(QueuedBatch):
         self._by_prompt = {tuple(r.prompt_ids): i for i, r in enumerate(recordings.requests)}
         self._start_queue()
 
+    @classmethod
+    def for_config(cls, config: ServeConfig, recordings: str | Path | Recordings,
+                   calibration: str | Path | dict | StepCostModel, **kwargs: Any) -> ReplayEngine:
+        """The replay of ``config``'s serving engine: ``recordings`` (a ``draftrl collect --engine vllm``
+        directory or :class:`Recordings`, made with the config's target and chat template) and the step
+        cost of ``calibration`` (a ``draftrl calibrate --engine vllm`` JSON, refitted, or a
+        :class:`StepCostModel`); ``kwargs`` as the constructor's (``proposals``, ``drafter``,
+        ``head_proposals``, ``cost_jitter``, ``cost_noise``). The config's ``drafter`` (a drafter
+        spec) names the drafter replayed as ``drafter`` does (:func:`replay_drafter`)."""
+        if config.temperature != 0:
+            raise ValueError(f"{config.section}.temperature={config.temperature}: ServeReplay-v0 replays greedy "
+                             "recordings; use temperature 0 (or ServeVLLM-v0 to sample).")
+        if recordings is None or calibration is None:
+            raise ValueError("the serving replay needs recordings= (draftrl collect --engine vllm --out DIR) and "
+                             "calibration= (draftrl calibrate --engine vllm --out FILE).")
+        if not isinstance(recordings, Recordings):
+            recordings = Recordings.load(recordings)
+        recorded = recordings.meta.get("config", {})
+        for name in ("target", "chat_template"):
+            if name in recorded and recorded[name] != getattr(config, name):
+                raise ValueError(f"{config.section}.{name}={getattr(config, name)!r} differs from the recordings' "
+                                 f"{recorded[name]!r}; record again with --set env.{name}={getattr(config, name)}.")
+        cost = calibration if isinstance(calibration, StepCostModel) else StepCostModel.from_calibration(calibration)
+        kwargs["drafter"] = replay_drafter(config, kwargs.get("drafter", "ngram"))
+        return cls(recordings, cost, max_depth=max(1, config.max_depth), max_num_seqs=config.max_num_seqs,
+                   max_model_len=config.max_model_len, rule=config.rule, **kwargs)
+
+    def workload(self, config: ServeConfig) -> Workload:
+        """The recorded requests as a workload (tokenised as recorded: no tokenizer needed)."""
+        return Workload(config, None, prompts=self.recordings.prompts, prompt_ids=self.recordings.prompt_ids())
+
+    def restart(self, rng: np.random.Generator) -> None:
+        """A new episode: this machine's step cost, the calibrated one jittered by ``cost_jitter`` (factors
+        drawn from ``rng``, the env's), and the per-step noise from ``rng`` when ``cost_noise``."""
+        self.cost = self.cost_model.jittered(self.cost_jitter, rng)
+        self.rng = rng if self.cost_noise else None
+
     def set_rule(self, rule: str, initial_depth: float | None = None) -> None:
         """As ``DraftrlProposer.set_rule`` (``fill`` is for calibration and is not replayed)."""
         if rule not in RULES:
@@ -393,27 +224,27 @@ class ReplayEngine(QueuedBatch):
                     temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int | None = None) -> None:
         """Queue a recorded request (greedy only: sampling has no single continuation to replay)."""
         if temperature != 0:
-            raise ValueError(f"temperature={temperature}: the serving simulator replays greedy recordings; use 0.")
+            raise ValueError(f"temperature={temperature}: the replay engine replays greedy recordings; use 0.")
         index = self._by_prompt.get(tuple(prompt_ids))
         if index is None:
             raise ValueError(f"request {request_id!r}: its prompt is not among the {len(self.recordings)} recorded "
                              "ones; record this workload with draftrl collect --engine vllm.")
         rec = self.recordings.requests[index]
-        self.waiting.append(_SimRequest(request_id, index, len(rec.prompt_ids), rec.tokens_for(max_new_tokens),
+        self.waiting.append(_ReplayRequest(request_id, index, len(rec.prompt_ids), rec.tokens_for(max_new_tokens),
                                         RequestAcceptance(heuristic_depth=self.initial_depth)))
 
     def _start_queue(self) -> None:
         super()._start_queue()
-        self._rows: list[_SimRequest | None] = []
+        self._rows: list[_ReplayRequest | None] = []
         """the batch's rows after the last step, None where a request finished"""
 
     def clone(self) -> "ReplayEngine":
         """A copy whose steps leave this engine untouched (recordings and proposals shared, no
         cost noise): what the one-step look-ahead explores."""
         other = copy.copy(self)
-        copies: dict[int, _SimRequest] = {}
+        copies: dict[int, _ReplayRequest] = {}
 
-        def dup(req: _SimRequest | None) -> _SimRequest | None:
+        def dup(req: _ReplayRequest | None) -> _ReplayRequest | None:
             if req is None:
                 return None
             if id(req) not in copies:
@@ -427,7 +258,7 @@ class ReplayEngine(QueuedBatch):
         other.rng = None
         return other
 
-    def _place(self, new: list[_SimRequest]) -> list[_SimRequest]:
+    def _place(self, new: list[_ReplayRequest]) -> list[_ReplayRequest]:
         """The rows of this step, as vLLM's persistent batch orders them (its ``InputBatch``):
         new requests fill the lowest rows that finished requests left, else go at the end; then
         the last rows slide down into the remaining holes (``condense``). The order matters:

@@ -1,0 +1,276 @@
+"""Serving recordings: what ``draftrl/ServeReplay-v0``'s engine replays, and how they are recorded.
+
+**Recordings** (:func:`record`, :class:`Recordings`): each request's greedy continuation, decoded
+by a real serving engine without speculation (``draftrl collect --engine vllm``, through
+:func:`record_workload`: vLLM, float32, the engine the replay stands for). At temperature 0 a
+correct speculative engine emits exactly that continuation whatever it drafts, so the tokens need
+no model.
+
+**Proposals** (:class:`Proposals`): the n-gram drafter is deterministic given the context, so its
+proposal from every true prefix ``prompt + continuation[:t]`` is recomputed here with the same
+:class:`~draftrl.drafters.ngram.NgramDrafter` (width 1) that the vLLM proposer runs: the matched
+n-gram length, how many draft tokens it can propose, and how many of them the continuation
+accepts. Acceptance is then exact: ``min(accepted_prefix, admitted) + 1`` tokens per step.
+
+**The head's proposals** (:class:`HeadProposals`): an EAGLE-3 head is deterministic given the
+target's hidden states, so its greedy chain from every true prefix is recomputed too, from one
+float32 forward of the Hugging Face target over the recorded sequence (the features vLLM's
+route (b) hooks capture, float rounding aside). With them the replay engine
+(:class:`draftrl.replay.serve_engine.ReplayEngine`) replays the head (``drafter="eagle3"``), SAM's
+rule (``sam:N``: n-gram lookup on an N-token match, else the head) and the oracle
+``drafter="best"`` (:data:`REPLAY_DRAFTERS`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from draftrl.config.serve import ServeConfig
+from draftrl.decoding.admission import StepAction
+from draftrl.decoding.vllm.proposer import serving_drafter
+from draftrl.decoding.workload import Workload
+from draftrl.drafters.base import Drafter
+from draftrl.io import read_json, write_json
+from draftrl.models.distribution import SamplingParams
+from draftrl.prompts import Prompt
+
+FORMAT = "draftrl-serve-recordings/1"
+#: File of a recordings directory.
+RECORDINGS_FILE = "recordings.json"
+#: Tokens recorded past each request's limit (see :class:`Recording`).
+LOOKAHEAD = 16
+
+
+@dataclass
+class Recording:
+    """One request decoded greedily without speculation, ``lookahead`` tokens past its limit.
+
+    Why the lookahead: in the step a request reaches its limit, vLLM's proposer still sees every
+    token the step verified, past the limit too (the scheduler truncates the output afterwards),
+    and its acceptance estimate then weighs in that step's budget. Past an EOS nothing is
+    recorded; the replay counts drafts beyond it as rejected (the one place it may differ
+    from vLLM's bookkeeping: a request's last step, when it ends at EOS).
+    """
+
+    prompt: Prompt
+    prompt_ids: list[int]
+    max_new_tokens: int
+    """the request's token limit"""
+    token_ids: list[int]
+    """the continuation, decoded to ``max_new_tokens + lookahead`` tokens or EOS"""
+    lookahead: int = 0
+
+    def tokens_for(self, max_new_tokens: int) -> int:
+        """How many tokens a request with ``max_new_tokens`` emits (an error past the recording)."""
+        if max_new_tokens > self.max_new_tokens:
+            raise ValueError(f"prompt {self.prompt.id!r} was recorded for max_new_tokens={self.max_new_tokens}, "
+                             f"not {max_new_tokens}; record again with a larger max_new_tokens_cap.")
+        return min(max_new_tokens, len(self.token_ids))
+
+
+@dataclass
+class Recordings:
+    """Every recorded request plus what they were decoded with (``meta``: engine, config)."""
+
+    requests: list[Recording]
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.requests)
+
+    @property
+    def prompts(self) -> list[Prompt]:
+        return [r.prompt for r in self.requests]
+
+    def prompt_ids(self) -> dict[str, list[int]]:
+        """Prompt id -> its recorded prompt token ids (the workload needs no tokenizer)."""
+        return {r.prompt.id: r.prompt_ids for r in self.requests}
+
+    def save(self, out: str | Path) -> Path:
+        path = Path(out) / RECORDINGS_FILE
+        write_json(path, {"format": FORMAT, "meta": self.meta, "requests": [
+            {"prompt": r.prompt.__dict__, "prompt_ids": r.prompt_ids, "max_new_tokens": r.max_new_tokens,
+             "token_ids": r.token_ids, "lookahead": r.lookahead} for r in self.requests]})
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Recordings":
+        """A recordings directory (or its ``recordings.json``) from :func:`record`."""
+        path = Path(path)
+        if path.is_dir():
+            path = path / RECORDINGS_FILE
+        if not path.is_file():
+            raise ValueError(f"no recordings at {path}; record them with draftrl collect --engine vllm --out DIR.")
+        data = read_json(path, "recordings")
+        if data.get("format") != FORMAT:
+            raise ValueError(f"{path} is not a serving recording (format {data.get('format')!r}, expected {FORMAT!r}).")
+        return cls([Recording(Prompt(**r["prompt"]), [int(t) for t in r["prompt_ids"]], int(r["max_new_tokens"]),
+                              [int(t) for t in r["token_ids"]], int(r["lookahead"])) for r in data["requests"]],
+                   data.get("meta", {}))
+
+
+def record(engine, requests: list[tuple[Prompt, list[int], int]], *, lookahead: int = LOOKAHEAD,
+           meta: dict[str, Any] | None = None, progress=None) -> Recordings:
+    """Decode ``(prompt, prompt_ids, max_new_tokens)`` requests greedily without speculation on
+    ``engine`` (any :class:`~draftrl.decoding.interface.ServingEngine`; every step's action is
+    depth 0, budget 0), all queued at once, each to ``max_new_tokens + lookahead`` tokens."""
+    if engine.has_unfinished_requests():
+        engine.abort_all()
+    tokens: dict[str, list[int]] = {}
+    for i, (prompt, ids, max_new_tokens) in enumerate(requests):
+        engine.add_request(f"rec{i}", list(ids), int(max_new_tokens) + lookahead, temperature=0.0)
+        tokens[f"rec{i}"] = []
+    t0 = time.perf_counter()
+    num_steps = 0
+    while engine.has_unfinished_requests():
+        for r in engine.step(StepAction(0, 0)).requests:
+            tokens[r.request_id].extend(int(t) for t in r.token_ids)
+        num_steps += 1
+        if progress is not None and num_steps % 32 == 0:
+            progress(f"{num_steps} steps, {sum(map(len, tokens.values()))} tokens")
+    meta = {**(meta or {}), "record_seconds": time.perf_counter() - t0, "record_steps": num_steps}
+    return Recordings([Recording(p, list(ids), int(m), tokens[f"rec{i}"], lookahead)
+                       for i, (p, ids, m) in enumerate(requests)], meta)
+
+
+def accepted_prefix(draft: list[int], continuation: list[int], t: int) -> int:
+    """How many leading tokens of ``draft``, proposed after ``t`` tokens, the recorded
+    ``continuation`` accepts (greedy: each must equal the next recorded token)."""
+    a = 0
+    while a < len(draft) and t + a < len(continuation) and draft[a] == continuation[t + a]:
+        a += 1
+    return a
+
+
+class Proposals:
+    """The drafter's proposal at every true prefix of every recording, and what it accepts.
+
+    For recording ``i`` and ``t`` tokens generated (``1 <= t <= len(continuation)``), context
+    ``prompt + continuation[:t]``: ``match_len[i][t]`` (the matched n-gram, 0 = none),
+    ``available[i][t]`` (draft tokens the drafter can propose, at most ``max_depth``) and
+    ``accepted[i][t]`` (how many leading ones equal ``continuation[t:]``). Python lists: the
+    replay engine reads single entries, which lists do faster than numpy.
+    """
+
+    def __init__(self, recordings: Recordings, max_depth: int, drafter: Drafter | None = None):
+        drafter = drafter or serving_drafter()
+        self.max_depth = int(max_depth)
+        self.match_len: list[list[int]] = []
+        self.available: list[list[int]] = []
+        self.accepted: list[list[int]] = []
+        for rec in recordings.requests:
+            ids = list(rec.prompt_ids) + list(rec.token_ids)
+            cont, m = rec.token_ids, len(rec.prompt_ids)
+            match, avail, acc = [0], [0], [0]
+            for t in range(1, len(cont) + 1):
+                tree = drafter.propose(ids[: m + t], self.max_depth, 1, SamplingParams(), None)  # greedy, as vLLM
+                match.append(int(tree.features.get("ngram_match_len", 0)))
+                avail.append(len(tree.tokens))
+                acc.append(accepted_prefix(tree.tokens, cont, t))
+            self.match_len.append(match)
+            self.available.append(avail)
+            self.accepted.append(acc)
+
+
+class HeadProposals:
+    """An EAGLE-3 head's greedy chain at every true prefix of every recording (module docstring).
+
+    Same layout as :class:`Proposals`: ``available[i][t]`` (drafts, at most ``max_depth``),
+    ``accepted[i][t]`` (how many leading ones the continuation accepts) and ``scores[i][t]`` (the
+    chain's cumulative log probabilities under the head, one per draft).
+
+    :param drafter: an :class:`~draftrl.drafters.eagle3.Eagle3Drafter` hooked on ``target`` (the
+        Hugging Face model that ``draftrl.drafters.registry.build_drafter("eagle3", ...)`` loads).
+    """
+
+    def __init__(self, recordings: Recordings, max_depth: int, drafter: Drafter, target: Any,
+                 progress: Callable[[str], None] | None = None):
+        import torch
+
+        if not drafter.reads_target_rows:
+            raise ValueError(f"drafter {drafter.name!r} reads no target rows; HeadProposals replays an EAGLE-3 head.")
+        self.max_depth = int(max_depth)
+        self.available: list[list[int]] = []
+        self.accepted: list[list[int]] = []
+        self.scores: list[list[list[float]]] = []
+        device = next(target.parameters()).device
+        for n, rec in enumerate(recordings.requests):
+            ids = list(rec.prompt_ids) + list(rec.token_ids)
+            cont, m = rec.token_ids, len(rec.prompt_ids)
+            drafter.reset(ids)
+            with torch.inference_mode():
+                target(torch.tensor([ids], device=device))
+            drafter.keep_target_rows(list(range(len(ids))))
+            avail, acc, scores = [0], [0], [[]]
+            for t in range(1, len(cont) + 1):
+                prefix = ids[: m + t]
+                tree = drafter.propose(prefix, self.max_depth, 1, SamplingParams(), None)
+                drafter.commit(prefix, [])
+                avail.append(len(tree.tokens))
+                acc.append(accepted_prefix(tree.tokens, cont, t))
+                scores.append([float(x) for x in tree.scores])
+            self.available.append(avail)
+            self.accepted.append(acc)
+            self.scores.append(scores)
+            if progress is not None:
+                progress(f"head proposals: {n + 1}/{len(recordings)} recordings")
+
+
+def head_proposals(recordings: Recordings, max_depth: int, target: str, head: str | None = None,
+                   progress: Callable[[str], None] | None = None) -> HeadProposals:
+    """:class:`HeadProposals` of the head at ``head`` (None: the one draftrl ships for ``target``)
+    on the Hugging Face ``target`` (a known name or a folder), float32 on the CPU as recorded."""
+    from draftrl.drafters.registry import build_drafter
+    from draftrl.models.loading import load_model
+
+    loaded = load_model(target)
+    drafter = build_drafter(f"eagle3:{head}" if head else "eagle3", loaded)
+    try:
+        return HeadProposals(recordings, max_depth, drafter, loaded.model, progress)
+    finally:
+        drafter.close()
+
+
+#: drafters the engine replays: the n-gram proposer's, an EAGLE-3 head's, SAM's mix (``sam:N``),
+#: and ``best`` (an oracle: per request and step, the drafter whose proposal is accepted further)
+REPLAY_DRAFTERS = ("ngram", "eagle3", "sam:N", "best")
+
+
+def parse_replay_drafter(spec: str) -> int | None:
+    """SAM's shortest lookup match for ``sam:N``, 0 for ``ngram``, None for the head-only kinds
+    (``eagle3``, ``best``); a one-line error for anything else."""
+    if spec == "ngram":
+        return 0
+    if spec in ("eagle3", "best"):
+        return None
+    kind, _, n = spec.partition(":")
+    if kind == "sam" and n.isdigit() and int(n) >= 1:
+        return int(n)
+    raise ValueError(f"drafter={spec!r} cannot be replayed; choose one of {', '.join(REPLAY_DRAFTERS)} (e.g. sam:2).")
+
+
+def record_workload(config: ServeConfig, engine=None, tokenizer=None, progress=None) -> Recordings:
+    """Record every request of a :class:`~draftrl.config.serve.ServeConfig`'s workload.
+
+    Default engine: vLLM without speculation in ``config.dtype`` (float32 by default: there vLLM
+    with draftrl's proposer is token-identical to it, so the recording is what ``ServeVLLM-v0``
+    emits under every policy; a Hugging Face greedy decode may break float ties differently).
+    """
+    if engine is None:
+        from draftrl.decoding.vllm.engine import VLLMEngineConfig, shared_engine
+
+        engine = shared_engine(VLLMEngineConfig.serving(config, method="none"))
+    if tokenizer is None:
+        from transformers import AutoTokenizer
+
+        from draftrl.decoding.vllm.engine import model_path
+
+        tokenizer = AutoTokenizer.from_pretrained(model_path(config.target))
+    workload = Workload(config, tokenizer)
+    requests = [(r.prompt, r.prompt_ids, r.max_new_tokens) for r in map(workload.request, range(len(workload)))]
+    describe = engine.describe() if hasattr(engine, "describe") else {"engine": type(engine).__name__}
+    return record(engine, requests, meta={"config": dataclasses.asdict(config), "engine": describe}, progress=progress)

@@ -1,0 +1,72 @@
+"""The replayed ids keep their versions: today's envs replay ``data/replay_ids_v0.json.gz`` bit for bit.
+
+``replay_ids_fixture.py`` pinned what ``TraceReplay-v0``, ``TraceReplayDepth-v0`` and
+``ServeReplay-v0`` did for fixed seeds and actions before their round walk moved into the replay
+engines (observations, rewards, flags, ``info``, ``lookahead_action()``). ``info`` may gain keys
+(it is not part of an id's spaces or reward); every pinned key must stay equal, floats to the bit.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from replay_ids_fixture import cases, load, play
+
+PINNED = load()
+CASES = cases()
+
+
+def first_difference(want: Any, got: Any, path: str = "") -> str | None:
+    """Where ``got`` departs from ``want`` (``info`` dicts may hold extra keys), or None."""
+    if isinstance(want, dict):
+        if not isinstance(got, dict):
+            return f"{path}: {type(got).__name__} instead of a dict"
+        extra_ok = path.endswith("info")
+        if not extra_ok and set(got) != set(want):
+            return f"{path}: keys {sorted(set(got) ^ set(want))} differ"
+        for key in want:
+            if key not in got:
+                return f"{path}.{key}: missing"
+            found = first_difference(want[key], got[key], f"{path}.{key}")
+            if found:
+                return found
+        return None
+    if isinstance(want, list):
+        if not isinstance(got, list) or len(got) != len(want):
+            return f"{path}: length {len(got) if isinstance(got, list) else type(got).__name__} != {len(want)}"
+        for i, (w, g) in enumerate(zip(want, got)):
+            found = first_difference(w, g, f"{path}[{i}]")
+            if found:
+                return found
+        return None
+    if type(want) is not type(got) or want != got:
+        return f"{path}: {got!r} != pinned {want!r}"
+    return None
+
+
+def test_the_fixture_pins_every_case():
+    assert set(PINNED) == set(CASES)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_each_replayed_id_reproduces_its_pinned_episodes(name):
+    env_id, kwargs = CASES[name]
+    assert PINNED[name]["id"] == env_id
+    difference = first_difference(PINNED[name]["runs"], play(env_id, kwargs), name)
+    assert difference is None, f"{env_id} no longer replays its pinned episodes (bump its version): {difference}"
+
+
+def test_a_changed_episode_is_reported():
+    """Negative controls: another cost noise, and an info value off by one ulp, are caught."""
+    env_id, kwargs = CASES["trace_replay_chain_ratio_noise"]
+    noisier = {**kwargs, "config": {**kwargs["config"], "cost_noise": 0.06}}
+    assert first_difference(PINNED["trace_replay_chain_ratio_noise"]["runs"], play(env_id, noisier))
+    runs = PINNED["trace_replay_depth_chain_shaping"]["runs"]
+    i = next(i for i, step in enumerate(runs[0]) if "seconds" in step["info"])  # a verifying step
+    step = runs[0][i]
+    nudged = {**step, "info": {**step["info"], "seconds": step["info"]["seconds"] * (1 + 2 ** -52)}}
+    assert nudged["info"]["seconds"] != step["info"]["seconds"]
+    assert "info.seconds" in first_difference(runs, [[*runs[0][:i], nudged, *runs[0][i + 1:]], *runs[1:]])
+    assert first_difference(step, {**step, "info": {**step["info"], "new_key": 1}}) is None  # info may grow
