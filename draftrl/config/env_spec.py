@@ -1,10 +1,10 @@
-"""``EnvSpec``: a training env section, ``EnvConfig``'s fields plus the env id and its id's own arguments.
+"""``TrainEnvConfig``: a training env section, ``EnvConfig``'s fields plus the env id and its id's own arguments.
 
 ``draftrl train`` reads the same ``env.*`` keys as every decoding command (``env.target``,
 ``env.depths``, ``--target``...), plus what only training needs: which gymnasium id to make
 (``env.id``), the arguments of ids that are not driven by an :class:`EnvConfig` (``env.traces``,
 ``env.analytic.*``, ``env.serve.*``) and the evaluation env's overrides (``env.eval``).
-:meth:`EnvSpec.make_kwargs` is the one place that turns the section into ``gymnasium.make``
+:meth:`TrainEnvConfig.make_kwargs` is the one place that turns the section into ``gymnasium.make``
 arguments, so ``draftrl.export`` and ``draftrl.eval`` read a saved run's env the way training made it.
 
 Which arguments an id takes is read from its name (``draftrl/Analytic-v0``, ``tests/AnalyticDepth-v0``):
@@ -37,7 +37,7 @@ FAMILIES: dict[str, str | None] = {"SpecDecode": None, "TraceReplay": None, "Ana
 
 
 @dataclass
-class AnalyticArgs:
+class AnalyticEnvConfig:
     """Arguments of ``draftrl/Analytic-v0`` (``draftrl.envs.analytic.AnalyticEnv``); None = the env's default."""
 
     alpha: float | None = None
@@ -68,7 +68,7 @@ class AnalyticArgs:
 
 
 @dataclass
-class ServeArgs(ServeConfig):
+class ServeEnvConfig(ServeConfig):
     """``draftrl/ServeVLLM-v0``'s ``ServeConfig`` fields, and ``draftrl/ServeReplay-v0``'s recordings and costs."""
 
     section: ClassVar[str] = "env.serve"
@@ -90,11 +90,11 @@ class ServeArgs(ServeConfig):
 
 
 @dataclass
-class EnvSpec(EnvConfig):
+class TrainEnvConfig(EnvConfig):
     """The env a training phase makes: an id, the EnvConfig fields, the id's own arguments.
 
-    Each config section has its own subclass (``DepthEnvSpec``, ``FinetuneEnvSpec``, see ``ENV_SECTIONS``),
-    so errors name the section the bad key is in."""
+    Each config section has its own subclass (``DepthTrainEnvConfig``, ``FinetuneTrainEnvConfig``, see
+    ``ENV_SECTIONS``), so errors name the section the bad key is in."""
 
     id: str = "draftrl/TraceReplay-v0"
     """gymnasium id: draftrl/TraceReplay-v0 (recorded traces), draftrl/Analytic-v0, draftrl/SpecDecode-v1, ..."""
@@ -102,9 +102,9 @@ class EnvSpec(EnvConfig):
     """TraceReplay ids: a directory from draftrl collect (recorded with the same target, drafter, width)"""
     verify_size: int = 0
     """depth ids: the verify size at STOP when no size policy picks it (0 = every drafted node)"""
-    analytic: AnalyticArgs = field(default_factory=AnalyticArgs)
+    analytic: AnalyticEnvConfig = field(default_factory=AnalyticEnvConfig)
     """Analytic ids: the analytic model's arguments"""
-    serve: ServeArgs = field(default_factory=ServeArgs)
+    serve: ServeEnvConfig = field(default_factory=ServeEnvConfig)
     """Serve ids: the serving env's settings"""
     eval: dict[str, Any] = field(default_factory=dict)
     """keys of this section that differ for the final evaluation (e.g. {traces: held-out traces})"""
@@ -133,7 +133,8 @@ class EnvSpec(EnvConfig):
             family = dataclasses.replace(cls(), id=data.get("id", cls.id)).family
         except ValueError:
             family = None
-        family_fields = {f.name for f in dataclasses.fields(AnalyticArgs if family == "analytic" else ServeArgs)}
+        family_class = AnalyticEnvConfig if family == "analytic" else ServeEnvConfig
+        family_fields = {f.name for f in dataclasses.fields(family_class)}
         section = f"{family}." if family and inner in family_fields else ""
         new = f"{prefix}eval." if key == "eval_kwargs" else prefix
         if inner is None:
@@ -154,7 +155,7 @@ class EnvSpec(EnvConfig):
         """The EnvConfig fields, as the env reads them."""
         return EnvConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(EnvConfig)})
 
-    def evaluation(self) -> EnvSpec:
+    def evaluation(self) -> TrainEnvConfig:
         """The section of the final evaluation's env: this one with ``eval``'s keys on top.
 
         The fields' own checks name ``section.key``; a bad value here came from the eval block
@@ -194,7 +195,7 @@ class EnvSpec(EnvConfig):
 
 
 @dataclass
-class DepthEnvSpec(EnvSpec):
+class DepthTrainEnvConfig(TrainEnvConfig):
     """The step-level env of depth policies (a section of its own so that its id defaults right)."""
 
     section: ClassVar[str] = "depth_env"
@@ -203,7 +204,7 @@ class DepthEnvSpec(EnvSpec):
 
 
 @dataclass
-class FinetuneEnvSpec(EnvSpec):
+class FinetuneTrainEnvConfig(TrainEnvConfig):
     """The real-engine env of the fine-tuning phase."""
 
     section: ClassVar[str] = "finetune_env"
@@ -212,4 +213,5 @@ class FinetuneEnvSpec(EnvSpec):
 
 
 #: The training config's env sections, each with its spec class (its default id, its name in errors).
-ENV_SECTIONS: dict[str, type[EnvSpec]] = {"env": EnvSpec, "depth_env": DepthEnvSpec, "finetune_env": FinetuneEnvSpec}
+ENV_SECTIONS: dict[str, type[TrainEnvConfig]] = {"env": TrainEnvConfig, "depth_env": DepthTrainEnvConfig,
+                                                  "finetune_env": FinetuneTrainEnvConfig}

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from draftrl.config.env import EnvConfig
-from draftrl.eval.policy_names import REFERENCE, PolicySpec, policy_dir
+from draftrl.eval.policy_names import REFERENCE, PolicyName, policy_dir
 
 def confidence_feature(drafter: str) -> str:
     """The observation feature ConfidenceThreshold reads for ``drafter``."""
@@ -31,7 +31,7 @@ def _run_config(path: str) -> dict:
 
 
 def _trained_env(path: str, kind: str):
-    """The ``EnvSpec`` a PPO policy of ``kind`` trained on (``depth_env`` for depth policies), None without
+    """The ``TrainEnvConfig`` a PPO policy of ``kind`` trained on (``depth_env`` for depth policies), None without
     the run's ``config.json``."""
     from draftrl.config import from_dict
     from draftrl.config.env_spec import ENV_SECTIONS
@@ -77,7 +77,7 @@ def ppo_env_config(path: str, base: EnvConfig) -> tuple[EnvConfig, str]:
     return dataclasses.replace(base, **keep), manifest.get("kind", "size")
 
 
-def build_policy(spec: PolicySpec, base: EnvConfig, target, *, grid: dict | None = None,
+def build_policy(spec: PolicyName, base: EnvConfig, target, *, grid: dict | None = None,
                  references: dict[str, list[int]] | None = None) -> tuple[Any, Any]:
     """``(env, policy)`` for ``spec`` on the real engine around ``target`` (a ``LoadedModel``), drafting
     with the policy's own drafter (``fixed:4@eagle3``) where it names one, else ``base.drafter``."""

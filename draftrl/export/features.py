@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from draftrl.config import from_dict
-from draftrl.config.env_spec import ENV_SECTIONS, EnvSpec
+from draftrl.config.env_spec import ENV_SECTIONS, TrainEnvConfig
 from draftrl.signals.costs import CostTable
 from draftrl.signals.features import CostTracker, FeatureBuilder, feature_names
 from draftrl.signals.serving import BUILDER as SERVING_BUILDER
@@ -48,14 +48,14 @@ SERVING_ENVS: tuple[str, ...] = ("draftrl/ServeVLLM-v0", "draftrl/ServeReplay-v0
 SERVING_RULES: tuple[str, ...] = ("match", "heuristic")
 
 
-def env_spec(train_config: dict[str, Any] | None, env_id: str) -> EnvSpec:
+def env_spec(train_config: dict[str, Any] | None, env_id: str) -> TrainEnvConfig:
     """The env section (``env``, ``depth_env`` or ``finetune_env``) of the training config that made ``env_id``;
     the defaults with that id when no section did."""
     for key, spec_class in ENV_SECTIONS.items():
         section = (train_config or {}).get(key)
         if isinstance(section, dict) and section.get("id") == env_id:
             return from_dict(spec_class, section, prefix=f"{key}.")
-    return EnvSpec(id=env_id)
+    return TrainEnvConfig(id=env_id)
 
 
 def find_near_run(path: str | Path | None, run_dir: Path | None) -> Path | None:
@@ -70,7 +70,7 @@ def find_near_run(path: str | Path | None, run_dir: Path | None) -> Path | None:
     return next((c for c in candidates if c.exists()), None)
 
 
-def _cost_table(spec: EnvSpec, run_dir: Path | None) -> CostTable | None:
+def _cost_table(spec: TrainEnvConfig, run_dir: Path | None) -> CostTable | None:
     """The table the training env started its cost features from: ``env.cost_table``, else (TraceReplay)
     the one stored with the traces."""
     table_path = find_near_run(spec.cost_table, run_dir)

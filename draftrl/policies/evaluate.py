@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces
 
-from draftrl.config.env_spec import EnvSpec
+from draftrl.config.env_spec import TrainEnvConfig
 from draftrl.policies.base import Policy
 
 
@@ -97,7 +97,7 @@ def evaluate_policy_on_env(policy: Policy, env: Any, episodes: int = 20, seed: i
     }
 
 
-def evaluate_saved_policy(path: str | Path, spec: EnvSpec, episodes: int = 20, seed: int = 0) -> dict[str, Any]:
+def evaluate_saved_policy(path: str | Path, spec: TrainEnvConfig, episodes: int = 20, seed: int = 0) -> dict[str, Any]:
     """:func:`evaluate_policy_on_env` of the PPO policy saved at ``path`` (a run directory or a
     checkpoint, with its own normaliser statistics) on the env ``spec`` makes, as training made it.
 

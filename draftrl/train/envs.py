@@ -11,11 +11,11 @@ from stable_baselines3.common.monitor import Monitor
 from stable_baselines3.common.vec_env import DummyVecEnv, VecEnv, VecNormalize
 
 import draftrl.envs  # noqa: F401  registers the draftrl/* env ids
-from draftrl.train.config import EnvSpec, TrainConfig
+from draftrl.train.config import TrainConfig, TrainEnvConfig
 
 
 def make_env(
-    spec: EnvSpec,
+    spec: TrainEnvConfig,
     evaluation: bool = False,
     extra_kwargs: dict[str, Any] | None = None,
     wrapper: Callable[[gym.Env], gym.Env] | None = None,
@@ -41,7 +41,7 @@ def make_env(
 
 def make_vec_env(
     cfg: TrainConfig,
-    spec: EnvSpec,
+    spec: TrainEnvConfig,
     seed: int,
     normalizer: VecNormalize | None = None,
     extra_kwargs: dict[str, Any] | None = None,

@@ -272,7 +272,7 @@ def test_the_old_env_shape_names_the_new_key(override, message, tmp_path, capsys
 
 @pytest.mark.parametrize("section", ["env", "depth_env", "finetune_env"])
 def test_env_section_errors_name_their_section(section):
-    """Each of the three env sections (one EnvSpec class) names itself in every error, not ``env.``."""
+    """Each of the three env sections (one TrainEnvConfig class) names itself in every error, not ``env.``."""
     from draftrl.export.features import env_spec
 
     def fails(message: str) -> pytest.RaisesContext:  # the section's name, not a longer one ending in it
