@@ -396,20 +396,14 @@ def _id_parsing(trees: dict[str, ast.AST], pieces: set[str]) -> list[str]:
     return sorted(found)
 
 
-#: Modules that still read an env's arguments from its id's name. ``TrainEnvConfig.make_kwargs`` and its
-#: ``FAMILIES`` table do until issue 42 step 3b moves each id's section and arguments into
-#: ``draftrl/envs/ids.py``; then this set empties (the test below fails while it names a module
-#: that no longer parses ids, and for any other module that starts to).
-ID_PARSING_LEFT = {"draftrl.config.env_spec"}
-
-
 def test_no_id_prefix_parsing_outside_the_registry():
+    """What an id takes is its ``draftrl/envs/ids.py`` entry's (``section``, ``takes``, ``kwargs``), never
+    read from its name: no module, benchmark or tool outside ids.py tests a piece of an id's name."""
     trees = {name: tree for name, tree in _outside_trees().items() if name != f"{ENVS_PACKAGE}.ids"}
     trees.update({name: tree for name, tree in ENV_TREES.items() if name != f"{ENVS_PACKAGE}.ids"})
     parsing = _id_parsing(trees, _id_pieces())
-    modules = {hit.partition(":")[0] for hit in parsing}
-    assert modules == ID_PARSING_LEFT, ("env arguments are read from id names outside draftrl/envs/ids.py "
-                                        "(register the id's kwargs there instead):\n" + "\n".join(parsing))
+    assert not parsing, ("env arguments are read from id names outside draftrl/envs/ids.py "
+                         "(register the id's section and takes there instead):\n" + "\n".join(parsing))
 
 
 def test_id_prefix_parsing_is_reported():
@@ -422,6 +416,13 @@ def test_id_prefix_parsing_is_reported():
     assert _id_parsing({"draftrl.x.a": prefix}, pieces) == ["draftrl.x.a:2 TraceReplay"]
     assert _id_parsing({"draftrl.x.b": table}, pieces) == ["draftrl.x.b:1 Serve, SpecDecode"]
     assert _id_parsing({"draftrl.x.c": whole}, pieces) == []
+    # the table and prefix tests this check retired (config/env_spec.py's FAMILIES and family) are caught
+    substring = ast.parse('def depth(name):\n    return {"verify_size": 0} if "Depth" in name else {}\n')
+    assert _id_parsing({"draftrl.train.x": substring}, pieces) == ["draftrl.train.x:2 Depth"]
+    families = ast.parse('FAMILIES = {"SpecDecode": None, "TraceReplay": None, "Analytic": "analytic", '
+                         '"Serve": "serve"}\nok = name.startswith(tuple(FAMILIES))\n')
+    assert _id_parsing({"draftrl.train.y": families}, pieces) == [
+        "draftrl.train.y:1 Analytic, Serve, SpecDecode, TraceReplay"]
 
 
 # ----------------------------------------------------------------------------- one suffix for config classes

@@ -34,7 +34,7 @@ def _trained_env(path: str, kind: str):
     """The ``TrainEnvConfig`` a PPO policy of ``kind`` trained on (``depth_env`` for depth policies), None without
     the run's ``config.json``."""
     from draftrl.config import from_dict
-    from draftrl.config.env_spec import ENV_SECTIONS
+    from draftrl.train.env_config import ENV_SECTIONS
 
     cfg = _run_config(path)
     key = "depth_env" if kind == "depth" and cfg.get("depth_env") else "env"
@@ -47,6 +47,7 @@ def ppo_env_config(path: str, base: EnvConfig) -> tuple[EnvConfig, str]:
 
     Reads ``policy.json`` (grids) and, when present, the run's ``config.json`` (its env section).
     """
+    from draftrl.envs.ids import section_of
     from draftrl.policies.ppo import read_policy_manifest
     from draftrl.runs import MANIFEST_FILE
 
@@ -58,7 +59,7 @@ def ppo_env_config(path: str, base: EnvConfig) -> tuple[EnvConfig, str]:
     manifest = read_policy_manifest(manifest_path)
     trained: dict[str, Any] = {}
     section = _trained_env(path, manifest.get("kind", "size"))
-    if section is not None and section.family is None:  # an EnvConfig env (analytic/serving ones have none)
+    if section is not None and section_of(section.id) == "env":  # an EnvConfig env (analytic/serving ones have none)
         trained = {f.name: getattr(section, f.name) for f in dataclasses.fields(EnvConfig)}
         if not trained["cost_table"] and section.traces:
             from draftrl.runs import stored_cost_table_path

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from draftrl.config import BASELINES
-from draftrl.config.env_spec import DepthTrainEnvConfig, FinetuneTrainEnvConfig, TrainEnvConfig
 from draftrl.config.wandb import WandbConfig
+from draftrl.train.env_config import DepthTrainEnvConfig, FinetuneTrainEnvConfig, TrainEnvConfig
 
 #: Recipes ``draftrl train`` can run: module ``draftrl.train.<recipe>`` with ``train(cfg, out, ...)``.
 RECIPES: tuple[str, ...] = ("ppo_size", "ppo_depth", "cotrain")
