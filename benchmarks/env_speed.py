@@ -60,7 +60,7 @@ def main() -> None:
     args = parse_args(parser, quick=dict(seconds=1.0, repeats=2))
     bench = Bench(args, __file__)
 
-    from draftrl.config.commands import CalibrateSettings
+    from draftrl.config.commands import CalibrationConfig
     from draftrl.replay.calibrate import calibrate
     from draftrl.config.env import load_env_config
     from draftrl.decoding.build import build_engine
@@ -70,7 +70,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="env_speed_"))
     cost_table = args.cost_table
     if cost_table is None:
-        quick = CalibrateSettings(num_tokens=(1, 2, 4, 8), contexts=(128, 512), widths=(config.width,), levels=2,
+        quick = CalibrationConfig(num_tokens=(1, 2, 4, 8), contexts=(128, 512), widths=(config.width,), levels=2,
                                   repeats=1)
         cost_table = str(work / "costs.json")
         calibrate(quick, dataclasses.replace(config, temperature=0.0)).save(cost_table)

@@ -396,20 +396,14 @@ def _id_parsing(trees: dict[str, ast.AST], pieces: set[str]) -> list[str]:
     return sorted(found)
 
 
-#: Modules that still read an env's arguments from its id's name. ``EnvSpec.make_kwargs`` and its
-#: ``FAMILIES`` table do until issue 42 step 3b moves each id's section and arguments into
-#: ``draftrl/envs/ids.py``; then this set empties (the test below fails while it names a module
-#: that no longer parses ids, and for any other module that starts to).
-ID_PARSING_LEFT = {"draftrl.config.env_spec"}
-
-
 def test_no_id_prefix_parsing_outside_the_registry():
+    """What an id takes is its ``draftrl/envs/ids.py`` entry's (``section``, ``takes``, ``kwargs``), never
+    read from its name: no module, benchmark or tool outside ids.py tests a piece of an id's name."""
     trees = {name: tree for name, tree in _outside_trees().items() if name != f"{ENVS_PACKAGE}.ids"}
     trees.update({name: tree for name, tree in ENV_TREES.items() if name != f"{ENVS_PACKAGE}.ids"})
     parsing = _id_parsing(trees, _id_pieces())
-    modules = {hit.partition(":")[0] for hit in parsing}
-    assert modules == ID_PARSING_LEFT, ("env arguments are read from id names outside draftrl/envs/ids.py "
-                                        "(register the id's kwargs there instead):\n" + "\n".join(parsing))
+    assert not parsing, ("env arguments are read from id names outside draftrl/envs/ids.py "
+                         "(register the id's section and takes there instead):\n" + "\n".join(parsing))
 
 
 def test_id_prefix_parsing_is_reported():
@@ -422,3 +416,62 @@ def test_id_prefix_parsing_is_reported():
     assert _id_parsing({"draftrl.x.a": prefix}, pieces) == ["draftrl.x.a:2 TraceReplay"]
     assert _id_parsing({"draftrl.x.b": table}, pieces) == ["draftrl.x.b:1 Serve, SpecDecode"]
     assert _id_parsing({"draftrl.x.c": whole}, pieces) == []
+    # the table and prefix tests this check retired (config/env_spec.py's FAMILIES and family) are caught
+    substring = ast.parse('def depth(name):\n    return {"verify_size": 0} if "Depth" in name else {}\n')
+    assert _id_parsing({"draftrl.train.x": substring}, pieces) == ["draftrl.train.x:2 Depth"]
+    families = ast.parse('FAMILIES = {"SpecDecode": None, "TraceReplay": None, "Analytic": "analytic", '
+                         '"Serve": "serve"}\nok = name.startswith(tuple(FAMILIES))\n')
+    assert _id_parsing({"draftrl.train.y": families}, pieces) == [
+        "draftrl.train.y:1 Analytic, Serve, SpecDecode, TraceReplay"]
+
+
+# ----------------------------------------------------------------------------- one suffix for config classes
+#: Suffixes a dataclass may not carry: a config class ends in ``Config`` (``GridConfig``, ``TrainEnvConfig``),
+#: and a parsed value is named for what it is (``PolicyName``), so there is one word for each.
+RETIRED_SUFFIXES = ("Settings", "Args", "Spec", "Section")
+
+
+def _dataclasses(trees: dict[str, ast.AST]) -> set[tuple[str, str]]:
+    """``(module, class)`` of every dataclass in ``trees``: decorated with ``dataclass`` (called or not,
+    ``dataclasses.dataclass`` too) or, through draftrl classes, a subclass of one."""
+    def decorated(node: ast.ClassDef) -> bool:
+        names = {ast.unparse(d.func if isinstance(d, ast.Call) else d) for d in node.decorator_list}
+        return bool({n.rpartition(".")[2] for n in names} & {"dataclass"})
+
+    classes = {(name, node.name): (decorated(node), {ast.unparse(b).rpartition(".")[2] for b in node.bases})
+               for name, tree in trees.items() for node in ast.walk(tree) if isinstance(node, ast.ClassDef)}
+    found = {key for key, (is_dc, _) in classes.items() if is_dc}
+    while True:
+        names = {cls for _, cls in found}
+        more = found | {key for key, (_, bases) in classes.items() if bases & names}
+        if more == found:
+            return found
+        found = more
+
+
+def _retired_suffixes(trees: dict[str, ast.AST]) -> list[str]:
+    """``module.Class`` of every dataclass whose name ends in a ``RETIRED_SUFFIXES`` suffix."""
+    return sorted(f"{module}.{cls}" for module, cls in _dataclasses(trees) if cls.endswith(RETIRED_SUFFIXES))
+
+
+PACKAGE_TREES = {name: ast.parse(path.read_text()) for name, path in MODULES.items()}
+
+
+def test_config_classes_have_one_suffix():
+    wrong = _retired_suffixes(PACKAGE_TREES)
+    assert not wrong, (f"dataclasses named with a retired suffix ({', '.join(RETIRED_SUFFIXES)}): {wrong}; "
+                       "a config class ends in Config, a parsed value is named for what it is (PolicyName)")
+
+
+def test_a_retired_config_suffix_is_reported():
+    """Negative controls: a decorated ``*Settings``, a ``*Spec`` that is a dataclass only through its
+    base, and a called ``dataclasses.dataclass(frozen=True)`` are caught; a plain class is not."""
+    source = ("import dataclasses\nfrom dataclasses import dataclass\n"
+              "from draftrl.config.env import EnvConfig\n"
+              "@dataclass\nclass FooSettings:\n    x: int = 0\n"
+              "class BarSpec(EnvConfig):\n    pass\n"
+              "@dataclasses.dataclass(frozen=True)\nclass BazArgs:\n    y: int = 0\n"
+              "class NotDataSettings:\n    pass\n")
+    trees = {**PACKAGE_TREES, "draftrl.x": ast.parse(source)}
+    assert _retired_suffixes(trees) == ["draftrl.x.BarSpec", "draftrl.x.BazArgs", "draftrl.x.FooSettings"]
+    assert ("draftrl.config.env", "EnvConfig") in _dataclasses(PACKAGE_TREES)

@@ -155,10 +155,10 @@ def serving_wandb(args: argparse.Namespace):
     """``--engine vllm``'s :class:`~draftrl.config.wandb.WandbConfig`: ``--config``'s ``wandb:`` section,
     then ``--set wandb.KEY=VALUE`` and the ``--wandb-*`` flags."""
     from draftrl.config import load_config
-    from draftrl.config.wandb import WandbSection
+    from draftrl.config.wandb import WandbOnlyConfig
 
     items = [item for item in _options.overrides(args) if item.startswith("wandb.")]
-    return load_config(WandbSection, args.config, items, partial=True).wandb
+    return load_config(WandbOnlyConfig, args.config, items, partial=True).wandb
 
 
 def run_vllm(args: argparse.Namespace) -> int:

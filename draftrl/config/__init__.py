@@ -10,6 +10,7 @@ import dataclasses
 import difflib
 import types
 import typing
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -105,6 +106,13 @@ def from_dict(cls: type[T], data: dict[str, Any], prefix: str = "", base: T | No
         else:
             kwargs[key] = _coerce(value, annotation, f"{prefix}{key}")
     return dataclasses.replace(base, **kwargs) if base is not None else cls(**kwargs)
+
+
+def from_section(cls: type[T], data: Mapping[str, Any], prefix: str = "") -> T:
+    """``from_dict`` of the keys of ``data`` that are ``cls``'s fields: a section that holds them and
+    more (a training env section holds ``EnvConfig``'s keys beside ``id``, ``traces``, ...)."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    return from_dict(cls, {key: value for key, value in data.items() if key in names}, prefix=prefix)
 
 
 def resolve(cls: type[T], config: T | dict[str, Any] | None, overrides: dict[str, Any]) -> T:

@@ -57,7 +57,7 @@ class CollectConfig:
 
 
 @dataclass
-class CalibrateSettings:
+class CalibrationConfig:
     """What ``draftrl calibrate`` measures (the ``calibrate:`` config section); models come from ``env``."""
 
     num_tokens: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
@@ -86,7 +86,7 @@ class CalibrateConfig:
 
     env: EnvConfig = field(default_factory=EnvConfig)
     """target, drafter, device, dtype and temperature (the sampling transform the sample cost times)"""
-    calibrate: CalibrateSettings = field(default_factory=CalibrateSettings)
+    calibrate: CalibrationConfig = field(default_factory=CalibrationConfig)
     threads: int = 1
     """torch threads: the count your envs run with (1: on a shared CPU one thread is far steadier)"""
     seed: int = 0

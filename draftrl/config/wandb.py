@@ -52,8 +52,8 @@ class WandbConfig:
 
 
 @dataclass
-class WandbSection:
-    """A config file's ``wandb:`` section alone: how a command whose other sections are not one
+class WandbOnlyConfig:
+    """A config of the ``wandb:`` section alone: how a command whose other sections are not one
     dataclass (``draftrl eval --engine vllm``) reads it (``load_config(..., partial=True)``)."""
 
     wandb: WandbConfig = field(default_factory=WandbConfig)

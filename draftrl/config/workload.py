@@ -19,7 +19,7 @@ class WorkloadConfig:
     """Prompts, token budgets, target model and sampling of a decoding workload."""
 
     section: ClassVar[str] = "env"
-    """the config section these fields are read from, for errors (``EnvSpec`` subclasses: depth_env, ...)"""
+    """the config section these fields are read from, for errors (``TrainEnvConfig`` subclasses: depth_env, ...)"""
 
     prompts: str | None = None
     """JSONL prompt file with the ``draftrl.prompts.Prompt`` fields; None = the shipped set"""

@@ -9,9 +9,9 @@
 Heavy imports (torch, transformers, matplotlib, wandb) happen inside the functions.
 """
 
-from draftrl.eval.config import EvalConfig, EvalSettings, GridSettings
+from draftrl.eval.config import EvalConfig, GridConfig, PolicyEvalConfig
 
-__all__ = ["EvalConfig", "EvalSettings", "GridSettings", "run_grid", "run_eval", "monitor_power"]
+__all__ = ["EvalConfig", "GridConfig", "PolicyEvalConfig", "run_grid", "run_eval", "monitor_power"]
 
 
 def __getattr__(name: str):

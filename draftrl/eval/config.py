@@ -7,8 +7,8 @@ steps); ``configs/eval_tiny_cpu.yaml`` is an example. Sections:
   group, token budget), target and drafter, sampling, and the observation settings the
   policies see. Its ``split`` is ignored: ``draftrl grid`` always tunes on ``tune`` and
   ``draftrl eval`` always reports on ``heldout``.
-- ``grid``: :class:`GridSettings`, the fixed settings ``draftrl grid`` times.
-- ``eval``: :class:`EvalSettings`, the policies ``draftrl eval`` compares.
+- ``grid``: :class:`GridConfig`, the fixed settings ``draftrl grid`` times.
+- ``eval``: :class:`PolicyEvalConfig`, the policies ``draftrl eval`` compares.
 - ``wandb``: :class:`~draftrl.config.wandb.WandbConfig`; ``WANDB_MODE`` in the environment wins over ``mode``.
 """
 
@@ -24,7 +24,7 @@ from draftrl.config.wandb import WandbConfig
 
 
 @dataclass
-class GridSettings:
+class GridConfig:
     """The fixed (depth, verify_size, width) settings timed by ``draftrl grid`` on the tune split."""
 
     depths: tuple[int, ...] = (0, 1, 2, 3, 4, 6, 8)
@@ -55,7 +55,7 @@ class GridSettings:
 
 
 @dataclass
-class EvalSettings:
+class PolicyEvalConfig:
     """What ``draftrl eval`` compares on the held-out split."""
 
     policies: tuple[str, ...] = ("none", "best-grid", "heuristic", "threshold", "bandit")
@@ -116,8 +116,8 @@ class EvalConfig:
 
     env: EnvConfig = field(default_factory=_default_env)
     """workload, models, sampling and observation settings (split is set per command)"""
-    grid: GridSettings = field(default_factory=GridSettings)
-    eval: EvalSettings = field(default_factory=EvalSettings)
+    grid: GridConfig = field(default_factory=GridConfig)
+    eval: PolicyEvalConfig = field(default_factory=PolicyEvalConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)
     threads: int = 0
     """torch intra-op threads (0 = torch's default)"""

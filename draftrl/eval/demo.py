@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Callable, TypeVar
 
 from draftrl.config.env import EnvConfig
-from draftrl.config.commands import CalibrateSettings
-from draftrl.eval.config import EvalConfig, EvalSettings, GridSettings
+from draftrl.config.commands import CalibrationConfig
+from draftrl.eval.config import EvalConfig, GridConfig, PolicyEvalConfig
 from draftrl.runs import WANDB_FILE
 
 T = TypeVar("T")
@@ -51,7 +51,7 @@ def _logged(path: Path):
 
 
 @dataclass
-class TrainSettings:
+class DemoTrainConfig:
     """PPO training on replayed traces (``draftrl.train``)."""
 
     recipes: tuple[str, ...] = ("ppo_size", "ppo_depth")
@@ -84,14 +84,14 @@ class DemoConfig(EvalConfig):
     """The demo: an :class:`EvalConfig` (workload, grid, policies) plus calibration and training."""
 
     env: EnvConfig = field(default_factory=_demo_env)
-    grid: GridSettings = field(default_factory=lambda: GridSettings(depths=(0, 1, 2, 4, 6), repeats=1))
-    eval: EvalSettings = field(default_factory=lambda: EvalSettings(
+    grid: GridConfig = field(default_factory=lambda: GridConfig(depths=(0, 1, 2, 4, 6), repeats=1))
+    eval: PolicyEvalConfig = field(default_factory=lambda: PolicyEvalConfig(
         policies=("none", "best-grid", "heuristic", "threshold", "bandit", "lookahead"), power_tokens=300,
         anchor_gammas=(2, 4, 8)))
-    calibrate: CalibrateSettings = field(default_factory=lambda: CalibrateSettings(
+    calibrate: CalibrationConfig = field(default_factory=lambda: CalibrationConfig(
         num_tokens=(1, 2, 3, 4, 5, 7, 9), contexts=(128, 512), widths=(1,)))
     """the demo's cost table: token counts up to the deepest chain round (depth 6 feeds 7)"""
-    train: TrainSettings = field(default_factory=TrainSettings)
+    train: DemoTrainConfig = field(default_factory=DemoTrainConfig)
     threads: int = 1
     """one torch thread: fastest per core for a 135M model on a shared machine"""
 
@@ -100,9 +100,9 @@ class DemoConfig(EvalConfig):
         """A few minutes: 4 requests per split, 24 tokens, 3 grid cells, 5k training rounds, no power run."""
         cfg = cls()
         cfg.env = dataclasses.replace(cfg.env, languages=("en", "zh"), tasks=("code_edit", "chat"), max_new_tokens=24)
-        cfg.grid = GridSettings(depths=(0, 2, 4), repeats=1)
+        cfg.grid = GridConfig(depths=(0, 2, 4), repeats=1)
         cfg.eval = dataclasses.replace(cfg.eval, power_tokens=0, greedy_reference=1, anchor_gammas=(4,))
-        cfg.calibrate = CalibrateSettings(num_tokens=(1, 3, 5), contexts=(256,), widths=(1,), repeats=2)
+        cfg.calibrate = CalibrationConfig(num_tokens=(1, 3, 5), contexts=(256,), widths=(1,), repeats=2)
         cfg.train = dataclasses.replace(cfg.train, recipes=("ppo_size",), total_timesteps=4096, eval_episodes=4)
         return cfg
 
@@ -159,7 +159,7 @@ def step_config(config: DemoConfig, cls: type[T]) -> T:
 def train_config(config: DemoConfig, recipe: str, trace_dir: str | Path):
     """The ``TrainConfig`` the train step runs ``recipe`` with, on the traces in ``trace_dir``."""
     from draftrl.config import load_config, to_dict
-    from draftrl.train.config import DepthEnvSpec, EnvSpec, TrainConfig
+    from draftrl.train.config import DepthTrainEnvConfig, TrainConfig, TrainEnvConfig
 
     overrides = [
         f"recipe={recipe}",
@@ -175,8 +175,9 @@ def train_config(config: DemoConfig, recipe: str, trace_dir: str | Path):
     replay = {**to_dict(config.env), "traces": str(trace_dir), "cost_noise": 0.05, "cost_jitter": 0.25,
               "eval": {"cost_noise": 0.0, "cost_jitter": 0.0}}
     cfg = load_config(TrainConfig, None, overrides, base=TrainConfig(
-        env=EnvSpec(id="draftrl/TraceReplay-v0", **replay),  # size policies on TraceReplay-v0
-        depth_env=DepthEnvSpec(id="draftrl/TraceReplayDepth-v0", **replay)))  # depth policies on its step-level twin
+        env=TrainEnvConfig(id="draftrl/TraceReplay-v0", **replay),  # size policies on TraceReplay-v0
+        # depth policies on its step-level twin
+        depth_env=DepthTrainEnvConfig(id="draftrl/TraceReplayDepth-v0", **replay)))
     return dataclasses.replace(cfg, wandb=config.wandb)  # the pipeline's project, group and folder
 
 

@@ -8,12 +8,12 @@ from typing import Any, Callable
 
 import numpy as np
 
-from draftrl.eval.policy_names import REFERENCE, PolicySpec, dsd_label
+from draftrl.eval.policy_names import REFERENCE, PolicyName, dsd_label
 from draftrl.eval.rollout import episode_throughput
 from draftrl.eval.serve_policies import build_serving_policy
 
 
-def search_dsd(make_env: Callable[[Any, PolicySpec], Any], config, loads: list[dict[str, Any]], *,
+def search_dsd(make_env: Callable[[Any, PolicyName], Any], config, loads: list[dict[str, Any]], *,
                ranges: tuple[tuple[int, int], ...] = ((1, 1), (2, 4), (5, 8), (9, 16)),
                ks: tuple[int, ...] = (0, 1, 2, 3, 4, 6, 8), monotone: bool = True,
                progress: Callable[[int, int], None] | None = None) -> list[dict[str, Any]]:
@@ -28,18 +28,18 @@ def search_dsd(make_env: Callable[[Any, PolicySpec], Any], config, loads: list[d
     tables = [tuple((s, e, k) for (s, e), k in zip(ranges, combo))
               for combo in itertools.product(sorted(ks, reverse=True), repeat=len(ranges))
               if not monotone or all(a >= b for a, b in zip(combo, combo[1:]))]
-    envs = [make_env(dataclasses.replace(config, **load), PolicySpec("dsd", "dsd")) for load in loads]
+    envs = [make_env(dataclasses.replace(config, **load), PolicyName("dsd", "dsd")) for load in loads]
     prompt_ids = [[p.id for p in env.workload.prompts][: config.num_requests or None] for env in envs]
     seed = config.seed if config.seed is not None else 0
 
-    def throughput(spec: PolicySpec, i: int) -> float:
+    def throughput(spec: PolicyName, i: int) -> float:
         return episode_throughput(envs[i], build_serving_policy(spec, envs[i]), prompt_ids[i], seed=seed)
 
-    plain = [throughput(PolicySpec(REFERENCE, REFERENCE), i) for i in range(len(envs))]
+    plain = [throughput(PolicyName(REFERENCE, REFERENCE), i) for i in range(len(envs))]
     names = [",".join(f"{k}={v}" for k, v in load.items()) for load in loads]
     scored = []
     for n, table in enumerate(tables):
-        spec = PolicySpec("dsd", dsd_label(table), dsd=table)
+        spec = PolicyName("dsd", dsd_label(table), dsd=table)
         speedups = [throughput(spec, i) / plain[i] for i in range(len(envs))]
         scored.append({"label": spec.label, "table": [list(t) for t in table],
                        "score": float(np.exp(np.mean(np.log(speedups)))),

@@ -39,7 +39,7 @@ import numpy as np
 from draftrl.config import to_dict
 from draftrl.eval.agreement import raise_first_violation
 from draftrl.eval.anchors import run_anchor
-from draftrl.eval.config import EvalConfig, GridSettings, env_for_split
+from draftrl.eval.config import EvalConfig, GridConfig, env_for_split
 from draftrl.eval.metrics import add_speedups, grouped, median_runs, summarize_with_groups
 from draftrl.eval.rollout import RequestRun, run_fixed
 from draftrl.runs import WANDB_FILE
@@ -78,7 +78,7 @@ def cell_name(depth: int, verify_size: int = 0, width: int = 1) -> str:
 REFERENCE = cell_name(0)
 
 
-def grid_cells(settings: GridSettings) -> list[Cell]:
+def grid_cells(settings: GridConfig) -> list[Cell]:
     """Plain decoding first, then every distinct setting, depth-major.
 
     Depth 0 ignores verify size and width (one cell). A verify size at or above the number of

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from draftrl.config.env import EnvConfig
-from draftrl.eval.policy_names import REFERENCE, PolicySpec, policy_dir
+from draftrl.eval.policy_names import REFERENCE, PolicyName, policy_dir
 
 def confidence_feature(drafter: str) -> str:
     """The observation feature ConfidenceThreshold reads for ``drafter``."""
@@ -31,10 +31,10 @@ def _run_config(path: str) -> dict:
 
 
 def _trained_env(path: str, kind: str):
-    """The ``EnvSpec`` a PPO policy of ``kind`` trained on (``depth_env`` for depth policies), None without
+    """The ``TrainEnvConfig`` a PPO policy of ``kind`` trained on (``depth_env`` for depth policies), None without
     the run's ``config.json``."""
     from draftrl.config import from_dict
-    from draftrl.config.env_spec import ENV_SECTIONS
+    from draftrl.train.env_config import ENV_SECTIONS
 
     cfg = _run_config(path)
     key = "depth_env" if kind == "depth" and cfg.get("depth_env") else "env"
@@ -47,6 +47,7 @@ def ppo_env_config(path: str, base: EnvConfig) -> tuple[EnvConfig, str]:
 
     Reads ``policy.json`` (grids) and, when present, the run's ``config.json`` (its env section).
     """
+    from draftrl.envs.ids import section_of
     from draftrl.policies.ppo import read_policy_manifest
     from draftrl.runs import MANIFEST_FILE
 
@@ -58,7 +59,7 @@ def ppo_env_config(path: str, base: EnvConfig) -> tuple[EnvConfig, str]:
     manifest = read_policy_manifest(manifest_path)
     trained: dict[str, Any] = {}
     section = _trained_env(path, manifest.get("kind", "size"))
-    if section is not None and section.family is None:  # an EnvConfig env (analytic/serving ones have none)
+    if section is not None and section_of(section.id) == "env":  # an EnvConfig env (analytic/serving ones have none)
         trained = {f.name: getattr(section, f.name) for f in dataclasses.fields(EnvConfig)}
         if not trained["cost_table"] and section.traces:
             from draftrl.runs import stored_cost_table_path
@@ -77,7 +78,7 @@ def ppo_env_config(path: str, base: EnvConfig) -> tuple[EnvConfig, str]:
     return dataclasses.replace(base, **keep), manifest.get("kind", "size")
 
 
-def build_policy(spec: PolicySpec, base: EnvConfig, target, *, grid: dict | None = None,
+def build_policy(spec: PolicyName, base: EnvConfig, target, *, grid: dict | None = None,
                  references: dict[str, list[int]] | None = None) -> tuple[Any, Any]:
     """``(env, policy)`` for ``spec`` on the real engine around ``target`` (a ``LoadedModel``), drafting
     with the policy's own drafter (``fixed:4@eagle3``) where it names one, else ``base.drafter``."""

@@ -82,8 +82,8 @@ DEFAULT_DSD: tuple[tuple[int, int, int], ...] = ((1, 1, 6), (2, 4, 4), (5, 8, 2)
 
 
 @dataclass(frozen=True)
-class PolicySpec:
-    """One entry of ``--policies``, parsed."""
+class PolicyName:
+    """One entry of ``--policies``, parsed: what decides, named (a value, not a config section)."""
 
     kind: str
     label: str
@@ -211,7 +211,7 @@ def _renamed(name: str, kind: str, arg: str) -> ValueError | None:
     return None
 
 
-def _parse_one(item: str, engine: str) -> PolicySpec:
+def _parse_one(item: str, engine: str) -> PolicyName:
     name, at, drafter = (part.strip() for part in item.partition("@"))
     spec = _parse_kind(name, engine)
     text = spec.kind + name[name.index(":"):] if ":" in name else spec.kind
@@ -226,7 +226,7 @@ def _parse_one(item: str, engine: str) -> PolicySpec:
     return dataclasses.replace(spec, label=f"{spec.label}@{drafter}", text=f"{text}@{drafter}", drafter=drafter)
 
 
-def _fixed(item: str, arg: str, engine: str) -> PolicySpec:
+def _fixed(item: str, arg: str, engine: str) -> PolicyName:
     """``fixed:D[:V][:wW]`` (hf) / ``fixed:D[:V][:bB]`` (vllm)."""
     parts = arg.split(":") if arg else []
     form = ENGINE_FORMS[engine]["fixed"]
@@ -251,10 +251,10 @@ def _fixed(item: str, arg: str, engine: str) -> PolicySpec:
     if engine == "vllm" and depth > VLLM_MAX_DEPTH:
         raise _bad(item, f"drafts deeper than vLLM's proposer ({VLLM_MAX_DEPTH})", engine)
     extra = {} if suffix is None else {"width" if letter == "w" else "head_max_batch": int(suffix[1:])}
-    return PolicySpec("fixed", item, depth, int(parts[1]) if len(parts) == 2 else None, **extra)
+    return PolicyName("fixed", item, depth, int(parts[1]) if len(parts) == 2 else None, **extra)
 
 
-def _parse_kind(item: str, engine: str) -> PolicySpec:
+def _parse_kind(item: str, engine: str) -> PolicyName:
     kind, _, arg = item.partition(":")
     kind = ALIASES.get(kind.strip().lower(), kind.strip().lower())
     if kind not in FORMS:
@@ -275,11 +275,11 @@ def _parse_kind(item: str, engine: str) -> PolicySpec:
             deepest = max(k for _, _, k in table)
             if not 1 <= deepest <= 16:
                 raise _bad(item, "needs a table whose deepest K is 1..16 (vLLM's num_speculative_tokens)", engine)
-            return PolicySpec(kind, item, deepest, dsd=table)
+            return PolicyName(kind, item, deepest, dsd=table)
         if not arg.isdigit() or not 1 <= int(arg) <= 16:
             raise _bad(item, f"must look like {kind}:K with 1 <= K <= 16, or {kind}:S-E:K,... (a Dynamic SD "
                              "table)", engine)
-        return PolicySpec(kind, item, int(arg))
+        return PolicyName(kind, item, int(arg))
     if kind == "stop":
         parts = arg.split(":") if arg else []
         batch = parts.pop() if len(parts) > 2 and parts[-1][:1] == "b" else None
@@ -288,19 +288,19 @@ def _parse_kind(item: str, engine: str) -> PolicySpec:
                 or (batch is not None and not (batch[1:].isdigit() and int(batch[1:]) >= 1)):
             raise _bad(item, f"must look like stop:K:tT or stop:K:cT (then optionally :bB) with 1 <= K <= "
                              f"{VLLM_MAX_DEPTH}, 0 < T < 1 and B >= 1", engine)
-        return PolicySpec(kind, item, int(parts[0]), stop=stop, head_max_batch=int(batch[1:]) if batch else None)
+        return PolicyName(kind, item, int(parts[0]), stop=stop, head_max_batch=int(batch[1:]) if batch else None)
     if kind == "vllm-class":
         path, _, k = arg.rpartition(":")
         if "." not in path or not k.isdigit() or not 1 <= int(k) <= 16:
             raise _bad(item, "must look like vllm-class:MODULE.Class:K with 1 <= K <= 16", engine)
-        return PolicySpec(kind, item, int(k), path=path)
+        return PolicyName(kind, item, int(k), path=path)
     if kind == "dsd":
-        return PolicySpec(kind, item, dsd=parse_dsd(arg, item, engine) if arg else DEFAULT_DSD)
+        return PolicyName(kind, item, dsd=parse_dsd(arg, item, engine) if arg else DEFAULT_DSD)
     if kind == "ppo":
         if not arg:
             raise _bad(item, "needs a path (ppo:DIR written by draftrl train)", engine)
-        return PolicySpec(kind, kind, path=arg)
-    return PolicySpec(kind, kind)
+        return PolicyName(kind, kind, path=arg)
+    return PolicyName(kind, kind)
 
 
 def _stop(text: str) -> str | None:
@@ -313,7 +313,7 @@ def _stop(text: str) -> str | None:
     return f"{kinds[text[0]]}:{value:g}" if text[:1] in kinds and 0.0 < value < 1.0 else None
 
 
-def parse_policies(items: str | list[str] | tuple[str, ...], engine: str = "hf") -> list[PolicySpec]:
+def parse_policies(items: str | list[str] | tuple[str, ...], engine: str = "hf") -> list[PolicyName]:
     """Parse ``"none,fixed:4,dsd:1-1:6,2-4:2,fixed:2@eagle3,ppo:runs/x"`` (or a list) for ``engine``
     (hf or vllm); ``none`` is always first (the reference), added when missing. Several PPO policies
     are labelled after their directories (``ppo[size]``).
@@ -335,7 +335,7 @@ def parse_policies(items: str | list[str] | tuple[str, ...], engine: str = "hf")
     if dup:
         raise ValueError(f"policies {dup} are listed twice; list each once.")
     if REFERENCE not in labels:
-        specs.insert(0, PolicySpec(REFERENCE, REFERENCE, text=REFERENCE))
+        specs.insert(0, PolicyName(REFERENCE, REFERENCE, text=REFERENCE))
     return sorted(specs, key=lambda s: s.kind != REFERENCE)
 
 

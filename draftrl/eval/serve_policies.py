@@ -26,18 +26,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from draftrl.eval.policy_names import REFERENCE, VLLM_MAX_DEPTH, PolicySpec
+from draftrl.eval.policy_names import REFERENCE, VLLM_MAX_DEPTH, PolicyName
 
 #: Kinds whose engine is not draftrl's proposer (the action is ignored).
 OWN_ENGINE = (REFERENCE, "vllm-ngram", "vllm-eagle3", "vllm-class")
 
 
-def policy_drafter(spec: PolicySpec, config) -> str:
+def policy_drafter(spec: PolicyName, config) -> str:
     """The drafter spec ``spec`` drafts with: its own (``@DRAFTER``), else the run's (``env.drafter``)."""
     return spec.drafter or config.drafter
 
 
-def _head_of(spec: PolicySpec, config) -> tuple[int | None, str] | None:
+def _head_of(spec: PolicyName, config) -> tuple[int | None, str] | None:
     """``(SAM's N or None, the head folder or hub id)`` of the head ``spec``'s drafter runs (its own
     folder, else the one draftrl ships for the target), or None when the drafter runs no head."""
     from draftrl.decoding.vllm.head_proposer import head_spec
@@ -50,7 +50,7 @@ def _head_of(spec: PolicySpec, config) -> tuple[int | None, str] | None:
     return min_match, resolve_head(path, config.target)
 
 
-def stock_head(spec: PolicySpec, config) -> str:
+def stock_head(spec: PolicyName, config) -> str:
     """The head ``vllm-eagle3`` loads: the one its drafter names (``@eagle3:DIR``, ``@sam:N:DIR``,
     else ``env.drafter`` when that runs a head), else the one draftrl ships for the target."""
     from draftrl.drafters.packaged import resolve_head
@@ -59,7 +59,7 @@ def stock_head(spec: PolicySpec, config) -> str:
     return head[1] if head is not None else resolve_head(None, config.target)
 
 
-def proposer_drafter(spec: PolicySpec, config) -> str:
+def proposer_drafter(spec: PolicyName, config) -> str:
     """The drafter spec draftrl's proposer gets for ``spec``: its drafter, with the head folder
     resolved when it runs one (``eagle3:DIR``, ``sam:N:DIR``: one head, one engine)."""
     head = _head_of(spec, config)
@@ -69,7 +69,7 @@ def proposer_drafter(spec: PolicySpec, config) -> str:
     return f"eagle3:{folder}" if min_match is None else f"sam:{min_match}:{folder}"
 
 
-def proposer_rule(spec: PolicySpec) -> str:
+def proposer_rule(spec: PolicyName) -> str:
     """Each request's own depth before the step's cap and budget (``ServeConfig.rule``): ``heuristic``,
     or ``match`` / the head's per-level stop with the head's load part where the name has them
     (``confidence:0.6|batch:1``, :mod:`draftrl.decoding.vllm.head_proposer`)."""
@@ -83,7 +83,7 @@ def proposer_rule(spec: PolicySpec) -> str:
     return f"{rule}{LOAD_SEP}{spec.head_max_batch}"
 
 
-def check_policies(specs: list[PolicySpec], config) -> None:
+def check_policies(specs: list[PolicyName], config) -> None:
     """Refuse, before any engine loads (one line naming the fix), a ``fixed:D[:V]`` off the serving
     config's grids, a drafter that cannot run inside vLLM's proposer, a head (``vllm-eagle3``, an
     ``eagle3`` or ``sam`` drafter) that is missing or that vLLM cannot load, and a head rule
@@ -124,7 +124,7 @@ def check_policies(specs: list[PolicySpec], config) -> None:
                              f"budgets={list(budgets)}; pick values from them or set env.depths / env.budgets.")
 
 
-def build_serving_policy(spec: PolicySpec, env: Any):
+def build_serving_policy(spec: PolicyName, env: Any):
     """The ``Policy`` that plays ``spec`` on the serving ``env``."""
     from draftrl.policies import DynamicSD, Fixed, PPOPolicy, env_grids
 
@@ -146,7 +146,7 @@ def build_serving_policy(spec: PolicySpec, env: Any):
     return policy
 
 
-def engine_config_for(spec: PolicySpec, config) -> Any:
+def engine_config_for(spec: PolicyName, config) -> Any:
     """The ``VLLMEngineConfig`` of the engine ``spec`` runs on, under the serving ``config``."""
     from draftrl.decoding.vllm.engine import VLLMEngineConfig
 

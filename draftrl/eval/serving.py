@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from draftrl.eval.metrics import histogram, serving_groups, summarize_serving
-from draftrl.eval.policy_names import REFERENCE, PolicySpec, parse_policies
+from draftrl.eval.policy_names import REFERENCE, PolicyName, parse_policies
 from draftrl.eval.report import render_serving_report
 from draftrl.eval.rollout import run_episode
 from draftrl.eval.serve_policies import (build_serving_policy, check_policies, engine_config_for, policy_drafter,
@@ -68,18 +68,18 @@ def loads_of(results: dict) -> list[tuple[str, str]]:
     return [(section, key) for section in ("concurrency", "rates") for key in results.get(section, {})]
 
 
-def engine_groups(specs: list[PolicySpec], config=None) -> list[list[PolicySpec]]:
+def engine_groups(specs: list[PolicyName], config=None) -> list[list[PolicyName]]:
     """The policies grouped by the vLLM engine each runs on (first appearance order; each policy
     alone when ``config`` is None: the replay has no engines)."""
     if config is None:
         return [[spec] for spec in specs]
-    groups: dict[Any, list[PolicySpec]] = {}
+    groups: dict[Any, list[PolicyName]] = {}
     for spec in specs:
         groups.setdefault(engine_config_for(spec, config), []).append(spec)
     return list(groups.values())
 
 
-def pass_order(groups: list[list[PolicySpec]], index: int) -> list[PolicySpec]:
+def pass_order(groups: list[list[PolicyName]], index: int) -> list[PolicyName]:
     """The policies of pass ``index`` (loads and repeats counted together): the engine groups
     rotated back by one per pass, so the last group of a pass opens the next (its engine is still
     built) and every group takes every place once in ``len(groups)`` passes; the policies of a
@@ -104,7 +104,7 @@ class _Engines:
         """engines built (a group's engine is built again when it was freed for another)"""
         self.described: dict[str, dict] = {}
 
-    def get(self, spec: PolicySpec):
+    def get(self, spec: PolicyName):
         from draftrl.decoding.vllm.engine import shared_engine
 
         engine = shared_engine(engine_config_for(spec, self.config), max_engines=self.config.max_engines)
@@ -115,7 +115,7 @@ class _Engines:
         return engine
 
 
-def _episode(make_env, load_cfg, spec: PolicySpec, config, seed: int, checks: dict, engines: "_Engines | None"):
+def _episode(make_env, load_cfg, spec: PolicyName, config, seed: int, checks: dict, engines: "_Engines | None"):
     """One policy's episode at one load: ``(requests, steps, vLLM's speculative-decoding counts or
     None)``. A function of its own so that the env, and the engine it holds, are dropped when it
     returns: the next group's engine is built with this one's memory free."""
@@ -132,7 +132,7 @@ def _episode(make_env, load_cfg, spec: PolicySpec, config, seed: int, checks: di
 def run_serving_eval(out: str | Path, *, policies: list[str] | str, concurrency: list[int] = (1, 4, 16),
                      rates: list[float] = (), repeats: int = 1, config=None, tokenizer=None,
                      progress: Callable[[int, int, str], None] | None = None,
-                     make_env: Callable[[Any, PolicySpec], Any] | None = None) -> dict:
+                     make_env: Callable[[Any, PolicyName], Any] | None = None) -> dict:
     """Evaluate ``policies`` at each load; write ``out/results.json`` and return it.
 
     ``make_env(load_config, spec)`` builds each (load, policy) episode's env instead of

@@ -41,7 +41,14 @@ from typing import Any
 import numpy as np
 
 from draftrl.export.artifacts import TrainedPolicy, resolve
-from draftrl.export.features import env_spec, features_entry
+from draftrl.export.features import (
+    SERVING_BUILDER,
+    env_config_of,
+    env_section,
+    feature_builder,
+    features_entry,
+    serve_config_of,
+)
 from draftrl.signals.batch_scaling import (
     DEFAULT_SATURATION_TOKENS,
     RULE,
@@ -89,18 +96,17 @@ def depth_statistics(trained: TrainedPolicy, episodes: int = 20, seed: int = 0) 
 def _rollout(trained: TrainedPolicy, episodes: int, seed: int) -> dict[str, Any]:
     from draftrl.policies.evaluate import evaluate_saved_policy
 
-    spec = env_spec(trained.train_config, trained.env_id).evaluation()
+    section = env_section(trained.train_config, trained.env_id, evaluation=True)
     # a checkpoint's own normaliser statistics, not the final ones
-    return evaluate_saved_policy(trained.model_path, spec, episodes=episodes, seed=seed)
+    return evaluate_saved_policy(trained.model_path, section, episodes=episodes, seed=seed)
 
 
 def run_target(trained: TrainedPolicy) -> str:
     """The target a trained policy was trained for (its training env's ``target``; a serving env's
     is in its ``serve`` section)."""
-    from draftrl.export.features import SERVING_ENVS
-
-    spec = env_spec(trained.train_config, trained.env_id)
-    return str(spec.serve.target if trained.env_id in SERVING_ENVS else spec.target)
+    section = env_section(trained.train_config, trained.env_id)
+    serving = feature_builder(trained.feature_names) == SERVING_BUILDER
+    return str(serve_config_of(section).target if serving else env_config_of(section).target)
 
 
 def weighted_median(hist: Mapping[int, int]) -> int:
@@ -130,7 +136,8 @@ def training_costs(trained: TrainedPolicy, max_depth: int, cost_table: str | Pat
         c, g = relative_costs(t, width, max_depth)
         return {"draft_cost": c, "verify_cost": g, "source": f"{cost_table} at context {np.median(t.context_lens):.0f}"}
     if trained.env_id == "draftrl/Analytic-v0":
-        kwargs = env_spec(trained.train_config, trained.env_id).analytic.kwargs()
+        analytic = env_section(trained.train_config, trained.env_id).get("analytic") or {}
+        kwargs = {key: value for key, value in analytic.items() if value is not None}
         c = float(kwargs.get("draft_cost", DRAFT_COST))
         g = verify_cost_table(kwargs.get("verify_cost", VERIFY_COST), max_depth, "the policy's depths").tolist()
         return {"draft_cost": c, "verify_cost": g, "source": "analytic env (draft_cost, verify_cost)"}
@@ -140,7 +147,7 @@ def training_costs(trained: TrainedPolicy, max_depth: int, cost_table: str | Pat
         t = CostTable.from_dict(table)
         c, g = relative_costs(t, int(entry.get("width") or 1), max_depth)
         return {"draft_cost": c, "verify_cost": g, "source": f"cost table at context {np.median(t.context_lens):.0f}"}
-    spec = env_spec(trained.train_config, trained.env_id)
+    spec = env_config_of(env_section(trained.train_config, trained.env_id))
     raise ValueError(f"the run {trained.run_dir} has no measured costs (no cost table in its training config or "
                      f"traces); measure them with draftrl calibrate --target {spec.target} --drafter {spec.drafter} "
                      "--json --out costs.json and pass --cost-table costs.json.")

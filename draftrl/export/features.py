@@ -16,8 +16,12 @@ engine step at a time): ``features_entry`` records its settings (``serving_entry
 a synthetic ``draft_confidence``) come from the analytic model itself, and no engine measures
 them. Its policies export and run through the controller, but cannot drive an engine.
 
-Import direction: this module uses ``draftrl.signals`` (the feature builder, cost tables) and
-``draftrl.config.env_spec`` (the training config's env section), never ``draftrl.envs``; it imports no model code.
+Which builder made a policy's observation is read from the feature names the policy recorded
+(``feature_builder``), not from its env id.
+
+Import direction: this module uses ``draftrl.signals`` (the feature builder, cost tables) and reads
+the run's saved env section as plain data with the base configs (``EnvConfig``, ``ServeConfig``);
+it imports neither ``draftrl.envs`` nor ``draftrl.train``, and no model code.
 """
 
 from __future__ import annotations
@@ -26,36 +30,63 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from draftrl.config import from_dict
-from draftrl.config.env_spec import ENV_SECTIONS, EnvSpec
+from draftrl.config import from_section
+from draftrl.config.env import EnvConfig
+from draftrl.config.serve import ServeConfig
 from draftrl.signals.costs import CostTable
-from draftrl.signals.features import CostTracker, FeatureBuilder, feature_names
+from draftrl.signals.features import DRAFT_FEATURES, CostTracker, FeatureBuilder, feature_names
 from draftrl.signals.serving import BUILDER as SERVING_BUILDER
 from draftrl.signals.serving import FEATURE_NAMES as SERVING_FEATURES
 from draftrl.signals.serving import ServingFeatures
 
-#: Env ids whose observations ``FeatureBuilder`` builds (plus ``level`` features for depth envs).
-BUILDER_ENVS: tuple[str, ...] = (
-    "draftrl/SpecDecode-v1",
-    "draftrl/SpecDecodeDepth-v1",
-    "draftrl/TraceReplay-v0",
-    "draftrl/TraceReplayDepth-v0",
-)
 BUILDER = "draftrl.signals.features.FeatureBuilder"
-#: Env ids whose observations ``ServingFeatures`` builds (one engine step of a whole batch).
-SERVING_ENVS: tuple[str, ...] = ("draftrl/ServeVLLM-v0", "draftrl/ServeReplay-v0")
 #: Per-request rules of the serving env that vLLM's proposer can follow (``hindsight`` is the replay's ceiling).
 SERVING_RULES: tuple[str, ...] = ("match", "heuristic")
+#: The training config's env sections, in the order a run's env is looked for: the keys of
+#: ``draftrl.train.env_config.ENV_SECTIONS`` (export may not import train; a test keeps them equal).
+TRAIN_ENV_SECTIONS: tuple[str, ...] = ("env", "depth_env", "finetune_env")
 
 
-def env_spec(train_config: dict[str, Any] | None, env_id: str) -> EnvSpec:
-    """The env section (``env``, ``depth_env`` or ``finetune_env``) of the training config that made ``env_id``;
-    the defaults with that id when no section did."""
-    for key, spec_class in ENV_SECTIONS.items():
-        section = (train_config or {}).get(key)
-        if isinstance(section, dict) and section.get("id") == env_id:
-            return from_dict(spec_class, section, prefix=f"{key}.")
-    return EnvSpec(id=env_id)
+def feature_builder(names: list[str] | tuple[str, ...]) -> str | None:
+    """The builder whose observation a policy reading ``names`` was trained on: ``SERVING_BUILDER``
+    when it reads the serving features, ``BUILDER`` when it starts with the engine's draft features
+    (then history, costs and, for depth policies, ``level``), None for env-made features (Analytic-v0)."""
+    if set(SERVING_FEATURES) <= set(names):
+        return SERVING_BUILDER
+    if tuple(names[: len(DRAFT_FEATURES)]) == DRAFT_FEATURES:
+        return BUILDER
+    return None
+
+
+def env_section(train_config: dict[str, Any] | None, env_id: str, evaluation: bool = False) -> dict[str, Any]:
+    """The env section of the training config that made ``env_id``, as plain data (``{"id": env_id}``,
+    every key at its default, when no section did).
+
+    :param evaluation: the final evaluation's section: ``eval``'s keys on top, a nested section's
+        (``serve``, ``analytic``) key by key, as ``TrainEnvConfig.evaluation`` applies them.
+    """
+    section: dict[str, Any] = {"id": env_id}
+    for key in TRAIN_ENV_SECTIONS:
+        found = (train_config or {}).get(key)
+        if isinstance(found, dict) and found.get("id") == env_id:
+            section = dict(found)
+            break
+    overrides = section.pop("eval", None) or {}
+    if evaluation:
+        for key, value in overrides.items():
+            nested = section.get(key)
+            section[key] = {**nested, **value} if isinstance(nested, dict) and isinstance(value, dict) else value
+    return section
+
+
+def env_config_of(section: dict[str, Any]) -> EnvConfig:
+    """The ``EnvConfig`` keys of an env section (``env_section``), checked."""
+    return from_section(EnvConfig, section, prefix="env.")
+
+
+def serve_config_of(section: dict[str, Any]) -> ServeConfig:
+    """The ``ServeConfig`` keys of an env section's ``serve`` (``env_section``), checked."""
+    return from_section(ServeConfig, section.get("serve") or {}, prefix="env.serve.")
 
 
 def find_near_run(path: str | Path | None, run_dir: Path | None) -> Path | None:
@@ -70,18 +101,18 @@ def find_near_run(path: str | Path | None, run_dir: Path | None) -> Path | None:
     return next((c for c in candidates if c.exists()), None)
 
 
-def _cost_table(spec: EnvSpec, run_dir: Path | None) -> CostTable | None:
+def _cost_table(cost_table: str | None, traces: str | None, run_dir: Path | None) -> CostTable | None:
     """The table the training env started its cost features from: ``env.cost_table``, else (TraceReplay)
     the one stored with the traces."""
-    table_path = find_near_run(spec.cost_table, run_dir)
-    trace_dir = find_near_run(spec.traces, run_dir)
+    table_path = find_near_run(cost_table, run_dir)
+    trace_dir = find_near_run(traces, run_dir)
     if table_path is None and trace_dir is not None:
         from draftrl.runs import stored_cost_table_path
 
         table_path = stored_cost_table_path(trace_dir)
-    if trace_dir is None and spec.traces:
+    if trace_dir is None and traces:
         warnings.warn(
-            f"the training traces {spec.traces!r} were not found from here or the run directory; the manifest "
+            f"the training traces {traces!r} were not found from here or the run directory; the manifest "
             "records no cost table (cost features then start unknown). Export where the traces are.", stacklevel=3)
     return CostTable.load(table_path) if table_path is not None else None
 
@@ -95,16 +126,18 @@ def features_entry(train_config: dict[str, Any] | None, env_id: str, names: list
         table's JSON or None), "source"}`` for the
         engine envs; ``{"builder": None, "reason": ...}`` otherwise.
     """
-    if env_id in SERVING_ENVS:
+    builder = feature_builder(names)
+    if builder == SERVING_BUILDER:
         return serving_entry(train_config, env_id, names)
-    if env_id not in BUILDER_ENVS:
+    if builder is None:
         return {
             "builder": None,
             "reason": f"{env_id} computes its features inside the env (no engine measures them); "
             "the policy runs through the controller but cannot drive an engine.",
         }
-    config = env_spec(train_config, env_id)
-    table = _cost_table(config, Path(run_dir) if run_dir is not None else None)
+    section = env_section(train_config, env_id)
+    config, traces = env_config_of(section), section.get("traces")
+    table = _cost_table(config.cost_table, traces, Path(run_dir) if run_dir is not None else None)
     expected = list(feature_names(config.history))
     if names[: len(expected)] != expected:
         raise ValueError(
@@ -123,7 +156,7 @@ def features_entry(train_config: dict[str, Any] | None, env_id: str, names: list
         "max_new_tokens": config.max_new_tokens or config.max_new_tokens_cap,
         "cost_table": table.to_dict() if table is not None else None,
         "source": ("train config" if train_config else "EnvConfig defaults (no train config)")
-        + (f", traces {config.traces}" if config.traces else ""),
+        + (f", traces {traces}" if traces else ""),
     }
 
 
@@ -139,7 +172,7 @@ def serving_entry(train_config: dict[str, Any] | None, env_id: str, names: list[
     if list(names) != list(SERVING_FEATURES):
         raise ValueError(f"the policy reads features {list(names)} but {SERVING_BUILDER} builds {list(SERVING_FEATURES)}; "
                          "the run was trained by another draftrl version: train it again.")
-    config = env_spec(train_config, env_id).serve.serve_config()
+    config = serve_config_of(env_section(train_config, env_id))
     if needs_head(config.drafter):
         raise ValueError(f"the policy was trained with env.serve.drafter={config.drafter!r}, an EAGLE-3 head the "
                          "exported serving proposer does not run (it drafts on token ids); train with an n-gram drafter, "

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from gymnasium import spaces
 
-from draftrl.config.env_spec import EnvSpec
 from draftrl.policies.base import Policy
 
 
@@ -97,9 +96,11 @@ def evaluate_policy_on_env(policy: Policy, env: Any, episodes: int = 20, seed: i
     }
 
 
-def evaluate_saved_policy(path: str | Path, spec: EnvSpec, episodes: int = 20, seed: int = 0) -> dict[str, Any]:
+def evaluate_saved_policy(path: str | Path, section: Mapping[str, Any], episodes: int = 20,
+                          seed: int = 0) -> dict[str, Any]:
     """:func:`evaluate_policy_on_env` of the PPO policy saved at ``path`` (a run directory or a
-    checkpoint, with its own normaliser statistics) on the env ``spec`` makes, as training made it.
+    checkpoint, with its own normaliser statistics) on the env a training env ``section`` makes (plain
+    data, as a run's ``config.json`` holds it), the way training made it (``draftrl.envs.ids.make_kwargs``).
 
     What ``export`` reads when a run's summary has no evaluation (a checkpoint): it may not make
     envs itself, this layer may.
@@ -107,9 +108,10 @@ def evaluate_saved_policy(path: str | Path, spec: EnvSpec, episodes: int = 20, s
     import gymnasium as gym
 
     import draftrl.envs  # noqa: F401  registers the draftrl/* ids
+    from draftrl.envs.ids import make_kwargs
     from draftrl.policies.ppo import PPOPolicy
 
-    env = gym.make(spec.id, **spec.make_kwargs())
+    env = gym.make(section["id"], **make_kwargs(section))
     try:
         return evaluate_policy_on_env(PPOPolicy.load(path, env), env, episodes=episodes, seed=seed)
     finally:

@@ -17,7 +17,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from draftrl.config.commands import CalibrateSettings
+from draftrl.config.commands import CalibrationConfig
 from draftrl.config.env import EnvConfig
 from draftrl.decoding.acceptance import accept_tree
 from draftrl.decoding.clock import clock_for
@@ -130,7 +130,7 @@ def measure_sample(vocab: int, params, repeats: int, device: str, clock) -> tupl
     return float(max(intercept, 0.0)), float(max(slope, 0.0))
 
 
-def calibrate(settings: CalibrateSettings, env: EnvConfig, seed: int = 0,
+def calibrate(settings: CalibrationConfig, env: EnvConfig, seed: int = 0,
               progress: Callable[[str], None] | None = None) -> CostTable:
     """Measure and return the cost table of ``env``'s target and drafter on ``env.device``.
 

@@ -7,6 +7,6 @@
 ``draftrl train --config configs/NAME.yaml --out DIR`` runs ``draftrl.train.<recipe>.train``.
 """
 
-from draftrl.train.config import EnvSpec, PPOConfig, TrainConfig, WandbConfig
+from draftrl.train.config import PPOConfig, TrainConfig, TrainEnvConfig, WandbConfig
 
-__all__ = ["EnvSpec", "PPOConfig", "TrainConfig", "WandbConfig"]
+__all__ = ["PPOConfig", "TrainConfig", "TrainEnvConfig", "WandbConfig"]

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from draftrl.config import BASELINES
-from draftrl.config.env_spec import DepthEnvSpec, EnvSpec, FinetuneEnvSpec
 from draftrl.config.wandb import WandbConfig
+from draftrl.train.env_config import DepthTrainEnvConfig, FinetuneTrainEnvConfig, TrainEnvConfig
 
 #: Recipes ``draftrl train`` can run: module ``draftrl.train.<recipe>`` with ``train(cfg, out, ...)``.
 RECIPES: tuple[str, ...] = ("ppo_size", "ppo_depth", "cotrain")
@@ -83,7 +83,7 @@ class TrainConfig:
 
     recipe: str = "ppo_size"
     """ppo_size (depth and verify size per round) | ppo_depth (CONTINUE/STOP) | cotrain (both, alternating)."""
-    env: EnvSpec = field(default_factory=EnvSpec)
+    env: TrainEnvConfig = field(default_factory=TrainEnvConfig)
     """the training env: id, EnvConfig fields (env.target, env.depths, ...), the id's own arguments, env.eval."""
     ppo: PPOConfig = field(default_factory=PPOConfig)
     """PPO hyperparameters."""
@@ -93,9 +93,9 @@ class TrainConfig:
     """seeds PPO, the training envs (seed + i for env i) and torch."""
     finetune_real_timesteps: int = 0
     """after the main phase, continue training on finetune_env for this many steps (0 = skip)."""
-    finetune_env: FinetuneEnvSpec = field(default_factory=FinetuneEnvSpec)
+    finetune_env: FinetuneTrainEnvConfig = field(default_factory=FinetuneTrainEnvConfig)
     """the real env of the fine-tuning phase; must share the training env's grids and features."""
-    depth_env: DepthEnvSpec = field(default_factory=DepthEnvSpec)
+    depth_env: DepthTrainEnvConfig = field(default_factory=DepthTrainEnvConfig)
     """step-level env of the depth policy (ppo_depth, cotrain): TraceReplayDepth-v0 or SpecDecodeDepth-v1."""
     cotrain_rounds: int = 2
     """cotrain: alternations, each training the depth policy (size frozen) then the size policy (depth frozen)."""

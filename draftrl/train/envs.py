@@ -11,16 +11,19 @@ from stable_baselines3.common.monitor import Monitor
 from stable_baselines3.common.vec_env import DummyVecEnv, VecEnv, VecNormalize
 
 import draftrl.envs  # noqa: F401  registers the draftrl/* env ids
-from draftrl.train.config import EnvSpec, TrainConfig
+from draftrl.config import to_dict
+from draftrl.envs.ids import make_kwargs
+from draftrl.train.config import TrainConfig, TrainEnvConfig
 
 
 def make_env(
-    spec: EnvSpec,
+    spec: TrainEnvConfig,
     evaluation: bool = False,
     extra_kwargs: dict[str, Any] | None = None,
     wrapper: Callable[[gym.Env], gym.Env] | None = None,
 ) -> gym.Env:
-    """``gymnasium.make(spec.id, **spec.make_kwargs())``; ``evaluation`` applies ``spec.eval`` first.
+    """``gymnasium.make(spec.id, **make_kwargs(...))`` (the id's registry entry says which of the section's
+    keys it takes); ``evaluation`` applies ``spec.eval`` first.
 
     :param extra_kwargs: more ``gymnasium.make`` arguments that YAML cannot hold (e.g. a frozen
         ``size_policy`` callable for the depth envs).
@@ -28,7 +31,7 @@ def make_env(
     """
     spec = spec.evaluation() if evaluation else spec
     try:
-        env = gym.make(spec.id, **spec.make_kwargs(), **(extra_kwargs or {}))
+        env = gym.make(spec.id, **make_kwargs(to_dict(spec), spec.section), **(extra_kwargs or {}))
     except gym.error.NameNotFound as err:
         raise ValueError(f"env id {spec.id!r} is not registered ({err}); `import draftrl.envs` registers draftrl/*.") from None
     except TypeError as err:  # e.g. TraceReplay-v0 without traces
@@ -41,7 +44,7 @@ def make_env(
 
 def make_vec_env(
     cfg: TrainConfig,
-    spec: EnvSpec,
+    spec: TrainEnvConfig,
     seed: int,
     normalizer: VecNormalize | None = None,
     extra_kwargs: dict[str, Any] | None = None,

@@ -22,7 +22,7 @@ from draftrl.policies import (
     evaluate_policy_on_env,
     paired_difference,
 )
-from draftrl.train.config import EnvSpec, TrainConfig
+from draftrl.train.config import TrainConfig, TrainEnvConfig
 from draftrl.train.envs import make_env
 
 
@@ -55,7 +55,8 @@ def fixed_settings(env: gym.Env) -> list[Policy]:
     return fixed
 
 
-def best_fixed_reference(cfg: TrainConfig, spec: EnvSpec, extra_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
+def best_fixed_reference(cfg: TrainConfig, spec: TrainEnvConfig,
+                         extra_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
     """The best fixed setting on the env PPO trains on (``spec`` as trained, not its ``eval`` keys):
     the reference line of the learning curve (``rollout/best_fixed_throughput``).
 
@@ -75,7 +76,7 @@ def best_fixed_reference(cfg: TrainConfig, spec: EnvSpec, extra_kwargs: dict[str
 def evaluate_run(
     cfg: TrainConfig,
     policy_dir: Path,
-    spec: EnvSpec | None = None,
+    spec: TrainEnvConfig | None = None,
     extra_kwargs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Evaluate the saved policy, every fixed setting and the baselines on the same episodes.

@@ -27,7 +27,7 @@ from draftrl.policies import env_grids
 from draftrl.policies.ppo import write_manifest
 from draftrl.runs import CHECKPOINTS_DIR, STATE_FILE, SUMMARY_FILE, VECNORMALIZE_FILE, checkpoints, portable_config
 from draftrl.train.callbacks import RolloutCheckpoint, ThroughputCallback, log_learning_curve, make_logger
-from draftrl.train.config import EnvSpec, TrainConfig
+from draftrl.train.config import TrainConfig, TrainEnvConfig
 from draftrl.train.envs import detached, first_env
 from draftrl.train.evaluation import evaluate_run
 from draftrl.train.state import Stopwatch, save_policy, versions
@@ -227,7 +227,7 @@ def finish_run(
     clock: Stopwatch,
     num_timesteps: int,
     *,
-    eval_spec: EnvSpec,
+    eval_spec: TrainEnvConfig,
     extra_kwargs: dict[str, Any] | None = None,
     wandb_run: Any = None,
     extra: dict[str, Any] | None = None,

@@ -22,14 +22,14 @@ from stable_baselines3.common.callbacks import BaseCallback
 
 from draftrl.policies import PPOPolicy
 from draftrl.train.envs import make_env
-from draftrl.train.config import EnvSpec, TrainConfig
+from draftrl.train.config import TrainConfig, TrainEnvConfig
 from draftrl.train.ppo_size import run
 
 #: The depth envs' hook: ``size_policy(observation, tree) -> verify_size``.
 SizeHook = Callable[[np.ndarray, Any], int]
 
 
-def size_hook(policy_dir: str | Path, spec: EnvSpec) -> SizeHook:
+def size_hook(policy_dir: str | Path, spec: TrainEnvConfig) -> SizeHook:
     """A frozen size policy as the depth env's ``size_policy`` hook.
 
     The size policy reads its features by name from the depth env's observation (the round

@@ -37,7 +37,7 @@ from draftrl.config.wandb import exit_code
 from draftrl.io import write_json
 from draftrl.runs import STATE_FILE
 from draftrl.train.callbacks import start_wandb
-from draftrl.train.config import EnvSpec, TrainConfig
+from draftrl.train.config import TrainConfig, TrainEnvConfig
 from draftrl.train.envs import make_env, make_vec_env
 from draftrl.train.loop import Learned, Phase, finish_run, learn_phases, save_trained
 from draftrl.train.evaluation import best_fixed_reference
@@ -88,7 +88,7 @@ def run(
     out: str | Path,
     *,
     kind: str,
-    spec: EnvSpec,
+    spec: TrainEnvConfig,
     resume: bool,
     callbacks: Sequence[BaseCallback],
     env_kwargs: dict[str, Any] | None = None,
@@ -114,7 +114,7 @@ def run(
         write_json(out / STATE_FILE, state)
 
     # 3. the phases, each a factory of cfg.ppo.n_envs vectorised envs
-    def envs(phase_spec: EnvSpec):
+    def envs(phase_spec: TrainEnvConfig):
         return lambda seed, norm: make_vec_env(cfg, phase_spec, seed, norm, extra_kwargs=env_kwargs, kind=kind)
 
     phases = [Phase("main", envs(spec), cfg.total_timesteps)]

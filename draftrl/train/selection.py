@@ -18,11 +18,11 @@ from typing import Any
 
 from draftrl.policies import PPOPolicy, evaluate_policy_on_env
 from draftrl.runs import checkpoints
-from draftrl.train.config import EnvSpec, TrainConfig
+from draftrl.train.config import TrainConfig, TrainEnvConfig
 from draftrl.train.envs import make_env
 
 
-def score_checkpoints(cfg: TrainConfig, directory: Path, spec: EnvSpec,
+def score_checkpoints(cfg: TrainConfig, directory: Path, spec: TrainEnvConfig,
                       extra_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
     """Score every checkpoint of the run in ``directory`` on ``spec``'s training env.
 

@@ -292,7 +292,8 @@ def test_every_step_command_reads_a_demo_config_as_the_demo_runs_that_step(tmp_p
     for command, cls in (("calibrate", CalibrateConfig), ("collect", CollectConfig), ("grid", EvalConfig),
                          ("eval", EvalConfig)):
         assert _config(command, "--config", copy) == step_config(demo, cls), command
-    assert _config("calibrate", "--config", copy).calibrate.widths == (1,)  # the demo's, not CalibrateSettings' 1,2,4,8
+    # the demo's, not CalibrationConfig's 1,2,4,8
+    assert _config("calibrate", "--config", copy).calibrate.widths == (1,)
     assert _config("collect", "--config", copy).env.split == "tune"  # the demo collects the tune split
     assert _config("collect", "--config", copy, "--set", "env.split=heldout").env.split == "heldout"
     assert _config("grid", "--config", copy).threads == 1 != EvalConfig().threads

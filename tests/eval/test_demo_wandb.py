@@ -19,8 +19,8 @@ import sys
 
 import pytest
 
-from draftrl.config.commands import CalibrateSettings
-from draftrl.eval.config import GridSettings
+from draftrl.config.commands import CalibrationConfig
+from draftrl.eval.config import GridConfig
 from draftrl.eval.demo import DemoConfig, run_demo
 
 from eval_helpers import eval_run_problems
@@ -35,9 +35,9 @@ def tiny_demo() -> DemoConfig:
     cfg = DemoConfig.quick()
     cfg.env = dataclasses.replace(cfg.env, languages=("en",), tasks=("code_edit", "chat"), max_new_tokens=12,
                                   depths=(0, 1, 2))
-    cfg.grid = GridSettings(depths=(0, 2), repeats=1)
+    cfg.grid = GridConfig(depths=(0, 2), repeats=1)
     cfg.eval = dataclasses.replace(cfg.eval, policies=("none", "best-grid", "heuristic"), anchor_gammas=(2,))
-    cfg.calibrate = CalibrateSettings(num_tokens=(1, 3), contexts=(128,), widths=(1,), levels=2, repeats=1)
+    cfg.calibrate = CalibrationConfig(num_tokens=(1, 3), contexts=(128,), widths=(1,), levels=2, repeats=1)
     cfg.train = dataclasses.replace(cfg.train, recipes=("ppo_size",), total_timesteps=512, eval_episodes=2, overrides=(
         "ppo.n_envs=2", "ppo.n_steps=128", "ppo.batch_size=128", "checkpoint_every=512"))
     return cfg

@@ -10,7 +10,7 @@ import yaml
 
 from draftrl.cli import main
 from draftrl.config import load_config
-from draftrl.eval.config import EvalConfig, GridSettings
+from draftrl.eval.config import EvalConfig, GridConfig
 from draftrl.eval.grid import REFERENCE, Cell, grid_cells, write_sweep
 from draftrl.eval.metrics import acceptance_by_position, add_speedups, median_runs, summarize_with_groups
 from draftrl.eval.policy_names import parse_policies
@@ -56,7 +56,7 @@ def test_unknown_config_key_is_refused():
 
 # ----------------------------------------------------------------------------- grid cells and sweep
 def test_grid_cells_always_include_plain_decoding_and_drop_duplicates():
-    cells = grid_cells(GridSettings(depths=(2, 4), verify_sizes=(0, 2, 4), widths=(1, 2)))
+    cells = grid_cells(GridConfig(depths=(2, 4), verify_sizes=(0, 2, 4), widths=(1, 2)))
     names = [c.name for c in cells]
     assert names[0] == REFERENCE
     assert "d2_v2_w1" not in names  # verifying 2 of 2 drafted nodes is "all"

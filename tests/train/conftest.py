@@ -16,6 +16,7 @@ import numpy as np
 from gymnasium import spaces
 
 from draftrl.envs.analytic import AnalyticEnv
+from draftrl.envs.ids import register_id
 
 
 class AnalyticDepthEnv(gym.Env):
@@ -56,4 +57,6 @@ class AnalyticDepthEnv(gym.Env):
         return self._obs(), reward, terminated, truncated, info
 
 
-gym.register(id="tests/AnalyticDepth-v0", entry_point=AnalyticDepthEnv, max_episode_steps=16384)
+# made from a training section like Analytic-v0 (env.analytic.*), plus the depth envs' verify_size
+register_id(id="tests/AnalyticDepth-v0", entry_point=AnalyticDepthEnv, max_episode_steps=16384, section="analytic",
+            takes=("verify_size",))

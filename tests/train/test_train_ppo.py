@@ -18,7 +18,8 @@ from stable_baselines3.common.callbacks import BaseCallback
 
 import draftrl.envs  # noqa: F401  registers the env ids (gymnasium.register_envs idiom)
 from draftrl.cli import main
-from draftrl.config import load_config
+from draftrl.config import load_config, to_dict
+from draftrl.envs.ids import make_kwargs
 from draftrl.policies import ConfidenceThreshold, PPOPolicy, evaluate_policy_on_env, paired_difference
 from draftrl.train import ppo_size
 from draftrl.train.config import TrainConfig
@@ -272,8 +273,7 @@ def test_the_old_env_shape_names_the_new_key(override, message, tmp_path, capsys
 
 @pytest.mark.parametrize("section", ["env", "depth_env", "finetune_env"])
 def test_env_section_errors_name_their_section(section):
-    """Each of the three env sections (one EnvSpec class) names itself in every error, not ``env.``."""
-    from draftrl.export.features import env_spec
+    """Each of the three env sections (one TrainEnvConfig class) names itself in every error, not ``env.``."""
 
     def fails(message: str) -> pytest.RaisesContext:  # the section's name, not a longer one ending in it
         return pytest.raises(ValueError, match=rf"(?<![\w.]){re.escape(message)}")
@@ -283,7 +283,9 @@ def test_env_section_errors_name_their_section(section):
         (f"{section}={{id: draftrl/Analytic-v0, depths: [0, 1]}}",
          f"{section}.depths is not an argument of draftrl/Analytic-v0; set {section}.analytic.depths "
          f"(its arguments are {section}.analytic.*)"),
-        (f"{section}.id=draftrl/Foo-v0", f"{section}.id='draftrl/Foo-v0' names no env family"),
+        (f"{section}.id=draftrl/Foo-v0", f"{section}.id='draftrl/Foo-v0' is not a draftrl env id"),
+        (f"{section}.id=draftrl/TraceChoice-v0",
+         f"{section}.id='draftrl/TraceChoice-v0' is not made from a training env section"),
         (f"{section}.eval={{dephts: [0]}}", f"'{section}.eval.dephts'; did you mean '{section}.eval.depths'"),
         (f"{section}.kernels=fastest", f"{section}.kernels='fastest' is not a kernel choice"),
         (f"{section}.eval={{kernels: fastest}}", f"{section}.eval.kernels='fastest' is not a kernel choice"),
@@ -293,12 +295,17 @@ def test_env_section_errors_name_their_section(section):
     ]:
         with fails(message):
             load_config(TrainConfig, None, [override])
-    with fails(f"{section}.traces is not set"):
-        getattr(load_config(TrainConfig, None, [f"{section}.id=draftrl/TraceReplay-v0"]), section).make_kwargs()
-    with fails(f"{section}.serve.recordings and {section}.serve.calibration must both be set"):
-        getattr(load_config(TrainConfig, None, [f"{section}.id=draftrl/ServeReplay-v0"]), section).make_kwargs()
-    with fails(f"{section}.id='draftrl/Foo-v0' names no env family"):  # a saved run's section, read back
-        env_spec({section: {"id": "draftrl/Foo-v0"}}, "draftrl/Foo-v0")
+    def made(override: str) -> dict:
+        return make_kwargs(to_dict(getattr(load_config(TrainConfig, None, [override]), section)), section)
+
+    with fails(f"{section}.traces is not set; draftrl/TraceReplay-v0 needs traces: a directory written by "
+               "draftrl collect"):
+        made(f"{section}.id=draftrl/TraceReplay-v0")
+    with fails(f"{section}.serve.recordings and {section}.serve.calibration are not set; draftrl/ServeReplay-v0 "
+               "needs serve.recordings"):
+        made(f"{section}.id=draftrl/ServeReplay-v0")
+    with fails(f"{section}.id='draftrl/Foo-v0' is not a draftrl env id"):  # a saved run's section, read back
+        make_kwargs({"id": "draftrl/Foo-v0"}, section)
 
 
 def test_train_env_section_is_typed_like_every_commands():
@@ -316,7 +323,7 @@ def test_train_env_section_is_typed_like_every_commands():
     with pytest.raises(ValueError, match="env.analytic.alpha"):
         load_config(TrainConfig, ANALYTIC, ["env.analytic.alpha=high"])
     spec = load_config(TrainConfig, CONFIGS / "cpu_default.yaml").env
-    assert spec.make_kwargs() == {"traces": "runs/traces/cpu_tune", "config": spec.env_config()}
+    assert make_kwargs(to_dict(spec)) == {"traces": "runs/traces/cpu_tune", "config": spec.env_config()}
     held_out = spec.evaluation()
     assert (held_out.traces, held_out.cost_noise, held_out.cost_jitter, held_out.eval) == (
         "runs/traces/cpu_heldout", 0.0, 0.0, {})

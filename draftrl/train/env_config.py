@@ -1,25 +1,14 @@
-"""``EnvSpec``: a training env section, ``EnvConfig``'s fields plus the env id and its id's own arguments.
+"""``TrainEnvConfig``: a training env section, ``EnvConfig``'s fields plus the env id and its id's own arguments.
 
 ``draftrl train`` reads the same ``env.*`` keys as every decoding command (``env.target``,
 ``env.depths``, ``--target``...), plus what only training needs: which gymnasium id to make
 (``env.id``), the arguments of ids that are not driven by an :class:`EnvConfig` (``env.traces``,
 ``env.analytic.*``, ``env.serve.*``) and the evaluation env's overrides (``env.eval``).
-:meth:`EnvSpec.make_kwargs` is the one place that turns the section into ``gymnasium.make``
-arguments, so ``draftrl.export`` and ``draftrl.eval`` read a saved run's env the way training made it.
 
-Which arguments an id takes is read from its name (``draftrl/Analytic-v0``, ``tests/AnalyticDepth-v0``):
-
-======================  ============================================================
-id name starts with     ``gymnasium.make`` arguments
-======================  ============================================================
-``SpecDecode``          ``config`` (the section's EnvConfig fields)
-``TraceReplay``         ``traces`` and ``config`` (checked against the recorded config)
-``Analytic``            ``env.analytic``'s fields that are set
-``Serve``               ``config`` (``env.serve``'s ServeConfig fields); ``ServeReplay`` also
-                        ``recordings``, ``calibration``, ``cost_jitter``, ``cost_noise``, ``loads``
-======================  ============================================================
-
-and an id whose name contains ``Depth`` also gets ``verify_size``.
+Which of them an id takes is its registry entry's (``draftrl.envs.ids.ENVS``: ``section`` and
+``takes``), not its name's: ``draftrl.envs.ids.make_kwargs`` turns a section into
+``gymnasium.make`` arguments, here for training and from a run's saved section for ``draftrl
+export`` and ``draftrl eval``, so all three make a run's env the same way.
 """
 
 from __future__ import annotations
@@ -31,13 +20,11 @@ from typing import Any, ClassVar
 from draftrl.config import from_dict
 from draftrl.config.env import EnvConfig
 from draftrl.config.serve import ServeConfig
-
-#: Id name prefixes, each with the section that holds its arguments (None: the EnvConfig fields).
-FAMILIES: dict[str, str | None] = {"SpecDecode": None, "TraceReplay": None, "Analytic": "analytic", "Serve": "serve"}
+from draftrl.envs.ids import section_of
 
 
 @dataclass
-class AnalyticArgs:
+class AnalyticEnvConfig:
     """Arguments of ``draftrl/Analytic-v0`` (``draftrl.envs.analytic.AnalyticEnv``); None = the env's default."""
 
     alpha: float | None = None
@@ -68,7 +55,7 @@ class AnalyticArgs:
 
 
 @dataclass
-class ServeArgs(ServeConfig):
+class ServeEnvConfig(ServeConfig):
     """``draftrl/ServeVLLM-v0``'s ``ServeConfig`` fields, and ``draftrl/ServeReplay-v0``'s recordings and costs."""
 
     section: ClassVar[str] = "env.serve"
@@ -90,11 +77,11 @@ class ServeArgs(ServeConfig):
 
 
 @dataclass
-class EnvSpec(EnvConfig):
+class TrainEnvConfig(EnvConfig):
     """The env a training phase makes: an id, the EnvConfig fields, the id's own arguments.
 
-    Each config section has its own subclass (``DepthEnvSpec``, ``FinetuneEnvSpec``, see ``ENV_SECTIONS``),
-    so errors name the section the bad key is in."""
+    Each config section has its own subclass (``DepthTrainEnvConfig``, ``FinetuneTrainEnvConfig``, see
+    ``ENV_SECTIONS``), so errors name the section the bad key is in."""
 
     id: str = "draftrl/TraceReplay-v0"
     """gymnasium id: draftrl/TraceReplay-v0 (recorded traces), draftrl/Analytic-v0, draftrl/SpecDecode-v1, ..."""
@@ -102,23 +89,23 @@ class EnvSpec(EnvConfig):
     """TraceReplay ids: a directory from draftrl collect (recorded with the same target, drafter, width)"""
     verify_size: int = 0
     """depth ids: the verify size at STOP when no size policy picks it (0 = every drafted node)"""
-    analytic: AnalyticArgs = field(default_factory=AnalyticArgs)
+    analytic: AnalyticEnvConfig = field(default_factory=AnalyticEnvConfig)
     """Analytic ids: the analytic model's arguments"""
-    serve: ServeArgs = field(default_factory=ServeArgs)
+    serve: ServeEnvConfig = field(default_factory=ServeEnvConfig)
     """Serve ids: the serving env's settings"""
     eval: dict[str, Any] = field(default_factory=dict)
     """keys of this section that differ for the final evaluation (e.g. {traces: held-out traces})"""
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        family = self.family
+        kind = section_of(self.id, f"{self.section}.id")
         default = EnvConfig()
-        if family is not None:
+        if kind != "env":
             changed = [f.name for f in dataclasses.fields(EnvConfig) if getattr(self, f.name) != getattr(default, f.name)]
             if changed:
                 name, section = changed[0], self.section
-                raise ValueError(f"{section}.{name} is not an argument of {self.id}; set {section}.{family}.{name} "
-                                 f"(its arguments are {section}.{family}.*).")
+                raise ValueError(f"{section}.{name} is not an argument of {self.id}; set {section}.{kind}.{name} "
+                                 f"(its arguments are {section}.{kind}.*).")
         if self.eval:
             self.evaluation()  # unknown or ill-typed keys fail now, not after training
 
@@ -130,31 +117,21 @@ class EnvSpec(EnvConfig):
         value = data[key]
         inner = next(iter(value), None) if isinstance(value, dict) else None
         try:
-            family = dataclasses.replace(cls(), id=data.get("id", cls.id)).family
+            kind = section_of(data.get("id", cls.id))
         except ValueError:
-            family = None
-        family_fields = {f.name for f in dataclasses.fields(AnalyticArgs if family == "analytic" else ServeArgs)}
-        section = f"{family}." if family and inner in family_fields else ""
+            kind = None
+        kind_fields = {f.name for f in dataclasses.fields(AnalyticEnvConfig if kind == "analytic" else ServeEnvConfig)}
+        section = f"{kind}." if kind != "env" and kind is not None and inner in kind_fields else ""
         new = f"{prefix}eval." if key == "eval_kwargs" else prefix
         if inner is None:
             return f"{prefix}{key} is gone: its keys are {new}* now"
         return f"{prefix}{key}.{inner} is now {new}{section}{inner}"
 
-    @property
-    def family(self) -> str | None:
-        """The section holding the id's arguments (``analytic``, ``serve``), None for the EnvConfig fields."""
-        name = self.id.rpartition("/")[2]
-        for prefix, section in FAMILIES.items():
-            if name.startswith(prefix):
-                return section
-        raise ValueError(f"{self.section}.id={self.id!r} names no env family this config can describe; use an id whose name "
-                         f"starts with {', '.join(FAMILIES)} (e.g. draftrl/TraceReplay-v0).")
-
     def env_config(self) -> EnvConfig:
         """The EnvConfig fields, as the env reads them."""
         return EnvConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(EnvConfig)})
 
-    def evaluation(self) -> EnvSpec:
+    def evaluation(self) -> TrainEnvConfig:
         """The section of the final evaluation's env: this one with ``eval``'s keys on top.
 
         The fields' own checks name ``section.key``; a bad value here came from the eval block
@@ -168,33 +145,9 @@ class EnvSpec(EnvConfig):
                 raise
             raise ValueError(message.replace(f"{self.section}.", prefix, 1)) from None
 
-    def make_kwargs(self) -> dict[str, Any]:
-        """The ``gymnasium.make(self.id, ...)`` arguments (module docstring's table)."""
-        name = self.id.rpartition("/")[2]
-        depth = {"verify_size": self.verify_size} if "Depth" in name else {}
-        if self.family == "analytic":
-            return {**self.analytic.kwargs(), **depth}
-        if self.family == "serve":
-            serve = self.serve
-            if not name.startswith("ServeReplay"):
-                return {"config": serve.serve_config(), **depth}
-            if not (serve.recordings and serve.calibration):
-                raise ValueError(f"{self.section}.serve.recordings and {self.section}.serve.calibration must both be "
-                                 f"set for {self.id} "
-                                 "(see configs/serve_replay_cpu.yaml).")
-            return {"recordings": serve.recordings, "calibration": serve.calibration, "config": serve.serve_config(),
-                    "cost_jitter": serve.cost_jitter, "cost_noise": serve.cost_noise, "loads": list(serve.loads),
-                    **depth}
-        if name.startswith("TraceReplay"):
-            if not self.traces:
-                raise ValueError(f"{self.section}.traces is not set; {self.id} replays a directory written by draftrl collect "
-                                 "(see configs/cpu_default.yaml).")
-            return {"traces": self.traces, "config": self.env_config(), **depth}
-        return {"config": self.env_config(), **depth}
-
 
 @dataclass
-class DepthEnvSpec(EnvSpec):
+class DepthTrainEnvConfig(TrainEnvConfig):
     """The step-level env of depth policies (a section of its own so that its id defaults right)."""
 
     section: ClassVar[str] = "depth_env"
@@ -203,7 +156,7 @@ class DepthEnvSpec(EnvSpec):
 
 
 @dataclass
-class FinetuneEnvSpec(EnvSpec):
+class FinetuneTrainEnvConfig(TrainEnvConfig):
     """The real-engine env of the fine-tuning phase."""
 
     section: ClassVar[str] = "finetune_env"
@@ -212,4 +165,5 @@ class FinetuneEnvSpec(EnvSpec):
 
 
 #: The training config's env sections, each with its spec class (its default id, its name in errors).
-ENV_SECTIONS: dict[str, type[EnvSpec]] = {"env": EnvSpec, "depth_env": DepthEnvSpec, "finetune_env": FinetuneEnvSpec}
+ENV_SECTIONS: dict[str, type[TrainEnvConfig]] = {"env": TrainEnvConfig, "depth_env": DepthTrainEnvConfig,
+                                                  "finetune_env": FinetuneTrainEnvConfig}
