@@ -228,28 +228,9 @@ def build_model(shape: dict[str, Any], device: str, dtype: torch.dtype, seed: in
     return model
 
 
-def save_and_load(folder: Path, model, tokenizer, *, dtype: str, device: str, kernels: str):
-    """Write ``model`` and ``tokenizer`` to ``folder`` with ``save_pretrained`` (what a user's own
-    target is), free ``model``, then load the folder as every draftrl entry point does: through the
-    process's shared copy, so the grid, the evaluation and the training envs below reuse this one
-    load. Returns the ``LoadedModel`` and the seconds spent saving and loading."""
-    folder.mkdir(parents=True, exist_ok=True)
-    t0 = time.perf_counter()
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    saved = time.perf_counter() - t0
-    del model
-    if device.startswith("cuda"):
-        torch.cuda.empty_cache()
-    t0 = time.perf_counter()
-    loaded = shared_model(str(folder), dtype, device, kernels)
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-    return loaded, saved, time.perf_counter() - t0
-
-
 def shared_model(spec: str, dtype: str, device: str, kernels: str):
-    """``draftrl.envs.engines.shared_model``: the one import of a module issue 42 moves (to ``draftrl.models``)."""
+    """``draftrl.envs.engines.shared_model`` (the process's shared copy of a model, which every draftrl
+    entry point below looks up first): the one import of a module issue 42 moves (to ``draftrl.models``)."""
     from draftrl.envs.engines import shared_model as load_shared
 
     return load_shared(spec, dtype, device, kernels)
@@ -332,8 +313,18 @@ def step_models(ctx: Context) -> dict[str, Any]:
             torch.cuda.synchronize()
         built = time.perf_counter() - t0
         folder = ctx.work / "models" / NAMES[ctx.mode][role]
-        loaded, saved, load = save_and_load(folder, model, tokenizer, dtype=ctx.dtype, device=ctx.device,
-                                            kernels=ctx.kernels)
+        t0 = time.perf_counter()
+        model.save_pretrained(folder)  # what a user's own model is: a folder
+        tokenizer.save_pretrained(folder)
+        saved = time.perf_counter() - t0
+        del model  # before the load: two copies of the 8B target would hold 32 GB
+        if ctx.device.startswith("cuda"):
+            torch.cuda.empty_cache()
+        t0 = time.perf_counter()
+        loaded = shared_model(str(folder), ctx.dtype, ctx.device, ctx.kernels)
+        if ctx.device.startswith("cuda"):
+            torch.cuda.synchronize()
+        load = time.perf_counter() - t0
         setattr(ctx, role, loaded)
         ctx.specs[role] = str(folder)
         size = sum(f.stat().st_size for f in folder.iterdir() if f.is_file())
