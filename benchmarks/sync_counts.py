@@ -46,35 +46,51 @@ def main() -> None:
     args = parse_args(parser, quick=dict(depths="1,4", widths="1", rounds=4, repeats=1))
     bench = Bench(args, __file__, device=args.device)
     target = load_model(args.target, dtype=args.dtype, device=args.device)
-    prompt = requests(target.tokenizer, ["en"], ["code_edit"], 1, None)[0].ids  # repeats its input: n-gram drafts
-    max_new_tokens = args.rounds * (max(_ints(args.depths)) + 1) + 1
-    for temperature in (float(t) for t in args.temperatures.split(",")):
-        env = EnvConfig(target=args.target, drafter=args.drafter, device=args.device, dtype=args.dtype,
+    measure(bench, target, target=args.target, drafter=args.drafter, device=args.device, dtype=args.dtype,
+            temperatures=[float(t) for t in args.temperatures.split(",")], widths=_ints(args.widths),
+            depths=_ints(args.depths), rounds=args.rounds, repeats=args.repeats, seed=args.seed)
+    bench.save()
+
+
+def measure(bench: Bench, loaded, *, target: str, drafter: str, device: str, dtype: str, temperatures: list[float],
+            widths: list[int], depths: list[int], rounds: int, repeats: int, seed: int = 0,
+            kernels: str | None = None) -> list[dict]:
+    """One row per (temperature, width, depth) on ``bench`` (see the module docstring); returns the rows.
+
+    :param loaded: the target, a ``LoadedModel`` (``gpu_check.py`` passes one built in memory)
+    :param target: its spec, as an ``EnvConfig`` names it (a draft model is loaded by its spec once per process)
+    :param kernels: ``EnvConfig.kernels`` (the key under which a draft model is shared)
+    """
+    prompt = requests(loaded.tokenizer, ["en"], ["code_edit"], 1, None)[0].ids  # repeats its input: n-gram drafts
+    max_new_tokens = rounds * (max(depths) + 1) + 1
+    first = len(bench.rows)
+    for temperature in temperatures:
+        env = EnvConfig(target=target, drafter=drafter, device=device, dtype=dtype, kernels=kernels,
                         temperature=temperature, draft_sampling=temperature > 0)
-        engine, _ = build_engine(env, target, max_new_tokens=max_new_tokens, seed=args.seed, token_stats=True)
-        for width in _ints(args.widths):
-            for depth in _ints(args.depths):
+        engine, _ = build_engine(env, loaded, max_new_tokens=max_new_tokens, seed=seed, token_stats=True)
+        for width in widths:
+            for depth in depths:
                 engine.config.token_stats = True
-                engine.start(prompt, seed=args.seed)
+                engine.start(prompt, seed=seed)
                 counts = []
-                for _ in range(args.rounds):
+                for _ in range(rounds):
                     counter, result = round_syncs(engine, depth, None, width)
                     counts.append(counter)
                     if result.finished:
                         break
                 seconds: dict[str, list[float]] = {"on": [], "off": []}
-                tokens = rounds = 0
-                for order in rotations(["on", "off"], args.repeats, args.seed):
+                tokens = num_rounds = 0
+                for order in rotations(["on", "off"], repeats, seed):
                     for arm in order:
                         engine.config.token_stats = arm == "on"
-                        engine.start(prompt, seed=args.seed)
+                        engine.start(prompt, seed=seed)
                         t0, done = engine.clock(), 0
-                        while done < args.rounds and not engine.finished:  # env steps: features, then the round
+                        while done < rounds and not engine.finished:  # env steps: features, then the round
                             engine.features()
                             result = engine.round(depth, None, width)
                             done += 1
                             if arm == "on":
-                                tokens, rounds = tokens + result.num_emitted, rounds + 1
+                                tokens, num_rounds = tokens + result.num_emitted, num_rounds + 1
                         seconds[arm].append((engine.clock() - t0) / done)
                 on, off = median(seconds["on"]), median(seconds["off"])
                 cuda = [c.cuda_syncs for c in counts if c.cuda_syncs is not None]
@@ -85,10 +101,11 @@ def main() -> None:
                      "uploads_per_round": sum(c.uploads for c in counts) / len(counts),
                      "uploads_max": max(c.uploads for c in counts),
                      "cuda_syncs_per_round": sum(cuda) / len(cuda) if cuda else None,
-                     "round_ms_on": 1e3 * on, "round_ms_off": 1e3 * off, "tokens_per_round": tokens / max(1, rounds)},
-                    temperature=temperature, width=width, depth=depth, drafter=args.drafter, target=args.target,
-                    device=args.device, dtype=args.dtype, repeats=args.repeats)
-    bench.save()
+                     "cuda_syncs_max": max(cuda) if cuda else None,
+                     "round_ms_on": 1e3 * on, "round_ms_off": 1e3 * off, "tokens_per_round": tokens / max(1, num_rounds)},
+                    temperature=temperature, width=width, depth=depth, drafter=drafter, target=target,
+                    device=device, dtype=dtype, repeats=repeats)
+    return bench.rows[first:]
 
 
 if __name__ == "__main__":

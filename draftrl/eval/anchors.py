@@ -62,7 +62,10 @@ class AnchorRun(DecodedRequest):
 
 def run_anchor(model, anchor: Anchor, request, *, eos_token_ids: list[int], repeat: int = 0,
                device: str = "cpu") -> AnchorRun:
-    """Decode ``request`` (a ``draftrl.decoding.workload.Request``) with ``anchor`` on ``model``."""
+    """Decode ``request`` (a ``draftrl.decoding.workload.Request``) with ``anchor`` on ``model``.
+
+    ``eos_token_ids`` empty (``env.ignore_eos``): decode to ``max_new_tokens`` whatever the model's
+    config names as EOS, as the engine does (``generate`` takes an empty list as no EOS)."""
     import torch
 
     from draftrl.decoding.clock import clock_for
@@ -80,7 +83,8 @@ def run_anchor(model, anchor: Anchor, request, *, eos_token_ids: list[int], repe
         with stock_kernels(model), torch.inference_mode():
             t0 = clock()
             out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=request.max_new_tokens,
-                                 do_sample=False, eos_token_id=list(eos_token_ids), pad_token_id=eos_token_ids[0],
+                                 do_sample=False, eos_token_id=list(eos_token_ids),
+                                 pad_token_id=eos_token_ids[0] if eos_token_ids else 0,  # batch 1: never padded
                                  **kwargs)
             seconds = clock() - t0
     finally:

@@ -1,16 +1,20 @@
-"""GPU check of issue 14: drafting and verification draw on the GPU with one CUDA generator.
+"""GPU checks: drafting and verification draw on the GPU with one CUDA generator (issue 14), and the
+bfloat16 exactness checks hold on CUDA's bfloat16 kernels (issue 40).
 
-Skipped without CUDA. The device script of the serving issue runs it with
+Skipped without CUDA. ``benchmarks/gpu_check.sh`` (and ``gpu_serve.sh``) run it with
 
     python -m pytest -q -p no:cacheprovider -m "slow or not slow" tests/decoding/test_cuda_device.py
 
-(about a minute on one GPU: a law test on the tiny models, then SmolLM2-135M sampled trees).
+a law test on the tiny models; ``test_low_precision_controls.py``'s argmax check and streaming monitor,
+each with its negative controls, on its tiny bfloat16 Llamas moved to the GPU; then SmolLM2-135M sampled
+trees (fetched from PyPI: ``gpu_check.sh``, offline, deselects it).
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
+import test_low_precision_controls as low_precision
 from test_engine_law import LENGTH, NOISE, PROMPT, TEMPERATURE, run_requests
 from tiny_lm import TinyLM, chisquare_law, draft_of, sequence_law
 
@@ -31,6 +35,25 @@ def test_engine_law_on_cuda(shape):
     assert chisquare_law(good, law)[0] > ALPHA
     bad = run_requests(models, shape, "resample-from-p", 500).heads
     assert chisquare_law(bad, law)[0] < ALPHA
+
+
+@pytest.fixture(scope="module")
+def bf16_on_cuda():
+    return low_precision.build_models("cuda")
+
+
+@pytest.mark.parametrize("shape", list(low_precision.SHAPES))
+def test_bfloat16_argmax_check_and_its_control_on_cuda(bf16_on_cuda, shape):
+    """cuBLAS reduces bfloat16 in its own orders: every emitted token is still its verifying row's argmax,
+    and off-by-one is still caught."""
+    low_precision.check_argmax_and_its_control(bf16_on_cuda, shape)
+
+
+@pytest.mark.parametrize("shape", list(low_precision.SHAPES))
+def test_bfloat16_monitor_and_its_controls_on_cuda(bf16_on_cuda, shape):
+    """Temperature 1 in bfloat16 on CUDA: the monitor passes the correct sampler and fails off-by-one and
+    resample-from-p."""
+    low_precision.check_monitor_and_its_controls(bf16_on_cuda, shape)
 
 
 def test_smollm2_sampled_tree_rounds_on_cuda():

@@ -50,15 +50,21 @@ SHAPES = {"sampled-chain": (True, 1, "independent"), "deterministic-tree": (Fals
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
-@pytest.fixture(scope="module")
-def models():
-    """{draft kind: (target, draft)}, every model in bfloat16."""
+def build_models(device: str = "cpu") -> dict:
+    """{draft kind: (target, draft)}, every model in bfloat16 on ``device`` (``test_cuda_device.py``
+    runs the checks below on CUDA's bfloat16 kernels)."""
     target = tiny_llama(VOCAB, seed=0, layers=LAYERS, scale=SCALE).to(torch.bfloat16)
     first_layer = copy.deepcopy(target)  # the target's first layer only: it agrees in part
     first_layer.model.layers = first_layer.model.layers[:1]
     first_layer.config.num_hidden_layers = 1
     independent = tiny_llama(VOCAB, seed=1, layers=1, scale=SCALE).to(torch.bfloat16)
-    return {"first-layer": (target, first_layer), "independent": (target, independent)}
+    return {"first-layer": (target.to(device), first_layer.to(device)),
+            "independent": (target.to(device), independent.to(device))}
+
+
+@pytest.fixture(scope="module")
+def models():
+    return build_models()
 
 
 def _engine(models, shape: str, temperature: float, sampler: str, tokens: int) -> SpeculativeDecoder:
@@ -70,6 +76,12 @@ def _engine(models, shape: str, temperature: float, sampler: str, tokens: int) -
 
 @pytest.mark.parametrize("shape", list(SHAPES))
 def test_the_argmax_check_passes_the_correct_sampler_and_catches_off_by_one_at_temperature_0(models, shape):
+    check_argmax_and_its_control(models, shape)
+
+
+def check_argmax_and_its_control(models: dict, shape: str) -> None:
+    """Temperature 0: the engine's argmax check passes the correct sampler over rounds that reject,
+    and raises in the first round where off-by-one keeps a rejected draft token."""
     width = SHAPES[shape][1]
     engine = _engine(models, shape, 0.0, "correct", 40)
     assert engine.dtype == torch.bfloat16
@@ -112,6 +124,11 @@ def _stream(models, shape: str, sampler: str, tokens: int = TOKENS, stop: bool =
 
 @pytest.mark.parametrize("shape", list(SHAPES))
 def test_the_monitor_passes_the_correct_sampler_and_catches_both_controls_at_temperature_1(models, shape):
+    check_monitor_and_its_controls(models, shape)
+
+
+def check_monitor_and_its_controls(models: dict, shape: str) -> None:
+    """Temperature 1: the monitor passes ``TOKENS`` of the correct sampler and fails each control."""
     rep, first = _stream(models, shape, "correct")
     assert first is None and rep["verdict"] == "passed", rep["verdict_reason"]
     assert rep["num_drafted_positions"] > 300

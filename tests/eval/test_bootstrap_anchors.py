@@ -89,3 +89,52 @@ def test_eval_times_the_grids_best_lookup_gamma_only() -> None:
     assert eval_anchors(config, grid) == []
     with pytest.raises(ValueError, match="anchor_gammas"):
         dataclasses.replace(config.eval, anchor_gammas=(0, 2))
+
+
+@pytest.mark.parametrize("gamma", [0, 2])
+def test_anchors_decode_past_eos_when_the_engine_ignores_it(gamma) -> None:
+    """``env.ignore_eos`` gives the anchors no EOS ids: HF generate runs to ``max_new_tokens`` past the
+    model's EOS, token for token as draftrl's plain decoding does (it used to fail on an empty list);
+    with the EOS ids it stops there, EOS included."""
+    from types import SimpleNamespace
+
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from draftrl.decoding.engine import EngineConfig, SpeculativeDecoder
+    from draftrl.decoding.generate import fixed_schedule, generate
+    from draftrl.eval.anchors import Anchor, run_anchor
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1)).eval()
+    request = SimpleNamespace(prompt_ids=[1, 2, 3, 4], max_new_tokens=12,
+                              prompt=SimpleNamespace(id="p", language="en", task="chat"))
+    engine = SpeculativeDecoder(model, None, EngineConfig(max_new_tokens=12), eos_token_ids=[])
+    plain = generate(engine, request.prompt_ids, fixed_schedule(0)).token_ids
+    eos = plain[1]  # the model's EOS: a token it writes early
+    model.config.eos_token_id = model.generation_config.eos_token_id = eos
+    ignored = run_anchor(model, Anchor(gamma), request, eos_token_ids=[])
+    assert ignored.token_ids == plain and len(plain) == 12
+    stopped = run_anchor(model, Anchor(gamma), request, eos_token_ids=[eos])
+    assert stopped.token_ids == plain[:2]
+
+
+def test_the_hf_reference_decodes_past_eos_when_the_engine_ignores_it() -> None:
+    """``eval``'s check against HF ``generate`` (``hf_greedy``) with no EOS ids runs to ``max_new_tokens`` as
+    the engine does under ``env.ignore_eos``, past the EOS the model's config names; with EOS ids it stops there."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from draftrl.decoding.engine import EngineConfig, SpeculativeDecoder
+    from draftrl.decoding.generate import fixed_schedule, generate
+    from draftrl.eval.exactness import hf_greedy
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1)).eval()
+    engine = SpeculativeDecoder(model, None, EngineConfig(max_new_tokens=12), eos_token_ids=[])
+    plain = generate(engine, [1, 2, 3, 4], fixed_schedule(0)).token_ids
+    model.config.eos_token_id = model.generation_config.eos_token_id = plain[1]
+    assert hf_greedy(model, [1, 2, 3, 4], 12, []) == plain and len(plain) == 12
+    assert hf_greedy(model, [1, 2, 3, 4], 12, [plain[1]]) == plain[:2]

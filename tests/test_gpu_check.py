@@ -1,0 +1,70 @@
+"""``benchmarks/gpu_check.sh``'s dry run, so that the GPU check cannot rot while no GPU runs it.
+
+The dry run runs every step of the GPU check (the CUDA tests, random-weight models saved and loaded,
+host-sync counts, the bf16 grid, PPO on the real engine, the evaluation) with tiny shapes on the
+CPU, in a Python that holds only what the GPU machine is sure to hold plus the carried wheels: an
+import that the wheel list misses fails it. The negative control: that Python, built without the
+carried wheels, cannot import what they carry.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "gpu_check.sh"
+STEPS = ("exactness_tests", "models", "syncs", "grid", "train", "eval")
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    return {**env, "PYTHON": sys.executable, "DRAFTRL_SITE": str(tmp_path / "site"), "OMP_NUM_THREADS": "1",
+            "TMPDIR": str(tmp_path)}
+
+
+def test_the_dry_run_runs_every_step_in_a_python_holding_what_the_gpu_machine_holds(tmp_path):
+    out = tmp_path / "out"
+    done = subprocess.run(["bash", str(SCRIPT), "--cpu", "--out", str(out)], cwd=ROOT, env=_env(tmp_path),
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    assert "# device python: " in done.stdout
+    result = json.loads((out / "results.json").read_text())
+    assert result["passed"] and result["mode"] == "cpu"
+    assert {name: step["status"] for name, step in result["steps"].items()} == dict.fromkeys(STEPS, "passed")
+    steps = result["steps"]
+    tests = steps["exactness_tests"]["counts"]
+    assert tests["passed"] >= 5 and tests["failure"] == tests["error"] == 0  # the device-agnostic checks ran
+    assert steps["models"]["target"]["folder_gb"] > 0 and steps["models"]["tokenizer"]["ids"] == 128_256
+    sizes = result["sizes"]
+    assert len(steps["syncs"]["rows"]) == 2 * len(sizes["sync_widths"]) * len(sizes["sync_depths"])
+    assert set(steps["grid"]["cells"]) == {f"d{d}_v0_w1" for d in sizes["grid_depths"]}
+    assert steps["grid"]["greedy_identity"]["passed"] and steps["grid"]["greedy_identity"]["num_violations"] == 0
+    assert steps["train"]["num_timesteps"] >= sizes["train_rounds"]
+    assert set(steps["eval"]["policies"]) == {"none", "heuristic", "best-grid", "ppo"}
+    assert steps["eval"]["exactness"]["passed"]
+    used = ("torch", "transformers", "gymnasium", "stable-baselines3", "scipy", "matplotlib", "pytest")
+    assert all(result["versions"][name] for name in used), result["versions"]
+    assert {p.name for p in out.iterdir()} == {"results.json", "gpu_check.log", "exactness_tests.xml", "grid.json",
+                                              "train_summary.json", "eval_results.json", "eval_report.md"}
+    assert not list(tmp_path.glob("gpu_check_*")), "the dry run's Python and work folder are left behind"
+
+
+def test_the_dry_runs_python_lacks_what_the_carried_wheels_bring(tmp_path):
+    """Built without the carried distributions, the dry run's Python imports torch and transformers
+    but neither gymnasium nor scipy: a wheel missing from the list fails the dry run."""
+    python = tmp_path / "python"
+    made = subprocess.run([sys.executable, "benchmarks/gpu_check.py", "--device-python", str(python)], cwd=ROOT,
+                          env={**_env(tmp_path), "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
+                          timeout=120)
+    assert made.returncode == 0, made.stderr[-2000:]
+    probe = ("import importlib.util as u, torch, transformers\n"
+             "print(*(u.find_spec(m) is not None for m in ('gymnasium', 'stable_baselines3', 'scipy', 'matplotlib',"
+             " 'pytest', 'wandb')))")
+    done = subprocess.run([str(python / "bin" / "python"), "-c", probe], cwd=tmp_path, env=_env(tmp_path),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["False"] * 6
