@@ -14,7 +14,7 @@ Timing (wall clock, ``engine.clock()``: the device is synchronised before each r
 ``total_seconds`` runs from before the prefill to after the last round and includes the policy's
 decisions, the observation features and the exactness monitor, so a slow policy or monitor pays
 for itself. ``excluded_seconds`` is time a policy declares as not chargeable (the lookahead's
-look-ahead); :attr:`RequestRun.seconds` subtracts it. A round's wall time runs from the end of
+lookahead); :attr:`RequestRun.seconds` subtracts it. A round's wall time runs from the end of
 the previous round (or the prefill) to the end of this one, so it includes the decision.
 """
 
@@ -68,7 +68,7 @@ class RequestRun(DecodedRequest):
     round_num_verified: np.ndarray
     """[R] draft nodes the target verified"""
     excluded_seconds: float = 0.0
-    """policy time not charged (the look-ahead policy reading the reference)"""
+    """policy time not charged (the lookahead policy reading the reference)"""
     monitor_seconds: float = 0.0
     """time spent in ExactnessMonitor.update (included in total_seconds)"""
     peak_memory_bytes: int = 0

@@ -89,7 +89,7 @@ def evaluate_run(
     :return: ``{"episodes", "seed", "env", "results": {name: evaluate_policy_on_env(...)},
         "best_fixed", "table": {name: {"throughput", "ratio_to_best_fixed", "diff_vs_best_fixed",
         "se"}}, "lookahead_gain_captured"}``; ``lookahead_gain_captured`` = (policy - best fixed) /
-        (lookahead - best fixed) in throughput, when the look-ahead baseline ran.
+        (lookahead - best fixed) in throughput, when the lookahead baseline ran.
     """
     spec = spec or cfg.env
     env = make_env(spec, evaluation=True, extra_kwargs=extra_kwargs)

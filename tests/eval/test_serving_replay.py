@@ -125,7 +125,7 @@ def test_the_replay_drafts_with_the_policys_drafter_or_refuses_it(tmp_path):
 
     recordings = synthetic_recordings(4)
     config = ServeConfig(max_new_tokens=TOKENS, shuffle=False, seed=0)
-    assert replay_drafter(config) == "ngram" and replay_drafter(config, "best") == "best"
+    assert replay_drafter(config) == "ngram" and replay_drafter(config, "hindsight") == "hindsight"
     assert replay_drafter(ServeConfig(drafter="eagle3:runs/head")) == "eagle3"
     assert replay_drafter(ServeConfig(drafter="sam:3")) == replay_drafter(ServeConfig(drafter="sam:3"), "sam:3") == "sam:3"
     for drafter, given in (("ngram:1:4", "ngram"), ("sam:2", "eagle3")):
