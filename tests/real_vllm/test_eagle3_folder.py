@@ -62,7 +62,7 @@ def test_the_serving_eval_runs_eagle3_k_and_checks_its_greedy_identity(tmp_path,
     concurrency 1 and 4, on four requests (four languages):
     every token equals ``none``'s, and vLLM's own counts give its acceptance length."""
     from draftrl.config.serve import ServeConfig
-    from draftrl.eval.serving import run_serving_eval
+    from draftrl.eval.serve.compare import run_serving_eval
 
     config = ServeConfig(split="heldout", shuffle=False, seed=0, tasks=("code_edit",), max_new_tokens=12,
                          drafter=f"eagle3:{eagle3_head}")

@@ -1,4 +1,4 @@
-"""``draftrl.eval.serving.run_serving_eval`` on the serving replay (``make_env``): the runner of
+"""``draftrl.eval.serve.compare.run_serving_eval`` on the serving replay (``make_env``): the runner of
 ``draftrl eval --engine vllm`` and ``benchmarks/serve_sweep.py``, without vLLM."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 
 from draftrl.config.serve import ServeConfig
 from draftrl.envs.serve_vllm import ServeVLLMEnv
-from draftrl.eval.serving import run_serving_eval
+from draftrl.eval.serve.compare import run_serving_eval
 from serve_recordings import COST, TOKENS, synthetic_recordings
 
 
@@ -45,7 +45,7 @@ def test_dsd_grid_search_scores_tables_as_the_evaluation_does(tmp_path):
     speedups of fixed:K at the same loads; only tables whose K never grows are searched."""
     import numpy as np
 
-    from draftrl.eval.dsd_search import search_dsd
+    from draftrl.eval.serve.dsd_search import search_dsd
 
     recordings = synthetic_recordings(8)
     config = ServeConfig(max_new_tokens=TOKENS, shuffle=False, seed=0)
@@ -92,7 +92,7 @@ def test_policies_are_grouped_by_engine_and_passes_reuse_the_engine_they_end_on(
     opens with the group the previous one closed with (no rebuild there); over as many passes as
     groups every group takes every place once, and every policy every place in its group."""
     from draftrl.eval.policy_names import parse_policies
-    from draftrl.eval.serving import engine_groups, pass_order
+    from draftrl.eval.serve.compare import engine_groups, pass_order
 
     names = "none,fixed:2,vllm-ngram:2,heuristic,vllm-ngram:4,dsd,fixed:4:8,fixed:2@eagle3,stop:4:t0.6@eagle3"
     specs = parse_policies(names, engine="vllm")

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from draftrl.eval.metrics import kendall_tau
-from draftrl.eval.serve_demo import ServeDemoConfig, run_serve_demo, sweep_summary
+from draftrl.eval.serve.demo import ServeDemoConfig, run_serve_demo, sweep_summary
 from draftrl.io import plain, write_json
 from draftrl.config import to_dict
 
@@ -117,7 +117,7 @@ def test_eval_engine_vllm_logs_its_sweep_in_the_given_group(tmp_path, monkeypatc
         (out / "report.md").write_text("report\n")
         return {**_results({"2": {"none": 1.0, "fixed:4": 1.3}}), "config": {"max_new_tokens": 8}}
 
-    monkeypatch.setattr("draftrl.eval.serving.run_serving_eval", fake_run)
+    monkeypatch.setattr("draftrl.eval.serve.compare.run_serving_eval", fake_run)
     assert main(["eval", "--engine", "vllm", "--policies", "none,fixed:4", "--rates", "2", "--out", str(out),
                  "--quiet", "--wandb-group", "serving-ab"]) == 0
     (run,) = read_runs(out / "wandb")

@@ -1,104 +1,33 @@
-"""Decode one request under a fixed setting or a policy and keep what the metrics need.
+"""The round track's rollouts: decode one request under a fixed setting or a policy and keep what
+the metrics need.
 
-Two paths, one record (:class:`RequestRun`):
+Two paths, one record (:class:`~draftrl.eval.records.RequestRun`):
 
 - :func:`run_fixed`: ``draftrl.decoding.generate`` with a fixed ``(depth, verify_size, width)``
   schedule (the grid search; no observation is needed, so none is built).
 - :func:`run_policy`: one episode of ``draftrl/SpecDecode-v1`` (or ``SpecDecodeDepth-v1``) on a
   prebuilt engine: the policy sees exactly the observation it saw in training, built by the
   envs' own feature builder.
-- :func:`run_episode`: one episode of a serving env (many requests under load, one engine step
-  per env step), the record of ``draftrl eval --engine vllm``.
+
+The serve track's episode (many requests under load) is :func:`draftrl.eval.serve.rollout.run_episode`.
 
 Timing (wall clock, ``engine.clock()``: the device is synchronised before each reading):
 ``total_seconds`` runs from before the prefill to after the last round and includes the policy's
 decisions, the observation features and the exactness monitor, so a slow policy or monitor pays
 for itself. ``excluded_seconds`` is time a policy declares as not chargeable (the lookahead's
-lookahead); :attr:`RequestRun.seconds` subtracts it. A round's wall time runs from the end of
+lookahead); :attr:`~draftrl.eval.records.RequestRun.seconds` subtracts it. A round's wall time runs from the end of
 the previous round (or the prefill) to the end of this one, so it includes the decision.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from draftrl.eval.memory import MemoryProbe
-
-
-@dataclass
-class DecodedRequest:
-    """What every timed request records, whoever decoded it (draftrl's engine or an anchor)."""
-
-    policy: str
-    prompt_id: str
-    language: str
-    task: str
-    repeat: int
-    token_ids: list[int]
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.token_ids)
-
-
-@dataclass
-class RequestRun(DecodedRequest):
-    """One request decoded under one setting by draftrl's engine; arrays have one entry per round."""
-
-    num_prompt_tokens: int
-    prefill_seconds: float
-    total_seconds: float
-    """wall clock of the whole request: prefill, decisions, features, rounds, monitor"""
-    round_seconds: np.ndarray
-    """[R] wall clock per round (decision included)"""
-    round_tokens: np.ndarray
-    """[R] emitted tokens per round (accepted + recovered/bonus)"""
-    round_accepted: np.ndarray
-    """[R] accepted draft tokens per round"""
-    round_depth: np.ndarray
-    """[R] depth asked for"""
-    round_verify_size: np.ndarray
-    """[R] verify size asked for (0 = all drafted nodes)"""
-    round_verified_depth: np.ndarray
-    """[R] deepest verified draft level (0 = plain step)"""
-    round_num_verified: np.ndarray
-    """[R] draft nodes the target verified"""
-    excluded_seconds: float = 0.0
-    """policy time not charged (the lookahead policy reading the reference)"""
-    monitor_seconds: float = 0.0
-    """time spent in ExactnessMonitor.update (included in total_seconds)"""
-    peak_memory_bytes: int = 0
-    """peak memory above the request's start (see draftrl.eval.memory)"""
-    peak_memory_total_bytes: int = 0
-    """absolute peak (RSS or CUDA allocated)"""
-    stop_reason: str | None = None
-    token_stats: list = field(default_factory=list, repr=False)
-    """the rounds' TokenStats, kept only when asked (for monitors run after timing)"""
-
-    @property
-    def num_rounds(self) -> int:
-        return int(self.round_tokens.shape[0])
-
-    @property
-    def seconds(self) -> float:
-        """Charged wall clock: ``total_seconds - excluded_seconds``."""
-        return self.total_seconds - self.excluded_seconds
-
-    @property
-    def time_to_first_token(self) -> float:
-        """Prefill plus the first round (its decision included)."""
-        return self.prefill_seconds + (float(self.round_seconds[0]) if self.num_rounds else 0.0)
-
-    def inter_token_latencies(self) -> np.ndarray:
-        """Seconds per emitted token after the first round: each round's time spread over its
-        tokens (the convention of ``GenerationResult.inter_token_latencies``)."""
-        if self.num_rounds < 2:
-            return np.zeros(0)
-        return np.repeat(self.round_seconds[1:] / self.round_tokens[1:], self.round_tokens[1:].astype(int))
+from draftrl.eval.records import RequestRun
 
 
 def _arrays(rows: list[tuple]) -> dict[str, np.ndarray]:
@@ -198,33 +127,3 @@ def run_policy(env, policy, prompt_id: str, *, label: str, repeat: int = 0, seed
         monitor_seconds=monitor_seconds, peak_memory_bytes=probe.peak_delta, peak_memory_total_bytes=probe.peak,
         stop_reason=info.get("stop_reason"),
     )
-
-
-# ----------------------------------------------------------------------------- serving episodes
-def run_episode(env, policy: Any, prompt_ids: list[str], seed: int = 0,
-                check: Any = None) -> tuple[list, list[dict]]:
-    """One episode of a serving env (``draftrl/ServeVLLM-v0``, ``ServeReplay-v0``) over ``prompt_ids``,
-    ``policy`` (a ``draftrl.policies.Policy`` built for ``env``) choosing every step; returns the
-    request timelines and per-step records. ``check`` (a ``SampledStreamCheck``) observes every
-    step's requests."""
-    obs, _ = env.reset(seed=seed, options={"prompt_ids": prompt_ids})
-    policy.reset()
-    steps, done, info = [], False, {}
-    while not done:
-        obs, _, terminated, truncated, info = env.step(policy.to_action(*policy.act(obs)))
-        policy.observe(info)
-        if check is not None:
-            check.observe(info["request_steps"])
-        steps.append({"seconds": info["seconds"], "cpu_seconds": info.get("cpu_seconds"),
-                      "num_emitted": info["num_emitted"],
-                      "num_verified": info["num_verified"],
-                      "num_accepted": info["num_accepted"], "depth": info["depth"], "budget": info["budget"],
-                      "decoding": info["decoding"]})
-        done = terminated or truncated
-    return info["requests"], steps
-
-
-def episode_throughput(env, policy: Any, prompt_ids: list[str], seed: int = 0) -> float:
-    """Tokens per engine second of one :func:`run_episode` (``policy`` choosing each action)."""
-    requests, steps = run_episode(env, policy, prompt_ids, seed=seed)
-    return sum(len(r.token_ids) for r in requests) / sum(st["seconds"] for st in steps)
