@@ -65,7 +65,7 @@ from draftrl.envs.serve_vllm import ServeVLLMEnv
 from draftrl.config.serve import load_serve_config
 from draftrl.eval.policy_names import parse_policies
 from draftrl.eval.serve.rollout import episode_throughput
-from draftrl.eval.serve.compare import loads_of, run_serving_eval
+from draftrl.eval.serve.compare import loads_of, run_eval
 from draftrl.policies import Fixed, LookAhead
 
 
@@ -208,7 +208,7 @@ def main() -> None:
     extra = {}
     if args.policies:
         specs = [s.label for s in parse_policies(args.policies, engine="vllm")]
-        res = run_serving_eval(bench.path("policies") or tempfile.mkdtemp(prefix="serve_headroom_"),
+        res = run_eval(bench.path("policies") or tempfile.mkdtemp(prefix="serve_headroom_"),
                                policies=args.policies, concurrency=concurrency,
                                rates=rates, config=config, make_env=lambda cfg, spec: env_for(cfg))
         extra = {label: [res[s][k]["policies"][label]["speedup_vs_none"] for s, k in loads_of(res)]

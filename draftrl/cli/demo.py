@@ -186,11 +186,11 @@ def print_wandb(console, wandb: dict | None) -> None:
 
 
 def run_vllm(args: argparse.Namespace) -> int:
-    """``draftrl demo --engine vllm``: :func:`draftrl.eval.serve.demo.run_serve_demo` with its table."""
+    """``draftrl demo --engine vllm``: :func:`draftrl.eval.serve.demo.run_demo` with its table."""
     from rich.console import Console
 
     from draftrl.decoding.vllm.engine import require_vllm
-    from draftrl.eval.serve.demo import STEPS, ServeDemoConfig, run_serve_demo
+    from draftrl.eval.serve.demo import STEPS, ServeDemoConfig, run_demo
     from draftrl.eval.serve.compare import ServingMismatch
 
     require_vllm()
@@ -201,7 +201,7 @@ def run_vllm(args: argparse.Namespace) -> int:
     try:
         with progress_bar(STEPS[0]) as update:
             started, done = _step_printer(console, STEPS, update)
-            summary = run_serve_demo(cfg, args.out, overwrite=args.overwrite, step_started=started, step_done=done,
+            summary = run_demo(cfg, args.out, overwrite=args.overwrite, step_started=started, step_done=done,
                                      progress=update)
     except ServingMismatch as err:
         print(f"draftrl demo: EXACTNESS FAILED: {err}", file=sys.stderr)

@@ -164,7 +164,7 @@ def serving_wandb(args: argparse.Namespace):
 def run_vllm(args: argparse.Namespace) -> int:
     from draftrl.eval.policy_names import parse_policies
     from draftrl.eval.serve.policies import check_policies
-    from draftrl.eval.serve.compare import ServingMismatch, run_serving_eval
+    from draftrl.eval.serve.compare import ServingMismatch, run_eval
 
     policies = list(args.policies or VLLM_POLICIES)
     specs = parse_policies(policies, engine="vllm")  # fail on a bad name before loading vLLM
@@ -179,7 +179,7 @@ def run_vllm(args: argparse.Namespace) -> int:
     prepare_out(args.out, OUTPUTS, overwrite=args.overwrite, command="eval")  # before vLLM loads
     try:
         with progress_bar("eval", not args.quiet) as update:
-            results = run_serving_eval(args.out, policies=policies, concurrency=concurrency, rates=rates,
+            results = run_eval(args.out, policies=policies, concurrency=concurrency, rates=rates,
                                        repeats=args.repeats, config=config, progress=update)
     except ServingMismatch as err:
         _log_serving(wandb, args.out, None)

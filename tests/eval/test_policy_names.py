@@ -33,7 +33,7 @@ def test_the_cli_parses_the_documented_serving_command(monkeypatch, tmp_path):
         (tmp_path / "out" / "report.md").write_text("report\n")
         return {}
 
-    monkeypatch.setattr("draftrl.eval.serve.compare.run_serving_eval", fake_run)
+    monkeypatch.setattr("draftrl.eval.serve.compare.run_eval", fake_run)
     code = main(["eval", "--engine", "vllm", "--policies", "none,fixed:4,heuristic,dsd:1-1:4,2-4:3,5-8:3,9-16:3",
                  "--out", str(tmp_path / "out"), "--quiet"])
     assert code == 0
@@ -57,7 +57,7 @@ def test_the_cli_hands_the_drafter_to_vllm_eagle3_and_refuses_it_without_a_head(
         (Path(out) / "report.md").write_text("report\n")
         return {}
 
-    monkeypatch.setattr("draftrl.eval.serve.compare.run_serving_eval", fake_run)
+    monkeypatch.setattr("draftrl.eval.serve.compare.run_eval", fake_run)
     head = tmp_path / "head"
     head.mkdir()
     (head / CONFIG_FILE).write_text((packaged_head("smollm2-135m") / CONFIG_FILE).read_text())  # checked, not loaded

@@ -64,7 +64,7 @@ class ServingMismatch(RuntimeError):
 
 
 def loads_of(results: dict) -> list[tuple[str, str]]:
-    """``(section, key)`` of every load in :func:`run_serving_eval`'s results, in run order."""
+    """``(section, key)`` of every load in :func:`run_eval`'s results, in run order."""
     return [(section, key) for section in ("concurrency", "rates") for key in results.get(section, {})]
 
 
@@ -129,7 +129,7 @@ def _episode(make_env, load_cfg, spec: PolicyName, config, seed: int, checks: di
     return requests, steps, counts
 
 
-def run_serving_eval(out: str | Path, *, policies: list[str] | str, concurrency: list[int] = (1, 4, 16),
+def run_eval(out: str | Path, *, policies: list[str] | str, concurrency: list[int] = (1, 4, 16),
                      rates: list[float] = (), repeats: int = 1, config=None, tokenizer=None,
                      progress: Callable[[int, int, str], None] | None = None,
                      make_env: Callable[[Any, PolicyName], Any] | None = None) -> dict:

@@ -1,4 +1,4 @@
-"""``draftrl.eval.serve.compare.run_serving_eval`` on the serving replay (``make_env``): the runner of
+"""``draftrl.eval.serve.compare.run_eval`` on the serving replay (``make_env``): the runner of
 ``draftrl eval --engine vllm`` and ``benchmarks/serve_sweep.py``, without vLLM."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 
 from draftrl.config.serve import ServeConfig
 from draftrl.envs.serve_vllm import ServeVLLMEnv
-from draftrl.eval.serve.compare import run_serving_eval
+from draftrl.eval.serve.compare import run_eval
 from serve_recordings import COST, TOKENS, synthetic_recordings
 
 
@@ -19,7 +19,7 @@ def replay_env(recordings):
 def test_policies_in_the_replay_under_load(tmp_path):
     recordings = synthetic_recordings(8)
     config = ServeConfig(max_new_tokens=TOKENS, shuffle=False, seed=0)
-    results = run_serving_eval(tmp_path, policies="none,fixed:1,fixed:4:4,heuristic,dsd", concurrency=[1, 4],
+    results = run_eval(tmp_path, policies="none,fixed:1,fixed:4:4,heuristic,dsd", concurrency=[1, 4],
                                rates=[3.0], repeats=2, config=config,
                                make_env=replay_env(recordings))
     assert results["exactness"]["passed"]  # every policy emitted the recorded continuations
@@ -36,12 +36,12 @@ def test_policies_in_the_replay_under_load(tmp_path):
         results["concurrency"]["1"]["policies"]["none"]["mean_batch"] == pytest.approx(1.0)
     assert results["repeats"] == 2
     with pytest.raises(ValueError, match="repeats=0"):
-        run_serving_eval(tmp_path, policies="none", concurrency=[1], repeats=0, config=config,
+        run_eval(tmp_path, policies="none", concurrency=[1], repeats=0, config=config,
                          make_env=replay_env(recordings))
 
 
 def test_dsd_grid_search_scores_tables_as_the_evaluation_does(tmp_path):
-    """A constant table is the fixed depth: its score is the geometric mean of run_serving_eval's
+    """A constant table is the fixed depth: its score is the geometric mean of run_eval's
     speedups of fixed:K at the same loads; only tables whose K never grows are searched."""
     import numpy as np
 
@@ -55,7 +55,7 @@ def test_dsd_grid_search_scores_tables_as_the_evaluation_does(tmp_path):
     assert sorted(r["label"] for r in scored) == sorted(
         f"dsd:1-1:{a},2-16:{b}" for a in (0, 2, 8) for b in (0, 2, 8) if a >= b)
     assert [r["score"] for r in scored] == sorted((r["score"] for r in scored), reverse=True)
-    results = run_serving_eval(tmp_path, policies="none,fixed:2,fixed:8", concurrency=[1, 8], config=config,
+    results = run_eval(tmp_path, policies="none,fixed:2,fixed:8", concurrency=[1, 8], config=config,
                                make_env=make_env)
     for k in (0, 2, 8):
         entry = next(r for r in scored if r["label"] == f"dsd:1-1:{k},2-16:{k}")
@@ -138,6 +138,6 @@ def test_the_replay_drafts_with_the_policys_drafter_or_refuses_it(tmp_path):
         return ServeVLLMEnv(cfg, engine="replay", recordings=recordings, calibration=COST)
 
     with pytest.raises(ValueError, match="drafter='eagle3' replays the head: pass head_proposals"):
-        run_serving_eval(tmp_path, policies="none,fixed:2,fixed:2@eagle3", concurrency=[1],
+        run_eval(tmp_path, policies="none,fixed:2,fixed:2@eagle3", concurrency=[1],
                          config=config, make_env=make_env)
     assert ("fixed:2", "ngram:1:3:latest") in seen and seen[-1] == ("fixed:2@eagle3", "eagle3")
