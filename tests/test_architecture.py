@@ -422,3 +422,28 @@ def test_id_prefix_parsing_is_reported():
     assert _id_parsing({"draftrl.x.a": prefix}, pieces) == ["draftrl.x.a:2 TraceReplay"]
     assert _id_parsing({"draftrl.x.b": table}, pieces) == ["draftrl.x.b:1 Serve, SpecDecode"]
     assert _id_parsing({"draftrl.x.c": whole}, pieces) == []
+
+
+# ----------------------------------------------------------------------------- one home for the vLLM plug-ins
+#: where every vLLM proposer lives; export/ supplies controllers (draftrl.decoding.vllm.control)
+PROPOSERS_HOME = "draftrl.decoding.vllm"
+
+
+def _misplaced_proposers(trees: dict[str, ast.AST]) -> list[str]:
+    """``module.Class`` of every class named ``*Proposer`` outside ``PROPOSERS_HOME``."""
+    return sorted(f"{name}.{node.name}" for name, tree in trees.items() for node in ast.walk(tree)
+                  if isinstance(node, ast.ClassDef) and node.name.endswith("Proposer")
+                  and not name.startswith(PROPOSERS_HOME + "."))
+
+
+def test_every_proposer_lives_in_decoding_vllm():
+    misplaced = _misplaced_proposers({name: ast.parse(path.read_text()) for name, path in MODULES.items()})
+    assert not misplaced, (f"proposers live in {PROPOSERS_HOME} and ask a controller; supply a controller from "
+                           f"the other layers instead: {misplaced}")
+
+
+def test_a_proposer_outside_decoding_vllm_is_reported():
+    """Negative control: a proposer class defined in export/ is caught, the same class in decoding/vllm/ is not."""
+    proposer = ast.parse("class FooProposer:\n    pass\n")
+    assert _misplaced_proposers({"draftrl.export.x": proposer, "draftrl.decoding.vllm.y": proposer}) == [
+        "draftrl.export.x.FooProposer"]
