@@ -335,7 +335,8 @@ class ReplayEngine(QueuedBatch):
         props = self.proposals
         cont = self.recordings.requests
         num_tokens = prompt_tokens = 0
-        steps, verified, fresh = [], [], []
+        steps, verified = [], []
+        emitted, proposed, accepted, lengths, fresh = [], [], [], [], []  # the proposer's view of this step
         for req in running:
             t = req.generated
             fresh.append(t == 0)
@@ -353,15 +354,16 @@ class ReplayEngine(QueuedBatch):
             verified.append((v, t + v))
             steps.append(RequestStep(req.request_id, cont[req.index].token_ids[t: t + gained], drafted,
                                      min(gained - 1, drafted), req.generated >= req.length))
-        # the proposer, at the end of the step, for every request that decoded (finished ones too),
-        # on every token the step verified; its controller decides each request's own depth
-        emitted = np.array([v for v, _ in verified], dtype=np.int64)
-        proposed = np.array([req.history.last_proposed for req in running], dtype=np.int64)
-        accepted = np.array([req.history.observe(v, ACCEPT_DECAY) for req, v in zip(running, emitted.tolist())],
-                            dtype=np.int64)
-        view = StepView(list(range(len(running))), [r.request_id for r in running], fresh,
-                        [r.num_prompt_tokens + t for r, (_, t) in zip(running, verified)], emitted, proposed, accepted,
-                        0, 0, self.max_depth, [r.memory for r in running])
+            # the proposer, at the end of the step, for every request that decoded (finished ones too),
+            # on every token the step verified
+            emitted.append(v)
+            proposed.append(req.history.last_proposed)
+            accepted.append(req.history.observe(v, ACCEPT_DECAY))
+            lengths.append(req.num_prompt_tokens + t + v)
+        # its controller decides each request's own depth
+        view = StepView(list(range(len(running))), [r.request_id for r in running], fresh, lengths,
+                        np.array(emitted, dtype=np.int64), np.array(proposed, dtype=np.int64),
+                        np.array(accepted, dtype=np.int64), 0, 0, self.max_depth, [r.memory for r in running])
         controller = self.controller
         controller.action = action
         decision = controller.decide(view)
