@@ -18,8 +18,9 @@ A serving engine that cannot ask a policy every round gets the policy summarised
 3. **Engine keys**: vLLM ``speculative_config`` (``num_speculative_tokens = k1`` and
    ``num_speculative_tokens_per_batch_size = [[start_bs, end_bs, k], ...]``, vLLM's dynamic
    speculative decoding table; the method follows the training drafter: ``ngram`` for n-gram
-   lookup, ``eagle3`` with the head folder for ``eagle3`` and ``sam`` drafters), plus a ``custom_class`` variant that runs the policy itself
-   (draftrl's proposer with the controller ``draftrl.export.vllm_control.RequestPolicyControl``); SGLang server arguments (``speculative_num_steps``,
+   lookup, ``eagle3`` with the head folder for ``eagle3`` and ``sam`` drafters), plus a ``custom_class``
+   variant that runs the policy itself (draftrl's proposer with the controller
+   ``draftrl.export.vllm_control.RequestPolicyControl``); SGLang server arguments (``speculative_num_steps``,
    ``speculative_eagle_topk``, ``speculative_num_draft_tokens``) and an adaptive config
    (``speculative_adaptive_config``: per-batch-size tiers of ``candidate_steps``: the depths the
    policy uses in at least ``min_share`` of rounds, plus ``k(B)``, under a ceiling that follows

@@ -4,12 +4,13 @@ For each batch size ``B`` (running sequences) and depth ``d`` the engine decodes
 whose proposer drafts exactly ``d`` tokens each (the rule ``fill``,
 :class:`~draftrl.decoding.vllm.control.FillRule`: the n-gram continuation, padded with the last
 token; the proposer's own controller is put back afterwards), so each step verifies
-``B * (d + 1)`` tokens; the step's wall seconds are recorded after a warm-up (the action changes one step before it is verified). Prefill is timed
-too: ``B`` fresh requests of ``P`` random prompt tokens each (never seen before, so no cached
-prefix) admitted together, and the seconds of the one step that runs their prompts. The cells
-are measured in ``rounds`` passes over a shuffled order, so a burst of load on a shared machine
-spreads over many cells instead of bending one. The result is a table of step seconds (median,
-p10, p90 per cell) and a least-squares fit over every sample
+``B * (d + 1)`` tokens; the step's wall seconds are recorded after a warm-up (the action changes
+one step before it is verified). Prefill is timed too: ``B`` fresh requests of ``P`` random
+prompt tokens each (never seen before, so no cached prefix) admitted together, and the seconds of
+the one step that runs their prompts. The cells are measured in ``rounds`` passes over a shuffled
+order, so a burst of load on a shared machine spreads over many cells instead of bending one. The
+result is a table of step seconds (median, p10, p90 per cell) and a least-squares fit over every
+sample
 
     seconds = base + per_seq * B + per_token * B * (d + 1) + per_prefill_token * B * P
 
