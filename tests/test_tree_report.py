@@ -133,14 +133,14 @@ WALK = {
     "draftrl/cli/__init__.py": "",
     "draftrl/cli/demo.py": (
         "from dataclasses import dataclass, field, replace\n"
-        "from draftrl.envs.engines import use\n"
+        "from draftrl.decoding.build import use\n"
         "@dataclass\nclass EnvConfig:\n    target: str = 'tiny'\n    depths: tuple = (1, 2)\n"
         "@dataclass\nclass DemoConfig:\n    env: EnvConfig = field(default_factory=EnvConfig)\n    threads: int = 3\n"
         "def config():\n    return DemoConfig()\n"
         "def run():\n    cfg = config()\n    env = replace(cfg.env, target='other')\n"
         "    use(env, cfg.threads + 1)\n    return use(cfg.env, 0)\n"),
-    "draftrl/envs/__init__.py": "",
-    "draftrl/envs/engines.py": (
+    "draftrl/decoding/__init__.py": "",
+    "draftrl/decoding/build.py": (
         "def use(env_config, n):\n    spec = env_config.target\n    return build(spec, n)\n"
         "def build(spec, n):\n    return spec\n"),
 }
@@ -150,7 +150,7 @@ def test_the_static_walk_follows_parts_and_copies_and_broad_also_computed_values
     root = _write(tmp_path, WALK)
     strict = tree_report.static_walk(root, ("draftrl.cli.demo", "run", "cfg"), strict=True)
     assert strict["names"] == ["cfg", "env", "env_config", "spec"]  # `n` gets cfg.threads + 1: computed, not followed
-    assert strict["enters"] == {"draftrl.envs.engines": 2}  # two call sites run -> use; use -> build stays in its room
+    assert strict["enters"] == {"draftrl.decoding.build": 2}  # two call sites run -> use; use -> build stays in its room
     assert strict["rooms_entered_modules"] == 2 and strict["distinct_package_moves"] == 1
     broad = tree_report.static_walk(root, ("draftrl.cli.demo", "run", "cfg"), strict=False)
     assert broad["names"] == ["cfg", "env", "env_config", "n", "spec"]
@@ -161,11 +161,11 @@ def test_the_dynamic_walk_follows_identities_not_computed_values(tmp_path):
     sys.path.insert(0, str(root))
     try:
         spec = importlib.util.spec_from_file_location("walk_demo", root / "draftrl" / "cli" / "demo.py")
-        engines = importlib.util.spec_from_file_location("walk_engines", root / "draftrl" / "envs" / "engines.py")
+        engines = importlib.util.spec_from_file_location("walk_engines", root / "draftrl" / "decoding" / "build.py")
         engines_module = importlib.util.module_from_spec(engines)
         engines.loader.exec_module(engines_module)
         demo_source = (root / "draftrl" / "cli" / "demo.py").read_text().replace(
-            "from draftrl.envs.engines import use\n", "")
+            "from draftrl.decoding.build import use\n", "")
         demo = importlib.util.module_from_spec(spec)
         demo.use = engines_module.use
         sys.modules["walk_demo"] = demo
@@ -183,7 +183,7 @@ def test_the_dynamic_walk_follows_identities_not_computed_values(tmp_path):
     assert walk.started
     every = report["all"]
     assert every["names"] == ["cfg", "env", "env_config", "spec"]  # not `n` (cfg.threads + 1), not the literal 0
-    assert every["enters"] == {"draftrl.envs.engines": {"calls": 2, "call_sites": 2}}
+    assert every["enters"] == {"draftrl.decoding.build": {"calls": 2, "call_sites": 2}}
     # use twice; build once: the first spec is 'other', a new value, the second the boxed target
     assert every["visits"] == 3
     objects = report["objects"]

@@ -125,7 +125,7 @@ REPO = Path(__file__).resolve().parents[1]
 STATIC_START = ("draftrl.cli.demo", "run", "cfg")
 DYNAMIC_START = ("draftrl/cli/demo.py", "config")
 #: Modules whose entries the walk lists call site by call site (the issue's example).
-WATCHED = ("draftrl.envs.engines",)
+WATCHED = ("draftrl.decoding.build",)
 CONFIG_SUFFIXES = ("Config", "Settings", "Args", "Spec")
 OTHER_SUFFIXES = ("Params", "Options", "Context")
 WORDS = {"simulator": ("simulator",), "replay": ("replay",), "lookahead": ("lookahead", "look-ahead"),
@@ -140,7 +140,7 @@ REGISTER_CALLS = ("register", "register_all")
 @dataclass
 class Module:
     name: str
-    """dotted name, ``draftrl.envs.engines`` (a package: ``draftrl.envs``)"""
+    """dotted name, ``draftrl.decoding.build`` (a package: ``draftrl.decoding``)"""
     path: Path
     tree: ast.Module
     lines: int
@@ -1147,7 +1147,7 @@ def _tally() -> dict:
 
 
 def _package(module: str) -> str:
-    """``draftrl.envs.engines`` -> ``draftrl.envs``; a top-level module (``draftrl.io``) is its own package."""
+    """``draftrl.decoding.build`` -> ``draftrl.decoding``; a top-level module (``draftrl.io``) is its own package."""
     return module.rpartition(".")[0] if module.count(".") > 1 else module
 
 
