@@ -59,7 +59,7 @@ def make_proposer(arm: str) -> Callable[[list[list[int]], np.ndarray, np.ndarray
         from draftrl.decoding.vllm.proposer import DraftrlProposer
 
         proposer = DraftrlProposer(_vllm_config(8))
-        proposer.action = StepAction(k)
+        proposer.controller.action = StepAction(k)
         return proposer.propose
     if kind == "vllm-ngram":
         from vllm.v1.spec_decode.ngram_proposer import _find_longest_matched_ngram_and_propose_tokens as match

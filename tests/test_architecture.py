@@ -477,6 +477,31 @@ def test_a_retired_config_suffix_is_reported():
     assert ("draftrl.config.env", "EnvConfig") in _dataclasses(PACKAGE_TREES)
 
 
+# ----------------------------------------------------------------------------- one home for the vLLM plug-ins
+#: where every vLLM proposer lives; export/ supplies controllers (draftrl.decoding.vllm.control)
+PROPOSERS_HOME = "draftrl.decoding.vllm"
+
+
+def _misplaced_proposers(trees: dict[str, ast.AST]) -> list[str]:
+    """``module.Class`` of every class named ``*Proposer`` outside ``PROPOSERS_HOME``."""
+    return sorted(f"{name}.{node.name}" for name, tree in trees.items() for node in ast.walk(tree)
+                  if isinstance(node, ast.ClassDef) and node.name.endswith("Proposer")
+                  and not name.startswith(PROPOSERS_HOME + "."))
+
+
+def test_every_proposer_lives_in_decoding_vllm():
+    misplaced = _misplaced_proposers(PACKAGE_TREES)
+    assert not misplaced, (f"proposers live in {PROPOSERS_HOME} and ask a controller; supply a controller from "
+                           f"the other layers instead: {misplaced}")
+
+
+def test_a_proposer_outside_decoding_vllm_is_reported():
+    """Negative control: a proposer class defined in export/ is caught, the same class in decoding/vllm/ is not."""
+    proposer = ast.parse("class FooProposer:\n    pass\n")
+    assert _misplaced_proposers({"draftrl.export.x": proposer, "draftrl.decoding.vllm.y": proposer}) == [
+        "draftrl.export.x.FooProposer"]
+
+
 # ----------------------------------------------------------------------------- the two tracks of eval
 #: The two tracks of evaluation (docs/architecture.md): the round track (one request, a
 #: ``RoundEngine``) and the serve track (a batch under load, a ``ServingEngine``). Each imports the

@@ -60,7 +60,8 @@ class ServeConfig(WorkloadConfig):
     eagle3[:DIR] or sam:N[:DIR] (DIR an EAGLE-3 head folder or hub id; none: the head draftrl ships for the
     target), which vllm-eagle3:K also loads; a policy's own ``@DRAFTER`` wins"""
     rule: str = "match"
-    """each request's own depth before the cap and budget: match | heuristic (see the proposer);
+    """each request's own depth before the cap and budget, the built-in rule draftrl's proposer asks
+    (``draftrl.decoding.vllm.control.rule_controller``): match | heuristic;
     confidence:T | cumulative:T where the proposer runs a head (its per-level stop), any of those
     but heuristic with ``|batch:B`` (the head drafts only in steps of at most B requests);
     hindsight in ServeReplay-v0 only (drafts only what will be accepted: a ceiling, not a policy).

@@ -21,8 +21,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from draftrl.decoding.schedule import heuristic_depth
-
 
 @dataclass(frozen=True)
 class StepAction:
@@ -99,27 +97,21 @@ def admit(scores: np.ndarray, budget: int | None) -> np.ndarray:
 
 @dataclass
 class RequestAcceptance:
-    """A request's discounted draft history, for :func:`acceptance_estimate`, and its own depth
-    under Hugging Face's +2 / -1 schedule (``heuristic_depth``)."""
+    """A request's discounted draft history, for :func:`acceptance_estimate`."""
 
     num_accepted: float = 0.0
     num_proposed: float = 0.0
     last_proposed: int = 0
     """draft tokens proposed at the last step (verified in the next one)"""
-    heuristic_depth: float = 0.0
-    """the request's own depth under the heuristic rule (updated by ``observe(..., heuristic=True)``)"""
 
-    def observe(self, num_emitted: int, decay: float, heuristic: bool = False) -> int:
+    def observe(self, num_emitted: int, decay: float) -> int:
         """The request gained ``num_emitted`` tokens (accepted + 1) verifying ``last_proposed``
-        drafts; returns the accepted count. With ``heuristic``, ``heuristic_depth`` follows
-        ``draftrl.decoding.schedule.heuristic_depth`` (+2 / -1, floor 1)."""
+        drafts; returns the accepted count."""
         proposed = self.last_proposed
         accepted = max(0, min(num_emitted - 1, proposed))
         if proposed:
             self.num_accepted = decay * self.num_accepted + accepted
             self.num_proposed = decay * self.num_proposed + proposed
-            if heuristic:
-                self.heuristic_depth = heuristic_depth(self.heuristic_depth, accepted, proposed)
         return accepted
 
 

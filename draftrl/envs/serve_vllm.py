@@ -254,8 +254,10 @@ class ServeVLLMEnv(gym.Env[np.ndarray, np.ndarray]):
         self.depths, self.budgets = config.depths, config.budgets
         self.feature_names = FEATURE_NAMES
         self.action_lag = int(engine.action_lag)
-        if getattr(engine, "proposer", None) is not None:
-            engine.proposer.set_rule(config.rule)
+        if getattr(engine, "proposer", None) is not None:  # vLLM's proposer decides by the config's rule
+            from draftrl.decoding.vllm.control import rule_controller
+
+            engine.proposer.set_controller(rule_controller(config.rule))
         self.action_space = spaces.MultiDiscrete([len(self.depths), len(self.budgets)])
         self.features = ServingFeatures.from_config(config)
         self.observation_space = spaces.Box(self.features.low, self.features.high, dtype=np.float32)

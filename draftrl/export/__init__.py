@@ -13,7 +13,11 @@ What goes where (each module has one job):
 - ``schedule``: ``PolicySchedule``: a controller driving draftrl's own engine round by round.
 - ``hf``: a Hugging Face ``transformers`` candidate generator driven by a controller.
 - ``engine_config``: static configs for engines without a per-round hook (vLLM, SGLang).
-- ``vllm_proposer``: an adapter for vLLM's experimental ``custom_class`` proposer.
+- ``vllm_control``: trained policies as controllers of draftrl's vLLM proposer
+  (``draftrl.decoding.vllm``: the proposers live there, export supplies what decides).
+- ``vllm_bundle``: ``draftrl export --format vllm``: the folder vLLM starts from.
+- ``vllm_proposer``, ``vllm_serve_proposer``: refusals that tell bundles of earlier releases to
+  re-export (their classes are gone).
 
 Importing this package imports nothing heavy; import the submodule you need.
 """

@@ -18,15 +18,16 @@ A serving engine that cannot ask a policy every round gets the policy summarised
 3. **Engine keys**: vLLM ``speculative_config`` (``num_speculative_tokens = k1`` and
    ``num_speculative_tokens_per_batch_size = [[start_bs, end_bs, k], ...]``, vLLM's dynamic
    speculative decoding table; the method follows the training drafter: ``ngram`` for n-gram
-   lookup, ``eagle3`` with the head folder for ``eagle3`` and ``sam`` drafters), plus a ``custom_class`` variant that runs the policy itself
-   (``draftrl.export.vllm_proposer``); SGLang server arguments (``speculative_num_steps``,
+   lookup, ``eagle3`` with the head folder for ``eagle3`` and ``sam`` drafters), plus a ``custom_class``
+   variant that runs the policy itself (draftrl's proposer with the controller
+   ``draftrl.export.vllm_control.RequestPolicyControl``); SGLang server arguments (``speculative_num_steps``,
    ``speculative_eagle_topk``, ``speculative_num_draft_tokens``) and an adaptive config
    (``speculative_adaptive_config``: per-batch-size tiers of ``candidate_steps``: the depths the
    policy uses in at least ``min_share`` of rounds, plus ``k(B)``, under a ceiling that follows
    the same rule from the deepest of them).
 
 The same factor applied to the grid's maximum depth (``policy_cap_by_batch``)
-caps the policy itself when it runs inside vLLM (``draftrl.export.vllm_proposer``).
+caps the policy itself when it runs inside vLLM (``RequestPolicyControl``'s ``depth_by_batch``).
 
 The static vLLM keys follow vLLM 0.32's config (vllm/config/speculative.py); SGLang's its documentation.
 """
@@ -65,7 +66,8 @@ FORMAT = "draftrl-engine-config/1"
 VLLM_VERSION = "0.32.0"
 #: SGLang release family whose adaptive speculation keys (speculative_adaptive_config) the outputs target.
 SGLANG_VERSION = "main as of 2026 (speculative_adaptive, speculative_adaptive_config)"
-PROPOSER_CLASS = "draftrl.export.vllm_proposer.PolicyProposer"
+#: the class the ``custom_class`` variant names (its ``proposer.json`` names the controller)
+PROPOSER_CLASS = "draftrl.decoding.vllm.proposer.DraftrlProposer"
 #: Batch sizes the SGLang tiers and the vLLM table are evaluated on (up to ``max_batch_size``).
 DEFAULT_MAX_BATCH = 512
 
@@ -330,7 +332,8 @@ def vllm_config(derivation: dict[str, Any], *, method: str | None = None) -> dic
     notes = [
         "num_speculative_tokens_per_batch_size is vLLM's dynamic speculative decoding table ([start_bs, end_bs, K]); "
         "vLLM documents it as tested with EAGLE, EAGLE-3 and DFlash and disables it under data parallelism.",
-        "The custom_class variant runs the policy itself every step (draftrl.export.vllm_proposer, n-gram drafts): "
+        "The custom_class variant runs the policy itself every step (draftrl's proposer with the controller "
+        "draftrl.export.vllm_control:RequestPolicyControl, n-gram drafts): "
         "draftrl export RUN --format vllm --out DIR (a directory) writes its files and the lines that start vLLM.",
     ]
     if k1 == 0:

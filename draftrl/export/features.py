@@ -9,8 +9,8 @@ from them at run time (``make_feature_builder``), so no feature is re-implemente
 The serving envs (``ServeVLLM-v0``, ``ServeReplay-v0``) build their observation with
 :class:`draftrl.signals.serving.ServingFeatures` (load and acceptance of the whole batch, one
 engine step at a time): ``features_entry`` records its settings (``serving_entry``) and
-``make_serving_features`` rebuilds it, for the vLLM proposer that runs such a policy
-(``draftrl.export.vllm_serve_proposer``).
+``make_serving_features`` rebuilds it, for the controller of vLLM's proposer that runs such a policy
+(``draftrl.export.vllm_control.BatchPolicyControl``).
 
 ``draftrl/Analytic-v0`` has no engine-side builder: its features (regime acceptance statistics,
 a synthetic ``draft_confidence``) come from the analytic model itself, and no engine measures

@@ -4,10 +4,11 @@ Which route a policy takes (docs/export.md says why):
 
 - a per-request size policy trained with ``drafter=ngram`` (``draftrl/TraceReplay-v0`` or
   ``SpecDecode-v1``): draftrl's ``custom_class`` proposer
-  ``draftrl.export.vllm_proposer.PolicyProposer`` asks it each request's depth every step;
+  (``draftrl.decoding.vllm.proposer.DraftrlProposer``) asks it each request's depth every step,
+  through the controller ``proposer.json`` names (``draftrl.export.vllm_control.RequestPolicyControl``);
 - a serving policy (``draftrl/ServeReplay-v0`` or ``ServeVLLM-v0``): one (depth cap, budget) per
-  engine step for the whole batch, from the env's own observation rebuilt inside vLLM
-  (``draftrl.export.vllm_serve_proposer.ServePolicyProposer``);
+  engine step for the whole batch, from the env's own observation rebuilt inside vLLM (the same
+  proposer, with the controller ``draftrl.export.vllm_control.BatchPolicyControl``);
 - a per-request policy trained with an EAGLE-3 head (``eagle3[:PATH]``, ``sam:N[:PATH]``) or a
   draft model: stock vLLM, ``eagle3`` or ``draft_model``, with the K table the policy summarises
   to (``num_speculative_tokens_per_batch_size``, :mod:`draftrl.export.engine_config`), and the
@@ -40,9 +41,9 @@ from pathlib import Path
 from typing import Any
 
 from draftrl.decoding.vllm.engine import stock_speculative_config
-from draftrl.decoding.vllm.proposer import CONFIG_ENV
+from draftrl.decoding.vllm.proposer import CLASS_PATH, CONFIG_ENV
+from draftrl.export.vllm_control import BATCH_POLICY, REQUEST_POLICY
 from draftrl.io import staged_files, write_json
-from draftrl.export.vllm_proposer import CLASS_PATH
 
 FORMAT = "draftrl-vllm-bundle/2"
 VLLM_VERSION = "0.32.0"
@@ -140,7 +141,6 @@ def write_bundle(policy: str | Path, out: str | Path, *, target: str | None = No
     from draftrl.export.artifacts import resolve
     from draftrl.export.engine_config import run_target
     from draftrl.export.network import export
-    from draftrl.export.vllm_serve_proposer import CLASS_PATH as SERVE_CLASS_PATH
 
     _check_share(gpu_memory_utilization)
     entry = check_policy(policy, budget)  # before any file: a refused policy leaves ``out`` untouched
@@ -154,13 +154,12 @@ def write_bundle(policy: str | Path, out: str | Path, *, target: str | None = No
         manifest_file, manifest = export(policy, stage / "policy.onnx", "onnx", check_observations=check_observations)
         depth = max(int(d) for d in manifest["action"]["depths"])
         if route == "serve":
-            proposer = {"policy": "policy.onnx", "depth": depth, "rule": entry["rule"], "drafter": entry["drafter"]}
-            class_path = SERVE_CLASS_PATH
+            proposer = {"controller": BATCH_POLICY, "policy": "policy.onnx", "depth": depth, "rule": entry["rule"],
+                        "drafter": entry["drafter"]}
         else:
-            proposer = {"policy": "policy.onnx", "depth": depth, "budget": budget}
-            class_path = CLASS_PATH
+            proposer = {"controller": REQUEST_POLICY, "policy": "policy.onnx", "depth": depth, "budget": budget}
         write_json(stage / "proposer.json", proposer)
-        bundle = _custom_class_bundle(model, proposer, manifest_file.name, class_path, gpu_memory_utilization)
+        bundle = _custom_class_bundle(model, proposer, manifest_file.name, CLASS_PATH, gpu_memory_utilization)
         bundle["route"] = route
         write_json(stage / "vllm.json", bundle)
     return bundle

@@ -1,14 +1,16 @@
 """``draftrl calibrate --engine vllm``: what one vLLM engine step costs on this machine.
 
 For each batch size ``B`` (running sequences) and depth ``d`` the engine decodes ``B`` requests
-whose proposer drafts exactly ``d`` tokens each (rule ``fill``: the n-gram continuation, padded
-with the last token), so each step verifies ``B * (d + 1)`` tokens; the step's wall seconds are
-recorded after a warm-up (the action changes one step before it is verified). Prefill is timed
-too: ``B`` fresh requests of ``P`` random prompt tokens each (never seen before, so no cached
-prefix) admitted together, and the seconds of the one step that runs their prompts. The cells
-are measured in ``rounds`` passes over a shuffled order, so a burst of load on a shared machine
-spreads over many cells instead of bending one. The result is a table of step seconds (median,
-p10, p90 per cell) and a least-squares fit over every sample
+whose proposer drafts exactly ``d`` tokens each (the rule ``fill``,
+:class:`~draftrl.decoding.vllm.control.FillRule`: the n-gram continuation, padded with the last
+token; the proposer's own controller is put back afterwards), so each step verifies
+``B * (d + 1)`` tokens; the step's wall seconds are recorded after a warm-up (the action changes
+one step before it is verified). Prefill is timed too: ``B`` fresh requests of ``P`` random
+prompt tokens each (never seen before, so no cached prefix) admitted together, and the seconds of
+the one step that runs their prompts. The cells are measured in ``rounds`` passes over a shuffled
+order, so a burst of load on a shared machine spreads over many cells instead of bending one. The
+result is a table of step seconds (median, p10, p90 per cell) and a least-squares fit over every
+sample
 
     seconds = base + per_seq * B + per_token * B * (d + 1) + per_prefill_token * B * P
 
@@ -37,6 +39,7 @@ from typing import Any, Callable
 import numpy as np
 
 from draftrl.decoding.admission import StepAction
+from draftrl.decoding.vllm.control import FillRule
 
 FORMAT = "draftrl-vllm-step-costs/1"
 
@@ -107,20 +110,20 @@ def calibrate(engine, *, batch_sizes: tuple[int, ...] = CalibrationSizes.batch_s
     if has_head:
         cells += [("head", b, d) for b in batch_sizes for d in depths if d >= 1]
         samples.update({c: [] for c in cells if c[0] == "head"})
-    rule = proposer.rule
-    proposer.set_rule("fill")
+    previous, fill = proposer.controller, FillRule()
+    engine.set_controller(fill)
     try:
         for r in range(rounds):
             per_round = steps // rounds + (1 if r < steps % rounds else 0)
             for i in rng.permutation(len(cells)):
                 kind, b, x = cells[i]
                 if has_head:  # the head drafts in the head cells only (its largest step: none elsewhere)
-                    proposer.head_max_batch = None if kind == "head" else 0
+                    fill.head_max_batch = None if kind == "head" else 0
                 measure = _prefill_samples if kind == "prefill" else _decode_samples
                 samples[cells[i]] += measure(engine, b, x, per_round, warmup, prompt_ids, rng)
     finally:
         engine.abort_all()
-        proposer.set_rule(rule)
+        engine.set_controller(previous)
     points = []
     for kind, b, x in cells:
         s = np.asarray(samples[(kind, b, x)])

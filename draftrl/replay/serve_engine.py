@@ -6,7 +6,9 @@ to ``max_num_seqs`` at the start of a step (a request's first step is its prefil
 prompt token, and yields one token), drafts proposed at the end of a step under that step's action
 and verified in the next (``action_lag = 1``), drafts also proposed for requests that just
 finished (the proposer cannot know), admission through :func:`draftrl.decoding.admission.admit_drafts`
-with the proposer's own history, decay and rules. Each step costs the seconds of a
+with the proposer's own history and decay, and each request's own depth from the proposer's own
+rule objects (:mod:`draftrl.decoding.vllm.control`: ``match``, ``heuristic``), asked every step
+with the same :class:`~draftrl.decoding.vllm.control.StepView` counts. Each step costs the seconds of a
 :class:`~draftrl.replay.serve_calibrate.StepCostModel` fitted on ``draftrl calibrate --engine vllm``;
 a step whose proposer drafts ``L`` head levels for ``h`` requests costs
 ``StepCostModel.head_seconds(h, L)`` more (calibrated with ``draftrl calibrate --engine vllm
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 import copy
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,15 +31,45 @@ import numpy as np
 from draftrl.config.serve import SERVING_DRAFTER, ServeConfig
 from draftrl.decoding.admission import RequestAcceptance, StepAction, admit_drafts, draft_cap
 from draftrl.decoding.interface import EngineStep, QueuedBatch, RequestStep
+from draftrl.decoding.vllm.control import HeuristicRule, MatchRule, RuleControl, StepView, rule_controller
 from draftrl.decoding.vllm.proposer import ACCEPT_DECAY
 from draftrl.decoding.workload import Workload
 from draftrl.replay.recordings import LOOKAHEAD, HeadProposals, Proposals, Recordings, parse_replay_drafter
 from draftrl.replay.serve_calibrate import StepCostModel
 
-#: Rules of the proposer the replay engine replays (``fill`` pads drafts: calibration only). ``hindsight``
-#: exists only here: each request drafts just the tokens its continuation will accept (under the
-#: step's cap and budget), the most any per-request depth policy could get from this drafter.
+#: Rules of the proposer the replay engine replays (``fill`` pads drafts: calibration only; the head's
+#: stop and load parts need the head's confidences), and ``hindsight`` (:class:`HindsightRule`).
 RULES = ("match", "heuristic", "hindsight")
+
+
+class HindsightRule(MatchRule):
+    """``hindsight``, the replay's only: each request drafts just the tokens its continuation will
+    accept (under the step's cap and budget), the most any per-request depth policy could get from
+    this drafter: a ceiling, not a policy (it knows the future)."""
+
+    kind = "hindsight"
+
+
+def replay_controller(rule: str) -> RuleControl:
+    """The rule ``rule`` (``ServeConfig.rule``) as the replay follows it: the vLLM proposer's own
+    ``match`` or ``heuristic`` controller, or :class:`HindsightRule`."""
+    controller = HindsightRule() if rule == "hindsight" else _replayable(rule)
+    check_replayable(controller)
+    return controller
+
+
+def _replayable(rule: str) -> RuleControl:
+    try:
+        return rule_controller(rule)
+    except ValueError:
+        raise ValueError(f"rule={rule!r} cannot be replayed; choose one of {', '.join(RULES)}.") from None
+
+
+def check_replayable(controller: object) -> None:
+    """Refuse, in one line, a controller the replay cannot follow (module docstring)."""
+    if type(controller) not in (MatchRule, HeuristicRule, HindsightRule) or controller.needs_head:
+        name = getattr(controller, "rule", type(controller).__name__)
+        raise ValueError(f"rule={name!r} cannot be replayed; choose one of {', '.join(RULES)}.")
 
 
 def single_stream_optimum(recordings: Recordings, max_new_tokens: int, max_depth: int,
@@ -117,6 +149,8 @@ class _ReplayRequest:
     length: int
     """tokens it will emit"""
     history: RequestAcceptance
+    memory: dict = field(default_factory=dict)
+    """the controller's scratch space for this request (``StepView.memory``)"""
     generated: int = 0
     will_accept: int = 0
     """how many of the drafts proposed last step the continuation accepts"""
@@ -131,7 +165,8 @@ class ReplayEngine(QueuedBatch):
     :param max_num_seqs: most requests in one step; more wait.
     :param max_model_len: the engine's context limit (the proposer leaves room below it).
     :param rule: each request's own depth before the cap and budget: ``match``, ``heuristic`` or
-        ``hindsight`` (the accepted prefix of its proposal: a ceiling, see ``RULES``).
+        ``hindsight`` (the accepted prefix of its proposal: a ceiling, :class:`HindsightRule`);
+        :meth:`set_controller` replaces it.
     :param rng: draws the step-cost noise (``cost.seconds``); None = no noise (until :meth:`restart`).
     :param cost_jitter: lognormal sigma of the per-episode factors on the step cost's coefficients
         that :meth:`restart` draws (0 = none: another machine per episode otherwise).
@@ -148,8 +183,7 @@ class ReplayEngine(QueuedBatch):
                  max_model_len: int = 1024, rule: str = "match", rng: np.random.Generator | None = None,
                  proposals: Proposals | None = None, drafter: str = "ngram",
                  head_proposals: HeadProposals | None = None, cost_jitter: float = 0.0, cost_noise: bool = True):
-        if rule not in RULES:
-            raise ValueError(f"rule={rule!r} cannot be replayed; choose one of {', '.join(RULES)}.")
+        self.controller = replay_controller(rule)
         self.min_match = parse_replay_drafter(drafter)
         if drafter != "ngram" and (head_proposals is None or head_proposals.max_depth < max_depth):
             raise ValueError(f"drafter={drafter!r} replays the head: pass head_proposals (HeadProposals) of depth >= "
@@ -163,8 +197,6 @@ class ReplayEngine(QueuedBatch):
         self.recordings, self.cost, self.rng = recordings, cost, rng
         self.cost_model, self.cost_jitter, self.cost_noise = cost, float(cost_jitter), bool(cost_noise)
         self.max_depth, self.max_num_seqs, self.max_model_len = int(max_depth), int(max_num_seqs), int(max_model_len)
-        self.rule = rule
-        self.initial_depth = float(self.max_depth)
         short = min((r.lookahead for r in recordings.requests), default=self.max_depth + 1)
         if short < self.max_depth + 1:
             raise ValueError(f"the recordings hold {short} tokens past a request's limit, fewer than max depth + 1 = "
@@ -212,12 +244,13 @@ class ReplayEngine(QueuedBatch):
         self.cost = self.cost_model.jittered(self.cost_jitter, rng)
         self.rng = rng if self.cost_noise else None
 
-    def set_rule(self, rule: str, initial_depth: float | None = None) -> None:
-        """As ``DraftrlProposer.set_rule`` (``fill`` is for calibration and is not replayed)."""
-        if rule not in RULES:
-            raise ValueError(f"rule={rule!r} cannot be replayed; choose one of {', '.join(RULES)}.")
-        self.rule = rule
-        self.initial_depth = float(initial_depth if initial_depth is not None else self.max_depth)
+    def set_controller(self, controller: RuleControl) -> None:
+        """As ``DraftrlProposer.set_controller``, for the rules the replay follows (:func:`replay_controller`);
+        what the previous one kept per request is forgotten."""
+        check_replayable(controller)
+        self.controller = controller
+        for req in [*self.waiting, *self.running]:
+            req.memory.clear()
 
     # ------------------------------------------------------------------ requests
     def add_request(self, request_id: str, prompt_ids: list[int], max_new_tokens: int, *,
@@ -231,7 +264,7 @@ class ReplayEngine(QueuedBatch):
                              "ones; record this workload with draftrl collect --engine vllm.")
         rec = self.recordings.requests[index]
         self.waiting.append(_ReplayRequest(request_id, index, len(rec.prompt_ids), rec.tokens_for(max_new_tokens),
-                                        RequestAcceptance(heuristic_depth=self.initial_depth)))
+                                           RequestAcceptance()))
 
     def _start_queue(self) -> None:
         super()._start_queue()
@@ -250,6 +283,7 @@ class ReplayEngine(QueuedBatch):
             if id(req) not in copies:
                 copies[id(req)] = copy.copy(req)
                 copies[id(req)].history = copy.copy(req.history)
+                copies[id(req)].memory = dict(req.memory)
             return copies[id(req)]
 
         other.waiting = deque(map(dup, self.waiting))
@@ -302,8 +336,10 @@ class ReplayEngine(QueuedBatch):
         cont = self.recordings.requests
         num_tokens = prompt_tokens = 0
         steps, verified = [], []
+        emitted, proposed, accepted, lengths, fresh = [], [], [], [], []  # the proposer's view of this step
         for req in running:
             t = req.generated
+            fresh.append(t == 0)
             if t == 0:  # prefill: the prompt's forward yields the first token, at the calibrated prefill
                 # slope (calibrate --engine vllm times prompts apart from decode tokens; the whole prompt
                 # in one step: vLLM's chunking of long prompts over steps is not modelled)
@@ -318,18 +354,29 @@ class ReplayEngine(QueuedBatch):
             verified.append((v, t + v))
             steps.append(RequestStep(req.request_id, cont[req.index].token_ids[t: t + gained], drafted,
                                      min(gained - 1, drafted), req.generated >= req.length))
-        # the proposer, at the end of the step, for every request that decoded (finished ones too),
-        # on every token the step verified
-        heuristic = self.rule == "heuristic"
+            # the proposer, at the end of the step, for every request that decoded (finished ones too),
+            # on every token the step verified
+            emitted.append(v)
+            proposed.append(req.history.last_proposed)
+            accepted.append(req.history.observe(v, ACCEPT_DECAY))
+            lengths.append(req.num_prompt_tokens + t + v)
+        # its controller decides each request's own depth
+        view = StepView(list(range(len(running))), [r.request_id for r in running], fresh, lengths,
+                        np.array(emitted, dtype=np.int64), np.array(proposed, dtype=np.int64),
+                        np.array(accepted, dtype=np.int64), 0, 0, self.max_depth, [r.memory for r in running])
+        controller = self.controller
+        controller.action = action
+        decision = controller.decide(view)
+        action = decision.action
+        own_depths = decision.depths if decision.depths is not None else [self.max_depth] * len(running)
+        hindsight = isinstance(controller, HindsightRule)
         match, wanted, by_head = [], [], []
-        for req, (v, t) in zip(running, verified):
-            req.history.observe(v, ACCEPT_DECAY, heuristic)
-            own = req.history.heuristic_depth if heuristic else self.max_depth
+        for req, (v, t), own in zip(running, verified, own_depths):
             cap = draft_cap(action.depth, own, self.max_depth, self.max_model_len, req.num_prompt_tokens + t)
             head = self._drafts_with_head(req.index, t)
             source = self.head_proposals if head else props
             match.append(0 if head and self.min_match is None else props.match_len[req.index][t])
-            can = source.accepted[req.index][t] if self.rule == "hindsight" else source.available[req.index][t]
+            can = source.accepted[req.index][t] if hindsight else source.available[req.index][t]
             wanted.append(min(cap, can))
             req.will_accept = source.accepted[req.index][t]
             by_head.append(head)

@@ -1,8 +1,8 @@
 """The serving envs' observation (``draftrl/ServeVLLM-v0``, ``draftrl/ServeReplay-v0``), built in one place.
 
 Why a class of its own: a policy trained on the serving envs must see the same 20 numbers when it
-runs inside vLLM (``draftrl.export.vllm_serve_proposer``), where no env exists. The env and the
-exported proposer both feed :class:`ServingFeatures` what an engine step did (:class:`StepCounts`)
+runs inside vLLM (``draftrl.export.vllm_control.BatchPolicyControl``), where no env exists. The env
+and the exported controller both feed :class:`ServingFeatures` what an engine step did (:class:`StepCounts`)
 and read :meth:`ServingFeatures.observation`; neither computes a feature itself.
 
 Units: seconds of wall clock (or of the replay's cost model), token counts; ``running``,

@@ -7,7 +7,8 @@ import math
 
 import pytest
 
-from draftrl.decoding.vllm.head_proposer import chain_end, stop_rule
+from draftrl.decoding.vllm.control import stop_rule
+from draftrl.decoding.vllm.head_proposer import chain_end
 
 
 def _scores(probs: list[float]) -> list[float]:
@@ -59,7 +60,7 @@ def test_rules_parse_and_bad_thresholds_are_refused_in_one_line():
 
 
 def test_the_load_part_parses_and_bad_ones_are_refused_in_one_line():
-    from draftrl.decoding.vllm.head_proposer import split_load
+    from draftrl.decoding.vllm.control import split_load
 
     assert split_load("confidence:0.6|batch:1") == ("confidence:0.6", 1)
     assert split_load("match|batch:4") == ("match", 4) and split_load("cumulative:0.3") == ("cumulative:0.3", None)

@@ -28,20 +28,23 @@ def test_an_ngram_policy_bundle_finds_its_policy_wherever_it_is_copied(replay_ru
     sys.path.insert(0, str(Path(__file__).parent))
     from scripted_vllm import fake_vllm_config
 
-    from draftrl.export.vllm_proposer import PolicyProposer
+    from draftrl.decoding.vllm.proposer import DraftrlProposer
+    from draftrl.export.vllm_control import REQUEST_POLICY, RequestPolicyControl
 
     out = tmp_path / "bundle"
     bundle = _export(replay_run, out, "--check-observations", "16")
     assert bundle["route"] == "policy" and bundle["target"] == "smollm2-135m"
     assert bundle["env"] == {"DRAFTRL_PROPOSER_CONFIG": "proposer.json"}
+    assert json.loads((out / "proposer.json").read_text())["controller"] == REQUEST_POLICY
     assert str(tmp_path) not in json.dumps({k: bundle[k] for k in ("env", "python", "serve", "speculative_config")})
     moved = tmp_path / "host" / "srv"
     shutil.copytree(out, moved)
     shutil.rmtree(out)  # nothing may still point at the original
     monkeypatch.setenv("DRAFTRL_PROPOSER_CONFIG", "proposer.json")
     monkeypatch.chdir(moved)
-    proposer = PolicyProposer(fake_vllm_config(bundle["speculative_config"]["num_speculative_tokens"]))
-    assert proposer.core is not None and proposer.core.controller.path == moved / "policy.onnx"
+    proposer = DraftrlProposer(fake_vllm_config(bundle["speculative_config"]["num_speculative_tokens"]))
+    assert isinstance(proposer.controller, RequestPolicyControl)
+    assert proposer.controller.policy.path == moved / "policy.onnx"
     monkeypatch.chdir(tmp_path)
     with pytest.raises(FileNotFoundError):  # run from elsewhere, the relative path names no file
-        PolicyProposer(fake_vllm_config(4))
+        DraftrlProposer(fake_vllm_config(4))

@@ -26,7 +26,9 @@ def test_exported_policy_runs_in_vllm(replay_run, tmp_path, monkeypatch):
     bundle = json.loads((out / "vllm.json").read_text())
     assert {p.name for p in out.iterdir()} >= {"policy.onnx", "policy.onnx.json", "proposer.json", "vllm.json"}
     spec = bundle["speculative_config"]
-    assert spec["method"] == "custom_class" and spec["model"] == "draftrl.export.vllm_proposer.PolicyProposer"
+    assert spec["method"] == "custom_class" and spec["model"] == "draftrl.decoding.vllm.proposer.DraftrlProposer"
+    assert json.loads((out / "proposer.json").read_text())["controller"] == \
+        "draftrl.export.vllm_control:RequestPolicyControl"
 
     # start vLLM the way a user would: the environment variable and LLM(...) from the bundle alone
     for key, value in bundle["env"].items():
@@ -42,8 +44,8 @@ def test_exported_policy_runs_in_vllm(replay_run, tmp_path, monkeypatch):
     got = [list(o.outputs[0].token_ids) for o in outputs]
     runner = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
     proposer = runner.drafter
-    assert type(proposer).__name__ == "PolicyProposer" and proposer.rule == "policy"
-    assert proposer.core.controller.path.name == "policy.onnx"
+    assert type(proposer).__name__ == "DraftrlProposer" and type(proposer.controller).__name__ == "RequestPolicyControl"
+    assert proposer.controller.policy.path.name == "policy.onnx"
 
     plain = shared_engine(VLLMEngineConfig(method="none"))  # the engine tests/real_vllm share
     for i, p in enumerate(prompts):

@@ -84,16 +84,17 @@ def test_hf_heuristic_counts_verified_not_drafted():
 # ----------------------------------------------------------------------------- ConfidenceThreshold
 def test_the_serving_proposers_follow_the_same_heuristic_schedule():
     """One +2 / -1 rule (decoding.schedule): the policy's per-round schedule and a serving request's
-    per-step depth move together on the same (accepted, proposed) history."""
-    from draftrl.decoding.admission import RequestAcceptance
+    per-step depth under the proposers' ``heuristic`` controller move together on the same
+    (accepted, proposed) history."""
+    from draftrl.decoding.vllm.control import HeuristicRule, StepView
 
     policy = HFHeuristic(**grid(depths=tuple(range(31))), initial_depth=5)
-    request = RequestAcceptance(heuristic_depth=5.0)
+    rule, memory = HeuristicRule(initial_depth=5.0), {}
     for accepted, proposed in ((5, 5), (7, 7), (2, 9), (0, 8), (0, 0), (3, 3), (0, 1), (0, 1), (0, 1), (0, 1)):
         policy.observe({"num_verified": proposed, "num_accepted": accepted})
-        request.last_proposed = proposed
-        request.observe(accepted + 1, decay=0.8, heuristic=True)
-        assert policy.schedule == request.heuristic_depth
+        step = StepView([0], ["r"], [False], [64], np.array([accepted + 1]), np.array([proposed]), np.array([accepted]),
+                        0, 0, 30, [memory])
+        assert rule.decide(step).depths == [int(policy.schedule)] and policy.schedule == memory["heuristic_depth"]
     assert policy.schedule == 5.0  # 5 +2 +2 -1 -1 (no evidence) +2 -1 -1 -1 -1
 
 

@@ -40,7 +40,7 @@ SCRIPT = textwrap.dedent("""
     counts = {m.name: m.value for m in llm.get_metrics() if m.name.startswith("vllm:spec_decode_num")
               and hasattr(m, "value")}
     print("RESULT " + json.dumps({"out": [list(o.outputs[0].token_ids) for o in outputs], "counts": counts,
-                                  "proposer": type(proposer).__name__, "rule": proposer.rule,
+                                  "proposer": type(proposer).__name__, "rule": proposer.controller.rule,
                                   "drafter": proposer.drafter_spec, "runner": proposer.runner is not None}))
 """ % TOKENS)
 

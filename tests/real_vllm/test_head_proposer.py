@@ -14,6 +14,7 @@ import pytest
 
 from draftrl.decoding.admission import StepAction
 from draftrl.decoding.vllm import head_proposer
+from draftrl.decoding.vllm.control import rule_controller
 from draftrl.decoding.vllm.engine import VLLMEngine, VLLMEngineConfig
 
 K = 3
@@ -140,14 +141,14 @@ def test_the_load_part_keeps_the_head_to_small_steps(mixed_prompts, plain, monke
     monkeypatch.setattr(head_proposer, "draft_chains", counting)
     try:
         proposer.history = []
-        proposer.set_rule("match|batch:1")
-        assert proposer.head_max_batch == 1
+        engine.set_controller(rule_controller("match|batch:1"))
+        assert proposer.controller.head_max_batch == 1
         out = _phases(engine, prompts)
         assert out == plain
         assert head_calls and set(head_calls) == {1}
         assert any(len(r.keys) > 1 and int(r.admitted.sum()) > 0 for r in proposer.history)  # lookup drafted there
         head_calls.clear()
-        proposer.set_rule("match")
+        engine.set_controller(rule_controller("match"))
         assert _phases(engine, prompts) == plain
         assert max(head_calls) == len(prompts)
     finally:
@@ -157,7 +158,7 @@ def test_the_load_part_keeps_the_head_to_small_steps(mixed_prompts, plain, monke
 def test_calibration_times_the_heads_drafting_beside_lookup(monkeypatch):
     """``draftrl calibrate --engine vllm --drafter eagle3`` on a real route (b) engine: every decode
     cell with d >= 1 also as a head cell, the head's batched forward running only there, and what
-    it adds to a step positive; the proposer's rule (and so its load part) is restored afterwards."""
+    it adds to a step positive; the proposer's controller (and so its load part) is restored afterwards."""
     from draftrl.replay.serve_calibrate import StepCostModel, calibrate
     from draftrl.drafters.packaged import packaged_head
 
@@ -167,7 +168,7 @@ def test_calibration_times_the_heads_drafting_beside_lookup(monkeypatch):
 
     def counting(drafters, *args, **kwargs):
         if drafters:
-            calls.append(proposer.head_max_batch)
+            calls.append(proposer.controller.head_max_batch)
         return draft_chains(drafters, *args, **kwargs)
 
     monkeypatch.setattr(head_proposer, "draft_chains", counting)
@@ -179,6 +180,6 @@ def test_calibration_times_the_heads_drafting_beside_lookup(monkeypatch):
         assert calls and set(calls) == {None}  # the head drafted, and only while no step limit kept it idle
         assert result["head"]["1"]["levels"] == [2]
         assert StepCostModel.from_calibration(result).head_seconds(1, 2) > 0
-        assert proposer.rule == "match" and proposer.head_max_batch is None
+        assert proposer.controller.rule == "match" and proposer.controller.head_max_batch is None
     finally:
         _close(engine)

@@ -1,7 +1,7 @@
 """A serving-env policy (``ServeReplay-v0``, the ``serve_run`` fixture) exported with ``draftrl export
---format vllm`` starts real vLLM from its bundle alone: ``ServePolicyProposer`` builds the env's
-observation every step, applies the policy's (depth, budget), and the float32 greedy outputs equal
-vLLM's without speculation."""
+--format vllm`` starts real vLLM from its bundle alone: draftrl's proposer, whose controller
+``BatchPolicyControl`` builds the env's observation every step, applies the policy's (depth,
+budget), and the float32 greedy outputs equal vLLM's without speculation."""
 
 from __future__ import annotations
 
@@ -23,7 +23,9 @@ def test_exported_serving_policy_runs_in_vllm(serve_run, mixed_prompts, tmp_path
     assert main(["export", str(serve_run), "--format", "vllm", "--out", str(out), "--check-observations", "64"]) == 0
     bundle = json.loads((out / "vllm.json").read_text())
     spec = bundle["speculative_config"]
-    assert spec["model"] == "draftrl.export.vllm_serve_proposer.ServePolicyProposer"
+    assert spec["model"] == "draftrl.decoding.vllm.proposer.DraftrlProposer"
+    assert json.loads((out / "proposer.json").read_text())["controller"] == \
+        "draftrl.export.vllm_control:BatchPolicyControl"
     for key, value in bundle["env"].items():
         monkeypatch.setenv(key, value)
     monkeypatch.chdir(out)  # the bundle's lines run from its folder: its paths are relative to it
@@ -34,8 +36,8 @@ def test_exported_serving_policy_runs_in_vllm(serve_run, mixed_prompts, tmp_path
               max_num_seqs=4, seed=0, speculative_config=spec)
     _KEPT.append(llm)  # destroying an in-process engine breaks the other engines of the session
     proposer = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner.drafter
-    assert type(proposer).__name__ == "ServePolicyProposer"
-    proposer.history, proposer.observations = [], []
+    assert type(proposer).__name__ == "DraftrlProposer" and type(proposer.controller).__name__ == "BatchPolicyControl"
+    proposer.history, proposer.controller.observations = [], []
     prompts = [{"prompt_token_ids": ids} for _, ids in mixed_prompts]
     outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=32), use_tqdm=False)
     got = [list(o.outputs[0].token_ids) for o in outputs]
@@ -49,7 +51,7 @@ def test_exported_serving_policy_runs_in_vllm(serve_run, mixed_prompts, tmp_path
             expected.setdefault(r.request_id, []).extend(r.token_ids)
     assert got == [expected[str(i)] for i in range(len(prompts))]
 
-    obs = np.stack(proposer.observations)  # one per engine step, in the env's bounds
+    obs = np.stack(proposer.controller.observations)  # one per engine step, in the env's bounds
     assert len(obs) == len(proposer.history) > 8 and np.all(np.isfinite(obs))
     assert np.all(obs >= ServingFeatures.low) and np.all(obs <= ServingFeatures.high)
     assert obs[1:, 0].max() > 0  # requests running after the first step

@@ -7,6 +7,7 @@ import pytest
 
 from draftrl.decoding.admission import StepAction
 from draftrl.decoding.interface import ServingEngine
+from draftrl.decoding.vllm.control import rule_controller
 from draftrl.decoding.vllm.engine import VLLMEngine, VLLMEngineConfig, shared_engine
 
 TOKENS = 32
@@ -64,11 +65,11 @@ def test_engines_satisfy_the_interface(plain, drafting):
 ])
 def test_float32_greedy_identity_with_the_policy_proposer(drafting, reference, mixed_prompts, concurrency, action,
                                                           rule):
-    drafting.proposer.set_rule(rule)
+    drafting.set_controller(rule_controller(rule))
     try:
         outputs, steps, _ = run(drafting, mixed_prompts, action, concurrency)
     finally:
-        drafting.proposer.set_rule("match")
+        drafting.set_controller(rule_controller("match"))
     expected = reference[0]
     assert sorted(outputs) == sorted(expected)
     for rid in expected:

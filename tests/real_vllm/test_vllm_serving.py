@@ -10,6 +10,7 @@ import numpy as np
 
 from draftrl.cli import main
 from draftrl.decoding.admission import StepAction
+from draftrl.decoding.vllm.control import rule_controller
 from draftrl.decoding.vllm.engine import VLLMEngineConfig, shared_engine
 from draftrl.envs.serve_vllm import FEATURE_NAMES
 
@@ -119,7 +120,7 @@ def test_calibrate_fill_rule_verifies_exactly_the_depth():
     from draftrl.replay.serve_calibrate import calibrate
 
     engine = shared_engine(VLLMEngineConfig(method="draftrl"))
-    engine.proposer.set_rule("fill")
+    engine.set_controller(rule_controller("fill"))
     try:
         for i in range(2):
             engine.add_request(f"fill{i}", list(range(500, 520)), 20)
@@ -127,7 +128,7 @@ def test_calibrate_fill_rule_verifies_exactly_the_depth():
         assert drafted == [0, 6, 6]  # prefill, then 2 sequences x 3 drafts every step
     finally:
         engine.abort_all()
-        engine.proposer.set_rule("match")
+        engine.set_controller(rule_controller("match"))
     result = calibrate(engine, batch_sizes=(1, 2), depths=(0, 2), steps=3, warmup=1, prefill_lens=(16,),
                        prefill_batch_sizes=(2,))
     decode = [p for p in result["points"] if p["kind"] == "decode"]
@@ -137,4 +138,4 @@ def test_calibrate_fill_rule_verifies_exactly_the_depth():
     assert [(p["num_seqs"], p["prompt_len"], p["prompt_tokens"], p["tokens_verified"]) for p in prefill] == \
         [(2, 16, 32, 0)]
     assert all(p["samples"] == 3 and p["seconds_median"] > 0 for p in result["points"])
-    assert np.isfinite(result["fit"]["per_token"]) and engine.proposer.rule == "match"
+    assert np.isfinite(result["fit"]["per_token"]) and engine.proposer.controller.rule == "match"  # put back

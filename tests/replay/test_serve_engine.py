@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from draftrl.decoding.admission import StepAction
+from draftrl.decoding.vllm.control import rule_controller
 from draftrl.decoding.vllm.proposer import DraftrlProposer
 from draftrl.replay.recordings import Recordings
 from draftrl.replay.serve_engine import ReplayEngine
@@ -22,13 +23,13 @@ def recordings():
 
 
 def test_admission_equals_the_vllm_proposers_on_the_same_steps(recordings):
-    """Drive draftrl's vLLM proposer class with the replay's batches: every request's drafts,
-    acceptance estimates and match lengths are the replay's."""
+    """Drive draftrl's vLLM proposer class with the replay's batches, both deciding with the same rule
+    controllers: every request's drafts, acceptance estimates and match lengths are the replay's."""
     for rule in ("match", "heuristic"):
         engine = ReplayEngine(recordings, COST, max_depth=8, max_num_seqs=6, rule=rule)
         proposer = DraftrlProposer(SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=8),
                                                    model_config=SimpleNamespace(max_model_len=1024)))
-        proposer.set_rule(rule)
+        proposer.set_controller(rule_controller(rule))
         for i, r in enumerate(recordings.requests):
             engine.add_request(f"r{i}", r.prompt_ids, TOKENS)
         prompts = {f"r{i}": r.prompt_ids for i, r in enumerate(recordings.requests)}
@@ -55,7 +56,7 @@ def test_admission_equals_the_vllm_proposers_on_the_same_steps(recordings):
             for row, ctx in enumerate(contexts):
                 token_ids[row, :len(ctx)] = ctx
             proposer.runner = SimpleNamespace(input_batch=SimpleNamespace(req_ids=rows))
-            proposer.action = action
+            proposer.controller.action = action
             drafts = proposer.propose(sampled, np.array(list(map(len, contexts))),
                                       token_ids)
             assert sum(map(len, drafts)) == result.num_proposed
@@ -84,3 +85,20 @@ def test_requests_outside_the_recordings_are_refused(recordings):
         ReplayEngine(recordings, COST).add_request("x", [1, 2, 3], 8)
     with pytest.raises(ValueError, match="max_new_tokens_cap"):
         ReplayEngine(recordings, COST).add_request("x", recordings.requests[1].prompt_ids, TOKENS + 1)
+
+
+def test_the_replay_follows_only_the_rules_it_can_replay(recordings):
+    """``match``, ``heuristic`` and ``hindsight``; padding (``fill``) and the head's stop and load parts
+    need what no recording holds, and are refused in one line, by name or as a controller."""
+    from draftrl.decoding.vllm.control import FillRule, HeuristicRule
+    from draftrl.replay.serve_engine import HindsightRule
+
+    for rule in ("fill", "confidence:0.6", "match|batch:1", "policy"):
+        with pytest.raises(ValueError, match=f"rule='{rule}' cannot be replayed") as err:
+            ReplayEngine(recordings, COST, rule=rule)
+        assert "\n" not in str(err.value)
+    engine = ReplayEngine(recordings, COST, rule="hindsight")
+    assert type(engine.controller) is HindsightRule
+    engine.set_controller(HeuristicRule())
+    with pytest.raises(ValueError, match="rule='fill' cannot be replayed"):
+        engine.set_controller(FillRule())

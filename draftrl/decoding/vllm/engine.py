@@ -2,7 +2,9 @@
 
 ``VLLMEngine`` builds an ``LLMEngine`` with ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` so the engine
 core, the worker and the ``custom_class`` proposer live in this process; before every
-``step()`` it hands the step's :class:`~draftrl.decoding.admission.StepAction` to the proposer.
+``step()`` it hands the step's :class:`~draftrl.decoding.admission.StepAction` to the proposer's
+controller, a built-in rule (:class:`~draftrl.decoding.vllm.control.RuleControl`: ``match`` unless
+:meth:`VLLMEngine.set_controller` set another).
 vLLM drafts at the end of a step for the next one, so an action is verified one step later
 (``action_lag = 1``).
 
@@ -47,6 +49,7 @@ import torch
 from draftrl.decoding.admission import StepAction
 from draftrl.deps import installed
 from draftrl.decoding.interface import EngineStep, RequestStep
+from draftrl.decoding.vllm.control import Controller, RuleControl
 from draftrl.decoding.vllm.counts import SpecDecodingCounts, stat_logger
 from draftrl.decoding.vllm.guards import guard_cpu_expand
 from draftrl.decoding.vllm.logprobs import logprobs_needed
@@ -398,12 +401,24 @@ class VLLMEngine:
         self.warmed = True
 
     # ------------------------------------------------------------------ the step
+    def set_controller(self, controller: Controller) -> None:
+        """Let ``controller`` decide the proposer's drafts from the next step on (a built-in rule,
+        :func:`draftrl.decoding.vllm.control.rule_controller`, takes :meth:`step`'s actions)."""
+        if self.proposer is None:
+            raise ValueError(f"method={self.config.method!r} runs no draftrl proposer to control; build the engine "
+                             "with method='draftrl'.")
+        self.proposer.set_controller(controller)
+
     def step(self, action: StepAction | None = None) -> EngineStep:
         """One ``LLMEngine.step()``; ``action`` (depth capped at ``max_depth``) sets the drafts
-        proposed at the end of this step, verified in the next."""
+        proposed at the end of this step, verified in the next (the action of the proposer's rule)."""
         proposer = self.proposer
         if proposer is not None and action is not None:
-            proposer.action = StepAction(min(action.depth, self.max_depth), action.budget)
+            controller = proposer.controller
+            if not isinstance(controller, RuleControl):
+                raise ValueError(f"the proposer's controller {type(controller).__name__} chooses each step's action "
+                                 "itself; call step() without an action, or set_controller(a rule) to drive it.")
+            controller.action = StepAction(min(action.depth, self.max_depth), action.budget)
         before = proposer.step if proposer is not None else 0
         t0, c0 = time.perf_counter(), time.thread_time()
         outputs = self.llm.step()

@@ -2,9 +2,10 @@
 
 Stock vLLM's ``eagle3`` method drafts the same K for every request of a step and never stops
 early; :class:`HeadProposer` (a :class:`~draftrl.decoding.vllm.proposer.DraftrlProposer`) runs the
-same head in the ``custom_class`` hook, so each request gets its own depth (the proposer's rule, a
-per-request policy, the step's cap and budget) and, with ``sam:N``, its own drafter: n-gram lookup
-when the history's suffix match is at least N tokens, the head otherwise (SAM-decoding's rule).
+same head in the ``custom_class`` hook, so each request gets its own depth (the controller's
+decision: a rule or a per-request policy, the step's cap and budget, a per-level stop) and, with
+``sam:N``, its own drafter: n-gram lookup when the history's suffix match is at least N tokens, the
+head otherwise (SAM-decoding's rule).
 
 vLLM passes a ``custom_class`` proposer no hidden states, so :meth:`HeadProposer.load_model`
 registers forward pre-hooks on the target's auxiliary decoder layers (:class:`AuxCapture`). Each
@@ -25,10 +26,11 @@ counted in :attr:`HeadProposer.unseen_prefixes`.
 
 The head drafts all of a step's requests together, as stock ``eagle3`` does: one padded head
 forward for their roots and one per level (:func:`~draftrl.drafters.eagle3_chains.draft_chains`),
-each request to its own cap and per-level stop. A rule ``RULE|batch:B`` (policy names ``...:bB``)
-drafts with the head only while the step decodes at most B requests; above that every request
-drafts by n-gram lookup (the proposer's own drafter) while its head keeps taking its rows, so it
-drafts again as soon as the batch shrinks.
+each request to its own cap and the decision's per-level stop (``StepDecision.stop``: the rules
+``confidence:T`` / ``cumulative:T``). A decision with ``head`` False (the rule ``RULE|batch:B``,
+policy names ``...:bB``, in a step of more than B decoding requests) drafts every request by n-gram
+lookup (the proposer's own drafter) while its head keeps taking its rows, so it drafts again as
+soon as the batch shrinks.
 
 Requests are keyed by vLLM's request ids: the runner is the caller of ``load_model`` (vLLM
 documents this interface as subject to change; ``tests/real_vllm/test_head_proposer.py`` pins
@@ -50,6 +52,7 @@ from typing import Any
 
 import torch
 
+from draftrl.decoding.vllm.control import StepDecision
 from draftrl.decoding.vllm.proposer import _GREEDY, DraftrlProposer
 from draftrl.drafters.base import Drafter
 from draftrl.drafters.eagle3 import Eagle3Drafter, Eagle3Head, check_head_fits
@@ -85,49 +88,10 @@ def needs_head(spec: str) -> bool:
     return head_spec(spec) is not None
 
 
-#: per-level stops of the head's chain (``rule`` ``confidence:T`` / ``cumulative:T``)
-STOP_RULES = ("confidence", "cumulative")
-
-
-def stop_rule(rule: str) -> tuple[str, float] | None:
-    """``("confidence", 0.4)`` for ``"confidence:0.4"``, None for a rule that does not stop on confidence.
-
-    - ``confidence:T``: Hugging Face's assistant confidence threshold: stop after the first draft
-      whose own probability under the drafter is below T (that draft is still verified);
-    - ``cumulative:T``: EAGLE-2's chain score: stop before the first draft whose chain probability
-      (the product of the drafts' probabilities so far) is below T.
-    """
-    kind, _, value = rule.partition(":")
-    if kind not in STOP_RULES:
-        return None
-    try:
-        threshold = float(value)
-    except ValueError:
-        threshold = -1.0
-    if not 0.0 < threshold < 1.0:
-        raise ValueError(f"rule {rule!r} needs a threshold in (0, 1), e.g. {kind}:0.4")
-    return kind, threshold
-
-
-#: the load part of a head proposer's rule: ``RULE|batch:B``
-LOAD_SEP = "|batch:"
-
-
-def split_load(rule: str) -> tuple[str, int | None]:
-    """``("confidence:0.6", 1)`` for ``"confidence:0.6|batch:1"`` (the head drafts while the step
-    decodes at most 1 request); ``(rule, None)`` for a rule without a load part."""
-    base, sep, value = rule.partition(LOAD_SEP)
-    if not sep:
-        return rule, None
-    if not value.isdigit() or int(value) < 1 or (base not in ("match",) and stop_rule(base) is None):
-        raise ValueError(f"rule {rule!r} must look like RULE|batch:B with B >= 1 and RULE match, confidence:T or "
-                         "cumulative:T, e.g. confidence:0.6|batch:1")
-    return base, int(value)
-
-
 def chain_end(rule: tuple[str, float], scores: list[float]) -> int | None:
     """Read after each level of a chain (``scores``: its drafts' cumulative log probabilities so
-    far): None while a stop ``rule`` lets it grow, else how many of its drafts it keeps. The chain
+    far): None while a stop ``rule`` (:func:`draftrl.decoding.vllm.control.stop_rule`) lets it
+    grow, else how many of its drafts it keeps. The chain
     stops at the level that decides, so no level is drafted only to be dropped."""
     kind, threshold = rule
     log_t = math.log(threshold)
@@ -209,6 +173,8 @@ class HeadProposer(DraftrlProposer):
     or with SAM's mix of the head and n-gram lookup (``sam:N[:PATH]``), per request; any other
     drafter spec runs as in :class:`DraftrlProposer`."""
 
+    drafts_heads = True
+
     def __init__(self, vllm_config: Any):
         self.target: torch.nn.Module | None = None
         self.head: Eagle3Head | None = None
@@ -224,10 +190,6 @@ class HeadProposer(DraftrlProposer):
         self.head_dtype = vllm_config.model_config.dtype
         self.eager = bool(vllm_config.model_config.enforce_eager)
         """whether vLLM runs the target eagerly (the hooks that feed the head run in eager forwards only)"""
-        self.stop: tuple[str, float] | None = None
-        self.head_max_batch: int | None = None
-        """the largest step (decoding requests) the head drafts in; None: every step"""
-        self._lookup_only = False
         super().__init__(vllm_config)
 
     # ------------------------------------------------------------------ configuration
@@ -246,23 +208,15 @@ class HeadProposer(DraftrlProposer):
         if self.target is not None:
             self._load_head()
 
-    def set_rule(self, rule: str, initial_depth: float | None = None) -> None:
-        """The proposer's rules, :func:`stop_rule`'s per-level stops of the head's chain (a request
-        drafts up to the step's cap, and stops where its own drafts lose confidence) and
-        :func:`split_load`'s load part (the head drafts only in steps of at most B requests)."""
-        base, head_max_batch = split_load(rule)
-        stop = stop_rule(base)
-        super().set_rule("match" if stop else base, initial_depth)
-        self.stop, self.head_max_batch = stop, head_max_batch
-        self.rule = rule
-
-    def _draft_all(self, keys: list[str], histories: list[list[int]], caps: list[int]) -> list[DraftTree]:
-        """The step's drafts: n-gram lookup for the requests whose rule chooses it (every request in
-        a step above ``head_max_batch``), the head's chains of all the others in one batched
-        :func:`~draftrl.drafters.eagle3_chains.draft_chains` call, each to its own cap and stop."""
+    def _draft_all(self, keys: list[str], histories: list[list[int]], caps: list[int],
+                   decision: StepDecision) -> list[DraftTree]:
+        """The step's drafts: n-gram lookup for the requests whose drafter chooses it (every request
+        when the decision says no head), the head's chains of all the others in one batched
+        :func:`~draftrl.drafters.eagle3_chains.draft_chains` call, each to its own cap and the
+        decision's stop."""
         if self.head is None:
-            return super()._draft_all(keys, histories, caps)
-        if self._lookup_only:
+            return super()._draft_all(keys, histories, caps, decision)
+        if not decision.head:
             return [self.drafter.propose(ids, cap, 1, _GREEDY, None) for ids, cap in zip(histories, caps)]
         trees: list[DraftTree | None] = [None] * len(keys)
         heads, extras = [], []  # (index, the request's head drafter), the features its tree also carries
@@ -278,7 +232,7 @@ class HeadProposer(DraftrlProposer):
                 extra["drafter_lookup"] = 0.0
             heads.append((a, self._head_of(state)))
             extras.append(extra)
-        stop = None if self.stop is None else partial(chain_end, self.stop)
+        stop = None if decision.stop is None else partial(chain_end, decision.stop)
         chains = draft_chains([h for _, h in heads], [histories[a] for a, _ in heads], [caps[a] for a, _ in heads], stop)
         for (a, _), extra, tree in zip(heads, extras, chains):
             tree.features = {**tree.features, **extra}
@@ -388,8 +342,6 @@ class HeadProposer(DraftrlProposer):
                 slot_mappings: Any = None) -> list[list[int]]:
         if self.head is not None:
             self._ingest(num_tokens_no_spec, token_ids_cpu)
-        decoding = sum(1 for sampled in sampled_token_ids if sampled)
-        self._lookup_only = self.head_max_batch is not None and decoding > self.head_max_batch
         return super().propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings)
 
 

@@ -15,22 +15,22 @@ every engine step, after sampling::
 So an action read here is verified one engine step later (the one-step lag the serving env
 documents). Each step the proposer
 
-1. drafts for every running request with the drafter named by the config's ``drafter`` key
+1. asks its controller (:mod:`draftrl.decoding.vllm.control`) for the step's decision, from what
+   the step that just ran showed (:class:`~draftrl.decoding.vllm.control.StepView`): the batch's
+   depth cap and budget, and each request's own depth;
+2. drafts for every running request with the drafter named by the config's ``drafter`` key
    (:func:`serving_drafter`, the registry of :mod:`draftrl.drafters.registry`; by default
    :data:`SERVING_DRAFTER`, draftrl's n-gram drafter, the one the policies train with) up to
-   ``min(action depth, the request's own depth)`` tokens (its ``propose`` verb, width 1), where
-   the request's own depth follows ``rule``: ``"match"`` (as deep as the match goes),
-   ``"heuristic"`` (Hugging Face's +2 / -1 per request), a per-request policy
-   (``draftrl.export.vllm_proposer``) or ``"fill"`` (exactly the cap, padded with the last
-   token where the match runs out: calibration measures verification cost with it);
-2. scores each draft position by its survival estimate and admits the batch's best ``budget``
-   positions (:mod:`draftrl.decoding.admission`);
-3. learns each request's acceptance from the number of tokens vLLM returned for it.
+   ``min(action depth, the request's own depth)`` tokens (its ``propose`` verb, width 1);
+3. scores each draft position by its survival estimate and admits the batch's best ``budget``
+   positions (:mod:`draftrl.decoding.admission`), tells the controller what it admitted, and
+   learns each request's acceptance from the number of tokens vLLM returns for it next.
 
-Who sets the action: a driver in the same process (``draftrl.decoding.vllm.engine.VLLMEngine``
-writes :attr:`DraftrlProposer.action` before every ``step()``), or, under ``vllm serve`` /
-``LLM(...)`` with no driver, the file named by ``DRAFTRL_PROPOSER_CONFIG`` (written by
-``draftrl export --format vllm``; relative paths in it are relative to its folder).
+Who decides: by default a built-in rule (``match``) whose action a driver in the same process sets
+before every ``step()`` (``draftrl.decoding.vllm.engine.VLLMEngine``); under ``vllm serve`` /
+``LLM(...)`` with no driver, the file named by ``DRAFTRL_PROPOSER_CONFIG`` (written by ``draftrl
+export --format vllm``; relative paths in it are relative to its folder) names the rule, the action
+and any other controller (:meth:`DraftrlProposer.configure`).
 
 On vLLM 0.32 both builds call this class the same way: the V1 ``GPUModelRunner`` (CUDA; the
 one vLLM falls back to for ``custom_class``, since Model Runner V2 does not run it) calls
@@ -54,6 +54,14 @@ import numpy as np
 
 from draftrl.config.serve import SERVING_DRAFTER
 from draftrl.decoding.admission import RequestAcceptance, StepAction, admit_drafts, draft_cap
+from draftrl.decoding.vllm.control import (
+    Controller,
+    ProposeRecord,
+    StepDecision,
+    StepView,
+    controller_class,
+    rule_controller,
+)
 from draftrl.decoding.vllm.guards import guard_cpu_expand
 from draftrl.drafters.base import Drafter
 from draftrl.drafters.registry import build_drafter
@@ -62,7 +70,9 @@ from draftrl.models.distribution import SamplingParams
 
 CONFIG_ENV = "DRAFTRL_PROPOSER_CONFIG"
 CLASS_PATH = "draftrl.decoding.vllm.proposer.DraftrlProposer"
-RULES = ("match", "heuristic", "fill")
+#: the keys of a proposer config (``proposer.json``) a built-in rule reads besides ``drafter``; a
+#: controller named by ``controller`` reads those its class lists in ``config_keys`` instead
+RULE_KEYS = ("depth", "budget", "rule", "initial_depth")
 #: Discount of a request's acceptance history per step it drafted.
 ACCEPT_DECAY = 0.8
 #: Tokens of a row's tail remembered to recognise the request at the next step (no runner).
@@ -88,60 +98,20 @@ class _Request:
     """One running request's drafting state between steps."""
 
     acceptance: RequestAcceptance = field(default_factory=RequestAcceptance)
+    memory: dict[str, Any] = field(default_factory=dict)
+    """the controller's scratch space for this request (``StepView.memory``)"""
     length: int = 0
     tail: tuple[int, ...] = ()
     last_step: int = 0
 
 
-@dataclass
-class ProposeRecord:
-    """What one ``propose`` call saw and did; rows are the running requests that decoded."""
-
-    step: int
-    action: StepAction
-    keys: list[str]
-    num_emitted: np.ndarray
-    """[A] tokens each request gained in the step that just ran (accepted + 1)"""
-    num_accepted: np.ndarray
-    """[A] accepted drafts among them"""
-    match_len: np.ndarray
-    """[A] matched n-gram length for the next draft (0 = none)"""
-    acceptance: np.ndarray
-    """[A] per-position acceptance estimate used for the scores"""
-    wanted: np.ndarray
-    """[A] drafts each request could and would propose under the depth cap"""
-    admitted: np.ndarray
-    """[A] drafts proposed after the budget (verified in the next step)"""
-    draft_ids: list[list[int]]
-    """[A] the proposed draft tokens themselves (``admitted`` of them each)"""
-
-
-@dataclass
-class StepView:
-    """What a ``propose`` call learnt about the step that just ran, before drafting for the next
-    (rows are the running requests that decoded; handed to :meth:`DraftrlProposer._before_draft`)."""
-
-    rows: list[int]
-    keys: list[str]
-    fresh: list[bool]
-    """[A] whether the request was not seen at the previous call (new, or not recognised)"""
-    lengths: list[int]
-    """[A] prompt + output tokens of each row now"""
-    num_emitted: np.ndarray
-    """[A] tokens each request gained in the step (accepted + 1)"""
-    num_verified: np.ndarray
-    """[A] drafts the step verified for each request (proposed at the previous call)"""
-    num_accepted: np.ndarray
-    """[A] of which accepted"""
-    num_prefilling: int
-    """rows that did not decode (still prefilling)"""
-    num_prefill_tokens: int
-    """tokens in those rows"""
-
-
 class DraftrlProposer:
     """vLLM ``custom_class`` proposer: ``speculative_config={"method": "custom_class", "model":
-    "draftrl.decoding.vllm.proposer.DraftrlProposer", "num_speculative_tokens": K}``."""
+    "draftrl.decoding.vllm.proposer.DraftrlProposer", "num_speculative_tokens": K}``; each step's
+    decision is :attr:`controller`'s (:mod:`draftrl.decoding.vllm.control`)."""
+
+    #: whether this class follows a rule that stops or limits an EAGLE-3 head's chain
+    drafts_heads = False
 
     def __init__(self, vllm_config: Any):
         guard_cpu_expand()  # also under `vllm serve`, where no draftrl engine built vLLM
@@ -150,9 +120,9 @@ class DraftrlProposer:
         self.max_model_len = int(vllm_config.model_config.max_model_len)
         self.drafter = serving_drafter()
         self.drafter_spec = SERVING_DRAFTER
-        self.action = StepAction(self.max_depth)
-        self.rule = "match"
-        self.initial_depth = float(self.max_depth)
+        self.controller: Controller = rule_controller("match")
+        """decides every step (:meth:`set_controller`); by default the rule ``match``, whose action
+        the in-process driver sets before each step"""
         self.runner: Any = None
         self.requests: dict[str, _Request] = {}
         self.step = 0
@@ -169,12 +139,26 @@ class DraftrlProposer:
     # ------------------------------------------------------------------ configuration
     def configure(self, config: dict[str, Any]) -> None:
         """Apply a proposer config (``draftrl export --format vllm``'s ``proposer.json``):
-        ``drafter`` (a spec, default :data:`SERVING_DRAFTER`), ``depth``, ``budget``, ``rule``,
-        ``initial_depth``."""
+        ``drafter`` (a spec, default :data:`SERVING_DRAFTER`), then either a built-in rule
+        (:data:`RULE_KEYS`: ``rule``, default ``match``, acting under ``depth`` and ``budget``,
+        ``initial_depth`` its ``heuristic`` start) or ``controller``: ``"module:Class"``, built with
+        ``Class.from_config(config, self)`` (:func:`~draftrl.decoding.vllm.control.controller_class`),
+        which reads the keys its class lists in ``config_keys``. Any other key is refused."""
         self.set_drafter(str(config.get("drafter", SERVING_DRAFTER)))
+        spec = config.get("controller")
+        cls = None if spec is None else controller_class(str(spec))
+        known = {"drafter", *RULE_KEYS} if cls is None else {"drafter", "controller", *getattr(cls, "config_keys", ())}
+        unknown = sorted(set(config) - known)
+        if unknown:
+            reader = f"controller {spec!r}" if spec else "the built-in rules"
+            raise ValueError(f"the proposer config names {', '.join(unknown)}, which {reader} do not read (keys: "
+                             f"{', '.join(sorted(known))}); re-run draftrl export --format vllm to write it again.")
+        if cls is not None:
+            self.set_controller(cls.from_config(config, self))
+            return
         depth = min(int(config.get("depth", self.max_depth)), self.max_depth)
-        self.action = StepAction(depth, config.get("budget"))
-        self.set_rule(str(config.get("rule", "match")), config.get("initial_depth"))
+        self.set_controller(rule_controller(str(config.get("rule", "match")), StepAction(depth, config.get("budget")),
+                                            config.get("initial_depth")))
 
     def bundle_path(self, path: str | Path) -> Path:
         """``path`` from the proposer config: as it is when absolute, else relative to the config's folder."""
@@ -186,14 +170,19 @@ class DraftrlProposer:
         if spec != self.drafter_spec:
             self.drafter, self.drafter_spec = serving_drafter(spec), spec
 
-    def set_rule(self, rule: str, initial_depth: float | None = None) -> None:
-        """Choose how deep each request drafts before the batch's cap and budget."""
-        if rule not in RULES:
-            raise ValueError(f"rule={rule!r} is unknown; choose one of {', '.join(RULES)}.")
-        self.rule = rule
-        self.initial_depth = float(initial_depth if initial_depth is not None else self.max_depth)
+    def set_controller(self, controller: Controller) -> None:
+        """Decide every step with ``controller`` from the next step on; what the previous one kept
+        per request (``StepView.memory``) is forgotten."""
+        if not isinstance(controller, Controller):
+            raise TypeError(f"a {type(controller).__name__} cannot decide a proposer's steps: a controller has "
+                            "decide(view) and drafted(view, record) (draftrl.decoding.vllm.control.Controller).")
+        if getattr(controller, "needs_head", False) and not self.drafts_heads:
+            raise ValueError(f"rule {controller.rule!r} stops or limits an EAGLE-3 head's chain, and this proposer "
+                             f"drafts {self.drafter_spec!r} with no head; draft with a head (drafter eagle3[:DIR] or "
+                             "sam:N[:DIR]) or use rule match or heuristic.")
+        self.controller = controller
         for req in self.requests.values():
-            req.acceptance.heuristic_depth = self.initial_depth
+            req.memory.clear()
 
     def load_model(self, *args: Any, **kwargs: Any) -> None:
         """The drafters that run here load no weights through vLLM; its CPU runner calls this unconditionally."""
@@ -216,33 +205,20 @@ class DraftrlProposer:
             keys.append(key or f"row{row}@{self.step}")
         return keys
 
-    # ------------------------------------------------------------------ per-request depth
-    def _own_depths(self, rows: list[int], reqs: list[_Request], sampled_token_ids: list[list[int]],
-                    num_tokens_no_spec: np.ndarray, token_ids_cpu: np.ndarray) -> list[int]:
-        """Each decoding request's own depth before the step's cap and budget (``rule``);
-        subclasses (``draftrl.export.vllm_proposer.PolicyProposer``) ask a per-request policy."""
-        if self.rule == "heuristic":
-            return [int(r.acceptance.heuristic_depth) for r in reqs]
-        return [self.max_depth] * len(reqs)
-
+    # ------------------------------------------------------------------ drafting
     def _drafter_for(self, key: str) -> Drafter:
         """The drafter of request ``key`` (one for all requests here; a subclass that keeps per-request
         drafter state, :class:`draftrl.decoding.vllm.head_proposer.HeadProposer`, returns its own)."""
         return self.drafter
 
-    def _draft_all(self, keys: list[str], histories: list[list[int]], caps: list[int]) -> list[DraftTree]:
+    def _draft_all(self, keys: list[str], histories: list[list[int]], caps: list[int],
+                   decision: StepDecision) -> list[DraftTree]:
         """Each request's greedy chain of at most ``caps[i]`` drafts after ``histories[i]``; one call
         per step, so a subclass may draft the step's requests together
-        (:class:`draftrl.decoding.vllm.head_proposer.HeadProposer` batches its head)."""
+        (:class:`draftrl.decoding.vllm.head_proposer.HeadProposer` batches its head and follows the
+        decision's ``stop`` and ``head``)."""
         return [self._drafter_for(key).propose(ids, cap, 1, _GREEDY, None)
                 for key, ids, cap in zip(keys, histories, caps)]
-
-    def _before_draft(self, view: StepView) -> None:
-        """Called once per step after the requests are tracked and before drafting: a hook for a
-        proposer that sets :attr:`action` itself (``draftrl.export.vllm_serve_proposer``)."""
-
-    def _admitted(self, rows: list[int], counts: list[int]) -> None:
-        """The drafts each row proposed after the budget (a hook for per-request policies)."""
 
     # ------------------------------------------------------------------ the step
     def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray,
@@ -264,40 +240,43 @@ class DraftrlProposer:
         for a, (row, key, n) in enumerate(zip(rows, keys, lengths)):
             req = self.requests.get(key)
             if req is None:
-                req = self.requests[key] = _Request(RequestAcceptance(heuristic_depth=self.initial_depth))
+                req = self.requests[key] = _Request()
             else:
                 fresh[a] = req.last_step != self.step - 1
                 verified[a] = req.acceptance.last_proposed
-                accepted[a] = req.acceptance.observe(int(emitted[a]), ACCEPT_DECAY, self.rule == "heuristic")
+                accepted[a] = req.acceptance.observe(int(emitted[a]), ACCEPT_DECAY)
             req.length, req.last_step = n, self.step
             ids = token_ids_cpu[row, :n].tolist()
             req.tail = tuple(ids[-_TAIL:])
             reqs.append(req)
             histories.append(ids)
         idle = [i for i, sampled in enumerate(sampled_token_ids) if not sampled]
-        self._before_draft(StepView(rows, keys, fresh, lengths, emitted, verified, accepted, len(idle),
-                                    sum(int(num_tokens_no_spec[i]) for i in idle)))
-        action = self.action
-        own_depths = self._own_depths(rows, reqs, sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
+        view = StepView(rows, keys, fresh, lengths, emitted, verified, accepted, len(idle),
+                        sum(int(num_tokens_no_spec[i]) for i in idle), self.max_depth, [r.memory for r in reqs],
+                        histories)
+        decision = self.controller.decide(view)
+        action = decision.action
+        own_depths = decision.depths if decision.depths is not None else [self.max_depth] * num
+        assert len(own_depths) == num, "a controller's depths are one per decoding request"
         caps = [draft_cap(action.depth, own, self.max_depth, self.max_model_len, n)
                 for own, n in zip(own_depths, lengths)]
         chains = []
-        for a, (ids, cap, tree) in enumerate(zip(histories, caps, self._draft_all(keys, histories, caps))):
+        for a, (ids, cap, tree) in enumerate(zip(histories, caps, self._draft_all(keys, histories, caps, decision))):
             match_len[a] = int(tree.features.get("ngram_match_len", 0))
             chain = [int(t) for t in tree.tokens]
-            if self.rule == "fill":  # pad to the cap with the last token
+            if decision.fill:  # pad to the cap with the last token
                 chain += [chain[-1] if chain else ids[-1]] * (cap - len(chain))
             wanted[a] = len(chain)
             chains.append(chain)
         acceptance, admitted = admit_drafts([r.acceptance for r in reqs], match_len, wanted, action.budget)
         for a, (row, chain) in enumerate(zip(rows, chains)):
             drafts[row] = chain[: int(admitted[a])]
-        self._admitted(rows, [len(drafts[row]) for row in rows])
         # forget requests that did not decode this step and are not mid-prefill (finished)
         if self.step % 64 == 0:
             self.requests = {k: r for k, r in self.requests.items() if r.last_step >= self.step - 64}
         self.last = ProposeRecord(self.step, action, keys, emitted, accepted, match_len, acceptance, wanted,
                                   admitted, [drafts[row] for row in rows])
+        self.controller.drafted(view, self.last)
         if self.history is not None:
             self.history.append(self.last)
         return drafts

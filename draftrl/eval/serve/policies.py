@@ -72,13 +72,13 @@ def proposer_drafter(spec: PolicyName, config) -> str:
 def proposer_rule(spec: PolicyName) -> str:
     """Each request's own depth before the step's cap and budget (``ServeConfig.rule``): ``heuristic``,
     or ``match`` / the head's per-level stop with the head's load part where the name has them
-    (``confidence:0.6|batch:1``, :mod:`draftrl.decoding.vllm.head_proposer`)."""
+    (``confidence:0.6|batch:1``, :mod:`draftrl.decoding.vllm.control`)."""
     if spec.kind == "heuristic":
         return "heuristic"
     rule = spec.stop or "match"
     if spec.head_max_batch is None:
         return rule
-    from draftrl.decoding.vllm.head_proposer import LOAD_SEP
+    from draftrl.decoding.vllm.control import LOAD_SEP
 
     return f"{rule}{LOAD_SEP}{spec.head_max_batch}"
 
