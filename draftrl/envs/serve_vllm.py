@@ -208,7 +208,7 @@ class ServeVLLMEnv(gym.Env[np.ndarray, np.ndarray]):
     """
 
     metadata = {"render_modes": []}
-    #: an episode is a whole workload, not one prompt (``evaluate_policy_on_env`` then does not pick prompts)
+    #: an episode is a whole workload, not one prompt (``evaluate_policy`` then does not pick prompts)
     one_request_per_episode = False
 
     def __init__(self, config: ServeConfig | dict | None = None, *, engine: "str | ServingEngine | None" = None,

@@ -6,8 +6,9 @@ Two paths, one record (:class:`~draftrl.eval.records.RequestRun`):
 - :func:`run_fixed`: ``draftrl.decoding.generate`` with a fixed ``(depth, verify_size, width)``
   schedule (the grid search; no observation is needed, so none is built).
 - :func:`run_policy`: one episode of ``draftrl/SpecDecode-v1`` (or ``SpecDecodeDepth-v1``) on a
-  prebuilt engine: the policy sees exactly the observation it saw in training, built by the
-  envs' own feature builder.
+  prebuilt engine, played by the one rollout loop (:func:`draftrl.policies.evaluate.evaluate_policy`,
+  as training evaluates): the policy sees exactly the observation it saw in training, built by
+  the envs' own feature builder.
 
 The serve track's episode (many requests under load) is :func:`draftrl.eval.serve.rollout.run_episode`.
 
@@ -15,14 +16,14 @@ Timing (wall clock, ``engine.clock()``: the device is synchronised before each r
 ``total_seconds`` runs from before the prefill to after the last round and includes the policy's
 decisions, the observation features and the exactness monitor, so a slow policy or monitor pays
 for itself. ``excluded_seconds`` is time a policy declares as not chargeable (the lookahead's
-lookahead); :attr:`~draftrl.eval.records.RequestRun.seconds` subtracts it. A round's wall time runs from the end of
-the previous round (or the prefill) to the end of this one, so it includes the decision.
+lookahead); :attr:`~draftrl.eval.records.RequestRun.seconds` subtracts it. A round's wall time
+runs from the end of the previous round (or the prefill) to the end of this one, so it includes
+the decision and the loop's own counting after the previous round (under a microsecond).
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import numpy as np
 
@@ -73,57 +74,55 @@ def run_fixed(engine, request, depth: int, verify_size: int, width: int, *, seed
 
 def run_policy(env, policy, prompt_id: str, *, label: str, repeat: int = 0, seed: int | None = None,
                monitor=None, device: str = "cpu", on_round=None) -> RequestRun:
-    """One episode of ``policy`` on ``env`` (a draftrl real-engine env) for prompt ``prompt_id``.
+    """One episode of ``policy`` on ``env`` (a draftrl real-engine env) for prompt ``prompt_id``:
+    :func:`draftrl.policies.evaluate.evaluate_policy` with one episode, timing each round.
 
     :param seed: passed to ``env.reset`` (only the first episode of an env is seeded, so cost
         features persist across requests as in training).
     :param monitor: an ``ExactnessMonitor`` fed every round (timed; raises ``ExactnessViolation``).
     :param on_round: called with each round's ``info`` (e.g. to record the policy's choices).
     """
-    from gymnasium import spaces
+    from draftrl.policies.evaluate import evaluate_policy
 
     base = env.unwrapped
-    step_level = isinstance(env.action_space, spaces.Discrete)
     probe = MemoryProbe(device)
     engine = base.engine
     excluded = getattr(policy, "excluded_seconds", 0.0)
-    monitor_seconds = 0.0
     rows: list[tuple] = []
+    state = {"last": 0.0, "prefill": 0.0, "monitor_seconds": 0.0, "info": {}}
 
-    t0 = engine.clock()
-    obs, info = env.reset(seed=seed, options={"prompt_id": prompt_id})
-    policy.reset()
-    prefill = float(info.get("prefill_seconds", 0.0))
-    last = t0 + prefill  # the first round's decision and features count as its own time
-    done = False
-    while not done:
-        if step_level:
-            action: Any = int(policy.act_step(obs))
-        else:
-            action = policy.to_action(*policy.act(obs))
-        obs, _, terminated, truncated, info = env.step(action)
-        done = bool(terminated or truncated)
-        if step_level and "num_emitted" not in info:
-            continue  # a draft step inside a round
-        policy.observe(info)
+    def started(info: dict) -> None:
+        """The request's prefill (none with the engine's first round verifying inside it); the
+        first round's decision and features count as its own time."""
+        state["prefill"] = float(info.get("prefill_seconds", 0.0))
+        state["last"] = t0 + state["prefill"]
+
+    def timed_round(info: dict) -> None:
+        """After the policy observed the round: the monitor, memory, then the round's wall time
+        (from the end of the previous round, or of the prefill, so the decision is its own)."""
         if monitor is not None:
             m0 = time.perf_counter()
             monitor.update(info["token_stats"])  # raises ExactnessViolation
-            monitor_seconds += time.perf_counter() - m0
+            state["monitor_seconds"] += time.perf_counter() - m0
         probe.sample()
         now = engine.clock()
-        rows.append((now - last, info["num_emitted"], info["num_accepted"], info["depth"], info.get("verify_size", 0),
-                     info["verified_depth"], info["num_verified"]))
-        last = now
+        rows.append((now - state["last"], info["num_emitted"], info["num_accepted"], info["depth"],
+                     info.get("verify_size", 0), info["verified_depth"], info["num_verified"]))
+        state["last"], state["info"] = now, info
         if on_round is not None:
             on_round(info)
+
+    t0 = engine.clock()
+    evaluate_policy(policy, env, episodes=1, seed=seed, options={"prompt_id": prompt_id}, on_reset=started,
+                    on_round=timed_round)
+    info = state["info"]
     total = engine.clock() - t0
     prompt = base.request.prompt
     return RequestRun(
         policy=label, prompt_id=prompt.id, language=prompt.language, task=prompt.task, repeat=repeat,
         token_ids=list(engine.output_ids), num_prompt_tokens=len(base.request.prompt_ids),
-        prefill_seconds=prefill, total_seconds=total, **_arrays(rows),
+        prefill_seconds=state["prefill"], total_seconds=total, **_arrays(rows),
         excluded_seconds=getattr(policy, "excluded_seconds", 0.0) - excluded,
-        monitor_seconds=monitor_seconds, peak_memory_bytes=probe.peak_delta, peak_memory_total_bytes=probe.peak,
+        monitor_seconds=state["monitor_seconds"], peak_memory_bytes=probe.peak_delta, peak_memory_total_bytes=probe.peak,
         stop_reason=info.get("stop_reason"),
     )

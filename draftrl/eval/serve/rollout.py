@@ -9,15 +9,15 @@ from typing import Any
 def run_episode(env, policy: Any, prompt_ids: list[str], seed: int = 0,
                 check: Any = None) -> tuple[list, list[dict]]:
     """One episode of a serving env (``draftrl/ServeVLLM-v0``, ``ServeReplay-v0``) over ``prompt_ids``,
-    ``policy`` (a ``draftrl.policies.Policy`` built for ``env``) choosing every step; returns the
-    request timelines and per-step records. ``check`` (a ``SampledStreamCheck``) observes every
-    step's requests."""
-    obs, _ = env.reset(seed=seed, options={"prompt_ids": prompt_ids})
-    policy.reset()
-    steps, done, info = [], False, {}
-    while not done:
-        obs, _, terminated, truncated, info = env.step(policy.to_action(*policy.act(obs)))
-        policy.observe(info)
+    ``policy`` (a ``draftrl.policies.Policy`` built for ``env``) choosing every step
+    (:func:`draftrl.policies.evaluate.evaluate_policy` with one episode); returns the request
+    timelines and per-step records. ``check`` (a ``SampledStreamCheck``) observes every step's requests."""
+    from draftrl.policies.evaluate import evaluate_policy
+
+    steps: list[dict] = []
+    last: dict = {}
+
+    def record(info: dict) -> None:
         if check is not None:
             check.observe(info["request_steps"])
         steps.append({"seconds": info["seconds"], "cpu_seconds": info.get("cpu_seconds"),
@@ -25,8 +25,10 @@ def run_episode(env, policy: Any, prompt_ids: list[str], seed: int = 0,
                       "num_verified": info["num_verified"],
                       "num_accepted": info["num_accepted"], "depth": info["depth"], "budget": info["budget"],
                       "decoding": info["decoding"]})
-        done = terminated or truncated
-    return info["requests"], steps
+        last["info"] = info
+
+    evaluate_policy(policy, env, episodes=1, seed=seed, options={"prompt_ids": prompt_ids}, on_round=record)
+    return last["info"]["requests"], steps
 
 
 def episode_throughput(env, policy: Any, prompt_ids: list[str], seed: int = 0) -> float:
