@@ -543,3 +543,41 @@ def test_a_track_crossing_is_reported():
              "draftrl.cli.eval": {"draftrl.eval.round.compare", "draftrl.eval.serve.compare"}}
     assert _track_crossings(graph) == ["draftrl.eval.metrics -> draftrl.eval.round.rollout",
                                        "draftrl.eval.serve.demo -> draftrl.eval.round.config"]
+
+
+# ----------------------------------------------------------------------------- one rollout loop
+def _env_steps(trees: dict[str, ast.AST], under: str) -> list[str]:
+    """``module:line`` of every ``<...env>.step(...)`` call in the modules under ``under`` (an engine's
+    ``step`` is not an env's)."""
+    found = []
+    for name, tree in trees.items():
+        if not (name == under or name.startswith(under + ".")):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "step":
+                owner = node.func.value
+                owner_name = owner.id if isinstance(owner, ast.Name) else getattr(owner, "attr", "")
+                if owner_name.lower().endswith("env"):
+                    found.append(f"{name}:{node.lineno}")
+    return sorted(found)
+
+
+def test_eval_rolls_policies_out_through_the_one_loop():
+    """Both eval tracks roll a policy out with ``policies.evaluate.evaluate_policy`` (SB3's
+    ``evaluate_policy``), passing hooks for what they record; none steps an env itself."""
+    steps = _env_steps(PACKAGE_TREES, "draftrl.eval")
+    assert not steps, f"eval steps envs itself at {steps}; call draftrl.policies.evaluate.evaluate_policy with on_round"
+    assert _env_steps(PACKAGE_TREES, "draftrl.policies.evaluate")  # the loop itself is seen
+
+
+def test_an_own_rollout_loop_is_reported():
+    """Negative control: the serve rollout's loop before it called ``evaluate_policy`` is reported;
+    an engine step is not."""
+    old = ("def run_episode(env, policy, prompt_ids, seed=0):\n"
+           "    obs, _ = env.reset(seed=seed, options={'prompt_ids': prompt_ids})\n"
+           "    done = False\n"
+           "    while not done:\n"
+           "        obs, _, terminated, truncated, info = env.step(policy.to_action(*policy.act(obs)))\n"
+           "        done = terminated or truncated\n"
+           "def engine_only(engine):\n    return self.engine.step(None)\n")
+    assert _env_steps({"draftrl.eval.serve.x": ast.parse(old)}, "draftrl.eval") == ["draftrl.eval.serve.x:5"]
