@@ -64,8 +64,8 @@ from draftrl.replay.serve_engine import single_stream_fixed, single_stream_optim
 from draftrl.envs.serve_vllm import ServeVLLMEnv
 from draftrl.config.serve import load_serve_config
 from draftrl.eval.policy_names import parse_policies
-from draftrl.eval.serve.rollout import episode_throughput
 from draftrl.eval.serve.compare import loads_of, run_eval
+from draftrl.eval.serve.rollout import episode_throughput
 from draftrl.policies import Fixed, LookAhead
 
 

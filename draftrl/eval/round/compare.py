@@ -31,11 +31,11 @@ from typing import Callable
 import numpy as np
 
 from draftrl.config import SAMPLERS, to_dict
-from draftrl.eval.round.config import EvalConfig, env_for_split
-from draftrl.eval.policy_names import REFERENCE
 from draftrl.eval.metrics import add_speedups, grouped, median_runs, paired_speedup, summarize_with_groups
-from draftrl.eval.round.anchors import anchor_ngram, anchors_for, run_anchor
+from draftrl.eval.policy_names import REFERENCE
 from draftrl.eval.records import RequestRun
+from draftrl.eval.round.anchors import anchor_ngram, anchors_for, run_anchor
+from draftrl.eval.round.config import EvalConfig, env_for_split
 from draftrl.eval.round.rollout import run_fixed, run_policy
 from draftrl.runs import WANDB_FILE
 

@@ -38,10 +38,10 @@ import numpy as np
 
 from draftrl.config import to_dict
 from draftrl.eval.agreement import raise_first_violation
-from draftrl.eval.round.anchors import run_anchor
-from draftrl.eval.round.config import EvalConfig, GridConfig, env_for_split
 from draftrl.eval.metrics import add_speedups, grouped, median_runs, summarize_with_groups
 from draftrl.eval.records import RequestRun
+from draftrl.eval.round.anchors import run_anchor
+from draftrl.eval.round.config import EvalConfig, GridConfig, env_for_split
 from draftrl.eval.round.rollout import run_fixed
 from draftrl.runs import WANDB_FILE
 

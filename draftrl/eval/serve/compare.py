@@ -51,9 +51,9 @@ from typing import Any, Callable
 from draftrl.eval.metrics import histogram, serving_groups, summarize_serving
 from draftrl.eval.policy_names import REFERENCE, PolicyName, parse_policies
 from draftrl.eval.report import render_serving_report
-from draftrl.eval.serve.rollout import run_episode
 from draftrl.eval.serve.policies import (build_serving_policy, check_policies, engine_config_for, policy_drafter,
                                           proposer_rule)
+from draftrl.eval.serve.rollout import run_episode
 
 FORMAT = "draftrl-serve-eval/1"
 
