@@ -123,9 +123,9 @@ def test_head_steps_cost_the_calibrated_head_seconds():
     assert steps == expected
 
 
-def test_sam_and_best_choose_their_drafter_per_request():
-    """``sam:N`` drafts with the head exactly where lookup matched fewer than N tokens; ``best``
-    (hindsight) drafts with whichever drafter accepts more and is never slower than either
+def test_sam_and_hindsight_choose_their_drafter_per_request():
+    """``sam:N`` drafts with the head exactly where lookup matched fewer than N tokens; ``hindsight``
+    drafts with whichever drafter accepts more and is never slower than either
     drafter's own hindsight when the head's drafting is free; ``ngram`` never pays the head."""
     recs = recordings()
     head = scripted_head(recs)
