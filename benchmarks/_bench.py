@@ -356,10 +356,10 @@ def engine_method(model, drafter, eos: list[int], depth: int, verify_size: int |
 
 def anchor_method(model, anchor, eos: list[int], device: str = "cpu"):
     """A method for :func:`interleave`: stock Hugging Face ``generate``, plain or with prompt lookup,
-    as every speed table's anchors run it (``anchor`` a :class:`draftrl.eval.anchors.Anchor`);
+    as every speed table's anchors run it (``anchor`` a :class:`draftrl.eval.round.anchors.Anchor`);
     returns (tokens, target forwards, prefill included)."""
     from draftrl.decoding.workload import Request as Episode
-    from draftrl.eval.anchors import run_anchor
+    from draftrl.eval.round.anchors import run_anchor
 
     def run(req: Request) -> tuple[list[int], int]:
         # a Request carries the prompt fields run_anchor reads (id, language, task)

@@ -3,7 +3,7 @@
 draftrl's engine (``SpeculativeDecoder``), greedy chains (width 1) of a fixed depth K, float32, on
 the held-out prompts (``load_prompts(split="heldout")``, ``--limit-per-group`` per language x task).
 Every (drafter, K), plain decoding (``none``: depth 0 on the same engine) and the Hugging Face
-anchors (``draftrl.eval.anchors``: stock ``generate``, ``hf``, and its prompt lookup,
+anchors (``draftrl.eval.round.anchors``: stock ``generate``, ``hf``, and its prompt lookup,
 ``hf-lookup:G`` for each of ``--anchor-gammas``) run interleaved per prompt (see ``_bench.py``).
 One line per (group, drafter, K); groups are ``all`` (the mixed workload), each task, each language.
 
@@ -45,7 +45,7 @@ from _bench import (Bench, Timings, anchor_method, common_flags, engine_method, 
 from draftrl.decoding.counts import AcceptanceCounts
 from draftrl.drafters.eagle3 import Eagle3Drafter
 from draftrl.drafters.registry import build_drafter, check_drafter_spec
-from draftrl.eval.anchors import HF, anchors_for
+from draftrl.eval.round.anchors import HF, anchors_for
 from draftrl.models import load_model
 from draftrl.prompts import LANGUAGES, TASKS
 

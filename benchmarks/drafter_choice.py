@@ -44,7 +44,7 @@ from draftrl.decoding.schedule import HeuristicSchedule
 from draftrl.replay.round_table import level_path_probs, match_depths
 from draftrl.envs.trace_choice import TraceChoiceEnv
 from draftrl.replay.traces import Traces
-from draftrl.eval.anchors import Anchor
+from draftrl.eval.round.anchors import Anchor
 from draftrl.eval.bootstrap import paired_ratio_ci
 from draftrl.policies.acceptance_stop import fit_acceptance
 

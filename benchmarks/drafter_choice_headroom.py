@@ -3,7 +3,7 @@
 Issue "Policies that choose the drafter" asks draftrl's engine for a learned policy >= 1.15x the grid's
 best fixed (drafter, depth). Before training for it, bound it: with traces of each drafter over the same
 held-out prompts (``draftrl collect --drafter D --cost-table C``), every round any schedule could play is
-known, and :mod:`draftrl.eval.headroom` computes
+known, and :mod:`draftrl.eval.round.headroom` computes
 
 - every fixed ``(drafter, depth)`` (the grid), the SAM-style rule (``--rule``) at each depth,
 - with ``--stops MODEL``, the per-level stops on that drafter's chains up to the deepest depth:
@@ -36,7 +36,7 @@ from _bench import Bench, common_flags, named_dirs, parse_args, stop_flags, stop
 from draftrl.envs.trace_choice import TraceChoiceEnv
 from draftrl.replay.round_table import level_path_probs, match_depths, round_table
 from draftrl.replay.traces import Traces, stored_cost_table
-from draftrl.eval.headroom import headroom
+from draftrl.eval.round.headroom import headroom
 from draftrl.policies.acceptance_stop import fit_acceptance
 
 

@@ -28,11 +28,11 @@ ends, a failed step is recorded with its error and the next one runs (exit statu
    ``SyncCounter`` recognises them and as ``torch.cuda.set_sync_debug_mode`` counts them, at
    temperatures 0 and 1, chains and trees, every depth); fails above the documented bounds
    (:data:`MAX_READS`, :data:`MAX_UPLOADS`, docs/architecture.md).
-4. ``grid``: ``draftrl.eval.grid.run_grid`` in bfloat16 at temperature 0 with Hugging Face anchors;
+4. ``grid``: ``draftrl.eval.round.grid.run_grid`` in bfloat16 at temperature 0 with Hugging Face anchors;
    the low-precision verdict (agreement with plain decoding, divergences and their margins).
 5. ``train``: ``draftrl.train.ppo_size.train`` (PPO) on ``draftrl/SpecDecode-v1``, the real engine,
    for :attr:`Sizes.train_rounds` rounds, then its evaluation against every fixed setting.
-6. ``eval``: ``draftrl.eval.evaluate.run_eval`` on the held-out prompts: ``none``, ``best-grid``,
+6. ``eval``: ``draftrl.eval.round.compare.run_eval`` on the held-out prompts: ``none``, ``best-grid``,
    ``heuristic`` and the trained policy, with the verdict. ``OUT/eval_report.md``.
 
 What comes back (7 files, within the device tool's 8): ``gpu_check.log`` (everything printed),
@@ -364,7 +364,7 @@ def step_syncs(ctx: Context) -> dict[str, Any]:
 
 def _eval_config(ctx: Context, **sections: Any):
     from draftrl.config import from_dict
-    from draftrl.eval.config import EvalConfig
+    from draftrl.eval.round.config import EvalConfig
 
     return from_dict(EvalConfig, {"env": ctx.env(split=None, shuffle=False, depths=list(ctx.sizes.grid_depths)),
                                   "wandb": {"mode": "disabled"}, **sections})
@@ -380,7 +380,7 @@ def _verdict(ctx: Context, verdict: dict) -> None:
 def step_grid(ctx: Context) -> dict[str, Any]:
     """``run_grid`` on the tune prompts; rows per cell, then the bfloat16 verdict."""
     from draftrl.eval.agreement import AgreementViolation
-    from draftrl.eval.grid import GRID_FILE, run_grid
+    from draftrl.eval.round.grid import GRID_FILE, run_grid
 
     config = _eval_config(ctx, grid={"depths": list(ctx.sizes.grid_depths), "repeats": ctx.sizes.grid_repeats},
                           eval={"anchor_gammas": [4]})
@@ -448,7 +448,7 @@ def step_train(ctx: Context) -> dict[str, Any]:
 
 def step_eval(ctx: Context) -> dict[str, Any]:
     """``run_eval`` on the held-out prompts: none, best-grid (with the grid), heuristic, the PPO policy."""
-    from draftrl.eval.evaluate import REPORT_FILE, RESULTS_FILE, run_eval
+    from draftrl.eval.round.compare import REPORT_FILE, RESULTS_FILE, run_eval
 
     policies = ["none", "heuristic"]
     if ctx.grid_path is not None:

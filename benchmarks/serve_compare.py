@@ -4,7 +4,7 @@ drafter at each fixed
 depth, the +2/-1 heuristic, a Dynamic SD table and (given) a PPO policy, at concurrency 1, 4 and 16
 on the mixed held-out workload; Hugging Face anchors at batch 1.
 
-Everything runs through ``draftrl.eval.serving.run_serving_eval`` (one engine per speculative
+Everything runs through ``draftrl.eval.serve.compare.run_eval`` (one engine per speculative
 config, policies rotated per load, float32 greedy identity against no speculation), then HF
 ``generate`` plain and prompt lookup on the same requests, one at a time. Prints ratios first:
 
@@ -46,7 +46,7 @@ def main() -> None:
 
     bench = Bench(args, __file__, owned=("serving",), device="cuda" if torch.cuda.is_available() else "cpu")
 
-    from draftrl.eval.serving import run_serving_eval
+    from draftrl.eval.serve.compare import run_eval
 
     policies = ["none"] + [f"vllm-ngram:{k}" for k in args.ks.split(",") if k] + \
         [f"vllm-class:{REF_LOOKUP}:{k}" for k in args.ref_ks.split(",") if k] + \
@@ -59,7 +59,7 @@ def main() -> None:
     levels = [int(c) for c in args.concurrency.split(",") if c]
     t0 = time.perf_counter()
     serving_dir = bench.path("serving") or tempfile.mkdtemp(prefix="serve_compare_")
-    results = run_serving_eval(serving_dir, policies=policies, concurrency=levels, config=config, repeats=args.repeats,
+    results = run_eval(serving_dir, policies=policies, concurrency=levels, config=config, repeats=args.repeats,
                                progress=lambda d, t, m: bench.note(f"[{d}/{t}] {m}"))
     anchors = hf_anchors(serving_prompts(config), args.hf_lookup) if args.hf_lookup else {}
     where = dict(dtype=args.dtype, max_new_tokens=args.max_new_tokens, repeats=args.repeats)

@@ -6,7 +6,7 @@ machine's calibrated step cost, on the held-out recordings, at each load (noise-
 same seeds and arrivals for every arm):
 
 - **fixed K**: depth cap K every step, no budget (the baseline the goal names);
-- **best static**: the best fixed (depth, budget) setting of the action grid chosen *per load*, i.e. a
+- **best fixed**: the best fixed (depth, budget) setting of the action grid chosen *per load*, i.e. a
   policy that knows the load and never changes its action within it;
 - **lookahead**: the greedy one-step lookahead (``ServeReplay-v0.lookahead_action``: every action of the
   grid tried one step ahead on a copy of the engine);
@@ -24,8 +24,8 @@ cells, where the head only takes its rows, and its head cells):
 - **SAM** ``fixed:K@sam:N`` (n-gram lookup on an N-token match, else the head);
 - **hindsight over both drafters**: every request, every step, drafts with the drafter that accepts
   more, just the tokens it accepts;
-- **oracle drafter**: the same choice of drafter, the depth from the step's (depth, budget), every
-  setting of the grid, and with the greedy one-step look-ahead choosing (depth, budget). Why both:
+- **hindsight drafter**: the same choice of drafter, the depth from the step's (depth, budget), every
+  setting of the grid, and with the greedy one-step lookahead choosing (depth, budget). Why both:
   where a step verifying a few more tokens costs no more (or, on vLLM's CPU runner at batch 1,
   less), drafting only what will be accepted is not the fastest schedule;
 - **optimum** (concurrency 1 only): the exact fewest seconds over every per-step choice of drafter
@@ -64,8 +64,8 @@ from draftrl.replay.serve_engine import single_stream_fixed, single_stream_optim
 from draftrl.envs.serve_vllm import ServeVLLMEnv
 from draftrl.config.serve import load_serve_config
 from draftrl.eval.policy_names import parse_policies
-from draftrl.eval.rollout import episode_throughput
-from draftrl.eval.serving import loads_of, run_serving_eval
+from draftrl.eval.serve.compare import loads_of, run_eval
+from draftrl.eval.serve.rollout import episode_throughput
 from draftrl.policies import Fixed, LookAhead
 
 
@@ -157,36 +157,37 @@ def main() -> None:
         plain = throughput(env, Fixed.for_env(env, depth=0, verify_size=0))
         speed = lambda e, d, b: throughput(e, Fixed.for_env(e, depth=d, verify_size=b)) / plain  # noqa: E731
         fixed_k = {f"fixed:{d}": speed(env, d, no_limit) for d in depths}
-        static = {f"fixed:{d}:{b}" if b else "fixed:0": speed(env, d, b) for d in depths for b in budgets}  # b 0: none
+        fixed = {f"fixed:{d}:{b}" if b else "fixed:0": speed(env, d, b) for d in depths for b in budgets}  # b 0: none
         hindsight = {f"hindsight:{d}:{b}": speed(hind, d, b) for d in depths for b in budgets}
         lookahead = throughput(env, LookAhead.for_env(env)) / plain
         row = {"load": f"{section}={key}", "none_tokens_per_second": plain, "fixed_k": fixed_k,
-               "static": static, "lookahead": lookahead, "hindsight": hindsight}
+               "fixed": fixed, "lookahead": lookahead, "hindsight": hindsight}
         best = lambda d: max(d, key=d.get)  # noqa: E731
-        ratios = {"best_fixed_k_vs_none": max(fixed_k.values()), "best_static_vs_none": max(static.values()),
+        ratios = {"best_fixed_k_vs_none": max(fixed_k.values()), "best_fixed_vs_none": max(fixed.values()),
                   "lookahead_vs_none": lookahead, "hindsight_vs_none": max(hindsight.values())}
-        context = dict(best_fixed_k=best(fixed_k), best_static=best(static), best_hindsight=best(hindsight))
+        context = dict(best_fixed_k=best(fixed_k), best_fixed=best(fixed), best_hindsight=best(hindsight))
         if heads is not None:
             cfg = dataclasses.replace(config, **load)
             head_env, sam_env = env_for(cfg, "eagle3"), env_for(cfg, f"sam:{args.sam}")
-            both = env_for(dataclasses.replace(config, rule="hindsight", **load), "best")
-            oracle = env_for(cfg, "best")
+            both = env_for(dataclasses.replace(config, rule="hindsight", **load), "hindsight")
+            hindsight_drafter = env_for(cfg, "hindsight")
             row["fixed_head"] = {f"fixed:{d}@eagle3": speed(head_env, d, no_limit) for d in depths}
             row["sam"] = {f"fixed:{d}@sam:{args.sam}": speed(sam_env, d, no_limit) for d in depths}
             row["hindsight_both"] = {f"hindsight_both:{d}:{b}": speed(both, d, b) for d in depths for b in budgets}
-            row["oracle_drafter"] = {f"oracle_drafter:{d}:{b}": speed(oracle, d, b) for d in depths for b in budgets}
-            row["oracle_lookahead"] = throughput(oracle, LookAhead.for_env(oracle)) / plain
-            row["ceiling"] = max(*row["hindsight_both"].values(), *row["oracle_drafter"].values(),
-                                 row["oracle_lookahead"])
+            row["hindsight_drafter"] = {f"hindsight_drafter:{d}:{b}": speed(hindsight_drafter, d, b) for d in depths for b in budgets}
+            row["hindsight_drafter_lookahead"] = (throughput(hindsight_drafter, LookAhead.for_env(hindsight_drafter))
+                                                  / plain)
+            row["ceiling"] = max(*row["hindsight_both"].values(), *row["hindsight_drafter"].values(),
+                                 row["hindsight_drafter_lookahead"])
             fixed_any = {**fixed_k, **row["fixed_head"]}
             ratios.update({"best_fixed_drafter_k_vs_none": max(fixed_any.values()),
                            "best_sam_vs_none": max(row["sam"].values()),
                            "hindsight_both_vs_none": max(row["hindsight_both"].values()),
-                           "oracle_drafter_vs_none": max(row["oracle_drafter"].values()),
-                           "oracle_lookahead_vs_none": row["oracle_lookahead"],
+                           "hindsight_drafter_vs_none": max(row["hindsight_drafter"].values()),
+                           "hindsight_drafter_lookahead_vs_none": row["hindsight_drafter_lookahead"],
                            "ceiling_vs_best_fixed": row["ceiling"] / max(fixed_any.values())})
-            context.update(best_fixed=best(fixed_any), best_sam=best(row["sam"]),
-                           best_oracle_drafter=best(row["oracle_drafter"]))
+            context.update(best_fixed_drafter_k=best(fixed_any), best_sam=best(row["sam"]),
+                           best_hindsight_drafter=best(row["hindsight_drafter"]))
             if load.get("concurrency") == 1:  # one request at a time: the exact optimum, a dynamic program
                 ids = {prompt.id for prompt in env.workload.prompts[: config.num_requests or None]}
                 chosen = [i for i, r in enumerate(recordings.requests) if r.prompt.id in ids]
@@ -207,7 +208,7 @@ def main() -> None:
     extra = {}
     if args.policies:
         specs = [s.label for s in parse_policies(args.policies, engine="vllm")]
-        res = run_serving_eval(bench.path("policies") or tempfile.mkdtemp(prefix="serve_headroom_"),
+        res = run_eval(bench.path("policies") or tempfile.mkdtemp(prefix="serve_headroom_"),
                                policies=args.policies, concurrency=concurrency,
                                rates=rates, config=config, make_env=lambda cfg, spec: env_for(cfg))
         extra = {label: [res[s][k]["policies"][label]["speedup_vs_none"] for s, k in loads_of(res)]
@@ -215,10 +216,10 @@ def main() -> None:
     fixed_labels = list(rows[0]["fixed_k"])
     k_best = max(fixed_labels, key=lambda k: geomean([r["fixed_k"][k] for r in rows]))
     reference = geomean([r["fixed_k"][k_best] for r in rows])
-    single = max(rows[0]["static"], key=lambda k: geomean([r["static"][k] for r in rows]))
+    single = max(rows[0]["fixed"], key=lambda k: geomean([r["fixed"][k] for r in rows]))
     kinds = {f"best_single_fixed_k:{k_best}": [r["fixed_k"][k_best] for r in rows],
-             f"best_single_depth_budget:{single}": [r["static"][single] for r in rows],
-             "best_static_per_load": [max(r["static"].values()) for r in rows],
+             f"best_single_depth_budget:{single}": [r["fixed"][single] for r in rows],
+             "best_fixed_per_load": [max(r["fixed"].values()) for r in rows],
              "greedy_one_step_lookahead": [r["lookahead"] for r in rows],
              "hindsight_per_load": [max(r["hindsight"].values()) for r in rows],
              **extra}
@@ -230,8 +231,8 @@ def main() -> None:
                       f"best_single_sam:{sam_best}": [r["sam"][sam_best] for r in rows],
                       "best_fixed_drafter_k_per_load": [max({**r["fixed_k"], **r["fixed_head"]}.values()) for r in rows],
                       "hindsight_both_drafters_per_load": [max(r["hindsight_both"].values()) for r in rows],
-                      "oracle_drafter_per_load": [max(r["oracle_drafter"].values()) for r in rows],
-                      "oracle_drafter_lookahead": [r["oracle_lookahead"] for r in rows],
+                      "hindsight_drafter_per_load": [max(r["hindsight_drafter"].values()) for r in rows],
+                      "hindsight_drafter_lookahead": [r["hindsight_drafter_lookahead"] for r in rows],
                       "ceiling_per_load": [r["ceiling"] for r in rows]})
     bench.note(f"geometric mean over {len(rows)} loads ({', '.join(r['load'] for r in rows)}): speedup over none, "
                "then vs the best single fixed K")

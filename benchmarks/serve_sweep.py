@@ -1,7 +1,7 @@
 """Load sweep in real vLLM and in the replay: the same policies, the same held-out requests.
 
 For each Poisson arrival rate (and fixed concurrency, if given) every policy runs in real vLLM
-(``draftrl.eval.serving.run_serving_eval``: policies interleaved, ``--repeats`` passes, the
+(``draftrl.eval.serve.compare.run_eval``: policies interleaved, ``--repeats`` passes, the
 median-time pass kept, float32 greedy identity checked) and in ``draftrl/ServeReplay-v0`` (the
 same runner with the replay's env). Per load, one line per policy, ratios first: speedup over
 no speculation in vLLM and in the replay (``vllm_speedup_vs_none``, ``replay_speedup_vs_none``),
@@ -28,7 +28,7 @@ from draftrl.eval.plots import load_sweep
 from draftrl.config.serve import load_serve_config
 from draftrl.eval.metrics import kendall_tau
 from draftrl.eval.policy_names import parse_policies
-from draftrl.eval.serving import loads_of, run_serving_eval
+from draftrl.eval.serve.compare import loads_of, run_eval
 from draftrl.io import read_json
 
 
@@ -57,9 +57,9 @@ def main() -> None:
     def replay_env(cfg, spec):
         return ServeVLLMEnv(cfg, engine="replay", recordings=recordings, calibration=cost, proposals=proposals)
 
-    replay = run_serving_eval(out / "replay", policies=replayed, concurrency=concurrency, rates=rates,
+    replay = run_eval(out / "replay", policies=replayed, concurrency=concurrency, rates=rates,
                            repeats=args.repeats, config=config, make_env=replay_env)
-    real = read_json(args.real_results, "vLLM results") if args.real_results else run_serving_eval(
+    real = read_json(args.real_results, "vLLM results") if args.real_results else run_eval(
         out / "real", policies=args.policies, concurrency=concurrency, rates=rates, repeats=args.repeats, config=config)
     all_real, all_replay = [], []
     for section, key in loads_of(real):

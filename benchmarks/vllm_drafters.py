@@ -4,7 +4,7 @@ prompt lookup (``vllm-ngram:K``) at each K, at concurrency 1, 4 and 16 on the mi
 position as a fraction of a plain decode step and its acceptance length from vLLM's own counts;
 Hugging Face anchors at batch 1, timed in the same run.
 
-One ``draftrl.eval.serving.run_serving_eval`` per K (``none``, ``vllm-eagle3:K``, ``vllm-ngram:K``: policies
+One ``draftrl.eval.serve.compare.run_eval`` per K (``none``, ``vllm-eagle3:K``, ``vllm-ngram:K``: policies
 rotated per load, float32 greedy identity against ``none``), the Ks in a random order, each K's
 engines released before the next K's load (an engine holds ~2 GB here: seventeen do not fit), so
 each K's ratios are taken against the ``none`` measured beside it. Prints ratios first:
@@ -102,7 +102,7 @@ def main() -> None:
 
     from draftrl.decoding.vllm.engine import model_path, release_engines
     from draftrl.drafters.eagle3 import random_head
-    from draftrl.eval.serving import run_serving_eval
+    from draftrl.eval.serve.compare import run_eval
 
     ks = sorted({int(k) for k in args.ks.split(",") if k})
     levels = [int(c) for c in args.concurrency.split(",") if c]
@@ -125,7 +125,7 @@ def main() -> None:
     groups: dict[int, dict] = {}
     for k in next(rotations(ks, 1)):  # the Ks in a random order: drift does not follow K
         policies = ["none", f"vllm-eagle3:{k}"] + ([f"vllm-ngram:{k}"] if args.ngram else [])
-        groups[k] = run_serving_eval(serving_dir / f"k{k}", policies=policies, concurrency=levels, config=config,
+        groups[k] = run_eval(serving_dir / f"k{k}", policies=policies, concurrency=levels, config=config,
                                      repeats=args.repeats,
                                      progress=lambda d, t, m, k=k: bench.note(f"K={k} [{d}/{t}] {m}"))
         release_engines()  # this K's engines; none's is rebuilt for the next K (one shutdown ends them all)

@@ -12,7 +12,7 @@ methods, at concurrency 1 and 4 on the mixed held-out workload (four languages x
 - the rest of the grid: vLLM's ``vllm-ngram:K``, draftrl's n-gram proposer ``fixed:K`` and its
   ``heuristic``; Hugging Face ``generate`` (plain and prompt lookup) at batch 1 as anchors.
 
-One ``draftrl.eval.serving.run_serving_eval`` (policies rotated per load and repeat, float32 greedy
+One ``draftrl.eval.serve.compare.run_eval`` (policies rotated per load and repeat, float32 greedy
 identity against ``none``): each policy names its drafter (``@eagle3``, ``@sam:2``; none: the
 proposer's n-gram lookup), and ``--head DIR`` puts DIR into every one of them and into
 ``vllm-eagle3``. Prints ratios first: each policy over ``none``, over the best stock vLLM method
@@ -77,7 +77,7 @@ def main() -> None:
     bench = Bench(args, __file__, owned=("serving",), device="cuda" if torch.cuda.is_available() else "cpu")
     from draftrl.drafters.packaged import resolve_head
     from draftrl.eval.policy_names import parse_policies, split_policies
-    from draftrl.eval.serving import run_serving_eval
+    from draftrl.eval.serve.compare import run_eval
 
     levels = [int(c) for c in args.concurrency.split(",") if c]
     config = serving_config(args)
@@ -86,7 +86,7 @@ def main() -> None:
     specs = {s.label: s for s in parse_policies(names, engine="vllm")}
     root = bench.out or Path(tempfile.mkdtemp(prefix="vllm_head_routes_"))
     t0 = time.perf_counter()
-    results = run_serving_eval(root / "serving", policies=names, concurrency=levels, config=config,
+    results = run_eval(root / "serving", policies=names, concurrency=levels, config=config,
                                repeats=args.repeats, progress=lambda d, t, m: bench.note(f"[{d}/{t}] {m}"))
     anchors = hf_anchors(serving_prompts(config), args.hf_lookup) if args.hf_lookup else {}
 

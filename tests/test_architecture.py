@@ -142,7 +142,7 @@ def test_no_module_imports_from_a_layer_above_it():
 
 def test_wrong_way_edges_are_caught():
     """Negative controls: the edges this redesign removed would fail the check."""
-    assert _wrong_way({"draftrl.eval.demo": {"draftrl.cli.calibrate"}}) == ["draftrl.eval.demo -> draftrl.cli.calibrate"]
+    assert _wrong_way({"draftrl.eval.round.demo": {"draftrl.cli.calibrate"}}) == ["draftrl.eval.round.demo -> draftrl.cli.calibrate"]
     assert _wrong_way({"draftrl.export.features": {"draftrl.replay.traces"}})  # export rebuilds features without replay
     assert _wrong_way({"draftrl.decoding.batch": {"draftrl.replay.serve_engine"}})  # replay sits above decoding
     assert _wrong_way({"draftrl.replay.traces": {"draftrl.envs.spec_decode"}})  # and below the envs
@@ -164,14 +164,14 @@ def test_string_imports_are_edges():
     lazy = 'import importlib\ndef load():\n    return importlib.import_module("draftrl.train.ppo_size")\n'
     assert _wrong_way({"draftrl.policies.x": edges("draftrl.policies.x", lazy)}) == [
         "draftrl.policies.x -> draftrl.train.ppo_size"]
-    entry = 'ENTRY = dict(entry_point="draftrl.eval.demo:DemoConfig")'
+    entry = 'ENTRY = dict(entry_point="draftrl.eval.round.demo:DemoConfig")'
     assert _wrong_way({"draftrl.decoding.x": edges("draftrl.decoding.x", entry)}) == [
-        "draftrl.decoding.x -> draftrl.eval.demo"]
+        "draftrl.decoding.x -> draftrl.eval.round.demo"]
     # a module that does not exist (any more) is still in its layer's package
     assert edges("draftrl.export.x", 'OLD = "draftrl.envs.features.FeatureBuilder"') == {"draftrl.envs"}
     # envs naming envs (draftrl/envs/ids.py) is legal; docstrings, prose, ids and metadata keys are not imports
     assert _wrong_way({"draftrl.envs.ids": edges("draftrl.envs.ids", 'E = "draftrl.envs.analytic:AnalyticEnv"')}) == []
-    prose = '"""Made by draftrl.eval.demo."""\nMSG = "see draftrl.eval.demo for a demo"\nID = "draftrl/Analytic-v0"\n'
+    prose = '"""Made by draftrl.eval.round.demo."""\nMSG = "see draftrl.eval.round.demo for a demo"\nID = "draftrl/Analytic-v0"\n'
     assert edges("draftrl.decoding.x", prose + 'KEY = "draftrl.manifest"') == {"draftrl"}
     assert "draftrl.envs.analytic" in GRAPH["draftrl.envs.ids"]
 
@@ -215,7 +215,7 @@ def test_no_import_cycles():
 
 def test_the_graph_sees_lazy_imports():
     """Negative control: an import inside a function is an edge (the CLI imports eval lazily)."""
-    assert "draftrl.eval.evaluate" in GRAPH["draftrl.cli.eval"]
+    assert "draftrl.eval.round.compare" in GRAPH["draftrl.cli.eval"]
     assert _layer("draftrl.config.env") == "base" and _layer("draftrl.export.controller") == "export"
 
 
@@ -500,3 +500,84 @@ def test_a_proposer_outside_decoding_vllm_is_reported():
     proposer = ast.parse("class FooProposer:\n    pass\n")
     assert _misplaced_proposers({"draftrl.export.x": proposer, "draftrl.decoding.vllm.y": proposer}) == [
         "draftrl.export.x.FooProposer"]
+
+
+# ----------------------------------------------------------------------------- the two tracks of eval
+#: The two tracks of evaluation (docs/architecture.md): the round track (one request, a
+#: ``RoundEngine``) and the serve track (a batch under load, a ``ServingEngine``). Each imports the
+#: shared ``draftrl.eval`` modules (metrics, bootstrap, report, ...); neither imports the other, and
+#: the shared modules import neither, so a change to one track cannot reach the other.
+TRACKS: tuple[str, ...] = ("draftrl.eval.round", "draftrl.eval.serve")
+
+
+def _track(module: str) -> str | None:
+    """The track ``module`` belongs to, None for a shared or non-eval module."""
+    return next((t for t in TRACKS if module == t or module.startswith(t + ".")), None)
+
+
+def _track_crossings(graph: dict[str, set[str]]) -> list[str]:
+    """``"module -> target"`` for every import by an eval module into a track other than its own
+    (a shared module has none of its own)."""
+    return sorted(f"{module} -> {target}" for module, targets in graph.items()
+                  if module == "draftrl.eval" or module.startswith("draftrl.eval.")
+                  for target in targets if _track(target) not in (None, _track(module)))
+
+
+def test_the_eval_tracks_do_not_import_each_other():
+    assert {_track(m) for m in MODULES} >= set(TRACKS), "a track named in TRACKS has no module"
+    crossings = _track_crossings(GRAPH)
+    assert not crossings, (f"eval imports across its tracks: {crossings}; move what both tracks need to the "
+                           "shared draftrl.eval modules")
+
+
+def test_a_track_crossing_is_reported():
+    """Negative controls: the serve track importing the round track (also lazily, by a function's
+    import), and a shared module importing a track (``metrics`` reading ``RequestRun`` from the
+    round rollout, as before the tracks were named) are reported; a track importing the shared
+    modules, its own track, or the CLI importing both is not."""
+    serve = ast.parse("def f():\n    from draftrl.eval.round.config import EvalConfig\n"
+                      "from draftrl.eval.metrics import summarize_serving\nfrom draftrl.eval.serve import rollout\n")
+    graph = {"draftrl.eval.serve.demo": _imports_in("draftrl.eval.serve.demo", serve),
+             "draftrl.eval.metrics": {"draftrl.eval.round.rollout"},
+             "draftrl.eval.round.grid": {"draftrl.eval.metrics", "draftrl.eval.round.rollout"},
+             "draftrl.cli.eval": {"draftrl.eval.round.compare", "draftrl.eval.serve.compare"}}
+    assert _track_crossings(graph) == ["draftrl.eval.metrics -> draftrl.eval.round.rollout",
+                                       "draftrl.eval.serve.demo -> draftrl.eval.round.config"]
+
+
+# ----------------------------------------------------------------------------- one rollout loop
+def _env_steps(trees: dict[str, ast.AST], under: str) -> list[str]:
+    """``module:line`` of every ``<...env>.step(...)`` call in the modules under ``under`` (an engine's
+    ``step`` is not an env's)."""
+    found = []
+    for name, tree in trees.items():
+        if not (name == under or name.startswith(under + ".")):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "step":
+                owner = node.func.value
+                owner_name = owner.id if isinstance(owner, ast.Name) else getattr(owner, "attr", "")
+                if owner_name.lower().endswith("env"):
+                    found.append(f"{name}:{node.lineno}")
+    return sorted(found)
+
+
+def test_eval_rolls_policies_out_through_the_one_loop():
+    """Both eval tracks roll a policy out with ``policies.evaluate.evaluate_policy`` (SB3's
+    ``evaluate_policy``), passing hooks for what they record; none steps an env itself."""
+    steps = _env_steps(PACKAGE_TREES, "draftrl.eval")
+    assert not steps, f"eval steps envs itself at {steps}; call draftrl.policies.evaluate.evaluate_policy with on_round"
+    assert _env_steps(PACKAGE_TREES, "draftrl.policies.evaluate")  # the loop itself is seen
+
+
+def test_an_own_rollout_loop_is_reported():
+    """Negative control: the serve rollout's loop before it called ``evaluate_policy`` is reported;
+    an engine step is not."""
+    old = ("def run_episode(env, policy, prompt_ids, seed=0):\n"
+           "    obs, _ = env.reset(seed=seed, options={'prompt_ids': prompt_ids})\n"
+           "    done = False\n"
+           "    while not done:\n"
+           "        obs, _, terminated, truncated, info = env.step(policy.to_action(*policy.act(obs)))\n"
+           "        done = terminated or truncated\n"
+           "def engine_only(engine):\n    return self.engine.step(None)\n")
+    assert _env_steps({"draftrl.eval.serve.x": ast.parse(old)}, "draftrl.eval") == ["draftrl.eval.serve.x:5"]

@@ -19,7 +19,7 @@ import time
 
 from draftrl.config.serve import load_serve_config
 from draftrl.envs.serve_vllm import ServeVLLMEnv
-from draftrl.eval.dsd_search import search_dsd
+from draftrl.eval.serve.dsd_search import search_dsd
 from draftrl.io import prepare_out, write_json
 from draftrl.replay.recordings import Proposals, Recordings
 from draftrl.replay.serve_calibrate import StepCostModel

@@ -63,7 +63,7 @@ words
 
 one parameter's walk through ``draftrl demo``
     The parameter is the ``DemoConfig`` that ``draftrl demo`` builds: born in
-    ``draftrl/cli/demo.py:run`` as ``cfg = config(args)`` and handed to ``draftrl/eval/demo.py:run_demo``
+    ``draftrl/cli/demo.py:run`` as ``cfg = config(args)`` and handed to ``draftrl/eval/round/demo.py:run_demo``
     (``--start`` / ``--birth`` name another birth place after a redesign). It is followed two ways.
 
     *Static* (always printed; the source only, as ``tests/test_architecture.py`` reads it): a

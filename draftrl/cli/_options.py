@@ -239,7 +239,7 @@ def load_step(cls: type[T], args: argparse.Namespace) -> T:
     """The config of a command the demo runs as a step (``calibrate``, ``collect``, ``grid``, ``eval``).
 
     A demo config (:func:`is_demo_file`) is read as ``draftrl demo`` reads it and the command takes
-    what its step reads (``draftrl.eval.demo.step_config``: the same sections, defaults and split),
+    what its step reads (``draftrl.eval.round.demo.step_config``: the same sections, defaults and split),
     so one demo step reruns with the demo's file; of any other file the sections of other commands
     are skipped. Unknown keys inside the sections read, and every ``--set``, stay strict.
     """
@@ -247,7 +247,7 @@ def load_step(cls: type[T], args: argparse.Namespace) -> T:
 
     path = getattr(args, "config", None)
     if is_demo_file(path):
-        from draftrl.eval.demo import DemoConfig, step_config
+        from draftrl.eval.round.demo import DemoConfig, step_config
 
         demo = load_config(DemoConfig, path, partial=True)
         return load_config(cls, None, overrides(args), base=step_config(demo, cls))

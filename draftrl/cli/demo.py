@@ -8,7 +8,7 @@ Prints a comparison table (plain decoding, best fixed, heuristic, threshold, ban
 lookahead bound) with speedups over plain decoding measured in the same run, the exactness
 verdict, and where the report and plots are. Exits 3 when an exactness check fails.
 
-Learning under load in real vLLM (needs vLLM installed; ``draftrl.eval.serve_demo``)::
+Learning under load in real vLLM (needs vLLM installed; ``draftrl.eval.serve.demo``)::
 
     draftrl demo --engine vllm             # about 15 minutes on 2 CPU cores -> runs/serve_demo
     draftrl demo --engine vllm --quick     # a few minutes
@@ -39,7 +39,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--quick", action="store_true", help="a few minutes: fewer requests, tokens, cells and steps")
     p.add_argument("--engine", choices=["hf", "vllm"], default="hf",
                    help="hf: draftrl's exact engine, one request at a time (default); vllm: learning under load in "
-                        "real vLLM (--config/--set keys are ServeDemoConfig fields, draftrl/eval/serve_demo.py)")
+                        "real vLLM (--config/--set keys are ServeDemoConfig fields, draftrl/eval/serve/demo.py)")
     _options.add_vllm_engine(p, section=None)  # ServeDemoConfig holds them at its top level
     _options.add_out(p, "output directory (default: runs/demo; --engine vllm: runs/serve_demo)", required=False,
                      overwrite="replace an earlier demo's outputs in --out")
@@ -47,10 +47,10 @@ def add_parser(subparsers) -> None:
 
 
 def config(args: argparse.Namespace):
-    """The :class:`~draftrl.eval.demo.DemoConfig`: the built-in default (or ``--quick``), or ``--config``;
+    """The :class:`~draftrl.eval.round.demo.DemoConfig`: the built-in default (or ``--quick``), or ``--config``;
     with no head shipped for ``--target``, the default ``sam:2`` drafts by n-gram lookup
     (``_options.settle_drafter``)."""
-    from draftrl.eval.demo import DemoConfig
+    from draftrl.eval.round.demo import DemoConfig
 
     base = DemoConfig.quick() if args.quick and not args.config else None
     cfg = _options.load(DemoConfig, args, base=base)
@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from draftrl.decoding.monitor import ExactnessViolation
-    from draftrl.eval.demo import STEPS, run_demo
+    from draftrl.eval.round.demo import STEPS, run_demo
     from draftrl.eval.exactness import GreedyMismatch
 
     cfg = config(args)
@@ -186,12 +186,12 @@ def print_wandb(console, wandb: dict | None) -> None:
 
 
 def run_vllm(args: argparse.Namespace) -> int:
-    """``draftrl demo --engine vllm``: :func:`draftrl.eval.serve_demo.run_serve_demo` with its table."""
+    """``draftrl demo --engine vllm``: :func:`draftrl.eval.serve.demo.run_demo` with its table."""
     from rich.console import Console
 
     from draftrl.decoding.vllm.engine import require_vllm
-    from draftrl.eval.serve_demo import STEPS, ServeDemoConfig, run_serve_demo
-    from draftrl.eval.serving import ServingMismatch
+    from draftrl.eval.serve.demo import STEPS, ServeDemoConfig, run_demo
+    from draftrl.eval.serve.compare import ServingMismatch
 
     require_vllm()
     args.out = args.out or "runs/serve_demo"
@@ -201,7 +201,7 @@ def run_vllm(args: argparse.Namespace) -> int:
     try:
         with progress_bar(STEPS[0]) as update:
             started, done = _step_printer(console, STEPS, update)
-            summary = run_serve_demo(cfg, args.out, overwrite=args.overwrite, step_started=started, step_done=done,
+            summary = run_demo(cfg, args.out, overwrite=args.overwrite, step_started=started, step_done=done,
                                      progress=update)
     except ServingMismatch as err:
         print(f"draftrl demo: EXACTNESS FAILED: {err}", file=sys.stderr)

@@ -4,7 +4,7 @@
         --grid runs/grid/grid.json --out runs/eval
     draftrl eval --config configs/eval_tiny_cpu.yaml --policies none,ppo:runs/ppo --out runs/eval_ppo
 
-Inside vLLM under concurrent load (draftrl.eval.serving; needs vLLM installed)::
+Inside vLLM under concurrent load (draftrl.eval.serve.compare; needs vLLM installed)::
 
     draftrl eval --engine vllm --policies none,fixed:4,heuristic,vllm-ngram:4,dsd:1-1:4,2-4:3,5-16:1 \
         --concurrency 1,4,16 --out runs/serve
@@ -97,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
             line = missing_head(spec.drafter, cfg.env.target)
             if line is not None:
                 raise ValueError(f"policy {spec.label!r}: {line}")
-    from draftrl.eval.evaluate import OUTPUTS, run_eval
+    from draftrl.eval.round.compare import OUTPUTS, run_eval
     from draftrl.io import prepare_out
 
     prepare_out(args.out, OUTPUTS, overwrite=args.overwrite, command="eval")  # before any model loads
@@ -163,8 +163,8 @@ def serving_wandb(args: argparse.Namespace):
 
 def run_vllm(args: argparse.Namespace) -> int:
     from draftrl.eval.policy_names import parse_policies
-    from draftrl.eval.serve_policies import check_policies
-    from draftrl.eval.serving import ServingMismatch, run_serving_eval
+    from draftrl.eval.serve.policies import check_policies
+    from draftrl.eval.serve.compare import ServingMismatch, run_eval
 
     policies = list(args.policies or VLLM_POLICIES)
     specs = parse_policies(policies, engine="vllm")  # fail on a bad name before loading vLLM
@@ -173,13 +173,13 @@ def run_vllm(args: argparse.Namespace) -> int:
     config = serving_config(args)
     check_policies(specs, config)  # and on a value off the grids, a drafter or head vLLM cannot run, before --out
     wandb = serving_wandb(args)
-    from draftrl.eval.evaluate import OUTPUTS
+    from draftrl.eval.round.compare import OUTPUTS
     from draftrl.io import prepare_out
 
     prepare_out(args.out, OUTPUTS, overwrite=args.overwrite, command="eval")  # before vLLM loads
     try:
         with progress_bar("eval", not args.quiet) as update:
-            results = run_serving_eval(args.out, policies=policies, concurrency=concurrency, rates=rates,
+            results = run_eval(args.out, policies=policies, concurrency=concurrency, rates=rates,
                                        repeats=args.repeats, config=config, progress=update)
     except ServingMismatch as err:
         _log_serving(wandb, args.out, None)

@@ -207,7 +207,7 @@ def run(args: argparse.Namespace) -> int:
                                                 table=rule.dsd, head=head, model=args.target,
                                                 gpu_memory_utilization=memory)
                 else:
-                    from draftrl.eval.serve_policies import proposer_rule
+                    from draftrl.eval.serve.policies import proposer_rule
 
                     bundle = write_head_bundle(rule.text, out, depth=rule.depth, min_match=min_match,
                                                rule=proposer_rule(rule), budget=rule.verify_size, head=head,

@@ -28,9 +28,9 @@ def add_eval_options(p: argparse.ArgumentParser) -> None:
 
 
 def config(args: argparse.Namespace):
-    """The command's :class:`~draftrl.eval.config.EvalConfig` (a demo config's grid and eval steps:
+    """The command's :class:`~draftrl.eval.round.config.EvalConfig` (a demo config's grid and eval steps:
     ``_options.load_step``), its drafter's head checked before any model loads."""
-    from draftrl.eval.config import EvalConfig
+    from draftrl.eval.round.config import EvalConfig
 
     cfg = _options.load_step(EvalConfig, args)
     cfg.env = _options.settle_drafter(cfg.env, args)
@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = config(args)
     try:
         if args.cell:
-            from draftrl.eval.grid import Cell, run_cell
+            from draftrl.eval.round.grid import Cell, run_cell
 
             if args.depth is None:
                 raise ValueError("--cell needs --depth (and optionally --verify-size, --width)")
@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"speedup_vs_none={c['speedup_vs_none']:.3f}x  tokens_per_second={c['tokens_per_second']:.2f}  "
                   f"mean_tokens_per_round={c['mean_tokens_per_round']:.2f}  cell=d{c['depth']}_v{c['verify_size']}_w{c['width']}")
             return 0
-        from draftrl.eval.grid import OUTPUTS, run_grid
+        from draftrl.eval.round.grid import OUTPUTS, run_grid
         from draftrl.io import prepare_out
 
         prepare_out(args.out, OUTPUTS, overwrite=args.overwrite, command="grid")

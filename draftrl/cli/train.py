@@ -47,7 +47,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def config(args: argparse.Namespace):
     """The command's :class:`~draftrl.train.config.TrainConfig`; from a demo config (``_options.is_demo_file``)
-    what the demo's train step runs on ``--traces`` (``draftrl.eval.demo.train_config``), then ``--set``."""
+    what the demo's train step runs on ``--traces`` (``draftrl.eval.round.demo.train_config``), then ``--set``."""
     from draftrl.train.config import TrainConfig
 
     if not _options.is_demo_file(args.config):
@@ -57,7 +57,7 @@ def config(args: argparse.Namespace):
                              "depth_env.traces) in the file or with --set env.traces=DIR.")
         return _options.load(TrainConfig, args)
     from draftrl.config import load_config
-    from draftrl.eval.demo import DemoConfig, train_config
+    from draftrl.eval.round.demo import DemoConfig, train_config
 
     if args.traces is None:
         raise ValueError(f"--config {args.config} is a demo config: pass --traces DIR, the traces its collect step "

@@ -187,7 +187,7 @@ class ServeVLLMEnv(gym.Env[np.ndarray, np.ndarray]):
     ``match``, ``heuristic`` or ``hindsight`` (replay only: each request drafts just what it will
     accept, the ceiling of per-request depth control; ``benchmarks/serve_headroom.py``).
     ``drafter`` (default ``ngram``) and ``head_proposals`` replay an EAGLE-3 head too (``eagle3``,
-    ``sam:N``, ``best``: :class:`~draftrl.replay.serve_engine.ReplayEngine`), with the
+    ``sam:N``, ``hindsight``: :class:`~draftrl.replay.serve_engine.ReplayEngine`), with the
     calibration's head cells as its cost; the config's ``drafter`` (a drafter spec) names the same
     (:func:`~draftrl.replay.serve_engine.replay_drafter`).
 
@@ -208,7 +208,7 @@ class ServeVLLMEnv(gym.Env[np.ndarray, np.ndarray]):
     """
 
     metadata = {"render_modes": []}
-    #: an episode is a whole workload, not one prompt (``evaluate_policy_on_env`` then does not pick prompts)
+    #: an episode is a whole workload, not one prompt (``evaluate_policy`` then does not pick prompts)
     one_request_per_episode = False
 
     def __init__(self, config: ServeConfig | dict | None = None, *, engine: "str | ServingEngine | None" = None,

@@ -1,30 +1,19 @@
-"""Evaluation: grid search over fixed settings, policy comparison, exactness checks, reports.
+"""Evaluation, in two tracks that share their measures.
 
-- :func:`run_grid` (``draftrl grid``): depth x verify_size x width on the tune split, wall clock,
-  interleaved, median of repeats -> ``grid.json``, heatmap, ``sweep.yaml``, wandb runs.
-- :func:`run_eval` (``draftrl eval``): policies on the held-out split, interleaved per request,
-  with the exactness monitor and greedy token identity -> ``results.json``, ``report.md``, plots.
-- :func:`monitor_power`: tokens each monitor statistic needs to catch a wrong sampler.
+- ``eval/round/`` (the round track: one request at a time on a ``RoundEngine``, ``EnvConfig``):
+  ``grid`` (``draftrl grid``: depth x verify_size x width on the tune split -> ``grid.json``),
+  ``compare`` (``draftrl eval``: policies on the held-out split, interleaved per request, with the
+  exactness monitor and greedy token identity -> ``results.json``, ``report.md``, plots), ``demo``
+  (``draftrl demo``), ``anchors`` (stock Hugging Face ``generate``), ``headroom``, ``lookahead``,
+  ``policies`` (how the HF engine plays a policy name), ``rollout``, ``config`` (``EvalConfig``).
+- ``eval/serve/`` (the serve track: a batch under load on a ``ServingEngine``, ``ServeConfig``):
+  ``compare`` (``draftrl eval --engine vllm``), ``demo`` (``draftrl demo --engine vllm``),
+  ``policies`` (how vLLM plays a policy name), ``dsd_search``, ``rollout``.
+- shared here: ``policy_names`` (the one grammar of policy names), ``records`` (what a timed request
+  records), ``metrics``, ``bootstrap``, ``report``, ``plots``, ``wandb_log``, ``memory``,
+  ``exactness`` and ``agreement`` (the exactness checks).
 
-Heavy imports (torch, transformers, matplotlib, wandb) happen inside the functions.
+The two tracks never import each other, and the shared modules import neither
+(``tests/test_architecture.py``). Heavy imports (torch, transformers, matplotlib, wandb) happen
+inside the functions.
 """
-
-from draftrl.eval.config import EvalConfig, GridConfig, PolicyEvalConfig
-
-__all__ = ["EvalConfig", "GridConfig", "PolicyEvalConfig", "run_grid", "run_eval", "monitor_power"]
-
-
-def __getattr__(name: str):
-    if name == "run_grid":
-        from draftrl.eval.grid import run_grid
-
-        return run_grid
-    if name == "run_eval":
-        from draftrl.eval.evaluate import run_eval
-
-        return run_eval
-    if name == "monitor_power":
-        from draftrl.eval.exactness import monitor_power
-
-        return monitor_power
-    raise AttributeError(name)

@@ -1,4 +1,4 @@
-"""Summaries of both engines' runs: :class:`~draftrl.eval.rollout.RequestRun` lists (``--engine hf``),
+"""Summaries of both engines' runs: :class:`~draftrl.eval.records.RequestRun` lists (``--engine hf``),
 serving episodes (:func:`summarize_serving`, ``--engine vllm``), and :func:`kendall_tau` between rankings.
 
 Terms (vLLM's, as in ``draftrl.decoding.engine``): a round emits its *accepted* draft tokens plus
@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable
 import numpy as np
 
 from draftrl.decoding.counts import AcceptanceCounts
-from draftrl.eval.rollout import RequestRun
+from draftrl.eval.records import RequestRun
 
 #: Draft positions with a conditional acceptance estimate in the summaries.
 MAX_POSITIONS = 16
@@ -148,8 +148,8 @@ def kendall_tau(a: list[float], b: list[float]) -> float | None:
 
 # ----------------------------------------------------------------------------- serving episodes
 def summarize_serving(requests: list, steps: list[dict]) -> dict:
-    """Throughput and latency of one (load, policy) serving episode (``draftrl.eval.serving``'s docstring):
-    ``requests`` the env's ``RequestTimeline`` list, ``steps`` :func:`~draftrl.eval.rollout.run_episode`'s records."""
+    """Throughput and latency of one (load, policy) serving episode (``draftrl.eval.serve.compare``'s docstring):
+    ``requests`` the env's ``RequestTimeline`` list, ``steps`` :func:`~draftrl.eval.serve.rollout.run_episode`'s records."""
     tokens = sum(len(r.token_ids) for r in requests)
     seconds = sum(s["seconds"] for s in steps)
     ttft = np.array([r.ttft for r in requests if r.ttft is not None])

@@ -239,7 +239,7 @@ def speedup_bars(results: dict, path: str | Path) -> Path | None:
 
 
 def load_sweep(real: dict, replay: dict | None, labels: list[str], path: str | Path) -> Path | None:
-    """Throughput and p95 ITL per Poisson rate of ``draftrl.eval.serving.run_serving_eval`` results
+    """Throughput and p95 ITL per Poisson rate of ``draftrl.eval.serve.compare.run_eval`` results
     (``real``: vLLM, solid; ``replay``: the replay, dashed, optional); None when no rate was run."""
     from draftrl.signals.costs import hardware_info, hardware_name
 

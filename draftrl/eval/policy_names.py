@@ -7,8 +7,8 @@ A policy name says what **decides** (how deep to draft, how much to verify); a d
 the EAGLE-3 head, ``stop:6:t0.6@sam:2:DIR`` a per-level stop with SAM's mix and the head in DIR.
 vLLM's own methods, which run no draftrl code in the engine, say so with their prefix (``vllm-``).
 
-``--engine hf`` (draftrl's exact engine, one request at a time: ``draftrl.eval.policies``) and
-``--engine vllm`` (inside vLLM under load: ``draftrl.eval.serve_policies``) read the same names:
+``--engine hf`` (draftrl's exact engine, one request at a time: ``draftrl.eval.round.policies``) and
+``--engine vllm`` (inside vLLM under load: ``draftrl.eval.serve.policies``) read the same names:
 
 ==============================  ====  ====  ==================================================
 name                            hf    vllm  what it is

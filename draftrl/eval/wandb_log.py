@@ -216,7 +216,7 @@ LOADS = (("rates", "arrival rate (requests/s)", "rate"), ("concurrency", "reques
 
 
 def log_sweep(run: Any, real: dict, replay: dict | None = None, plot: Path | None = None) -> None:
-    """The serving sweep (``draftrl.eval.serving.run_serving_eval`` results, vLLM and optionally the
+    """The serving sweep (``draftrl.eval.serve.compare.run_eval`` results, vLLM and optionally the
     replay): speedup over no speculation per policy against the arrival rate (line plots
     ``sweep/speedup_vs_none`` and ``sweep/replay_speedup_vs_none``; against concurrency
     ``sweep/speedup_vs_none_by_concurrency``), one table per load (``sweep/rate_<r>``,

@@ -65,7 +65,7 @@ class TrainedPolicy:
         return [int(v) for v in self.policy_manifest["verify_sizes"]]
 
     def evaluation(self, name: str = "ppo") -> dict[str, Any] | None:
-        """The summary's evaluation of this policy (``evaluate_policy_on_env``'s dict), if any."""
+        """The summary's evaluation of this policy (``evaluate_policy``'s dict), if any."""
         if self.summary is None:
             return None
         return (self.summary.get("evaluation") or {}).get("results", {}).get(name)

@@ -249,7 +249,7 @@ def write_head_bundle(name: str, out: str | Path, *, depth: int, min_match: int 
                       gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION) -> dict[str, Any]:
     """Export the head rule ``name`` (``fixed:K[:V][:bB]`` / ``stop:K:S[:bB]`` of ``draftrl.eval.policy_names``
     with a head drafter, ``eagle3[:DIR]`` or ``sam:N[:DIR]``, parsed by the caller: ``depth`` K,
-    ``min_match`` N for ``sam``, ``rule`` the proposer's rule, ``draftrl.eval.serve_policies.proposer_rule``:
+    ``min_match`` N for ``sam``, ``rule`` the proposer's rule, ``draftrl.eval.serve.policies.proposer_rule``:
     its stop and load parts, ``budget`` V, the draft tokens each step verifies at most, None: no limit)
     with the head ``head`` (default: the head draftrl ships for ``model``) into ``out``:
     ``proposer.json``, ``vllm.json`` and the head folder (``drafter/``), no policy network. vLLM

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +20,19 @@ from gymnasium import spaces
 from draftrl.policies.base import Policy
 
 
-def evaluate_policy_on_env(policy: Policy, env: Any, episodes: int = 20, seed: int = 0) -> dict[str, Any]:
-    """Run ``episodes`` seeded episodes of ``policy`` on ``env``.
+def evaluate_policy(policy: Policy, env: Any, episodes: int = 20, seed: int | None = 0, *,
+                    options: Mapping[str, Any] | None = None,
+                    on_reset: Callable[[dict[str, Any]], None] | None = None,
+                    on_round: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Run ``episodes`` seeded episodes of ``policy`` on ``env``: the one rollout loop (SB3's
+    ``common.evaluation.evaluate_policy``), which training's evaluation and selection, ``export``
+    and both tracks of ``eval`` run.
 
-    Round-level envs (``MultiDiscrete`` actions) call ``policy.act``; step-level envs
-    (``Discrete(2)`` actions, e.g. ``draftrl/SpecDecodeDepth-v1``) call ``policy.act_step`` and
-    pass ``int(decision)`` as the action.
+    Round-level envs and serving envs (``MultiDiscrete`` actions) call ``policy.act``; step-level
+    envs (``Discrete(2)`` actions, e.g. ``draftrl/SpecDecodeDepth-v1``) call ``policy.act_step`` and
+    pass ``int(decision)`` as the action; their draft steps inside a round (no ``num_emitted`` in
+    ``info``) are skipped. ``on_reset(info)`` runs after each ``env.reset``; after every verified
+    round (serving envs: engine step) the policy observes its ``info``, then ``on_round(info)`` runs.
 
     :param policy: built for ``env``'s grids (``Policy.for_env(env)``).
     :param env: a draftrl env (gymnasium API).
@@ -34,7 +41,13 @@ def evaluate_policy_on_env(policy: Policy, env: Any, episodes: int = 20, seed: i
         every policy meets the same episodes and every prompt is visited in turn. (A seeded
         reset restarts the env's own prompt order: with ``shuffle`` off, seeds alone would make
         every episode the first prompt.)
-    :param seed: seed of the first episode.
+    :param seed: seed of the first episode; None resets unseeded (one episode only: the env goes
+        on from its own random state, as ``eval`` does after an env's first request).
+    :param options: ``env.reset``'s options for every episode instead of the prompt picked above
+        (``{"prompt_id": ...}`` for one request, ``{"prompt_ids": [...]}`` for a serving episode).
+    :param on_reset: called with each episode's reset ``info`` (e.g. its ``prefill_seconds``).
+    :param on_round: called with each verified round's (serving envs: engine step's) ``info``,
+        after ``policy.observe``: what a caller records per round (its timing, a monitor).
     :return: ``{"policy", "throughput" (total tokens / total seconds), "episode_throughputs"
         [episodes], "episode_tokens", "episode_seconds", "num_rounds", "mean_tokens_per_round",
         "depth_histogram" {depth: rounds}, "verify_size_histogram" {verify_size: rounds},
@@ -42,6 +55,9 @@ def evaluate_policy_on_env(policy: Policy, env: Any, episodes: int = 20, seed: i
     """
     if episodes < 1:
         raise ValueError(f"episodes={episodes!r} must be >= 1.")
+    if seed is None and episodes != 1:
+        raise ValueError(f"seed=None with episodes={episodes}: unseeded episodes are not paired across "
+                         "policies; pass a seed.")
     step_level = isinstance(env.action_space, spaces.Discrete)
     episode_tokens: list[float] = []
     episode_seconds: list[float] = []
@@ -49,11 +65,13 @@ def evaluate_policy_on_env(policy: Policy, env: Any, episodes: int = 20, seed: i
     verify_sizes: Counter[int] = Counter()
     num_rounds = 0
     workload = getattr(env.unwrapped, "workload", None)
-    if not getattr(env.unwrapped, "one_request_per_episode", True):
-        workload = None  # a serving env: every episode is the whole workload
+    if options is not None or not getattr(env.unwrapped, "one_request_per_episode", True):
+        workload = None  # the caller's options, or a serving env: every episode is the whole workload
     for i in range(episodes):
-        options = {"prompt_index": i % len(workload)} if workload is not None else None
-        obs, _ = env.reset(seed=seed + i, options=options)
+        reset_options = {"prompt_index": i % len(workload)} if workload is not None else options
+        obs, info = env.reset(seed=None if seed is None else seed + i, options=reset_options)
+        if on_reset is not None:
+            on_reset(info)
         policy.reset()
         tokens = seconds = 0.0
         done = False
@@ -68,6 +86,9 @@ def evaluate_policy_on_env(policy: Policy, env: Any, episodes: int = 20, seed: i
             done = terminated or truncated
             if step_level and "num_emitted" not in info:
                 continue  # a draft step inside a round: nothing was emitted yet
+            policy.observe(info)
+            if on_round is not None:
+                on_round(info)
             tokens += float(info["num_emitted"])
             seconds += float(info["seconds"])
             num_rounds += 1
@@ -77,7 +98,6 @@ def evaluate_policy_on_env(policy: Policy, env: Any, episodes: int = 20, seed: i
                 depths[int(depth)] += 1
             if verify_size is not None:
                 verify_sizes[int(verify_size)] += 1
-            policy.observe(info)
         episode_tokens.append(tokens)
         episode_seconds.append(seconds)
     total_tokens, total_seconds = sum(episode_tokens), sum(episode_seconds)
@@ -98,7 +118,7 @@ def evaluate_policy_on_env(policy: Policy, env: Any, episodes: int = 20, seed: i
 
 def evaluate_saved_policy(path: str | Path, section: Mapping[str, Any], episodes: int = 20,
                           seed: int = 0) -> dict[str, Any]:
-    """:func:`evaluate_policy_on_env` of the PPO policy saved at ``path`` (a run directory or a
+    """:func:`evaluate_policy` of the PPO policy saved at ``path`` (a run directory or a
     checkpoint, with its own normaliser statistics) on the env a training env ``section`` makes (plain
     data, as a run's ``config.json`` holds it), the way training made it (``draftrl.envs.ids.make_kwargs``).
 
@@ -113,7 +133,7 @@ def evaluate_saved_policy(path: str | Path, section: Mapping[str, Any], episodes
 
     env = gym.make(section["id"], **make_kwargs(section))
     try:
-        return evaluate_policy_on_env(PPOPolicy.load(path, env), env, episodes=episodes, seed=seed)
+        return evaluate_policy(PPOPolicy.load(path, env), env, episodes=episodes, seed=seed)
     finally:
         env.close()
 

@@ -17,8 +17,8 @@ target's hidden states, so its greedy chain from every true prefix is recomputed
 float32 forward of the Hugging Face target over the recorded sequence (the features vLLM's
 route (b) hooks capture, float rounding aside). With them the replay engine
 (:class:`draftrl.replay.serve_engine.ReplayEngine`) replays the head (``drafter="eagle3"``), SAM's
-rule (``sam:N``: n-gram lookup on an N-token match, else the head) and the oracle
-``drafter="best"`` (:data:`REPLAY_DRAFTERS`).
+rule (``sam:N``: n-gram lookup on an N-token match, else the head) and the hindsight drafter
+``drafter="hindsight"``, an upper bound (:data:`REPLAY_DRAFTERS`).
 """
 
 from __future__ import annotations
@@ -236,16 +236,21 @@ def head_proposals(recordings: Recordings, max_depth: int, target: str, head: st
 
 
 #: drafters the engine replays: the n-gram proposer's, an EAGLE-3 head's, SAM's mix (``sam:N``),
-#: and ``best`` (an oracle: per request and step, the drafter whose proposal is accepted further)
-REPLAY_DRAFTERS = ("ngram", "eagle3", "sam:N", "best")
+#: and ``hindsight`` (an upper bound: per request and step, the drafter whose proposal is accepted further)
+REPLAY_DRAFTERS = ("ngram", "eagle3", "sam:N", "hindsight")
+#: earlier spellings, refused naming their replacement
+RENAMED_DRAFTERS = {"best": "hindsight"}
 
 
 def parse_replay_drafter(spec: str) -> int | None:
     """SAM's shortest lookup match for ``sam:N``, 0 for ``ngram``, None for the head-only kinds
-    (``eagle3``, ``best``); a one-line error for anything else."""
+    (``eagle3``, ``hindsight``); a one-line error for anything else."""
+    if spec in RENAMED_DRAFTERS:
+        raise ValueError(f"drafter={spec!r} is renamed: write drafter={RENAMED_DRAFTERS[spec]!r} (the replay's upper "
+                         "bound that knows every continuation).")
     if spec == "ngram":
         return 0
-    if spec in ("eagle3", "best"):
+    if spec in ("eagle3", "hindsight"):
         return None
     kind, _, n = spec.partition(":")
     if kind == "sam" and n.isdigit() and int(n) >= 1:

@@ -125,7 +125,7 @@ def _step_seconds(props: Proposals | HeadProposals, cost: StepCostModel, depth: 
 
 def replay_drafter(config: ServeConfig, drafter: str = "ngram") -> str:
     """The drafter :class:`ReplayEngine` replays: ``drafter`` (its names: ``ngram``, ``eagle3``,
-    ``sam:N``, the oracle ``best``), or the one ``config.drafter`` names when it is not the default
+    ``sam:N``, the upper bound ``hindsight``), or the one ``config.drafter`` names when it is not the default
     (``eagle3[:DIR]`` -> ``eagle3``, ``sam:N[:DIR]`` -> ``sam:N``; the head's proposals come from
     ``head_proposals``). One line when the two disagree or the spec is another n-gram drafter than
     the one the recordings' proposals are computed with."""
@@ -172,8 +172,8 @@ class ReplayEngine(QueuedBatch):
         that :meth:`restart` draws (0 = none: another machine per episode otherwise).
     :param cost_noise: whether :meth:`restart` turns on the per-step residual noise.
     :param drafter: whose proposals each request drafts (:data:`~draftrl.replay.recordings.REPLAY_DRAFTERS`); every kind but
-        ``ngram`` needs ``head_proposals`` and a ``cost`` calibrated with the head. ``best`` is an
-        oracle: the drafter whose proposal the continuation accepts more of (with ``rule="hindsight"``
+        ``ngram`` needs ``head_proposals`` and a ``cost`` calibrated with the head. ``hindsight`` is an
+        upper bound: the drafter whose proposal the continuation accepts more of (with ``rule="hindsight"``
         also just the tokens it accepts).
     """
 
@@ -273,7 +273,7 @@ class ReplayEngine(QueuedBatch):
 
     def clone(self) -> "ReplayEngine":
         """A copy whose steps leave this engine untouched (recordings and proposals shared, no
-        cost noise): what the one-step look-ahead explores."""
+        cost noise): what the one-step lookahead explores."""
         other = copy.copy(self)
         copies: dict[int, _ReplayRequest] = {}
 
@@ -319,7 +319,7 @@ class ReplayEngine(QueuedBatch):
         """Whether recording ``index``'s request drafts with the head after ``t`` tokens."""
         if self.drafter == "ngram":
             return False
-        if self.drafter == "best":
+        if self.drafter == "hindsight":
             return self.head_proposals.accepted[index][t] > self.proposals.accepted[index][t]
         return self.min_match is None or self.proposals.match_len[index][t] < self.min_match
 

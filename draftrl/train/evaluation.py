@@ -19,7 +19,7 @@ from draftrl.policies import (
     PPOPolicy,
     UCBBandit,
     env_grids,
-    evaluate_policy_on_env,
+    evaluate_policy,
     paired_difference,
 )
 from draftrl.train.config import TrainConfig, TrainEnvConfig
@@ -66,7 +66,7 @@ def best_fixed_reference(cfg: TrainConfig, spec: TrainEnvConfig,
     :return: ``{"name", "throughput", "episodes", "scores" {name: throughput}}``.
     """
     env = make_env(spec, extra_kwargs=extra_kwargs)
-    scores = {p.name: float(np.mean(evaluate_policy_on_env(p, env, cfg.eval_episodes, cfg.eval_seed)["episode_throughputs"]))
+    scores = {p.name: float(np.mean(evaluate_policy(p, env, cfg.eval_episodes, cfg.eval_seed)["episode_throughputs"]))
               for p in fixed_settings(env)}
     env.close()
     name = max(scores, key=scores.__getitem__)
@@ -86,10 +86,10 @@ def evaluate_run(
 
     :param spec: the env to evaluate on (its ``eval`` keys apply); default ``cfg.env``.
     :param extra_kwargs: ``gymnasium.make`` arguments YAML cannot hold (a frozen size policy).
-    :return: ``{"episodes", "seed", "env", "results": {name: evaluate_policy_on_env(...)},
+    :return: ``{"episodes", "seed", "env", "results": {name: evaluate_policy(...)},
         "best_fixed", "table": {name: {"throughput", "ratio_to_best_fixed", "diff_vs_best_fixed",
         "se"}}, "lookahead_gain_captured"}``; ``lookahead_gain_captured`` = (policy - best fixed) /
-        (lookahead - best fixed) in throughput, when the look-ahead baseline ran.
+        (lookahead - best fixed) in throughput, when the lookahead baseline ran.
     """
     spec = spec or cfg.env
     env = make_env(spec, evaluation=True, extra_kwargs=extra_kwargs)
@@ -100,7 +100,7 @@ def evaluate_run(
     if serving and "heuristic" in baselines:  # evaluated below on its own env
         baselines.remove("heuristic")
     policies += fixed + build_baselines(baselines, env)
-    results = {p.name: evaluate_policy_on_env(p, env, cfg.eval_episodes, cfg.eval_seed) for p in policies}
+    results = {p.name: evaluate_policy(p, env, cfg.eval_episodes, cfg.eval_seed) for p in policies}
     env.close()
     if serving and "heuristic" in cfg.baselines:
         # a serving env's heuristic is per request (each request's own +2/-1 depth, the proposer's
@@ -109,7 +109,7 @@ def evaluate_run(
         depths, verify_sizes, _ = env_grids(heuristic_env)
         heuristic = Fixed.for_env(heuristic_env, depth=max(depths), verify_size=max(verify_sizes))
         heuristic.name = "heuristic"
-        results["heuristic"] = evaluate_policy_on_env(heuristic, heuristic_env, cfg.eval_episodes, cfg.eval_seed)
+        results["heuristic"] = evaluate_policy(heuristic, heuristic_env, cfg.eval_episodes, cfg.eval_seed)
         heuristic_env.close()
     best_fixed = max((p.name for p in fixed), key=lambda name: results[name]["throughput"])
     best = results[best_fixed]

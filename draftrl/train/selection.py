@@ -16,7 +16,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from draftrl.policies import PPOPolicy, evaluate_policy_on_env
+from draftrl.policies import PPOPolicy, evaluate_policy
 from draftrl.runs import checkpoints
 from draftrl.train.config import TrainConfig, TrainEnvConfig
 from draftrl.train.envs import make_env
@@ -39,7 +39,7 @@ def score_checkpoints(cfg: TrainConfig, directory: Path, spec: TrainEnvConfig,
     try:
         for model_zip, vecnorm, steps in found:
             policy = PPOPolicy.load(model_zip, env, name=f"ppo@{steps}")
-            result = evaluate_policy_on_env(policy, env, cfg.select_episodes, cfg.select_seed)
+            result = evaluate_policy(policy, env, cfg.select_episodes, cfg.select_seed)
             scores[steps] = math.exp(sum(map(math.log, result["episode_throughputs"])) / cfg.select_episodes)
             paths[steps] = (model_zip, vecnorm)
     finally:

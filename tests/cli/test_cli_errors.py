@@ -61,7 +61,7 @@ def _fake_eval(monkeypatch, calls: list):
             (Path(out) / name).write_text("{}")
         return {"prompts": [], "policies": {}, "exactness": {"passed": True, "monitor_overhead": {"fraction": 0}}}
 
-    monkeypatch.setattr("draftrl.eval.evaluate.run_eval", fake_run_eval)
+    monkeypatch.setattr("draftrl.eval.round.compare.run_eval", fake_run_eval)
     monkeypatch.setattr("draftrl.cli.eval.print_policy_table", lambda *a, **k: None)
 
 

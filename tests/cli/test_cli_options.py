@@ -84,7 +84,7 @@ def test_every_decoding_command_takes_the_same_model_threads_and_config_flags():
 def test_omitted_flags_leave_the_config_defaults():
     """A flag's default is "not given": the config's own default stands (threads differ by command)."""
     from draftrl.config.commands import CalibrateConfig, GenerateConfig
-    from draftrl.eval.config import EvalConfig
+    from draftrl.eval.round.config import EvalConfig
     from draftrl.train.config import TrainConfig
 
     assert _config("generate") == GenerateConfig()
@@ -204,7 +204,7 @@ def test_every_command_that_logs_takes_the_wandb_flags():
     from draftrl.cli.demo import config as demo_config
     from draftrl.cli.eval import serving_config, serving_wandb
     from draftrl.config import load_config
-    from draftrl.eval.serve_demo import ServeDemoConfig
+    from draftrl.eval.serve.demo import ServeDemoConfig
 
     for command in ("train", "grid", "eval", "demo"):
         for flag in ("--wandb-project", "--wandb-group", "--wandb-entity"):
@@ -283,8 +283,8 @@ def test_every_step_command_reads_a_demo_config_as_the_demo_runs_that_step(tmp_p
     import dataclasses
 
     from draftrl.config.commands import CalibrateConfig, CollectConfig
-    from draftrl.eval.config import EvalConfig
-    from draftrl.eval.demo import step_config, train_config
+    from draftrl.eval.round.config import EvalConfig
+    from draftrl.eval.round.demo import step_config, train_config
 
     copy = _demo_copy(tmp_path, name, target="smollm2-135m")
     demo = _config("demo", "--config", copy)
@@ -391,7 +391,7 @@ def test_the_vllm_engine_flags_set_the_serve_demos_config_and_are_refused_on_its
     one line before anything runs; a share outside (0, 1] is refused naming the range."""
     from draftrl.cli import main
     from draftrl.cli._options import load
-    from draftrl.eval.serve_demo import ServeDemoConfig, _serve_config
+    from draftrl.eval.serve.demo import ServeDemoConfig, _serve_config
 
     args = build_parser().parse_args(["demo", "--engine", "vllm", "--quick", "--gpu-memory-utilization", "0.45",
                                       "--enforce-eager"])

@@ -204,9 +204,9 @@ def test_lookahead_baseline_runs_on_replay_envs(recorded):
 
 
 def test_policy_evaluation_visits_every_recorded_prompt(recorded):
-    """evaluate_policy_on_env visits the prompts in turn: with shuffle off, per-episode seeds alone
+    """evaluate_policy visits the prompts in turn: with shuffle off, per-episode seeds alone
     would restart the env's order and make every episode the first prompt."""
-    from draftrl.policies import Fixed, evaluate_policy_on_env
+    from draftrl.policies import Fixed, evaluate_policy
 
     *_, directory = recorded
     seen: list[str] = []
@@ -220,9 +220,34 @@ def test_policy_evaluation_visits_every_recorded_prompt(recorded):
     env = Prompts(SpecDecodeEnv(engine="replay", traces=directory, shuffle=False))
     n = len(env.unwrapped.workload.prompts)
     assert n >= 2
-    result = evaluate_policy_on_env(Fixed.for_env(env, depth=2), env, episodes=2 * n, seed=3)
+    result = evaluate_policy(Fixed.for_env(env, depth=2), env, episodes=2 * n, seed=3)
     assert seen == [p.id for p in env.unwrapped.workload.prompts] * 2
     assert len(set(result["episode_tokens"])) > 1 or len(set(result["episode_seconds"])) > 1
+
+
+def test_policy_evaluation_skips_draft_steps_and_takes_the_callers_prompt(recorded):
+    """On a step-level env the one loop hands ``on_round`` verified rounds only (the env also takes
+    draft steps, counted here through a wrapper: the control that there were steps to skip), and
+    ``options`` picks the request instead of the loop's own prompt order."""
+    from draftrl.policies import Fixed, evaluate_policy
+
+    *_, directory = recorded
+    steps = []
+
+    class Steps(gym.Wrapper):
+        def step(self, action):
+            out = self.env.step(action)
+            steps.append("num_emitted" in out[4])
+            return out
+
+    env = Steps(SpecDecodeDepthEnv(engine="replay", traces=directory, depths=(0, 1, 2, 4)))
+    last = env.unwrapped.workload.prompts[-1].id
+    resets, rounds = [], []
+    res = evaluate_policy(Fixed.for_env(env, depth=2), env, episodes=1, seed=0, options={"prompt_id": last},
+                          on_reset=lambda info: resets.append(info["prompt_id"]), on_round=rounds.append)
+    assert resets == [last]
+    assert steps.count(False) > 0 and len(rounds) == steps.count(True) == res["num_rounds"]
+    assert all("num_emitted" in info for info in rounds)
 
 
 def test_traces_roundtrip(recorded):

@@ -8,7 +8,7 @@ from gymnasium.utils.env_checker import check_env
 
 from choice_traces import costs, synthetic
 from draftrl.envs.trace_choice import TraceChoiceEnv
-from draftrl.eval.headroom import headroom
+from draftrl.eval.round.headroom import headroom
 from draftrl.train.choice import play_choice, train_choice
 
 DEPTHS = (1, 2, 4)

@@ -138,7 +138,7 @@ def test_outputs_that_differ_only_in_length_raise_in_low_precision(bf16):
 
 
 def test_the_tolerance_setting_is_validated():
-    from draftrl.eval.config import PolicyEvalConfig
+    from draftrl.eval.round.config import PolicyEvalConfig
 
     assert PolicyEvalConfig(near_tie_ulps=4).near_tie_ulps == 4
     for bad in (0, -1.0, float("inf")):

@@ -11,7 +11,7 @@ import pytest
 from draftrl.config.serve import ServeConfig
 from draftrl.envs.serve_vllm import ServeVLLMEnv
 from draftrl.eval.policy_names import parse_policies
-from draftrl.eval.serve_policies import build_serving_policy
+from draftrl.eval.serve.policies import build_serving_policy
 from serve_recordings import COST, TOKENS, synthetic_recordings
 
 
@@ -46,7 +46,7 @@ def test_v_limits_the_drafts_one_round_verifies_on_the_hf_engine(smollm2):
     so every round drafts its full depth): ``fixed:4:2`` verifies at most 2 drafted tokens a round
     (and reaches 2), ``fixed:4`` all 4; both emit plain decoding's tokens."""
     from draftrl.config.env import EnvConfig
-    from draftrl.eval.policies import build_policy
+    from draftrl.eval.round.policies import build_policy
 
     base = EnvConfig(drafter="self", languages=("en",), tasks=("chat",), limit_per_group=1, split="heldout",
                      max_new_tokens=12, shuffle=False, seed=0)
@@ -66,7 +66,7 @@ def test_a_policy_drafts_with_its_own_drafter_on_the_hf_engine(smollm2):
     lookup): every round but the last verifies 4 accepted drafts, where ``fixed:4`` (the run's
     n-gram drafter, which often finds no match in a chat answer) does not."""
     from draftrl.config.env import EnvConfig
-    from draftrl.eval.policies import build_policy
+    from draftrl.eval.round.policies import build_policy
 
     base = EnvConfig(drafter="ngram", languages=("en",), tasks=("chat",), limit_per_group=1, split="heldout",
                      max_new_tokens=12, shuffle=False, seed=0)

@@ -33,7 +33,7 @@ def test_the_cli_parses_the_documented_serving_command(monkeypatch, tmp_path):
         (tmp_path / "out" / "report.md").write_text("report\n")
         return {}
 
-    monkeypatch.setattr("draftrl.eval.serving.run_serving_eval", fake_run)
+    monkeypatch.setattr("draftrl.eval.serve.compare.run_eval", fake_run)
     code = main(["eval", "--engine", "vllm", "--policies", "none,fixed:4,heuristic,dsd:1-1:4,2-4:3,5-8:3,9-16:3",
                  "--out", str(tmp_path / "out"), "--quiet"])
     assert code == 0
@@ -46,7 +46,7 @@ def test_the_cli_hands_the_drafter_to_vllm_eagle3_and_refuses_it_without_a_head(
     The earlier ``--head DIR`` is refused naming its replacement, on both engines."""
     from draftrl.drafters.eagle3 import CONFIG_FILE, WEIGHTS_FILE
     from draftrl.drafters.packaged import packaged_head
-    from draftrl.eval.serve_policies import stock_head
+    from draftrl.eval.serve.policies import stock_head
 
     seen = {}
 
@@ -57,7 +57,7 @@ def test_the_cli_hands_the_drafter_to_vllm_eagle3_and_refuses_it_without_a_head(
         (Path(out) / "report.md").write_text("report\n")
         return {}
 
-    monkeypatch.setattr("draftrl.eval.serving.run_serving_eval", fake_run)
+    monkeypatch.setattr("draftrl.eval.serve.compare.run_eval", fake_run)
     head = tmp_path / "head"
     head.mkdir()
     (head / CONFIG_FILE).write_text((packaged_head("smollm2-135m") / CONFIG_FILE).read_text())  # checked, not loaded
@@ -155,7 +155,7 @@ def test_stock_methods_take_vllms_dynamic_sd_table_as_route_a():
     """``vllm-eagle3:S-E:K,...`` is stock EAGLE-3 with K per running-batch-size range: its engine's
     ``speculative_config`` carries vLLM's table, K is the deepest row, and bad tables fail here."""
     from draftrl.config.serve import ServeConfig
-    from draftrl.eval.serve_policies import engine_config_for
+    from draftrl.eval.serve.policies import engine_config_for
 
     items = split_policies("none,vllm-eagle3:1-1:3,2-16:1,vllm-ngram:1-2:4,3-16:0,fixed:4,vllm-eagle3:2")
     assert items == ["none", "vllm-eagle3:1-1:3,2-16:1", "vllm-ngram:1-2:4,3-16:0", "fixed:4", "vllm-eagle3:2"]
@@ -184,7 +184,7 @@ def test_a_policy_drafts_with_the_runs_drafter_or_its_own():
     from draftrl.config.serve import SERVING_DRAFTER, ServeConfig
     from draftrl.decoding.vllm.head_proposer import HEAD_CLASS_PATH
     from draftrl.decoding.vllm.proposer import CLASS_PATH
-    from draftrl.eval.serve_policies import engine_config_for, proposer_rule
+    from draftrl.eval.serve.policies import engine_config_for, proposer_rule
 
     lookup, head, sam = parse_policies("fixed:3,fixed:3@eagle3,fixed:4@sam:2", engine="vllm")[1:]
     assert (head.kind, head.depth, head.drafter, head.label) == ("fixed", 3, "eagle3", "fixed:3@eagle3")

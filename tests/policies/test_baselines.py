@@ -17,7 +17,7 @@ from draftrl.policies import (
     HFHeuristic,
     LookAhead,
     UCBBandit,
-    evaluate_policy_on_env,
+    evaluate_policy,
     paired_difference,
 )
 
@@ -153,7 +153,7 @@ def test_ucb_bandit_converges_to_best_arm_on_stationary_env():
     best = max(depths, key=lambda d: expected_speedup(0.7, d, 0.05))
     assert best == 6  # the article's grid (docs/design.md); the runner-up, depth 3, is 6% slower
     bandit = UCBBandit.for_env(env)
-    evaluate_policy_on_env(bandit, env, episodes=30, seed=0)  # ~2,500 rounds, statistics persist
+    evaluate_policy(bandit, env, episodes=30, seed=0)  # ~2,500 rounds, statistics persist
     assert bandit.best_arm() == (best, 0)
     pulls = dict(zip(bandit.arms, bandit.num_pulls))
     assert pulls[(best, 0)] == max(pulls.values())
@@ -205,7 +205,7 @@ def baseline_results(env: gym.Env, episodes: int, seed: int) -> dict:
         UCBBandit.for_env(env),
         LookAhead.for_env(env),
     ]
-    return {p.name: evaluate_policy_on_env(p, env, episodes, seed) for p in policies}
+    return {p.name: evaluate_policy(p, env, episodes, seed) for p in policies}
 
 
 def test_lookahead_beats_every_policy_on_expected_value_env():

@@ -62,11 +62,11 @@ def test_the_serving_eval_runs_eagle3_k_and_checks_its_greedy_identity(tmp_path,
     concurrency 1 and 4, on four requests (four languages):
     every token equals ``none``'s, and vLLM's own counts give its acceptance length."""
     from draftrl.config.serve import ServeConfig
-    from draftrl.eval.serving import run_serving_eval
+    from draftrl.eval.serve.compare import run_eval
 
     config = ServeConfig(split="heldout", shuffle=False, seed=0, tasks=("code_edit",), max_new_tokens=12,
                          drafter=f"eagle3:{eagle3_head}")
-    results = run_serving_eval(tmp_path / "serve", policies="none,vllm-eagle3:2", concurrency=[1, 4], config=config)
+    results = run_eval(tmp_path / "serve", policies="none,vllm-eagle3:2", concurrency=[1, 4], config=config)
     assert results["exactness"]["passed"] and not results["exactness"]["greedy_identity"]["mismatches"]
     assert results["engines"]["vllm-eagle3:2"]["head"] == eagle3_head
     for level in ("1", "4"):

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from draftrl.cli import main
-from draftrl.eval.serve_demo import STEPS
+from draftrl.eval.serve.demo import STEPS
 
 from wandb_records import read_runs
 

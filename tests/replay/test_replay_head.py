@@ -92,7 +92,7 @@ def test_head_proposals_equal_the_live_heads_from_every_prefix():
 
 
 @pytest.mark.parametrize("drafter,rule", [("ngram", "match"), ("eagle3", "match"), ("sam:2", "match"),
-                                          ("best", "match"), ("eagle3", "hindsight"), ("best", "hindsight")])
+                                          ("hindsight", "match"), ("eagle3", "hindsight"), ("hindsight", "hindsight")])
 @pytest.mark.parametrize("concurrency", [1, 4])
 def test_every_drafter_replays_the_recorded_tokens(drafter, rule, concurrency):
     recs = recordings()
@@ -123,9 +123,9 @@ def test_head_steps_cost_the_calibrated_head_seconds():
     assert steps == expected
 
 
-def test_sam_and_best_choose_their_drafter_per_request():
-    """``sam:N`` drafts with the head exactly where lookup matched fewer than N tokens; ``best``
-    (hindsight) drafts with whichever drafter accepts more and is never slower than either
+def test_sam_and_hindsight_choose_their_drafter_per_request():
+    """``sam:N`` drafts with the head exactly where lookup matched fewer than N tokens; ``hindsight``
+    drafts with whichever drafter accepts more and is never slower than either
     drafter's own hindsight when the head's drafting is free; ``ngram`` never pays the head."""
     recs = recordings()
     head = scripted_head(recs)
@@ -136,13 +136,13 @@ def test_sam_and_best_choose_their_drafter_per_request():
             assert engine._drafts_with_head(i, t) == (lookup.match_len[i][t] < 2)
     assert 0 < sum(engine._drafts_with_head(i, t) for i in range(len(recs)) for t in range(1, TOKENS)) < len(recs) * (TOKENS - 1)
     for rule in ("hindsight", "match"):
-        best = ReplayEngine(recs, COST, max_depth=DEPTH, rule=rule, drafter="best", head_proposals=head)
+        best = ReplayEngine(recs, COST, max_depth=DEPTH, rule=rule, drafter="hindsight", head_proposals=head)
         assert all(best._drafts_with_head(i, t) == (head.accepted[i][t] > lookup.accepted[i][t])
                    for i in range(len(recs)) for t in range(1, TOKENS))
     free = StepCostModel(COST.base, COST.per_seq, COST.per_token, head={1: ([1], [0.0]), 4: ([1], [0.0])})
     steps = {name: run(ReplayEngine(recs, free, max_depth=DEPTH, rule="hindsight", drafter=name, head_proposals=head),
-                       recs, StepAction(DEPTH), 1)[2] for name in ("ngram", "eagle3", "best")}
-    assert steps["best"] < min(steps["ngram"], steps["eagle3"])
+                       recs, StepAction(DEPTH), 1)[2] for name in ("ngram", "eagle3", "hindsight")}
+    assert steps["hindsight"] < min(steps["ngram"], steps["eagle3"])
     plain = StepCostModel(COST.base, COST.per_seq, COST.per_token)  # no head cells: n-gram replays without them
     assert run(ReplayEngine(recs, plain, max_depth=DEPTH), recs, StepAction(DEPTH), 4)[1] > 0
 
@@ -156,6 +156,8 @@ def test_head_replay_refuses_what_it_cannot_replay():
                      head_proposals=scripted_head(recs))
     with pytest.raises(ValueError, match="sam:2"):
         ReplayEngine(recs, COST, max_depth=DEPTH, drafter="sam:x", head_proposals=scripted_head(recs))
+    with pytest.raises(ValueError, match="drafter='best' is renamed: write drafter='hindsight'"):
+        ReplayEngine(recs, COST, max_depth=DEPTH, drafter="best", head_proposals=scripted_head(recs))
 
 
 def as_head_proposals(scripted: SimpleNamespace) -> HeadProposals:
@@ -183,7 +185,7 @@ def test_single_stream_optimum_bounds_every_schedule_and_meets_the_known_one():
     optimum = sum(single_stream_optimum(recs, TOKENS, DEPTH, [(lookup, COST), (head, COST)]))
     arms = {f"{drafter}:{d}": engine_seconds(recs, COST, drafter, d, head)
             for drafter in ("ngram", "eagle3", "sam:2") for d in range(DEPTH + 1)}
-    arms["best"] = engine_seconds(recs, COST, "best", DEPTH, head, rule="hindsight")
+    arms["hindsight"] = engine_seconds(recs, COST, "hindsight", DEPTH, head, rule="hindsight")
     assert optimum < min(arms.values())
     flat = StepCostModel(base=0.03, per_seq=0.0, per_token=0.0)
     assert sum(single_stream_optimum(recs, TOKENS, DEPTH, [(lookup, flat)])) == \

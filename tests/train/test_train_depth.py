@@ -11,7 +11,7 @@ import pytest
 
 import draftrl.envs  # noqa: F401  registers the env ids (gymnasium.register_envs idiom)
 from draftrl.config import load_config
-from draftrl.policies import Fixed, PPOPolicy, evaluate_policy_on_env, paired_difference
+from draftrl.policies import Fixed, PPOPolicy, evaluate_policy, paired_difference
 from draftrl.train import cotrain, ppo_depth
 from draftrl.train.config import TrainConfig
 from draftrl.train.cotrain import FrozenDepthEnv
@@ -46,11 +46,11 @@ def depth_config(recipe: str, *overrides: str) -> TrainConfig:
 
 def test_step_level_evaluation_counts_rounds_not_draft_steps():
     env = gym.make("tests/AnalyticDepth-v0", alpha=0.7, draft_cost=0.05, stochastic=False, max_new_tokens=64)
-    res = evaluate_policy_on_env(Fixed.for_env(env, depth=6), env, episodes=2, seed=0)
+    res = evaluate_policy(Fixed.for_env(env, depth=6), env, episodes=2, seed=0)
     assert res["depth_histogram"] == {6: res["num_rounds"]}
     assert sum(res["episode_tokens"]) == 128
     round_env = gym.make("draftrl/Analytic-v0", alpha=0.7, draft_cost=0.05, stochastic=False, max_new_tokens=64)
-    same = evaluate_policy_on_env(Fixed.for_env(round_env, depth=6), round_env, episodes=2, seed=0)
+    same = evaluate_policy(Fixed.for_env(round_env, depth=6), round_env, episodes=2, seed=0)
     assert res["throughput"] == pytest.approx(same["throughput"])
 
 

@@ -20,7 +20,7 @@ import draftrl.envs  # noqa: F401  registers the env ids (gymnasium.register_env
 from draftrl.cli import main
 from draftrl.config import load_config, to_dict
 from draftrl.envs.ids import make_kwargs
-from draftrl.policies import ConfidenceThreshold, PPOPolicy, evaluate_policy_on_env, paired_difference
+from draftrl.policies import ConfidenceThreshold, PPOPolicy, evaluate_policy, paired_difference
 from draftrl.train import ppo_size
 from draftrl.train.config import TrainConfig
 from draftrl.train.envs import make_env
@@ -426,7 +426,7 @@ def test_a_failed_training_run_is_marked_failed(tmp_path, monkeypatch):
 def test_baselines_and_ppo_share_episodes(trained):
     out, summary = trained
     env = gym.make("draftrl/Analytic-v0", regimes=(0.9, 0.2), draft_cost=0.1, signal_noise=0.15, regime_switch=0.1)
-    again = evaluate_policy_on_env(ConfidenceThreshold.for_env(env), env, 60, summary["evaluation"]["seed"])
+    again = evaluate_policy(ConfidenceThreshold.for_env(env), env, 60, summary["evaluation"]["seed"])
     assert again == summary["evaluation"]["results"]["threshold(t=0.35)"]
 
 
@@ -512,10 +512,10 @@ def test_keep_best_keeps_the_checkpoint_that_scores_best_on_fresh_training_episo
     assert manifest["num_timesteps"] == best and summary["num_timesteps"] == 1024  # the policy's steps; the run's
     # the kept policy is that checkpoint, and its score reproduces on the same episodes
     env = make_env(cfg.env)  # the training env: what selection scores on
-    kept = evaluate_policy_on_env(PPOPolicy.load(tmp_path / "run", env), env, 3, cfg.select_seed)
+    kept = evaluate_policy(PPOPolicy.load(tmp_path / "run", env), env, 3, cfg.select_seed)
     score = float(np.exp(np.mean(np.log(kept["episode_throughputs"]))))
     assert score == pytest.approx(selection["scores"][str(best)], rel=1e-9)
-    last = evaluate_policy_on_env(PPOPolicy.load(tmp_path / "run" / "checkpoints" / "ppo_1024_steps.zip", env),
+    last = evaluate_policy(PPOPolicy.load(tmp_path / "run" / "checkpoints" / "ppo_1024_steps.zip", env),
                                   env, 3, cfg.select_seed)
     assert float(np.exp(np.mean(np.log(last["episode_throughputs"])))) == pytest.approx(selection["scores"]["1024"])
     assert "selection" not in ppo_size.train(tiny(), tmp_path / "last")  # keep=last (the default) scores nothing

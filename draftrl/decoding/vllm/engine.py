@@ -118,7 +118,7 @@ class VLLMEngineConfig:
     gpu_memory_utilization: float | None = None
     """the share of GPU memory this engine may take (weights, activations, KV cache); None: vLLM's
     default, 0.9. One GPU holds one engine at 0.9: a process holding several needs a smaller share
-    each (a comparison builds one at a time, ``draftrl.eval.serving``). Not read on CPU
+    each (a comparison builds one at a time, ``draftrl.eval.serve.compare``). Not read on CPU
     (``kv_cache_gib`` sizes the KV cache there)"""
     max_logprobs: int = 20
     """most raw logprobs vLLM returns per token (the exactness check at temperature > 0 asks for them)"""

@@ -1,4 +1,4 @@
-"""``draftrl.eval.serving.run_serving_eval`` on the serving replay (``make_env``): the runner of
+"""``draftrl.eval.serve.compare.run_eval`` on the serving replay (``make_env``): the runner of
 ``draftrl eval --engine vllm`` and ``benchmarks/serve_sweep.py``, without vLLM."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 
 from draftrl.config.serve import ServeConfig
 from draftrl.envs.serve_vllm import ServeVLLMEnv
-from draftrl.eval.serving import run_serving_eval
+from draftrl.eval.serve.compare import run_eval
 from serve_recordings import COST, TOKENS, synthetic_recordings
 
 
@@ -19,7 +19,7 @@ def replay_env(recordings):
 def test_policies_in_the_replay_under_load(tmp_path):
     recordings = synthetic_recordings(8)
     config = ServeConfig(max_new_tokens=TOKENS, shuffle=False, seed=0)
-    results = run_serving_eval(tmp_path, policies="none,fixed:1,fixed:4:4,heuristic,dsd", concurrency=[1, 4],
+    results = run_eval(tmp_path, policies="none,fixed:1,fixed:4:4,heuristic,dsd", concurrency=[1, 4],
                                rates=[3.0], repeats=2, config=config,
                                make_env=replay_env(recordings))
     assert results["exactness"]["passed"]  # every policy emitted the recorded continuations
@@ -36,16 +36,16 @@ def test_policies_in_the_replay_under_load(tmp_path):
         results["concurrency"]["1"]["policies"]["none"]["mean_batch"] == pytest.approx(1.0)
     assert results["repeats"] == 2
     with pytest.raises(ValueError, match="repeats=0"):
-        run_serving_eval(tmp_path, policies="none", concurrency=[1], repeats=0, config=config,
+        run_eval(tmp_path, policies="none", concurrency=[1], repeats=0, config=config,
                          make_env=replay_env(recordings))
 
 
 def test_dsd_grid_search_scores_tables_as_the_evaluation_does(tmp_path):
-    """A constant table is the fixed depth: its score is the geometric mean of run_serving_eval's
+    """A constant table is the fixed depth: its score is the geometric mean of run_eval's
     speedups of fixed:K at the same loads; only tables whose K never grows are searched."""
     import numpy as np
 
-    from draftrl.eval.dsd_search import search_dsd
+    from draftrl.eval.serve.dsd_search import search_dsd
 
     recordings = synthetic_recordings(8)
     config = ServeConfig(max_new_tokens=TOKENS, shuffle=False, seed=0)
@@ -55,7 +55,7 @@ def test_dsd_grid_search_scores_tables_as_the_evaluation_does(tmp_path):
     assert sorted(r["label"] for r in scored) == sorted(
         f"dsd:1-1:{a},2-16:{b}" for a in (0, 2, 8) for b in (0, 2, 8) if a >= b)
     assert [r["score"] for r in scored] == sorted((r["score"] for r in scored), reverse=True)
-    results = run_serving_eval(tmp_path, policies="none,fixed:2,fixed:8", concurrency=[1, 8], config=config,
+    results = run_eval(tmp_path, policies="none,fixed:2,fixed:8", concurrency=[1, 8], config=config,
                                make_env=make_env)
     for k in (0, 2, 8):
         entry = next(r for r in scored if r["label"] == f"dsd:1-1:{k},2-16:{k}")
@@ -92,7 +92,7 @@ def test_policies_are_grouped_by_engine_and_passes_reuse_the_engine_they_end_on(
     opens with the group the previous one closed with (no rebuild there); over as many passes as
     groups every group takes every place once, and every policy every place in its group."""
     from draftrl.eval.policy_names import parse_policies
-    from draftrl.eval.serving import engine_groups, pass_order
+    from draftrl.eval.serve.compare import engine_groups, pass_order
 
     names = "none,fixed:2,vllm-ngram:2,heuristic,vllm-ngram:4,dsd,fixed:4:8,fixed:2@eagle3,stop:4:t0.6@eagle3"
     specs = parse_policies(names, engine="vllm")
@@ -125,7 +125,7 @@ def test_the_replay_drafts_with_the_policys_drafter_or_refuses_it(tmp_path):
 
     recordings = synthetic_recordings(4)
     config = ServeConfig(max_new_tokens=TOKENS, shuffle=False, seed=0)
-    assert replay_drafter(config) == "ngram" and replay_drafter(config, "best") == "best"
+    assert replay_drafter(config) == "ngram" and replay_drafter(config, "hindsight") == "hindsight"
     assert replay_drafter(ServeConfig(drafter="eagle3:runs/head")) == "eagle3"
     assert replay_drafter(ServeConfig(drafter="sam:3")) == replay_drafter(ServeConfig(drafter="sam:3"), "sam:3") == "sam:3"
     for drafter, given in (("ngram:1:4", "ngram"), ("sam:2", "eagle3")):
@@ -138,6 +138,6 @@ def test_the_replay_drafts_with_the_policys_drafter_or_refuses_it(tmp_path):
         return ServeVLLMEnv(cfg, engine="replay", recordings=recordings, calibration=COST)
 
     with pytest.raises(ValueError, match="drafter='eagle3' replays the head: pass head_proposals"):
-        run_serving_eval(tmp_path, policies="none,fixed:2,fixed:2@eagle3", concurrency=[1],
+        run_eval(tmp_path, policies="none,fixed:2,fixed:2@eagle3", concurrency=[1],
                          config=config, make_env=make_env)
     assert ("fixed:2", "ngram:1:3:latest") in seen and seen[-1] == ("fixed:2@eagle3", "eagle3")

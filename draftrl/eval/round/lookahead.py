@@ -1,11 +1,11 @@
-"""The look-ahead policy for the real engine at temperature 0: the upper bound of a comparison.
+"""The lookahead policy for the real engine at temperature 0: the upper bound of a comparison.
 
 At temperature 0 the output is the target's greedy continuation whatever the policy does, so
 once plain decoding has produced it (the evaluation's reference run), the number of draft
 tokens the target *will* accept is known before verifying: propose the deepest tree, walk it
 along the reference. The lookahead then drafts exactly that deep (the largest grid depth not above
 it; 0 when nothing would be accepted), so it never pays for a rejected draft token. It reads
-the answer, so it is not deployable; its look-ahead time is reported as ``excluded_seconds``
+the answer, so it is not deployable; its lookahead time is reported as ``excluded_seconds``
 and not charged to its throughput.
 """
 
@@ -26,7 +26,7 @@ class GreedyLookAhead(Policy):
     :param env: the (real-engine) env the lookahead acts on; it reads ``env.unwrapped.engine`` and
         ``env.unwrapped.request``.
     :param references: ``{prompt_id: greedy continuation token ids}``.
-    :param width: tree width of the look-ahead proposal (the env's ``width``).
+    :param width: tree width of the lookahead proposal (the env's ``width``).
     """
 
     name = "lookahead"
@@ -58,7 +58,7 @@ class GreedyLookAhead(Policy):
         if depth <= 0 or engine.drafter is None:
             return 0
         tree = engine.drafter.propose(engine.ids, depth, self.width, engine.params, None)
-        engine.drafter.commit(engine.ids, [])  # nothing of the look-ahead stays in the draft's cache
+        engine.drafter.commit(engine.ids, [])  # nothing of the lookahead stays in the draft's cache
         ahead = reference[len(engine.output_ids):]
         node, length = -1, 0
         while length < len(ahead):

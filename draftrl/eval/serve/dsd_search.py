@@ -9,8 +9,8 @@ from typing import Any, Callable
 import numpy as np
 
 from draftrl.eval.policy_names import REFERENCE, PolicyName, dsd_label
-from draftrl.eval.rollout import episode_throughput
-from draftrl.eval.serve_policies import build_serving_policy
+from draftrl.eval.serve.policies import build_serving_policy
+from draftrl.eval.serve.rollout import episode_throughput
 
 
 def search_dsd(make_env: Callable[[Any, PolicyName], Any], config, loads: list[dict[str, Any]], *,

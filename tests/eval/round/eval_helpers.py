@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 
 
 def assert_png(path) -> None:

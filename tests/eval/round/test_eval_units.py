@@ -10,11 +10,11 @@ import yaml
 
 from draftrl.cli import main
 from draftrl.config import load_config
-from draftrl.eval.config import EvalConfig, GridConfig
-from draftrl.eval.grid import REFERENCE, Cell, grid_cells, write_sweep
+from draftrl.eval.round.config import EvalConfig, GridConfig
+from draftrl.eval.round.grid import REFERENCE, Cell, grid_cells, write_sweep
 from draftrl.eval.metrics import acceptance_by_position, add_speedups, median_runs, summarize_with_groups
 from draftrl.eval.policy_names import parse_policies
-from draftrl.eval.rollout import RequestRun
+from draftrl.eval.records import RequestRun
 
 from eval_helpers import CONFIGS, assert_png, fake_results
 
@@ -25,7 +25,7 @@ def _no_wandb(monkeypatch):
 
 
 def test_best_grid_without_grid_names_the_fix(tmp_path):
-    from draftrl.eval.evaluate import run_eval
+    from draftrl.eval.round.compare import run_eval
 
     with pytest.raises(ValueError, match="--grid"):
         run_eval(EvalConfig(), tmp_path, policies="none,best-grid")
@@ -42,7 +42,7 @@ def test_shipped_eval_configs_load(name):
 @pytest.mark.parametrize("name", ["demo_cpu.yaml", "demo_quick_cpu.yaml"])
 def test_shipped_demo_configs_match_the_builtin_defaults(name):
     from draftrl.config import to_dict
-    from draftrl.eval.demo import DemoConfig
+    from draftrl.eval.round.demo import DemoConfig
 
     config = load_config(DemoConfig, CONFIGS / name)
     builtin = DemoConfig.quick() if "quick" in name else DemoConfig()
@@ -137,7 +137,7 @@ def test_summaries_speedups_and_medians():
 
 # ----------------------------------------------------------------------------- plots and report
 def test_report_and_plots_render(tmp_path):
-    from draftrl.eval.evaluate import write_outputs
+    from draftrl.eval.round.compare import write_outputs
     from draftrl.eval.plots import grid_heatmap
 
     results, grid = fake_results()
@@ -163,7 +163,7 @@ def offline(monkeypatch):
 
 
 def test_the_grid_is_one_wandb_run_with_every_cell_and_the_best(tmp_path, offline):
-    from draftrl.eval.grid import log_grid_to_wandb
+    from draftrl.eval.round.grid import log_grid_to_wandb
     from draftrl.eval.plots import grid_heatmap
     from wandb_records import read_runs
 
@@ -193,7 +193,7 @@ def test_the_eval_run_holds_every_policy_against_the_best_fixed_with_intervals(t
     """The comparison a user came for, on the eval run: and a policy missing from it is caught."""
     import copy
 
-    from draftrl.eval.evaluate import log_eval_to_wandb, write_outputs
+    from draftrl.eval.round.compare import log_eval_to_wandb, write_outputs
     from eval_helpers import eval_run_problems, with_intervals
     from wandb_records import read_runs
 
@@ -296,7 +296,7 @@ def test_a_new_phase_renames_the_progress_line():
 
 
 def test_the_demo_names_each_step_on_its_progress_line(tmp_path, capsys, monkeypatch):
-    from draftrl.eval import demo
+    from draftrl.eval.round import demo
 
     def fake_run_demo(config, out, *, step_started, step_done, progress, **kwargs):
         for i, step in enumerate(demo.STEPS):
@@ -321,7 +321,7 @@ def test_grid_prints_each_cell_against_the_hf_anchors(tmp_path, capsys, monkeypa
     result = {"cells": {"d4_v0_w1": cell}, "best": {"name": "d4_v0_w1"},
               "anchors": {"methods": {"hf": {"tokens_per_second": 25.0}, "hf-lookup:4": {"tokens_per_second": 33.3}},
                           "best_lookup": "hf-lookup:4"}}
-    monkeypatch.setattr("draftrl.eval.grid.run_grid", lambda *a, **k: result)
+    monkeypatch.setattr("draftrl.eval.round.grid.run_grid", lambda *a, **k: result)
     assert main(["grid", "--out", str(tmp_path / "g"), "--quiet"]) == 0
     out = capsys.readouterr().out
     assert "speedup_vs_none=1.500x  vs_hf=1.200x  vs_hf_lookup=0.900x" in out

@@ -84,7 +84,7 @@ def build_policy(spec: PolicyName, base: EnvConfig, target, *, grid: dict | None
     with the policy's own drafter (``fixed:4@eagle3``) where it names one, else ``base.drafter``."""
     from draftrl.decoding.build import build_engine
     from draftrl.envs.spec_decode import SpecDecodeEnv
-    from draftrl.eval.lookahead import GreedyLookAhead
+    from draftrl.eval.round.lookahead import GreedyLookAhead
     from draftrl.policies import ConfidenceThreshold, Fixed, HFHeuristic, PPOPolicy, UCBBandit
 
     if spec.drafter is not None:

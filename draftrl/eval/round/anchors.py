@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from draftrl.eval.rollout import DecodedRequest
+from draftrl.eval.records import DecodedRequest
 
 #: Anchor kinds.
 HF = "hf"

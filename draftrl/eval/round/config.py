@@ -80,7 +80,7 @@ class PolicyEvalConfig:
     """> 0: also measure how many tokens each monitor statistic needs to catch resample-from-p"""
     anchors: bool = True
     """temperature 0: also time stock Hugging Face generate and its prompt lookup on the same requests
-    (``draftrl.eval.anchors``), in the grid and in the evaluation"""
+    (``draftrl.eval.round.anchors``), in the grid and in the evaluation"""
     anchor_gammas: tuple[int, ...] = (1, 2, 4, 8)
     """prompt-lookup gammas timed as anchors (the evaluation times only the grid's best one when given a grid)"""
 

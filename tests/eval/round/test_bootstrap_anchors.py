@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from draftrl.eval.anchors import AnchorRun, anchor_ngram, anchors_for, summarize_anchors
+from draftrl.eval.round.anchors import AnchorRun, anchor_ngram, anchors_for, summarize_anchors
 from draftrl.eval.bootstrap import format_ci, paired_ratio_ci, requests_needed
 
 
@@ -77,8 +77,8 @@ def test_anchor_labels_and_ngram() -> None:
 def test_eval_times_the_grids_best_lookup_gamma_only() -> None:
     import dataclasses
 
-    from draftrl.eval.config import EvalConfig
-    from draftrl.eval.evaluate import eval_anchors
+    from draftrl.eval.round.config import EvalConfig
+    from draftrl.eval.round.compare import eval_anchors
 
     config = EvalConfig()
     assert [a.label for a in eval_anchors(config, None)] == ["hf", "hf-lookup:1", "hf-lookup:2", "hf-lookup:4",
@@ -103,7 +103,7 @@ def test_anchors_decode_past_eos_when_the_engine_ignores_it(gamma) -> None:
 
     from draftrl.decoding.engine import EngineConfig, SpeculativeDecoder
     from draftrl.decoding.generate import fixed_schedule, generate
-    from draftrl.eval.anchors import Anchor, run_anchor
+    from draftrl.eval.round.anchors import Anchor, run_anchor
 
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=1,

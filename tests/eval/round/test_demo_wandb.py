@@ -5,7 +5,7 @@ with ``WANDB_MODE=offline``; its ``DIR/wandb/`` must hold one group with a run p
 calibrate, collect, train, grid, eval), the grid's table and best cell, every policy's summary
 scalars with the interval around the best fixed setting, the bar chart and the per-language and
 per-task tables. About 50 s on 2 quiet cores (2 minutes under load): marked slow; the same
-logging on smaller pieces runs in tests/eval/test_eval_units.py, tests/train/test_train_ppo.py and
+logging on smaller pieces runs in tests/eval/round/test_eval_units.py, tests/train/test_train_ppo.py and
 tests/config/test_wandb_runs.py.
 """
 
@@ -20,8 +20,8 @@ import sys
 import pytest
 
 from draftrl.config.commands import CalibrationConfig
-from draftrl.eval.config import GridConfig
-from draftrl.eval.demo import DemoConfig, run_demo
+from draftrl.eval.round.config import GridConfig
+from draftrl.eval.round.demo import DemoConfig, run_demo
 
 from eval_helpers import eval_run_problems
 from wandb_records import read_runs

@@ -49,7 +49,7 @@ def my_target(tmp_path_factory):
 
 def _config(target: str, dtype: str, *extra: str):
     from draftrl.config import load_config
-    from draftrl.eval.config import EvalConfig
+    from draftrl.eval.round.config import EvalConfig
 
     return load_config(EvalConfig, None, [*SETTINGS, f"env.target={target}", f"env.dtype={dtype}", *extra])
 
@@ -99,7 +99,7 @@ def broken_engine(monkeypatch):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_a_genuine_mismatch_still_stops_the_evaluation(my_target, tmp_path, broken_engine, dtype):
     from draftrl.eval.agreement import AgreementViolation
-    from draftrl.eval.evaluate import run_eval
+    from draftrl.eval.round.compare import run_eval
     from draftrl.eval.exactness import GreedyMismatch
 
     config = _config(my_target, dtype, "eval.sampler=off-by-one", "eval.policies=[none,fixed:4]")
@@ -115,7 +115,7 @@ def test_a_genuine_mismatch_still_stops_the_evaluation(my_target, tmp_path, brok
 
 def test_a_bfloat16_grid_violation_is_raised_after_grid_json_is_written(my_target, tmp_path, broken_engine,
                                                                          monkeypatch):
-    import draftrl.eval.grid as grid
+    import draftrl.eval.round.grid as grid
     from draftrl.eval.agreement import AgreementViolation
 
     plain = grid.run_fixed

@@ -9,9 +9,9 @@ Steps, each through the owning package's public Python API, each writing under `
 3. **train**: batch-aware PPO on the serving replay ``draftrl/ServeReplay-v0`` with the
    recipe of ``configs/serve_replay_cpu.yaml`` (``draftrl.train.ppo_size``) -> ``DIR/ppo_replay/``;
 4. **dsd**: vLLM's Dynamic SD table grid-searched in the replay on the tune split, the
-   strongest hand-made baseline (``draftrl.eval.dsd_search.search_dsd``) -> ``DIR/dsd_grid.json``;
+   strongest hand-made baseline (``draftrl.eval.serve.dsd_search.search_dsd``) -> ``DIR/dsd_grid.json``;
 5. **sweep**: every policy in real vLLM at each Poisson arrival rate, interleaved, exactness
-   checked, and the same sweep in the replay (``draftrl.eval.serving.run_serving_eval``) ->
+   checked, and the same sweep in the replay (``draftrl.eval.serve.compare.run_eval``) ->
    ``DIR/sweep/`` (``results.json``, ``report.md``, ``sweep.png``, ``replay/results.json``).
 
 ``DIR/serve_demo_summary.json`` holds each step's seconds and, per rate and policy, the speedup
@@ -130,7 +130,7 @@ def _train_config(config: ServeDemoConfig, out: Path):
         *config.train_overrides])
 
 
-def run_serve_demo(config: ServeDemoConfig, out: str | Path, *, overwrite: bool = False,
+def run_demo(config: ServeDemoConfig, out: str | Path, *, overwrite: bool = False,
                    step_started: Callable[[int, str], None] | None = None,
                    step_done: Callable[[int, str, float, str], None] | None = None,
                    progress: Callable[[int, int, str], None] | None = None) -> dict:
@@ -141,7 +141,7 @@ def run_serve_demo(config: ServeDemoConfig, out: str | Path, *, overwrite: bool 
     :param step_started: ``(index, step)`` before each step; ``step_done(index, step, seconds, note)``
         after (``note`` starts with "skipped" for a step found done).
     :param progress: ``(done, total, label)`` inside the sweep.
-    :raises ServingMismatch: (``draftrl.eval.serving``) when a policy fails an exactness check in
+    :raises ServingMismatch: (``draftrl.eval.serve.compare``) when a policy fails an exactness check in
         the sweep; its results are written first.
     """
     import dataclasses
@@ -221,7 +221,7 @@ def run_serve_demo(config: ServeDemoConfig, out: str | Path, *, overwrite: bool 
         return f"PPO {table['ppo']['throughput'] / table[best]['throughput']:.3f}x the best fixed {best} (replay)"
 
     def dsd() -> str:
-        from draftrl.eval.dsd_search import search_dsd
+        from draftrl.eval.serve.dsd_search import search_dsd
 
         replay_env = _replay_env(out, "rec_tune")
         scored = search_dsd(replay_env, _serve_config(config, split="tune"), list(train_cfg.env.serve.loads),
@@ -233,16 +233,16 @@ def run_serve_demo(config: ServeDemoConfig, out: str | Path, *, overwrite: bool 
 
     def sweep() -> str:
         from draftrl.eval.plots import load_sweep
-        from draftrl.eval.serving import ServingMismatch, run_serving_eval
+        from draftrl.eval.serve.compare import ServingMismatch, run_eval
 
         policies = _policies(config, out)
         serve = _serve_config(config, split="heldout")
         # vLLM's own methods (vllm-*) run no draftrl proposer, hence have no replay
         replayed = [p for p in policies if not p.startswith("vllm-")]
-        replay = run_serving_eval(out / "sweep" / "replay", policies=replayed, concurrency=(), rates=config.rates,
+        replay = run_eval(out / "sweep" / "replay", policies=replayed, concurrency=(), rates=config.rates,
                                   repeats=config.repeats, config=serve, make_env=_replay_env(out, "rec_heldout"))
         try:
-            real = run_serving_eval(out / "sweep", policies=policies, concurrency=(), rates=config.rates,
+            real = run_eval(out / "sweep", policies=policies, concurrency=(), rates=config.rates,
                                     repeats=config.repeats, config=serve, progress=progress)
         except ServingMismatch:  # its results are written: logged, the run marked failed
             log_sweep(read_json(out / "sweep" / "results.json", "sweep results"), replay, None, code=EXACTNESS_FAILED)
@@ -281,7 +281,7 @@ def _serve_config(config: ServeDemoConfig, *, split: str):
 
 
 def _replay_env(out: Path, recordings: str):
-    """``make_env`` for :func:`run_serving_eval`: ``draftrl/ServeReplay-v0`` on ``out/recordings``."""
+    """``make_env`` for :func:`run_eval`: ``draftrl/ServeReplay-v0`` on ``out/recordings``."""
     from draftrl.envs.serve_vllm import ServeVLLMEnv
     from draftrl.replay.recordings import Proposals, Recordings
     from draftrl.replay.serve_calibrate import StepCostModel

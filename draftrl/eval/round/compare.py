@@ -4,7 +4,7 @@ Every policy decodes the same held-out requests with the same sampling seeds. Fo
 all policies run back to back, in an order rotated by one per request (plain decoding always
 runs before the lookahead, which reads its output), then the next request; so load on a shared
 machine spreads over all policies. Policies act through their own ``draftrl/SpecDecode-v1``
-env on a prebuilt engine (``draftrl.eval.policies``): the observation is the envs' own.
+env on a prebuilt engine (``draftrl.eval.round.policies``): the observation is the envs' own.
 
 Exactness runs throughout: the streaming monitor sees every emitted token of every policy
 (``--no-monitor`` turns it off), at temperature 0 every policy's output must equal plain
@@ -31,11 +31,12 @@ from typing import Callable
 import numpy as np
 
 from draftrl.config import SAMPLERS, to_dict
-from draftrl.eval.config import EvalConfig, env_for_split
-from draftrl.eval.policy_names import REFERENCE
 from draftrl.eval.metrics import add_speedups, grouped, median_runs, paired_speedup, summarize_with_groups
-from draftrl.eval.anchors import anchor_ngram, anchors_for, run_anchor
-from draftrl.eval.rollout import RequestRun, run_fixed, run_policy
+from draftrl.eval.policy_names import REFERENCE
+from draftrl.eval.records import RequestRun
+from draftrl.eval.round.anchors import anchor_ngram, anchors_for, run_anchor
+from draftrl.eval.round.config import EvalConfig, env_for_split
+from draftrl.eval.round.rollout import run_fixed, run_policy
 from draftrl.runs import WANDB_FILE
 
 FORMAT = "draftrl-eval/1"
@@ -65,7 +66,7 @@ def add_anchors(results: dict, runs: list[RequestRun], anchor_runs: list, refere
     """Put the anchors' summary in ``results["anchors"]`` and, for every policy, its speedups over
     stock HF generate and HF prompt lookup at its best gamma, with paired bootstrap intervals over
     requests (``ci_vs_none``, ``ci_vs_hf``, ``ci_vs_hf_lookup``, ``ci_vs_best_fixed``)."""
-    from draftrl.eval.anchors import median_anchor_runs, summarize_anchors
+    from draftrl.eval.round.anchors import median_anchor_runs, summarize_anchors
     from draftrl.eval.bootstrap import compare
 
     kept = median_runs(runs)
@@ -121,7 +122,7 @@ def run_eval(config: EvalConfig, out: str | Path, *, policies: list[str] | str |
     from draftrl.eval.agreement import GreedyAgreement
     from draftrl.eval.exactness import GreedyMismatch, TimedMonitor, hf_greedy
     from draftrl.io import read_json, write_json
-    from draftrl.eval.policies import build_policy
+    from draftrl.eval.round.policies import build_policy
     from draftrl.eval.policy_names import parse_policies
 
     specs = parse_policies(policies if policies is not None else list(config.eval.policies))

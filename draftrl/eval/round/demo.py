@@ -8,9 +8,9 @@ Steps, each through the owning package's public Python API, each writing under `
 3. **collect**: greedy traces of the tune prompts -> ``DIR/traces/`` (``draftrl.replay.traces.collect``);
 4. **train**: PPO on ``draftrl/TraceReplay-v0`` over those traces -> ``DIR/ppo_size/`` (and more
    recipes when configured) (``draftrl.train.<recipe>.train``);
-5. **grid**: fixed settings on the tune split, wall clock -> ``DIR/grid/`` (``draftrl.eval.grid``);
+5. **grid**: fixed settings on the tune split, wall clock -> ``DIR/grid/`` (``draftrl.eval.round.grid``);
 6. **eval**: plain decoding, best fixed, heuristic, threshold, bandit, PPO and the lookahead bound
-   on the held-out split, exactness checks on -> ``DIR/eval/`` (``draftrl.eval.evaluate``).
+   on the held-out split, exactness checks on -> ``DIR/eval/`` (``draftrl.eval.round.compare``).
 
 Every step from calibrate on logs one wandb run (``job_type`` the step), all in one group, offline
 in ``DIR/wandb/`` (``draftrl.config.wandb``; what each holds: ``draftrl.eval.wandb_log``).
@@ -31,7 +31,7 @@ from typing import Callable, TypeVar
 
 from draftrl.config.env import EnvConfig
 from draftrl.config.commands import CalibrationConfig
-from draftrl.eval.config import EvalConfig, GridConfig, PolicyEvalConfig
+from draftrl.eval.round.config import EvalConfig, GridConfig, PolicyEvalConfig
 from draftrl.runs import WANDB_FILE
 
 T = TypeVar("T")
@@ -210,8 +210,8 @@ def run_demo(config: DemoConfig, out: str | Path, *, overwrite: bool = False,
     import torch
 
     from draftrl.config.wandb import pipeline, sync_command
-    from draftrl.eval.evaluate import run_eval
-    from draftrl.eval.grid import run_grid
+    from draftrl.eval.round.compare import run_eval
+    from draftrl.eval.round.grid import run_grid
     from draftrl.io import write_json
     from draftrl.models import DEFAULT_MODEL, fetch_model
     from draftrl.models import shared_model

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from draftrl.config import load_config
-from draftrl.eval.config import EvalConfig
+from draftrl.eval.round.config import EvalConfig
 
 from eval_helpers import CONFIGS, assert_png
 
@@ -39,7 +39,7 @@ def config() -> EvalConfig:
 
 @pytest.fixture(scope="module")
 def grid_dir(smollm2, config, tmp_path_factory):
-    from draftrl.eval.grid import run_grid
+    from draftrl.eval.round.grid import run_grid
 
     out = tmp_path_factory.mktemp("grid")
     with pytest.MonkeyPatch.context() as mp:
@@ -54,7 +54,7 @@ def untrained_ppo(smollm2, config, tmp_path_factory):
     from stable_baselines3 import PPO
 
     from draftrl.envs.spec_decode import SpecDecodeEnv
-    from draftrl.eval.config import env_for_split
+    from draftrl.eval.round.config import env_for_split
     from draftrl.policies.ppo import write_manifest
 
     out = tmp_path_factory.mktemp("ppo")
@@ -95,7 +95,7 @@ def test_grid_writes_the_documented_files(grid_dir, config, smollm2):
 
 
 def test_eval_writes_results_report_and_plots(smollm2, config, grid_dir, untrained_ppo, tmp_path):
-    from draftrl.eval.evaluate import run_eval
+    from draftrl.eval.round.compare import run_eval
 
     policies = f"none,best-grid,heuristic,threshold,bandit,ppo:{untrained_ppo},lookahead"
     results = run_eval(config, tmp_path, policies=policies, grid_path=grid_dir / "grid.json", target=smollm2)
@@ -154,7 +154,7 @@ def test_eval_cli_fails_loudly_on_an_exactness_violation(monkeypatch, tmp_path, 
     def fake_run_eval(*args, **kwargs):
         raise ExactnessViolation([failure], 201)
 
-    monkeypatch.setattr("draftrl.eval.evaluate.run_eval", fake_run_eval)
+    monkeypatch.setattr("draftrl.eval.round.compare.run_eval", fake_run_eval)
     code = main(["eval", "--policies", "none,heuristic", "--out", str(tmp_path), "--quiet"])
     err = capsys.readouterr().err
     assert code == 3

@@ -8,13 +8,13 @@ import math
 import pytest
 
 from draftrl.eval.metrics import kendall_tau
-from draftrl.eval.serve_demo import ServeDemoConfig, run_serve_demo, sweep_summary
+from draftrl.eval.serve.demo import ServeDemoConfig, run_demo, sweep_summary
 from draftrl.io import plain, write_json
 from draftrl.config import to_dict
 
 
 def _results(speedups: dict[str, dict[str, float]]) -> dict:
-    """run_serving_eval-shaped results: per rate, per policy, a speedup (tokens/s = 10 x speedup)."""
+    """run_eval-shaped results: per rate, per policy, a speedup (tokens/s = 10 x speedup)."""
     rates = {rate: {"policies": {name: {"speedup_vs_none": x, "tokens_per_second": 10 * x,
                                         "time_to_first_token_p50": 0.1, "itl_p50": 0.05, "itl_p95": 0.08}
                                  for name, x in table.items()}}
@@ -39,7 +39,7 @@ def test_sweep_summary_gives_ratios_geomean_and_tau():
 def test_a_run_with_other_settings_is_refused_before_any_work(tmp_path):
     write_json(tmp_path / "serve_demo_config.json", plain(to_dict(ServeDemoConfig.quick())))
     with pytest.raises(ValueError, match="other settings.*--overwrite"):
-        run_serve_demo(ServeDemoConfig(), tmp_path)
+        run_demo(ServeDemoConfig(), tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["serve_demo_config.json"]
 
 
@@ -59,16 +59,16 @@ def test_a_resumed_run_may_take_another_memory_share_but_not_other_engine_settin
     monkeypatch.setattr(calibrate, "calibrate_model", reached)
     quick = ServeDemoConfig.quick()
     with pytest.raises(Resumed):  # the first run: settings written, then its calibrate step starts
-        run_serve_demo(quick, tmp_path)
+        run_demo(quick, tmp_path)
     with pytest.raises(Resumed, match="0.5"):  # resumed with a smaller share: past the guard, the share applied
-        run_serve_demo(dataclasses.replace(quick, gpu_memory_utilization=0.5), tmp_path)
+        run_demo(dataclasses.replace(quick, gpu_memory_utilization=0.5), tmp_path)
     with pytest.raises(ValueError, match="other settings.*--overwrite"):
-        run_serve_demo(dataclasses.replace(quick, enforce_eager=True), tmp_path)
+        run_demo(dataclasses.replace(quick, enforce_eager=True), tmp_path)
 
 
 def test_a_missing_training_recipe_names_the_setting(tmp_path):
     with pytest.raises(FileNotFoundError, match="train_config=nowhere.yaml"):
-        run_serve_demo(ServeDemoConfig(train_config="nowhere.yaml"), tmp_path)
+        run_demo(ServeDemoConfig(train_config="nowhere.yaml"), tmp_path)
 
 
 def test_the_sweep_is_logged_against_the_arrival_rate(tmp_path, monkeypatch):
@@ -117,7 +117,7 @@ def test_eval_engine_vllm_logs_its_sweep_in_the_given_group(tmp_path, monkeypatc
         (out / "report.md").write_text("report\n")
         return {**_results({"2": {"none": 1.0, "fixed:4": 1.3}}), "config": {"max_new_tokens": 8}}
 
-    monkeypatch.setattr("draftrl.eval.serving.run_serving_eval", fake_run)
+    monkeypatch.setattr("draftrl.eval.serve.compare.run_eval", fake_run)
     assert main(["eval", "--engine", "vllm", "--policies", "none,fixed:4", "--rates", "2", "--out", str(out),
                  "--quiet", "--wandb-group", "serving-ab"]) == 0
     (run,) = read_runs(out / "wandb")

@@ -21,7 +21,7 @@ all timing is done, so wandb's own process does not share the CPU with timed dec
 ``per_language`` {lang: {...}}, ``per_task`` {task: {...}}, ``speedup_vs_hf``,
 ``speedup_vs_hf_lookup``}}, ``best`` (name, depth, verify_size, width, tokens_per_second,
 speedup_vs_none, speedup_vs_hf, speedup_vs_hf_lookup), ``anchors`` (stock HF generate and its
-prompt lookup per gamma, timed interleaved with the cells: ``draftrl.eval.anchors``; None at
+prompt lookup per gamma, timed interleaved with the cells: ``draftrl.eval.round.anchors``; None at
 temperature > 0), ``exactness``, ``files``, ``wall_seconds``.
 """
 
@@ -38,10 +38,11 @@ import numpy as np
 
 from draftrl.config import to_dict
 from draftrl.eval.agreement import raise_first_violation
-from draftrl.eval.anchors import run_anchor
-from draftrl.eval.config import EvalConfig, GridConfig, env_for_split
 from draftrl.eval.metrics import add_speedups, grouped, median_runs, summarize_with_groups
-from draftrl.eval.rollout import RequestRun, run_fixed
+from draftrl.eval.records import RequestRun
+from draftrl.eval.round.anchors import run_anchor
+from draftrl.eval.round.config import EvalConfig, GridConfig, env_for_split
+from draftrl.eval.round.rollout import run_fixed
 from draftrl.runs import WANDB_FILE
 
 FORMAT = "draftrl-grid/1"
@@ -115,7 +116,7 @@ def measure_cells(config: EvalConfig, cells: list[Cell], *, target=None, split: 
 
     With a list as ``anchor_runs`` (and temperature 0, ``eval.anchors`` on), stock HF ``generate``
     and its prompt lookup at every ``eval.anchor_gammas`` are timed in the same interleaved
-    order and their :class:`~draftrl.eval.anchors.AnchorRun` records appended to it.
+    order and their :class:`~draftrl.eval.round.anchors.AnchorRun` records appended to it.
 
     At temperature 0 every cell's first-repeat output is compared with plain decoding's
     (``draftrl.eval.agreement``): in float32 a difference raises
@@ -149,7 +150,7 @@ def measure_cells(config: EvalConfig, cells: list[Cell], *, target=None, split: 
     greedy = env.temperature == 0
     anchors: list = []
     if anchor_runs is not None and greedy and config.eval.anchors:
-        from draftrl.eval.anchors import anchor_ngram, anchors_for
+        from draftrl.eval.round.anchors import anchor_ngram, anchors_for
 
         anchors = anchors_for(config.eval.anchor_gammas, anchor_ngram(env.drafter))
     methods: list = [*cells, *anchors]
@@ -244,9 +245,9 @@ def target_kernels(config: EvalConfig, target=None) -> dict | None:
 
 
 def add_grid_anchors(table: dict[str, dict], anchor_runs: list) -> dict | None:
-    """The anchors' summary (``draftrl.eval.anchors.summarize_anchors``); sets every cell's
+    """The anchors' summary (``draftrl.eval.round.anchors.summarize_anchors``); sets every cell's
     ``speedup_vs_hf`` and ``speedup_vs_hf_lookup`` (over HF prompt lookup at its best gamma)."""
-    from draftrl.eval.anchors import summarize_anchors
+    from draftrl.eval.round.anchors import summarize_anchors
 
     if not anchor_runs:
         return None

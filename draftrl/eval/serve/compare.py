@@ -17,9 +17,9 @@ Policies: ``draftrl.eval.policy_names`` (the grammar both engines share: ``none`
 ``heuristic``, ``dsd[:S-E:K,...]``, ``stop:K:tT``, ``ppo:DIR``, each with the run's drafter
 ``config.drafter`` or its own ``@DRAFTER``; vLLM's own ``vllm-ngram:K``, ``vllm-eagle3:K``,
 ``vllm-class:MODULE.Class:K``), each built as a
-``draftrl.policies.Policy`` on its engine by ``draftrl.eval.serve_policies``; episodes run through
-``draftrl.eval.rollout.run_episode``, are summarised by ``draftrl.eval.metrics.summarize_serving`` and
-reported by ``draftrl.eval.report.render_serving_report``. ``draftrl.eval.dsd_search`` tunes the
+``draftrl.policies.Policy`` on its engine by ``draftrl.eval.serve.policies``; episodes run through
+``draftrl.eval.serve.rollout.run_episode``, are summarised by ``draftrl.eval.metrics.summarize_serving`` and
+reported by ``draftrl.eval.report.render_serving_report``. ``draftrl.eval.serve.dsd_search`` tunes the
 Dynamic SD table in the replay.
 
 Metrics per (load, policy): ``tokens_per_second`` (tokens / engine seconds, idle excluded),
@@ -51,9 +51,9 @@ from typing import Any, Callable
 from draftrl.eval.metrics import histogram, serving_groups, summarize_serving
 from draftrl.eval.policy_names import REFERENCE, PolicyName, parse_policies
 from draftrl.eval.report import render_serving_report
-from draftrl.eval.rollout import run_episode
-from draftrl.eval.serve_policies import (build_serving_policy, check_policies, engine_config_for, policy_drafter,
+from draftrl.eval.serve.policies import (build_serving_policy, check_policies, engine_config_for, policy_drafter,
                                           proposer_rule)
+from draftrl.eval.serve.rollout import run_episode
 
 FORMAT = "draftrl-serve-eval/1"
 
@@ -64,7 +64,7 @@ class ServingMismatch(RuntimeError):
 
 
 def loads_of(results: dict) -> list[tuple[str, str]]:
-    """``(section, key)`` of every load in :func:`run_serving_eval`'s results, in run order."""
+    """``(section, key)`` of every load in :func:`run_eval`'s results, in run order."""
     return [(section, key) for section in ("concurrency", "rates") for key in results.get(section, {})]
 
 
@@ -129,7 +129,7 @@ def _episode(make_env, load_cfg, spec: PolicyName, config, seed: int, checks: di
     return requests, steps, counts
 
 
-def run_serving_eval(out: str | Path, *, policies: list[str] | str, concurrency: list[int] = (1, 4, 16),
+def run_eval(out: str | Path, *, policies: list[str] | str, concurrency: list[int] = (1, 4, 16),
                      rates: list[float] = (), repeats: int = 1, config=None, tokenizer=None,
                      progress: Callable[[int, int, str], None] | None = None,
                      make_env: Callable[[Any, PolicyName], Any] | None = None) -> dict:

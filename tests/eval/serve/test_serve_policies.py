@@ -8,7 +8,7 @@ import pytest
 from draftrl.config.serve import ServeConfig
 from draftrl.envs.serve_vllm import FEATURE_NAMES, ServeVLLMEnv
 from draftrl.eval.policy_names import ENGINE_KINDS, parse_policies
-from draftrl.eval.serve_policies import build_serving_policy, check_policies, proposer_rule
+from draftrl.eval.serve.policies import build_serving_policy, check_policies, proposer_rule
 from draftrl.policies import DynamicSD, Policy
 from serve_recordings import COST, TOKENS, synthetic_recordings
 

@@ -19,7 +19,7 @@ from draftrl.drafters.eagle3 import Eagle3Drafter
 from draftrl.envs.spec_decode import SpecDecodeEnv
 from draftrl.replay.round_table import drafter_costs, match_depths, round_table
 from draftrl.replay.traces import collect
-from draftrl.eval.headroom import headroom, hindsight, play, play_stop
+from draftrl.eval.round.headroom import headroom, hindsight, play, play_stop
 from draftrl.policies.acceptance_stop import AcceptanceModel, AcceptanceStop
 from draftrl.policies.confidence_stop import CumulativeConfidenceStop, LevelStopRule, RocConfidenceStop
 
