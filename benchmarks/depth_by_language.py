@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 
 from _bench import Bench, add_grid_args, common_flags, engine_method, first_mismatch, interleave, load_grid, parse_args
+
 from draftrl.drafters.registry import build_drafter
 
 

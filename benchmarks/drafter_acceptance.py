@@ -39,9 +39,19 @@ import argparse
 from pathlib import Path
 
 import torch
+from _bench import (
+    Bench,
+    Timings,
+    anchor_method,
+    common_flags,
+    engine_method,
+    first_mismatch,
+    interleave,
+    median,
+    parse_args,
+    requests,
+)
 
-from _bench import (Bench, Timings, anchor_method, common_flags, engine_method, first_mismatch, interleave, median,
-                    parse_args, requests)
 from draftrl.decoding.counts import AcceptanceCounts
 from draftrl.drafters.eagle3 import Eagle3Drafter
 from draftrl.drafters.registry import build_drafter, check_drafter_spec

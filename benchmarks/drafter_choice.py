@@ -36,17 +36,28 @@ from __future__ import annotations
 import argparse
 from collections import defaultdict
 
-from _bench import (Bench, anchor_method, common_flags, engine_method, interleave, named_dirs, parse_args, requests,
-                    stop_flags, stop_rules)
+from _bench import (
+    Bench,
+    anchor_method,
+    common_flags,
+    engine_method,
+    interleave,
+    named_dirs,
+    parse_args,
+    requests,
+    stop_flags,
+    stop_rules,
+)
+
 from draftrl.decoding.engine import EngineConfig, SpeculativeDecoder
 from draftrl.decoding.generate import fixed_schedule, generate
 from draftrl.decoding.schedule import HeuristicSchedule
-from draftrl.replay.round_table import level_path_probs, match_depths
 from draftrl.envs.trace_choice import TraceChoiceEnv
-from draftrl.replay.traces import Traces
-from draftrl.eval.round.anchors import Anchor
 from draftrl.eval.bootstrap import paired_ratio_ci
+from draftrl.eval.round.anchors import Anchor
 from draftrl.policies.acceptance_stop import fit_acceptance
+from draftrl.replay.round_table import level_path_probs, match_depths
+from draftrl.replay.traces import Traces
 
 
 def main() -> None:

@@ -33,11 +33,12 @@ import argparse
 from collections import defaultdict
 
 from _bench import Bench, common_flags, named_dirs, parse_args, stop_flags, stop_rules
+
 from draftrl.envs.trace_choice import TraceChoiceEnv
-from draftrl.replay.round_table import level_path_probs, match_depths, round_table
-from draftrl.replay.traces import Traces, stored_cost_table
 from draftrl.eval.round.headroom import headroom
 from draftrl.policies.acceptance_stop import fit_acceptance
+from draftrl.replay.round_table import level_path_probs, match_depths, round_table
+from draftrl.replay.traces import Traces, stored_cost_table
 
 
 def main() -> None:

@@ -20,9 +20,9 @@ import time
 from pathlib import Path
 
 import gymnasium as gym
+from _bench import Bench, common_flags, median, parse_args, rotate
 
 import draftrl.envs  # noqa: F401  registers the env ids
-from _bench import Bench, common_flags, median, parse_args, rotate
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -61,9 +61,9 @@ def main() -> None:
     bench = Bench(args, __file__)
 
     from draftrl.config.commands import CalibrationConfig
-    from draftrl.replay.calibrate import calibrate
     from draftrl.config.env import load_env_config
     from draftrl.decoding.build import build_engine
+    from draftrl.replay.calibrate import calibrate
     from draftrl.replay.traces import collect
 
     config = load_env_config(args.config)

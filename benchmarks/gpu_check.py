@@ -59,12 +59,12 @@ import threading
 import time
 import traceback
 import xml.etree.ElementTree as ET
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
-
 from _bench import Bench, common_flags, fmt, parse_args
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -140,7 +140,7 @@ class Sizes:
     test_timeout: int
     """seconds the pytest step may take"""
 
-    def quick(self) -> "Sizes":
+    def quick(self) -> Sizes:
         return dataclasses.replace(self, max_new_tokens=max(4, self.max_new_tokens // 2), grid_repeats=1,
                                    train_rounds=max(self.n_steps, self.train_rounds // 2))
 

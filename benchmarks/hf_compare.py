@@ -28,8 +28,8 @@ from __future__ import annotations
 import argparse
 
 import torch
-
 from _bench import Bench, common_flags, engine_method, first_mismatch, interleave, parse_args, requests
+
 from draftrl.drafters.ngram import NgramDrafter
 from draftrl.models import load_model, stock_kernels
 from draftrl.prompts import TASKS

@@ -32,13 +32,14 @@ from __future__ import annotations
 import argparse
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
-
 from _bench import Bench, common_flags, parse_args
+
 from draftrl.decoding.vllm.ref_lookup import RefLookupEarliest, RefLookupLatest
 from draftrl.io import read_json
 

@@ -21,7 +21,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-
 from _bench import Bench, common_flags, median, parse_args, rotations
 
 ROOT = Path(__file__).resolve().parents[1]

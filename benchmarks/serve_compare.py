@@ -24,7 +24,14 @@ import tempfile
 import time
 
 from _bench import (
-    Bench, add_serving_args, common_flags, hf_anchor_rows, hf_anchors, parse_args, serving_config, serving_prompts,
+    Bench,
+    add_serving_args,
+    common_flags,
+    hf_anchor_rows,
+    hf_anchors,
+    parse_args,
+    serving_config,
+    serving_prompts,
 )
 
 REF_LOOKUP = "draftrl.decoding.vllm.ref_lookup.RefLookupLatest"

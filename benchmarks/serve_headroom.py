@@ -56,17 +56,17 @@ import tempfile
 import time
 
 import numpy as np
-
 from _bench import Bench, common_flags, parse_args
-from draftrl.replay.recordings import Proposals, Recordings, head_proposals
-from draftrl.replay.serve_calibrate import StepCostModel
-from draftrl.replay.serve_engine import single_stream_fixed, single_stream_optimum
-from draftrl.envs.serve_vllm import ServeVLLMEnv
+
 from draftrl.config.serve import load_serve_config
+from draftrl.envs.serve_vllm import ServeVLLMEnv
 from draftrl.eval.policy_names import parse_policies
 from draftrl.eval.serve.compare import loads_of, run_eval
 from draftrl.eval.serve.rollout import episode_throughput
 from draftrl.policies import Fixed, LookAhead
+from draftrl.replay.recordings import Proposals, Recordings, head_proposals
+from draftrl.replay.serve_calibrate import StepCostModel
+from draftrl.replay.serve_engine import single_stream_fixed, single_stream_optimum
 
 
 def geomean(values: list[float]) -> float:

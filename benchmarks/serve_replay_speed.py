@@ -16,8 +16,8 @@ import argparse
 import time
 
 import numpy as np
-
 from _bench import Bench, common_flags, parse_args, rotate
+
 from draftrl.envs.serve_vllm import ServeVLLMEnv
 from draftrl.replay.recordings import Recordings
 

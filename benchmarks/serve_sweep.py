@@ -21,15 +21,16 @@ from __future__ import annotations
 import argparse
 
 from _bench import Bench, common_flags, parse_args
-from draftrl.envs.serve_vllm import ServeVLLMEnv
-from draftrl.replay.recordings import Proposals, Recordings
-from draftrl.replay.serve_calibrate import StepCostModel
-from draftrl.eval.plots import load_sweep
+
 from draftrl.config.serve import load_serve_config
+from draftrl.envs.serve_vllm import ServeVLLMEnv
 from draftrl.eval.metrics import kendall_tau
+from draftrl.eval.plots import load_sweep
 from draftrl.eval.policy_names import parse_policies
 from draftrl.eval.serve.compare import loads_of, run_eval
 from draftrl.io import read_json
+from draftrl.replay.recordings import Proposals, Recordings
+from draftrl.replay.serve_calibrate import StepCostModel
 
 
 def main() -> None:

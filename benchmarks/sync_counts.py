@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 
 from _bench import Bench, common_flags, median, parse_args, requests, rotations
+
 from draftrl.config.env import EnvConfig
 from draftrl.decoding.build import build_engine
 from draftrl.decoding.syncs import round_syncs

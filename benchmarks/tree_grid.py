@@ -21,8 +21,8 @@ from __future__ import annotations
 import argparse
 
 import numpy as np
-
 from _bench import Bench, add_grid_args, common_flags, engine_method, first_mismatch, interleave, load_grid, parse_args
+
 from draftrl.drafters.registry import build_drafter
 
 
@@ -126,7 +126,7 @@ def main() -> None:
             bench.row({"speedup_vs_autoregressive": speedup[(spec, group, d, v)], "tree_vs_chain": ratio},
                       {"mean_tokens_per_round": t.tokens_per_round((spec, d, v, w), items)},
                       drafter=spec, depth=d, verify_size=v, width=w, best_chain=f"d{chain[0]}/V{chain[1]}",
-                      best_tree="d%d/V%d/w%d" % tree if tree else "-", group=group, **where)
+                      best_tree="d{}/V{}/w{}".format(*tree) if tree else "-", group=group, **where)
     if bench.out:
         title = (f"greedy speedup vs autoregressive (same engine, depth 0); "
                  f"wN = tree width (smallest that fills V), else a chain\n"

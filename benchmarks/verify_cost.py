@@ -21,11 +21,11 @@ import statistics
 import time
 
 import torch
+from _bench import Bench, common_flags, parse_args
 from transformers import DynamicCache
 
-from _bench import Bench, common_flags, parse_args
-from draftrl.models.kv import cache_argument
 from draftrl.models import apply_fast_linear, fast_linear, load_model, remove_fast_linear
+from draftrl.models.kv import cache_argument
 
 TEXT = (
     "Speculative decoding lets a small draft model propose several tokens that the large target model "

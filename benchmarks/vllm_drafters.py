@@ -44,9 +44,16 @@ import time
 from pathlib import Path
 
 import numpy as np
-
 from _bench import (
-    Bench, add_serving_args, common_flags, group_ratios, hf_anchor_rows, hf_anchors, parse_args, rotations, serving_config,
+    Bench,
+    add_serving_args,
+    common_flags,
+    group_ratios,
+    hf_anchor_rows,
+    hf_anchors,
+    parse_args,
+    rotations,
+    serving_config,
     serving_prompts,
 )
 

@@ -36,7 +36,14 @@ import time
 from pathlib import Path
 
 from _bench import (
-    Bench, add_serving_args, common_flags, group_ratios, hf_anchor_rows, hf_anchors, parse_args, serving_config,
+    Bench,
+    add_serving_args,
+    common_flags,
+    group_ratios,
+    hf_anchor_rows,
+    hf_anchors,
+    parse_args,
+    serving_config,
     serving_prompts,
 )
 

@@ -29,8 +29,9 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 POLICY_FILE = "policy.zip"
 VECNORMALIZE_FILE = "vecnormalize.pkl"

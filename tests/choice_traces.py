@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from draftrl.replay.traces import Traces
 from draftrl.prompts import Prompt
+from draftrl.replay.traces import Traces
 from draftrl.signals.costs import CostTable
 
 

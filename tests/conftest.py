@@ -96,8 +96,8 @@ def analytic_exports(analytic_run, tmp_path_factory) -> dict[str, Path]:
 @pytest.fixture
 def tiny_traces():
     """``tiny_traces(token=7)``: one prompt, two positions, a one-node chain per position."""
-    from draftrl.replay.traces import Traces
     from draftrl.prompts import Prompt
+    from draftrl.replay.traces import Traces
 
     def make(token: int = 7) -> Traces:
         return Traces(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from wandb_records import BLOCK, read_run, read_runs, records
 
 wandb = pytest.importorskip("wandb")

@@ -17,9 +17,10 @@ from __future__ import annotations
 import json
 import struct
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 HEADER = struct.Struct("<4sHB")  # ident, magic, version
 RECORD_HEADER = struct.Struct("<IHB")  # crc32, length, type

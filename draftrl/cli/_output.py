@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from typing import Callable
-
+from collections.abc import Callable
 
 #: seconds between progress lines when stderr is not a terminal (a log file, CI)
 HEARTBEAT_SECONDS = 30.0

@@ -88,9 +88,9 @@ def g_lines(table) -> list[str]:
 
 
 def run_vllm(args: argparse.Namespace) -> int:
-    from draftrl.replay.serve_calibrate import calibrate_model
     from draftrl.decoding.vllm.head_proposer import needs_head
     from draftrl.io import write_json
+    from draftrl.replay.serve_calibrate import calibrate_model
 
     cfg = config(args)
     sizes = CalibrationSizes(batch_sizes=args.batch_sizes, depths=args.depths, steps=args.steps,

@@ -80,8 +80,8 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from draftrl.decoding.monitor import ExactnessViolation
-    from draftrl.eval.round.demo import STEPS, run_demo
     from draftrl.eval.exactness import GreedyMismatch
+    from draftrl.eval.round.demo import STEPS, run_demo
 
     cfg = config(args)
     console = Console(stderr=True)
@@ -190,8 +190,8 @@ def run_vllm(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from draftrl.decoding.vllm.engine import require_vllm
-    from draftrl.eval.serve.demo import STEPS, ServeDemoConfig, run_demo
     from draftrl.eval.serve.compare import ServingMismatch
+    from draftrl.eval.serve.demo import STEPS, ServeDemoConfig, run_demo
 
     require_vllm()
     args.out = args.out or "runs/serve_demo"

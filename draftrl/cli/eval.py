@@ -84,10 +84,9 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = config(args)
     policies = list(cfg.eval.policies)
-    from draftrl.policies.ppo import load_checked
-
     from draftrl.drafters.packaged import missing_head
     from draftrl.drafters.registry import check_drafter_spec
+    from draftrl.policies.ppo import load_checked
 
     for spec in parse_policies(policies):  # fail on a bad name, drafter or damaged policy before loading any model
         if spec.kind == "ppo":
@@ -163,8 +162,8 @@ def serving_wandb(args: argparse.Namespace):
 
 def run_vllm(args: argparse.Namespace) -> int:
     from draftrl.eval.policy_names import parse_policies
-    from draftrl.eval.serve.policies import check_policies
     from draftrl.eval.serve.compare import ServingMismatch, run_eval
+    from draftrl.eval.serve.policies import check_policies
 
     policies = list(args.policies or VLLM_POLICIES)
     specs = parse_policies(policies, engine="vllm")  # fail on a bad name before loading vLLM

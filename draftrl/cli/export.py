@@ -190,8 +190,12 @@ def run(args: argparse.Namespace) -> int:
         derive_options = dict(saturation_tokens=args.saturation_tokens, max_batch_size=args.max_batch_size,
                               min_share=args.min_share, episodes=args.episodes, cost_table=args.cost_table)
         if args.format == "vllm" and out.suffix != ".json":
-            from draftrl.export.vllm_bundle import (DEFAULT_GPU_MEMORY_UTILIZATION, write_bundle, write_head_bundle,
-                                                    write_stock_bundle)
+            from draftrl.export.vllm_bundle import (
+                DEFAULT_GPU_MEMORY_UTILIZATION,
+                write_bundle,
+                write_head_bundle,
+                write_stock_bundle,
+            )
 
             memory = args.gpu_memory_utilization or DEFAULT_GPU_MEMORY_UTILIZATION
             rule = vllm_rule(args.policy)

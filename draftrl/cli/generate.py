@@ -81,11 +81,11 @@ def fit_prompt(prompt_ids: list[int], max_new_tokens: int, max_context: int | No
 
 
 def run(args: argparse.Namespace) -> int:
+    from draftrl.decoding.build import build_engine
     from draftrl.decoding.generate import fixed_schedule, generate
     from draftrl.decoding.monitor import ExactnessMonitor, ExactnessViolation
-    from draftrl.drafters.registry import check_drafter_spec
-    from draftrl.decoding.build import build_engine
     from draftrl.decoding.workload import encode
+    from draftrl.drafters.registry import check_drafter_spec
     from draftrl.models import check_model_spec, load_model
 
     cfg = config(args)

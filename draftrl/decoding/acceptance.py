@@ -48,7 +48,7 @@ class Acceptance:
     """temperature 0: the argmax of every verified row (root first, then node i at i + 1), as the walk
     transferred it; the engine checks each emitted token against it (``decoding.argmax_check``)"""
 
-    def truncate(self, n: int) -> "Acceptance":
+    def truncate(self, n: int) -> Acceptance:
         """The first ``n`` emitted tokens (EOS or the length limit cut the round)."""
         return Acceptance(self.tokens[:n], self.accepted[:n], None if self.stats is None else self.stats.slice(0, n),
                           self.row_argmax)

@@ -18,9 +18,9 @@ if TYPE_CHECKING:
     from draftrl.models import LoadedModel
 
 
-def build_engine(config: EnvConfig, target: "LoadedModel | None" = None, *, max_new_tokens: int = 1,
+def build_engine(config: EnvConfig, target: LoadedModel | None = None, *, max_new_tokens: int = 1,
                  seed: int | None = None, sampler: str = "correct",
-                 token_stats: bool | None = None) -> "tuple[SpeculativeDecoder, object]":
+                 token_stats: bool | None = None) -> tuple[SpeculativeDecoder, object]:
     """(engine, tokenizer) for ``config``; ``target`` defaults to the shared copy of ``config.target``.
 
     A separate draft model is loaded once per process too. An env sets the engine's

@@ -58,7 +58,7 @@ class AcceptanceCounts:
         """One :class:`~draftrl.decoding.engine.RoundResult` (its verified depth is what it drafted)."""
         self.observe(result.verified_depth, result.num_accepted, result.num_emitted)
 
-    def __add__(self, other: "AcceptanceCounts") -> "AcceptanceCounts":
+    def __add__(self, other: AcceptanceCounts) -> AcceptanceCounts:
         if other.num_positions != self.num_positions:
             raise ValueError(f"cannot add counts over {self.num_positions} and {other.num_positions} positions")
         return AcceptanceCounts(self.num_positions, self.num_rounds + other.num_rounds,

@@ -7,8 +7,8 @@ fit. The exactness monitor, when given, sees every emitted token.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 

@@ -29,9 +29,10 @@ step in which it decodes (fewer only at EOS or its token limit).
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, Callable, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -175,7 +176,7 @@ class ServingEngine(Protocol):
     def request_counts(self) -> tuple[int, int]:
         """(running, waiting) requests now."""
 
-    def request_signals(self) -> "tuple[np.ndarray, np.ndarray]":
+    def request_signals(self) -> tuple[np.ndarray, np.ndarray]:
         """``([A] acceptance estimates, [A] n-gram match lengths)`` of the running requests after
         the last step (both empty when the engine does not draft)."""
 

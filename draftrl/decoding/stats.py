@@ -65,17 +65,17 @@ class TokenStats:
             return NotImplemented
         return all(np.array_equal(getattr(self, name), getattr(other, name)) for name in _DTYPES)
 
-    def slice(self, start: int, stop: int) -> "TokenStats":
+    def slice(self, start: int, stop: int) -> TokenStats:
         """Entries ``start:stop`` (e.g. a round cut short by EOS or the length limit)."""
         return TokenStats(**{f.name: getattr(self, f.name)[start:stop] for f in fields(self)})
 
     @classmethod
-    def empty(cls) -> "TokenStats":
+    def empty(cls) -> TokenStats:
         """Zero tokens."""
         return cls(**{name: np.zeros(0, dtype=dtype) for name, dtype in _DTYPES.items()})
 
     @classmethod
-    def concat(cls, parts: list["TokenStats"]) -> "TokenStats":
+    def concat(cls, parts: list[TokenStats]) -> TokenStats:
         """Concatenate in order; an empty list gives :meth:`empty`."""
         if not parts:
             return cls.empty()

@@ -190,7 +190,7 @@ class SyncCounter(TorchFunctionMode):
         return out
 
     # ------------------------------------------------------------------ the block
-    def __enter__(self) -> "SyncCounter":
+    def __enter__(self) -> SyncCounter:
         # torch.from_numpy and torch.frombuffer bypass torch-function modes: wrap them for the block,
         # so that their results are known as host tensors
         self._factories = {name: getattr(torch, name) for name in _UNSEEN_HOST_FACTORIES}

@@ -34,7 +34,7 @@ def cache_features(model, samples: list[Sample], aux_layers: tuple[int, ...], fo
             mask = torch.zeros(len(ids), dtype=torch.bool)
             mask[0 if loss_on_prompt else len(sample.prompt_ids) - 1 : len(ids) - 1] = True
             tensors = {"ids": torch.tensor(ids), "loss_mask": mask,
-                       "aux": torch.cat([out.hidden_states[l][0] for l in aux_layers], dim=-1).cpu(),
+                       "aux": torch.cat([out.hidden_states[layer][0] for layer in aux_layers], dim=-1).cpu(),
                        "final": out.last_hidden_state[0].cpu()}
             atomic_write_bytes(path, save({k: v.contiguous() for k, v in tensors.items()}))  # whole or not at all
         if progress is not None:

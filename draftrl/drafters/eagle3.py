@@ -236,7 +236,7 @@ class Eagle3Head(nn.Module):
         return path
 
     @classmethod
-    def from_pretrained(cls, path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu") -> "Eagle3Head":
+    def from_pretrained(cls, path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu") -> Eagle3Head:
         """The head in the folder (or hub id) ``path``, in either layout (module docstring).
 
         :raises FileNotFoundError: no such folder, or a file is missing; :raises ValueError: the config
@@ -437,8 +437,8 @@ class Eagle3Drafter(LevelDrafter):
         self.dtype = next(head.parameters()).dtype
         self._captured: dict[int, torch.Tensor] = {}
         self._hooks = [] if target is None else [
-            target.model.layers[l].register_forward_pre_hook(_capture(self, l), with_kwargs=True)
-            for l in head.config.aux_layers]
+            target.model.layers[layer].register_forward_pre_hook(_capture(self, layer), with_kwargs=True)
+            for layer in head.config.aux_layers]
         for handle in self._hooks:
             weakref.finalize(self, handle.remove)
         self.reset([])
@@ -460,7 +460,7 @@ class Eagle3Drafter(LevelDrafter):
         """Rows of the target's last forward that entered the history, in position order."""
         if not rows:
             return
-        feats = torch.cat([self._captured[l] for l in self.head.config.aux_layers], dim=-1)
+        feats = torch.cat([self._captured[layer] for layer in self.head.config.aux_layers], dim=-1)
         self.append_features(feats[torch.tensor(rows, device=feats.device)])
 
     def append_features(self, features: torch.Tensor) -> None:

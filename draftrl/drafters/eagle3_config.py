@@ -55,7 +55,7 @@ def default_aux_layers(num_layers: int) -> tuple[int, int, int]:
 def check_aux_layers(layers: tuple[int, ...], num_layers: int | None = None) -> tuple[int, ...]:
     """``layers`` if they are strictly increasing (and below ``num_layers`` when given): the order in
     which vLLM concatenates the target's auxiliary states, each layer once."""
-    layers = tuple(int(l) for l in layers)
+    layers = tuple(int(layer) for layer in layers)
     if not layers or any(b <= a for a, b in zip(layers, layers[1:])) or layers[0] < 0:
         raise ValueError(f"auxiliary layers {list(layers)} must be distinct, increasing and >= 0 (vLLM "
                          "concatenates the target's states in layer order, each once)")
@@ -95,7 +95,7 @@ class Eagle3Config:
 
     @classmethod
     def for_target(cls, target_config, draft_vocab_size: int, aux_layers: tuple[int, ...] | None = None,
-                   verifier: str = "", norm_before_residual: bool = True) -> "Eagle3Config":
+                   verifier: str = "", norm_before_residual: bool = True) -> Eagle3Config:
         """A head shaped like one of the target's layers (same width, heads and rope), as ``draftrl
         distill`` trains it (hidden input normed before the residual)."""
         layer = LlamaConfig(**{k: v for k, v in target_config.to_dict().items() if k not in _NOT_LAYER})
@@ -116,7 +116,7 @@ class Eagle3Config:
         """Auxiliary states ``fc`` reads (3 when the layers are left to the target, as vLLM assumes)."""
         return len(self.aux_layers) if self.aux_layers else 3
 
-    def for_layers(self, num_layers: int) -> "Eagle3Config":
+    def for_layers(self, num_layers: int) -> Eagle3Config:
         """This config attached to an ``num_layers``-layer target: the auxiliary layers resolved and checked."""
         return replace(self, aux_layers=check_aux_layers(self.aux_layers or default_aux_layers(num_layers), num_layers))
 
@@ -212,7 +212,7 @@ def _flags(data: dict, norm_before_fc: bool | None = None) -> dict:
 def _aux(value) -> tuple[int, ...] | None:
     if value is None or value == []:
         return None
-    if not isinstance(value, list) or not all(isinstance(l, int) for l in value):
+    if not isinstance(value, list) or not all(isinstance(layer, int) for layer in value):
         raise ValueError(f"eagle_aux_hidden_state_layer_ids={value!r} must be a list of layer numbers")
     return tuple(value)
 

@@ -18,8 +18,8 @@ import torch
 from draftrl.drafters.base import Drafter
 from draftrl.drafters.eagle3 import Eagle3Drafter, Eagle3Head
 from draftrl.drafters.layerskip import LayerSkipDrafter
-from draftrl.drafters.model import ModelDrafter
 from draftrl.drafters.mixed import MixedDrafter
+from draftrl.drafters.model import ModelDrafter
 from draftrl.drafters.ngram import NgramDrafter
 from draftrl.drafters.packaged import packaged_head
 from draftrl.models import LoadedModel, check_model_spec, load_model, shared_vocab

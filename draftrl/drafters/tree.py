@@ -59,7 +59,7 @@ class DraftTree:
         self.scores.append(float(score))
         return len(self.tokens) - 1
 
-    def select(self, verify_size: int | None) -> "DraftTree":
+    def select(self, verify_size: int | None) -> DraftTree:
         """The verification subset: the ``verify_size`` best nodes, connected and containing the root.
 
         Deterministic trees keep the top nodes by score (ties: shallower first), which is connected
@@ -90,7 +90,7 @@ class DraftTree:
             keep.sort()
         return self.subset(keep)
 
-    def subset(self, keep: list[int]) -> "DraftTree":
+    def subset(self, keep: list[int]) -> DraftTree:
         """The sub-tree on the sorted node indices ``keep`` (each kept node's parent is kept)."""
         remap = {-1: -1}
         out = DraftTree(features=dict(self.features))

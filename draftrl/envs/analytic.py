@@ -18,8 +18,16 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from draftrl.signals.speedup import (DRAFT_COST, VERIFY_COST, VerifyCost, check_alpha, check_cost, expected_tokens,
-                                     num_verified, verify_cost_table)
+from draftrl.signals.speedup import (
+    DRAFT_COST,
+    VERIFY_COST,
+    VerifyCost,
+    check_alpha,
+    check_cost,
+    expected_tokens,
+    num_verified,
+    verify_cost_table,
+)
 
 #: Observation features, in the order of the observation vector (see ``AnalyticEnv``).
 FEATURE_NAMES: tuple[str, ...] = (

@@ -18,6 +18,7 @@ from draftrl.config.serve import ServeConfig
 from draftrl.decoding.admission import StepAction
 from draftrl.decoding.workload import Workload
 from draftrl.signals.rewards import RewardModel
+
 # the observation table (OBSERVATION, FEATURE_NAMES) lives with the code that builds it, which the
 # exported vLLM proposer shares; importers keep reading the names from here
 from draftrl.signals.serving import FEATURE_NAMES, OBSERVATION, ServingFeatures, StepCounts  # noqa: F401
@@ -211,12 +212,12 @@ class ServeVLLMEnv(gym.Env[np.ndarray, np.ndarray]):
     #: an episode is a whole workload, not one prompt (``evaluate_policy`` then does not pick prompts)
     one_request_per_episode = False
 
-    def __init__(self, config: ServeConfig | dict | None = None, *, engine: "str | ServingEngine | None" = None,
+    def __init__(self, config: ServeConfig | dict | None = None, *, engine: str | ServingEngine | None = None,
                  tokenizer=None, loads: list[dict[str, Any]] | None = None,
-                 recordings: "str | Path | Recordings | None" = None,
-                 calibration: "str | Path | dict | StepCostModel | None" = None, cost_jitter: float = 0.0,
-                 cost_noise: bool = True, proposals: "Proposals | None" = None, drafter: str = "ngram",
-                 head_proposals: "HeadProposals | None" = None, render_mode: str | None = None, **overrides: Any):
+                 recordings: str | Path | Recordings | None = None,
+                 calibration: str | Path | dict | StepCostModel | None = None, cost_jitter: float = 0.0,
+                 cost_noise: bool = True, proposals: Proposals | None = None, drafter: str = "ngram",
+                 head_proposals: HeadProposals | None = None, render_mode: str | None = None, **overrides: Any):
         config = resolve(ServeConfig, config, overrides)
         if render_mode is not None:
             raise ValueError(f"render_mode={render_mode!r} is not supported; the serving env does not render.")

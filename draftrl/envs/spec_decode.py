@@ -33,9 +33,9 @@ if TYPE_CHECKING:
 ENGINES = ("live", "replay")
 
 
-def round_engine(config: EnvConfig | dict | None, overrides: dict[str, Any], engine: "str | RoundEngine | None",
-                 traces: "str | Path | Traces | None", cost_table: CostTable | str | Path | None, tokenizer,
-                 target) -> "tuple[EnvConfig, RoundEngine, Any]":
+def round_engine(config: EnvConfig | dict | None, overrides: dict[str, Any], engine: str | RoundEngine | None,
+                 traces: str | Path | Traces | None, cost_table: CostTable | str | Path | None, tokenizer,
+                 target) -> tuple[EnvConfig, RoundEngine, Any]:
     """``(config, engine, tokenizer)`` of a round env: the resolved config (a replay's defaults to the
     traces' recorded one) and the engine it drives, checked against each other."""
     if isinstance(engine, str) and engine not in ENGINES:
@@ -90,8 +90,8 @@ class EngineEpisodes(SeededEpisodes, gym.Env[np.ndarray, Any]):
 
     metadata = {"render_modes": []}
 
-    def __init__(self, config: EnvConfig | dict | None = None, *, engine: "str | RoundEngine | None" = None,
-                 traces: "str | Path | Traces | None" = None, cost_table: CostTable | str | Path | None = None,
+    def __init__(self, config: EnvConfig | dict | None = None, *, engine: str | RoundEngine | None = None,
+                 traces: str | Path | Traces | None = None, cost_table: CostTable | str | Path | None = None,
                  tokenizer=None, target=None, render_mode: str | None = None, **overrides: Any):
         if render_mode is not None:
             raise ValueError(f"render_mode={render_mode!r} is not supported; the speculative-decoding envs do not render.")
@@ -347,8 +347,8 @@ class SpecDecodeEnv(EngineEpisodes):
       (``tests/envs/test_replay_ids_fixture.py``), so the version stands.
     """
 
-    def __init__(self, config: EnvConfig | dict | None = None, *, engine: "str | RoundEngine | None" = None,
-                 traces: "str | Path | Traces | None" = None, cost_table: CostTable | str | Path | None = None,
+    def __init__(self, config: EnvConfig | dict | None = None, *, engine: str | RoundEngine | None = None,
+                 traces: str | Path | Traces | None = None, cost_table: CostTable | str | Path | None = None,
                  tokenizer=None, target=None, render_mode: str | None = None, **overrides: Any):
         super().__init__(config, engine=engine, traces=traces, cost_table=cost_table, tokenizer=tokenizer,
                          target=target, render_mode=render_mode, **overrides)

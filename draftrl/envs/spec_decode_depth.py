@@ -107,8 +107,8 @@ class SpecDecodeDepthEnv(EngineEpisodes):
       (``tests/envs/test_replay_ids_fixture.py``), so the version stands.
     """
 
-    def __init__(self, config: EnvConfig | dict | None = None, *, engine: "str | RoundEngine | None" = None,
-                 traces: "str | Path | Traces | None" = None, cost_table: CostTable | str | Path | None = None,
+    def __init__(self, config: EnvConfig | dict | None = None, *, engine: str | RoundEngine | None = None,
+                 traces: str | Path | Traces | None = None, cost_table: CostTable | str | Path | None = None,
                  tokenizer=None, target=None, verify_size: int = 0, size_policy: SizePolicy | None = None,
                  render_mode: str | None = None, **overrides: Any):
         super().__init__(config, engine=engine, traces=traces, cost_table=cost_table, tokenizer=tokenizer,

@@ -14,7 +14,7 @@ per-request difficulty cancels. Percentile interval, ``num_resamples`` draws, fi
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

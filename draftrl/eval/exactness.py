@@ -101,7 +101,7 @@ class SampledStreamCheck:
     """
 
     def __init__(self, temperature: float, top_k: int, top_p: float, max_logprobs: int,
-                 config: "MonitorConfig | None" = None):
+                 config: MonitorConfig | None = None):
         from draftrl.decoding.monitor import ExactnessMonitor
         from draftrl.decoding.vllm.logprobs import logprobs_needed
 

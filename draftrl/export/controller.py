@@ -28,6 +28,7 @@ from draftrl.deps import require
 from draftrl.export.manifest import ACTION_NAME, INPUT_NAME, logits_name, read_manifest
 from draftrl.export.runtime import ExportedPolicy
 
+
 class OnnxRunner:
     """One onnxruntime session: ``run(x [B, F] float32) -> [*logits per head, action]``; ``x`` is
     the graph's input (raw observations, or normalised ones for exports whose manifest says so)."""

@@ -30,7 +30,6 @@ from torch import nn
 
 import draftrl
 from draftrl.deps import require
-from draftrl.io import staged_files
 from draftrl.export.artifacts import TrainedPolicy, resolve
 from draftrl.export.controller import OnnxRunner
 from draftrl.export.features import features_entry
@@ -45,6 +44,7 @@ from draftrl.export.manifest import (
     write_manifest,
 )
 from draftrl.export.torchscript import TorchScriptRunner
+from draftrl.io import staged_files
 
 #: ONNX opset of the exported graph (Gemm, Tanh, Split, ArgMax: all long supported).
 OPSET = 17

@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from draftrl.signals.features import RoundSummary
 from draftrl.export.features import make_feature_builder
+from draftrl.signals.features import RoundSummary
 
 
 class PolicySchedule:

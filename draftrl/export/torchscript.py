@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from draftrl.export.runtime import ExportedPolicy
 from draftrl.export.manifest import read_manifest
+from draftrl.export.runtime import ExportedPolicy
 
 
 class TorchScriptRunner:

@@ -24,8 +24,9 @@ measured against the training budget and ``remaining_len`` is held at 1. Serving
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -87,7 +88,7 @@ class RequestPolicyControl(RuleControl):
         self._remaining = names.index("remaining_len") if "remaining_len" in names else None
 
     @classmethod
-    def from_config(cls, config: dict[str, Any], proposer: Any) -> "RequestPolicyControl":
+    def from_config(cls, config: dict[str, Any], proposer: Any) -> RequestPolicyControl:
         """From ``proposer.json``: ``policy``, ``depth`` and ``budget`` (the step's action),
         ``depth_by_batch`` (optional)."""
         depth = min(int(config.get("depth", proposer.max_depth)), proposer.max_depth)
@@ -245,7 +246,7 @@ class BatchPolicyControl:
         """when a list, every observation the policy was asked about is appended"""
 
     @classmethod
-    def from_config(cls, config: dict[str, Any], proposer: Any) -> "BatchPolicyControl":
+    def from_config(cls, config: dict[str, Any], proposer: Any) -> BatchPolicyControl:
         """From ``proposer.json``: ``policy`` and ``rule`` (the training env's)."""
         return cls(_policy(config, proposer, BATCH_POLICY), rule_controller(str(config.get("rule", "match"))))
 

@@ -83,7 +83,7 @@ class DeferredChecks:
     pending: list[tuple[Tensor, Callable[[], str]]] = field(default_factory=list)
 
     @contextmanager
-    def collecting(self) -> Iterator["DeferredChecks"]:
+    def collecting(self) -> Iterator[DeferredChecks]:
         token = _COLLECTING.set(self.pending)
         try:
             yield self

@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 
 from draftrl.decoding.schedule import heuristic_depth
-from draftrl.signals.speedup import expected_tokens
 from draftrl.policies.base import Policy, env_grids
+from draftrl.signals.speedup import expected_tokens
 
 #: Features ``ConfidenceThreshold`` can read as a per-token acceptance estimate, in order of preference.
 CONFIDENCE_FEATURES: tuple[str, ...] = ("draft_confidence", "draft_top1_prob", "accept_rate_1")

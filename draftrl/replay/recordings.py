@@ -25,9 +25,10 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from draftrl.config.serve import ServeConfig
 from draftrl.decoding.admission import StepAction
@@ -98,7 +99,7 @@ class Recordings:
         return path
 
     @classmethod
-    def load(cls, path: str | Path) -> "Recordings":
+    def load(cls, path: str | Path) -> Recordings:
         """A recordings directory (or its ``recordings.json``) from :func:`record`."""
         path = Path(path)
         if path.is_dir():

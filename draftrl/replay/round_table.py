@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from draftrl.replay.traces import Traces
 from draftrl.prompts import Prompt
+from draftrl.replay.traces import Traces
 from draftrl.signals.costs import CostTable
 from draftrl.signals.features import DRAFT_FEATURES
 

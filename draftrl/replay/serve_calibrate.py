@@ -32,9 +32,10 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -275,7 +276,7 @@ class StepCostModel:
         self._decode_cache: dict[tuple[int, int], float] = {}
 
     @classmethod
-    def from_calibration(cls, calibration: dict[str, Any] | str | Path) -> "StepCostModel":
+    def from_calibration(cls, calibration: dict[str, Any] | str | Path) -> StepCostModel:
         """Refit on a calibration's points (``draftrl calibrate --engine vllm --out FILE``; a dict or
         the file): the fit, the decode table, the noise as the decode samples' spread around it, and
         the head's table when the calibration has head cells (``--drafter eagle3``)."""
@@ -340,7 +341,7 @@ class StepCostModel:
             return mean
         return max(0.1 * mean, mean + self.residual_std * float(rng.standard_normal()))
 
-    def jittered(self, sigma: float, rng: Any) -> "StepCostModel":
+    def jittered(self, sigma: float, rng: Any) -> StepCostModel:
         """This model on another machine: each jitter factor is a mean-one lognormal of ``sigma``
         drawn from ``rng`` (TraceReplay-v0's ``cost_jitter``)."""
         if sigma <= 0:

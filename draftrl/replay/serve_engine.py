@@ -271,7 +271,7 @@ class ReplayEngine(QueuedBatch):
         self._rows: list[_ReplayRequest | None] = []
         """the batch's rows after the last step, None where a request finished"""
 
-    def clone(self) -> "ReplayEngine":
+    def clone(self) -> ReplayEngine:
         """A copy whose steps leave this engine untouched (recordings and proposals shared, no
         cost noise): what the one-step lookahead explores."""
         other = copy.copy(self)

@@ -92,7 +92,7 @@ class Traces:
     def __len__(self) -> int:
         return len(self.prompts)
 
-    def save(self, directory: str | Path, cost_table: "CostTable | None" = None) -> Path:
+    def save(self, directory: str | Path, cost_table: CostTable | None = None) -> Path:
         """Write ``trace.npz``, ``trace.json`` (and ``cost_table.json``) as one unit; returns ``directory``.
 
         The files go to a temporary sibling directory that is then renamed to ``directory``; an
@@ -129,7 +129,7 @@ class Traces:
         return directory
 
     @classmethod
-    def load(cls, directory: str | Path) -> "Traces":
+    def load(cls, directory: str | Path) -> Traces:
         """Read a trace directory, checking that ``trace.json`` and ``trace.npz`` belong together.
 
         :raises FileNotFoundError: no ``trace.json`` / ``trace.npz`` (names ``draftrl collect``).
@@ -245,7 +245,7 @@ def _replace_dir(staged: Path, directory: Path) -> None:
             shutil.rmtree(old, ignore_errors=True)
 
 
-def stored_cost_table(directory: str | Path) -> "CostTable | None":
+def stored_cost_table(directory: str | Path) -> CostTable | None:
     """The cost table stored with the traces in ``directory`` (checked), or None."""
     from draftrl.signals.costs import CostTable
 

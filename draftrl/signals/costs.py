@@ -131,7 +131,7 @@ class CostTable:
         }
 
     @classmethod
-    def from_dict(cls, data: dict, source: str = "cost table") -> "CostTable":
+    def from_dict(cls, data: dict, source: str = "cost table") -> CostTable:
         if data.get("format") != FORMAT:
             raise ValueError(
                 f"{source} has format={data.get('format')!r}, expected {FORMAT!r}; write it with draftrl calibrate --out FILE."
@@ -165,7 +165,7 @@ class CostTable:
         write_json(path, self.to_dict())
 
     @classmethod
-    def load(cls, path: str | Path) -> "CostTable":
+    def load(cls, path: str | Path) -> CostTable:
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"cost table {path} does not exist; write one with draftrl calibrate --json --out {path}")

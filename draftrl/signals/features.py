@@ -110,7 +110,7 @@ class RoundSummary:
         return self.draft_seconds + self.verify_seconds + self.sample_seconds
 
     @classmethod
-    def from_round(cls, rnd, levels: int) -> "RoundSummary":
+    def from_round(cls, rnd, levels: int) -> RoundSummary:
         """The summary of an engine ``RoundResult`` that drafted ``levels`` levels."""
         return cls(
             num_emitted=rnd.num_emitted,

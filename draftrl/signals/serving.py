@@ -68,7 +68,7 @@ class StepCounts:
     """requests queued after the step"""
 
     @classmethod
-    def of(cls, step: Any) -> "StepCounts":
+    def of(cls, step: Any) -> StepCounts:
         """From a ``draftrl.decoding.interface.EngineStep`` (any object with its fields)."""
         return cls(float(step.seconds), len(step.requests), int(step.num_emitted), int(step.num_verified),
                    int(step.num_accepted), int(step.num_proposed), int(step.num_running), int(step.num_waiting))
@@ -99,7 +99,7 @@ class ServingFeatures:
         self.restart()
 
     @classmethod
-    def from_config(cls, config: Any) -> "ServingFeatures":
+    def from_config(cls, config: Any) -> ServingFeatures:
         """From a ``draftrl.config.serve.ServeConfig`` (the env's settings)."""
         return cls(config.max_num_seqs, config.max_model_len, config.max_depth, max(config.budgets), config.ema_decay)
 

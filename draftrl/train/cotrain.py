@@ -31,17 +31,17 @@ import torch
 from gymnasium import spaces
 from stable_baselines3.common.callbacks import BaseCallback
 
-from draftrl.policies import LEVEL_FEATURE, Policy, PPOPolicy, env_grids
-from draftrl.io import write_json
-from draftrl.runs import MANIFEST_FILE, POLICY_FILE, STATE_FILE, VECNORMALIZE_FILE
 from draftrl.config.wandb import exit_code
+from draftrl.io import write_json
+from draftrl.policies import LEVEL_FEATURE, Policy, PPOPolicy, env_grids
+from draftrl.runs import MANIFEST_FILE, POLICY_FILE, STATE_FILE, VECNORMALIZE_FILE
 from draftrl.train.callbacks import start_wandb
-from draftrl.train.envs import make_env, make_vec_env
-from draftrl.train.state import Stopwatch, open_run
 from draftrl.train.config import TrainConfig
+from draftrl.train.envs import make_env, make_vec_env
 from draftrl.train.loop import Phase, finish_run, learn_phases, save_trained
 from draftrl.train.ppo_depth import size_hook
 from draftrl.train.ppo_size import new_ppo
+from draftrl.train.state import Stopwatch, open_run
 
 
 class FrozenDepthEnv(gym.Env):

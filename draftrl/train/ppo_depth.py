@@ -21,8 +21,8 @@ import numpy as np
 from stable_baselines3.common.callbacks import BaseCallback
 
 from draftrl.policies import PPOPolicy
-from draftrl.train.envs import make_env
 from draftrl.train.config import TrainConfig, TrainEnvConfig
+from draftrl.train.envs import make_env
 from draftrl.train.ppo_size import run
 
 #: The depth envs' hook: ``size_policy(observation, tree) -> verify_size``.

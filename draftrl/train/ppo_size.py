@@ -39,8 +39,8 @@ from draftrl.runs import STATE_FILE
 from draftrl.train.callbacks import start_wandb
 from draftrl.train.config import TrainConfig, TrainEnvConfig
 from draftrl.train.envs import make_env, make_vec_env
-from draftrl.train.loop import Learned, Phase, finish_run, learn_phases, save_trained
 from draftrl.train.evaluation import best_fixed_reference
+from draftrl.train.loop import Learned, Phase, finish_run, learn_phases, save_trained
 from draftrl.train.selection import score_checkpoints
 from draftrl.train.state import Stopwatch, open_run
 

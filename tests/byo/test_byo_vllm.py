@@ -42,7 +42,7 @@ SCRIPT = textwrap.dedent("""
     from vllm import LLM, SamplingParams
     from vllm.transformers_utils.configs.speculators.base import SpeculatorsConfig
     target, prompts, bare_head, folders = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3], sys.argv[4:]
-    params = SamplingParams(temperature=0.0, max_tokens=%d, ignore_eos=True)
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
     common = dict(model=target, dtype="float32", enforce_eager=True, max_model_len=512, seed=0,
                   disable_log_stats=False)
     def generate(llm):
@@ -71,7 +71,7 @@ SCRIPT = textwrap.dedent("""
                 result[folder]["refused"] = str(err)
     result["draftrl"] = "draftrl" in sys.modules
     print("RESULT " + json.dumps(result))
-""" % WORKLOAD["max_new_tokens"])
+""").replace("MAX_TOKENS", str(WORKLOAD["max_new_tokens"]))
 
 
 def test_bundles_of_a_users_own_drafters_run_in_stock_vllm_after_being_copied(byo_pipeline, my_target,

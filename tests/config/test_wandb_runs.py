@@ -6,11 +6,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from wandb_records import read_runs
 
 from draftrl.config.wandb import EXACTNESS_FAILED, WandbConfig, logged_run, pipeline, start_run, sync_command
 from draftrl.runs import WANDB_FILE
-
-from wandb_records import read_runs
 
 pytest.importorskip("wandb")
 

@@ -9,7 +9,6 @@ from draftrl.decoding.admission import StepAction
 from draftrl.decoding.batch import HFBatchEngine
 from draftrl.decoding.interface import ServingEngine
 
-
 PROMPTS = {
     "code": "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):\n",
     "it": "Il gatto dorme sul divano. Il gatto dorme sul letto. Il gatto dorme",

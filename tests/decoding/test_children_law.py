@@ -21,8 +21,8 @@ import pytest
 import torch
 from scipy.stats import norm
 
-from draftrl.models.distribution import SamplingParams, logits_to_probs, sample
 from draftrl.decoding.workload import encode
+from draftrl.models.distribution import SamplingParams, logits_to_probs, sample
 from draftrl.prompts import load_prompts
 
 VOCAB = 49152  # SmolLM2's vocabulary

@@ -13,8 +13,8 @@ trees (fetched from PyPI: ``gpu_check.sh``, offline, deselects it).
 from __future__ import annotations
 
 import pytest
-import torch
 import test_low_precision_controls as low_precision
+import torch
 from test_engine_law import LENGTH, NOISE, PROMPT, TEMPERATURE, run_requests
 from tiny_lm import TinyLM, chisquare_law, draft_of, sequence_law
 

@@ -31,13 +31,13 @@ import pytest
 import torch
 from tiny_lm import (
     TinyLM,
-    tiny_llama,
     chisquare_law,
     draft_of,
     next_token_laws,
     pooled_law_test,
     pooled_worst_case_tv,
     sequence_law,
+    tiny_llama,
     worst_case_detectable_tv,
 )
 

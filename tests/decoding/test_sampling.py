@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from draftrl.decoding import sampling
-from draftrl.models.distribution import SamplingParams, logits_to_probs, sample
 from draftrl.decoding.sampling import (
     ChainVerdict,
     agree_expected_deterministic,
@@ -20,6 +19,7 @@ from draftrl.decoding.sampling import (
     verify_node_deterministic,
     verify_node_sampled,
 )
+from draftrl.models.distribution import SamplingParams, logits_to_probs, sample
 
 
 def gen(seed: int = 0) -> torch.Generator:
@@ -93,7 +93,10 @@ def test_top_k_keeps_k_tokens_with_ties_broken_by_ascending_id():
 
 def test_top_p_keeps_the_smallest_set_reaching_the_mass():
     logits = torch.tensor([0.5, 0.3, 0.15, 0.05]).log()
-    kept = lambda top_p: (logits_to_probs(logits, SamplingParams(1.0, top_p=top_p)) > 0).nonzero().flatten().tolist()
+
+    def kept(top_p):
+        return (logits_to_probs(logits, SamplingParams(1.0, top_p=top_p)) > 0).nonzero().flatten().tolist()
+
     assert kept(0.4) == [0]
     assert kept(0.75) == [0, 1]
     assert kept(0.81) == [0, 1, 2]
@@ -208,7 +211,10 @@ def test_verify_chain_with_no_draft_tokens_is_a_plain_target_step():
 
 
 def test_verify_chain_greedy_is_deterministic():
-    one_hot = lambda i: torch.nn.functional.one_hot(torch.tensor(i), 4).float()
+
+    def one_hot(i):
+        return torch.nn.functional.one_hot(torch.tensor(i), 4).float()
+
     target = torch.stack([one_hot(2), one_hot(0), one_hot(3)])
     for seed in range(20):
         assert verify_chain(target, torch.tensor([2, 0]), None, gen(seed)) == ChainVerdict(2, 3, False)

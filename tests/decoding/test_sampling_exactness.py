@@ -21,8 +21,6 @@ import pytest
 import torch
 from scipy.stats import norm
 
-from draftrl.decoding.selftest import VECTORS, check_frequencies, run_selftest
-from draftrl.models.distribution import SamplingParams, logits_to_probs, sample
 from draftrl.decoding.sampling import (
     agree_expected_deterministic,
     verify_chain_batch,
@@ -30,6 +28,8 @@ from draftrl.decoding.sampling import (
     verify_node_sampled,
     verify_node_sampled_batch,
 )
+from draftrl.decoding.selftest import VECTORS, check_frequencies, run_selftest
+from draftrl.models.distribution import SamplingParams, logits_to_probs, sample
 
 VOCAB = 6
 LENGTH = 3  # emitted tokens checked per trial: VOCAB**LENGTH joint cells

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from transformers import DynamicCache
 
 from draftrl.decoding.acceptance import accept_tree
 from draftrl.decoding.sampling import target_stats_batch
 from draftrl.drafters.tree import DraftTree
 from draftrl.models.distribution import SamplingParams, logits_to_probs
 from draftrl.models.kv import keep_tail
-from transformers import DynamicCache
 
 VOCAB = 12
 

@@ -14,12 +14,12 @@ import random
 
 import pytest
 import torch
+from tiny_eagle3 import tiny_pair
 
 from draftrl.drafters import eagle3_chains
 from draftrl.drafters.eagle3 import Eagle3Drafter
 from draftrl.drafters.eagle3_chains import ALONE_ROWS, draft_chains
 from draftrl.models.distribution import SamplingParams
-from tiny_eagle3 import tiny_pair
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 GREEDY = SamplingParams()
@@ -31,8 +31,8 @@ def setup():
     rng = random.Random(0)
     sequences = [[rng.randrange(1, 32) for _ in range(n)] for n in (30, 45, 38, 60)]
     with torch.no_grad():
-        features = [torch.cat([s[0] for s in (target(torch.tensor([seq]), output_hidden_states=True).hidden_states[l]
-                                              for l in head.config.aux_layers)], dim=-1) for seq in sequences]
+        features = [torch.cat([s[0] for s in (target(torch.tensor([seq]), output_hidden_states=True).hidden_states[layer]
+                                              for layer in head.config.aux_layers)], dim=-1) for seq in sequences]
     return target, head, sequences, features
 
 

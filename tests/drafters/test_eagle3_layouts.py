@@ -31,7 +31,7 @@ from safetensors.torch import load_file, save_file
 from transformers import LlamaConfig, LlamaForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "decoding"))
-from test_engine_law import PARAMS, PROMPT, REQUEST_TOKENS, RUNS, LENGTH, check  # noqa: E402
+from test_engine_law import LENGTH, PARAMS, PROMPT, REQUEST_TOKENS, RUNS, check  # noqa: E402
 from tiny_lm import sequence_law, tiny_llama  # noqa: E402
 
 from draftrl.decoding.engine import EngineConfig, SpeculativeDecoder  # noqa: E402

@@ -3,7 +3,6 @@ bad specs fail with one line that names what is known."""
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from scripted_costs import PER_LEVEL, PER_NODE, PLAIN_STEP  # seconds the scripted engine charges
 
 from draftrl.decoding.engine import EngineConfig, RoundResult, SpeculativeDecoder, TimedLevels
 from draftrl.decoding.stats import TokenStats
 from draftrl.drafters.base import LevelDrafter, TreeBuilder
 from draftrl.drafters.tree import DraftTree
 from draftrl.models.distribution import SamplingParams
-
-from scripted_costs import PER_LEVEL, PER_NODE, PLAIN_STEP  # seconds the scripted engine charges
 
 
 class ScriptedTokenizer:

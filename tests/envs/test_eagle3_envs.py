@@ -10,14 +10,14 @@ import time
 import numpy as np
 import pytest
 import torch
-
 from tiny_eagle3 import WordTokenizer, tiny_pair
+
 from draftrl.config.env import EnvConfig
 from draftrl.decoding.engine import EngineConfig, SpeculativeDecoder
 from draftrl.drafters.eagle3 import Eagle3Drafter
+from draftrl.models.distribution import SamplingParams
 from draftrl.replay.calibrate import measure_draft
 from draftrl.replay.traces import collect
-from draftrl.models.distribution import SamplingParams
 
 
 def test_calibration_times_drafts_the_head_really_makes():

@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-
 from replay_ids_fixture import cases, load, play
 
 PINNED = load()

@@ -10,13 +10,14 @@ import gymnasium as gym
 import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
+from serve_recordings import COST, TOKENS, synthetic_recordings
 
 import draftrl.envs  # noqa: F401  registers the ids
 from draftrl.config.serve import ServeConfig
 from draftrl.envs.serve_vllm import FEATURE_NAMES, ServeVLLMEnv
 from draftrl.replay.serve_calibrate import StepCostModel
 from draftrl.replay.serve_engine import ReplayEngine
-from serve_recordings import COST, TOKENS, synthetic_recordings
+
 
 @pytest.fixture(scope="module")
 def recordings():

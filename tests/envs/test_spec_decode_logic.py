@@ -12,17 +12,17 @@ import gymnasium as gym
 import numpy as np
 import pytest
 from cost_tables import synthetic_table
-from scripted_costs import PER_LEVEL, PER_NODE, PLAIN_STEP
 from gymnasium.utils.env_checker import check_env as gym_check_env
+from scripted_costs import PER_LEVEL, PER_NODE, PLAIN_STEP
 from stable_baselines3.common.env_checker import check_env as sb3_check_env
 
 import draftrl.envs  # noqa: F401  registers the env ids (gymnasium.register_envs idiom)
 from draftrl.config.env import EnvConfig
+from draftrl.envs.spec_decode import SpecDecodeEnv
+from draftrl.envs.spec_decode_depth import SpecDecodeDepthEnv
+from draftrl.signals.actions import CONTINUE, STOP
 from draftrl.signals.features import feature_names
 from draftrl.signals.rewards import RewardModel
-from draftrl.envs.spec_decode import SpecDecodeEnv
-from draftrl.signals.actions import CONTINUE, STOP
-from draftrl.envs.spec_decode_depth import SpecDecodeDepthEnv
 
 SMALL = dict(languages=("en",), tasks=("chat",), limit_per_group=3, max_new_tokens=12, depths=(0, 1, 2, 4))
 

@@ -9,10 +9,10 @@ from gymnasium.utils.env_checker import check_env as gym_check_env
 from stable_baselines3.common.env_checker import check_env as sb3_check_env
 
 import draftrl.envs  # noqa: F401  registers the env ids (gymnasium.register_envs idiom)
+from draftrl.config.env import EnvConfig
 from draftrl.decoding.engine import EngineConfig, SpeculativeDecoder
 from draftrl.decoding.generate import fixed_schedule, generate
 from draftrl.decoding.stats import TokenStats
-from draftrl.config.env import EnvConfig
 from draftrl.signals.actions import CONTINUE, STOP
 
 SHORT = dict(languages=("en",), tasks=("chat",), limit_per_group=2, max_new_tokens=8, depths=(0, 1, 3))
@@ -144,8 +144,8 @@ def test_vectorised_envs_share_one_model(model):
 def test_monitor_off_skips_the_token_statistics_and_monitor_on_needs_them(model):
     """``monitor=False`` (``--no-monitor``) builds an engine without per-token statistics (None in
     ``info``, the same tokens); ``monitor=True`` with such an engine is refused, naming the fix."""
-    from draftrl.decoding.monitor import ExactnessMonitor
     from draftrl.decoding.build import build_engine
+    from draftrl.decoding.monitor import ExactnessMonitor
 
     off = EnvConfig(**SHORT, temperature=1.0, monitor=False)
     on = EnvConfig(**SHORT, temperature=1.0)

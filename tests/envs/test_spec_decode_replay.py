@@ -20,11 +20,11 @@ from stable_baselines3.common.env_checker import check_env as sb3_check_env
 import draftrl.envs  # noqa: F401  registers the env ids (gymnasium.register_envs idiom)
 from draftrl.cli import main
 from draftrl.config.env import EnvConfig
-from draftrl.signals.costs import CostTable
 from draftrl.decoding.build import build_engine
 from draftrl.envs.spec_decode import SpecDecodeEnv
 from draftrl.envs.spec_decode_depth import SpecDecodeDepthEnv
 from draftrl.replay.traces import Traces, collect
+from draftrl.signals.costs import CostTable
 
 WORKLOAD = dict(languages=("en",), tasks=("code_edit",), limit_per_group=2, max_new_tokens=20, depths=(0, 1, 2, 4))
 ROUND_KEYS = ("token_ids", "num_emitted", "num_accepted", "num_proposed", "num_verified", "verified_depth", "stop_reason",

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from choice_traces import costs, synthetic
 from gymnasium.utils.env_checker import check_env
 
-from choice_traces import costs, synthetic
 from draftrl.envs.trace_choice import TraceChoiceEnv
 from draftrl.eval.round.headroom import headroom
 from draftrl.train.choice import play_choice, train_choice

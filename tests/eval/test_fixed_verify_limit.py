@@ -7,12 +7,12 @@ limit that did nothing would fail the test."""
 from __future__ import annotations
 
 import pytest
+from serve_recordings import COST, TOKENS, synthetic_recordings
 
 from draftrl.config.serve import ServeConfig
 from draftrl.envs.serve_vllm import ServeVLLMEnv
 from draftrl.eval.policy_names import parse_policies
 from draftrl.eval.serve.policies import build_serving_policy
-from serve_recordings import COST, TOKENS, synthetic_recordings
 
 
 def _verified(env, policy) -> tuple[list[int], list[int]]:

@@ -7,8 +7,15 @@ from pathlib import Path
 import pytest
 
 from draftrl.cli import main
-from draftrl.eval.policy_names import (DEFAULT_DSD, ENGINE_KINDS, FORMS, REFERENCE, accepted_names, parse_policies,
-                                       split_policies)
+from draftrl.eval.policy_names import (
+    DEFAULT_DSD,
+    ENGINE_KINDS,
+    FORMS,
+    REFERENCE,
+    accepted_names,
+    parse_policies,
+    split_policies,
+)
 
 #: Names that mean the same on both engines.
 SHARED = "none,fixed:4,fixed:4:8,heuristic,ppo:runs/a"

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from draftrl.cli import main
-from draftrl.decoding.generate import fixed_schedule, generate
 from draftrl.decoding.build import build_engine
+from draftrl.decoding.generate import fixed_schedule, generate
 from draftrl.envs.spec_decode import SpecDecodeEnv
 from draftrl.export.controller import PolicyController
 from draftrl.export.schedule import PolicySchedule

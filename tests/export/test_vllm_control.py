@@ -19,6 +19,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from scripted_vllm import Clock, ScriptedLLM, ScriptedTokenizer, ScriptedVLLMEngine, fake_vllm_config
 
 from draftrl.cli import main
 from draftrl.config.serve import ServeConfig
@@ -29,8 +30,6 @@ from draftrl.export.controller import PolicyController
 from draftrl.export.features import serving_entry
 from draftrl.export.vllm_control import BATCH_POLICY, BatchPolicyControl, RequestPolicyControl
 from draftrl.signals.serving import FEATURE_NAMES
-
-from scripted_vllm import Clock, ScriptedLLM, ScriptedTokenizer, ScriptedVLLMEngine, fake_vllm_config
 
 CONFIG = ServeConfig(chat_template=False, shuffle=False, seed=0, num_requests=7, concurrency=3, max_new_tokens=24,
                      depths=(0, 2, 4), budgets=(0, 3, 8, 64), max_num_seqs=16)

@@ -9,8 +9,7 @@ import torch
 import transformers
 
 from draftrl.models import fetch as fetch_module
-from draftrl.models import has_fast_linear, kernel_plan, list_models, load_model
-from draftrl.models import loading
+from draftrl.models import has_fast_linear, kernel_plan, list_models, load_model, loading
 
 
 def test_default_model_is_ready_for_inference(smollm2) -> None:

@@ -10,8 +10,15 @@ import math
 import numpy as np
 import pytest
 
-from draftrl.policies.acceptance_stop import (FEATURES, AcceptanceModel, AcceptanceStop, features, fit_acceptance,
-                                              fit_logistic, judged_levels)
+from draftrl.policies.acceptance_stop import (
+    FEATURES,
+    AcceptanceModel,
+    AcceptanceStop,
+    features,
+    fit_acceptance,
+    fit_logistic,
+    judged_levels,
+)
 from draftrl.policies.confidence_stop import CumulativeConfidenceStop
 
 TRUE = np.array([0.3, 0.8, 0.2, -0.6])  # over FEATURES: acceptance rises with confidence, falls with depth

@@ -8,7 +8,6 @@ import pytest
 
 import draftrl.envs  # noqa: F401  registers the env ids (gymnasium.register_envs idiom)
 from draftrl.envs.analytic import FEATURE_NAMES
-from draftrl.signals.speedup import expected_speedup
 from draftrl.policies import (
     CONTINUE,
     STOP,
@@ -20,6 +19,7 @@ from draftrl.policies import (
     evaluate_policy,
     paired_difference,
 )
+from draftrl.signals.speedup import expected_speedup
 
 REGIMES = {"regimes": (0.9, 0.2), "draft_cost": 0.1, "signal_noise": 0.15, "regime_switch": 0.1}
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
 from choice_traces import costs
 from tiny_eagle3 import WordTokenizer, tiny_pair
+
 from draftrl.config.env import EnvConfig
 from draftrl.decoding.engine import EngineConfig, SpeculativeDecoder
 from draftrl.decoding.generate import fixed_schedule, generate
@@ -16,8 +16,8 @@ from draftrl.drafters.eagle3 import Eagle3Drafter
 from draftrl.drafters.mixed import MixedDrafter
 from draftrl.drafters.ngram import NgramDrafter
 from draftrl.envs.trace_choice import TraceChoiceEnv
-from draftrl.replay.traces import collect
 from draftrl.policies.choice import ChoiceSchedule
+from draftrl.replay.traces import collect
 
 BUDGET = 14
 DEPTHS = (1, 2, 3)

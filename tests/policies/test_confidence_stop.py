@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-
 from tiny_eagle3 import tiny_pair
+
 from draftrl.decoding.engine import EngineConfig, SpeculativeDecoder
 from draftrl.decoding.generate import fixed_schedule, generate
 from draftrl.drafters.base import Drafter
@@ -20,8 +20,7 @@ from draftrl.drafters.mixed import MixedDrafter
 from draftrl.drafters.ngram import NgramDrafter
 from draftrl.drafters.tree import DraftTree
 from draftrl.policies.acceptance_stop import AcceptanceModel, AcceptanceStop
-from draftrl.policies.confidence_stop import (ConfidenceStop, CumulativeConfidenceStop, RocConfidenceStop,
-                                              roc_threshold)
+from draftrl.policies.confidence_stop import ConfidenceStop, CumulativeConfidenceStop, RocConfidenceStop, roc_threshold
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import draftrl.envs  # noqa: F401  registers the env ids (gymnasium.register_envs idiom)
-from draftrl.signals.speedup import expected_speedup
 from draftrl.policies import Fixed, HFHeuristic, Policy, compare, evaluate_policy, paired_difference
+from draftrl.signals.speedup import expected_speedup
 
 
 def test_same_seed_same_episodes():

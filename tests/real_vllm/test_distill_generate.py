@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import torch
 
+from draftrl.decoding.vllm.engine import model_path
 from draftrl.distill.data import regenerate, select_prompts
 from draftrl.models import load_model
-from draftrl.decoding.vllm.engine import model_path
 
 
 def test_vllm_responses_are_the_targets_greedy_ones_and_resume(tmp_path):

@@ -36,13 +36,13 @@ SCRIPT = textwrap.dedent("""
               speculative_config=bundle["speculative_config"])
     proposer = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner.drafter
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts],
-                           SamplingParams(temperature=0.0, max_tokens=%d, ignore_eos=True), use_tqdm=False)
+                           SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True), use_tqdm=False)
     counts = {m.name: m.value for m in llm.get_metrics() if m.name.startswith("vllm:spec_decode_num")
               and hasattr(m, "value")}
     print("RESULT " + json.dumps({"out": [list(o.outputs[0].token_ids) for o in outputs], "counts": counts,
                                   "proposer": type(proposer).__name__, "rule": proposer.controller.rule,
                                   "drafter": proposer.drafter_spec, "runner": proposer.runner is not None}))
-""" % TOKENS)
+""").replace("MAX_TOKENS", str(TOKENS))
 
 
 #: route (a) in a fresh interpreter that never imports draftrl: each prompt alone, then all together
@@ -53,7 +53,7 @@ STOCK_SCRIPT = textwrap.dedent("""
     bundle, target, prompts = json.load(open(sys.argv[1])), sys.argv[2], json.loads(sys.argv[3])
     llm = LLM(model=target, dtype="float32", enforce_eager=True, max_model_len=512, seed=0, disable_log_stats=False,
               speculative_config=bundle["speculative_config"])
-    params = SamplingParams(temperature=0.0, max_tokens=%d, ignore_eos=True)
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
     def generate(batch):
         outputs = llm.generate([{"prompt_token_ids": p} for p in batch], params, use_tqdm=False)
         return [list(o.outputs[0].token_ids) for o in outputs]
@@ -65,7 +65,7 @@ STOCK_SCRIPT = textwrap.dedent("""
     together = generate(prompts)
     print("RESULT " + json.dumps({"alone": alone, "together": together, "counts_alone": counts_alone,
                                   "counts": counts(), "draftrl": "draftrl" in sys.modules}))
-""" % TOKENS)
+""").replace("MAX_TOKENS", str(TOKENS))
 
 
 def _plain(prompts: list[list[int]], together: bool = True) -> list[list[int]]:

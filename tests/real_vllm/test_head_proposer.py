@@ -159,8 +159,8 @@ def test_calibration_times_the_heads_drafting_beside_lookup(monkeypatch):
     """``draftrl calibrate --engine vllm --drafter eagle3`` on a real route (b) engine: every decode
     cell with d >= 1 also as a head cell, the head's batched forward running only there, and what
     it adds to a step positive; the proposer's controller (and so its load part) is restored afterwards."""
-    from draftrl.replay.serve_calibrate import StepCostModel, calibrate
     from draftrl.drafters.packaged import packaged_head
+    from draftrl.replay.serve_calibrate import StepCostModel, calibrate
 
     engine = VLLMEngine(VLLMEngineConfig(method="draftrl", drafter=f"eagle3:{packaged_head('smollm2-135m')}",
                                          num_speculative_tokens=2, max_model_len=512, max_num_seqs=4))

@@ -8,11 +8,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from wandb_records import read_runs
 
 from draftrl.cli import main
 from draftrl.eval.serve.demo import STEPS
-
-from wandb_records import read_runs
 
 
 @pytest.mark.slow

@@ -51,8 +51,8 @@ def _untrained_ppo(path):
     """A PPO policy on ServeVLLM-v0's spaces (untrained: it exercises the ppo:PATH path, not learning)."""
     from stable_baselines3 import PPO
 
-    from draftrl.envs.serve_vllm import FEATURE_NAMES, OBSERVATION
     from draftrl.config.serve import ServeConfig
+    from draftrl.envs.serve_vllm import FEATURE_NAMES, OBSERVATION
     from draftrl.train.loop import Learned, save_trained
 
     class Spaces(gym.Env):

@@ -12,12 +12,12 @@ import torch
 from tiny_eagle3 import tiny_pair
 
 from draftrl.decoding.admission import StepAction
-from draftrl.replay.recordings import HeadProposals, Proposals, Recording, Recordings
-from draftrl.replay.serve_engine import ReplayEngine
-from draftrl.replay.serve_calibrate import StepCostModel
 from draftrl.drafters.eagle3 import Eagle3Drafter
 from draftrl.models.distribution import SamplingParams
 from draftrl.prompts import Prompt
+from draftrl.replay.recordings import HeadProposals, Proposals, Recording, Recordings
+from draftrl.replay.serve_calibrate import StepCostModel
+from draftrl.replay.serve_engine import ReplayEngine
 
 TOKENS, LOOKAHEAD, DEPTH = 24, 9, 4
 HEAD_TABLE = {1: ([1, 2, 4], [0.004, 0.008, 0.016]), 4: ([1, 2, 4], [0.006, 0.012, 0.024])}

@@ -9,8 +9,8 @@ import dataclasses
 
 import numpy as np
 import pytest
-
 from choice_traces import costs, synthetic
+
 from draftrl.config.env import EnvConfig
 from draftrl.decoding.interface import RoundEngine
 from draftrl.envs.spec_decode import SpecDecodeEnv

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from serve_recordings import synthetic_calibration
 
 from draftrl.replay.serve_calibrate import FORMAT, StepCostModel
-from serve_recordings import synthetic_calibration
 
 
 @pytest.mark.parametrize("coef,prefill", [((0.040, 0.0015, 0.0006), None), ((0.012, 0.004, 0.0002), None),

@@ -8,13 +8,13 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from serve_recordings import COST, TOKENS, synthetic_recordings
 
 from draftrl.decoding.admission import StepAction
 from draftrl.decoding.vllm.control import rule_controller
 from draftrl.decoding.vllm.proposer import DraftrlProposer
 from draftrl.replay.recordings import Recordings
 from draftrl.replay.serve_engine import ReplayEngine
-from serve_recordings import COST, TOKENS, synthetic_recordings
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 from stable_baselines3.common.callbacks import BaseCallback
+from wandb_records import read_run
 
 import draftrl.envs  # noqa: F401  registers the env ids (gymnasium.register_envs idiom)
 from draftrl.cli import main
@@ -24,8 +25,6 @@ from draftrl.policies import ConfidenceThreshold, PPOPolicy, evaluate_policy, pa
 from draftrl.train import ppo_size
 from draftrl.train.config import TrainConfig
 from draftrl.train.envs import make_env
-
-from wandb_records import read_run
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 ANALYTIC = CONFIGS / "analytic_regimes.yaml"

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from serve_recordings import synthetic_calibration, synthetic_recordings
 
 from draftrl.config import load_config
 from draftrl.io import write_json
@@ -19,8 +20,6 @@ from draftrl.policies import PPOPolicy
 from draftrl.train import ppo_size
 from draftrl.train.config import TrainConfig
 from draftrl.train.envs import make_env
-from serve_recordings import synthetic_calibration, synthetic_recordings
-
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "serve_replay_cpu.yaml"
 

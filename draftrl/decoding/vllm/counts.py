@@ -40,11 +40,11 @@ class SpecDecodingCounts:
         for i, n in enumerate(per_pos):
             self.num_accepted_per_pos[i] += n
 
-    def snapshot(self) -> "SpecDecodingCounts":
+    def snapshot(self) -> SpecDecodingCounts:
         return SpecDecodingCounts(self.num_drafts, self.num_draft_tokens, self.num_accepted,
                                   list(self.num_accepted_per_pos))
 
-    def since(self, earlier: "SpecDecodingCounts") -> "SpecDecodingCounts":
+    def since(self, earlier: SpecDecodingCounts) -> SpecDecodingCounts:
         """The counts added after the snapshot ``earlier``."""
         per_pos = [n - (earlier.num_accepted_per_pos[i] if i < len(earlier.num_accepted_per_pos) else 0)
                    for i, n in enumerate(self.num_accepted_per_pos)]

@@ -47,14 +47,14 @@ import numpy as np
 import torch
 
 from draftrl.decoding.admission import StepAction
-from draftrl.deps import installed
 from draftrl.decoding.interface import EngineStep, RequestStep
 from draftrl.decoding.vllm.control import Controller, RuleControl
 from draftrl.decoding.vllm.counts import SpecDecodingCounts, stat_logger
 from draftrl.decoding.vllm.guards import guard_cpu_expand
-from draftrl.decoding.vllm.logprobs import logprobs_needed
 from draftrl.decoding.vllm.head_proposer import HEAD_CLASS_PATH, head_spec, needs_head
+from draftrl.decoding.vllm.logprobs import logprobs_needed
 from draftrl.decoding.vllm.proposer import CLASS_PATH, SERVING_DRAFTER, DraftrlProposer, serving_drafter
+from draftrl.deps import installed
 from draftrl.models import model_folder
 
 METHODS = ("none", "draftrl", "ngram", "eagle3", "custom_class")
@@ -124,7 +124,7 @@ class VLLMEngineConfig:
     """most raw logprobs vLLM returns per token (the exactness check at temperature > 0 asks for them)"""
 
     @classmethod
-    def serving(cls, config: Any, **speculation: Any) -> "VLLMEngineConfig":
+    def serving(cls, config: Any, **speculation: Any) -> VLLMEngineConfig:
         """The engine a serving config (``draftrl.config.serve.ServeConfig``) describes: its target,
         dtype, batch and memory limits and threads, with ``speculation`` (method, K, ...) on top."""
         return cls(model=config.target, dtype=config.dtype, max_num_seqs=config.max_num_seqs,
@@ -241,7 +241,7 @@ def on_gpu() -> bool:
     return bool(current_platform.is_cuda_alike())
 
 
-def check_model_runner(config: "VLLMEngineConfig") -> None:
+def check_model_runner(config: VLLMEngineConfig) -> None:
     """Refuse, in one line, draftrl's ``custom_class`` proposers on vLLM's Model Runner V2.
 
     On CUDA vLLM 0.32 picks Model Runner V2 unless the config needs V1; ``custom_class`` is one

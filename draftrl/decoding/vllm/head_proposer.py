@@ -111,15 +111,15 @@ class AuxCapture:
         self.positions: torch.Tensor | None = None
         self.query_start_loc: list[int] | None = None
         ref = weakref.ref(self)
-        self._hooks = [model.model.layers[l].register_forward_pre_hook(_hook(ref, l, l == self.layers[0]),
-                                                                      with_kwargs=True) for l in self.layers]
+        self._hooks = [model.model.layers[layer].register_forward_pre_hook(_hook(ref, layer, layer == self.layers[0]),
+                                                                          with_kwargs=True) for layer in self.layers]
 
     def take(self) -> tuple[torch.Tensor, torch.Tensor, list[int]] | None:
         """(features [T, len(layers) * H], positions [T], query_start_loc [num_reqs + 1]) of the
         forward since the last call, or None."""
         if self.positions is None or self.query_start_loc is None or set(self.aux) != set(self.layers):
             return None
-        out = torch.cat([self.aux[l] for l in self.layers], dim=-1), self.positions, self.query_start_loc
+        out = torch.cat([self.aux[layer] for layer in self.layers], dim=-1), self.positions, self.query_start_loc
         self.aux, self.positions, self.query_start_loc = {}, None, None
         return out
 
@@ -128,7 +128,7 @@ class AuxCapture:
             handle.remove()
 
 
-def _hook(ref: "weakref.ref[AuxCapture]", layer: int, first: bool):
+def _hook(ref: weakref.ref[AuxCapture], layer: int, first: bool):
     """Layer ``layer``'s pre-hook (vLLM calls decoder layers as ``layer(positions, hidden, residual)``)."""
     def hook(module, args, kwargs):
         owner = ref()

@@ -25,8 +25,8 @@ verdict}, ``monitor_overhead``, ``power``}, ``trajectories``, ``files``, ``wall_
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
@@ -66,8 +66,8 @@ def add_anchors(results: dict, runs: list[RequestRun], anchor_runs: list, refere
     """Put the anchors' summary in ``results["anchors"]`` and, for every policy, its speedups over
     stock HF generate and HF prompt lookup at its best gamma, with paired bootstrap intervals over
     requests (``ci_vs_none``, ``ci_vs_hf``, ``ci_vs_hf_lookup``, ``ci_vs_best_fixed``)."""
-    from draftrl.eval.round.anchors import median_anchor_runs, summarize_anchors
     from draftrl.eval.bootstrap import compare
+    from draftrl.eval.round.anchors import median_anchor_runs, summarize_anchors
 
     kept = median_runs(runs)
     by_policy = grouped(kept, lambda r: r.policy)
@@ -114,16 +114,16 @@ def run_eval(config: EvalConfig, out: str | Path, *, policies: list[str] | str |
     """
     import torch
 
-    from draftrl.decoding.monitor import ExactnessMonitor, ExactnessViolation
-    from draftrl.signals.costs import hardware_info
     from draftrl.decoding.build import build_engine
+    from draftrl.decoding.monitor import ExactnessMonitor, ExactnessViolation
     from draftrl.decoding.workload import Workload
-    from draftrl.models import shared_model
     from draftrl.eval.agreement import GreedyAgreement
     from draftrl.eval.exactness import GreedyMismatch, TimedMonitor, hf_greedy
-    from draftrl.io import read_json, write_json
-    from draftrl.eval.round.policies import build_policy
     from draftrl.eval.policy_names import parse_policies
+    from draftrl.eval.round.policies import build_policy
+    from draftrl.io import read_json, write_json
+    from draftrl.models import shared_model
+    from draftrl.signals.costs import hardware_info
 
     specs = parse_policies(policies if policies is not None else list(config.eval.policies))
     grid = read_json(grid_path, "grid result (--grid)") if grid_path else None

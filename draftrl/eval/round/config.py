@@ -22,7 +22,6 @@ from draftrl.config.env import EnvConfig
 from draftrl.config.wandb import WandbConfig
 
 
-
 @dataclass
 class GridConfig:
     """The fixed (depth, verify_size, width) settings timed by ``draftrl grid`` on the tune split."""

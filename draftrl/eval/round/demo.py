@@ -25,12 +25,13 @@ import contextlib
 import dataclasses
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import TypeVar
 
-from draftrl.config.env import EnvConfig
 from draftrl.config.commands import CalibrationConfig
+from draftrl.config.env import EnvConfig
 from draftrl.eval.round.config import EvalConfig, GridConfig, PolicyEvalConfig
 from draftrl.runs import WANDB_FILE
 
@@ -96,7 +97,7 @@ class DemoConfig(EvalConfig):
     """one torch thread: fastest per core for a 135M model on a shared machine"""
 
     @classmethod
-    def quick(cls) -> "DemoConfig":
+    def quick(cls) -> DemoConfig:
         """A few minutes: 4 requests per split, 24 tokens, 3 grid cells, 5k training rounds, no power run."""
         cfg = cls()
         cfg.env = dataclasses.replace(cfg.env, languages=("en", "zh"), tasks=("code_edit", "chat"), max_new_tokens=24)
@@ -110,8 +111,8 @@ class DemoConfig(EvalConfig):
 def _calibrate(config: DemoConfig, out: Path):
     from draftrl.config import to_dict
     from draftrl.config.wandb import logged_run
-    from draftrl.replay.calibrate import calibrate
     from draftrl.eval.wandb_log import log_calibration
+    from draftrl.replay.calibrate import calibrate
 
     table = calibrate(config.calibrate, config.env)
     table.save(out / "cost_table.json")
@@ -124,10 +125,10 @@ def _calibrate(config: DemoConfig, out: Path):
 def _collect(config: DemoConfig, out: Path, target) -> Path:
     from draftrl.config import to_dict
     from draftrl.config.wandb import logged_run
-    from draftrl.signals.costs import CostTable
     from draftrl.decoding.build import build_engine
-    from draftrl.replay.traces import collect
     from draftrl.eval.wandb_log import log_traces
+    from draftrl.replay.traces import collect
+    from draftrl.signals.costs import CostTable
 
     env = collect_env(config)
     engine, tokenizer = build_engine(env, target)
@@ -210,12 +211,11 @@ def run_demo(config: DemoConfig, out: str | Path, *, overwrite: bool = False,
     import torch
 
     from draftrl.config.wandb import pipeline, sync_command
+    from draftrl.drafters.packaged import missing_head
     from draftrl.eval.round.compare import run_eval
     from draftrl.eval.round.grid import run_grid
     from draftrl.io import write_json
-    from draftrl.models import DEFAULT_MODEL, fetch_model
-    from draftrl.models import shared_model
-    from draftrl.drafters.packaged import missing_head
+    from draftrl.models import DEFAULT_MODEL, fetch_model, shared_model
 
     missing = missing_head(config.env.drafter, config.env.target)
     if missing is not None:  # before any model loads or output is written (the CLI falls back from a default)

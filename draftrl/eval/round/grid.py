@@ -30,9 +30,9 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
@@ -127,12 +127,12 @@ def measure_cells(config: EvalConfig, cells: list[Cell], *, target=None, split: 
     """
     import torch
 
-    from draftrl.decoding.monitor import ExactnessMonitor
     from draftrl.decoding.build import build_engine
+    from draftrl.decoding.monitor import ExactnessMonitor
     from draftrl.decoding.workload import Workload
-    from draftrl.models import shared_model
     from draftrl.eval.agreement import GreedyAgreement
     from draftrl.eval.exactness import monitor_verdict
+    from draftrl.models import shared_model
 
     settings = config.grid
     if config.threads:
@@ -271,9 +271,9 @@ def best_cell(cells: dict[str, dict]) -> dict:
 def run_grid(config: EvalConfig, out: str | Path, *, target=None, config_path: str | None = None,
              progress: Callable[[int, int, str], None] | None = None) -> dict:
     """Run the grid of ``config.grid`` and write ``grid.json``, the heatmap, ``sweep.yaml`` and wandb runs."""
-    from draftrl.signals.costs import hardware_info
-    from draftrl.io import write_json
     from draftrl.eval.plots import grid_heatmap
+    from draftrl.io import write_json
+    from draftrl.signals.costs import hardware_info
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

@@ -27,8 +27,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from draftrl.decoding.schedule import heuristic_depth
-from draftrl.replay.round_table import RoundTable
 from draftrl.policies.confidence_stop import LevelStopRule
+from draftrl.replay.round_table import RoundTable
+
 
 # ----------------------------------------------------------------------------- schedules
 def play(tokens: np.ndarray, seconds: np.ndarray, choose) -> tuple[float, list[int]]:

@@ -18,6 +18,7 @@ from typing import Any
 from draftrl.config.env import EnvConfig
 from draftrl.eval.policy_names import REFERENCE, PolicyName, policy_dir
 
+
 def confidence_feature(drafter: str) -> str:
     """The observation feature ConfidenceThreshold reads for ``drafter``."""
     return "accept_rate_1" if drafter.partition(":")[0] in ("ngram", "none") else "draft_top1_prob"

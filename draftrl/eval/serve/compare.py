@@ -45,14 +45,20 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from draftrl.eval.metrics import histogram, serving_groups, summarize_serving
 from draftrl.eval.policy_names import REFERENCE, PolicyName, parse_policies
 from draftrl.eval.report import render_serving_report
-from draftrl.eval.serve.policies import (build_serving_policy, check_policies, engine_config_for, policy_drafter,
-                                          proposer_rule)
+from draftrl.eval.serve.policies import (
+    build_serving_policy,
+    check_policies,
+    engine_config_for,
+    policy_drafter,
+    proposer_rule,
+)
 from draftrl.eval.serve.rollout import run_episode
 
 FORMAT = "draftrl-serve-eval/1"
@@ -115,7 +121,7 @@ class _Engines:
         return engine
 
 
-def _episode(make_env, load_cfg, spec: PolicyName, config, seed: int, checks: dict, engines: "_Engines | None"):
+def _episode(make_env, load_cfg, spec: PolicyName, config, seed: int, checks: dict, engines: _Engines | None):
     """One policy's episode at one load: ``(requests, steps, vLLM's speculative-decoding counts or
     None)``. A function of its own so that the env, and the engine it holds, are dropped when it
     returns: the next group's engine is built with this one's memory free."""
@@ -142,10 +148,10 @@ def run_eval(out: str | Path, *, policies: list[str] | str, concurrency: list[in
     under ``results["rates"]["8"]``. Raises :class:`ServingMismatch` (after writing the results) when a
     policy's tokens differ from ``none``'s at temperature 0.
     """
-    from draftrl.signals.costs import hardware_info
-    from draftrl.envs.serve_vllm import ServeVLLMEnv
     from draftrl.config.serve import ServeConfig
+    from draftrl.envs.serve_vllm import ServeVLLMEnv
     from draftrl.io import atomic_write_text, write_json
+    from draftrl.signals.costs import hardware_info
 
     specs = parse_policies(policies, engine="vllm")
     config = config or ServeConfig(split="heldout", shuffle=False, seed=0)

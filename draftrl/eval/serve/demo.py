@@ -28,9 +28,9 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from draftrl.config.wandb import WandbConfig
 from draftrl.replay.serve_calibrate import CalibrationSizes
@@ -88,7 +88,7 @@ class ServeDemoConfig:
         check_memory_share(self.gpu_memory_utilization)
 
     @classmethod
-    def quick(cls) -> "ServeDemoConfig":
+    def quick(cls) -> ServeDemoConfig:
         """A few minutes: a small calibration, 12 tokens, 2048 training steps, one rate, 2 requests."""
         return cls(calibrate=CalibrationSizes(batch_sizes=(1, 4), depths=(0, 2), steps=2, prefill_lens=(32,),
                                               prefill_batch_sizes=(1,), rounds=1),

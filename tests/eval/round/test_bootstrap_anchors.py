@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from draftrl.eval.round.anchors import AnchorRun, anchor_ngram, anchors_for, summarize_anchors
 from draftrl.eval.bootstrap import format_ci, paired_ratio_ci, requests_needed
+from draftrl.eval.round.anchors import AnchorRun, anchor_ngram, anchors_for, summarize_anchors
 
 
 def synthetic(n: int, speedup: float, noise: float, seed: int = 0):
@@ -77,8 +77,8 @@ def test_anchor_labels_and_ngram() -> None:
 def test_eval_times_the_grids_best_lookup_gamma_only() -> None:
     import dataclasses
 
-    from draftrl.eval.round.config import EvalConfig
     from draftrl.eval.round.compare import eval_anchors
+    from draftrl.eval.round.config import EvalConfig
 
     config = EvalConfig()
     assert [a.label for a in eval_anchors(config, None)] == ["hf", "hf-lookup:1", "hf-lookup:2", "hf-lookup:4",

@@ -18,13 +18,12 @@ import subprocess
 import sys
 
 import pytest
+from eval_helpers import eval_run_problems
+from wandb_records import read_runs
 
 from draftrl.config.commands import CalibrationConfig
 from draftrl.eval.round.config import GridConfig
 from draftrl.eval.round.demo import DemoConfig, run_demo
-
-from eval_helpers import eval_run_problems
-from wandb_records import read_runs
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("wandb")

@@ -10,11 +10,10 @@ import json
 
 import pytest
 import yaml
+from eval_helpers import CONFIGS, assert_png
 
 from draftrl.config import load_config
 from draftrl.eval.round.config import EvalConfig
-
-from eval_helpers import CONFIGS, assert_png
 
 OVERRIDES = [
     "env.languages=[en]",  # 2 prompts per split (code_edit, chat)

@@ -7,16 +7,15 @@ import json
 import numpy as np
 import pytest
 import yaml
+from eval_helpers import CONFIGS, assert_png, fake_results
 
 from draftrl.cli import main
 from draftrl.config import load_config
-from draftrl.eval.round.config import EvalConfig, GridConfig
-from draftrl.eval.round.grid import REFERENCE, Cell, grid_cells, write_sweep
 from draftrl.eval.metrics import acceptance_by_position, add_speedups, median_runs, summarize_with_groups
 from draftrl.eval.policy_names import parse_policies
 from draftrl.eval.records import RequestRun
-
-from eval_helpers import CONFIGS, assert_png, fake_results
+from draftrl.eval.round.config import EvalConfig, GridConfig
+from draftrl.eval.round.grid import REFERENCE, Cell, grid_cells, write_sweep
 
 
 @pytest.fixture(autouse=True)
@@ -84,8 +83,7 @@ def test_sweep_file_runs_the_grid_cell_command(tmp_path):
 
 def test_sweep_agents_run_online(monkeypatch):
     """wandb agents cannot run offline runs: inside an agent (WANDB_SWEEP_ID) offline becomes online."""
-    from draftrl.config.wandb import WandbConfig
-    from draftrl.config.wandb import wandb_mode
+    from draftrl.config.wandb import WandbConfig, wandb_mode
 
     monkeypatch.delenv("WANDB_MODE", raising=False)
     monkeypatch.delenv("WANDB_SWEEP_ID", raising=False)
@@ -137,8 +135,8 @@ def test_summaries_speedups_and_medians():
 
 # ----------------------------------------------------------------------------- plots and report
 def test_report_and_plots_render(tmp_path):
-    from draftrl.eval.round.compare import write_outputs
     from draftrl.eval.plots import grid_heatmap
+    from draftrl.eval.round.compare import write_outputs
 
     results, grid = fake_results()
     files = write_outputs(results, tmp_path, grid)
@@ -163,9 +161,10 @@ def offline(monkeypatch):
 
 
 def test_the_grid_is_one_wandb_run_with_every_cell_and_the_best(tmp_path, offline):
-    from draftrl.eval.round.grid import log_grid_to_wandb
-    from draftrl.eval.plots import grid_heatmap
     from wandb_records import read_runs
+
+    from draftrl.eval.plots import grid_heatmap
+    from draftrl.eval.round.grid import log_grid_to_wandb
 
     _, grid = fake_results()
     for cell in grid["cells"].values():
@@ -193,9 +192,10 @@ def test_the_eval_run_holds_every_policy_against_the_best_fixed_with_intervals(t
     """The comparison a user came for, on the eval run: and a policy missing from it is caught."""
     import copy
 
-    from draftrl.eval.round.compare import log_eval_to_wandb, write_outputs
     from eval_helpers import eval_run_problems, with_intervals
     from wandb_records import read_runs
+
+    from draftrl.eval.round.compare import log_eval_to_wandb, write_outputs
 
     results, grid = fake_results()
     results = with_intervals(results)

@@ -8,20 +8,20 @@ import itertools
 import numpy as np
 import pytest
 import torch
-
 from choice_traces import costs, synthetic
 from tiny_eagle3 import WordTokenizer, tiny_pair
+
 from draftrl.config.env import EnvConfig
 from draftrl.decoding.engine import EngineConfig, SpeculativeDecoder
 from draftrl.decoding.generate import fixed_schedule, generate
 from draftrl.decoding.schedule import HeuristicSchedule
 from draftrl.drafters.eagle3 import Eagle3Drafter
 from draftrl.envs.spec_decode import SpecDecodeEnv
-from draftrl.replay.round_table import drafter_costs, match_depths, round_table
-from draftrl.replay.traces import collect
 from draftrl.eval.round.headroom import headroom, hindsight, play, play_stop
 from draftrl.policies.acceptance_stop import AcceptanceModel, AcceptanceStop
 from draftrl.policies.confidence_stop import CumulativeConfidenceStop, LevelStopRule, RocConfidenceStop
+from draftrl.replay.round_table import drafter_costs, match_depths, round_table
+from draftrl.replay.traces import collect
 
 DEPTHS = (0, 1, 2, 4)
 

@@ -99,8 +99,8 @@ def broken_engine(monkeypatch):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_a_genuine_mismatch_still_stops_the_evaluation(my_target, tmp_path, broken_engine, dtype):
     from draftrl.eval.agreement import AgreementViolation
-    from draftrl.eval.round.compare import run_eval
     from draftrl.eval.exactness import GreedyMismatch
+    from draftrl.eval.round.compare import run_eval
 
     config = _config(my_target, dtype, "eval.sampler=off-by-one", "eval.policies=[none,fixed:4]")
     with pytest.raises(GreedyMismatch) as err:

@@ -7,10 +7,10 @@ import math
 
 import pytest
 
+from draftrl.config import to_dict
 from draftrl.eval.metrics import kendall_tau
 from draftrl.eval.serve.demo import ServeDemoConfig, run_demo, sweep_summary
 from draftrl.io import plain, write_json
-from draftrl.config import to_dict
 
 
 def _results(speedups: dict[str, dict[str, float]]) -> dict:
@@ -75,9 +75,10 @@ def test_the_sweep_is_logged_against_the_arrival_rate(tmp_path, monkeypatch):
     """The serving sweep's wandb run: speedup over no speculation per policy against the rate (vLLM and
     the replay, one line each), a table per rate, each policy's geometric mean in the summary."""
     pytest.importorskip("wandb")
+    from wandb_records import read_runs
+
     from draftrl.config.wandb import WandbConfig, logged_run
     from draftrl.eval.wandb_log import log_sweep
-    from wandb_records import read_runs
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
@@ -105,8 +106,9 @@ def test_the_sweep_is_logged_against_the_arrival_rate(tmp_path, monkeypatch):
 def test_eval_engine_vllm_logs_its_sweep_in_the_given_group(tmp_path, monkeypatch):
     """``draftrl eval --engine vllm --wandb-group G``: the sweep's run (job_type eval) in --out/wandb."""
     pytest.importorskip("wandb")
-    from draftrl.cli import main
     from wandb_records import read_runs
+
+    from draftrl.cli import main
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")

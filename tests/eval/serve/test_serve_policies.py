@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from serve_recordings import COST, TOKENS, synthetic_recordings
 
 from draftrl.config.serve import ServeConfig
 from draftrl.envs.serve_vllm import FEATURE_NAMES, ServeVLLMEnv
 from draftrl.eval.policy_names import ENGINE_KINDS, parse_policies
 from draftrl.eval.serve.policies import build_serving_policy, check_policies, proposer_rule
 from draftrl.policies import DynamicSD, Policy
-from serve_recordings import COST, TOKENS, synthetic_recordings
-
 
 #: One name of every serving kind that needs no trained policy or vLLM proposer class.
 BASELINES = ("none,fixed:4,fixed:2:8,heuristic,vllm-ngram:4,vllm-eagle3:4,vllm-class:ref_lookup.RefLookupLatest:4,dsd,"

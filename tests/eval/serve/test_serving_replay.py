@@ -4,11 +4,11 @@
 from __future__ import annotations
 
 import pytest
+from serve_recordings import COST, TOKENS, synthetic_recordings
 
 from draftrl.config.serve import ServeConfig
 from draftrl.envs.serve_vllm import ServeVLLMEnv
 from draftrl.eval.serve.compare import run_eval
-from serve_recordings import COST, TOKENS, synthetic_recordings
 
 
 def replay_env(recordings):
