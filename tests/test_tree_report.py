@@ -156,6 +156,30 @@ def test_the_static_walk_follows_parts_and_copies_and_broad_also_computed_values
     assert broad["names"] == ["cfg", "env", "env_config", "n", "spec"]
 
 
+def test_the_static_walk_reads_a_functions_own_imports_first(tmp_path):
+    """Two functions import ``run_demo`` from two modules (as ``cli/demo.py`` does, one per track): each
+    call follows its own function's import. Control: the module-wide binding (the later import) sends
+    ``run``'s config into the other module, which never builds an engine."""
+    files = {
+        "draftrl/__init__.py": "", "draftrl/cli/__init__.py": "", "draftrl/round/__init__.py": "",
+        "draftrl/serve/__init__.py": "", "draftrl/decoding/__init__.py": "",
+        "draftrl/cli/demo.py": (
+            "def config():\n    return 1\n"
+            "def run():\n    cfg = config()\n    from draftrl.round.demo import run_demo\n    return run_demo(cfg)\n"
+            "def run_serve(other):\n    from draftrl.serve.demo import run_demo\n    return run_demo(other)\n"),
+        "draftrl/round/demo.py": "from draftrl.decoding.build import build\ndef run_demo(c):\n    return build(c)\n",
+        "draftrl/serve/demo.py": "def run_demo(s):\n    return s\n",
+        "draftrl/decoding/build.py": "def build(spec):\n    return spec\n",
+    }
+    root = _write(tmp_path, files)
+    walk = tree_report.static_walk(root, ("draftrl.cli.demo", "run", "cfg"), strict=True)
+    assert walk["enters"] == {"draftrl.round.demo": 1, "draftrl.decoding.build": 1}
+    assert walk["names"] == ["c", "cfg", "spec"]
+    modules = tree_report.read_modules(root)
+    module_wide = tree_report._bindings(modules["draftrl.cli.demo"], modules)
+    assert module_wide["run_demo"] == ("draftrl.serve.demo", "run_demo")  # what the walk used to follow
+
+
 def test_the_dynamic_walk_follows_identities_not_computed_values(tmp_path):
     root = _write(tmp_path, WALK)
     sys.path.insert(0, str(root))

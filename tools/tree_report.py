@@ -186,6 +186,14 @@ def _named_module(text: str, modules: dict) -> str | None:
     return next((".".join(parts[:n]) for n in range(len(parts), 0, -1) if ".".join(parts[:n]) in modules), None)
 
 
+def _import_target(node: ast.ImportFrom, package: str) -> str:
+    """The module a ``from ... import`` reads, relative ones resolved against ``package``."""
+    if not node.level:
+        return node.module or ""
+    parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+    return ".".join(parts + ([node.module] if node.module else []))
+
+
 def import_edges(mod: Module, modules: dict[str, Module]) -> list[tuple[str, list[str]]]:
     """``(imported draftrl module, names taken from it)`` for every import of ``mod`` (statements
     anywhere, relative ones resolved, strings that name a module: names ``[]``)."""
@@ -200,11 +208,7 @@ def import_edges(mod: Module, modules: dict[str, Module]) -> list[tuple[str, lis
         elif isinstance(node, ast.Import):
             edges += [(_deepest(a.name, modules), []) for a in node.names if a.name.split(".")[0] == "draftrl"]
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
-                target = ".".join(parts + ([node.module] if node.module else []))
-            else:
-                target = node.module or ""
+            target = _import_target(node, package)
             if target.split(".")[0] != "draftrl":
                 continue
             for alias in node.names:
@@ -638,21 +642,19 @@ def _functions(modules: dict[str, Module]) -> dict[tuple[str, str], Function]:
     return found
 
 
-def _bindings(mod: Module, modules: dict[str, Module]) -> dict[str, tuple[str, str | None]]:
-    """Local name -> (draftrl module, attribute or None for the module itself), from every import of ``mod``."""
+def _bindings(mod: Module, modules: dict[str, Module], scope: ast.AST | None = None) -> dict[str, tuple[str, str | None]]:
+    """Local name -> (draftrl module, attribute or None for the module itself), from every import of
+    ``mod``, or only from those inside ``scope`` (a function: its own imports win over the module's,
+    where two functions import one name from two places, as ``cli/demo.py``'s two ``run_demo``)."""
     package = mod.name if mod.is_package else mod.name.rpartition(".")[0]
     out = {}
-    for node in ast.walk(mod.tree):
+    for node in ast.walk(scope if scope is not None else mod.tree):
         if isinstance(node, ast.Import):
             for a in node.names:
                 if a.name.startswith("draftrl") and a.asname:
                     out[a.asname] = (a.name, None)
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
-                target = ".".join(parts + ([node.module] if node.module else []))
-            else:
-                target = node.module or ""
+            target = _import_target(node, package)
             if not target.startswith("draftrl"):
                 continue
             for a in node.names:
@@ -782,7 +784,8 @@ def static_walk(root: Path, start: tuple[str, str, str] = STATIC_START, strict: 
             nested = f"{fn.qualname}.<locals>.{f.id}"
             if nested in by_module[mod]:
                 return [(by_module[mod][nested], False)]
-            found = lookup(mod, f.id)
+            own = _bindings(modules[mod], modules, fn.node).get(f.id)
+            found = (lookup(own[0], own[1]) if own[1] else []) if own else lookup(mod, f.id)
             return [(c, c.node.name in ("__init__", "__post_init__")) for c in found]
         if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name):
             base = f.value.id
