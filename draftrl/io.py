@@ -104,7 +104,8 @@ def prepare_out(out: str | Path, owned: tuple[str, ...], *, overwrite: bool, com
         if not overwrite and (earlier or foreign):
             what = f"the outputs of an earlier {command} ({', '.join(p.name for p in earlier[:4])})" if earlier else (
                 f"files draftrl {command} did not write ({', '.join(foreign[:4])})")
-            raise ValueError(f"--out {out} already holds {what}; pass --overwrite to replace them, or choose another --out.")
+            raise ValueError(f"--out {out} already holds {what}; pass --overwrite to replace them, "
+                             "or choose another --out.")
         for p in earlier:
             shutil.rmtree(p) if p.is_dir() else p.unlink()
     try:
@@ -112,5 +113,6 @@ def prepare_out(out: str | Path, owned: tuple[str, ...], *, overwrite: bool, com
         with tempfile.NamedTemporaryFile(dir=out, prefix=".write-check-"):
             pass
     except OSError as err:
-        raise ValueError(f"--out {out} is not writable ({err.strerror or type(err).__name__}); choose another --out.") from None
+        raise ValueError(f"--out {out} is not writable ({err.strerror or type(err).__name__}); "
+                         "choose another --out.") from None
     return out

@@ -111,7 +111,8 @@ def stored_cost_table_path(directory: str | Path) -> Path | None:
         header_id = json.loads((directory / HEADER_FILE).read_text()).get("trace_id") if (
             directory / HEADER_FILE).is_file() else None
     except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as err:
-        raise ValueError(f"{path} is not a valid JSON cost table ({err}); write it with draftrl calibrate --json --out FILE.") from None
+        raise ValueError(f"{path} is not a valid JSON cost table ({err}); "
+                         "write it with draftrl calibrate --json --out FILE.") from None
     if table_id is not None and table_id != header_id:
         raise ValueError(
             f"{path} belongs to another collection (trace_id {table_id}, the traces have {header_id}); "

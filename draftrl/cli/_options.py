@@ -53,7 +53,10 @@ MODEL_KEYS: dict[str, str] = {
 }
 _MODEL_HELP = {
     "--target": "target model: smollm2-135m, a local path or hub id",
-    "--drafter": "ngram[:MIN:MAX[:earliest|latest]] | eagle3[:PATH] (PATH: a head folder in the speculators or EAGLE layout, or a hub id; no PATH: the head draftrl ships for the target) | sam:N[:PATH] | layerskip:N | self | none | draft model path (same tokenizer); --engine vllm: ngram, eagle3 or sam, default ngram:1:3:latest",
+    "--drafter": "ngram[:MIN:MAX[:earliest|latest]] | eagle3[:PATH] (PATH: a head folder in the speculators or EAGLE "
+                 "layout, or a hub id; no PATH: the head draftrl ships for the target) | sam:N[:PATH] | layerskip:N | "
+                 "self | none | draft model path (same tokenizer); --engine vllm: ngram, eagle3 or sam, default "
+                 "ngram:1:3:latest",
     "--device": "cpu or cuda[:N]",
     "--dtype": "float32, bfloat16 or float16",
     "--kernels": "few-token CPU kernels: auto (timed probe, cached per machine), stock or fast_linear",

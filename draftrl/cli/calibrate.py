@@ -50,10 +50,13 @@ def add_parser(subparsers) -> None:
                         "also times what the head's drafting adds to a step)")
     p.add_argument("--batch-sizes", type=_ints, default=SIZES.batch_sizes, help="vllm: running sequences")
     p.add_argument("--depths", type=_ints, default=SIZES.depths, help="vllm: draft tokens per sequence")
-    p.add_argument("--steps", type=int, default=SIZES.steps, help="vllm: timed steps per (batch size, depth) and prefill cell")
+    p.add_argument("--steps", type=int, default=SIZES.steps,
+                   help="vllm: timed steps per (batch size, depth) and prefill cell")
     p.add_argument("--prefill-lens", type=_ints, default=SIZES.prefill_lens, help="vllm: prompt tokens per prefill")
-    p.add_argument("--prefill-batch-sizes", type=_ints, default=SIZES.prefill_batch_sizes, help="vllm: prompts prefilled together")
-    p.add_argument("--rounds", type=int, default=SIZES.rounds, help="vllm: shuffled passes over the cells (spreads load drift)")
+    p.add_argument("--prefill-batch-sizes", type=_ints, default=SIZES.prefill_batch_sizes,
+                   help="vllm: prompts prefilled together")
+    p.add_argument("--rounds", type=int, default=SIZES.rounds,
+                   help="vllm: shuffled passes over the cells (spreads load drift)")
     _options.add_vllm_engine(p)
     _options.add_out(p, "write the cost table JSON here", required=False)
     _options.add_json(p)
@@ -80,7 +83,8 @@ def g_lines(table) -> list[str]:
         cells = "  ".join(f"g({int(n)})={s / row[0]:.2f}" for n, s in zip(table.num_tokens, row))
         lines.append(f"{cells}  context={int(c)}  step_ms={row[0] * 1e3:.1f}  hardware={hw}")
     widths = "  ".join(
-        f"c(W={int(w)})={s / table.verify_seconds[0][0]:.3f}" for w, s in zip(table.draft_widths, table.draft_level_seconds)
+        f"c(W={int(w)})={s / table.verify_seconds[0][0]:.3f}"
+        for w, s in zip(table.draft_widths, table.draft_level_seconds)
     )
     lines.append(f"{widths}  draft_base={table.draft_base_seconds / table.verify_seconds[0][0]:.3f}  "
                  f"(draft seconds per level / plain step)  noise={table.noise:.3f}  hardware={hw}")
@@ -125,7 +129,8 @@ def run(args: argparse.Namespace) -> int:
     _options.refuse_vllm_engine(args, "draftrl calibrate")
     cfg = config(args)
     _options.set_threads(cfg.threads)
-    table = calibrate(cfg.calibrate, cfg.env, cfg.seed, progress=lambda msg: print(f"[calibrate] {msg}", file=sys.stderr))
+    table = calibrate(cfg.calibrate, cfg.env, cfg.seed,
+                      progress=lambda msg: print(f"[calibrate] {msg}", file=sys.stderr))
     if args.out:
         table.save(args.out)
     out = sys.stderr if args.json else sys.stdout
@@ -133,6 +138,7 @@ def run(args: argparse.Namespace) -> int:
         print(line, file=out)
     if args.json:
         data = table.to_dict()
-        data["g"] = {str(int(c)): (row / row[0]).round(4).tolist() for c, row in zip(table.context_lens, table.verify_seconds)}
+        data["g"] = {str(int(c)): (row / row[0]).round(4).tolist()
+                     for c, row in zip(table.context_lens, table.verify_seconds)}
         print(json.dumps(data))
     return 0

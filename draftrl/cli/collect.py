@@ -62,7 +62,8 @@ def check_out(out: Path, overwrite: bool) -> None:
     if foreign:
         raise ValueError(f"--out {out} holds {', '.join(foreign[:5])}, not traces; choose an empty or new directory.")
     if (out / HEADER_FILE).exists() and not overwrite:
-        raise ValueError(f"--out {out} already holds traces; pass --overwrite to replace them, or choose another --out.")
+        raise ValueError(f"--out {out} already holds traces; pass --overwrite to replace them, "
+                         "or choose another --out.")
     if overwrite and (out / PARTIAL_DIR).exists():
         shutil.rmtree(out / PARTIAL_DIR)
 
@@ -83,7 +84,8 @@ def run_vllm(args: argparse.Namespace) -> int:
 
     config = serving_config(args)
     if config.drafter != SERVING_DRAFTER:
-        raise ValueError(f"env.drafter={config.drafter!r}: draftrl collect --engine vllm records without speculation, so "
+        raise ValueError(f"env.drafter={config.drafter!r}: draftrl collect --engine vllm records without "
+                         "speculation, so "
                          "no drafter is read; name the drafter where the recordings are replayed (ServeReplay-v0's "
                          "drafter, draftrl eval).")
     prepare_out(args.out, (RECORDINGS_FILE,), overwrite=args.overwrite, command="collect")  # before vLLM loads

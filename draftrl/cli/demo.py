@@ -252,5 +252,6 @@ def print_serve_summary(summary: dict) -> None:
     console.print(f"exactness: {'[bold green]PASSED[/]' if ex['passed'] else '[bold red]FAILED[/]'} ({how})")
     steps = ", ".join(f"{k} {v['seconds']:.0f}s" for k, v in summary["steps"].items())
     console.print(f"time: {summary['wall_seconds'] / 60:.1f} min ({steps})")
-    console.print(f"report: {summary['report']}\nplot:   {summary['plot']}\nsummary: {summary['out']}/serve_demo_summary.json")
+    console.print(f"report: {summary['report']}\nplot:   {summary['plot']}\n"
+                  f"summary: {summary['out']}/serve_demo_summary.json")
     print_wandb(console, summary.get("wandb"))

@@ -62,7 +62,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--engine", choices=["hf", "vllm"], default="hf",
                    help="hf: draftrl's exact engine, one request at a time (default); vllm: inside vLLM under load "
-                        "(the env section is then a ServeConfig: the same workload keys, e.g. --set env.max_new_tokens=48, "
+                        "(the env section is then a ServeConfig: the same workload keys, e.g. "
+                        "--set env.max_new_tokens=48, "
                         "plus arrivals and engine settings)")
     p.add_argument("--concurrency", default="1,4,16", help="vllm: requests kept in flight, comma-separated")
     p.add_argument("--rates", default="", help="vllm: Poisson arrival rates (requests/s), comma-separated")

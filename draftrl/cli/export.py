@@ -51,7 +51,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                                        "or a stock one (vllm-eagle3:K, vllm-eagle3:S-E:K,..., vllm-ngram:K, "
                                        "vllm-ngram:S-E:K,...)")
     parser.add_argument("--drafter", default=None,
-                        help="vllm rules: the drafter spec a head rule drafts with, eagle3[:DIR] or sam:N[:DIR], and whose "
+                        help="vllm rules: the drafter spec a head rule drafts with, eagle3[:DIR] or sam:N[:DIR], "
+                             "and whose "
                              "head vllm-eagle3 loads (DIR a folder or hub id; default: the head draftrl ships)")
     _options.add_retired(parser, "--head", "the head is part of the drafter spec: --drafter eagle3:{value} (or the "
                          "rule's @eagle3:{value})")
@@ -119,7 +120,8 @@ def rule_drafter(rule: Any, flag: str | None) -> str | None:
     if rule.kind == "vllm-ngram" and drafter is not None:
         raise ValueError(f"{rule.text} is vLLM's own prompt lookup, which reads no drafter; drop --drafter.")
     if drafter is not None and drafter.partition(":")[0] not in ("eagle3", "sam"):
-        raise ValueError(f"drafter {drafter!r}: a vllm rule bundle runs an EAGLE-3 head; use eagle3[:DIR] or sam:N[:DIR] "
+        raise ValueError(f"drafter {drafter!r}: a vllm rule bundle runs an EAGLE-3 head; use eagle3[:DIR] or "
+                         "sam:N[:DIR] "
                          "(n-gram lookup in plain vLLM: vllm-ngram:K).")
     if rule.kind in HEAD_RULE_KINDS and drafter is None:
         raise ValueError(f"{rule.text} runs the head inside draftrl's proposer: name it with --drafter eagle3[:DIR] or "
@@ -138,7 +140,8 @@ def check_out(out: Path, fmt: str, overwrite: bool) -> None:
     (a route (b) ``proposer.json`` beside a stock ``vllm.json``) survives into the new one."""
     if fmt == "vllm" and out.suffix != ".json":
         if out.exists() and not out.is_dir():
-            raise ValueError(f"--out {out} is a file; a vllm bundle is a folder (or give OUT.json for static settings).")
+            raise ValueError(f"--out {out} is a file; a vllm bundle is a folder "
+                             "(or give OUT.json for static settings).")
         held = [name for name in BUNDLE_FILES if (out / name).exists()]
         if held and not overwrite:
             raise ValueError(f"--out {out} already holds an exported bundle ({', '.join(held)}); pass --overwrite "
@@ -237,7 +240,8 @@ def run(args: argparse.Namespace) -> int:
         if args.format == "sglang":
             adaptive_file.write_text(json.dumps(config["adaptive_config"], indent=2) + "\n")
         table = " ".join(f"{s}-{e}:{k}" for s, e, k in derivation["depth_by_batch"])
-        print(f"k1={derivation['k1']}  depth_by_batch={table}  alpha={derivation['cost_model']['alpha']:.3f}  out={out}")
+        print(f"k1={derivation['k1']}  depth_by_batch={table}  "
+              f"alpha={derivation['cost_model']['alpha']:.3f}  out={out}")
         return 0
     except ImportError as err:  # a missing optional dependency: one line with the install command
         print(f"draftrl export: error: {err}", file=sys.stderr)

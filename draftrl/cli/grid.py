@@ -71,7 +71,8 @@ def run(args: argparse.Namespace) -> int:
                 print(json.dumps(result["cell"]))
                 return 0
             print(f"speedup_vs_none={c['speedup_vs_none']:.3f}x  tokens_per_second={c['tokens_per_second']:.2f}  "
-                  f"mean_tokens_per_round={c['mean_tokens_per_round']:.2f}  cell=d{c['depth']}_v{c['verify_size']}_w{c['width']}")
+                  f"mean_tokens_per_round={c['mean_tokens_per_round']:.2f}  "
+                  f"cell=d{c['depth']}_v{c['verify_size']}_w{c['width']}")
             return 0
         from draftrl.eval.round.grid import OUTPUTS, run_grid
         from draftrl.io import prepare_out
@@ -89,7 +90,8 @@ def run(args: argparse.Namespace) -> int:
     for name, c in sorted(result["cells"].items(), key=lambda kv: -kv[1]["tokens_per_second"]):
         mark = "  <- best" if name == result["best"]["name"] else ""
         noise = "-" if c["noise"] is None else f"{c['noise']:.2f}"
-        print(f"speedup_vs_none={c['speedup_vs_none']:.3f}x  {_anchor_ratios(c)}tokens_per_round={c['mean_tokens_per_round']:.2f}  "
+        print(f"speedup_vs_none={c['speedup_vs_none']:.3f}x  {_anchor_ratios(c)}"
+              f"tokens_per_round={c['mean_tokens_per_round']:.2f}  "
               f"tokens_per_second={c['tokens_per_second']:.2f}  noise={noise}  cell={name}{mark}")
     anchors = result.get("anchors") or {}
     if anchors.get("methods"):

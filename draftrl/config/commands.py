@@ -41,7 +41,8 @@ class GenerateConfig:
         if self.sampler not in SAMPLERS:
             raise ValueError(f"sampler={self.sampler!r} is unknown; choose one of {', '.join(SAMPLERS)}.")
         if self.verify_size < 0 or self.threads < 0:
-            raise ValueError(f"verify_size={self.verify_size} and threads={self.threads} must be >= 0 (0 = all / default).")
+            raise ValueError(f"verify_size={self.verify_size} and threads={self.threads} must be >= 0 "
+                             "(0 = all / default).")
         if self.env.max_new_tokens is None:
             raise ValueError("env.max_new_tokens must be set for draftrl generate (a prompt has no suggested budget).")
 

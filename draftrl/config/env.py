@@ -83,7 +83,8 @@ class EnvConfig(WorkloadConfig):
 
         super().__post_init__()
         if self.kernels is not None and self.kernels not in KERNELS:
-            raise ValueError(f"{self.section}.kernels={self.kernels!r} is not a kernel choice; use one of {', '.join(KERNELS)}.")
+            raise ValueError(f"{self.section}.kernels={self.kernels!r} is not a kernel choice; "
+                             f"use one of {', '.join(KERNELS)}.")
         if self.compile not in COMPILE_MODES:
             raise ValueError(f"{self.section}.compile={self.compile!r} is not a torch.compile mode; use one of "
                              f"{', '.join(COMPILE_MODES)}.")

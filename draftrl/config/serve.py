@@ -32,7 +32,8 @@ class ServeConfig(WorkloadConfig):
     """requests per episode, drawn from the selection; None = every selected prompt once"""
     # ---- arrivals
     arrival: str = "fixed"
-    """fixed: keep `concurrency` requests in flight; poisson: `rate` requests/s; burst: `burst_size` every `burst_interval` s"""
+    """fixed: keep `concurrency` requests in flight; poisson: `rate` requests/s; burst: `burst_size` every
+    `burst_interval` s"""
     concurrency: int = 4
     rate: float = 4.0
     """poisson arrivals per second of engine time"""
@@ -96,14 +97,17 @@ class ServeConfig(WorkloadConfig):
             if not values or min(values) < 0 or len(set(values)) != len(values):
                 raise ValueError(f"{self.section}.{name}={list(values)} must be distinct integers >= 0.")
         if 0 not in self.depths:
-            raise ValueError(f"{self.section}.depths={list(self.depths)} must contain 0 (no speculation is always an action).")
+            raise ValueError(f"{self.section}.depths={list(self.depths)} must contain 0 "
+                             "(no speculation is always an action).")
         if 0 not in self.budgets:
-            raise ValueError(f"{self.section}.budgets={list(self.budgets)} must contain 0 (no speculation is always an action).")
+            raise ValueError(f"{self.section}.budgets={list(self.budgets)} must contain 0 "
+                             "(no speculation is always an action).")
         if self.reward not in REWARD_MODES:
             raise ValueError(f"{self.section}.reward={self.reward!r} is unknown; use one of {', '.join(REWARD_MODES)}.")
         memory = self.gpu_memory_utilization
         if memory is not None and not 0.0 < memory <= 1.0:
-            raise ValueError(f"{self.section}.gpu_memory_utilization={memory} must be in (0, 1] (the share of the GPU's "
+            raise ValueError(f"{self.section}.gpu_memory_utilization={memory} must be in (0, 1] "
+                             "(the share of the GPU's "
                              "memory one engine takes; null = vLLM's 0.9).")
         if memory is not None and memory * self.max_engines > 1.0:
             raise ValueError(f"{self.section}.gpu_memory_utilization={memory} x max_engines={self.max_engines} exceeds "

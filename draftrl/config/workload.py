@@ -57,7 +57,8 @@ class WorkloadConfig:
         if self.split is not None and self.split not in SPLITS:
             raise ValueError(f"{self.section}.split={self.split!r} is unknown; use one of {', '.join(SPLITS)} or null.")
         if self.max_new_tokens is not None and self.max_new_tokens < 1:
-            raise ValueError(f"{self.section}.max_new_tokens={self.max_new_tokens} must be >= 1 (or null for the prompt's).")
+            raise ValueError(f"{self.section}.max_new_tokens={self.max_new_tokens} must be >= 1 "
+                             "(or null for the prompt's).")
         if self.max_new_tokens_cap < 1:
             raise ValueError(f"{self.section}.max_new_tokens_cap={self.max_new_tokens_cap} must be >= 1.")
         if self.temperature < 0:

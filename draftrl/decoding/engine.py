@@ -456,7 +456,8 @@ class SpeculativeDecoder:
             data = torch.as_tensor(np.concatenate([np.asarray(fed, dtype=np.int64), tree.ancestors().ravel()]),
                                    device=self.device)
             input_ids, ancestors = data[None, : len(fed)], data[len(fed) :].view(1 + n, 1 + n).bool()
-            mask = tree.attention_mask(past, self.dtype, self.device, ancestors)[..., skip:, :]  # [1, 1, rows, past + 1 + n]
+            # [1, 1, rows, past + 1 + n]
+            mask = tree.attention_mask(past, self.dtype, self.device, ancestors)[..., skip:, :]
             positions = tree.position_ids(past, self.device, ancestors)[..., skip:]
             if before:
                 blocked = torch.finfo(self.dtype).min  # above the diagonal: causal rows before the root

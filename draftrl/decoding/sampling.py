@@ -85,7 +85,8 @@ class ChainVerdict:
 
 def _check_method(method: str, allowed: tuple[str, ...]) -> None:
     if method not in allowed:
-        raise ValueError(f"method={method!r} is not one of {allowed}; use 'correct' (the others are negative controls).")
+        raise ValueError(f"method={method!r} is not one of {allowed}; "
+                         "use 'correct' (the others are negative controls).")
 
 
 def _draft_token_probs(

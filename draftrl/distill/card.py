@@ -43,7 +43,8 @@ def portable_command(argv: Sequence[str], out: str | Path) -> str:
     return "draftrl " + " ".join(shlex.quote(w) for w in words)
 
 
-def model_card(config: dict, manifest: dict, training: dict, acceptance: dict, commands: list[str], machine: str) -> str:
+def model_card(config: dict, manifest: dict, training: dict, acceptance: dict, commands: list[str],
+               machine: str) -> str:
     """The card; ``commands``: the runs that built the head, in order (a later one raised ``epochs``)."""
     per_pos = acceptance.get("acceptance_per_position") or []
     rows = "\n".join(f"| {i + 1} | {a} | {b} |" for i, (a, b) in

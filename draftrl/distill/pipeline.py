@@ -64,7 +64,8 @@ def _check_continues(before: dict, now: dict, out: Path) -> None:
     if set(changed) <= set(EXTENDABLE) and all(now[k] >= before[k] for k in changed):
         return
     raise ValueError(f"{out} holds a distillation with another config ({', '.join(changed)} differ); rerun with the "
-                     f"same options to resume (only {', '.join(EXTENDABLE)} may grow, to train on), or choose a new --out")
+                     f"same options to resume (only {', '.join(EXTENDABLE)} may grow, to train on), "
+                     "or choose a new --out")
 
 
 def _phase(progress, name: str):
@@ -122,12 +123,14 @@ def distill(config: DistillConfig, out: str | Path, argv: Sequence[str] = ("dist
         _check_continues(read_json(saved, "the distillation's config"), resolved, out)
     if not saved.exists() and out.is_dir() and any(out.iterdir()):
         foreign = ", ".join(sorted(p.name for p in out.iterdir())[:4])
-        raise ValueError(f"--out {out} already holds files draftrl distill did not write ({foreign}); choose another --out.")
+        raise ValueError(f"--out {out} already holds files draftrl distill did not write ({foreign}); "
+                         "choose another --out.")
     check_config(config)  # before anything is written
     command = portable_command(argv, out)
     work.mkdir(parents=True, exist_ok=True)
     write_json(saved, resolved)
-    commands = read_json(work / "commands.json", "the distillation's commands") if (work / "commands.json").exists() else []
+    commands = (read_json(work / "commands.json", "the distillation's commands")
+                if (work / "commands.json").exists() else [])
     if not commands or commands[-1] != command:
         write_json(work / "commands.json", commands := commands + [command])
     torch.manual_seed(config.seed)
@@ -172,7 +175,8 @@ def distill(config: DistillConfig, out: str | Path, argv: Sequence[str] = ("dist
                                       config.measure_tokens, config.max_prompt_tokens, _phase(progress, "measure"))
     write_json(work / "acceptance.json", measured)
     machine = f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, {config.device}"
-    atomic_write_text(out / "README.md", model_card(resolved | {"aux_layers": list(head_config.aux_layers)}, data, training,
+    atomic_write_text(out / "README.md", model_card(resolved | {"aux_layers": list(head_config.aux_layers)}, data,
+                                                    training,
                                               measured, commands, machine))
     return {"out": str(out), "samples": data["samples"], "response_tokens": data["response_tokens"],
             "generate_seconds": data["generate_seconds"], "feature_seconds": round(feature_seconds, 1),

@@ -93,7 +93,8 @@ def train(head: Eagle3Head, target, features: list[dict[str, torch.Tensor]], con
     device = torch.device(config.device)
     head.to(device).train()
     embed = target.get_input_embeddings()
-    target_rows = target.lm_head.weight[head.draft_to_target.to(target.lm_head.weight.device)].detach().float().to(device)
+    target_rows = (target.lm_head.weight[head.draft_to_target.to(target.lm_head.weight.device)]
+                   .detach().float().to(device))
     params = [p for p in head.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=0.0)
     lengths = [item["ids"].shape[0] for item in features]

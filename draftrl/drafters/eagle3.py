@@ -120,10 +120,12 @@ class Eagle3Head(nn.Module):
         self.t2d[: config.draft_vocab_size] = True  # d2t = 0: the draft vocabulary is the first ids
 
     def set_draft_vocab(self, target_ids: torch.Tensor) -> None:
-        """Use ``target_ids`` [draft_vocab_size] (sorted ascending, as vLLM's d2t offsets assume) as the draft vocabulary."""
+        """Use ``target_ids`` [draft_vocab_size] (sorted ascending, as vLLM's d2t offsets assume) as the draft
+        vocabulary."""
         ids = torch.as_tensor(target_ids, dtype=torch.long).sort().values
         if ids.numel() != self.config.draft_vocab_size or ids.unique().numel() != ids.numel():
-            raise ValueError(f"the draft vocabulary needs {self.config.draft_vocab_size} distinct ids, got {ids.numel()}")
+            raise ValueError(f"the draft vocabulary needs {self.config.draft_vocab_size} distinct ids, "
+                             f"got {ids.numel()}")
         self.d2t.copy_(ids - torch.arange(ids.numel()))
         self.t2d.zero_()
         self.t2d[ids] = True
@@ -383,7 +385,8 @@ def check_head_fits(config: Eagle3Config, target: nn.Module, head_name: str = "t
     tc = target.config
     num_layers = len(target.model.layers) if hasattr(getattr(target, "model", None), "layers") else None
     if num_layers is None:
-        raise ValueError(f"an EAGLE-3 head needs a decoder with model.layers (Llama style); {type(target).__name__} has none")
+        raise ValueError(f"an EAGLE-3 head needs a decoder with model.layers (Llama style); "
+                         f"{type(target).__name__} has none")
     problems = []
     if config.vocab_size != tc.vocab_size:
         problems.append(f"vocabulary {config.vocab_size} vs the target's {tc.vocab_size}")
@@ -494,7 +497,8 @@ class Eagle3Drafter(LevelDrafter):
         return self.embed(ids).to(self.device, self.dtype)
 
     def _run(self, tokens, hidden, positions, allowed) -> tuple[torch.Tensor, torch.Tensor]:
-        """Feed rows (tokens, hidden [1, T, H], positions) under a bool mask [T, cache + T]; their k/v join the cache."""
+        """Feed rows (tokens, hidden [1, T, H], positions) under a bool mask [T, cache + T]; their k/v join the
+        cache."""
         q, k, v, residual = self.head.qkv(self._embed(tokens), hidden,
                                           torch.tensor([positions], device=self.device))
         if self.keys is not None:

@@ -16,7 +16,8 @@ Defaults when a key is absent (checked against each project's code, see docs/arc
 | key | default | whose |
 |---|---|---|
 | auxiliary layers | (2, L // 2, L - 3) of the L-layer target the head is attached to | EAGLE-3, vLLM, SGLang |
-| ``norm_before_residual`` | False: the hidden input enters the residual before ``hidden_norm`` | speculators' config, EAGLE's and SpecForge's layer, vLLM's Llama layer |
+| ``norm_before_residual`` | False: the hidden input enters the residual before ``hidden_norm`` | speculators' config, |
+| | | EAGLE's and SpecForge's layer, vLLM's Llama layer |
 | ``draft_vocab_size`` | ``vocab_size`` (the head scores the whole vocabulary; no ``d2t`` needed) | vLLM |
 | ``target_hidden_size`` | the layer's ``hidden_size`` | all |
 | ``norm_before_fc``, ``fc_norm``, ``norm_output`` | False (the EAGLE-3.1 variants vLLM implements) | vLLM |
@@ -162,7 +163,8 @@ class Eagle3Config:
         if self.target_hidden_size != self.layer.hidden_size:
             out["target_hidden_size"] = self.target_hidden_size
         if self.aux_layers:
-            out["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": list(self.aux_layers), "use_aux_hidden_state": True}
+            out["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": list(self.aux_layers),
+                                   "use_aux_hidden_state": True}
         return out
 
 

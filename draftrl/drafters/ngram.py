@@ -47,7 +47,8 @@ class NgramDrafter(LevelDrafter):
                 f"NgramDrafter needs 1 <= min_ngram <= max_ngram, got min_ngram={min_ngram}, max_ngram={max_ngram}"
             )
         if max_matches < 2:
-            raise ValueError(f"NgramDrafter needs max_matches >= 2 (the earliest and the most recent), got {max_matches}")
+            raise ValueError(f"NgramDrafter needs max_matches >= 2 (the earliest and the most recent), "
+                             f"got {max_matches}")
         if first not in self.FIRST:
             raise ValueError(f"NgramDrafter first={first!r} is unknown; choose earliest or latest.")
         self.min_ngram, self.max_ngram, self.max_matches = min_ngram, max_ngram, max_matches

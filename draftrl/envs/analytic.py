@@ -235,7 +235,8 @@ class AnalyticEnv(gym.Env[np.ndarray, np.ndarray]):
         self.draft_cost = float(draft_cost)
         self.depths = _index_tuple(depths, "depths")
         self.verify_sizes = _index_tuple(verify_sizes, "verify_sizes")
-        self._verify_cost = verify_cost_table(verify_cost, max(self.depths), f"depths={self.depths}")  # index = num_verified
+        # index = num_verified
+        self._verify_cost = verify_cost_table(verify_cost, max(self.depths), f"depths={self.depths}")
         self._transition = self._transition_matrix(regime_switch)  # [K, K], rows sum to 1
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens={max_new_tokens!r} must be a positive integer.")

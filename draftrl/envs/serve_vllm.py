@@ -106,18 +106,22 @@ class ServeVLLMEnv(gym.Env[np.ndarray, np.ndarray]):
     |-----|-------------------------|-----|------|---------|
     | 0   | `running`               | 0   | 1    | requests in the batch / max_num_seqs |
     | 1   | `waiting`               | 0   | 64   | requests queued in the engine / max_num_seqs |
-    | 2   | `tokens_in_flight`      | 0   | 1    | prompt + generated tokens of in-flight requests / (max_num_seqs x max_model_len) |
+    | 2   | `tokens_in_flight`      | 0   | 1    | prompt + generated tokens of in-flight requests / |
+    |     |                         |     |      | (max_num_seqs x max_model_len) |
     | 3   | `step_seconds`          | 0   | 10   | wall seconds of the last step |
     | 4   | `step_seconds_ema`      | 0   | 10   | EMA of step seconds (decay ``ema_decay``) |
     | 5   | `seconds_per_seq_ema`   | 0   | 10   | EMA of step seconds / requests that decoded in it |
-    | 6   | `tokens_per_seq`        | 0   | 65   | tokens gained per decoding request in the last step (1 = no accepted draft) |
+    | 6   | `tokens_per_seq`        | 0   | 65   | tokens gained per decoding request in the last step |
+    |     |                         |     |      | (1 = no accepted draft) |
     | 7   | `drafted_per_seq`       | 0   | 64   | draft tokens verified per decoding request in the last step |
     | 8   | `accept_rate_step`      | 0   | 1    | accepted / verified drafts in the last step (0.5 when none) |
     | 9   | `accept_mean`           | 0   | 1    | mean of the running requests' per-position acceptance estimates |
     | 10  | `accept_min`            | 0   | 1    | their minimum |
     | 11  | `accept_max`            | 0   | 1    | their maximum |
-    | 12-15 | `match_0..match_3`    | 0   | 1    | share of running requests whose suffix n-gram match has length 0, 1, 2, 3+ |
-    | 16  | `proposed_per_seq`      | 0   | 64   | drafts the last action proposed (verified next step) per running request |
+    | 12-15 | `match_0..match_3`    | 0   | 1    | share of running requests whose suffix n-gram match has |
+    |     |                         |     |      | length 0, 1, 2, 3+ |
+    | 16  | `proposed_per_seq`      | 0   | 64   | drafts the last action proposed (verified next step) per |
+    |     |                         |     |      | running request |
     | 17  | `last_depth`            | 0   | 1    | the last action's depth / max depth |
     | 18  | `last_budget`           | 0   | 1    | the last action's budget / max budget |
     | 19  | `tokens_per_second_ema` | 0   | 1e5  | EMA of tokens / seconds per step |
@@ -176,7 +180,8 @@ class ServeVLLMEnv(gym.Env[np.ndarray, np.ndarray]):
     ``config`` (:class:`~draftrl.config.serve.ServeConfig`, a dict or None) plus keyword
     overrides; ``engine``: ``None`` or ``"live"`` (vLLM with draftrl's proposer drafting with
     ``config.drafter``, one per process and config), ``"replay"``, or any
-    :class:`~draftrl.decoding.interface.ServingEngine`; ``tokenizer`` (default: the target's); ``loads`` (a list of dicts of arrival fields, e.g.
+    :class:`~draftrl.decoding.interface.ServingEngine`; ``tokenizer`` (default: the target's); ``loads`` (a list
+    of dicts of arrival fields, e.g.
     ``[{"concurrency": 1}, {"arrival": "poisson", "rate": 8.0}]``: each episode draws one, so a
     policy trains across loads; default: the config's).
 

@@ -94,7 +94,8 @@ class EngineEpisodes(SeededEpisodes, gym.Env[np.ndarray, Any]):
                  traces: str | Path | Traces | None = None, cost_table: CostTable | str | Path | None = None,
                  tokenizer=None, target=None, render_mode: str | None = None, **overrides: Any):
         if render_mode is not None:
-            raise ValueError(f"render_mode={render_mode!r} is not supported; the speculative-decoding envs do not render.")
+            raise ValueError(f"render_mode={render_mode!r} is not supported; "
+                             "the speculative-decoding envs do not render.")
         self.render_mode = render_mode
         config, engine, tokenizer = round_engine(config, overrides, engine, traces, cost_table, tokenizer, target)
         self.config = config
@@ -236,17 +237,21 @@ class SpecDecodeEnv(EngineEpisodes):
     | Num   | Observation            | Min | Max  | Meaning |
     |-------|------------------------|-----|------|---------|
     | 0     | `draft_top1_prob`      | 0   | 1    | draft's top-1 next-token probability (model drafters; else 0) |
-    | 1     | `draft_entropy`        | 0   | 20   | entropy of the draft's next-token distribution, nats (model drafters) |
+    | 1     | `draft_entropy`        | 0   | 20   | entropy of the draft's next-token distribution, nats |
+    |       |                        |     |      | (model drafters) |
     | 2     | `ngram_match_len`      | 0   | 64   | length of the matched suffix n-gram (n-gram drafter; 0 = no match) |
     | 3     | `ngram_num_matches`    | 0   | 1024 | earlier occurrences of that n-gram (n-gram drafter) |
     | 4-7   | `last_tokens_1..4`     | 0   | 64   | tokens emitted 1..4 rounds ago (0 before) |
     | 8     | `ema_tokens`           | 0   | 64   | bias-corrected EMA of tokens per round (decay ``ema_decay``) |
-    | 9-12  | `accept_rate_1..4`     | 0   | 1    | P(position i accepted given i-1 accepted and verified), Jeffreys, discounted |
+    | 9-12  | `accept_rate_1..4`     | 0   | 1    | P(position i accepted given i-1 accepted and verified), |
+    |       |                        |     |      | Jeffreys, discounted |
     | 13    | `context_len`          | 0   | 1024 | prompt + generated tokens / 1024 |
     | 14    | `generated_len`        | 0   | 1    | generated tokens / the episode's max_new_tokens |
     | 15    | `remaining_len`        | 0   | 1    | min(tokens left, 16) / 16 |
-    | 16-22 | `verify_cost_1..64`    | 0   | 1e4  | running verify seconds with n in [b, 2b) verified nodes / AR step seconds (b = 1, 2, 4, ..., 64+) |
-    | 23    | `draft_cost_round`     | 0   | 1e4  | running per-round drafter seconds (features, catch-up) / AR step seconds |
+    | 16-22 | `verify_cost_1..64`    | 0   | 1e4  | running verify seconds with n in [b, 2b) verified nodes / |
+    |       |                        |     |      | AR step seconds (b = 1, 2, 4, ..., 64+) |
+    | 23    | `draft_cost_round`     | 0   | 1e4  | running per-round drafter seconds (features, catch-up) / |
+    |       |                        |     |      | AR step seconds |
     | 24    | `draft_cost_level`     | 0   | 1e4  | running seconds per draft level / AR step seconds |
 
     Why these: the draft signals predict this round's acceptance (a long n-gram match or a

@@ -56,7 +56,8 @@ class SpecDecodeDepthEnv(EngineEpisodes):
     | Num | Observation       | Min | Max  | Meaning |
     |-----|-------------------|-----|------|---------|
     | 25  | `level`           | 0   | 64   | draft levels built so far this round |
-    | 26  | `level_best_prob` | 0   | 1    | exp(best cumulative draft score at that level): path probability (model) or share of matches (n-gram) |
+    | 26  | `level_best_prob` | 0   | 1    | exp(best cumulative draft score at that level): path probability |
+    |     |                   |     |      | (model) or share of matches (n-gram) |
     | 27  | `level_num_nodes` | 0   | 1024 | nodes at that level (<= width) |
 
     ## Rewards
@@ -115,7 +116,8 @@ class SpecDecodeDepthEnv(EngineEpisodes):
                          target=target, render_mode=render_mode, **overrides)
         if verify_size < 0 or verify_size > self.engine.config.max_verify_size:
             raise ValueError(
-                f"verify_size={verify_size} must lie in 0..{self.engine.config.max_verify_size} (0 = all drafted nodes)."
+                f"verify_size={verify_size} must lie in 0..{self.engine.config.max_verify_size} "
+                "(0 = all drafted nodes)."
             )
         if self.config.max_depth > 0 and not self.engine.drafts_levels:
             raise ValueError(f"SpecDecodeDepth-v1 grows drafts level by level; drafter {self.config.drafter!r} cannot "

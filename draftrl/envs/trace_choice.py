@@ -6,7 +6,8 @@ likely to be accepted. This env replays the traces of every drafter over the sam
 (``draftrl collect --drafter D``, same target and workload) through
 :func:`draftrl.eval.round.headroom.round_table`, so a round costs exactly what ``TraceReplay-v0`` charges
 that drafter at that depth, plus the other drafters' per-round ``features()`` time (the policy reads
-every drafter's signals, and in the real engine computing them costs that), and PPO trains in minutes. The observation holds every drafter's own
+every drafter's signals, and in the real engine computing them costs that), and PPO trains in minutes.
+The observation holds every drafter's own
 pre-round signals (the head's top-1 probability and entropy, the n-gram match length and count),
 each drafter's recent acceptance, the last rounds' tokens and where the request stands
 (:class:`draftrl.signals.choice.ChoiceFeatures`, which the real-engine runner uses too).

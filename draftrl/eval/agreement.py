@@ -251,7 +251,8 @@ def verdict_lines(verdict: dict, markdown: bool = False) -> list[str]:
                "top-2 margin", "tolerance", "verdict"]
     rows = [[d["setting"], d["prompt_id"], str(d["position"]),
              f"{d['reference_token']} {d.get('reference_piece', '')!r} -> {d['output_token']} "
-             f"{d.get('output_piece', '')!r}" if "reference_piece" in d else f"{d['reference_token']} -> {d['output_token']}",
+             f"{d.get('output_piece', '')!r}" if "reference_piece" in d
+             else f"{d['reference_token']} -> {d['output_token']}",
              f"{d['margin']:+.4f}", f"{d['margin_ulps']:.1f}", f"{d['top2_margin']:.4f}", f"{d['tolerance']:.4f}",
              "near-tie" if d["near_tie"] else "VIOLATION"] for d in divergences]
     if markdown:

@@ -149,7 +149,8 @@ def kendall_tau(a: list[float], b: list[float]) -> float | None:
 # ----------------------------------------------------------------------------- serving episodes
 def summarize_serving(requests: list, steps: list[dict]) -> dict:
     """Throughput and latency of one (load, policy) serving episode (``draftrl.eval.serve.compare``'s docstring):
-    ``requests`` the env's ``RequestTimeline`` list, ``steps`` :func:`~draftrl.eval.serve.rollout.run_episode`'s records."""
+    ``requests`` the env's ``RequestTimeline`` list, ``steps`` :func:`~draftrl.eval.serve.rollout.run_episode`'s
+    records."""
     tokens = sum(len(r.token_ids) for r in requests)
     seconds = sum(s["seconds"] for s in steps)
     ttft = np.array([r.ttft for r in requests if r.ttft is not None])

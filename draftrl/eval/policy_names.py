@@ -131,7 +131,8 @@ def _table_entry(part: str) -> bool:
 
 def split_policies(text: str) -> list[str]:
     """Split a comma-separated policy list where a Dynamic SD table keeps its own commas:
-    ``"none,dsd:1-1:6,2-4:2,vllm-eagle3:1-1:3,2-16:1"`` -> ``["none", "dsd:1-1:6,2-4:2", "vllm-eagle3:1-1:3,2-16:1"]``."""
+    ``"none,dsd:1-1:6,2-4:2,vllm-eagle3:1-1:3,2-16:1"`` ->
+    ``["none", "dsd:1-1:6,2-4:2", "vllm-eagle3:1-1:3,2-16:1"]``."""
     out: list[str] = []
     for part in (p.strip() for p in text.split(",")):
         kind, _, arg = out[-1].partition(":") if out else ("", "", "")

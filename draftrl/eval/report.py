@@ -110,7 +110,8 @@ def exactness_lines(ex: dict) -> list[str]:
     if hf.get("checked") and hf.get("num_divergences"):
         lines += agreement_lines(hf, "Plain decoding vs Hugging Face `generate(do_sample=False)`")
     elif hf.get("checked"):
-        lines.append(f"- Plain decoding vs Hugging Face `generate(do_sample=False)`: passed on {hf['checked']} requests.")
+        lines.append(f"- Plain decoding vs Hugging Face `generate(do_sample=False)`: "
+                     f"passed on {hf['checked']} requests.")
     mon = ex.get("monitor", {})
     if mon.get("enabled") is False:
         lines.append("- Streaming monitor: off (`--no-monitor`).")
@@ -162,7 +163,8 @@ def agreement_lines(verdict: dict, title: str) -> list[str]:
     summary = head.split(": ", 1)[1]  # after "greedy agreement with plain decoding (DTYPE)"
     lines = [f"- {title}, {verdict['dtype']}: {'passed' if verdict.get('passed') else 'FAILED'}. {summary}."]
     if rates:
-        lines.append(f"  Per setting (identical requests, share of plain decoding's tokens before the first divergence): "
+        lines.append("  Per setting (identical requests, share of plain decoding's tokens before the first "
+                     "divergence): "
                      f"{rates}.")
     return lines + table + ([""] if table else [])
 
@@ -208,7 +210,9 @@ def render_report(results: dict, files: dict[str, str]) -> str:
         f"languages {_names(env['languages'])}, tasks {_names(env['tasks'])}, "
         f"max_new_tokens {env['max_new_tokens'] or 'per prompt'}; hardware: {hw.get('gpu') or hw.get('cpu')}, "
         f"{hw.get('threads')} torch threads, torch {hw.get('torch')}, few-token kernels "
-        f"{(results.get('kernels') or {}).get('layout', 'stock')} ({(results.get('kernels') or {}).get('source', '-')}). Wall time {results.get('wall_seconds', 0):.0f} s. "
+        f"{(results.get('kernels') or {}).get('layout', 'stock')} "
+        f"({(results.get('kernels') or {}).get('source', '-')}). "
+        f"Wall time {results.get('wall_seconds', 0):.0f} s. "
         "Absolute tokens/s depend on the machine and its load; compare the ratios. Peak memory is the largest "
         "increase over a request's start (process RSS on CPU, the CUDA allocator's peak on GPU).",
         "",

@@ -11,7 +11,8 @@ No stable-baselines3, no torch: a serving process loads ``FILE.onnx`` and its ma
 ``controller.observation({name: value})`` builds one by name). The exported graph applies the
 training run's VecNormalize statistics exactly as SB3 does (exports made before it did are
 normalised here from the manifest), runs the network and maps the argmax of each head to grid
-values. Non-finite observations are refused: the policy would act on garbage. Step-level (``kind == "depth"``) policies answer ``act_step(obs)``.
+values. Non-finite observations are refused: the policy would act on garbage. Step-level (``kind == "depth"``)
+policies answer ``act_step(obs)``.
 
 onnxruntime runs on one thread by default: a 2-layer MLP gains nothing from more, and a serving
 process has better uses for its cores.
@@ -50,7 +51,8 @@ class OnnxRunner:
         found = {o.name for o in self.session.get_outputs()}
         missing = [n for n in self.output_names if n not in found]
         if missing or self.session.get_inputs()[0].name != INPUT_NAME:
-            raise ValueError(f"{path} lacks inputs/outputs {missing or [INPUT_NAME]}; re-export it with draftrl export.")
+            raise ValueError(f"{path} lacks inputs/outputs {missing or [INPUT_NAME]}; "
+                             "re-export it with draftrl export.")
 
     def run(self, x: np.ndarray) -> list[np.ndarray]:
         return self.session.run(self.output_names, {INPUT_NAME: x})

@@ -186,7 +186,8 @@ def derive(
         )
     trained = resolve(policy)
     if trained.kind != "size":
-        raise ValueError(f"engine configs summarise size policies (depth per round); this is a {trained.kind!r} policy.")
+        raise ValueError(f"engine configs summarise size policies (depth per round); "
+                         f"this is a {trained.kind!r} policy.")
     stats = depth_statistics(trained, episodes)
     hist = stats["depth_histogram"]
     depths = trained.depths
@@ -360,7 +361,8 @@ def vllm_config(derivation: dict[str, Any], *, method: str | None = None) -> dic
             "num_speculative_tokens": max(1, max(derivation["depths"])),
         },
         "custom_class_env": {
-            "DRAFTRL_PROPOSER_CONFIG": "proposer.json (run from DIR, written by draftrl export RUN --format vllm --out DIR)",
+            "DRAFTRL_PROPOSER_CONFIG": "proposer.json (run from DIR, written by draftrl export RUN --format vllm "
+                                       "--out DIR)",
         },
         "derivation": derivation,
         "notes": notes,

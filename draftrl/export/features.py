@@ -170,12 +170,14 @@ def serving_entry(train_config: dict[str, Any] | None, env_id: str, names: list[
     from draftrl.decoding.vllm.head_proposer import needs_head
 
     if list(names) != list(SERVING_FEATURES):
-        raise ValueError(f"the policy reads features {list(names)} but {SERVING_BUILDER} builds {list(SERVING_FEATURES)}; "
+        raise ValueError(f"the policy reads features {list(names)} but {SERVING_BUILDER} builds "
+                         f"{list(SERVING_FEATURES)}; "
                          "the run was trained by another draftrl version: train it again.")
     config = serve_config_of(env_section(train_config, env_id))
     if needs_head(config.drafter):
         raise ValueError(f"the policy was trained with env.serve.drafter={config.drafter!r}, an EAGLE-3 head the "
-                         "exported serving proposer does not run (it drafts on token ids); train with an n-gram drafter, "
+                         "exported serving proposer does not run (it drafts on token ids); train with an n-gram "
+                         "drafter, "
                          "or serve the head with draftrl export fixed:K@eagle3 --format vllm.")
     return {
         "builder": SERVING_BUILDER,
@@ -213,7 +215,8 @@ def make_feature_builder(entry: dict[str, Any], names: list[str] | tuple[str, ..
     """
     builder_name = (entry or {}).get("builder")
     if builder_name == SERVING_BUILDER:
-        raise ValueError("this policy was trained on a serving env: it sets each engine step's depth cap and budget for "
+        raise ValueError("this policy was trained on a serving env: it sets each engine step's depth cap and "
+                         "budget for "
                          "a whole batch, not one request's round; run it in vLLM (draftrl export RUN --format vllm "
                          "--out DIR, or draftrl eval --engine vllm --policies ppo:RUN).")
     if builder_name is not None and builder_name != BUILDER:

@@ -20,9 +20,13 @@ manifest names the training drafter):
 |---|---|
 | ``ngram_match_len``, ``ngram_num_matches`` | exact: draftrl's ``NgramDrafter.features`` on the same ids |
 | ``draft_top1_prob``, ``draft_entropy`` | 0, as in training (the n-gram drafter has none) |
-| ``last_tokens_*``, ``ema_tokens``, ``accept_rate_*`` | exact: the training ``FeatureBuilder`` fed each round's emitted tokens (from ``input_ids`` growth), accepted count (``num_matches``) and candidate count |
+| ``last_tokens_*``, ``ema_tokens``, ``accept_rate_*`` | exact: the training ``FeatureBuilder`` fed each round's |
+| | emitted tokens (from ``input_ids`` growth), accepted count (``num_matches``) and candidate count |
 | ``context_len``, ``generated_len``, ``remaining_len`` | exact: from ``input_ids`` and ``max_new_tokens`` |
-| ``verify_cost_*``, ``draft_cost_*`` | start at the training cost table (in the manifest) and follow wall-clock seconds measured around HF's calls: drafting = our ``get_candidates`` (minus the policy), verification = from its return to ``update_candidate_strategy`` (the target forward plus HF's acceptance and cache crop, a little more than draftrl's verify phase); ``measure_costs=False`` keeps the table's values |
+| ``verify_cost_*``, ``draft_cost_*`` | start at the training cost table (in the manifest) and follow wall-clock |
+| | seconds measured around HF's calls: drafting = our ``get_candidates`` (minus the policy), verification = |
+| | from its return to ``update_candidate_strategy`` (the target forward plus HF's acceptance and cache crop, |
+| | a little more than draftrl's verify phase); ``measure_costs=False`` keeps the table's values |
 
 Candidates come from draftrl's ``NgramDrafter`` by default (the drafter the policy was trained
 with: same proposals as ``draftrl generate``), cut at the first EOS as transformers requires;
@@ -115,7 +119,8 @@ class PolicyCandidateGenerator(PromptLookupCandidateGenerator):
         t3 = device_clock(input_ids.device)
         self._pending = {
             "depth": int(depth), "verify_size": int(verify_size), "levels": levels, "length": len(ids),
-            "num_candidates": candidates.shape[1] - len(ids), "draft_seconds": (t1 - t0) + (t3 - t2), "verify_start": t3,
+            "num_candidates": candidates.shape[1] - len(ids), "draft_seconds": (t1 - t0) + (t3 - t2),
+            "verify_start": t3,
         }
         return candidates, None
 

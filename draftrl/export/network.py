@@ -180,7 +180,8 @@ def build_manifest(trained: TrainedPolicy, model: Any, normalizer: Any, backend:
         "io": {
             "inputs": [{"name": INPUT_NAME, "shape": ["batch", len(names)], "dtype": "float32",
                         "normalized": False}],
-            "outputs": [{"name": logits_name(h), "shape": ["batch", n], "dtype": "float32"} for h, n in zip(heads, nvec)]
+            "outputs": [{"name": logits_name(h), "shape": ["batch", n], "dtype": "float32"}
+                        for h, n in zip(heads, nvec)]
             + [{"name": ACTION_NAME, "shape": ["batch", len(heads)], "dtype": "int64"}],
         },
         "features": features,
@@ -244,7 +245,8 @@ def export(
     model, normalizer = load_sb3(trained)
     out = Path(out)
     manifest = build_manifest(trained, model, normalizer, backend, out)
-    net = PolicyNetwork(model.policy, manifest["action"]["nvec"], Normalization.from_manifest(manifest["normalization"]))
+    net = PolicyNetwork(model.policy, manifest["action"]["nvec"],
+                        Normalization.from_manifest(manifest["normalization"]))
     example = torch.zeros(1, len(trained.feature_names), dtype=torch.float32)
     heads = manifest["action"]["heads"]
     output_names = [logits_name(h) for h in heads] + [ACTION_NAME]

@@ -305,7 +305,8 @@ def write_stock_bundle(name: str, out: str | Path, *, method: str, depth: int,
                        head: str | None = None,
                        gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION) -> dict[str, Any]:
     """Export the stock rule ``name`` (``vllm-eagle3:K``, ``vllm-eagle3:S-E:K,...``, ``vllm-ngram:...`` of
-    ``draftrl.eval.policy_names``, parsed by the caller; ``method`` eagle3 or ngram) into ``out``: route (a), a ``vllm.json``
+    ``draftrl.eval.policy_names``, parsed by the caller; ``method`` eagle3 or ngram) into ``out``: route (a),
+    a ``vllm.json``
     plain vLLM runs with no draftrl code (``eagle3`` with the head ``head``, default the one draftrl
     ships for ``model``, copied into ``out/drafter``)."""
     _check_share(gpu_memory_utilization)

@@ -206,10 +206,12 @@ def sample(probs: Tensor, generator: torch.Generator | None = None, num_samples:
     """
     if probs.dim() == 0 or probs.shape[-1] == 0:
         raise ValueError(f"probs of shape {tuple(probs.shape)} have no vocabulary axis; pass [..., V] with V >= 1.")
-    if num_samples is not None and (isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1):
+    if num_samples is not None and (isinstance(num_samples, bool) or not isinstance(num_samples, int)
+                                    or num_samples < 1):
         raise ValueError(f"num_samples={num_samples!r} must be an integer >= 1, or None for one draw per row.")
     flat = probs.reshape(-1, probs.shape[-1])
-    _require(~(flat < 0).any(), lambda: "probs contain negative entries; pass probabilities from logits_to_probs, not logits.")
+    _require(~(flat < 0).any(),
+             lambda: "probs contain negative entries; pass probabilities from logits_to_probs, not logits.")
     tokens = sample_rows(flat.double(), generator, 1 if num_samples is None else num_samples)
     return tokens.reshape(probs.shape[:-1] if num_samples is None else (*probs.shape[:-1], num_samples))
 

@@ -128,7 +128,8 @@ def check_policy_files(manifest: dict[str, Any], manifest_path: Path, model_path
                              f"delete it or restore the run's files together.")
         if recorded is not None and path is not None and _sha256(path) != recorded:
             raise ValueError(f"{path} does not match {manifest_path} (sha256 differs: changed, truncated or from "
-                             "another run); restore policy.zip, vecnormalize.pkl and policy.json from one run directory.")
+                             "another run); restore policy.zip, vecnormalize.pkl and policy.json from one run "
+                             "directory.")
 
 
 def load_sb3_model(path: Path) -> Any:

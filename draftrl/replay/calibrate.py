@@ -151,7 +151,8 @@ def calibrate(settings: CalibrationConfig, env: EnvConfig, seed: int = 0,
             progress(f"verify done in {time.perf_counter() - started:.0f}s")
         mid = contexts[len(contexts) // 2]
         clock = clock_for(env.device)
-        base, levels = measure_draft(drafter, stream[:mid], settings.widths, settings.levels, settings.repeats, rng, clock,
+        base, levels = measure_draft(drafter, stream[:mid], settings.widths, settings.levels, settings.repeats, rng,
+                                     clock,
                                      target.model)
         sample_base, sample_token = measure_sample(
             target.model.config.vocab_size, SamplingParams(temperature=env.temperature), max(3, settings.repeats),

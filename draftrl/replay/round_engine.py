@@ -264,7 +264,8 @@ class TraceRoundEngine:
         return min(depth, self._budget - self._t - 1) if self.drafter is not None else 0
 
     def round(self, depth: int, verify_size: int | None = None, width: int = 1) -> RoundResult:
-        """Replay one round drafting ``min(depth, remaining - 1)`` levels and verifying ``verify_size`` nodes (None = all)."""
+        """Replay one round drafting ``min(depth, remaining - 1)`` levels and verifying ``verify_size`` nodes
+        (None = all)."""
         self._check_running()
         levels = self._levels(depth)
         draft_seconds = (self.cost_table.draft(levels, width) * self._draft_scale * self._noise()
@@ -282,7 +283,8 @@ class TraceRoundEngine:
         ``draft_seconds`` (its levels) plus the per-round draft base."""
         self._check_running()
         levels = depth if depth is not None else max(tree.depths, default=0)
-        base = self.cost_table.draft_base_seconds * self._draft_scale * self._noise() if self.drafter is not None else 0.0
+        base = (self.cost_table.draft_base_seconds * self._draft_scale * self._noise()
+                if self.drafter is not None else 0.0)
         return self._play(levels, verify_size, levels, draft_seconds + base)
 
     def _nodes(self) -> tuple[int, int]:

@@ -10,7 +10,8 @@ Seconds are the ones ``draftrl/TraceReplay-v0`` charges (verify every drafted no
 test plays each fixed arm through that env and compares). The target forward and the sampler cost
 come from one table for every drafter, so arms differ only in what they draft and what drafting
 costs; the arm ``none`` drafts nothing and pays no drafter time (a policy that reads every drafter's
-signals pays each one's per-round ``features()`` time in every round: ``RoundTable.watched_seconds``). Drafters that must keep up with
+signals pays each one's per-round ``features()`` time in every round: ``RoundTable.watched_seconds``).
+Drafters that must keep up with
 the target even in rounds they do not draft (an EAGLE head's key/value rows) are charged only in
 their own rounds, which errs on the generous side.
 """

@@ -76,7 +76,8 @@ def calibrate_model(model: str, sizes: CalibrationSizes, *, dtype: str = "float3
 
     extra = {"drafter": drafter} if drafter else {}
     engine = shared_engine(VLLMEngineConfig(model=model, method="draftrl", num_speculative_tokens=max(sizes.depths),
-                                            dtype=dtype, max_num_seqs=max(sizes.batch_sizes + sizes.prefill_batch_sizes),
+                                            dtype=dtype,
+                                            max_num_seqs=max(sizes.batch_sizes + sizes.prefill_batch_sizes),
                                             threads=threads, gpu_memory_utilization=gpu_memory_utilization,
                                             enforce_eager=enforce_eager, **extra), max_engines=1)
     return calibrate(engine, **asdict(sizes), seed=seed, progress=progress)

@@ -171,7 +171,8 @@ class ReplayEngine(QueuedBatch):
     :param cost_jitter: lognormal sigma of the per-episode factors on the step cost's coefficients
         that :meth:`restart` draws (0 = none: another machine per episode otherwise).
     :param cost_noise: whether :meth:`restart` turns on the per-step residual noise.
-    :param drafter: whose proposals each request drafts (:data:`~draftrl.replay.recordings.REPLAY_DRAFTERS`); every kind but
+    :param drafter: whose proposals each request drafts (:data:`~draftrl.replay.recordings.REPLAY_DRAFTERS`);
+        every kind but
         ``ngram`` needs ``head_proposals`` and a ``cost`` calibrated with the head. ``hindsight`` is an
         upper bound: the drafter whose proposal the continuation accepts more of (with ``rule="hindsight"``
         also just the tokens it accepts).

@@ -142,7 +142,8 @@ class Traces:
         fix = f"record them again with draftrl collect --config CONFIG.yaml --out {directory} --overwrite"
         if not header_path.is_file():
             raise FileNotFoundError(
-                f"{header_path} does not exist; record traces with draftrl collect --config CONFIG.yaml --out {directory}"
+                f"{header_path} does not exist; record traces with draftrl collect --config CONFIG.yaml "
+                f"--out {directory}"
             )
         if not arrays_path.is_file():
             raise FileNotFoundError(f"{arrays_path} does not exist beside {header_path.name}; {fix}.")
@@ -151,7 +152,8 @@ class Traces:
         except (json.JSONDecodeError, UnicodeDecodeError) as err:
             raise ValueError(f"{header_path} is not valid JSON ({err}); {fix}.") from None
         if header.get("format") != FORMAT:
-            raise ValueError(f"{header_path} has format {header.get('format')!r}, expected {FORMAT!r}; re-run draftrl collect.")
+            raise ValueError(f"{header_path} has format {header.get('format')!r}, expected {FORMAT!r}; "
+                             "re-run draftrl collect.")
         if header.get("draft_feature_names") != list(DRAFT_FEATURES):
             raise ValueError(f"{header_path} stores draft features {header.get('draft_feature_names')}, this draftrl "
                              f"expects {list(DRAFT_FEATURES)}; re-run draftrl collect.")
@@ -160,7 +162,8 @@ class Traces:
                 arrays = {name: data[name] for name in _ARRAYS}
                 stored_id = str(data["trace_id"]) if "trace_id" in data.files else None
         except (OSError, ValueError, KeyError, EOFError) as err:
-            raise ValueError(f"{arrays_path} is unreadable or incomplete ({type(err).__name__}: {err}); {fix}.") from None
+            raise ValueError(f"{arrays_path} is unreadable or incomplete ({type(err).__name__}: {err}); "
+                             f"{fix}.") from None
         header_id = header.get("trace_id")
         if stored_id != header_id:
             raise ValueError(

@@ -134,7 +134,8 @@ class CostTable:
     def from_dict(cls, data: dict, source: str = "cost table") -> CostTable:
         if data.get("format") != FORMAT:
             raise ValueError(
-                f"{source} has format={data.get('format')!r}, expected {FORMAT!r}; write it with draftrl calibrate --out FILE."
+                f"{source} has format={data.get('format')!r}, expected {FORMAT!r}; "
+                "write it with draftrl calibrate --out FILE."
             )
         try:
             verify, draft, sample = data["verify"], data["draft"], data["sample"]
@@ -156,7 +157,8 @@ class CostTable:
         except (TypeError, ValueError) as err:
             if str(err).startswith("cost table"):
                 raise ValueError(f"{source}: {err}") from None
-            raise ValueError(f"{source} holds a malformed value ({err}); regenerate it with draftrl calibrate --out FILE.") from None
+            raise ValueError(f"{source} holds a malformed value ({err}); "
+                             "regenerate it with draftrl calibrate --out FILE.") from None
 
     def save(self, path: str | Path) -> None:
         """Write the table as JSON, atomically (a temporary file, then a rename)."""
@@ -168,14 +170,16 @@ class CostTable:
     def load(cls, path: str | Path) -> CostTable:
         path = Path(path)
         if not path.is_file():
-            raise FileNotFoundError(f"cost table {path} does not exist; write one with draftrl calibrate --json --out {path}")
+            raise FileNotFoundError(f"cost table {path} does not exist; "
+                                    f"write one with draftrl calibrate --json --out {path}")
         try:
             data = json.loads(path.read_text())
         except (json.JSONDecodeError, UnicodeDecodeError) as err:
             raise ValueError(f"cost table {path} is not valid JSON ({err}); write it with draftrl calibrate --json "
                              f"--out {path}") from None
         if not isinstance(data, dict):
-            raise ValueError(f"cost table {path} must hold a JSON object; write it with draftrl calibrate --json --out {path}")
+            raise ValueError(f"cost table {path} must hold a JSON object; "
+                             f"write it with draftrl calibrate --json --out {path}")
         return cls.from_dict(data, source=str(path))
 
 

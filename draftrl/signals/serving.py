@@ -146,7 +146,8 @@ class ServingFeatures:
         running = self.num_running
         accept = np.asarray(acceptance).tolist()  # a few floats: python's sum/min/max beat numpy's call overhead
         match = np.asarray(match_len, dtype=np.int64)
-        match_share = (np.bincount(np.minimum(match, 3), minlength=4) / match.size).tolist() if match.size else [0.0] * 4
+        match_share = ((np.bincount(np.minimum(match, 3), minlength=4) / match.size).tolist()
+                       if match.size else [0.0] * 4)
         obs = [
             running / self.max_num_seqs,
             self.num_waiting / self.max_num_seqs,

@@ -1,7 +1,8 @@
 """The article's cost model in closed form: expected tokens per round and expected speedup.
 
 Pure numpy, no env: ``draftrl/Analytic-v0`` simulates it, the baselines' lookahead and
-:mod:`.batch_scaling` (the engine configs' depth per batch size) evaluate it (docs/design.md, "Cost model"). Acceptance is i.i.d.
+:mod:`.batch_scaling` (the engine configs' depth per batch size) evaluate it (docs/design.md, "Cost model").
+Acceptance is i.i.d.
 with probability ``alpha``; costs are in units of one plain target step.
 """
 

@@ -125,13 +125,15 @@ class ThroughputCallback(BaseCallback):
             self.logger.record("rollout/episode_throughput", float(np.mean(self._throughputs)))
             if self.reference:
                 self.logger.record("rollout/best_fixed_throughput", self.reference)
-                self.logger.record("rollout/throughput_vs_best_fixed", float(np.mean(self._throughputs)) / self.reference)
+                self.logger.record("rollout/throughput_vs_best_fixed",
+                                   float(np.mean(self._throughputs)) / self.reference)
         if self._rounds:
             self.logger.record("rollout/tokens_per_round", self._tokens / self._rounds)
         for key, values in (("depth", self._depths), ("verify_size", self._verify_sizes)):
             if values:
                 self.logger.record(f"rollout/mean_{key}", float(np.mean(values)))
-                self.logger.record(f"rollout/{key}_histogram", np.asarray(values), exclude=("stdout", "log", "json", "csv"))
+                self.logger.record(f"rollout/{key}_histogram", np.asarray(values),
+                                   exclude=("stdout", "log", "json", "csv"))
         self._clear()
 
 

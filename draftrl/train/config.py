@@ -106,7 +106,8 @@ class TrainConfig:
     eval_seed: int = 1_000_000
     """seed of the first evaluation episode; far from training seeds."""
     baselines: list[str] = field(default_factory=lambda: list(BASELINES))
-    """baselines evaluated besides the fixed grid: heuristic, threshold, bandit, lookahead (draftrl.config.BASELINES)."""
+    """baselines evaluated besides the fixed grid: heuristic, threshold, bandit, lookahead
+    (draftrl.config.BASELINES)."""
     checkpoint_every: int = 10_000
     """env steps between checkpoints (taken at the next rollout boundary); --resume restarts there."""
     keep: str = "last"
@@ -144,10 +145,12 @@ class TrainConfig:
             raise ValueError(f"baselines {unknown} unknown; choose from {BASELINES}.")
         ppo = self.ppo
         if ppo.n_envs < 1 or ppo.n_steps < 2 or ppo.batch_size < 2:
-            raise ValueError(f"ppo.n_envs={ppo.n_envs}, ppo.n_steps={ppo.n_steps}, ppo.batch_size={ppo.batch_size} are too small.")
+            raise ValueError(f"ppo.n_envs={ppo.n_envs}, ppo.n_steps={ppo.n_steps}, "
+                             f"ppo.batch_size={ppo.batch_size} are too small.")
         if (ppo.n_steps * ppo.n_envs) % ppo.batch_size:
             raise ValueError(
-                f"ppo.batch_size={ppo.batch_size} does not divide ppo.n_steps * ppo.n_envs = {ppo.n_steps * ppo.n_envs}; "
+                f"ppo.batch_size={ppo.batch_size} does not divide ppo.n_steps * ppo.n_envs = "
+                f"{ppo.n_steps * ppo.n_envs}; "
                 "pick a divisor so that no minibatch is truncated."
             )
         if ppo.obs_epsilon <= 0:

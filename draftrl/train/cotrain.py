@@ -170,7 +170,8 @@ def train(
         hook = {"size_policy": size_hook(size_dir, cfg.depth_env)}
         steps = 2 * cfg.cotrain_rounds * cfg.total_timesteps
         return finish_run(cfg, out, state, clock, steps, eval_spec=cfg.depth_env, extra_kwargs=hook,
-                          wandb_run=wandb_run, extra={"policies": {"depth": str(out / "depth"), "size": str(out / "size")}})
+                          wandb_run=wandb_run,
+                          extra={"policies": {"depth": str(out / "depth"), "size": str(out / "size")}})
     except BaseException as err:
         if wandb_run is not None:
             wandb_run.finish(exit_code=exit_code(err))  # marked failed (Ctrl-C: 130); --resume continues it

@@ -101,7 +101,8 @@ class TrainEnvConfig(EnvConfig):
         kind = section_of(self.id, f"{self.section}.id")
         default = EnvConfig()
         if kind != "env":
-            changed = [f.name for f in dataclasses.fields(EnvConfig) if getattr(self, f.name) != getattr(default, f.name)]
+            changed = [f.name for f in dataclasses.fields(EnvConfig)
+                       if getattr(self, f.name) != getattr(default, f.name)]
             if changed:
                 name, section = changed[0], self.section
                 raise ValueError(f"{section}.{name} is not an argument of {self.id}; set {section}.{kind}.{name} "

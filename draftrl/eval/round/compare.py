@@ -221,7 +221,8 @@ def run_eval(config: EvalConfig, out: str | Path, *, policies: list[str] | str |
         if env_cfg.temperature == 0 and settings.greedy_reference:
             for prompt_id in prompts[: settings.greedy_reference]:
                 request = reference_env.workload.request(reference_env.workload.index_of(prompt_id))
-                ref = hf_greedy(target.model, request.prompt_ids, request.max_new_tokens, sorted(reference_env.engine.eos_token_ids))
+                ref = hf_greedy(target.model, request.prompt_ids, request.max_new_tokens,
+                                sorted(reference_env.engine.eos_token_ids))
                 hf_agreement.compare("none", prompt_id, request.prompt_ids, ref, references[prompt_id],
                                      what="plain decoding (none) vs Hugging Face generate(do_sample=False)")
                 hf["checked"] += 1

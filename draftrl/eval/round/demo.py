@@ -224,7 +224,8 @@ def run_demo(config: DemoConfig, out: str | Path, *, overwrite: bool = False,
     owned = [out / name for name in (*OUTPUTS, *config.train.recipes)]
     present = [p for p in owned if p.exists()]
     if present and not overwrite:
-        raise ValueError(f"{out} already holds a demo ({', '.join(p.name for p in present)}); pass --overwrite to replace "
+        raise ValueError(f"{out} already holds a demo ({', '.join(p.name for p in present)}); "
+                         "pass --overwrite to replace "
                          f"it or --out NEW_DIR.")
     for p in present:
         shutil.rmtree(p) if p.is_dir() else p.unlink()

@@ -256,7 +256,8 @@ def add_grid_anchors(table: dict[str, dict], anchor_runs: list) -> dict | None:
     for cell in table.values():
         for key, label in (("speedup_vs_hf", "hf"), ("speedup_vs_hf_lookup", best)):
             ref = methods.get(label) if label else None
-            cell[key] = cell["tokens_per_second"] / ref["tokens_per_second"] if ref and ref["tokens_per_second"] else None
+            cell[key] = (cell["tokens_per_second"] / ref["tokens_per_second"]
+                         if ref and ref["tokens_per_second"] else None)
     return anchors
 
 
@@ -345,7 +346,8 @@ def log_grid_to_wandb(config: EvalConfig, out: Path, result: dict) -> None:
     from draftrl.config.wandb import logged_run
     from draftrl.eval.wandb_log import log_grid
 
-    with logged_run(config.wandb, out, job_type="grid", config={**result["config"], "hardware": result["hardware"]}) as run:
+    with logged_run(config.wandb, out, job_type="grid",
+                    config={**result["config"], "hardware": result["hardware"]}) as run:
         log_grid(run, result, out / HEATMAP_FILE)
 
 
@@ -366,7 +368,8 @@ def run_cell(config: EvalConfig, out: str | Path, cell: Cell, *, target=None) ->
     # the agent sets the run's id; every agent's cell joins one group per sweep, whatever its machine's folder
     group = config.wandb.group or f"sweep-{os.environ.get('WANDB_SWEEP_ID', 'cells')}"
     with logged_run(dataclasses.replace(config.wandb, group=group), out, job_type="grid-cell", name=cell.name,
-                    resume=False, config={"depth": cell.depth, "verify_size": cell.verify_size, "width": cell.width}) as run:
+                    resume=False,
+                    config={"depth": cell.depth, "verify_size": cell.verify_size, "width": cell.width}) as run:
         if run is not None:
             run.summary.update({k: v for k, v in table[cell.name].items() if isinstance(v, (int, float))})
     raise_first_violation(exactness["greedy_identity"])  # a low-precision violation, after the files

@@ -123,6 +123,7 @@ def run_policy(env, policy, prompt_id: str, *, label: str, repeat: int = 0, seed
         token_ids=list(engine.output_ids), num_prompt_tokens=len(base.request.prompt_ids),
         prefill_seconds=state["prefill"], total_seconds=total, **_arrays(rows),
         excluded_seconds=getattr(policy, "excluded_seconds", 0.0) - excluded,
-        monitor_seconds=state["monitor_seconds"], peak_memory_bytes=probe.peak_delta, peak_memory_total_bytes=probe.peak,
+        monitor_seconds=state["monitor_seconds"], peak_memory_bytes=probe.peak_delta,
+        peak_memory_total_bytes=probe.peak,
         stop_reason=info.get("stop_reason"),
     )

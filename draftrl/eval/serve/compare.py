@@ -25,14 +25,16 @@ Dynamic SD table in the replay.
 Metrics per (load, policy): ``tokens_per_second`` (tokens / engine seconds, idle excluded),
 ``speedup_vs_none``, ``tokens_per_cpu_second`` and ``cpu_speedup_vs_none`` (the same in the engine
 thread's CPU time, vLLM only: with one thread other processes cannot skew it, so where the wall
-and CPU ratios differ the difference is load), ``time_to_first_token_mean/p50/p95`` (arrival to first token), ``itl_p50/p95/p99``
+and CPU ratios differ the difference is load), ``time_to_first_token_mean/p50/p95`` (arrival to first token),
+``itl_p50/p95/p99``
 (a step's time spread over the tokens a request gained in it), ``decode_step_seconds`` (the mean
 time between a request's token-gaining steps after its first: at concurrency 1, one decode step),
 ``mean_tokens_per_step`` per decoding request, ``acceptance`` (accepted / verified, draftrl's
 proposer), ``spec_decoding`` (vLLM's own counts over the episode, every speculative method:
 ``num_drafts``, ``num_draft_tokens``, ``num_accepted``, ``num_accepted_per_pos`` and
 ``acceptance_length``, the bonus token counted: :mod:`draftrl.decoding.vllm.counts`; None under
-``make_env``), ``per_language`` and ``per_task`` (tokens / request latency). Exactness at temperature 0: every policy's tokens equal
+``make_env``), ``per_language`` and ``per_task`` (tokens / request latency). Exactness at temperature 0:
+every policy's tokens equal
 ``none``'s on every request (float32 by default: bf16 verification rounds differently). At
 temperature > 0: the streaming monitor's tests on each policy's tokens, pooled over all loads
 and passes, with p rebuilt from the raw logprobs vLLM returned (``draftrl.eval.exactness.

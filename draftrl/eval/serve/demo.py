@@ -17,7 +17,8 @@ Steps, each through the owning package's public Python API, each writing under `
 ``DIR/serve_demo_summary.json`` holds each step's seconds and, per rate and policy, the speedup
 over no speculation in vLLM and in the replay. Each step logs one wandb run (``job_type`` the
 step) in one group, offline in ``DIR/wandb/``: the sweep's speedup against the arrival rate per
-policy and its per-rate tables beside the calibration, training and DSD search they came from. A step whose output is already in ``DIR``
+policy and its per-rate tables beside the calibration, training and DSD search they came from. A step whose
+output is already in ``DIR``
 (from an interrupted run with the same settings, ``DIR/serve_demo_config.json``) is skipped.
 The default (``ServeDemoConfig()``) is sized for about 15 minutes on 2 quiet CPU cores;
 ``ServeDemoConfig.quick()`` runs in a few.
