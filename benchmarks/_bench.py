@@ -430,9 +430,10 @@ def first_mismatch(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-__all__ = ["Bench", "Request", "Run", "Timings", "add_grid_args", "add_serving_args", "serving_config", "anchor_method", "common_flags",
-           "engine_method", "first_mismatch", "grouped_requests", "hf_anchor_rows", "hf_anchors", "interleave", "load_grid", "machine",
-           "median", "parse_args", "requests", "rotate", "rotations", "serving_prompts"]
+__all__ = ["Bench", "Request", "Run", "Timings", "add_grid_args", "add_serving_args", "serving_config", "anchor_method",
+           "common_flags", "engine_method", "first_mismatch", "grouped_requests", "hf_anchor_rows", "hf_anchors",
+           "interleave", "load_grid", "machine", "median", "parse_args", "requests", "rotate", "rotations",
+           "serving_prompts"]
 
 
 def named_dirs(items: list[str], flag: str) -> dict[str, str]:

@@ -22,8 +22,9 @@ One line per (group, drafter, K); groups are ``all`` (the mixed workload), each 
   head feeds them through its layer), as it does when decoding.
 
 Drafters (``--drafters``, default ``eagle3`` (the head draftrl ships, or ``--head``), ``ngram:1:3:latest``
-(the serving default), ``sam:2`` (lookup on a 2-token match, else the head) and ``layerskip:28`` (28 of 30 layers: the only depth where SmolLM2-135M's truncated model
-agrees with the full one often enough to say anything; see ``depth_by_language.py``)). With
+(the serving default), ``sam:2`` (lookup on a 2-token match, else the head) and ``layerskip:28`` (28 of 30
+layers: the only depth where SmolLM2-135M's truncated model agrees with the full one often enough to say
+anything; see ``depth_by_language.py``)). With
 ``--out``, ``drafter_acceptance.png``: acceptance per position at the largest K, and acceptance
 length over K, per drafter, on the mixed workload.
 
@@ -155,7 +156,8 @@ def main() -> None:
     parser.add_argument("--head", default=None, help="EAGLE-3 head folder (speculators format) of the default "
                                                      "drafters eagle3 and sam:2 (default: the head draftrl ships)")
     parser.add_argument("--drafters", default=None,
-                        help="comma-separated drafter specs (default: eagle3[:HEAD],ngram:1:3:latest,sam:2[:HEAD],layerskip:28)")
+                        help="comma-separated drafter specs "
+                             "(default: eagle3[:HEAD],ngram:1:3:latest,sam:2[:HEAD],layerskip:28)")
     parser.add_argument("--depths", default="1,2,3,4,5,6,7,8", help="draft depths K (plain decoding is always timed)")
     parser.add_argument("--languages", default=",".join(LANGUAGES))
     parser.add_argument("--tasks", default=",".join(TASKS))

@@ -135,11 +135,13 @@ def main() -> None:
         ratios["hindsight_vs_best_fixed"] = room.speedup("hindsight", over=best, prompts=rows)
         if rule:
             ratios["hindsight_vs_best_rule"] = room.speedup("hindsight", over=rule, prompts=rows)
-        took = {f"took_{k}": round(room.took(v, rows), 3) for k, v in picks.items() if k in ("best_rule", "best_stop", "ppo")}
+        took = {f"took_{k}": round(room.took(v, rows), 3) for k, v in picks.items()
+                if k in ("best_rule", "best_stop", "ppo")}
         bench.row(ratios, {"requests": len(rows), **took}, group=group, best_fixed=best, best_rule=rule or "-",
                   best_stop=stop or "-")
         summary[group] = {"ratios": ratios, "took": took, "best_fixed": best, "best_rule": rule, "best_stop": stop}
-    bench.note("every fixed arm, rule, stop and heuristic over the workload: speedup over none and over the best fixed arm")
+    bench.note("every fixed arm, rule, stop and heuristic over the workload: "
+               "speedup over none and over the best fixed arm")
     best = room.best_fixed()
     fixed = sorted((n for n in room.schedules if n.startswith(("fixed:", "rule:", "stop:", "heuristic:"))),
                    key=room.total)

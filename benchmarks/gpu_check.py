@@ -98,7 +98,8 @@ def _llama3(hidden: int, intermediate: int, layers: int, heads: int, kv_heads: i
     return dict(hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
                 num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=hidden // heads,
                 tie_word_embeddings=tied, vocab_size=REGULAR_IDS + SPECIAL_IDS, max_position_embeddings=131_072,
-                rms_norm_eps=1e-5, hidden_act="silu", bos_token_id=REGULAR_IDS, eos_token_id=[128_001, 128_008, 128_009],
+                rms_norm_eps=1e-5, hidden_act="silu", bos_token_id=REGULAR_IDS,
+                eos_token_id=[128_001, 128_008, 128_009],
                 rope_parameters={"rope_type": "llama3", "rope_theta": 500_000.0, "factor": rope_factor,
                                  "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                                  "original_max_position_embeddings": 8192})
@@ -348,7 +349,8 @@ def step_syncs(ctx: Context) -> dict[str, Any]:
     for key in ("reads_max", "uploads_max", "cuda_syncs_max"):
         for temperature in (0.0, 1.0):
             for width in s.sync_widths:
-                by_depth = {r["depth"]: r[key] for r in table if r["temperature"] == temperature and r["width"] == width}
+                by_depth = {r["depth"]: r[key] for r in table
+                            if r["temperature"] == temperature and r["width"] == width}
                 if None not in by_depth.values():
                     growth[f"{key}@T{temperature:g}_w{width}"] = by_depth
     over = [r for r in table if r["reads_max"] > MAX_READS or r["uploads_max"] > MAX_UPLOADS]
@@ -552,7 +554,8 @@ def main() -> None:
                              f"pass at least {sizes.n_steps}.")
         sizes = dataclasses.replace(sizes, train_rounds=args.train_rounds)
     if args.work and Path(args.work).is_dir() and any(Path(args.work).iterdir()):
-        raise SystemExit(f"--work {args.work}: the folder is not empty (it would mix two runs' models); name a new one.")
+        raise SystemExit(f"--work {args.work}: the folder is not empty (it would mix two runs' models); "
+                         "name a new one.")
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="gpu_check_"))
     work.mkdir(parents=True, exist_ok=True)
     ctx = Context(bench, args, device, mode, sizes, work, bench.out)
@@ -571,7 +574,8 @@ def main() -> None:
             continue
         elapsed = time.perf_counter() - started
         if elapsed > args.budget_s:
-            records[name] = {"status": "skipped", "why": f"budget: {elapsed:.0f} s spent of --budget-s {args.budget_s:g}"}
+            records[name] = {"status": "skipped",
+                             "why": f"budget: {elapsed:.0f} s spent of --budget-s {args.budget_s:g}"}
             bench.note(f"step {name}: skipped ({records[name]['why']})")
             continue
         if name in NEEDS_MODELS and ctx.target is None:
@@ -587,7 +591,8 @@ def main() -> None:
         except StepFailed as err:
             details, status, error = err.details, "failed", str(err)
         except Exception as err:
-            details, status, error = {"traceback": traceback.format_exc(limit=8)}, "failed", f"{type(err).__name__}: {err}"
+            details, status, error = ({"traceback": traceback.format_exc(limit=8)}, "failed",
+                                      f"{type(err).__name__}: {err}")
             print(details["traceback"], flush=True)
         seconds = time.perf_counter() - t0
         records[name] = {"status": status, "seconds": seconds, **({"error": error} if error else {}), **details}

@@ -1,4 +1,5 @@
-"""draftrl vs stock Hugging Face ``generate`` in ONE interleaved run: plain greedy, and n-gram drafting vs prompt lookup.
+"""draftrl vs stock Hugging Face ``generate`` in ONE interleaved run: plain greedy, and n-gram drafting vs
+prompt lookup.
 
 Same prompts (held-out split, every task by default), same model object, fp32, greedy, all methods
 interleaved per request in a fresh random order (see ``_bench.py``):
@@ -36,7 +37,7 @@ from draftrl.prompts import TASKS
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], parents=[common_flags()])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], parents=[common_flags()])
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--languages", default="en,it,zh,es")

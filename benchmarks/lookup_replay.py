@@ -14,14 +14,17 @@ depth-K draft cut to the prefix that will be accepted, i.e. the best depth any p
 policy could choose each step for these drafts (its ceiling); ``none:0`` drafts nothing. One line
 per arm, ratios first:
 
-    steps_vs_none=0.437x  tokens_per_step=2.29  accepted_per_step=1.31  proposed_per_step=2.78  us_per_call=121  steps=594  arm=ref_latest:4  requests=16  tokens=1360
+    steps_vs_none=0.437x  tokens_per_step=2.29  accepted_per_step=1.31  proposed_per_step=2.78  us_per_call=121
+        steps=594  arm=ref_latest:4  requests=16  tokens=1360
 
 With ``--calibration`` (``draftrl calibrate --engine vllm``) each step is also charged the
 calibrated batch-1 step seconds (prefill by prompt tokens, decode by tokens verified) and the
 line starts with ``seconds_vs_none`` and ``seconds_vs_best_fixed`` (the best ``fixed:K`` arm).
 
-    python benchmarks/lookup_replay.py --recordings runs/serve/rec_heldout --arms fixed:2,fixed:4,vllm-ngram:4,ref_latest:4
-    python benchmarks/lookup_replay.py --calibration runs/serve/vllm_costs.json --arms fixed:4,fixed:8,hindsight:8,vllm-ngram:8
+    python benchmarks/lookup_replay.py --recordings runs/serve/rec_heldout \\
+        --arms fixed:2,fixed:4,vllm-ngram:4,ref_latest:4
+    python benchmarks/lookup_replay.py --calibration runs/serve/vllm_costs.json \\
+        --arms fixed:4,fixed:8,hindsight:8,vllm-ngram:8
     python benchmarks/lookup_replay.py --quick        # ref_latest:4 and ref_earliest:4 (no vLLM needed)
 
 ``fixed`` and ``vllm-ngram`` arms need vLLM (``draftrl[vllm]``); the ``ref_*``, ``hindsight`` and ``none`` arms do not.

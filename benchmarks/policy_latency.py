@@ -33,7 +33,8 @@ def train_small(out: Path) -> Path:
 
     os.environ.setdefault("WANDB_MODE", "disabled")
     cfg = load_config(TrainConfig, ROOT / "configs" / "analytic_regimes.yaml",
-                      ["total_timesteps=2048", "ppo.n_steps=64", "eval_episodes=2", "baselines=[]", "progress_bar=false"])
+                      ["total_timesteps=2048", "ppo.n_steps=64", "eval_episodes=2", "baselines=[]",
+                       "progress_bar=false"])
     ppo_size.train(cfg, out)
     return out
 

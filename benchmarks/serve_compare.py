@@ -8,7 +8,8 @@ Everything runs through ``draftrl.eval.serve.compare.run_eval`` (one engine per 
 config, policies rotated per load, float32 greedy identity against no speculation), then HF
 ``generate`` plain and prompt lookup on the same requests, one at a time. Prints ratios first:
 
-    speedup_vs_none=1.230x  vs_best_ngram=1.100x  cpu_vs_none=1.210x  cpu_vs_best_ngram=1.080x  tok_s=...  policy=fixed:4  ...
+    speedup_vs_none=1.230x  vs_best_ngram=1.100x  cpu_vs_none=1.210x  cpu_vs_best_ngram=1.080x  tok_s=...
+        policy=fixed:4  ...
 
 (``cpu_*``: the same ratios in the engine thread's CPU time, which other processes cannot skew.)
 With ``--out``, the serving runner's own files go to ``OUT/serving/``.

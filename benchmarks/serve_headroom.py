@@ -174,7 +174,8 @@ def main() -> None:
             row["fixed_head"] = {f"fixed:{d}@eagle3": speed(head_env, d, no_limit) for d in depths}
             row["sam"] = {f"fixed:{d}@sam:{args.sam}": speed(sam_env, d, no_limit) for d in depths}
             row["hindsight_both"] = {f"hindsight_both:{d}:{b}": speed(both, d, b) for d in depths for b in budgets}
-            row["hindsight_drafter"] = {f"hindsight_drafter:{d}:{b}": speed(hindsight_drafter, d, b) for d in depths for b in budgets}
+            row["hindsight_drafter"] = {f"hindsight_drafter:{d}:{b}": speed(hindsight_drafter, d, b)
+                                        for d in depths for b in budgets}
             row["hindsight_drafter_lookahead"] = (throughput(hindsight_drafter, LookAhead.for_env(hindsight_drafter))
                                                   / plain)
             row["ceiling"] = max(*row["hindsight_both"].values(), *row["hindsight_drafter"].values(),
@@ -224,12 +225,14 @@ def main() -> None:
              "hindsight_per_load": [max(r["hindsight"].values()) for r in rows],
              **extra}
     if heads is not None:
-        pooled = {k: [{**r["fixed_k"], **r["fixed_head"]}[k] for r in rows] for k in [*rows[0]["fixed_k"], *rows[0]["fixed_head"]]}
+        pooled = {k: [{**r["fixed_k"], **r["fixed_head"]}[k] for r in rows]
+                  for k in [*rows[0]["fixed_k"], *rows[0]["fixed_head"]]}
         any_best = max(pooled, key=lambda k: geomean(pooled[k]))
         sam_best = max(rows[0]["sam"], key=lambda k: geomean([r["sam"][k] for r in rows]))
         kinds.update({f"best_single_fixed_drafter_k:{any_best}": pooled[any_best],
                       f"best_single_sam:{sam_best}": [r["sam"][sam_best] for r in rows],
-                      "best_fixed_drafter_k_per_load": [max({**r["fixed_k"], **r["fixed_head"]}.values()) for r in rows],
+                      "best_fixed_drafter_k_per_load": [max({**r["fixed_k"], **r["fixed_head"]}.values())
+                                                        for r in rows],
                       "hindsight_both_drafters_per_load": [max(r["hindsight_both"].values()) for r in rows],
                       "hindsight_drafter_per_load": [max(r["hindsight_drafter"].values()) for r in rows],
                       "hindsight_drafter_lookahead": [r["hindsight_drafter_lookahead"] for r in rows],

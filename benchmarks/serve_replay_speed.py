@@ -29,7 +29,8 @@ def run_episodes(env, rng: np.random.Generator, seconds: float | None, seed: int
         env.reset(seed=seed)
         done = False
         while not done:
-            _, _, done, truncated, _ = env.step(np.array([rng.integers(len(env.depths)), rng.integers(len(env.budgets))]))
+            _, _, done, truncated, _ = env.step(np.array([rng.integers(len(env.depths)),
+                                                          rng.integers(len(env.budgets))]))
             done = done or truncated
             steps += 1
         seed += 1

@@ -12,7 +12,8 @@ policy (the runner's files in ``OUT/real/`` and ``OUT/replay/``). vLLM's own met
 ``vllm-eagle3:K``, ``vllm-class:...``) have no replay (they are not draftrl's proposer) and run in vLLM only.
 
     python benchmarks/serve_sweep.py --recordings runs/serve/rec_heldout --calibration runs/serve/vllm_costs.json \\
-        --policies none,fixed:2,fixed:4,fixed:8,heuristic,ppo:runs/serve/ppo_replay --rates 0.5,2,8 --out runs/bench/serve_sweep
+        --policies none,fixed:2,fixed:4,fixed:8,heuristic,ppo:runs/serve/ppo_replay --rates 0.5,2,8 \\
+        --out runs/bench/serve_sweep
     python benchmarks/serve_sweep.py --recordings ... --calibration ... --quick --out DIR    # 2 rates, 1 repeat
 """
 

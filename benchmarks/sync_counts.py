@@ -35,7 +35,8 @@ def _ints(text: str) -> list[int]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], parents=[common_flags()])
     parser.add_argument("--target", default="smollm2-135m")
-    parser.add_argument("--drafter", default="ngram", help="a drafter spec (draftrl.drafters.registry): ngram, self, a path")
+    parser.add_argument("--drafter", default="ngram",
+                        help="a drafter spec (draftrl.drafters.registry): ngram, self, a path")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--temperatures", default="0,1", help="comma-separated")
@@ -103,7 +104,8 @@ def measure(bench: Bench, loaded, *, target: str, drafter: str, device: str, dty
                      "uploads_max": max(c.uploads for c in counts),
                      "cuda_syncs_per_round": sum(cuda) / len(cuda) if cuda else None,
                      "cuda_syncs_max": max(cuda) if cuda else None,
-                     "round_ms_on": 1e3 * on, "round_ms_off": 1e3 * off, "tokens_per_round": tokens / max(1, num_rounds)},
+                     "round_ms_on": 1e3 * on, "round_ms_off": 1e3 * off,
+                     "tokens_per_round": tokens / max(1, num_rounds)},
                     temperature=temperature, width=width, depth=depth, drafter=drafter, target=target,
                     device=device, dtype=dtype, repeats=repeats)
     return bench.rows[first:]

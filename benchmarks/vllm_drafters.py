@@ -9,9 +9,12 @@ rotated per load, float32 greedy identity against ``none``), the Ks in a random 
 engines released before the next K's load (an engine holds ~2 GB here: seventeen do not fit), so
 each K's ratios are taken against the ``none`` measured beside it. Prints ratios first:
 
-    speedup_vs_none=1.310x  cpu_vs_none=1.280x  vs_ngram=1.100x  en=1.2x ...  acceptance_length=2.1  tok_s=...  policy=vllm-eagle3:4  k=4  concurrency=1  ...
-    step_vs_none=1.210x  cost_per_position=0.053x  expected_speedup=1.736x  acceptance_length=2.1  ...  policy=vllm-eagle3:4  k=4  concurrency=1
-    draft_cost_per_position=0.052x  head_overhead=0.040x  plain_step_ms=81  ks=1,2,...,8  fit=least_squares  concurrency=1
+    speedup_vs_none=1.310x  cpu_vs_none=1.280x  vs_ngram=1.100x  en=1.2x ...  acceptance_length=2.1  tok_s=...
+        policy=vllm-eagle3:4  k=4  concurrency=1  ...
+    step_vs_none=1.210x  cost_per_position=0.053x  expected_speedup=1.736x  acceptance_length=2.1  ...
+        policy=vllm-eagle3:4  k=4  concurrency=1
+    draft_cost_per_position=0.052x  head_overhead=0.040x  plain_step_ms=81  ks=1,2,...,8  fit=least_squares
+        concurrency=1
 
 ``step_vs_none``: the head's mean decode step at K (``decode_step_seconds``) over the one without
 speculation, at concurrency 1; ``cost_per_position = (step_vs_none - 1) / K``; the least-squares fit
@@ -24,8 +27,9 @@ over none's.
 
 Without ``--head`` the head draftrl ships for the target drafts (the run's drafter ``eagle3:HEAD``, which
 ``vllm-eagle3:K`` loads); with ``--head random`` a head of the
-target's shape with random weights and a ``--draft-vocab``-token draft vocabulary is built: its drafts are almost never accepted (speedups below 1), but it costs
-what a trained head of that shape costs. With ``--out``: ``results.json``, ``vllm_drafters.png``
+target's shape with random weights and a ``--draft-vocab``-token draft vocabulary is built: its drafts are
+almost never accepted (speedups below 1), but it costs what a trained head of that shape costs. With
+``--out``: ``results.json``, ``vllm_drafters.png``
 (speedup vs K, one panel per concurrency), each K's serving run in ``serving/k{K}/`` and a built
 head in ``head/``.
 

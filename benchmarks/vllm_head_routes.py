@@ -21,7 +21,8 @@ proposer's n-gram lookup), and ``--head DIR`` puts DIR into every one of them an
 the HF anchors, per task and language;
 then route (b) over route (a) at each K both ran::
 
-    speedup_vs_none=1.90x  vs_best_stock=1.12x  vs_best_fixed=1.08x  en=... code_edit=...  tok_s=...  policy=stop:4:t0.6@sam:2  concurrency=1  ...
+    speedup_vs_none=1.90x  vs_best_stock=1.12x  vs_best_fixed=1.08x  en=... code_edit=...  tok_s=...
+        policy=stop:4:t0.6@sam:2  concurrency=1  ...
     route_b_vs_a=1.05x  step_b_vs_a=0.95x  ...  k=3  concurrency=1
 
     python benchmarks/vllm_head_routes.py --out runs/bench/vllm_head_routes
@@ -111,10 +112,12 @@ def main() -> None:
             bench.row({"speedup_vs_none": row["speedup_vs_none"],
                        "vs_best_stock": rate[name] / rate[stock] if stock else None,
                        "vs_best_fixed": rate[name] / rate[fixed] if fixed else None,
-                       **({f"vs_{a}": rate[name] / r["tokens_per_second"] for a, r in anchors.items()} if level == 1 else {}),
+                       **({f"vs_{a}": rate[name] / r["tokens_per_second"] for a, r in anchors.items()}
+                          if level == 1 else {}),
                        **group_ratios(row, table["none"])},
-                      {"acceptance_length": row["spec_decoding"]["acceptance_length"], "tok_s": row["tokens_per_second"],
-                       "tokens_per_step": row["mean_tokens_per_step"], "step_ms": (row["decode_step_seconds"] or 0) * 1e3},
+                      {"acceptance_length": row["spec_decoding"]["acceptance_length"],
+                       "tok_s": row["tokens_per_second"], "tokens_per_step": row["mean_tokens_per_step"],
+                       "step_ms": (row["decode_step_seconds"] or 0) * 1e3},
                       policy=name, concurrency=level, **where)
         for name in table:
             spec = specs[name]

@@ -14,7 +14,8 @@ def costs(level: float, base: float | None = None) -> CostTable:
     return CostTable(
         num_tokens=[1, 2, 4, 8, 16], context_lens=[4, 64],
         verify_seconds=[[0.02, 0.023, 0.03, 0.04, 0.06], [0.025, 0.028, 0.035, 0.05, 0.07]],
-        draft_widths=[1, 2], draft_level_seconds=[level, 1.5 * level], draft_base_seconds=level / 4 if base is None else base,
+        draft_widths=[1, 2], draft_level_seconds=[level, 1.5 * level],
+        draft_base_seconds=level / 4 if base is None else base,
         sample_base_seconds=1e-3, sample_token_seconds=2e-4,
     )
 

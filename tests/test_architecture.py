@@ -142,7 +142,8 @@ def test_no_module_imports_from_a_layer_above_it():
 
 def test_wrong_way_edges_are_caught():
     """Negative controls: the edges this redesign removed would fail the check."""
-    assert _wrong_way({"draftrl.eval.round.demo": {"draftrl.cli.calibrate"}}) == ["draftrl.eval.round.demo -> draftrl.cli.calibrate"]
+    assert (_wrong_way({"draftrl.eval.round.demo": {"draftrl.cli.calibrate"}})
+            == ["draftrl.eval.round.demo -> draftrl.cli.calibrate"])
     assert _wrong_way({"draftrl.export.features": {"draftrl.replay.traces"}})  # export rebuilds features without replay
     assert _wrong_way({"draftrl.decoding.batch": {"draftrl.replay.serve_engine"}})  # replay sits above decoding
     assert _wrong_way({"draftrl.replay.traces": {"draftrl.envs.spec_decode"}})  # and below the envs
@@ -171,7 +172,8 @@ def test_string_imports_are_edges():
     assert edges("draftrl.export.x", 'OLD = "draftrl.envs.features.FeatureBuilder"') == {"draftrl.envs"}
     # envs naming envs (draftrl/envs/ids.py) is legal; docstrings, prose, ids and metadata keys are not imports
     assert _wrong_way({"draftrl.envs.ids": edges("draftrl.envs.ids", 'E = "draftrl.envs.analytic:AnalyticEnv"')}) == []
-    prose = '"""Made by draftrl.eval.round.demo."""\nMSG = "see draftrl.eval.round.demo for a demo"\nID = "draftrl/Analytic-v0"\n'
+    prose = ('"""Made by draftrl.eval.round.demo."""\nMSG = "see draftrl.eval.round.demo for a demo"\n'
+             'ID = "draftrl/Analytic-v0"\n')
     assert edges("draftrl.decoding.x", prose + 'KEY = "draftrl.manifest"') == {"draftrl"}
     assert "draftrl.envs.analytic" in GRAPH["draftrl.envs.ids"]
 

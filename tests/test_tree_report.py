@@ -150,7 +150,8 @@ def test_the_static_walk_follows_parts_and_copies_and_broad_also_computed_values
     root = _write(tmp_path, WALK)
     strict = tree_report.static_walk(root, ("draftrl.cli.demo", "run", "cfg"), strict=True)
     assert strict["names"] == ["cfg", "env", "env_config", "spec"]  # `n` gets cfg.threads + 1: computed, not followed
-    assert strict["enters"] == {"draftrl.decoding.build": 2}  # two call sites run -> use; use -> build stays in its room
+    # two call sites run -> use; use -> build stays in its room
+    assert strict["enters"] == {"draftrl.decoding.build": 2}
     assert strict["rooms_entered_modules"] == 2 and strict["distinct_package_moves"] == 1
     broad = tree_report.static_walk(root, ("draftrl.cli.demo", "run", "cfg"), strict=False)
     assert broad["names"] == ["cfg", "env", "env_config", "n", "spec"]

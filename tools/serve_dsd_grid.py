@@ -35,7 +35,8 @@ def parse_loads(text: str) -> list[dict]:
         elif kind == "r":
             loads.append({"arrival": "poisson", "rate": float(value)})
         else:
-            raise ValueError(f"load {item!r} must look like cN (fixed concurrency) or rX (Poisson rate), e.g. c1,c16,r2")
+            raise ValueError(f"load {item!r} must look like cN (fixed concurrency) or rX (Poisson rate), "
+                             "e.g. c1,c16,r2")
     return loads
 
 

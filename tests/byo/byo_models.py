@@ -23,7 +23,8 @@ TOKENIZER_VOCAB = 1024
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 #: ChatML, as SmolLM2 and Qwen write it
 CHAT_TEMPLATE = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + "
-                 "'<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+                 "'<|im_end|>' + '\n' }}{% endfor %}"
+                 "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
 #: the target's shape: hidden size and head_dim 64 (head sizes vLLM's CPU attention supports), two query
 #: heads over one KV head (grouped-query attention, as Llama-3.1-8B), 8 layers so that EAGLE-3's default
 #: auxiliary layers (2, L // 2, L - 3) = (2, 4, 5) are distinct

@@ -6,14 +6,25 @@ heads as they are published. These session fixtures write each once (seconds, no
 return its folder, to pass as ``--target DIR``, ``--drafter DIR`` or ``--drafter eagle3:DIR`` in
 float32 or bfloat16 (``--dtype``):
 
-| fixture | folder |
-|---|---|
-| ``my_target`` | a random Llama (8 layers, hidden size and head_dim 64, 2 query heads over 1 KV head, untied output), a byte-level BPE tokenizer of 1,024 ids with a ChatML template saved beside it; vocab_size = the tokenizer's length. Loads in draftrl and in vLLM's CPU build |
-| ``my_draft`` | a 2-layer Llama with the same tokenizer (the target's first layers, norm and output rows), its embedding matrix padded by 64 rows past the tokenizer: compared with the target over the tokenizer's ids (vLLM: ``use_heterogeneous_vocab``) |
-| ``my_eagle_head_bin`` | an EAGLE-3 head in the EAGLE / SpecForge layout (``LlamaForCausalLMEagle3``), ``pytorch_model.bin``, scoring the whole vocabulary (no ``d2t`` / ``t2d``) |
-| ``my_eagle_head_safetensors`` | the same layout in ``model.safetensors``, a 256-token draft vocabulary (``d2t``, ``t2d``) |
-| ``my_speculators_head`` | the speculators layout without its optional keys (no ``eagle_aux_hidden_state_layer_ids``: the target's default (2, 4, 5); no ``norm_before_residual``: False, as speculators defines it; no ``target_hidden_size``), 256-token draft vocabulary. vLLM 0.32's speculators reader takes the absent ``norm_before_residual`` as True, so vLLM would draft other tokens with this folder than draftrl does: an export states the key in its copy |
-| ``my_one_token_head`` | the speculators layout with every key (as ``draftrl distill`` writes it) and a one-token draft vocabulary, the token the target writes most often on the suite's workload (``byo_models.most_written_token``): its drafts are accepted wherever the target writes it, so a head's accepted drafts are tested too |
+- ``my_target``: a random Llama (8 layers, hidden size and head_dim 64, 2 query heads over 1 KV head,
+  untied output), a byte-level BPE tokenizer of 1,024 ids with a ChatML template saved beside it;
+  vocab_size = the tokenizer's length. Loads in draftrl and in vLLM's CPU build.
+- ``my_draft``: a 2-layer Llama with the same tokenizer (the target's first layers, norm and output
+  rows), its embedding matrix padded by 64 rows past the tokenizer: compared with the target over the
+  tokenizer's ids (vLLM: ``use_heterogeneous_vocab``).
+- ``my_eagle_head_bin``: an EAGLE-3 head in the EAGLE / SpecForge layout (``LlamaForCausalLMEagle3``),
+  ``pytorch_model.bin``, scoring the whole vocabulary (no ``d2t`` / ``t2d``).
+- ``my_eagle_head_safetensors``: the same layout in ``model.safetensors``, a 256-token draft vocabulary
+  (``d2t``, ``t2d``).
+- ``my_speculators_head``: the speculators layout without its optional keys (no
+  ``eagle_aux_hidden_state_layer_ids``: the target's default (2, 4, 5); no ``norm_before_residual``:
+  False, as speculators defines it; no ``target_hidden_size``), 256-token draft vocabulary. vLLM 0.32's
+  speculators reader takes the absent ``norm_before_residual`` as True, so vLLM would draft other tokens
+  with this folder than draftrl does: an export states the key in its copy.
+- ``my_one_token_head``: the speculators layout with every key (as ``draftrl distill`` writes it) and a
+  one-token draft vocabulary, the token the target writes most often on the suite's workload
+  (``byo_models.most_written_token``): its drafts are accepted wherever the target writes it, so a
+  head's accepted drafts are tested too.
 
 Every head is built from ``my_target`` (aux layers (2, 4, 5); ``draftrl distill``'s untrained
 starting point: ``fc`` passing layer 5's input through, the target's output rows) and lists it as

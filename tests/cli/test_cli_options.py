@@ -225,7 +225,8 @@ def test_a_serving_config_file_reads_the_env_section_and_refuses_unknown_section
     from draftrl.config.serve import load_serve_config
 
     path = tmp_path / "serve.yaml"
-    path.write_text("env:\n  temperature: 1.0\n  max_new_tokens: 8\n  concurrency: 2\nthreads: 2\neval:\n  repeats: 3\n")
+    path.write_text("env:\n  temperature: 1.0\n  max_new_tokens: 8\n  concurrency: 2\n"
+                    "threads: 2\neval:\n  repeats: 3\n")
     config = load_serve_config(path, ["env.max_new_tokens=12"], split="heldout")
     assert (config.temperature, config.max_new_tokens, config.concurrency, config.threads, config.split) == \
         (1.0, 12, 2, 2, "heldout")

@@ -30,6 +30,7 @@ def test_counts_add_up_and_stay_none_without_rounds():
     a.observe(2, 2, 3)
     b.observe(5, 4, 5)  # positions beyond num_positions are not tracked
     total = a + b
-    assert (total.num_rounds, total.num_emitted, total.num_reached, total.num_accepted_per_pos) == (2, 8, [2, 2], [2, 2])
+    assert ((total.num_rounds, total.num_emitted, total.num_reached, total.num_accepted_per_pos)
+            == (2, 8, [2, 2], [2, 2]))
     with pytest.raises(ValueError, match="2 and 3 positions"):
         a + AcceptanceCounts(3)

@@ -173,7 +173,8 @@ def test_sampled_children(sampled_setup, width, sampler):
         for tok in torch.multinomial(q, width, replacement=True, generator=gen).tolist():
             tree.add(tok, -1, 0.0)
         rows = torch.stack([logits[0]] + [logits[row_of[t]] for t in tree.tokens])
-        verdict = accept_tree(tree, rows, params, gen, sampler, probs=torch.stack([probs[0]] + [probs[row_of[t]] for t in tree.tokens]))
+        verdict = accept_tree(tree, rows, params, gen, sampler,
+                              probs=torch.stack([probs[0]] + [probs[row_of[t]] for t in tree.tokens]))
         x1 = verdict.tokens[0]
         x2 = verdict.tokens[1] if verdict.accepted else int(torch.multinomial(probs[row_of[x1]], 1, generator=gen))
         samples.append((x1, x2))

@@ -111,7 +111,8 @@ def test_prompt_beyond_the_context_is_refused_or_truncated_explicitly(capsys):
 
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=32)).eval()
+                                         num_attention_heads=2, num_key_value_heads=2,
+                                         max_position_embeddings=32)).eval()
     engine = SpeculativeDecoder(model, None, EngineConfig(max_new_tokens=8))
     assert engine.max_context == 32
     with pytest.raises(ValueError, match=r"30 tokens and max_new_tokens=8, 38 in all, beyond the target's context of "

@@ -57,7 +57,9 @@ RUNS = 1000  # requests of the correct engine per fast test
 REQUEST_TOKENS = 24  # tokens per request in the fast tests: 24,000 tokens detect a mean TV of 0.02
 POSITIONS = 3  # classes of the per-position test: round positions 1, 2 and 3-5
 CONTROL_RUNS = 300  # requests of the wrong engine: it misses by far more than the correct one may
-CONTROL_TOKENS = 16  # 4,800 tokens: at 10 tokens a request, resample-from-p on sampled-tree-verify-4 passed the per-position test (p = 0.03)
+# 4,800 tokens: at 10 tokens a request, resample-from-p on sampled-tree-verify-4 passed the per-position test
+# (p = 0.03)
+CONTROL_TOKENS = 16
 TV = 0.02  # total variation detected with probability 0.9
 RUNS_SLOW = 82_000  # the correct engine in the slow tests: any total variation of 0.02 is detected (~23 min a shape)
 NOISE = 0.7  # the draft's extra output noise: about 0.9-1.2 accepted draft tokens per round
@@ -194,7 +196,8 @@ def check(models, law, shape: str, runs: int, tokens: int, make_drafter=None, co
     pos_bad, _, _, _, bad_tokens = position_test(models[0], bad)
     print(
         f"\n{shape}: accepted/round={good.mean_accepted:.2f}\n"
-        f"  first {LENGTH} tokens: n={runs} df={df} p(correct)={p_good:.3g} tv(correct)={empirical_tv(good.heads, law):.4f} "
+        f"  first {LENGTH} tokens: n={runs} df={df} p(correct)={p_good:.3g} "
+        f"tv(correct)={empirical_tv(good.heads, law):.4f} "
         f"p(resample-from-p, n={control_runs})={p_bad:.3g} tv(resample-from-p)={empirical_tv(bad.heads, law):.4f} "
         f"worst-case detectable tv={worst_case_detectable_tv(runs, df, ALPHA):.3f}\n"
         f"  positions: tokens={num_tokens} df={pos_df} p(correct)={pos_good:.3g} "
@@ -202,8 +205,10 @@ def check(models, law, shape: str, runs: int, tokens: int, make_drafter=None, co
         f"(bound {worst_case_detectable_tv(num_tokens, pos_df, ALPHA):.4f})"
     )
     assert good.mean_accepted > min_accepted, "the draft must be accepted often, or the rules are not exercised"
-    assert p_good > ALPHA, f"the engine's {shape} law is off: chi-square p = {p_good:.3g} (statistic {stat:.1f}, df {df})"
-    assert pos_good > ALPHA, f"the engine's {shape} per-position law is off: p = {pos_good:.3g} (statistic {pos_stat:.1f}, df {pos_df})"
+    assert p_good > ALPHA, (f"the engine's {shape} law is off: chi-square p = {p_good:.3g} "
+                            f"(statistic {stat:.1f}, df {df})")
+    assert pos_good > ALPHA, (f"the engine's {shape} per-position law is off: p = {pos_good:.3g} "
+                              f"(statistic {pos_stat:.1f}, df {pos_df})")
     assert detectable <= TV, f"the {shape} run detects only a mean total variation of {detectable:.4f}, not {TV}"
     assert p_bad < ALPHA, f"resample-from-p was not caught on {shape}: p = {p_bad:.3g}"
     assert pos_bad < ALPHA, f"resample-from-p was not caught on {shape} by the per-position law: p = {pos_bad:.3g}"

@@ -88,7 +88,8 @@ def test_top_k_keeps_k_tokens_with_ties_broken_by_ascending_id():
     assert probs.tolist() == [0.0, 0.5, 0.5, 0.0, 0.0]
     probs = logits_to_probs(logits, SamplingParams(temperature=1.0, top_k=4))
     assert (probs > 0).tolist() == [False, True, True, True, True]
-    assert torch.equal(logits_to_probs(logits, SamplingParams(1.0, top_k=5)), logits_to_probs(logits, SamplingParams(1.0)))
+    assert torch.equal(logits_to_probs(logits, SamplingParams(1.0, top_k=5)),
+                       logits_to_probs(logits, SamplingParams(1.0)))
 
 
 def test_top_p_keeps_the_smallest_set_reaching_the_mass():
@@ -182,7 +183,8 @@ def test_sample_is_reproducible_and_accepts_unnormalised_rows():
     assert torch.equal(sample(probs, gen(5)), sample(probs, gen(5)))
 
 
-@pytest.mark.parametrize("bad", [torch.tensor([0.5, -0.1, 0.6]), torch.zeros(3), torch.tensor([1.0, float("nan"), 0.0])])
+@pytest.mark.parametrize("bad", [torch.tensor([0.5, -0.1, 0.6]), torch.zeros(3),
+                                 torch.tensor([1.0, float("nan"), 0.0])])
 def test_sample_rejects_invalid_rows(bad):
     with pytest.raises(ValueError):
         sample(bad, gen())

@@ -63,7 +63,8 @@ def test_the_verify_forward_calls_what_torch_compile_returns(monkeypatch):
     target = _llama(0)
     plain = _decode(target, None, "off", 0, 1)
     assert asked == [] and calls == []
-    engine = SpeculativeDecoder(target, NgramDrafter(), EngineConfig(max_new_tokens=NEW_TOKENS, compile="reduce-overhead"))
+    engine = SpeculativeDecoder(target, NgramDrafter(),
+                                EngineConfig(max_new_tokens=NEW_TOKENS, compile="reduce-overhead"))
     engine.start(PROMPT, prefill=False)  # no prefill: every round runs one verify forward
     rounds = 0
     while not engine.finished:

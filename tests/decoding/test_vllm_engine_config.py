@@ -30,7 +30,8 @@ def test_the_memory_share_is_checked_and_the_eager_rule_follows_the_platform(tmp
     for bad in (0.0, 1.2, -0.1):
         with pytest.raises(ValueError, match=rf"gpu_memory_utilization={bad} must be in \(0, 1\]"):
             VLLMEngineConfig(gpu_memory_utilization=bad)
-    auto, eager, graphs = VLLMEngineConfig(), VLLMEngineConfig(enforce_eager=True), VLLMEngineConfig(enforce_eager=False)
+    auto, eager, graphs = (VLLMEngineConfig(), VLLMEngineConfig(enforce_eager=True),
+                           VLLMEngineConfig(enforce_eager=False))
     assert (auto.eager(on_gpu=True), auto.eager(on_gpu=False)) == (False, True)
     assert (eager.eager(on_gpu=True), graphs.eager(on_gpu=False)) == (True, False)
     head = str(random_head(fetch_model("smollm2-135m", quiet=True), 16).save_pretrained(tmp_path / "head"))

@@ -50,7 +50,8 @@ def _verdict(stream, temperature: float, top_k: int, n: int) -> dict:
     monitor = ExactnessMonitor()
     for x, entry, draft in stream:
         try:
-            monitor.update(token_stats_from_logprobs([x], [entry], [draft], temperature=temperature, top_k=top_k, num_logprobs=n))
+            monitor.update(token_stats_from_logprobs([x], [entry], [draft], temperature=temperature, top_k=top_k,
+                                                     num_logprobs=n))
         except ExactnessViolation:
             pass
     return monitor.report()
@@ -71,13 +72,15 @@ def test_top_k_stats_equal_the_exact_distribution():
     p = _p(logits, 0.7, 5)
     order = np.argsort(-p, kind="stable")
     for rank, x in enumerate(order[:5]):
-        st = token_stats_from_logprobs([int(x)], [_returned(raw, x, 9)], [int(order[0])], temperature=0.7, top_k=5, num_logprobs=9)
+        st = token_stats_from_logprobs([int(x)], [_returned(raw, x, 9)], [int(order[0])], temperature=0.7, top_k=5,
+                                       num_logprobs=9)
         assert st.p_token[0] == pytest.approx(p[x], rel=1e-9)
         assert st.mass_before[0] == pytest.approx(p[order[:rank]].sum(), abs=1e-12)
         assert st.entropy[0] == pytest.approx(-(p[p > 0] * np.log(p[p > 0])).sum(), rel=1e-9)
         assert st.drafted[0] and st.agree[0] == float(rank == 0) and st.agree_expected[0] == pytest.approx(p[order[0]])
     outside = int(order[7])  # returned (within the margin) but cut by top-k: impossible
-    st = token_stats_from_logprobs([outside], [_returned(raw, outside, 9)], [], temperature=0.7, top_k=5, num_logprobs=9)
+    st = token_stats_from_logprobs([outside], [_returned(raw, outside, 9)], [], temperature=0.7, top_k=5,
+                                   num_logprobs=9)
     assert st.p_token[0] == 0.0
 
 

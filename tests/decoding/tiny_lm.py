@@ -45,7 +45,8 @@ class TinyLM(nn.Module):
         keys, values = cache.update(key[None, None], value[None, None], 0)  # [1, 1, past + T, d]
         scores = query @ keys[0, 0].T / math.sqrt(x.shape[-1])  # [T, past + T]
         if attention_mask is None:  # causal
-            visible = torch.arange(past + num, device=x.device)[None] <= torch.arange(past, past + num, device=x.device)[:, None]
+            visible = (torch.arange(past + num, device=x.device)[None]
+                       <= torch.arange(past, past + num, device=x.device)[:, None])
             scores = scores.masked_fill(~visible, -math.inf)
         else:
             scores = scores + attention_mask[0, 0]
@@ -91,7 +92,8 @@ def sequence_law(model: TinyLM, prompt: list[int], length: int, params: Sampling
             rows.append(model(seq[None]).logits[0, -1])
         probs = logits_to_probs(torch.stack(rows), params).double()
         probs = probs / probs.sum(-1, keepdim=True)
-        law = {prefix + (t,): law[prefix] * float(probs[i, t]) for i, prefix in enumerate(prefixes) for t in range(vocab)}
+        law = {prefix + (t,): law[prefix] * float(probs[i, t])
+               for i, prefix in enumerate(prefixes) for t in range(vocab)}
     return {k: v for k, v in law.items() if v > 0}
 
 

@@ -31,7 +31,8 @@ def setup():
     rng = random.Random(0)
     sequences = [[rng.randrange(1, 32) for _ in range(n)] for n in (30, 45, 38, 60)]
     with torch.no_grad():
-        features = [torch.cat([s[0] for s in (target(torch.tensor([seq]), output_hidden_states=True).hidden_states[layer]
+        features = [torch.cat([s[0] for s in (target(torch.tensor([seq]),
+                                                     output_hidden_states=True).hidden_states[layer]
                                               for layer in head.config.aux_layers)], dim=-1) for seq in sequences]
     return target, head, sequences, features
 

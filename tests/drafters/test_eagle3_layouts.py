@@ -136,7 +136,8 @@ def drafts(head: Eagle3Head, target, ids: list[int]) -> tuple[torch.Tensor, list
 def test_each_layout_loads_the_head_it_was_written_from(target, tmp_path, layout):
     head, loaded = built(target, tmp_path, layout)
     files = {p.name for p in tmp_path.iterdir()}
-    assert files == {"config.json", "pytorch_model.bin" if LAYOUTS[layout][0]["weights"] == "bin" else "model.safetensors"}
+    assert files == {"config.json",
+                     "pytorch_model.bin" if LAYOUTS[layout][0]["weights"] == "bin" else "model.safetensors"}
     attached = check_head_fits(loaded.config, target)
     assert attached.aux_layers == (LAYOUTS[layout][2].get("aux") or DEFAULT_AUX)
     for key in ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output", "draft_vocab_size",
@@ -236,7 +237,8 @@ def test_missing_unexpected_and_misshapen_weights_are_refused_naming_them(folder
 
 
 def test_a_vocabulary_table_that_maps_twice_is_refused(folder):
-    edit_weights(folder, lambda w: w.update({"d2t": torch.zeros(15, dtype=torch.long).index_fill_(0, torch.tensor([3]), -1)}))
+    edit_weights(folder, lambda w: w.update(
+        {"d2t": torch.zeros(15, dtype=torch.long).index_fill_(0, torch.tensor([3]), -1)}))
     assert "d2t maps" in refused(folder)
 
 

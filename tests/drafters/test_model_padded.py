@@ -9,8 +9,8 @@ target's p is untouched. Checked on both sides of the padding:
   the draft has no row for; the draft reads them as id 0),
 
 by test_engine_law's law tests at temperature 1 (deterministic and sampled trees; chains in the
-``slow`` set, about 40 s each; resample-from-p rejected by the same tests), by float32 greedy identity with real Llamas and tokenizers
-through the drafter registry, and by the q vectors a sampled tree carries.
+``slow`` set, about 40 s each; resample-from-p rejected by the same tests), by float32 greedy identity
+with real Llamas and tokenizers through the drafter registry, and by the q vectors a sampled tree carries.
 """
 
 from __future__ import annotations
@@ -161,9 +161,11 @@ def test_a_padded_target_keeps_its_own_law(padded_target_models, shape):
                        tokens=CONTROL_TOKENS, make_drafter=make)
     p_bad, pos_bad, _, _ = law_tests(target, bad, law)
     emitted = np.concatenate([np.array(out) for out in good.outputs])
-    print(f"\n{shape}: accepted/round={good.mean_accepted:.2f} padding ids emitted={float((emitted >= TOKENS).mean()):.3f} "
+    print(f"\n{shape}: accepted/round={good.mean_accepted:.2f} "
+          f"padding ids emitted={float((emitted >= TOKENS).mean()):.3f} "
           f"p(correct)={p_good:.3g} positions p(correct)={pos_good:.3g} p(resample-from-p)={p_bad:.3g} "
-          f"positions p(resample-from-p)={pos_bad:.3g} detectable mean tv={worst_case_detectable_tv(num_tokens, df, ALPHA):.4f}")
+          f"positions p(resample-from-p)={pos_bad:.3g} "
+          f"detectable mean tv={worst_case_detectable_tv(num_tokens, df, ALPHA):.4f}")
     assert good.mean_accepted > 0.3 and (emitted >= TOKENS).mean() > 0.05
     assert worst_case_detectable_tv(num_tokens, df, ALPHA) <= 0.03
     assert p_good > ALPHA and pos_good > ALPHA
@@ -195,7 +197,8 @@ def resized(model: LlamaForCausalLM, rows: int, boost: bool = False) -> LlamaFor
     copy.resize_token_embeddings(rows, mean_resizing=False)
     if boost:
         with torch.no_grad():
-            copy.lm_head.weight[model.config.vocab_size :] = 5.0 * copy.lm_head.weight[: model.config.vocab_size].abs().max()
+            copy.lm_head.weight[model.config.vocab_size :] = (
+                5.0 * copy.lm_head.weight[: model.config.vocab_size].abs().max())
     return copy.eval()
 
 

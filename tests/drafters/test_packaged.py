@@ -93,7 +93,8 @@ def test_the_shipped_head_rewritten_in_the_eagle_layout_drafts_the_same(smollm2,
     assert {p.name for p in tmp_path.iterdir()} == {"config.json", "pytorch_model.bin"}
     config = json.loads((tmp_path / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLMEagle3"] and "speculators_model_type" not in config
-    assert config["norm_before_residual"] is True and config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [2, 15, 27]
+    assert (config["norm_before_residual"] is True
+            and config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [2, 15, 27])
     rewritten = build_drafter(f"eagle3:{tmp_path}", smollm2)
     mine, theirs = shipped.head.state_dict(), rewritten.head.state_dict()
     assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)

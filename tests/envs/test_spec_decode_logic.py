@@ -36,7 +36,8 @@ EXPECTED_NAMES = (
     "verify_cost_64", "draft_cost_round", "draft_cost_level",
 )
 INFO_KEYS = {
-    "num_emitted", "num_accepted", "seconds", "draft_seconds", "verify_seconds", "sample_seconds", "depth", "verify_size",
+    "num_emitted", "num_accepted", "seconds", "draft_seconds", "verify_seconds", "sample_seconds", "depth",
+    "verify_size",
     "num_proposed", "num_verified", "verified_depth", "token_ids", "token_stats", "exactness_passed",
     "stop_reason", "prompt_id",
 }
@@ -235,6 +236,7 @@ def test_engine_that_contradicts_the_config_is_refused(scripted):
 
 
 def test_import_stays_light():
-    code = "import sys, gymnasium as gym, draftrl.envs; gym.spec('draftrl/TraceReplay-v0'); print('torch' in sys.modules)"
+    code = ("import sys, gymnasium as gym, draftrl.envs; gym.spec('draftrl/TraceReplay-v0'); "
+            "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

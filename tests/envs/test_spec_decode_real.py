@@ -38,7 +38,8 @@ def tiny_prompts(tmp_path):
     """Two few-token prompts without the chat template: checkers reset many times, prefill is cheap."""
     path = tmp_path / "tiny.jsonl"
     lines = [
-        '{"id": "a", "language": "en", "task": "chat", "split": "tune", "prompt": "1, 2, 3, 1, 2,", "max_new_tokens": 4}',
+        '{"id": "a", "language": "en", "task": "chat", "split": "tune", "prompt": "1, 2, 3, 1, 2,", '
+        '"max_new_tokens": 4}',
         '{"id": "b", "language": "en", "task": "chat", "split": "tune", "prompt": "The sea is", "max_new_tokens": 4}',
     ]
     path.write_text("\n".join(lines) + "\n")

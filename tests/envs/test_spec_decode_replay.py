@@ -27,8 +27,8 @@ from draftrl.replay.traces import Traces, collect
 from draftrl.signals.costs import CostTable
 
 WORKLOAD = dict(languages=("en",), tasks=("code_edit",), limit_per_group=2, max_new_tokens=20, depths=(0, 1, 2, 4))
-ROUND_KEYS = ("token_ids", "num_emitted", "num_accepted", "num_proposed", "num_verified", "verified_depth", "stop_reason",
-              "token_stats", "depth", "verify_size")
+ROUND_KEYS = ("token_ids", "num_emitted", "num_accepted", "num_proposed", "num_verified", "verified_depth",
+              "stop_reason", "token_stats", "depth", "verify_size")
 
 
 def table() -> CostTable:
@@ -290,7 +290,8 @@ def test_collect_and_calibrate_commands(shared_smollm2, tmp_path, capsys):
 
     out_dir = tmp_path / "traces"
     assert main(["collect", "--config", "configs/tiny_cpu.yaml", "--out", str(out_dir), "--cost-table", str(costs),
-                 "--set", "env.limit_per_group=1", "--set", "env.tasks=[code_edit]", "--set", "env.max_new_tokens=6"]) == 0
+                 "--set", "env.limit_per_group=1", "--set", "env.tasks=[code_edit]",
+                 "--set", "env.max_new_tokens=6"]) == 0
     assert "prompts=1 positions=6" in capsys.readouterr().out
     env = gym.make("draftrl/TraceReplay-v0", traces=str(out_dir))  # finds the copied cost table
     env.reset(seed=0)

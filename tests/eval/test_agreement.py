@@ -32,8 +32,9 @@ def _llama(dtype: torch.dtype):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-                         num_key_value_heads=1, max_position_embeddings=64, tie_word_embeddings=False)
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
+                         tie_word_embeddings=False)
     model = LlamaForCausalLM(config).eval()
     with torch.no_grad():
         model.lm_head.weight.mul_(20.0)  # logits of a few units, as a trained model's

@@ -113,14 +113,16 @@ def test_ar_is_an_alias_of_none_and_the_reference_comes_first(engine):
 
 def test_hf_labels_and_ppo_directories():
     specs = parse_policies("heuristic, best-grid,fixed:4:w2,ppo:runs/a,lookahead,fixed:3:6:w2")
-    assert [s.label for s in specs] == ["none", "heuristic", "best-grid", "fixed:4:w2", "ppo", "lookahead", "fixed:3:6:w2"]
+    assert [s.label for s in specs] == ["none", "heuristic", "best-grid", "fixed:4:w2", "ppo", "lookahead",
+                                        "fixed:3:6:w2"]
     assert [(s.depth, s.verify_size, s.width) for s in (specs[3], specs[6])] == [(4, None, 2), (3, 6, 2)]
     labels = [s.label for s in parse_policies("ppo:runs/size,ppo:runs/depth/policy.zip")]
     assert labels == ["none", "ppo[size]", "ppo[depth]"]
 
 
-@pytest.mark.parametrize("engine, name", [("hf", "vllm-ngram:4"), ("hf", "dsd:1-1:4,2-16:1"), ("hf", "vllm-class:m.C:4"),
-                                          ("hf", "stop:4:t0.5"), ("hf", "vllm-eagle3:2"), ("hf", "fixed:4:b1"),
+@pytest.mark.parametrize("engine, name", [("hf", "vllm-ngram:4"), ("hf", "dsd:1-1:4,2-16:1"),
+                                          ("hf", "vllm-class:m.C:4"), ("hf", "stop:4:t0.5"), ("hf", "vllm-eagle3:2"),
+                                          ("hf", "fixed:4:b1"),
                                           ("vllm", "threshold"), ("vllm", "bandit"), ("vllm", "lookahead"),
                                           ("vllm", "best-grid"), ("vllm", "fixed:4:8:w2")])
 def test_a_name_the_engine_cannot_run_is_refused_naming_what_it_accepts(engine, name):
@@ -171,7 +173,8 @@ def test_stock_methods_take_vllms_dynamic_sd_table_as_route_a():
     assert (ngram.kind, ngram.depth, ngram.dsd) == ("vllm-ngram", 4, ((1, 2, 4), (3, 16, 0)))
     spec = engine_config_for(eagle3, ServeConfig()).speculative_config()
     assert spec["method"] == "eagle3" and spec["model"].endswith("smollm2-135m")
-    assert spec["num_speculative_tokens"] == 3 and spec["num_speculative_tokens_per_batch_size"] == [[1, 1, 3], [2, 16, 1]]
+    assert (spec["num_speculative_tokens"] == 3
+            and spec["num_speculative_tokens_per_batch_size"] == [[1, 1, 3], [2, 16, 1]])
     assert "num_speculative_tokens_per_batch_size" not in engine_config_for(
         parse_policies("vllm-eagle3:2", engine="vllm")[1], ServeConfig()).speculative_config()
     for bad, why in (("vllm-eagle3:1-1:0,2-16:0", "deepest K is 1..16"), ("vllm-eagle3:2-16:1", "batch size 1"),
@@ -204,7 +207,8 @@ def test_a_policy_drafts_with_the_runs_drafter_or_its_own():
     headed = ServeConfig(drafter="eagle3")  # the run's drafter: the bare name drafts with the head too
     assert engine_config_for(lookup, headed) == engine_config_for(head, config) == engine_config_for(head, headed)
     stopped = parse_policies("stop:6:t0.4@eagle3,stop:6:c0.25@sam:2", engine="vllm")[1:]
-    assert [(s.kind, s.depth, s.stop) for s in stopped] == [("stop", 6, "confidence:0.4"), ("stop", 6, "cumulative:0.25")]
+    assert [(s.kind, s.depth, s.stop) for s in stopped] == [("stop", 6, "confidence:0.4"),
+                                                            ("stop", 6, "cumulative:0.25")]
     assert [proposer_rule(s) for s in stopped] == ["confidence:0.4", "cumulative:0.25"]
     loaded = parse_policies("stop:6:t0.6:b1@sam:2,fixed:4:b2@eagle3,fixed:4:16:b2@eagle3", engine="vllm")[1:]
     assert [(s.depth, s.verify_size, s.stop, s.head_max_batch) for s in loaded] == [
@@ -268,7 +272,8 @@ def test_v_zero_is_refused_on_both_engines(engine):
         with pytest.raises(ValueError, match=r"write fixed:\d \(no limit\) or fixed:0 \(no speculation\)") as err:
             parse_policies(old, engine=engine)
         assert "\n" not in str(err.value)
-    assert [(s.depth, s.verify_size) for s in parse_policies("fixed:4,fixed:4:1", engine=engine)[1:]] == [(4, None), (4, 1)]
+    assert ([(s.depth, s.verify_size) for s in parse_policies("fixed:4,fixed:4:1", engine=engine)[1:]]
+            == [(4, None), (4, 1)])
 
 
 def test_vllm_depths_stop_at_the_proposer_and_dsd_tables_start_at_one():

@@ -46,7 +46,8 @@ def shared_target(smollm2):
     """The session's SmolLM2, registered as the envs' per-process shared copy."""
     from draftrl.models import loading
 
-    loading._SHARED[("smollm2-135m", "float32", "cpu", None)] = smollm2  # key of shared_model(spec, dtype, device, kernels)
+    # key of shared_model(spec, dtype, device, kernels)
+    loading._SHARED[("smollm2-135m", "float32", "cpu", None)] = smollm2
     return smollm2
 
 

@@ -88,7 +88,8 @@ class ScriptedLLM:
             t, draft = len(r["out"]), r["draft"]
             verified += len(draft)
             accepted = 0
-            while accepted < len(draft) and t + accepted < len(r["truth"]) and draft[accepted] == r["truth"][t + accepted]:
+            while (accepted < len(draft) and t + accepted < len(r["truth"])
+                   and draft[accepted] == r["truth"][t + accepted]):
                 accepted += 1
             gained = r["truth"][t: min(t + accepted + 1, r["max"])]
             r["out"] += gained

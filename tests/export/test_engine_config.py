@@ -88,7 +88,8 @@ def test_sglang_config_has_the_expected_keys(analytic_run, tmp_path):
     assert "--speculative-adaptive" in config["launch_args"] and "--speculative-num-steps" in config["launch_args"]
     # EAGLE3 loads a separate draft model: the key is there, and the notes say what to put in it
     assert args["speculative_draft_model_path"] == "<EAGLE draft model path>"
-    assert "--speculative-draft-model-path" in config["launch_args"] and "speculative_draft_model_path" in config["notes"][0]
+    assert ("--speculative-draft-model-path" in config["launch_args"]
+            and "speculative_draft_model_path" in config["notes"][0])
     # the n-gram default: SGLang's adaptive mode needs EAGLE, so it is switched off and the file says why
     main(["export", str(analytic_run), "--format", "sglang", "--out", str(tmp_path / "ngram.json")])
     ngram = json.loads((tmp_path / "ngram.json").read_text())

@@ -29,11 +29,13 @@ def test_a_stock_eagle3_table_exports_as_plain_vllm_config(tmp_path, capsys):
     assert main(["export", "vllm-eagle3:1-1:3,2-16:1", "--format", "vllm", "--out", str(out),
                  "--gpu-memory-utilization", "0.45"]) == 0
     bundle = json.loads((out / "vllm.json").read_text())
-    assert sorted(p.name for p in out.iterdir()) == ["drafter", "vllm.json"] and _same_files(out / "drafter", Path(SHIPPED))
+    assert (sorted(p.name for p in out.iterdir()) == ["drafter", "vllm.json"]
+            and _same_files(out / "drafter", Path(SHIPPED)))
     assert bundle["speculative_config"] == {"method": "eagle3", "model": "./drafter", "num_speculative_tokens": 3,
                                             "num_speculative_tokens_per_batch_size": [[1, 1, 3], [2, 16, 1]]}
     assert bundle["target"] == "smollm2-135m" and bundle["engine_args"] == {"gpu_memory_utilization": 0.45}
-    assert bundle["env"] == {} and not any(w in bundle[k] for w in ("custom_class", "DRAFTRL_") for k in ("python", "serve"))
+    assert bundle["env"] == {} and not any(w in bundle[k] for w in ("custom_class", "DRAFTRL_")
+                                           for k in ("python", "serve"))
     assert bundle["serve"].startswith("cd BUNDLE_DIR && vllm serve MODEL_DIR --gpu-memory-utilization 0.45 "
                                       "--speculative-config ")
     assert "gpu_memory_utilization=0.45" in bundle["python"]
@@ -118,9 +120,9 @@ def test_a_head_rule_takes_its_drafter_from_the_flag_or_the_name_and_its_budget_
 
 
 def test_policies_trained_with_the_head_export_to_stock_eagle3():
-    derivation = {"k1": 3, "width": 1, "verify_size": 0, "drafter": "sam:2", "target": "smollm2-135m", "depths": [0, 2, 3],
-                  "depth_by_batch": [[1, 4, 3], [5, 512, 1]], "deepest_common_by_batch": [[1, 512, 3]],
-                  "common_depths": [2, 3]}
+    derivation = {"k1": 3, "width": 1, "verify_size": 0, "drafter": "sam:2", "target": "smollm2-135m",
+                  "depths": [0, 2, 3], "depth_by_batch": [[1, 4, 3], [5, 512, 1]],
+                  "deepest_common_by_batch": [[1, 512, 3]], "common_depths": [2, 3]}
     config = ec.vllm_config(derivation)
     spec = config["speculative_config"]
     assert spec["method"] == "eagle3" and spec["model"] == SHIPPED and spec["num_speculative_tokens"] == 3

@@ -11,7 +11,8 @@ import pytest
 from draftrl.cli import main
 from draftrl.decoding.vllm.engine import INSTALL_CPU, vllm_available
 
-pytestmark = [pytest.mark.vllm, pytest.mark.skipif(not vllm_available(), reason=f"vllm is not installed ({INSTALL_CPU})")]
+pytestmark = [pytest.mark.vllm,
+              pytest.mark.skipif(not vllm_available(), reason=f"vllm is not installed ({INSTALL_CPU})")]
 
 
 #: in-process vLLM engines started by these tests, alive until the process ends (see below)

@@ -29,7 +29,8 @@ def grid(depths=tuple(range(13)), verify_sizes=(0,)):
 
 
 def round_info(depth: int, accepted: int) -> dict:
-    return {"num_emitted": accepted + 1, "num_accepted": accepted, "num_verified": depth, "seconds": 1.0, "depth": depth}
+    return {"num_emitted": accepted + 1, "num_accepted": accepted, "num_verified": depth, "seconds": 1.0,
+            "depth": depth}
 
 
 # ----------------------------------------------------------------------------- Fixed
@@ -70,7 +71,8 @@ def test_hf_heuristic_caps_at_grid_and_snaps_down():
     assert policy.schedule == 7 and policy.act(obs)[0] == 4
     policy.observe(round_info(4, 4))  # 7 + 2 = 9, capped at 8
     assert policy.act(obs)[0] == 8
-    policy.observe({"num_emitted": 1, "num_accepted": 0, "num_verified": 0, "seconds": 1.0})  # nothing verified: no change
+    # nothing verified: no change
+    policy.observe({"num_emitted": 1, "num_accepted": 0, "num_verified": 0, "seconds": 1.0})
     assert policy.schedule == 8
 
 

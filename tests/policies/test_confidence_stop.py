@@ -1,6 +1,7 @@
-"""Per-level confidence stops (and SpecDec++'s, tests/policies/test_acceptance_stop.py): each rule stops exactly where it should on hand-made chains, the ROC
-re-fit moves Hugging Face's threshold the right way (a wrong fit fails the same check), and in the
-real engine with a tiny EAGLE-3 head the rules stop where they say and keep greedy output exact."""
+"""Per-level confidence stops (and SpecDec++'s, tests/policies/test_acceptance_stop.py): each rule stops
+exactly where it should on hand-made chains, the ROC re-fit moves Hugging Face's threshold the right way (a
+wrong fit fails the same check), and in the real engine with a tiny EAGLE-3 head the rules stop where they
+say and keep greedy output exact."""
 
 from __future__ import annotations
 
@@ -137,7 +138,8 @@ class Recording:
         return stop
 
 
-@pytest.mark.parametrize("make", RULES, ids=["hf-threshold", "hf-roc", "eagle2-cum:0.3", "eagle2-cum:0.05", "specdec:0.6"])
+@pytest.mark.parametrize("make", RULES,
+                         ids=["hf-threshold", "hf-roc", "eagle2-cum:0.3", "eagle2-cum:0.05", "specdec:0.6"])
 @pytest.mark.parametrize("mixed", [False, True], ids=["head", "mixed"])
 def test_greedy_output_with_a_stop_rule_is_the_targets_and_rounds_stop_where_the_rule_says(pair, make, mixed):
     target, head = pair

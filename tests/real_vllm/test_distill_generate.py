@@ -15,7 +15,8 @@ def test_vllm_responses_are_the_targets_greedy_ones_and_resume(tmp_path):
     loaded = load_model("smollm2-135m")
     prompts = select_prompts(3, 0, seed=0)
     path = tmp_path / "samples.jsonl"
-    samples = regenerate(loaded.model, loaded.tokenizer, prompts, 96, 12, 4, path, vllm_model=model_path("smollm2-135m"))
+    samples = regenerate(loaded.model, loaded.tokenizer, prompts, 96, 12, 4, path,
+                         vllm_model=model_path("smollm2-135m"))
     assert [s.id for s in samples] == [p[0] for p in prompts]
     for sample in samples:
         ids = torch.tensor([sample.prompt_ids])

@@ -57,5 +57,6 @@ def test_exported_serving_policy_runs_in_vllm(serve_run, mixed_prompts, tmp_path
     assert obs[1:, 0].max() > 0  # requests running after the first step
     for record in proposer.history:  # the policy's action bounded every step's drafts
         assert record.action.depth in (0, 2, 8) and record.action.budget in (0, 4, 128)
-        assert int(record.admitted.sum()) <= record.action.budget and record.admitted.max(initial=0) <= record.action.depth
+        assert (int(record.admitted.sum()) <= record.action.budget
+                and record.admitted.max(initial=0) <= record.action.depth)
     assert sum(int(r.admitted.sum()) for r in proposer.history) > 0  # identity was checked on drafts too

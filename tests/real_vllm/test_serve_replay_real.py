@@ -60,7 +60,8 @@ def test_cost_model_refits_on_a_fresh_tiny_calibration():
     table = decode_table(result["points"])
     for p in decode:  # the model reproduces each measured cell's median
         tokens, secs = table[p["num_seqs"]]
-        assert model.mean(p["num_seqs"], p["tokens_verified"]) == pytest.approx(secs[tokens.index(p["tokens_verified"])])
+        assert (model.mean(p["num_seqs"], p["tokens_verified"])
+                == pytest.approx(secs[tokens.index(p["tokens_verified"])]))
     spread = [s - model.mean(p["num_seqs"], p["tokens_verified"]) for p in decode for s in p["seconds"]]
     assert model.residual_std == pytest.approx(np.std(spread), rel=1e-6)
     assert result["fit"]["prefill_calibrated"] and model.per_prefill_token > 0  # a prompt token costs something

@@ -61,8 +61,8 @@ def _untrained_ppo(path):
         action_space = gym.spaces.MultiDiscrete([7, 8])
         depths, verify_sizes, feature_names = ServeConfig().depths, ServeConfig().budgets, FEATURE_NAMES
 
-    save_trained(Learned(PPO("MlpPolicy", Spaces(), n_steps=8, seed=0), None), path, kind="size", env_id="draftrl/ServeVLLM-v0",
-                 grids_env=Spaces(), extra={})
+    save_trained(Learned(PPO("MlpPolicy", Spaces(), n_steps=8, seed=0), None), path, kind="size",
+                 env_id="draftrl/ServeVLLM-v0", grids_env=Spaces(), extra={})
     return path
 
 

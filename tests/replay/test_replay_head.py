@@ -134,7 +134,8 @@ def test_sam_and_hindsight_choose_their_drafter_per_request():
     for i, rec in enumerate(recs.requests):
         for t in range(1, len(rec.token_ids) + 1):
             assert engine._drafts_with_head(i, t) == (lookup.match_len[i][t] < 2)
-    assert 0 < sum(engine._drafts_with_head(i, t) for i in range(len(recs)) for t in range(1, TOKENS)) < len(recs) * (TOKENS - 1)
+    assert (0 < sum(engine._drafts_with_head(i, t) for i in range(len(recs)) for t in range(1, TOKENS))
+            < len(recs) * (TOKENS - 1))
     for rule in ("hindsight", "match"):
         best = ReplayEngine(recs, COST, max_depth=DEPTH, rule=rule, drafter="hindsight", head_proposals=head)
         assert all(best._drafts_with_head(i, t) == (head.accepted[i][t] > lookup.accepted[i][t])

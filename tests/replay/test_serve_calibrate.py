@@ -54,7 +54,8 @@ def head_cells(calibration, added, sd=0.0, seed=1):
     heads = []
     for p in calibration["points"]:
         if p.get("kind") == "decode" and p["depth"] >= 1:
-            s = np.asarray(p["seconds"]) + added(p["num_seqs"], p["depth"]) + sd * rng.standard_normal(len(p["seconds"]))
+            s = (np.asarray(p["seconds"]) + added(p["num_seqs"], p["depth"])
+                 + sd * rng.standard_normal(len(p["seconds"])))
             heads.append({**p, "kind": "head", "seconds": s.tolist()})
     return {**calibration, "points": calibration["points"] + heads}
 
@@ -68,7 +69,8 @@ def test_head_cells_give_the_heads_added_seconds_and_leave_the_fit_alone():
     added = lambda b, d: 0.001 + 0.005 * d + 0.0004 * b * d  # noqa: E731
     model = StepCostModel.from_calibration(head_cells(plain, added))
     without = StepCostModel.from_calibration(plain)
-    assert (model.base, model.per_seq, model.per_token) == pytest.approx((without.base, without.per_seq, without.per_token))
+    assert (model.base, model.per_seq, model.per_token) == pytest.approx((without.base, without.per_seq,
+                                                                          without.per_token))
     assert model.table == without.table and without.head is None
     assert model.residual_std == without.residual_std  # the noise is the decode cells' spread, head cells apart
     for b, d in ((1, 1), (4, 2), (16, 8), (2, 4)):

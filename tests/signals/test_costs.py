@@ -23,7 +23,8 @@ def test_cost_table_lookup_and_roundtrip(tmp_path):
     with pytest.raises(FileNotFoundError, match="draftrl calibrate"):
         CostTable.load(tmp_path / "missing.json")
     with pytest.raises(ValueError, match="must start at 1"):
-        CostTable(num_tokens=[2, 4], context_lens=[8], verify_seconds=[[1, 2]], draft_widths=[1], draft_level_seconds=[0])
+        CostTable(num_tokens=[2, 4], context_lens=[8], verify_seconds=[[1, 2]], draft_widths=[1],
+                  draft_level_seconds=[0])
 
 
 def table_dict(**verify) -> dict:

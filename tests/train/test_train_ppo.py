@@ -90,7 +90,8 @@ def test_ppo_beats_every_fixed_depth_beyond_noise(trained):
 
 def test_train_writes_policy_summary_and_checkpoints(trained):
     out, summary = trained
-    for name in ("policy.zip", "vecnormalize.pkl", "policy.json", "train_summary.json", "config.json", "run_state.json"):
+    for name in ("policy.zip", "vecnormalize.pkl", "policy.json", "train_summary.json", "config.json",
+                 "run_state.json"):
         assert (out / name).is_file(), name
     on_disk = json.loads((out / "train_summary.json").read_text())
     assert on_disk["run_id"] == summary["run_id"]
@@ -200,8 +201,8 @@ def test_ctrl_c_saves_a_checkpoint_and_the_cli_prints_the_resume_command(tmp_pat
     assert main(argv) == 130
     err = capsys.readouterr().err.strip().splitlines()
     assert "interrupted; checkpoint saved at" in err[-1] and "Traceback" not in "\n".join(err)
-    assert err[-1].endswith(f"draftrl train --config {ANALYTIC} --out {out} --set total_timesteps=256 --set ppo.n_steps=64 "
-                           "--set eval_episodes=2 --set progress_bar=false --resume")
+    assert err[-1].endswith(f"draftrl train --config {ANALYTIC} --out {out} --set total_timesteps=256 "
+                           "--set ppo.n_steps=64 --set eval_episodes=2 --set progress_bar=false --resume")
     assert list((out / "checkpoints").glob("ppo_*_steps.zip"))
 
 
@@ -317,7 +318,8 @@ def test_train_env_section_is_typed_like_every_commands():
     assert (cfg.env.target, cfg.env.depths, cfg.env.env_config().target) == ("m", (0, 2), "m")
     with pytest.raises(ValueError, match="unknown config key 'env.eval.dephts'; did you mean 'env.eval.depths'"):
         load_config(TrainConfig, None, ["env.eval={dephts: [0]}"])
-    with pytest.raises(ValueError, match="env.depths is not an argument of draftrl/Analytic-v0; set env.analytic.depths"):
+    with pytest.raises(ValueError,
+                       match="env.depths is not an argument of draftrl/Analytic-v0; set env.analytic.depths"):
         load_config(TrainConfig, ANALYTIC, ["env.depths=[0,1]"])
     with pytest.raises(ValueError, match="env.analytic.alpha"):
         load_config(TrainConfig, ANALYTIC, ["env.analytic.alpha=high"])
@@ -393,7 +395,8 @@ def test_wandb_offline_run_directory_is_written(tmp_path, monkeypatch):
     assert (run.job_type, run.name, run.exit_code) == ("train", "train-run", 0)
     # the learning curve beside the best fixed setting measured on the same env
     reference = summary["reference_best_fixed"]
-    assert reference["name"] in summary["evaluation"]["table"] and reference["throughput"] == max(reference["scores"].values())
+    assert (reference["name"] in summary["evaluation"]["table"]
+            and reference["throughput"] == max(reference["scores"].values()))
     rows = [row for row in run.history if "rollout/episode_throughput" in row]
     assert rows and all(row["rollout/best_fixed_throughput"] == pytest.approx(reference["throughput"]) for row in rows)
     assert all(row["rollout/throughput_vs_best_fixed"] == pytest.approx(

@@ -110,7 +110,8 @@ def test_eval_writes_results_report_and_plots(smollm2, config, grid_dir, untrain
         assert set(p["per_language"]) == {"en"} and set(p["per_task"]) == {"code_edit", "chat"}
         assert p["num_tokens"] == saved["policies"]["none"]["num_tokens"]  # greedy: the same output
     assert saved["policies"]["none"]["speedup_vs_none"] == pytest.approx(1.0)
-    assert saved["kernels"]["layout"] == smollm2.kernels.layout and saved["kernels"]["source"] in ("probe", "cache", "busy")
+    assert (saved["kernels"]["layout"] == smollm2.kernels.layout
+            and saved["kernels"]["source"] in ("probe", "cache", "busy"))
     # anchors: only the grid's best prompt-lookup gamma is timed again, on the same requests
     assert set(saved["anchors"]["methods"]) == {"hf", "hf-lookup:2"}
     assert all(a["identical_to_none"] == "2/2" for a in saved["anchors"]["methods"].values())  # greedy
@@ -118,7 +119,8 @@ def test_eval_writes_results_report_and_plots(smollm2, config, grid_dir, untrain
         assert p["speedup_vs_hf"] > 0 and p["speedup_vs_hf_lookup"] > 0
         for ref in ("none", "hf", "hf_lookup", "best_fixed"):
             ci = p[f"ci_vs_{ref}"]
-            if (name, ref) in (("none", "none"), ("best-grid", "best_fixed")):  # a reference against itself: no interval
+            # a reference against itself: no interval
+            if (name, ref) in (("none", "none"), ("best-grid", "best_fixed")):
                 assert ci == {"ratio": 1.0, "reference": True}
                 continue
             assert ci["num_requests"] == 2 and ci["low"] <= ci["ratio"] <= ci["high"], (name, ref)
@@ -135,7 +137,8 @@ def test_eval_writes_results_report_and_plots(smollm2, config, grid_dir, untrain
     report = (tmp_path / "report.md").read_text()
     assert "| ppo |" in report and "| lookahead |" in report and "Verdict: PASSED" in report
     assert "vs HF generate" in report and "`hf-lookup:2` (best)" in report and "not resolved" in report
-    for png in ("grid_heatmap.png", "trajectory.png", "acceptance_hist.png", "pit_hist.png", "speedup_vs_best_fixed.png"):
+    for png in ("grid_heatmap.png", "trajectory.png", "acceptance_hist.png", "pit_hist.png",
+                "speedup_vs_best_fixed.png"):
         assert_png(tmp_path / png)
     assert set(saved["trajectories"]["policies"]) == {"heuristic", "threshold", "bandit", "ppo", "lookahead"}
 

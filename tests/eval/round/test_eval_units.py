@@ -116,8 +116,10 @@ def test_acceptance_by_position_is_conditional():
 
 
 def test_summaries_speedups_and_medians():
-    ar = [_run("ar", "a", 2.0, [1] * 10, [0] * 10, [0] * 10, "en"), _run("ar", "b", 2.0, [1] * 10, [0] * 10, [0] * 10, "zh")]
-    fast = [_run("x", "a", 1.0, [2] * 5, [1] * 5, [2] * 5, "en"), _run("x", "b", 2.0, [1] * 10, [0] * 10, [1] * 10, "zh")]
+    ar = [_run("ar", "a", 2.0, [1] * 10, [0] * 10, [0] * 10, "en"),
+          _run("ar", "b", 2.0, [1] * 10, [0] * 10, [0] * 10, "zh")]
+    fast = [_run("x", "a", 1.0, [2] * 5, [1] * 5, [2] * 5, "en"),
+            _run("x", "b", 2.0, [1] * 10, [0] * 10, [1] * 10, "zh")]
     slow_repeat = _run("x", "a", 9.0, [2] * 5, [1] * 5, [2] * 5, "en")
     slow_repeat.repeat = 1
     kept = median_runs(ar + fast + [slow_repeat])
@@ -168,7 +170,8 @@ def test_the_grid_is_one_wandb_run_with_every_cell_and_the_best(tmp_path, offlin
 
     _, grid = fake_results()
     for cell in grid["cells"].values():
-        cell.update({"tokens_per_second": 10.0 * cell["speedup_vs_none"], "mean_tokens_per_round": 1 + cell["depth"] / 4,
+        cell.update({"tokens_per_second": 10.0 * cell["speedup_vs_none"],
+                     "mean_tokens_per_round": 1 + cell["depth"] / 4,
                      "noise": 0.1, "itl_p50": 0.03, "itl_p99": 0.05, "per_task": {"chat": {
                          "tokens_per_second": 9.0, "speedup_vs_none": 1.0, "mean_tokens_per_round": 1.2}}})
     grid["hardware"] = {"cpu": "test"}

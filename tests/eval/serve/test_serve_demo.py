@@ -24,7 +24,8 @@ def _results(speedups: dict[str, dict[str, float]]) -> dict:
 
 
 def test_sweep_summary_gives_ratios_geomean_and_tau():
-    real = _results({"0.5": {"none": 1.0, "fixed:4": 1.6, "ppo:x": 1.4}, "8": {"none": 1.0, "fixed:4": 0.9, "ppo:x": 1.1}})
+    real = _results({"0.5": {"none": 1.0, "fixed:4": 1.6, "ppo:x": 1.4},
+                     "8": {"none": 1.0, "fixed:4": 0.9, "ppo:x": 1.1}})
     replay = _results({"0.5": {"none": 1.0, "fixed:4": 1.5, "ppo:x": 1.3},
                        "8": {"none": 1.0, "fixed:4": 1.2, "ppo:x": 1.0}})
     out = sweep_summary(real, replay)
@@ -32,7 +33,8 @@ def test_sweep_summary_gives_ratios_geomean_and_tau():
     assert out["rates"]["8"]["fixed:4"]["replay_speedup_vs_none"] == 1.2
     assert out["geomean_speedup_vs_none"]["ppo:x"] == pytest.approx(math.sqrt(1.4 * 1.1))
     # six (rate, policy) points, paired rate by rate and policy by policy
-    assert out["kendall_tau"] == pytest.approx(kendall_tau([1.0, 1.6, 1.4, 1.0, 0.9, 1.1], [1.0, 1.5, 1.3, 1.0, 1.2, 1.0]))
+    assert out["kendall_tau"] == pytest.approx(kendall_tau([1.0, 1.6, 1.4, 1.0, 0.9, 1.1],
+                                                           [1.0, 1.5, 1.3, 1.0, 1.2, 1.0]))
     assert out["kendall_tau"] < 1.0  # the replay puts fixed:4 above ppo at rate 8, vLLM below
 
 
@@ -83,7 +85,8 @@ def test_the_sweep_is_logged_against_the_arrival_rate(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     monkeypatch.delenv("WANDB_DIR", raising=False)
-    real = _results({"0.5": {"none": 1.0, "fixed:4": 1.6, "ppo:x": 1.4}, "8": {"none": 1.0, "fixed:4": 0.9, "ppo:x": 1.1}})
+    real = _results({"0.5": {"none": 1.0, "fixed:4": 1.6, "ppo:x": 1.4},
+                     "8": {"none": 1.0, "fixed:4": 0.9, "ppo:x": 1.1}})
     replay = _results({"0.5": {"none": 1.0, "fixed:4": 1.5, "ppo:x": 1.3},
                        "8": {"none": 1.0, "fixed:4": 1.2, "ppo:x": 1.0}})
     with logged_run(WandbConfig(), tmp_path / "sweep", job_type="sweep") as run:
@@ -97,7 +100,8 @@ def test_the_sweep_is_logged_against_the_arrival_rate(tmp_path, monkeypatch):
         assert lines == {(name, float(rate)): p["speedup_vs_none"] for rate, entry in results["rates"].items()
                          for name, p in entry["policies"].items()}
     columns, rows = read.table("sweep/rate_0_5")
-    assert {row[0]: (row[1], row[2]) for row in rows} == {"none": (1.0, 1.0), "fixed:4": (1.6, 1.5), "ppo:x": (1.4, 1.3)}
+    assert {row[0]: (row[1], row[2]) for row in rows} == {"none": (1.0, 1.0), "fixed:4": (1.6, 1.5),
+                                                          "ppo:x": (1.4, 1.3)}
     assert read.table("sweep/rate_8")[1]
     assert read.summary["policy/ppo:x/geomean_speedup_vs_none"] == pytest.approx(math.sqrt(1.4 * 1.1))
     assert read.summary["policy/fixed:4/speedup_vs_none/rate_8"] == 0.9

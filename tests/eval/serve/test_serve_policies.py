@@ -97,9 +97,10 @@ def test_a_drafter_vllms_proposer_cannot_run_or_a_head_rule_without_a_head_is_re
     ``env.drafter`` refuses the first kind itself. One line each, naming the fix."""
     for names, why in (("fixed:4@layerskip:8", "'layerskip:8', which vLLM's proposer cannot run"),
                        ("heuristic@self", "'self', which vLLM's proposer cannot run"),
-                       ("stop:4:t0.6", r"stops on its head's confidence, but its drafter 'ngram:1:3:latest' runs no head; "
-                                       r"draft with one: stop:4:t0.6@eagle3\[:DIR\]"),
-                       ("fixed:4:b1@ngram:1:3", r"limits its head to small steps \(:bB\), but its drafter 'ngram:1:3'")):
+                       ("stop:4:t0.6", r"stops on its head's confidence, but its drafter 'ngram:1:3:latest' "
+                                       r"runs no head; draft with one: stop:4:t0.6@eagle3\[:DIR\]"),
+                       ("fixed:4:b1@ngram:1:3",
+                        r"limits its head to small steps \(:bB\), but its drafter 'ngram:1:3'")):
         with pytest.raises(ValueError, match=why) as err:
             check_policies(parse_policies(names, engine="vllm"), ServeConfig())
         assert "\n" not in str(err.value)

@@ -127,7 +127,8 @@ def test_the_replay_drafts_with_the_policys_drafter_or_refuses_it(tmp_path):
     config = ServeConfig(max_new_tokens=TOKENS, shuffle=False, seed=0)
     assert replay_drafter(config) == "ngram" and replay_drafter(config, "hindsight") == "hindsight"
     assert replay_drafter(ServeConfig(drafter="eagle3:runs/head")) == "eagle3"
-    assert replay_drafter(ServeConfig(drafter="sam:3")) == replay_drafter(ServeConfig(drafter="sam:3"), "sam:3") == "sam:3"
+    assert (replay_drafter(ServeConfig(drafter="sam:3")) == replay_drafter(ServeConfig(drafter="sam:3"), "sam:3")
+            == "sam:3")
     for drafter, given in (("ngram:1:4", "ngram"), ("sam:2", "eagle3")):
         with pytest.raises(ValueError, match=f"drafter={drafter!r} cannot be replayed with drafter={given!r}"):
             replay_drafter(ServeConfig(drafter=drafter), given)
