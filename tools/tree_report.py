@@ -642,7 +642,8 @@ def _functions(modules: dict[str, Module]) -> dict[tuple[str, str], Function]:
     return found
 
 
-def _bindings(mod: Module, modules: dict[str, Module], scope: ast.AST | None = None) -> dict[str, tuple[str, str | None]]:
+def _bindings(mod: Module, modules: dict[str, Module],
+              scope: ast.AST | None = None) -> dict[str, tuple[str, str | None]]:
     """Local name -> (draftrl module, attribute or None for the module itself), from every import of
     ``mod``, or only from those inside ``scope`` (a function: its own imports win over the module's,
     where two functions import one name from two places, as ``cli/demo.py``'s two ``run_demo``)."""
