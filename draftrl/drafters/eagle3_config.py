@@ -191,6 +191,16 @@ def read_config(data: dict, where: str) -> Eagle3Config:
                      f"EAGLE / SpecForge one architectures {list(EAGLE_ARCHITECTURES[:1])}; {FIX}")
 
 
+def vllm_pins(data: dict) -> dict:
+    """The keys of a head's ``config.json`` ``data`` that vLLM 0.32 reads otherwise than draftrl, with
+    draftrl's values (``{}`` when both read it alike): a speculators-layout head without
+    ``norm_before_residual`` is False to speculators and draftrl, True to vLLM 0.32's speculators reader,
+    so the same weights would draft other tokens there. The EAGLE / SpecForge layout means the same to both."""
+    if not isinstance(data, dict) or "speculators_model_type" not in data or "norm_before_residual" in data:
+        return {}
+    return {"norm_before_residual": read_config(data, "config.json").norm_before_residual}
+
+
 def _layer(data: dict) -> LlamaConfig:
     model_type = data.get("model_type", "llama")
     if model_type != "llama":

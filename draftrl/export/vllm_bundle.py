@@ -231,16 +231,17 @@ def pin_head_config(folder: Path) -> list[str]:
 
     :returns: one note per key written.
     """
-    from draftrl.drafters.eagle3_config import read_config
+    from draftrl.drafters.eagle3_config import vllm_pins
 
     path = folder / "config.json"
     data = json.loads(path.read_text()) if path.is_file() else None
-    if not isinstance(data, dict) or "speculators_model_type" not in data or "norm_before_residual" in data:
+    pins = vllm_pins(data)
+    if not pins:
         return []
-    value = read_config(data, str(path)).norm_before_residual
-    write_json(path, {**data, "norm_before_residual": value})
-    return [f"{DRAFTER_DIR}/config.json: norm_before_residual={str(value).lower()} written (the head's config left it "
-            f"out: speculators and draftrl read that as false, vLLM 0.32 as true, which drafts other tokens)."]
+    write_json(path, {**data, **pins})
+    return [f"{DRAFTER_DIR}/config.json: {key}={str(value).lower()} written (the head's config left it "
+            f"out: speculators and draftrl read that as false, vLLM 0.32 as true, which drafts other tokens)."
+            for key, value in pins.items()]
 
 
 def write_head_bundle(name: str, out: str | Path, *, depth: int, min_match: int | None = None,

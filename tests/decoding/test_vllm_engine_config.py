@@ -96,3 +96,34 @@ def test_hub_ids_are_accepted_where_folders_are_and_refused_in_one_line_when_out
     config = VLLMEngineConfig(method="eagle3", head="someone/eagle3-head", num_speculative_tokens=2)
     assert config.speculative_config()["model"] == "someone/eagle3-head"  # vLLM reads the same cache
     assert VLLMEngineConfig(drafter="eagle3:someone/eagle3-head").runs_head
+
+
+def test_a_head_config_vllm_reads_otherwise_is_given_to_it_pinned(tmp_path, monkeypatch):
+    """A speculators head without ``norm_before_residual`` (False to draftrl, True to vLLM 0.32) reaches
+    vLLM as a cached folder whose config states False, its weights linked, made once; a head that states
+    the key, and the EAGLE layout, reach vLLM as given."""
+    import json
+
+    from draftrl.decoding.vllm.engine import vllm_head
+    from draftrl.drafters.eagle3_config import read_config
+
+    monkeypatch.setenv("DRAFTRL_CACHE", str(tmp_path / "cache"))
+    head = random_head(fetch_model("smollm2-135m", quiet=True), 16)
+    stated = head.save_pretrained(tmp_path / "stated")
+    bare = head.save_pretrained(tmp_path / "bare")
+    data = json.loads((bare / "config.json").read_text())
+    data.pop("norm_before_residual")
+    (bare / "config.json").write_text(json.dumps(data))
+    assert read_config(data, "bare").norm_before_residual is False
+
+    pinned = vllm_head(str(bare))
+    assert pinned != str(bare) and pinned.startswith(str(tmp_path / "cache" / "vllm_heads"))
+    written = json.loads((tmp_path / "cache" / "vllm_heads" / pinned.rsplit("/", 1)[1] / "config.json").read_text())
+    assert written == {**data, "norm_before_residual": False}
+    weights = sorted(p.name for p in bare.iterdir() if p.name != "config.json")
+    linked = [p for p in sorted((tmp_path / "cache" / "vllm_heads").glob("*/*")) if p.name != "config.json"]
+    assert [p.name for p in linked] == weights and all(p.is_symlink() for p in linked)
+    assert vllm_head(str(bare)) == pinned  # made once
+    assert vllm_head(str(stated)) == str(stated)
+    assert vllm_head(str(head.save_pretrained(tmp_path / "eagle", layout="eagle"))) == str(tmp_path / "eagle")
+    assert vllm_head("org/some-hub-head") == "org/some-hub-head"

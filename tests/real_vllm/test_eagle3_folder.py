@@ -78,3 +78,22 @@ def test_the_serving_eval_runs_eagle3_k_and_checks_its_greedy_identity(tmp_path,
         assert counts["acceptance_length"] == 1 + counts["num_accepted"] / counts["num_drafts"]
         assert table["none"]["spec_decoding"]["num_drafts"] == 0
         assert table["vllm-eagle3:2"]["decode_step_seconds"] > 0
+
+
+def test_vllm_reads_a_bare_speculators_head_as_draftrl_does_through_vllm_head(tmp_path, monkeypatch):
+    """vLLM 0.32's own speculators reader, on a head whose config leaves out ``norm_before_residual``:
+    True on the user's folder (the control: vLLM would draft with the other layer), False, draftrl's
+    reading, on the folder ``draftrl eval --engine vllm``'s ``vllm-eagle3:K`` gives it (:func:`vllm_head`)."""
+    from vllm.transformers_utils.configs.speculators.base import SpeculatorsConfig
+
+    from draftrl.decoding.vllm.engine import vllm_head
+    from draftrl.drafters.eagle3 import random_head
+    from draftrl.models.fetch import fetch_model
+
+    monkeypatch.setenv("DRAFTRL_CACHE", str(tmp_path / "cache"))
+    bare = random_head(fetch_model("smollm2-135m", quiet=True), 16).save_pretrained(tmp_path / "bare")
+    data = json.loads((bare / "config.json").read_text())
+    data.pop("norm_before_residual")
+    (bare / "config.json").write_text(json.dumps(data))
+    assert SpeculatorsConfig.from_pretrained(str(bare)).norm_before_residual is True
+    assert SpeculatorsConfig.from_pretrained(vllm_head(str(bare))).norm_before_residual is False

@@ -212,6 +212,13 @@ def stock_speculative_config(method: str, num_speculative_tokens: int, dsd: tupl
     return spec
 
 
+def _readable_heads(spec: dict[str, Any] | None) -> dict[str, Any] | None:
+    """``spec`` with a stock ``eagle3`` head given as :func:`vllm_head` reads it."""
+    if spec is None or spec.get("method") != "eagle3":
+        return spec
+    return {**spec, "model": vllm_head(spec["model"])}
+
+
 def model_path(spec: str) -> str:
     """What vLLM loads for ``spec``: draftrl's converted copy of a known model, a local directory, or
     a hub id as it is (vLLM fetches it; refused at once, in one line, when it is neither cached nor
@@ -229,6 +236,46 @@ def model_path(spec: str) -> str:
     except FileNotFoundError as err:
         raise ValueError(str(err)) from None
     return spec
+
+
+def vllm_head(head: str | None) -> str | None:
+    """The folder vLLM loads for the EAGLE-3 head ``head`` so that it drafts what draftrl drafts: a local
+    head whose ``config.json`` leaves out a key vLLM 0.32 reads otherwise
+    (:func:`draftrl.drafters.eagle3_config.vllm_pins`) is given as a folder in draftrl's cache
+    (``<cache>/vllm_heads/<hash>``) holding that config with the key written and links to the head's
+    other files (no weights copied), made once per head and config. Anything else is returned as given
+    (a hub id is vLLM's to read: draftrl sees its config only once vLLM fetched it)."""
+    import hashlib
+    import json
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from draftrl.drafters.eagle3_config import vllm_pins
+    from draftrl.io import write_json
+    from draftrl.models import cache_root
+
+    folder = Path(head) if head else None
+    if folder is None or not (folder / "config.json").is_file():
+        return head
+    data = json.loads((folder / "config.json").read_text())
+    pins = vllm_pins(data)
+    if not pins:
+        return head
+    key = hashlib.sha256(f"{folder.resolve()}\n{json.dumps(data, sort_keys=True)}".encode()).hexdigest()[:16]
+    out = cache_root() / "vllm_heads" / key
+    if not out.is_dir():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        staged = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{key}-"))
+        for item in folder.iterdir():
+            if item.name != "config.json":
+                (staged / item.name).symlink_to(item.resolve())
+        write_json(staged / "config.json", {**data, **pins})
+        try:
+            staged.rename(out)  # whole or not at all; another process may have made it first
+        except OSError:
+            shutil.rmtree(staged, ignore_errors=True)
+    return str(out)
 
 
 def check_memory_share(value: float | None) -> None:
@@ -330,7 +377,7 @@ class VLLMEngine:
         self.llm = LLMEngine.from_engine_args(EngineArgs(
             model=model_path(config.model), dtype=config.dtype, enforce_eager=self.enforce_eager,
             max_model_len=config.max_model_len, max_num_seqs=config.max_num_seqs, seed=config.seed,
-            speculative_config=config.speculative_config(),
+            speculative_config=_readable_heads(config.speculative_config()),
             logprobs_mode="raw_logprobs", max_logprobs=config.max_logprobs, **memory,
         ), stat_loggers=[stat_logger(self.spec_counts)])
         self.load_seconds = time.perf_counter() - t0
