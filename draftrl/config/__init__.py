@@ -207,6 +207,10 @@ def read_env_file(path: str | Path) -> dict[str, Any]:
     return loaded
 
 
+#: shipped config files that were renamed, by their old name (one word per concept: "replay")
+RENAMED_CONFIGS = {"serve_sim_cpu.yaml": "configs/serve_replay_cpu.yaml"}
+
+
 def load_config(cls: type[T], path: str | Path | None = None, overrides: list[str] | None = None, *,
                 base: T | None = None, partial: bool = False) -> T:
     """Load ``cls`` defaults (or ``base``), then the YAML file at ``path``, then ``key=value`` overrides.
@@ -219,6 +223,8 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: list[st
     if path is not None:
         path = Path(path)
         if not path.is_file():
+            if path.name in RENAMED_CONFIGS:
+                raise FileNotFoundError(f"config file {path} was renamed: pass {RENAMED_CONFIGS[path.name]}")
             raise FileNotFoundError(f"config file {path} does not exist; pass a file from configs/")
         data = read_yaml(path)
         if not isinstance(data, dict):
