@@ -44,7 +44,13 @@ class EnvConfig(WorkloadConfig):
     (torch.compile's modes, dynamic shapes). Off by default: not yet measured on a GPU, and each new
     shape it meets costs a compilation (seconds to minutes) before it can pay off"""
     draft_sampling: bool = False
-    """model drafters sample proposals from q instead of taking the top children"""
+    """model drafters sample proposals from q instead of taking the top children (exact, not replayable
+    from traces: train such policies on the live env)"""
+    keyed: bool = False
+    """draw the token of each output position from a stream keyed by (request seed, position) (Gumbel-max):
+    the same law, and then speculative decoding emits, in float32, token for token what plain decoding
+    with the same seed emits, so a sampled run is checked like a greedy one (``EngineConfig.keyed``; needs
+    deterministic drafts, draft_sampling off)"""
     # ---- action grid
     depths: tuple[int, ...] = (0, 1, 2, 3, 4, 6, 8)
     """draft depths the policy chooses from; 0 = no speculation (a plain target step)"""
@@ -107,6 +113,9 @@ class EnvConfig(WorkloadConfig):
         for name in ("cost_noise", "cost_jitter"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{self.section}.{name}={getattr(self, name)} must be >= 0 (a lognormal sigma).")
+        if self.keyed and self.draft_sampling:
+            raise ValueError(f"{self.section}.keyed=true needs deterministic drafts but {self.section}.draft_sampling="
+                             "true; turn one of them off.")
         if self.depth_shaping and self.reward != "ratio":
             raise ValueError(
                 f"{self.section}.depth_shaping=true needs reward=ratio (got {self.reward!r}): only the ratio "

@@ -4,6 +4,13 @@ Walk from the root: at each node p is the target's distribution there (after tem
 top-k, top-p). Deterministic children: sample y ~ p and descend iff y is a child. Children
 drawn i.i.d. from q: recursive rejection sampling with residual updates. The walk ends with a
 *recovered* token (no child accepted) or a *bonus* token (a node with no verified children).
+
+*Keyed* sampling (``keyed=(seed, position)``, deterministic children only): the row at output
+position t draws y with :func:`~draftrl.models.distribution.sample_keyed` from the stream keyed by
+(seed, t), so the round emits exactly what plain decoding with the same keyed stream emits.
+
+Every walk also reports, free (in the walk's one transfer), what its forward computed about the
+target's own uncertainty: :data:`TARGET_FEATURES` of :meth:`Acceptance.target_features`.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from draftrl.models.distribution import (
     SamplingParams,
     check_generator_device,
     logits_to_probs,
+    sample_keyed,
     sample_rows,
 )
 
@@ -34,6 +42,11 @@ from draftrl.models.distribution import (
 #: first rejection the rejected draft token (the node's first child) is emitted and kept as accepted,
 #: and the walk goes on from it.
 OFF_BY_ONE = "off-by-one"
+#: What a round's verification forward says about the target, known before the next round is chosen
+#: (:meth:`Acceptance.target_features`): the raw (temperature 1, unfiltered) softmax's top-1 probability
+#: and entropy (nats) at the row that emitted the round's last token, and the mean p (the sampled,
+#: transformed distribution) of the round's accepted draft tokens (0 when none was accepted).
+TARGET_FEATURES: tuple[str, ...] = ("target_top1_prob", "target_entropy", "accepted_mean_p")
 
 
 @dataclass
@@ -47,11 +60,29 @@ class Acceptance:
     row_argmax: list[int] | None = None
     """temperature 0: the argmax of every verified row (root first, then node i at i + 1), as the walk
     transferred it; the engine checks each emitted token against it (``decoding.argmax_check``)"""
+    row_top1: list[float] | None = None
+    """every row's raw softmax top-1 probability (row 0 the root, row i + 1 node i)"""
+    row_entropy: list[float] | None = None
+    """every row's raw softmax entropy, nats"""
+    row_p: list[float] | None = None
+    """every row's p (transformed) of the token it emitted or the child it accepted"""
+    parents: list[int] | None = None
+    """the tree's parent of each node (-1 the root), to find an accepted node's row"""
 
     def truncate(self, n: int) -> Acceptance:
         """The first ``n`` emitted tokens (EOS or the length limit cut the round)."""
         return Acceptance(self.tokens[:n], self.accepted[:n], None if self.stats is None else self.stats.slice(0, n),
-                          self.row_argmax)
+                          self.row_argmax, self.row_top1, self.row_entropy, self.row_p, self.parents)
+
+    def target_features(self) -> dict[str, float]:
+        """:data:`TARGET_FEATURES` of the emitted tokens ({} when the walk did not compute them)."""
+        if self.row_top1 is None or not self.tokens:
+            return {}
+        last_row = ([-1] + self.accepted)[len(self.tokens) - 1] + 1  # the row that drew the last token
+        accepted = self.accepted[: len(self.tokens)]
+        p = [self.row_p[self.parents[node] + 1] for node in accepted]
+        return {"target_top1_prob": self.row_top1[last_row], "target_entropy": self.row_entropy[last_row],
+                "accepted_mean_p": sum(p) / len(p) if p else 0.0}
 
 
 def accept_tree(
@@ -62,6 +93,7 @@ def accept_tree(
     sampler: str = "correct",
     probs: torch.Tensor | None = None,  # [1 + len(tree), V]: logits_to_probs(logits), if already computed
     stats: bool = True,
+    keyed: tuple[int, int] | None = None,
 ) -> Acceptance:
     """Descend from the root while a child is accepted; see the module docstring.
 
@@ -75,19 +107,34 @@ def accept_tree(
     draw. The draws therefore follow a fixed layout per tree (sibling groups by size, then the
     leaves), whatever the outcome. ``stats`` (the :class:`TokenStats` the exactness monitor reads;
     False: None) costs one more transfer, over the emitted tokens' rows only.
+
+    ``keyed=(seed, position)``: draw each row's token from the stream keyed by (seed, position + the
+    row's depth) instead of ``generator`` (module docstring); needs deterministic children and the
+    correct rule (or ``off-by-one``, whose walk change applies on top).
     """
     if params.greedy:
         return _accept_greedy(tree, logits, stats, sampler)
+    if keyed is not None and (not tree.deterministic or sampler == "resample-from-p"):
+        raise ValueError("keyed sampling replays one draw per position: it needs deterministic drafts (not "
+                         "EnvConfig.draft_sampling) and the correct rule; turn keyed sampling off for this run.")
     device = logits.device if probs is None else probs.device
     check_generator_device(generator, device)
     kids = tree.children()
     checks = DeferredChecks()
     with checks.collecting():
         p = probs if probs is not None else logits_to_probs(logits.float(), params)  # [1 + n, V]
-        token, index = _outcomes(tree, kids, p, generator, "correct" if sampler == OFF_BY_ONE else sampler)
+        if keyed is None:
+            token, index = _outcomes(tree, kids, p, generator, "correct" if sampler == OFF_BY_ONE else sampler)
+        else:
+            token, index = _keyed_outcomes(tree, kids, p, *keyed)
+        top1, entropy = _raw_uncertainty(logits)
+        p_out = p.gather(-1, token.unsqueeze(-1)).squeeze(-1).double() / p.sum(dim=-1, dtype=torch.float64)
     rows = p.shape[0]
-    values = torch.cat([token, index, checks.flags(device)]).tolist()  # the walk's one transfer
-    checks.raise_failed(values[2 * rows :])
+    # the walk's one transfer
+    values = torch.cat([token.double(), index.double(), top1, entropy, p_out, checks.flags(device).double()]).tolist()
+    checks.raise_failed(values[5 * rows :])
+    row_top1, row_entropy, row_p = values[2 * rows: 3 * rows], values[3 * rows: 4 * rows], values[4 * rows: 5 * rows]
+    values = [int(v) for v in values[: 2 * rows]]
     tokens: list[int] = []
     accepted: list[int] = []
     node, kept_rejected = -1, False
@@ -101,9 +148,33 @@ def accept_tree(
             break
         node = children[child]
         accepted.append(node)
-    if not stats:
-        return Acceptance(tokens, accepted, None)
-    return Acceptance(tokens, accepted, _emitted_stats(tree, kids, p, tokens, accepted))
+    found = _emitted_stats(tree, kids, p, tokens, accepted) if stats else None
+    return Acceptance(tokens, accepted, found, None, row_top1, row_entropy, row_p, list(tree.parents))
+
+
+def _raw_uncertainty(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[R, V] logits -> the raw (temperature 1) softmax's top-1 probability and entropy per row, float64
+    [R] each: the target's own uncertainty, whatever the request's sampling."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    entropy = -(logp.exp() * logp).nan_to_num(0.0).sum(dim=-1)
+    return logp.amax(dim=-1).exp().double(), entropy.double()
+
+
+def _keyed_outcomes(tree: DraftTree, kids: dict[int, list[int]], p: torch.Tensor, seed: int, position: int,
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`_outcomes` under keyed sampling: row r (the root, or node r - 1 at depth d) draws its token
+    from the stream of output position ``position + d``; its accepted child is the child equal to it."""
+    rows = p.shape[0]
+    depths = [0] + [int(d) for d in tree.depths]
+    token = sample_keyed(p, seed, [position + d for d in depths])  # [1 + n]
+    index = torch.full((rows,), -1, dtype=torch.long, device=p.device)
+    groups = _sibling_groups(list(kids), kids)
+    if groups:
+        data = torch.tensor(_group_data(tree, kids, groups), dtype=torch.long, device=p.device)
+        for _, parent_rows, children in _split_groups(groups, data, 0):
+            match = children == token[parent_rows].unsqueeze(-1)
+            index[parent_rows] = torch.where(match.any(dim=-1), match.long().argmax(dim=-1), -1)
+    return token, index
 
 
 def _outcomes(
@@ -192,12 +263,16 @@ def _emitted_stats(
 def _accept_greedy(tree: DraftTree, logits: torch.Tensor, stats: bool = True, sampler: str = "correct") -> Acceptance:
     """Temperature 0: p is one-hot at the argmax (lowest id on ties, as ``logits_to_probs``), so
     every rule above reduces to "descend while the argmax is a child". One argmax for all rows;
-    every statistic is then known without touching the vocabulary again."""
-    best = logits.argmax(dim=-1).tolist()
+    every statistic is then known without touching the vocabulary again (but for the raw softmax's
+    :data:`TARGET_FEATURES`, in the same transfer)."""
+    rows = logits.shape[0]
+    top1, entropy = _raw_uncertainty(logits)
+    values = torch.cat([logits.argmax(dim=-1).double(), top1, entropy]).tolist()  # the walk's one transfer
+    best = [int(v) for v in values[:rows]]
     kids = tree.children()
     tokens: list[int] = []
     accepted: list[int] = []
-    rows: list[tuple] = []
+    stat_rows: list[tuple] = []
     node, kept_rejected = -1, False
     while True:
         y = best[node + 1]
@@ -207,13 +282,14 @@ def _accept_greedy(tree: DraftTree, logits: torch.Tensor, stats: bool = True, sa
             child, kept_rejected = children[0], True  # the negative control keeps the first rejected draft token
             y = tree.tokens[child]
         agree = float(child is not None)
-        rows.append((1.0, 0.0, 0.0, bool(children), agree, agree))
+        stat_rows.append((1.0, 0.0, 0.0, bool(children), agree, agree))
         tokens.append(y)
         if child is None:
             break
         node = child
         accepted.append(node)
-    return Acceptance(tokens, accepted, _stats(tokens, rows) if stats else None, row_argmax=best)
+    return Acceptance(tokens, accepted, _stats(tokens, stat_rows) if stats else None, best, values[rows: 2 * rows],
+                      values[2 * rows:], [1.0] * rows, list(tree.parents))
 
 
 def _stats(tokens: list[int], rows: list[tuple]) -> TokenStats:

@@ -47,6 +47,7 @@ def build_engine(config: EnvConfig, target: LoadedModel | None = None, *, max_ne
         top_k=config.top_k,
         top_p=config.top_p,
         seed=(config.seed or 0) if seed is None else seed,
+        keyed=config.keyed,
         max_depth=max(16, config.max_depth),
         max_width=max(16, config.width),
         sampler=sampler,

@@ -51,6 +51,11 @@ class EngineConfig:
     """nucleus mass (1 = off)"""
     seed: int = 0
     """seed of the sampling generator"""
+    keyed: bool = False
+    """draw the token of output position t from a stream keyed by (the request's seed, t) (Gumbel-max,
+    ``models.distribution.sample_keyed``) instead of the generator: the law is the same, and a round then
+    emits, in float32, token for token what plain decoding with the same keyed stream emits, so a sampled
+    run is checked like a greedy one. Needs deterministic drafts"""
     max_depth: int = 16
     """largest draft depth a round may ask for"""
     max_width: int = 16
@@ -119,6 +124,9 @@ class RoundResult:
     token_stats: TokenStats | None
     """one entry per emitted token; None when ``EngineConfig.token_stats`` is off"""
     draft_features: dict[str, float] = field(default_factory=dict)
+    target_features: dict[str, float] = field(default_factory=dict)
+    """what the verification forward said about the target (``decoding.acceptance.TARGET_FEATURES``);
+    {} where the engine does not know them"""
     prompt_fed: bool = False
     """the round's forward also fed the prompt (``start(prefill=False)``): ``verify_seconds``
     include the prefill, so they are no sample of what verifying costs"""
@@ -178,7 +186,8 @@ class SpeculativeDecoder:
         self._prefill_kwargs = last_logits_only(target)  # the prefill reads only the last position
         #: positions the target can attend over (None: unknown); a request must fit in it
         self.max_context: int | None = getattr(getattr(target, "config", None), "max_position_embeddings", None)
-        self.params = self.config.sampling
+        self.params = self.config.sampling  # the current request's sampling (``start(sampling=...)``)
+        self._key_seed = self.config.seed
         # one generator, on the device that holds every tensor of a round: the drafter's children
         # and the verification walk both draw from it
         self.generator = generator_for(self.device, self.config.seed)
@@ -201,11 +210,14 @@ class SpeculativeDecoder:
 
     # ------------------------------------------------------------------ request
     @torch.inference_mode()
-    def start(self, prompt_ids: list[int], seed: int | None = None, prefill: bool = True, rng=None) -> float:
+    def start(self, prompt_ids: list[int], seed: int | None = None, prefill: bool = True, rng=None,
+              sampling: SamplingParams | None = None) -> float:
         """Begin a request: prefill the target with the whole prompt. Returns seconds.
 
-        ``seed`` seeds the sampling generator; ``rng`` (the caller's numpy generator, which a replayed
-        engine draws its cost noise from) is not used: the live engine's randomness is its generator.
+        ``seed`` seeds the sampling generator (and keys the keyed stream, ``EngineConfig.keyed``); ``rng``
+        (the caller's numpy generator, which a replayed engine draws its cost noise from) is not used: the
+        live engine's randomness is its generator. ``sampling``: this request's temperature, top-k and
+        top-p (a request of a mixed workload), None = ``EngineConfig``'s; drafter and target share it.
 
         The prefill keeps the logits at the last prompt token, so the first round's verification
         feeds only its drafts (a plain first step needs no forward at all), as Hugging Face
@@ -223,6 +235,11 @@ class SpeculativeDecoder:
         check_fits(len(prompt_ids), self.config.max_new_tokens, self.max_context)
         if seed is not None:
             self.generator.manual_seed(seed)
+        self._key_seed = self.config.seed if seed is None else int(seed)
+        self.params = self.config.sampling if sampling is None else sampling
+        if self.config.keyed and not self.params.greedy and getattr(self.drafter, "sampled", False):
+            raise ValueError("EngineConfig.keyed needs deterministic drafts, but the drafter samples its proposals "
+                             "(EnvConfig.draft_sampling=true); turn one of them off.")
         t0 = self.clock()
         self.ids = [int(t) for t in prompt_ids]
         self.num_prompt_tokens = len(self.ids)
@@ -250,6 +267,11 @@ class SpeculativeDecoder:
         return self.ids[self.num_prompt_tokens :]
 
     @property
+    def sampling(self) -> SamplingParams:
+        """The current request's sampling (the engine config's until ``start(sampling=...)``)."""
+        return self.params
+
+    @property
     def drafts_levels(self) -> bool:
         """Whether :meth:`begin_levels` can grow this engine's drafts a level at a time."""
         return isinstance(self.drafter, LevelDrafter)
@@ -257,7 +279,8 @@ class SpeculativeDecoder:
     def check(self, config) -> None:
         """Refuse an ``EnvConfig`` whose sampling or limits contradict this engine (an env's config)."""
         ec = self.config
-        for name in ("temperature", "top_k", "top_p"):
+        # a mixed workload hands every request its own sampling at start(sampling=...)
+        for name in () if getattr(config, "temperature_mix", None) is not None else ("temperature", "top_k", "top_p"):
             if getattr(ec, name) != getattr(config, name):
                 raise ValueError(
                     f"engine {name}={getattr(ec, name)!r} differs from EnvConfig.{name}={getattr(config, name)!r}; "
@@ -391,8 +414,9 @@ class SpeculativeDecoder:
         logits = self.verify_forward(selected)  # [1 + n, V]
         t2 = self.clock()
 
+        keyed = (self._key_seed, len(self.output_ids)) if self.config.keyed else None
         verdict = accept_tree(selected, logits, self.params, self.generator, self.config.sampler,
-                              stats=self.config.token_stats)
+                              stats=self.config.token_stats, keyed=keyed)
         verdict = verdict.truncate(self._emit_count(verdict.tokens))
         if verdict.row_argmax is not None:  # temperature 0: each token is its verifying row's argmax, any dtype
             check_argmax(selected, verdict.tokens, verdict.accepted, verdict.row_argmax, len(self.output_ids))
@@ -424,6 +448,7 @@ class SpeculativeDecoder:
             stop_reason=stop,
             token_stats=verdict.stats,
             draft_features=tree.features,
+            target_features=verdict.target_features(),
             prompt_fed=prompt_fed,
         )
 

@@ -231,6 +231,50 @@ def sample_rows(weights: Tensor, generator: torch.Generator | None, num_samples:
     return tokens.squeeze(-1) if num_samples == 1 else tokens
 
 
+# --------------------------------------------------------------------------- keyed sampling
+
+_MASK64 = (1 << 64) - 1
+
+
+def keyed_seed(seed: int, position: int) -> int:
+    """The seed of ``position``'s stream in request ``seed``'s keyed sampling: splitmix64 of the pair,
+    so that neighbouring positions and seeds get unrelated streams (63 bits, a valid torch seed)."""
+    z = (int(seed) * 0x9E3779B97F4A7C15 + (int(position) + 1) * 0xD1B54A32D192ED03) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return (z ^ (z >> 31)) >> 1
+
+
+def keyed_gumbel(seed: int, positions: list[int], vocab: int, device: torch.device | str) -> Tensor:
+    """[len(positions), vocab] float64 standard Gumbel noise, row i a function of ``(seed, positions[i])``
+    alone (one generator per distinct position, on ``device``): the same position gets the same noise
+    in whichever forward, tree row or engine it is drawn."""
+    rows = {}
+    for position in positions:
+        if position not in rows:
+            generator = torch.Generator(device=device).manual_seed(keyed_seed(seed, position))
+            u = torch.rand(vocab, dtype=torch.float64, device=device, generator=generator)
+            rows[position] = -torch.log(-torch.log(u.clamp_(min=torch.finfo(torch.float64).tiny)))
+    return torch.stack([rows[position] for position in positions])
+
+
+def sample_keyed(weights: Tensor, seed: int, positions: list[int]) -> Tensor:
+    """[N, V] non-negative weights -> [N] long: row i's token is ``argmax(log w_i + G(seed, positions[i]))``
+    (Gumbel-max), an exact draw from the normalised row whose randomness is keyed by (seed, position).
+
+    Why: plain decoding that draws token t at position t from this stream, and speculative decoding
+    whose every verified row at output position t draws from the same stream (a deterministic child is
+    accepted iff it equals that draw), emit the same tokens whenever their rows' probabilities are
+    equal (float32: bitwise), so a sampled run can be checked token for token like a greedy one. The
+    law is unchanged: each emitted position's noise is fresh, independent of everything before it.
+    Zero-weight tokens are never drawn (log 0 = -inf)."""
+    flat = weights.double()
+    _require(((flat >= 0).all() & (flat.sum(dim=-1) > 0).all()),
+             lambda: "keyed sampling needs non-negative rows with positive mass; pass logits_to_probs rows.")
+    noise = keyed_gumbel(seed, list(positions), flat.shape[-1], flat.device)
+    return (torch.log(flat) + noise).argmax(dim=-1)
+
+
 def generator_for(device: torch.device | str, seed: int) -> torch.Generator:
     """A seeded generator on ``device``: the engine's one generator, on the device that holds its
     rounds' tensors, so that drafting and verification draw from one stream on one device (torch
