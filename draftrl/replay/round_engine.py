@@ -480,7 +480,7 @@ class TraceRoundEngine:
                                entropy=np.zeros(num_emitted), drafted=drafted, agree=agree,
                                agree_expected=agree.copy())
         else:  # the recorded rows' p; E[agree] = p(children) at each drafted node of the walk (its exact p)
-            lo = self._nodes()[0]
+            lo = self._cu_nodes[a]  # the round's tree: the position it started at
             node_p = self._node_p
             expected = [sum(node_p[lo + c] for c in kids[node].values()) if node in kids else 0.0
                         for node in path[:num_emitted]]
