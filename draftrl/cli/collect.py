@@ -116,6 +116,8 @@ def run(args: argparse.Namespace) -> int:
     from draftrl.runs import PARTIAL_DIR
     from draftrl.signals.costs import CostTable
 
+    if args.continuations is not None and args.continuations < 1:
+        raise ValueError(f"--continuations {args.continuations} must be >= 1 (recordings per prompt and temperature).")
     cfg = config(args)
     _options.set_threads(cfg.threads)
     out = Path(args.out)
@@ -128,8 +130,6 @@ def run(args: argparse.Namespace) -> int:
     def progress(index, prompt, seconds, label, k):
         print(f"[collect] {index + 1} {prompt.id} {label} k={k} {seconds:.1f}s", file=sys.stderr, flush=True)
 
-    if args.continuations is not None and args.continuations < 1:
-        raise ValueError(f"--continuations {args.continuations} must be >= 1 (recordings per prompt and temperature).")
     try:
         traces = collect(cfg.env, engine, tokenizer, progress=progress, partial_dir=partial,
                          num_continuations=args.continuations)

@@ -2,7 +2,7 @@
 the live engine's law, and replaying the greedy continuation at T > 0 is rejected by the same test.
 
 The target is a one-layer Llama whose attention and MLP write nothing, so its next-token law is a Markov
-chain over 16 tokens chosen in its weights (``markov_target``): "the next token in the cycle" with a
+chain over 16 tokens chosen in its weights (``tests/markov_target.py``): "the next token in the cycle" with a
 logit margin of 3 over Gaussian noise, so that at T = 0.7 and 1.0 an n-gram draft of the cycle is
 accepted often but far from always (first-round acceptance about 0.6 and 0.45). The drafter is the
 n-gram lookup at width 2 (trees: the earliest match's path and the vote's alternatives, distinct
@@ -34,8 +34,8 @@ import math
 
 import numpy as np
 import pytest
-import torch
 from choice_traces import costs
+from markov_target import NumberTokenizer, markov_target, write_prompts
 from scipy import stats
 
 from draftrl.config.env import EnvConfig
@@ -47,49 +47,10 @@ from draftrl.replay.traces import collect
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-VOCAB = 16
 BUDGET = 8
 WIDTH = 2
 ALPHA = 0.01
 PROMPTS = ([*range(16), *range(8)], [*range(8, 16), *range(16), 3, 4])
-
-
-class NumberTokenizer:
-    """``"3 4 5"`` -> ``[3, 4, 5]``."""
-
-    chat_template = None
-    eos_token_id = None
-
-    def __call__(self, text, add_special_tokens=False):
-        return {"input_ids": [int(w) for w in text.split()]}
-
-
-def markov_target(margin: float = 3.0, noise: float = 1.0, seed: int = 0):
-    """A Llama of one layer whose next-token logits depend on the current token only: attention and MLP
-    write nothing into the residual, the embedding is the identity, so the logits after token i are
-    column i of ``margin * [j == i + 1 mod 16] + noise * N(0, 1)``."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, hidden_size=VOCAB, intermediate_size=16,
-                                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
-                                         max_position_embeddings=256, tie_word_embeddings=False)).eval()
-    with torch.no_grad():
-        model.model.embed_tokens.weight.copy_(torch.eye(VOCAB))
-        for layer in model.model.layers:
-            layer.self_attn.o_proj.weight.zero_()
-            layer.mlp.down_proj.weight.zero_()
-        logits = noise * torch.randn(VOCAB, VOCAB) + margin * torch.roll(torch.eye(VOCAB), 1, 0)
-        model.lm_head.weight.copy_(logits / math.sqrt(VOCAB))  # the final RMSNorm scales e_i by sqrt(16)
-    return model
-
-
-def write_prompts(directory) -> str:
-    path = directory / "prompts.jsonl"
-    path.write_text("".join(
-        f'{{"id": "p{i}", "language": "en", "task": "chat", "split": "tune", "prompt": "{" ".join(map(str, ids))}", '
-        f'"max_new_tokens": {BUDGET}}}\n' for i, ids in enumerate(PROMPTS)))
-    return str(path)
 
 
 def config_at(prompts: str, temperature: float) -> EnvConfig:
@@ -183,7 +144,7 @@ def detectable_shift(n1: int, n2: int, p0: float, df: int, alpha: float, power: 
 def recorded(tmp_path_factory):
     """(target, prompts file, {temperature: traces}) with ``EPISODES`` continuations per prompt and temperature."""
     target = markov_target()
-    prompts = write_prompts(tmp_path_factory.mktemp("law"))
+    prompts = write_prompts(tmp_path_factory.mktemp("law"), PROMPTS, BUDGET)
 
     def record(temperature: float, episodes: int):
         config = config_at(prompts, temperature)
