@@ -249,3 +249,11 @@ def test_version_1_traces_load_as_one_greedy_continuation(tmp_path):
 def test_collect_refuses_zero_continuations_before_loading_models(tmp_path, capsys):
     assert main(["collect", "--out", str(tmp_path / "t"), "--continuations", "0"]) == 2
     assert "--continuations 0 must be >= 1" in capsys.readouterr().err
+
+
+def test_greedy_only_readers_refuse_sampled_traces(mixed):
+    from draftrl.replay.round_table import round_table
+
+    _, _, traces = mixed
+    with pytest.raises(ValueError, match="drafter-choice table.*reads greedy traces.*T0, T0.7 with 8 recordings"):
+        round_table({"ngram": traces}, {"ngram": costs(1e-4)}, (1, 2))
