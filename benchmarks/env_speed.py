@@ -5,7 +5,12 @@ traces of the same config (recorded here unless ``--traces`` is given, with a qu
 unless ``--cost-table`` is given); the analytic env needs no model. Each env gets a warm-up
 episode, then random actions for ``--seconds`` of wall clock in all, cut into ``--repeats`` slices
 that rotate over the envs in a fresh random order (load from other processes hits every env
-alike); an env's rate is the median over its slices. One line per env, ratio first:
+alike); an env's rate is the median over its slices. One line per env, ratio first.
+
+At ``--temperature`` (default 0.7; 0 skips it) the live round env and the replay run again over traces
+of that temperature (``--continuations`` sampled continuations per prompt, recorded here unless
+``--sampled-traces`` is given), interleaved with the rest: the replay at T > 0 walks one recorded
+continuation per request (exact in law), so it should keep the greedy replay's speed.
 
     python benchmarks/env_speed.py --seconds 20
     python benchmarks/env_speed.py --quick            # 1 s per env
@@ -57,6 +62,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=4, help="interleaved slices per env")
     parser.add_argument("--traces", default=None, help="trace directory from draftrl collect (default: record now)")
     parser.add_argument("--cost-table", default=None, help="cost table from draftrl calibrate (default: a quick one)")
+    parser.add_argument("--temperature", type=float, default=0.7, help="also time live and replay at this "
+                        "temperature (0: skip)")
+    parser.add_argument("--continuations", type=int, default=4, help="sampled continuations per prompt recorded for "
+                        "--temperature")
+    parser.add_argument("--sampled-traces", default=None, help="trace directory of --temperature (default: record now)")
     args = parse_args(parser, quick=dict(seconds=1.0, repeats=2))
     bench = Bench(args, __file__)
 
@@ -83,7 +93,17 @@ def main() -> None:
     kwargs = {live: dict(config=config), "draftrl/SpecDecodeDepth-v1": dict(config=config),
               replay: dict(traces=traces, cost_table=cost_table),
               "draftrl/TraceReplayDepth-v0": dict(traces=traces, cost_table=cost_table), "draftrl/Analytic-v0": {}}
-    envs = {env_id: warm_up(gym.make(env_id, **kw)) for env_id, kw in kwargs.items()}
+    sampled = f"T{args.temperature:g}"
+    if args.temperature > 0:
+        hot = dataclasses.replace(config, temperature=args.temperature)
+        hot_traces = args.sampled_traces
+        if hot_traces is None:
+            engine, tokenizer = build_engine(hot)
+            hot_traces = str(collect(hot, engine, tokenizer, num_continuations=args.continuations)
+                             .save(work / "traces_sampled"))
+        kwargs[f"{live}@{sampled}"] = dict(config=hot)
+        kwargs[f"{replay}@{sampled}"] = dict(traces=hot_traces, cost_table=cost_table)
+    envs = {env_id: warm_up(gym.make(env_id.split("@")[0], **kw)) for env_id, kw in kwargs.items()}
     slices = rotate({env_id: (lambda env=env: steps_per_second(env, args.seconds / args.repeats))
                      for env_id, env in envs.items()}, args.repeats)
     rates = {env_id: median(values) for env_id, values in slices.items()}
@@ -92,6 +112,10 @@ def main() -> None:
     for env_id, rate in rates.items():
         bench.row({"vs_real": rate / real}, {"steps_per_s": rate}, env=env_id, **where)
     bench.row({"replay_vs_real": rates[replay] / real}, **where)
+    if args.temperature > 0:
+        bench.row({f"replay_vs_real_{sampled}": rates[f"{replay}@{sampled}"] / rates[f"{live}@{sampled}"]},
+                  {"replay_steps_per_s": rates[f"{replay}@{sampled}"], "real_steps_per_s": rates[f"{live}@{sampled}"]},
+                  temperature=args.temperature, continuations=args.continuations, **where)
     bench.save()
 
 

@@ -1,15 +1,21 @@
-"""``draftrl collect``: record greedy traces for ``draftrl/TraceReplay-v0``.
+"""``draftrl collect``: record traces for ``draftrl/TraceReplay-v0``, at any temperature.
 
 Reads an env config (YAML with an ``env:`` section, e.g. ``configs/tiny_cpu.yaml``), decodes
-every selected prompt greedily with the real target and stores, from every true prefix, the
-drafter's tree of ``max(env.depths)`` levels and ``env.width`` nodes per level (see
-``draftrl.replay.traces``). The resolved config, the hardware and (with ``--cost-table``) the cost
-table are saved next to the traces, all three replaced as one unit (``draftrl.replay.traces``).
+every selected prompt with the real target at each sampling class of the env (``env.temperature``,
+``top_k``, ``top_p``, or every entry of ``env.temperature_mix``), ``--continuations K`` times per
+sampled class (default 4; once at temperature 0, where decoding is deterministic), each seeded from
+(env.seed, prompt, class, k), and stores, from every true prefix, the drafter's deterministic tree of
+``max(env.depths)`` levels and ``env.width`` nodes per level (see ``draftrl.replay.traces``: the replay
+is exact at temperature 0 and exact in law above it). ``env.draft_sampling=true`` at temperature > 0 is
+refused: sampled drafts are exact but not replayable (train them on ``draftrl/SpecDecode-v1``).
+The resolved config, the hardware and (with ``--cost-table``) the cost table are saved next to the
+traces, all three replaced as one unit (``draftrl.replay.traces``).
 
-An existing trace directory is replaced only with ``--overwrite``; finished prompts are kept in
-``OUT/.partial/``, so after an interruption (Ctrl-C, a crash) the same command resumes.
+An existing trace directory is replaced only with ``--overwrite``; finished recordings (prompt, class,
+k) are kept in ``OUT/.partial/``, so after an interruption (Ctrl-C, a crash) the same command resumes.
 
     draftrl collect --config configs/tiny_cpu.yaml --out runs/traces/tiny --cost-table costs.json
+    draftrl collect --config configs/tiny_cpu.yaml --out runs/traces/t07 --set env.temperature=0.7 --continuations 8
 """
 
 from __future__ import annotations
@@ -24,13 +30,16 @@ from draftrl.cli import _options
 
 
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("collect", help="record greedy draft/target traces for TraceReplay-v0")
+    p = subparsers.add_parser("collect", help="record draft/target traces for TraceReplay-v0 (any temperature)")
     _options.add_config(p)
     _options.add_models(p)
     _options.add_threads(p)
     _options.add_out(p, "directory for trace.npz, trace.json (and cost_table.json)",
                      overwrite="replace the traces already in --out (and discard an interrupted collection there)")
     p.add_argument("--cost-table", default=None, help="cost table from draftrl calibrate, copied next to the traces")
+    p.add_argument("--continuations", type=int, default=None, metavar="K",
+                   help="sampled continuations recorded per prompt at each temperature > 0 (default 4; a replayed "
+                        "request walks one of them); temperature 0 records one, greedy decoding being deterministic")
     p.add_argument("--engine", choices=["hf", "vllm"], default="hf",
                    help="vllm: record each request's greedy continuation in vLLM (float32, no speculation) for "
                         "draftrl/ServeReplay-v0; the env section is then a ServeConfig (the same workload keys, e.g. "
@@ -107,6 +116,8 @@ def run(args: argparse.Namespace) -> int:
     from draftrl.runs import PARTIAL_DIR
     from draftrl.signals.costs import CostTable
 
+    if args.continuations is not None and args.continuations < 1:
+        raise ValueError(f"--continuations {args.continuations} must be >= 1 (recordings per prompt and temperature).")
     cfg = config(args)
     _options.set_threads(cfg.threads)
     out = Path(args.out)
@@ -116,25 +127,30 @@ def run(args: argparse.Namespace) -> int:
     partial.mkdir(parents=True, exist_ok=True)  # --out must be writable before any model loads
     engine, tokenizer = build_engine(cfg.env)
 
-    def progress(index, prompt, seconds):
-        print(f"[collect] {index + 1} {prompt.id} {seconds:.1f}s", file=sys.stderr, flush=True)
+    def progress(index, prompt, seconds, label, k):
+        print(f"[collect] {index + 1} {prompt.id} {label} k={k} {seconds:.1f}s", file=sys.stderr, flush=True)
 
     try:
-        traces = collect(cfg.env, engine, tokenizer, progress=progress, partial_dir=partial)
+        traces = collect(cfg.env, engine, tokenizer, progress=progress, partial_dir=partial,
+                         num_continuations=args.continuations)
     except KeyboardInterrupt:
         kept = len(list(partial.glob("[0-9]*.npz")))
         print(f"draftrl collect: interrupted; {kept} finished prompt(s) kept in {partial}; run the same command "
               "again to resume.", file=sys.stderr)
         return 130
     traces.save(out, cost_table=table)
-    summary = {"prompts": len(traces), "positions": int(traces.cu_num_positions[-1]), "nodes": len(traces.node_tokens),
+    summary = {"prompts": len(traces), "recordings": traces.num_recordings,
+               "classes": {c.label: k for c, k in zip(traces.classes, traces.num_continuations)},
+               "positions": int(traces.cu_num_positions[-1]), "nodes": len(traces.node_tokens),
                "max_depth": traces.max_depth, "width": traces.width, "seconds": traces.meta["collect_seconds"],
                "out": str(out)}
     if args.json:
         print(json.dumps(summary))
         return 0
     print(
-        f"prompts={summary['prompts']} positions={summary['positions']} nodes={summary['nodes']} "
+        f"prompts={summary['prompts']} recordings={summary['recordings']} classes="
+        f"{','.join(f'{label}x{k}' for label, k in summary['classes'].items())} "
+        f"positions={summary['positions']} nodes={summary['nodes']} "
         f"max_depth={summary['max_depth']} width={summary['width']} seconds={summary['seconds']:.1f} out={out}"
     )
     return 0

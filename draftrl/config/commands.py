@@ -49,7 +49,7 @@ class GenerateConfig:
 
 @dataclass
 class CollectConfig:
-    """``draftrl collect``: the env whose prompts are decoded greedily and recorded."""
+    """``draftrl collect``: the env whose prompts are decoded (at each of its sampling classes) and recorded."""
 
     env: EnvConfig = field(default_factory=EnvConfig)
     """workload, models and the action grid (the traces hold max(env.depths) levels of env.width nodes)"""

@@ -23,7 +23,7 @@ REWARD_MODES: tuple[str, ...] = ("ratio", "throughput")
 @dataclass
 class EnvConfig(WorkloadConfig):
     """Workload (:class:`WorkloadConfig`), drafter, device, action grid and reward of a
-    speculative-decoding env (TraceReplay-v0 needs temperature 0)."""
+    speculative-decoding env (TraceReplay-v0 replays the sampling classes its traces hold)."""
 
     # ---- workload: WorkloadConfig's fields (prompts, split, target, max_new_tokens, temperature, ...)
     ignore_eos: bool = False

@@ -10,7 +10,7 @@ position t draws y with :func:`~draftrl.models.distribution.sample_keyed` from t
 (seed, t), so the round emits exactly what plain decoding with the same keyed stream emits.
 
 Every walk also reports, free (in the walk's one transfer), what its forward computed about the
-target's own uncertainty: :data:`TARGET_FEATURES` of :meth:`Acceptance.target_features`.
+target's own uncertainty: :meth:`Acceptance.target_features` (``signals.features.TARGET_FEATURES``).
 """
 
 from __future__ import annotations
@@ -42,11 +42,6 @@ from draftrl.models.distribution import (
 #: first rejection the rejected draft token (the node's first child) is emitted and kept as accepted,
 #: and the walk goes on from it.
 OFF_BY_ONE = "off-by-one"
-#: What a round's verification forward says about the target, known before the next round is chosen
-#: (:meth:`Acceptance.target_features`): the raw (temperature 1, unfiltered) softmax's top-1 probability
-#: and entropy (nats) at the row that emitted the round's last token, and the mean p (the sampled,
-#: transformed distribution) of the round's accepted draft tokens (0 when none was accepted).
-TARGET_FEATURES: tuple[str, ...] = ("target_top1_prob", "target_entropy", "accepted_mean_p")
 
 
 @dataclass
@@ -75,7 +70,9 @@ class Acceptance:
                           self.row_argmax, self.row_top1, self.row_entropy, self.row_p, self.parents)
 
     def target_features(self) -> dict[str, float]:
-        """:data:`TARGET_FEATURES` of the emitted tokens ({} when the walk did not compute them)."""
+        """``signals.features.TARGET_FEATURES`` of the emitted tokens: the raw (temperature 1, unfiltered)
+        softmax's top-1 probability and entropy (nats) at the row that drew the last emitted token, and the
+        mean p (transformed) of the accepted draft tokens (0 when none); {} when the walk did not compute them."""
         if self.row_top1 is None or not self.tokens:
             return {}
         last_row = ([-1] + self.accepted)[len(self.tokens) - 1] + 1  # the row that drew the last token
@@ -264,7 +261,7 @@ def _accept_greedy(tree: DraftTree, logits: torch.Tensor, stats: bool = True, sa
     """Temperature 0: p is one-hot at the argmax (lowest id on ties, as ``logits_to_probs``), so
     every rule above reduces to "descend while the argmax is a child". One argmax for all rows;
     every statistic is then known without touching the vocabulary again (but for the raw softmax's
-    :data:`TARGET_FEATURES`, in the same transfer)."""
+    target features, in the same transfer)."""
     rows = logits.shape[0]
     top1, entropy = _raw_uncertainty(logits)
     values = torch.cat([logits.argmax(dim=-1).double(), top1, entropy]).tolist()  # the walk's one transfer

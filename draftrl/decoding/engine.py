@@ -125,8 +125,9 @@ class RoundResult:
     """one entry per emitted token; None when ``EngineConfig.token_stats`` is off"""
     draft_features: dict[str, float] = field(default_factory=dict)
     target_features: dict[str, float] = field(default_factory=dict)
-    """what the verification forward said about the target (``decoding.acceptance.TARGET_FEATURES``);
-    {} where the engine does not know them"""
+    """what verification computed about the target (``draftrl.signals.features.TARGET_FEATURES``): raw-softmax
+    top-1 probability and entropy at the row that emitted the round's last token, mean p of the accepted draft
+    tokens; {} where an engine does not fill them"""
     prompt_fed: bool = False
     """the round's forward also fed the prompt (``start(prefill=False)``): ``verify_seconds``
     include the prefill, so they are no sample of what verifying costs"""

@@ -139,6 +139,7 @@ def round_table(traces: Mapping[str, Traces], costs: Mapping[str, CostTable], de
     depths = sorted({int(d) for d in depths if int(d) > 0})
     for name in names:
         t = traces[name]
+        t.check_one_per_prompt(f"the drafter-choice table (the {name!r} traces)")
         if [p.id for p in t.prompts] != [p.id for p in first.prompts]:
             raise ValueError(f"the {name!r} traces hold other prompts than the {names[0]!r} ones; collect both "
                              "with the same env section (split, languages, tasks, limit_per_group).")

@@ -33,6 +33,11 @@ from draftrl.signals.costs import CostTable
 
 #: Draft-side signals, named as the drafters name them (``Drafter.features``).
 DRAFT_FEATURES: tuple[str, ...] = ("draft_top1_prob", "draft_entropy", "ngram_match_len", "ngram_num_matches")
+#: What the target's verification forward already computed about the round (``RoundResult.target_features``,
+#: filled by the live engine and by the trace replay alike): top-1 probability and entropy (nats) of the raw
+#: softmax (temperature 1, no top-k/top-p) at the row that emitted the round's last token, and the mean p
+#: (after temperature/top-k/top-p) of the round's accepted draft tokens (0.0 when none was accepted).
+TARGET_FEATURES: tuple[str, ...] = ("target_top1_prob", "target_entropy", "accepted_mean_p")
 #: Positions with a conditional acceptance estimate.
 ACCEPT_POSITIONS: int = 4
 #: Verified-node buckets of the cost features: bucket b covers [2^(b-1), 2^b) nodes, the last one 64+.

@@ -267,7 +267,7 @@ def test_replay_refuses_what_it_cannot_replay(recorded):
         SpecDecodeEnv(engine="replay", traces=directory, width=config.width + 1)
     with pytest.raises(ValueError, match="hold trees of 4 levels"):
         SpecDecodeEnv(engine="replay", traces=directory, depths=(0, 8))
-    with pytest.raises(ValueError, match="temperature=0.5 must be 0"):
+    with pytest.raises(ValueError, match=r"asks for sampling T0.5 but the traces hold T0.*--set env.temperature=0.5"):
         SpecDecodeEnv(engine="replay", traces=directory, temperature=0.5)
     with pytest.raises(ValueError, match="drafter='layerskip:4' differs"):
         SpecDecodeEnv(engine="replay", traces=directory, drafter="layerskip:4")
@@ -292,7 +292,7 @@ def test_collect_and_calibrate_commands(shared_smollm2, tmp_path, capsys):
     assert main(["collect", "--config", "configs/tiny_cpu.yaml", "--out", str(out_dir), "--cost-table", str(costs),
                  "--set", "env.limit_per_group=1", "--set", "env.tasks=[code_edit]",
                  "--set", "env.max_new_tokens=6"]) == 0
-    assert "prompts=1 positions=6" in capsys.readouterr().out
+    assert "prompts=1 recordings=1 classes=T0x1 positions=6" in capsys.readouterr().out
     env = gym.make("draftrl/TraceReplay-v0", traces=str(out_dir))  # finds the copied cost table
     env.reset(seed=0)
     assert env.unwrapped.depths == (0, 1, 2, 4)  # the config recorded with the traces
@@ -342,15 +342,16 @@ def test_collect_keeps_finished_prompts_and_resumes(shared_smollm2, tmp_path):
     engine, tokenizer = build_engine(config, shared_smollm2)
     partial = tmp_path / "out" / ".partial"
 
-    def interrupt_after_first(index, prompt, seconds):
+    def interrupt_after_first(index, prompt, seconds, label, k):
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
         collect(config, engine, tokenizer, partial_dir=partial, progress=interrupt_after_first)
-    assert sorted(p.name for p in partial.glob("*.npz")) == ["00000.npz"]
+    assert sorted(p.name for p in partial.glob("*.npz")) == ["00000-c0-k0.npz"]
     seen = []
-    resumed = collect(config, engine, tokenizer, partial_dir=partial, progress=lambda i, p, s: seen.append(i))
-    assert seen == [1]  # the finished prompt was not decoded again
+    resumed = collect(config, engine, tokenizer, partial_dir=partial,
+                      progress=lambda i, p, s, label, k: seen.append((i, label, k)))
+    assert seen == [(1, "T0", 0)]  # the finished prompt was not decoded again
     whole = collect(config, engine, tokenizer)
     for name in _ARRAYS:
         np.testing.assert_array_equal(getattr(resumed, name), getattr(whole, name))
