@@ -79,10 +79,10 @@ def main() -> None:
         engine, tokenizer = build_engine(config)
         traces = str(collect(config, engine, tokenizer).save(work / "traces"))
 
-    live, replay = "draftrl/SpecDecode-v1", "draftrl/TraceReplay-v0"
-    kwargs = {live: dict(config=config), "draftrl/SpecDecodeDepth-v1": dict(config=config),
+    live, replay = "draftrl/SpecDecode-v2", "draftrl/TraceReplay-v1"
+    kwargs = {live: dict(config=config), "draftrl/SpecDecodeDepth-v2": dict(config=config),
               replay: dict(traces=traces, cost_table=cost_table),
-              "draftrl/TraceReplayDepth-v0": dict(traces=traces, cost_table=cost_table), "draftrl/Analytic-v0": {}}
+              "draftrl/TraceReplayDepth-v1": dict(traces=traces, cost_table=cost_table), "draftrl/Analytic-v0": {}}
     envs = {env_id: warm_up(gym.make(env_id, **kw)) for env_id, kw in kwargs.items()}
     slices = rotate({env_id: (lambda env=env: steps_per_second(env, args.seconds / args.repeats))
                      for env_id, env in envs.items()}, args.repeats)

@@ -1,4 +1,4 @@
-"""``draftrl collect``: record greedy traces for ``draftrl/TraceReplay-v0``.
+"""``draftrl collect``: record greedy traces for ``draftrl/TraceReplay-v1``.
 
 Reads an env config (YAML with an ``env:`` section, e.g. ``configs/tiny_cpu.yaml``), decodes
 every selected prompt greedily with the real target and stores, from every true prefix, the
@@ -24,7 +24,7 @@ from draftrl.cli import _options
 
 
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("collect", help="record greedy draft/target traces for TraceReplay-v0")
+    p = subparsers.add_parser("collect", help="record greedy draft/target traces for TraceReplay-v1")
     _options.add_config(p)
     _options.add_models(p)
     _options.add_threads(p)

@@ -119,6 +119,10 @@ class RoundResult:
     token_stats: TokenStats | None
     """one entry per emitted token; None when ``EngineConfig.token_stats`` is off"""
     draft_features: dict[str, float] = field(default_factory=dict)
+    target_features: dict[str, float] = field(default_factory=dict)
+    """what the verification forward said about the target (``draftrl.signals.features.TARGET_FEATURES``:
+    raw-softmax top-1 probability and entropy of the row that emitted the last token, mean transformed p
+    of the accepted drafts); empty = not reported (the features then read as unknown)"""
     prompt_fed: bool = False
     """the round's forward also fed the prompt (``start(prefill=False)``): ``verify_seconds``
     include the prefill, so they are no sample of what verifying costs"""
@@ -201,11 +205,13 @@ class SpeculativeDecoder:
 
     # ------------------------------------------------------------------ request
     @torch.inference_mode()
-    def start(self, prompt_ids: list[int], seed: int | None = None, prefill: bool = True, rng=None) -> float:
+    def start(self, prompt_ids: list[int], seed: int | None = None, prefill: bool = True, rng=None,
+              sampling: SamplingParams | None = None) -> float:
         """Begin a request: prefill the target with the whole prompt. Returns seconds.
 
         ``seed`` seeds the sampling generator; ``rng`` (the caller's numpy generator, which a replayed
         engine draws its cost noise from) is not used: the live engine's randomness is its generator.
+        ``sampling``: this request's sampling (a workload's temperature mix); None = the config's.
 
         The prefill keeps the logits at the last prompt token, so the first round's verification
         feeds only its drafts (a plain first step needs no forward at all), as Hugging Face
@@ -223,6 +229,7 @@ class SpeculativeDecoder:
         check_fits(len(prompt_ids), self.config.max_new_tokens, self.max_context)
         if seed is not None:
             self.generator.manual_seed(seed)
+        self.params = self.config.sampling if sampling is None else sampling
         t0 = self.clock()
         self.ids = [int(t) for t in prompt_ids]
         self.num_prompt_tokens = len(self.ids)
@@ -250,14 +257,20 @@ class SpeculativeDecoder:
         return self.ids[self.num_prompt_tokens :]
 
     @property
+    def sampling(self) -> SamplingParams:
+        """The current request's sampling (``start(sampling=...)``, else the config's)."""
+        return self.params
+
+    @property
     def drafts_levels(self) -> bool:
         """Whether :meth:`begin_levels` can grow this engine's drafts a level at a time."""
         return isinstance(self.drafter, LevelDrafter)
 
     def check(self, config) -> None:
-        """Refuse an ``EnvConfig`` whose sampling or limits contradict this engine (an env's config)."""
+        """Refuse an ``EnvConfig`` whose sampling or limits contradict this engine (an env's config). A
+        config with a temperature mix passes each request's sampling to ``start``: no sampling to compare."""
         ec = self.config
-        for name in ("temperature", "top_k", "top_p"):
+        for name in () if getattr(config, "temperature_mix", None) is not None else ("temperature", "top_k", "top_p"):
             if getattr(ec, name) != getattr(config, name):
                 raise ValueError(
                     f"engine {name}={getattr(ec, name)!r} differs from EnvConfig.{name}={getattr(config, name)!r}; "

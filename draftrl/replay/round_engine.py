@@ -1,4 +1,4 @@
-"""A round engine replayed from greedy traces: what ``draftrl/TraceReplay-v0`` plays, without models.
+"""A round engine replayed from greedy traces: what ``draftrl/TraceReplay-v1`` plays, without models.
 
 :class:`TraceRoundEngine` is a :class:`~draftrl.decoding.interface.RoundEngine`, so the round envs
 (``SpecDecodeEnv``, ``SpecDecodeDepthEnv``) drive it as they drive the live
@@ -31,6 +31,7 @@ from draftrl.decoding.stats import TokenStats
 from draftrl.decoding.workload import Workload
 from draftrl.drafters.base import TreeBuilder
 from draftrl.drafters.tree import DraftTree
+from draftrl.models.distribution import SamplingParams
 from draftrl.replay.traces import Traces, stored_cost_table
 from draftrl.signals.costs import CostTable
 from draftrl.signals.features import DRAFT_FEATURES, tree_level_features
@@ -72,6 +73,10 @@ def check_replayable(config: EnvConfig, traces: Traces) -> None:
     recorded = traces.meta.get("config", {})
     if config.temperature != 0:
         raise ValueError(f"the replay plays greedy traces; EnvConfig.temperature={config.temperature} must be 0.")
+    sampled = [c.label for c in config.sampling_classes if not c.greedy]
+    if sampled:
+        raise ValueError(f"the replay plays greedy traces but EnvConfig.temperature_mix samples {', '.join(sampled)}; "
+                         "keep the mix's temperatures at 0 (top-k/top-p may differ) or train on draftrl/SpecDecode-v2.")
     for name in ("target", "drafter", "chat_template"):
         if name in recorded and getattr(config, name) != recorded[name]:
             raise ValueError(
@@ -163,6 +168,8 @@ class TraceRoundEngine:
         self._prompt = -1  # no request yet
         self._t = self._budget = self._length = self._num_prompt_tokens = 0
         self._rng: np.random.Generator | None = None
+        self.sampling: SamplingParams = self.config.sampling
+        """the current request's sampling (``start(sampling=...)``)"""
         self.finished = True
         self._verify_growth = self._draft_scale = 1.0
 
@@ -201,14 +208,19 @@ class TraceRoundEngine:
                              "(TraceRoundEngine(traces, config, cost_table)).")
 
     def start(self, prompt_ids: list[int], seed: int | None = None, prefill: bool = False,
-              rng: np.random.Generator | None = None) -> float:
+              rng: np.random.Generator | None = None, sampling: SamplingParams | None = None) -> float:
         """Begin the recorded request of ``prompt_ids`` (``config.max_new_tokens`` its budget); draws this
-        episode's cost jitter from ``rng`` (the env's). No forward runs: 0 seconds."""
+        episode's cost jitter from ``rng`` (the env's). ``sampling``: the request's (greedy only: the traces
+        are greedy continuations; None = greedy). No forward runs: 0 seconds."""
+        if sampling is not None and sampling.temperature != 0:
+            raise ValueError(f"the replay plays greedy traces; a request at temperature {sampling.temperature} "
+                             "cannot be replayed from them.")
         p = self._by_prompt.get(tuple(prompt_ids))
         if p is None:
             raise ValueError(f"the prompt ({len(prompt_ids)} tokens) is not among the {len(self.traces)} recorded "
                              "ones; record this workload with draftrl collect.")
         self._prompt, self._t, self._rng = p, 0, rng
+        self.sampling = sampling if sampling is not None else self.config.sampling
         self._budget = self.config.max_new_tokens
         self._length = min(self._cu_pos[p + 1] - self._cu_pos[p], self._budget)
         self._num_prompt_tokens = len(self._prompt_ids[p])

@@ -1,4 +1,4 @@
-"""Greedy decoding traces for ``draftrl/TraceReplay-v0``, and how ``draftrl collect`` records them.
+"""Greedy decoding traces for ``draftrl/TraceReplay-v1``, and how ``draftrl collect`` records them.
 
 For each prompt a trace holds the target's greedy continuation and, from every true prefix
 (prompt + continuation[:t]), the drafter's tree grown to ``max_depth`` levels of ``width`` nodes

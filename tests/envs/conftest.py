@@ -57,18 +57,30 @@ class ScriptedDrafter(LevelDrafter):
         pass
 
 
+def scripted_target_features(round_index: int, num_accepted: int) -> dict[str, float]:
+    """What the scripted engine's round ``round_index`` (0-based, within a request) reports as its
+    ``RoundResult.target_features``: values that change every round, so a test can tell which round an
+    observation read them from."""
+    return {"target_top1_prob": 0.5 + 0.1 * (round_index % 4), "target_entropy": 0.25 * (round_index + 1),
+            "accepted_mean_p": 0.9 - 0.05 * num_accepted if num_accepted else 0.0}
+
+
 class ScriptedEngine:
     """Round ``i`` accepts ``min(verified chain length, accepts[i % len(accepts)])`` drafts.
 
     Seconds: a forward over ``n`` verified nodes costs ``PLAIN_STEP + PER_NODE * n``, a draft
-    level ``PER_LEVEL``; the clock only moves when the engine charges time.
+    level ``PER_LEVEL``; the clock only moves when the engine charges time. Each round reports
+    :func:`scripted_target_features` (``target=False``: none, as an engine that does not know them).
+    ``start(sampling=...)`` records the request's sampling in ``samplings`` (None when not passed).
     """
 
     samples = True
     drafts_levels = True
 
-    def __init__(self, accepts=(2, 0, 4, 1), max_levels: int = 16, temperature: float = 0.0):
+    def __init__(self, accepts=(2, 0, 4, 1), max_levels: int = 16, temperature: float = 0.0, target: bool = True):
         self.config = EngineConfig(temperature=temperature)
+        self.target = target
+        self.samplings: list[SamplingParams | None] = []
         self.accepts = accepts
         self.drafter = ScriptedDrafter(self, max_levels)
         self.params = SamplingParams(temperature=temperature)
@@ -89,8 +101,10 @@ class ScriptedEngine:
     def begin_levels(self, width):
         return TimedLevels(lambda: self.drafter.begin(self.ids, width, self.params, None), self.clock)
 
-    def start(self, prompt_ids, seed=None, prefill=True, rng=None) -> float:  # the scripted costs charge rounds only
+    def start(self, prompt_ids, seed=None, prefill=True, rng=None, sampling=None) -> float:  # costs: rounds only
         self.now = 0.0  # each request restarts the fake clock, so float sums repeat exactly
+        self.samplings.append(sampling)
+        self.params = self.config.sampling if sampling is None else sampling
         self.ids = list(prompt_ids)
         self.num_prompt_tokens = len(self.ids)
         self.finished = False
@@ -101,6 +115,10 @@ class ScriptedEngine:
     @property
     def output_ids(self):
         return self.ids[self.num_prompt_tokens :]
+
+    @property
+    def sampling(self) -> SamplingParams:
+        return self.params
 
     @property
     def remaining(self) -> int:
@@ -127,6 +145,7 @@ class ScriptedEngine:
         tokens = [7] * emitted
         self.ids += tokens
         self.finished = self.remaining <= 0
+        target = scripted_target_features(self.num_rounds, min(accepted, emitted)) if self.target else {}
         self.num_rounds += 1
         stats = TokenStats(token=tokens, p_token=np.ones(emitted), mass_before=np.zeros(emitted),
                            entropy=np.zeros(emitted), drafted=np.arange(emitted) < min(accepted + 1, n + 1) * (n > 0),
@@ -137,7 +156,7 @@ class ScriptedEngine:
             verify_size=verify_size, num_proposed=len(tree), num_verified=n, num_accepted=min(accepted, emitted),
             verified_depth=max(selected.depths, default=0), draft_seconds=draft_seconds, verify_seconds=verify,
             sample_seconds=0.0, finished=self.finished, stop_reason="length" if self.finished else None,
-            token_stats=stats, draft_features=tree.features,
+            token_stats=stats, draft_features=tree.features, target_features=target,
         )
 
 

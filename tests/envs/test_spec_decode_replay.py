@@ -1,6 +1,6 @@
-"""TraceReplay-v0 against the real engine, plus ``draftrl collect`` / ``draftrl calibrate``.
+"""TraceReplay-v1 against the real engine, plus ``draftrl collect`` / ``draftrl calibrate``.
 
-The central test: for the same action sequence at temperature 0, the real SpecDecode-v1 (real
+The central test: for the same action sequence at temperature 0, the real SpecDecode-v2 (real
 SmolLM2, n-gram drafter) and the replay emit identical tokens every round, and see identical
 observations apart from the measured-cost features; the replay steps >= 100x faster.
 """
@@ -98,7 +98,7 @@ def test_real_and_replay_agree_round_by_round(recorded):
 
 def test_replay_passes_the_checkers(recorded):
     *_, directory = recorded
-    env = gym.make("draftrl/TraceReplay-v0", traces=str(directory), cost_noise=0.1)
+    env = gym.make("draftrl/TraceReplay-v1", traces=str(directory), cost_noise=0.1)
     gym_check_env(env.unwrapped)
     sb3_check_env(env.unwrapped)
 
@@ -293,7 +293,7 @@ def test_collect_and_calibrate_commands(shared_smollm2, tmp_path, capsys):
                  "--set", "env.limit_per_group=1", "--set", "env.tasks=[code_edit]",
                  "--set", "env.max_new_tokens=6"]) == 0
     assert "prompts=1 positions=6" in capsys.readouterr().out
-    env = gym.make("draftrl/TraceReplay-v0", traces=str(out_dir))  # finds the copied cost table
+    env = gym.make("draftrl/TraceReplay-v1", traces=str(out_dir))  # finds the copied cost table
     env.reset(seed=0)
     assert env.unwrapped.depths == (0, 1, 2, 4)  # the config recorded with the traces
 
@@ -326,7 +326,7 @@ def test_real_and_replay_depth_envs_agree(recorded):
                 num_tokens += info_real["num_emitted"]
             assert done_real == done
     assert num_tokens == 40
-    env = gym.make("draftrl/TraceReplayDepth-v0", traces=str(directory), depth_shaping=True)
+    env = gym.make("draftrl/TraceReplayDepth-v1", traces=str(directory), depth_shaping=True)
     gym_check_env(env.unwrapped)
     sb3_check_env(env.unwrapped)
 
