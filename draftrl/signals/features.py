@@ -104,6 +104,19 @@ def feature_names(history: int = 4) -> tuple[str, ...]:
     )
 
 
+def stale_features_message(names, where: str = "the policy") -> str | None:
+    """The one-line refusal of a policy that reads this builder's features as they were before issue 45
+    (no request or target group: trained on ``TraceReplay-v0`` / ``SpecDecode-v1`` or their depth ids),
+    or None for any other feature list."""
+    names = tuple(names)
+    if names[: len(DRAFT_FEATURES)] != DRAFT_FEATURES or set(REQUEST_FEATURES + TARGET_FEATURES) <= set(names):
+        return None
+    return (f"{where} was trained on the observation before issue 45, without the request's sampling and the "
+            f"target's signals ({', '.join(REQUEST_FEATURES + TARGET_FEATURES)}); train it again with draftrl train "
+            "on draftrl/TraceReplay-v1 or draftrl/SpecDecode-v2 (depth policies: draftrl/TraceReplayDepth-v1 or "
+            "draftrl/SpecDecodeDepth-v2), then export it again.")
+
+
 def request_values(sampling=None) -> list[float]:
     """``REQUEST_FEATURES`` of a request sampled with ``sampling`` (anything with ``temperature``,
     ``top_k`` and ``top_p``: a ``SamplingClass`` or ``SamplingParams``; None = greedy)."""
