@@ -169,3 +169,25 @@ def test_monitor_off_skips_the_token_statistics_and_monitor_on_needs_them(model)
     assert all(i["token_stats"] is None and i["exactness_passed"] is None for i in streams["off"])
     assert all(isinstance(i["token_stats"], TokenStats) and i["exactness_passed"] for i in streams["on"])
     assert [i["token_ids"] for i in streams["off"]] == [i["token_ids"] for i in streams["on"]]
+
+
+def test_a_temperature_mix_on_the_live_engine(model, tiny_prompts):
+    """Issue 45: each episode samples with its class (the engine is started with it), greedy episodes of a mix
+    keep greedy output, and the envs pass the checkers with a mix."""
+    config = EnvConfig(prompts=tiny_prompts, chat_template=False, depths=(0, 1, 3), temperature_mix={0: 1, 1.0: 1})
+    for env_id in ("draftrl/SpecDecode-v2", "draftrl/SpecDecodeDepth-v2"):
+        gym_check_env(gym.make(env_id, config=config).unwrapped)
+    env = gym.make("draftrl/SpecDecode-v2", config=config).unwrapped
+    names = env.feature_names
+    rng = np.random.default_rng(0)
+    for label, temperature in (("T0", 0.0), ("T1", 1.0), ("T0", 0.0)):
+        obs, info = env.reset(seed=1, options={"sampling": label, "prompt_id": "a"})
+        assert info["sampling_class"] == label and env.engine.sampling.temperature == temperature
+        assert obs[names.index("temperature")] == temperature
+        tokens, done = [], False
+        while not done:
+            obs, _, done, _, info = env.step(rng.integers(env.action_space.nvec))
+            tokens += info["token_ids"]
+            assert env.observation_space.contains(obs) and info["exactness_passed"] is not False
+        if temperature == 0:
+            assert tokens == greedy_reference(model, env)
