@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from scripted_costs import PER_LEVEL, PER_NODE, PLAIN_STEP  # seconds the scripted engine charges
+from scripted_costs import PER_LEVEL, PER_NODE, PLAIN_STEP, scripted_target_features  # what it charges, reports
 
 from draftrl.decoding.engine import EngineConfig, RoundResult, SpeculativeDecoder, TimedLevels
 from draftrl.decoding.stats import TokenStats
@@ -55,14 +55,6 @@ class ScriptedDrafter(LevelDrafter):
 
     def commit(self, ids, accepted):
         pass
-
-
-def scripted_target_features(round_index: int, num_accepted: int) -> dict[str, float]:
-    """What the scripted engine's round ``round_index`` (0-based, within a request) reports as its
-    ``RoundResult.target_features``: values that change every round, so a test can tell which round an
-    observation read them from."""
-    return {"target_top1_prob": 0.5 + 0.1 * (round_index % 4), "target_entropy": 0.25 * (round_index + 1),
-            "accepted_mean_p": 0.9 - 0.05 * num_accepted if num_accepted else 0.0}
 
 
 class ScriptedEngine:

@@ -8,8 +8,8 @@ import json
 import gymnasium as gym
 import numpy as np
 import pytest
-from conftest import scripted_target_features
 from gymnasium.utils.env_checker import check_env as gym_check_env
+from scripted_costs import scripted_target_features
 from stable_baselines3.common.env_checker import check_env as sb3_check_env
 
 import draftrl.envs  # noqa: F401  registers the env ids
