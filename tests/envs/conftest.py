@@ -63,17 +63,20 @@ class ScriptedEngine:
     Seconds: a forward over ``n`` verified nodes costs ``PLAIN_STEP + PER_NODE * n``, a draft
     level ``PER_LEVEL``; the clock only moves when the engine charges time. Each round reports
     :func:`scripted_target_features` (``target=False``: none, as an engine that does not know them).
+    ``accepts_at`` maps a request's temperature to its own ``accepts`` (acceptance falls as it rises).
     ``start(sampling=...)`` records the request's sampling in ``samplings`` (None when not passed).
     """
 
     samples = True
     drafts_levels = True
 
-    def __init__(self, accepts=(2, 0, 4, 1), max_levels: int = 16, temperature: float = 0.0, target: bool = True):
+    def __init__(self, accepts=(2, 0, 4, 1), max_levels: int = 16, temperature: float = 0.0, target: bool = True,
+                 accepts_at: dict[float, tuple[int, ...]] | None = None):
         self.config = EngineConfig(temperature=temperature)
         self.target = target
         self.samplings: list[SamplingParams | None] = []
         self.accepts = accepts
+        self.accepts_at = accepts_at or {}
         self.drafter = ScriptedDrafter(self, max_levels)
         self.params = SamplingParams(temperature=temperature)
         self.generator = None
@@ -132,7 +135,8 @@ class ScriptedEngine:
         n = len(selected)
         verify = PLAIN_STEP + PER_NODE * n
         self.now += verify
-        accepted = min(n, self.accepts[self.num_rounds % len(self.accepts)])
+        accepts = self.accepts_at.get(self.params.temperature, self.accepts)  # the request's temperature's, if given
+        accepted = min(n, accepts[self.num_rounds % len(accepts)])
         emitted = min(accepted + 1, self.remaining)
         tokens = [7] * emitted
         self.ids += tokens

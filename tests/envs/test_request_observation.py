@@ -271,3 +271,39 @@ def test_engines_take_the_requests_sampling_at_start(tiny_traces):
     assert replay.sampling.top_k == 20
     with pytest.raises(ValueError, match="the replay plays greedy traces; a request at temperature 0.7"):
         replay.start(prompt, sampling=warm)
+
+
+# ----------------------------------------------------------------------------- one policy across temperatures
+def test_one_ppo_policy_learns_each_temperatures_depth(scripted, tmp_path, monkeypatch):
+    """``draftrl train`` (``ppo_size``) on a mix where drafts are always accepted at T=0 and never at T=1
+    (the scripted engine's ``accepts_at``): the best depth is 4 at T=0 and 0 at T=1, so no fixed setting
+    is best for the mix. The policy reads the request's temperature and matches each class's best fixed
+    setting, which beats the mix's best fixed one. (Observations are not normalised: the scripted engine's
+    cost features are nearly constant, and ``VecNormalize`` blows their tiny variance up into noise that
+    kept PPO at depth 4 for both classes in 8,192 steps; unnormalised, 4,096 steps learn both.)"""
+    from draftrl.envs.ids import register_id
+    from draftrl.policies.ppo import PPOPolicy
+    from draftrl.train import ppo_size
+
+    def make(config=None, **kwargs):
+        engine, tokenizer = scripted(accepts_at={0.0: (4,), 1.0: (0,)})
+        return SpecDecodeEnv(config, engine=engine, tokenizer=tokenizer, **kwargs)
+
+    register_id(id="tests/ScriptedMix-v0", entry_point=make, max_episode_steps=1024, section="env")
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    cfg = load_config(TrainConfig, None, [
+        "env.id=tests/ScriptedMix-v0", "env.temperature_mix={0: 1, 1.0: 1}", "env.languages=[en]",
+        "env.tasks=[chat]", "env.limit_per_group=3", "env.max_new_tokens=16", "env.depths=[0,1,2,4]",
+        "env.monitor=false", "total_timesteps=4096", "ppo.n_envs=1", "ppo.n_steps=256", "ppo.batch_size=64",
+        "ppo.normalize_obs=false", "eval_episodes=12", "baselines=[]", "progress_bar=false", "checkpoint_every=4096"])
+    evaluation = ppo_size.train(cfg, tmp_path / "run")["evaluation"]
+    split = evaluation["per_sampling"]
+    assert split["T0"]["best_fixed"] == "fixed(d=4,v=0)" and split["T1"]["best_fixed"] == "fixed(d=0,v=0)"
+    for part in split.values():
+        assert part["table"]["ppo"]["ratio_to_best_fixed"] > 0.95, split
+    assert evaluation["table"]["ppo"]["ratio_to_best_fixed"] > 1.05, evaluation["table"]
+
+    env = make(EnvConfig(**SMALL, temperature_mix={0: 1, 1.0: 1}))
+    policy = PPOPolicy.load(tmp_path / "run", env)
+    depths = {label: policy.act(env.reset(seed=0, options={"sampling": label})[0])[0] for label in ("T0", "T1")}
+    assert depths == {"T0": 4, "T1": 0}
