@@ -122,7 +122,8 @@ def features_entry(train_config: dict[str, Any] | None, env_id: str, names: list
     """The manifest's ``features`` section for a policy trained on ``env_id`` reading ``names``.
 
     :return: ``{"builder": BUILDER, "history", "ema_decay", "cost_decay", "width", "drafter",
-        "temperature", "max_depth", "max_new_tokens" (the training budget), "cost_table" (the
+        "temperature", "sampling_classes" (the labels of the training mix, one without a mix), "max_depth",
+        "max_new_tokens" (the training budget), "cost_table" (the
         table's JSON or None), "source"}`` for the
         engine envs; ``{"builder": None, "reason": ...}`` otherwise.
     """
@@ -152,6 +153,7 @@ def features_entry(train_config: dict[str, Any] | None, env_id: str, names: list
         "width": config.width,
         "drafter": config.drafter,
         "temperature": config.temperature,
+        "sampling_classes": [c.label for c in config.sampling_classes],
         "max_depth": config.max_depth,
         "max_new_tokens": config.max_new_tokens or config.max_new_tokens_cap,
         "cost_table": table.to_dict() if table is not None else None,

@@ -2,7 +2,7 @@
 (the analytic one, ``analytic_run``, is in tests/conftest.py: other packages' tests use it too).
 
 - ``replay_run``: PPO on ``TraceReplay-v1`` over greedy traces of the real SmolLM2 + n-gram
-  drafter (2 prompts, 24 tokens, depths 0/1/2/4, a hand-made cost table): the 25
+  drafter (2 prompts, 24 tokens, depths 0/1/2/4, a hand-made cost table): the 31
   ``FeatureBuilder`` features, so it can drive draftrl's engine and transformers.
 
 It is exported to ONNX and TorchScript (``replay_exports``).
