@@ -15,7 +15,7 @@ known, and :mod:`draftrl.eval.round.headroom` computes
 - **hindsight**: the fewest seconds any per-round sequence of choices needs (a dynamic program), the
   ceiling of every policy that chooses per round, learned or not,
 
-in the seconds ``draftrl/TraceReplay-v0`` charges (verify all drafted nodes, no noise; the target's
+in the seconds ``draftrl/TraceReplay-v1`` charges (verify all drafted nodes, no noise; the target's
 costs from ``--common``'s table, each drafter's own drafting costs). Prints speedups over no speculation,
 then over the best fixed arm, for the workload and per task and language, and the hindsight
 schedule's share of rounds per drafter. With ``--train NAME=DIR`` (the same drafters' traces on the tune

@@ -89,10 +89,10 @@ def main() -> None:
         engine, tokenizer = build_engine(config)
         traces = str(collect(config, engine, tokenizer).save(work / "traces"))
 
-    live, replay = "draftrl/SpecDecode-v1", "draftrl/TraceReplay-v0"
-    kwargs = {live: dict(config=config), "draftrl/SpecDecodeDepth-v1": dict(config=config),
+    live, replay = "draftrl/SpecDecode-v2", "draftrl/TraceReplay-v1"
+    kwargs = {live: dict(config=config), "draftrl/SpecDecodeDepth-v2": dict(config=config),
               replay: dict(traces=traces, cost_table=cost_table),
-              "draftrl/TraceReplayDepth-v0": dict(traces=traces, cost_table=cost_table), "draftrl/Analytic-v0": {}}
+              "draftrl/TraceReplayDepth-v1": dict(traces=traces, cost_table=cost_table), "draftrl/Analytic-v0": {}}
     sampled = f"T{args.temperature:g}"
     if args.temperature > 0:
         hot = dataclasses.replace(config, temperature=args.temperature)

@@ -30,7 +30,7 @@ ends, a failed step is recorded with its error and the next one runs (exit statu
    (:data:`MAX_READS`, :data:`MAX_UPLOADS`, docs/architecture.md).
 4. ``grid``: ``draftrl.eval.round.grid.run_grid`` in bfloat16 at temperature 0 with Hugging Face anchors;
    the low-precision verdict (agreement with plain decoding, divergences and their margins).
-5. ``train``: ``draftrl.train.ppo_size.train`` (PPO) on ``draftrl/SpecDecode-v1``, the real engine,
+5. ``train``: ``draftrl.train.ppo_size.train`` (PPO) on ``draftrl/SpecDecode-v2``, the real engine,
    for :attr:`Sizes.train_rounds` rounds, then its evaluation against every fixed setting.
 6. ``eval``: ``draftrl.eval.round.compare.run_eval`` on the held-out prompts: ``none``, ``best-grid``,
    ``heuristic`` and the trained policy, with the verdict. ``OUT/eval_report.md``.
@@ -418,13 +418,13 @@ def step_grid(ctx: Context) -> dict[str, Any]:
 
 
 def step_train(ctx: Context) -> dict[str, Any]:
-    """PPO (``ppo_size.train``) on ``draftrl/SpecDecode-v1`` with the pair, then its own evaluation."""
+    """PPO (``ppo_size.train``) on ``draftrl/SpecDecode-v2`` with the pair, then its own evaluation."""
     from draftrl.config import from_dict
     from draftrl.train import ppo_size
     from draftrl.train.config import TrainConfig
 
     s = ctx.sizes
-    env = ctx.env(id="draftrl/SpecDecode-v1", split="tune", depths=list(s.train_depths), eval={"split": "heldout"})
+    env = ctx.env(id="draftrl/SpecDecode-v2", split="tune", depths=list(s.train_depths), eval={"split": "heldout"})
     cfg = from_dict(TrainConfig, {
         "env": env, "total_timesteps": s.train_rounds, "checkpoint_every": s.train_rounds,
         "ppo": {"n_envs": 1, "n_steps": s.n_steps, "batch_size": s.n_steps // 2, "n_epochs": 4},
@@ -439,7 +439,7 @@ def step_train(ctx: Context) -> dict[str, Any]:
     training_s = summary["wall_seconds"]["training"]
     ctx.bench.row({}, {"rounds": summary["num_timesteps"], "rounds_per_s": summary["num_timesteps"] / training_s,
                        "training_s": training_s, "evaluation_s": summary["wall_seconds"]["evaluation"]},
-                  step="train", env="draftrl/SpecDecode-v1", n_steps=s.n_steps)
+                  step="train", env="draftrl/SpecDecode-v2", n_steps=s.n_steps)
     table = summary["evaluation"]["table"]
     for name, row in table.items():
         ctx.bench.row({"vs_best_fixed": row.get("ratio_to_best_fixed")}, {"throughput": row["throughput"]},

@@ -249,7 +249,7 @@ def test_gym_make_in_a_fresh_interpreter_without_importing_draftrl():
         "before = 'draftrl' in sys.modules\n"
         "env = gym.make('draftrl.envs:draftrl/Analytic-v0', alpha=0.7, max_new_tokens=8)\n"
         "obs, info = env.reset(seed=0)\n"
-        "spec = gym.spec('draftrl/SpecDecode-v1')\n"
+        "spec = gym.spec('draftrl/SpecDecode-v2')\n"
         "print(json.dumps({'before': before, 'obs': len(obs), 'entry': spec.entry_point,"
         " 'torch': 'torch' in sys.modules}))"
     )
@@ -414,7 +414,7 @@ def test_id_prefix_parsing_is_reported():
     assert {"TraceReplay", "Depth", "Serve", "SpecDecode"} <= pieces
     prefix = ast.parse('def family(env_id):\n    return env_id.startswith("TraceReplay")\n')
     table = ast.parse('FAMILIES = {"SpecDecode": None, "Serve": "serve"}\n')
-    whole = ast.parse('def is_replay(env_id):\n    return "draftrl/TraceReplay-v0" == env_id\n')
+    whole = ast.parse('def is_replay(env_id):\n    return "draftrl/TraceReplay-v1" == env_id\n')
     assert _id_parsing({"draftrl.x.a": prefix}, pieces) == ["draftrl.x.a:2 TraceReplay"]
     assert _id_parsing({"draftrl.x.b": table}, pieces) == ["draftrl.x.b:1 Serve, SpecDecode"]
     assert _id_parsing({"draftrl.x.c": whole}, pieces) == []

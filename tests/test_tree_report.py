@@ -70,7 +70,7 @@ def test_a_module_cycle_is_a_circle(tmp_path):
 ENVS = {
     "draftrl/__init__.py": "",
     "draftrl/envs/__init__.py": "from draftrl.envs.ids import register_all\nregister_all({}, print)\n",
-    "draftrl/envs/ids.py": ('ENVS = (dict(id="draftrl/TraceReplay-v0",\n'
+    "draftrl/envs/ids.py": ('ENVS = (dict(id="draftrl/TraceReplay-v1",\n'
                             '             entry_point="draftrl.envs.replay:ReplayEnv"),)\n'
                             'def register_all(registry, register):\n    pass\n'),
     "draftrl/envs/replay.py": ("import gymnasium as gym\nclass Base(gym.Env[int, int]):\n    pass\n"
@@ -80,7 +80,7 @@ ENVS = {
     "draftrl/eval/uses.py": ("from draftrl.envs.replay import ReplayEnv\n"
                              "from draftrl.envs.helpers import build_engine\n"
                              'def family(env_id):\n    return env_id.startswith("TraceReplay")\n'),
-    "draftrl/eval/fine.py": 'import draftrl.envs\nNAME = "replay"\nOK = "draftrl/TraceReplay-v0" != NAME\n',
+    "draftrl/eval/fine.py": 'import draftrl.envs\nNAME = "replay"\nOK = "draftrl/TraceReplay-v1" != NAME\n',
 }
 
 
@@ -95,7 +95,7 @@ def test_envs_modules_their_importers_and_id_prefix_parsing(tmp_path):
     # the env class and the package import are wanted; build_engine is not
     assert report["imported_without_an_env"] == {"draftrl.eval.uses": ["helpers.build_engine"]}
     ids = tree_report.env_ids(modules)
-    assert [d["id"] for d in ids] == ["draftrl/TraceReplay-v0"]
+    assert [d["id"] for d in ids] == ["draftrl/TraceReplay-v1"]
     places = tree_report.id_prefix_parsing(modules, ids)
     assert places == ["draftrl/eval/uses.py:4 TraceReplay"]  # fine.py compares a whole id: no prefix parsing
     assert tree_report.id_prefix_parsing(modules, ids, allowed="draftrl.eval.uses") == []

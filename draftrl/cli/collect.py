@@ -1,4 +1,4 @@
-"""``draftrl collect``: record traces for ``draftrl/TraceReplay-v0``, at any temperature.
+"""``draftrl collect``: record traces for ``draftrl/TraceReplay-v1``, at any temperature.
 
 Reads an env config (YAML with an ``env:`` section, e.g. ``configs/tiny_cpu.yaml``), decodes
 every selected prompt with the real target at each sampling class of the env (``env.temperature``,
@@ -7,7 +7,7 @@ sampled class (default 4; once at temperature 0, where decoding is deterministic
 (env.seed, prompt, class, k), and stores, from every true prefix, the drafter's deterministic tree of
 ``max(env.depths)`` levels and ``env.width`` nodes per level (see ``draftrl.replay.traces``: the replay
 is exact at temperature 0 and exact in law above it). ``env.draft_sampling=true`` at temperature > 0 is
-refused: sampled drafts are exact but not replayable (train them on ``draftrl/SpecDecode-v1``).
+refused: sampled drafts are exact but not replayable (train them on ``draftrl/SpecDecode-v2``).
 The resolved config, the hardware and (with ``--cost-table``) the cost table are saved next to the
 traces, all three replaced as one unit (``draftrl.replay.traces``).
 
@@ -30,7 +30,7 @@ from draftrl.cli import _options
 
 
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("collect", help="record draft/target traces for TraceReplay-v0 (any temperature)")
+    p = subparsers.add_parser("collect", help="record draft/target traces for TraceReplay-v1 (any temperature)")
     _options.add_config(p)
     _options.add_models(p)
     _options.add_threads(p)

@@ -118,7 +118,7 @@ def from_section(cls: type[T], data: Mapping[str, Any], prefix: str = "") -> T:
 def resolve(cls: type[T], config: T | dict[str, Any] | None, overrides: dict[str, Any]) -> T:
     """A ``cls`` from a config, a mapping of its fields or None, plus keyword overrides: how the
     envs take their ``gym.make`` arguments. Unknown keys fail naming the closest valid one
-    (``gym.make("draftrl/SpecDecode-v1", depth=4)`` names ``depths``)."""
+    (``gym.make("draftrl/SpecDecode-v2", depth=4)`` names ``depths``)."""
     if config is None:
         config = cls()
     elif isinstance(config, dict):

@@ -2,8 +2,8 @@
 
 Defaults live here; YAML files in ``configs/`` override what differs under an ``env:`` section
 (``draftrl.config.load_config``), e.g. ``configs/tiny_cpu.yaml``. The same config drives
-``draftrl/SpecDecode-v1``, ``draftrl/SpecDecodeDepth-v1``, ``draftrl collect`` and
-``draftrl/TraceReplay-v0``, so a policy trained on replay meets the same spaces on the real env.
+``draftrl/SpecDecode-v2``, ``draftrl/SpecDecodeDepth-v2``, ``draftrl collect`` and
+``draftrl/TraceReplay-v1``, so a policy trained on replay meets the same spaces on the real env.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ REWARD_MODES: tuple[str, ...] = ("ratio", "throughput")
 @dataclass
 class EnvConfig(WorkloadConfig):
     """Workload (:class:`WorkloadConfig`), drafter, device, action grid and reward of a
-    speculative-decoding env (TraceReplay-v0 replays the sampling classes its traces hold)."""
+    speculative-decoding env (TraceReplay-v1 replays the sampling classes its traces hold)."""
 
     # ---- workload: WorkloadConfig's fields (prompts, split, target, max_new_tokens, temperature, ...)
     ignore_eos: bool = False
@@ -72,17 +72,17 @@ class EnvConfig(WorkloadConfig):
     rho_rate: float = 0.1
     """step of the per-episode rho update toward the last episode's tokens/s (0 keeps rho fixed)"""
     cost_table: str | None = None
-    """JSON from draftrl calibrate: initial cost features; the seconds TraceReplay-v0 charges"""
+    """JSON from draftrl calibrate: initial cost features; the seconds TraceReplay-v1 charges"""
     cost_noise: float = 0.0
-    """TraceReplay-v0: lognormal sigma of multiplicative noise on replayed seconds (0 = none)"""
+    """TraceReplay-v1: lognormal sigma of multiplicative noise on replayed seconds (0 = none)"""
     cost_jitter: float = 0.0
-    """TraceReplay-v0: lognormal sigma of a per-episode factor on the verify cost's growth
+    """TraceReplay-v1: lognormal sigma of a per-episode factor on the verify cost's growth
     (cost(n) - cost(1)) and on draft seconds: other machines, so that a policy learns to read
     the cost features instead of memorising one cost table (0 = none)"""
     monitor: bool = True
     """run the streaming exactness monitor on every emitted token (SpecDecode envs)"""
     depth_shaping: bool = False
-    """SpecDecodeDepth-v1 with reward=ratio: pay -rho * draft seconds on every draft step"""
+    """SpecDecodeDepth-v2 with reward=ratio: pay -rho * draft seconds on every draft step"""
 
     def __post_init__(self) -> None:
         from draftrl.config import COMPILE_MODES, KERNELS

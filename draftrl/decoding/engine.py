@@ -278,7 +278,8 @@ class SpeculativeDecoder:
         return isinstance(self.drafter, LevelDrafter)
 
     def check(self, config) -> None:
-        """Refuse an ``EnvConfig`` whose sampling or limits contradict this engine (an env's config)."""
+        """Refuse an ``EnvConfig`` whose sampling or limits contradict this engine (an env's config). A
+        config with a temperature mix passes each request's sampling to ``start``: no sampling to compare."""
         ec = self.config
         # a mixed workload hands every request its own sampling at start(sampling=...)
         for name in () if getattr(config, "temperature_mix", None) is not None else ("temperature", "top_k", "top_p"):

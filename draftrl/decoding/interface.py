@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from draftrl.decoding.engine import EngineConfig, RoundResult
     from draftrl.drafters.base import TreeBuilder
     from draftrl.drafters.tree import DraftTree
+    from draftrl.models.distribution import SamplingParams
 
 
 @dataclass
@@ -130,9 +131,14 @@ class RoundEngine(Protocol):
         """Refuse an ``EnvConfig`` this engine cannot play (one line naming the fix)."""
 
     def start(self, prompt_ids: list[int], seed: int | None = None, prefill: bool = False,
-              rng: np.random.Generator | None = None) -> float:
+              rng: np.random.Generator | None = None, sampling: SamplingParams | None = None) -> float:
         """Begin a request (``seed``: the sampler's; ``rng``: the env's, for an engine that draws per-episode
-        noise); returns the seconds it took."""
+        noise; ``sampling``: the request's, from the workload's temperature mix, None = the engine config's);
+        returns the seconds it took."""
+
+    @property
+    def sampling(self) -> SamplingParams:
+        """The current request's sampling."""
 
     def features(self) -> dict[str, float]:
         """The drafter's signals before the coming round (never target output)."""

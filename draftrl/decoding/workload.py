@@ -97,7 +97,8 @@ class Workload:
         options = options or {}
         unknown = set(options) - {"prompt_index", "prompt_id"}
         if unknown:
-            raise ValueError(f"reset options {sorted(unknown)} are unknown; use prompt_index or prompt_id.")
+            raise ValueError(f"reset options {sorted(unknown)} are unknown; use prompt_index or prompt_id (the round "
+                             "envs also take sampling: a class label of EnvConfig.temperature_mix, e.g. 'T0.7').")
         if "prompt_id" in options:
             return self.index_of(options["prompt_id"])
         if "prompt_index" in options:

@@ -13,7 +13,7 @@ Everything else is optional, with a default that is right for a stateless drafte
 - ``keep_target_rows``: after every target forward, the rows that entered the history (a drafter
   that reads the target's hidden states, as ``eagle3`` does through forward hooks, keeps those);
 - :class:`LevelDrafter`, the extension for level-by-level growth: ``begin`` returns a
-  :class:`TreeBuilder` that adds one level per ``step``, so a depth policy (``SpecDecodeDepth-v1``)
+  :class:`TreeBuilder` that adds one level per ``step``, so a depth policy (``SpecDecodeDepth-v2``)
   can stop drafting after any level; ``propose`` is then written once, on top of it.
 """
 

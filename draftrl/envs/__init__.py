@@ -6,8 +6,8 @@ Importing this package registers every draftrl env id (``draftrl.envs.ids``), th
     import gymnasium as gym
     import draftrl.envs
     gym.register_envs(draftrl.envs)   # optional: keeps linters from dropping the import
-    env = gym.make("draftrl/SpecDecode-v1")
-    env = gym.make("draftrl.envs:draftrl/SpecDecode-v1")   # the same, with no import beforehand
+    env = gym.make("draftrl/SpecDecode-v2")
+    env = gym.make("draftrl.envs:draftrl/SpecDecode-v2")   # the same, with no import beforehand
 
 Registration names an entry-point string, so it imports neither torch nor transformers:
 ``gymnasium.make`` imports an env's module only when that env is made.

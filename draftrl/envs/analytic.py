@@ -84,7 +84,7 @@ class AnalyticEnv(gym.Env[np.ndarray, np.ndarray]):
     ``verify_size=0`` means "verify every drafted token" (``n = depth``, the default and the
     article's model). Drafted tokens beyond ``n`` are paid for (``draft_cost`` each) and thrown
     away. ``depth=0`` verifies nothing whatever ``verify_size`` is. The second action dimension
-    exists for interface parity with ``draftrl/SpecDecode-v1``, where ``verify_size`` counts
+    exists for interface parity with ``draftrl/SpecDecode-v2``, where ``verify_size`` counts
     tree nodes.
 
     ## Action Space

@@ -40,17 +40,17 @@ ENVS: tuple[dict[str, Any], ...] = (
          section="analytic"),
     # The real engine (torch + transformers, imported only when made). Rewards are wall clock, so
     # the ids are marked nondeterministic (gymnasium's checker then skips step determinism).
-    dict(id="draftrl/SpecDecode-v1", entry_point="draftrl.envs.spec_decode:SpecDecodeEnv", max_episode_steps=1024,
+    dict(id="draftrl/SpecDecode-v2", entry_point="draftrl.envs.spec_decode:SpecDecodeEnv", max_episode_steps=1024,
          nondeterministic=True, section="env"),
     # One step per draft level: a round is at most max(depths) + 1 steps.
-    dict(id="draftrl/SpecDecodeDepth-v1", entry_point="draftrl.envs.spec_decode_depth:SpecDecodeDepthEnv",
+    dict(id="draftrl/SpecDecodeDepth-v2", entry_point="draftrl.envs.spec_decode_depth:SpecDecodeDepthEnv",
          max_episode_steps=16384, nondeterministic=True, section="env", takes=("verify_size",)),
-    # SpecDecode-v1 over the replay of recorded greedy traces, seconds from a cost table: deterministic
+    # SpecDecode-v2 over the replay of recorded greedy traces, seconds from a cost table: deterministic
     # given the seed.
-    dict(id="draftrl/TraceReplay-v0", entry_point="draftrl.envs.spec_decode:SpecDecodeEnv", kwargs={"engine": "replay"},
+    dict(id="draftrl/TraceReplay-v1", entry_point="draftrl.envs.spec_decode:SpecDecodeEnv", kwargs={"engine": "replay"},
          max_episode_steps=1024, section="env", takes=("traces",)),
-    # Per-level CONTINUE/STOP on recorded traces (SpecDecodeDepth-v1 at replay speed).
-    dict(id="draftrl/TraceReplayDepth-v0", entry_point="draftrl.envs.spec_decode_depth:SpecDecodeDepthEnv",
+    # Per-level CONTINUE/STOP on recorded traces (SpecDecodeDepth-v2 at replay speed).
+    dict(id="draftrl/TraceReplayDepth-v1", entry_point="draftrl.envs.spec_decode_depth:SpecDecodeDepthEnv",
          kwargs={"engine": "replay"}, max_episode_steps=16384, section="env", takes=("traces", "verify_size")),
     # Per-round (drafter, depth) over several drafters' traces: deterministic given the seed. Built by
     # draftrl.train.choice from its traces, not from a training env section.
@@ -65,6 +65,30 @@ ENVS: tuple[dict[str, Any], ...] = (
          max_episode_steps=8192, section="serve",
          takes=("serve.recordings", "serve.calibration", "serve.cost_jitter", "serve.cost_noise", "serve.loads")),
 )
+
+#: Ids whose spaces changed, by the id that replaced them, and why. They are not registered, so
+#: ``gymnasium.make`` refuses them itself naming the new version (``DeprecatedEnv``); :func:`find` (a training
+#: config's ``env.id``) and policy manifests that name them (``draftrl.policies.ppo``) refuse them in one line.
+RETIRED: dict[str, tuple[str, str]] = {
+    "draftrl/SpecDecode-v1": ("draftrl/SpecDecode-v2", "the observation gained the request's sampling and the "
+                              "target's signals (issue 45)"),
+    "draftrl/SpecDecodeDepth-v1": ("draftrl/SpecDecodeDepth-v2", "the observation gained the request's sampling and "
+                                   "the target's signals (issue 45)"),
+    "draftrl/TraceReplay-v0": ("draftrl/TraceReplay-v1", "the observation gained the request's sampling and the "
+                               "target's signals (issue 45)"),
+    "draftrl/TraceReplayDepth-v0": ("draftrl/TraceReplayDepth-v1", "the observation gained the request's sampling "
+                                    "and the target's signals (issue 45)"),
+}
+
+
+def retired_message(env_id: str, where: str = "env.id") -> str | None:
+    """The one-line refusal of a retired id (naming the new one), or None for an id that is not retired."""
+    if env_id not in RETIRED:
+        return None
+    new, why = RETIRED[env_id]
+    return (f"{where}={env_id!r} is retired: {why}; use {new!r} (a policy trained on {env_id} must be trained "
+            f"again there with draftrl train).")
+
 
 #: What a ``takes`` key that must be set holds, for the error that says it is not.
 REQUIRED: dict[str, str] = {
@@ -111,13 +135,17 @@ def register_id(*, id: str, section: str | None, takes: tuple[str, ...] = (), **
 def find(env_id: str, where: str = "env.id") -> dict[str, Any]:
     """The registry entry of ``env_id`` (an ``ENVS`` entry, or one :func:`register_id` recorded).
 
-    :raises ValueError: for an id neither holds, naming ``where`` (the config key that gave it).
+    :raises ValueError: for an id neither holds, naming ``where`` (the config key that gave it); a
+        :data:`RETIRED` id names its replacement.
     """
     for entry in ENVS:
         if entry["id"] == env_id:
             return entry
     if env_id in _REGISTERED:
         return _REGISTERED[env_id]
+    retired = retired_message(env_id, where)
+    if retired is not None:
+        raise ValueError(retired)
     known = ", ".join(entry["id"] for entry in ENVS if entry["section"] is not None)
     raise ValueError(f"{where}={env_id!r} is not a draftrl env id; use one of {known}, or register it with "
                      "draftrl.envs.ids.register_id(id=..., entry_point=..., section=..., takes=...).")

@@ -1,8 +1,8 @@
-"""``draftrl/SpecDecode-v1`` and ``draftrl/TraceReplay-v0``: speculative decoding as a Gymnasium env, a round a step.
+"""``draftrl/SpecDecode-v2`` and ``draftrl/TraceReplay-v1``: speculative decoding as a Gymnasium env, a round a step.
 
 A step is one round of a :class:`~draftrl.decoding.interface.RoundEngine`: the live
-:class:`~draftrl.decoding.engine.SpeculativeDecoder` (``SpecDecode-v1``) or the replay of greedy
-traces, :class:`~draftrl.replay.round_engine.TraceRoundEngine` (``TraceReplay-v0``, registered with
+:class:`~draftrl.decoding.engine.SpeculativeDecoder` (``SpecDecode-v2``) or the replay of greedy
+traces, :class:`~draftrl.replay.round_engine.TraceRoundEngine` (``TraceReplay-v1``, registered with
 ``kwargs={"engine": "replay"}``). The env turns the round's result into an observation
 (``draftrl.signals.features``) and a reward (``draftrl.signals.rewards``); the engine does the
 decoding, so the spaces, features and reward are one code for both engines.
@@ -19,6 +19,7 @@ from gymnasium import spaces
 
 from draftrl.config import resolve
 from draftrl.config.env import EnvConfig
+from draftrl.config.workload import SamplingClass
 from draftrl.decoding.workload import Request, Workload
 from draftrl.signals.costs import CostTable
 from draftrl.signals.features import CostTracker, FeatureBuilder, RoundSummary
@@ -47,7 +48,7 @@ def round_engine(config: EnvConfig | dict | None, overrides: dict[str, Any], eng
         config = resolve(EnvConfig, config if config is not None else traces.config, overrides)
         return config, TraceRoundEngine(traces, config, replay_cost_table(cost_table, config, trace_dir)), None
     if traces is not None or cost_table is not None:
-        raise ValueError("traces= and cost_table= are the replay's; pass engine='replay' (draftrl/TraceReplay-v0) "
+        raise ValueError("traces= and cost_table= are the replay's; pass engine='replay' (draftrl/TraceReplay-v1) "
                          "or drop them.")
     config = resolve(EnvConfig, config, overrides)
     if engine is None or engine == "live":
@@ -113,6 +114,8 @@ class EngineEpisodes(SeededEpisodes, gym.Env[np.ndarray, Any]):
         self.rewards = RewardModel(config.reward, config.rho, config.rho_rate, rho_prior=self._rho_prior)
         self.monitor = None
         self.request: Request | None = None
+        self.sampling_class: SamplingClass = config.sampling_classes[0]
+        """the current episode's sampling (drawn at ``reset``)"""
         if not hasattr(engine, "lookahead"):  # only an engine that knows the continuation has one
             self.lookahead_action = None
 
@@ -131,12 +134,18 @@ class EngineEpisodes(SeededEpisodes, gym.Env[np.ndarray, Any]):
     def _start_request(self, seed: int | None, options: dict[str, Any] | None) -> dict[str, Any]:
         if self._seed_episode(seed):
             self.monitor = self._new_monitor()
+        options = dict(options or {})
+        asked = options.pop("sampling", None)
         self.request = self.workload.request(self.workload.pick(options, self.np_random))
+        # drawn after the prompt, and nothing drawn for a single class: seeded runs keep their streams
+        self.sampling_class = self._sampling_class(asked)
         sampling_seed = int(self.np_random.integers(2**31)) if self.engine.samples else None
         self.engine.config.max_new_tokens = self.request.max_new_tokens
         # the first round verifies inside the prefill (as decoding.generate does): its seconds include the prompt
-        prefill = self.engine.start(self.request.prompt_ids, seed=sampling_seed, prefill=False, rng=self.np_random)
-        self.features.start_episode(self.request.max_new_tokens)
+        prefill = self.engine.start(self.request.prompt_ids, seed=sampling_seed, prefill=False, rng=self.np_random,
+                                    **self._sampling_argument())
+        self.features.start_episode(self.request.max_new_tokens, self.sampling_class)
+        cls = self.sampling_class
         return {
             "prompt_id": self.request.prompt.id,
             "language": self.request.prompt.language,
@@ -145,7 +154,30 @@ class EngineEpisodes(SeededEpisodes, gym.Env[np.ndarray, Any]):
             "max_new_tokens": self.request.max_new_tokens,
             "prefill_seconds": prefill,
             "sampling_seed": sampling_seed,
+            "temperature": cls.temperature,
+            "top_k": cls.top_k,
+            "top_p": cls.top_p,
+            "sampling_class": cls.label,
         }
+
+    def _sampling_class(self, asked: str | None) -> SamplingClass:
+        """The episode's sampling: the class ``reset(options={"sampling": label})`` names, else one drawn
+        from ``EnvConfig.temperature_mix`` by its weights (:meth:`WorkloadConfig.draw_sampling`)."""
+        classes = self.config.sampling_classes
+        if asked is None:
+            return self.config.draw_sampling(self.np_random)
+        for cls in classes:
+            if cls.label == asked:
+                return cls
+        raise ValueError(f"reset options sampling={asked!r} is not a class of this env's workload; use one of "
+                         f"{', '.join(c.label for c in classes)} (EnvConfig.temperature_mix).")
+
+    def _sampling_argument(self) -> dict[str, Any]:
+        """``engine.start``'s ``sampling`` keyword: the episode's class, passed whenever a mix is set (a config
+        without one leaves the engine on its own config's sampling, which ``engine.check`` compared)."""
+        if self.config.temperature_mix is None:
+            return {}
+        return {"sampling": self.sampling_class.params()}
 
     def lookahead_action(self) -> np.ndarray:
         """The coming round's best action (grid indices) in hindsight: the ``LookAhead`` baseline, the
@@ -197,6 +229,7 @@ class EngineEpisodes(SeededEpisodes, gym.Env[np.ndarray, Any]):
             "exactness_passed": passed,
             "stop_reason": rnd.stop_reason,
             "prompt_id": self.request.prompt.id,
+            "target_features": dict(rnd.target_features),
         }
         return reward, info
 
@@ -213,8 +246,8 @@ class SpecDecodeEnv(EngineEpisodes):
     output equals the target's own greedy decoding), so the policy changes only the speed,
     never the text's distribution.
 
-    The engine is injected (``engine``): the live ``SpeculativeDecoder`` (``draftrl/SpecDecode-v1``)
-    or the replay of greedy traces recorded by ``draftrl collect`` (``draftrl/TraceReplay-v0``,
+    The engine is injected (``engine``): the live ``SpeculativeDecoder`` (``draftrl/SpecDecode-v2``)
+    or the replay of greedy traces recorded by ``draftrl collect`` (``draftrl/TraceReplay-v1``,
     ``engine="replay"``, :class:`~draftrl.replay.round_engine.TraceRoundEngine`): the round's tree is
     the first ``depth`` levels of the tree recorded at the current position and the accepted length
     is found by walking it along the recorded continuation, so for the same actions every round's
@@ -231,7 +264,7 @@ class SpecDecodeEnv(EngineEpisodes):
 
     ## Observation Space
 
-    ``Box(float32, shape=(25,))`` for ``history=4`` (``21 + history`` in general), names in
+    ``Box(float32, shape=(31,))`` for ``history=4`` (``27 + history`` in general), names in
     ``env.unwrapped.feature_names``. Every entry is known before the target verifies the round.
 
     | Num   | Observation            | Min | Max  | Meaning |
@@ -253,6 +286,14 @@ class SpecDecodeEnv(EngineEpisodes):
     | 23    | `draft_cost_round`     | 0   | 1e4  | running per-round drafter seconds (features, catch-up) / |
     |       |                        |     |      | AR step seconds |
     | 24    | `draft_cost_level`     | 0   | 1e4  | running seconds per draft level / AR step seconds |
+    | 25    | `temperature`          | 0   | 2    | the request's temperature (0 = greedy; above 2 reads 2) |
+    | 26    | `top_k`                | 0   | 1    | min(top_k, 100) / 100; top-k off (0) reads 1 |
+    | 27    | `top_p`                | 0   | 1    | the request's top-p (1 = off) |
+    | 28    | `target_top1_prob`     | 0   | 1    | raw (T = 1) softmax top-1 prob of the target row that emitted |
+    |       |                        |     |      | the last round's last token; 0 = unknown (before a round) |
+    | 29    | `target_entropy`       | 0   | 20   | entropy (nats) of that row's raw softmax; 0 when unknown |
+    | 30    | `accepted_mean_p`      | 0   | 1    | mean transformed target p of the last round's accepted drafts |
+    |       |                        |     |      | (0 if none, or unknown) |
 
     Why these: the draft signals predict this round's acceptance (a long n-gram match or a
     confident draft is usually accepted); the history captures the workload's current regime
@@ -262,6 +303,12 @@ class SpecDecodeEnv(EngineEpisodes):
     on this machine, so one policy adapts to CPU (steep g(V)) and GPU (flat g(V)). Cost
     averages persist across episodes and start from ``EnvConfig.cost_table`` when given (the
     replay's cost table in the replay: they sit at its ratios, plus noise with ``cost_noise > 0``).
+    The request features say how the request samples (one policy serves a temperature mix:
+    acceptance falls as the temperature rises); the target features are what the last
+    verification forward computed anyway (no extra device sync), the target's own uncertainty
+    where the round stopped. An engine that does not report them (``RoundResult.target_features``
+    empty; today the replay of greedy traces) leaves them at 0, 0, 0 ("unknown": a real top-1
+    probability is at least 1 / vocab).
 
     ## Rewards
 
@@ -280,7 +327,8 @@ class SpecDecodeEnv(EngineEpisodes):
 
     ## Starting State
 
-    No round has run (history 0, acceptance estimates 0.5); the draft signals describe the first
+    No round has run (history 0, acceptance estimates 0.5, target features 0 = unknown; the request
+    features are the episode's sampling); the draft signals describe the first
     round, which feeds the prompt together with its drafts (one forward, as Hugging Face prompt
     lookup verifies its first candidates inside the prefill), so its seconds include the
     prompt's. ``reset(seed=...)`` draws a new prompt order and
@@ -288,6 +336,11 @@ class SpecDecodeEnv(EngineEpisodes):
     and the sampling seeds (not the timings). ``reset(options={"prompt_id": ...})`` or
     ``{"prompt_index": i}`` decodes a given prompt. The replay's workload is the recorded prompts
     (the config's prompt filters are not used).
+
+    Each episode's sampling is drawn from ``EnvConfig.temperature_mix`` by its weights, after the
+    prompt (a workload of one class draws nothing, so its seeded streams are what they were), and
+    passed to ``engine.start(sampling=...)``; ``reset(options={"sampling": "T0.7"})`` picks a class
+    by its label (``SamplingClass.label``), e.g. to evaluate one temperature.
 
     ## Episode End
 
@@ -306,19 +359,21 @@ class SpecDecodeEnv(EngineEpisodes):
     ``draftrl.decoding.monitor.ExactnessMonitor``; None with ``monitor=False``; a failed test
     raises ``ExactnessViolation``; None in the replay: nothing is sampled, ``token_stats`` are the
     greedy statistics the engine would report, p = 1 on the emitted token), ``stop_reason``,
-    ``prompt_id``. ``reset`` returns the prompt's id, language, task, length, budget, prefill
-    seconds and sampling seed (None in the replay).
+    ``prompt_id``, ``target_features`` (the round's ``RoundResult.target_features``; {} when the
+    engine reports none). ``reset`` returns the prompt's id, language, task, length, budget, prefill
+    seconds, sampling seed (None in the replay) and the episode's sampling: ``temperature``,
+    ``top_k``, ``top_p`` and ``sampling_class`` (its label, e.g. ``T0.7``).
 
     ## Arguments
 
     ```python
     import gymnasium as gym
     import draftrl.envs  # registers the ids (or: gym.make("draftrl.envs:draftrl/..."))
-    env = gym.make("draftrl/SpecDecode-v1", config=EnvConfig(drafter="ngram", languages=("en",)))
-    env = gym.make("draftrl/SpecDecode-v1", depths=(0, 2, 4), max_new_tokens=32)   # field overrides
+    env = gym.make("draftrl/SpecDecode-v2", config=EnvConfig(drafter="ngram", languages=("en",)))
+    env = gym.make("draftrl/SpecDecode-v2", depths=(0, 2, 4), max_new_tokens=32)   # field overrides
     env = SpecDecodeEnv(config, engine=engine, tokenizer=tokenizer)                # a prebuilt engine
-    env = gym.make("draftrl/TraceReplay-v0", traces="runs/traces/tiny")             # the recorded config
-    env = gym.make("draftrl/TraceReplay-v0", traces="runs/traces/tiny", depths=(0, 2, 4), cost_noise=0.05)
+    env = gym.make("draftrl/TraceReplay-v1", traces="runs/traces/tiny")             # the recorded config
+    env = gym.make("draftrl/TraceReplay-v1", traces="runs/traces/tiny", depths=(0, 2, 4), cost_noise=0.05)
     ```
 
     ``config`` (:class:`~draftrl.config.env.EnvConfig`, a dict of its fields, or None) plus
@@ -338,18 +393,27 @@ class SpecDecodeEnv(EngineEpisodes):
 
     ## Version History
 
-    ``draftrl/SpecDecode-v1`` (live):
+    ``draftrl/SpecDecode-v2`` (live):
 
+    - v2: the observation gains the request's sampling (``temperature``, ``top_k``, ``top_p``) and
+      the target's signals from the last verification (``target_top1_prob``, ``target_entropy``,
+      ``accepted_mean_p``), entries 25..30 after the unchanged 0..24; each episode draws its sampling
+      from ``EnvConfig.temperature_mix`` (issue 45). Reward unchanged. ``SpecDecode-v1`` is no longer
+      registered: ``gymnasium.make`` refuses it naming v2, and so do policies trained on it.
     - v1: the first round feeds the prompt with its drafts (as Hugging Face prompt lookup does),
       so its seconds, and hence its reward, include the prompt's forward. The reward formula and
       the spaces are unchanged.
     - v0: initial version; ``reset`` prefilled the prompt, outside every round's seconds.
 
-    ``draftrl/TraceReplay-v0`` (``engine="replay"``):
+    ``draftrl/TraceReplay-v1`` (``engine="replay"``):
 
+    - v1: the observation of ``SpecDecode-v2`` (issue 45). For the same seed and actions, rewards,
+      flags, ``info`` and observation entries 0..24 equal ``TraceReplay-v0``'s bit for bit
+      (``tests/envs/test_replay_ids_fixture.py`` checks them against v0's pinned episodes); the new
+      entries are the request's sampling and the unknown target signals (the greedy traces record
+      none). Mixes whose classes are all greedy (top-k/top-p aside) replay; sampled ones are refused.
     - v0: initial version (``TraceReplayEnv``). Since issue 42 this class with the replay round
-      engine injected; its episodes are bit-identical for the same seed and actions
-      (``tests/envs/test_replay_ids_fixture.py``), so the version stands.
+      engine injected; its episodes were bit-identical for the same seed and actions.
     """
 
     def __init__(self, config: EnvConfig | dict | None = None, *, engine: str | RoundEngine | None = None,

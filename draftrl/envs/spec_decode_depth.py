@@ -1,10 +1,10 @@
-"""``draftrl/SpecDecodeDepth-v1`` and ``draftrl/TraceReplayDepth-v0``: stop or continue drafting after every level.
+"""``draftrl/SpecDecodeDepth-v2`` and ``draftrl/TraceReplayDepth-v1``: stop or continue drafting after every level.
 
 Learning to Draft's depth policy: the tree is grown one level per step
 (``RoundEngine.begin_levels`` / ``TreeBuilder.step``: one batched draft forward per level live,
 the recorded tree's next level in the replay) and verified with ``RoundEngine.round_from_tree``
 when the agent stops. Observations and rewards come from the same builder and reward model as
-``draftrl/SpecDecode-v1``; the engine is injected as there (``engine="replay"``: ``TraceReplayDepth-v0``).
+``draftrl/SpecDecode-v2``; the engine is injected as there (``engine="replay"``: ``TraceReplayDepth-v1``).
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ class SpecDecodeDepthEnv(EngineEpisodes):
     recorded tree has no deeper level). STOP before any level is a plain target step. The
     verification size is fixed (``verify_size``, 0 = every drafted node) or chosen by
     ``size_policy(observation, tree) -> int`` at STOP. The engine is the live one
-    (``SpecDecodeDepth-v1``) or the replay of recorded traces (``TraceReplayDepth-v0``,
-    ``engine="replay"``), as in ``SpecDecode-v1`` / ``TraceReplay-v0``; for the same actions the
+    (``SpecDecodeDepth-v2``) or the replay of recorded traces (``TraceReplayDepth-v1``,
+    ``engine="replay"``), as in ``SpecDecode-v2`` / ``TraceReplay-v1``; for the same actions the
     rounds are equal (tested).
 
     ## Action Space
@@ -49,21 +49,22 @@ class SpecDecodeDepthEnv(EngineEpisodes):
 
     ## Observation Space
 
-    ``Box(float32, shape=(28,))`` for ``history=4``: the 25 features of
-    ``draftrl/SpecDecode-v1`` (same order, same meaning, computed once at the start of the
-    round), then the current level's signals (``TreeBuilder.level_features``):
+    ``Box(float32, shape=(34,))`` for ``history=4``: the 31 features of
+    ``draftrl/SpecDecode-v2`` (same order, same meaning, computed once at the start of the
+    round: the request's sampling and the previous round's target signals included), then the
+    current level's signals (``TreeBuilder.level_features``):
 
     | Num | Observation       | Min | Max  | Meaning |
     |-----|-------------------|-----|------|---------|
-    | 25  | `level`           | 0   | 64   | draft levels built so far this round |
-    | 26  | `level_best_prob` | 0   | 1    | exp(best cumulative draft score at that level): path probability |
+    | 31  | `level`           | 0   | 64   | draft levels built so far this round |
+    | 32  | `level_best_prob` | 0   | 1    | exp(best cumulative draft score at that level): path probability |
     |     |                   |     |      | (model) or share of matches (n-gram) |
-    | 27  | `level_num_nodes` | 0   | 1024 | nodes at that level (<= width) |
+    | 33  | `level_num_nodes` | 0   | 1024 | nodes at that level (<= width) |
 
     ## Rewards
 
     Wall clock, NOT reproducible (live). Paid when the round is verified: the round's reward exactly
-    as in ``SpecDecode-v1`` (``ratio`` or ``throughput``); intermediate draft steps pay 0. With
+    as in ``SpecDecode-v2`` (``ratio`` or ``throughput``); intermediate draft steps pay 0. With
     ``EnvConfig.depth_shaping=True`` (``reward="ratio"`` only) each draft step pays
     ``-rho * (its draft seconds)`` and the verifying step pays ``tokens - rho * (the round's
     remaining seconds)``: the same round total, credited where the time is spent. In the replay
@@ -72,7 +73,7 @@ class SpecDecodeDepthEnv(EngineEpisodes):
 
     ## Starting State
 
-    As ``SpecDecode-v1`` (the first round feeds the prompt with its drafts): level 0 of the first round.
+    As ``SpecDecode-v2`` (the first round feeds the prompt with its drafts): level 0 of the first round.
 
     ## Episode End
 
@@ -82,30 +83,35 @@ class SpecDecodeDepthEnv(EngineEpisodes):
     ## Information
 
     Draft steps: ``phase="draft"``, ``level``, ``step_seconds``. Verifying steps:
-    ``phase="verify"`` plus every key of ``SpecDecode-v1``'s info (``depth`` = levels drafted).
+    ``phase="verify"`` plus every key of ``SpecDecode-v2``'s info (``depth`` = levels drafted).
 
     ## Arguments
 
     ``config`` / overrides / ``engine`` (``"live"``, ``"replay"`` with ``traces`` and ``cost_table``,
-    or a ``RoundEngine``) / ``tokenizer`` / ``target`` as ``SpecDecode-v1``; ``verify_size`` (int,
+    or a ``RoundEngine``) / ``tokenizer`` / ``target`` as ``SpecDecode-v2``; ``verify_size`` (int,
     0 = all drafted nodes); ``size_policy`` (callable or None). ``EnvConfig.verify_sizes`` is not
     used here. ``env.unwrapped.lookahead_action()`` (replay only, and only without a size policy):
-    ``TraceReplay-v0``'s per-round best at the fixed ``verify_size`` (only the depth index means
+    ``TraceReplay-v1``'s per-round best at the fixed ``verify_size`` (only the depth index means
     anything; ``Policy.act_step`` drafts to that depth and stops).
 
     ## Version History
 
-    ``draftrl/SpecDecodeDepth-v1`` (live):
+    ``draftrl/SpecDecodeDepth-v2`` (live):
 
+    - v2: the round features gain ``SpecDecode-v2``'s request and target entries (25..30), so the
+      level signals move to 31..33 (issue 45). Reward unchanged; ``SpecDecodeDepth-v1`` is no longer
+      registered (``gymnasium.make`` names v2).
     - v1: the first round's verification feeds the prompt (as in ``SpecDecode-v1``), so its
       seconds and reward include the prompt's forward; spaces unchanged.
     - v0: initial version; ``reset`` prefilled the prompt.
 
-    ``draftrl/TraceReplayDepth-v0`` (``engine="replay"``):
+    ``draftrl/TraceReplayDepth-v1`` (``engine="replay"``):
 
+    - v1: the observation of ``SpecDecodeDepth-v2``; rewards, flags, ``info`` and the entries it
+      shares with v0 equal ``TraceReplayDepth-v0``'s pinned episodes bit for bit
+      (``tests/envs/test_replay_ids_fixture.py``).
     - v0: initial version (``TraceReplayDepthEnv``). Since issue 42 this class with the replay
-      round engine injected; its episodes are bit-identical for the same seed and actions
-      (``tests/envs/test_replay_ids_fixture.py``), so the version stands.
+      round engine injected; its episodes were bit-identical for the same seed and actions.
     """
 
     def __init__(self, config: EnvConfig | dict | None = None, *, engine: str | RoundEngine | None = None,
@@ -120,7 +126,7 @@ class SpecDecodeDepthEnv(EngineEpisodes):
                 "(0 = all drafted nodes)."
             )
         if self.config.max_depth > 0 and not self.engine.drafts_levels:
-            raise ValueError(f"SpecDecodeDepth-v1 grows drafts level by level; drafter {self.config.drafter!r} cannot "
+            raise ValueError(f"SpecDecodeDepth-v2 grows drafts level by level; drafter {self.config.drafter!r} cannot "
                              "(it is none, or has no LevelDrafter.begin); use ngram, layerskip:N or a draft model.")
         self.verify_size, self.size_policy = verify_size, size_policy
         self.max_depth = self.config.max_depth
@@ -157,7 +163,7 @@ class SpecDecodeDepthEnv(EngineEpisodes):
         return value == CONTINUE
 
     def lookahead_action(self) -> np.ndarray:
-        """``TraceReplay-v0``'s per-round best at this env's fixed ``verify_size``: only the depth index
+        """``TraceReplay-v1``'s per-round best at this env's fixed ``verify_size``: only the depth index
         (first entry) means anything here; ``Policy.act_step`` drafts to that depth and stops."""
         return self._lookahead((self.verify_size,))
 

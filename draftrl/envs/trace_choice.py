@@ -4,7 +4,7 @@ With two drafters the decision the issue names becomes worth learning: n-gram lo
 answer copies the prompt, the trained head where it does not, no speculation where neither is
 likely to be accepted. This env replays the traces of every drafter over the same prompts
 (``draftrl collect --drafter D``, same target and workload) through
-:func:`draftrl.eval.round.headroom.round_table`, so a round costs exactly what ``TraceReplay-v0`` charges
+:func:`draftrl.eval.round.headroom.round_table`, so a round costs exactly what ``TraceReplay-v1`` charges
 that drafter at that depth, plus the other drafters' per-round ``features()`` time (the policy reads
 every drafter's signals, and in the real engine computing them costs that), and PPO trains in minutes.
 The observation holds every drafter's own

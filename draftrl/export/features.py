@@ -1,7 +1,7 @@
 """The training env's observation settings, and its ``FeatureBuilder`` rebuilt from them.
 
 A deployed policy must see the features it was trained on, computed the same way. The envs that
-wrap the engine (``SpecDecode-v1``, ``TraceReplay-v0`` and their depth variants) build every
+wrap the engine (``SpecDecode-v2``, ``TraceReplay-v1`` and their depth variants) build every
 observation with :class:`draftrl.signals.features.FeatureBuilder`; this module records that
 builder's settings in the export manifest (``features_entry``) and rebuilds the very same class
 from them at run time (``make_feature_builder``), so no feature is re-implemented here.
@@ -122,7 +122,8 @@ def features_entry(train_config: dict[str, Any] | None, env_id: str, names: list
     """The manifest's ``features`` section for a policy trained on ``env_id`` reading ``names``.
 
     :return: ``{"builder": BUILDER, "history", "ema_decay", "cost_decay", "width", "drafter",
-        "temperature", "max_depth", "max_new_tokens" (the training budget), "cost_table" (the
+        "temperature", "sampling_classes" (the labels of the training mix, one without a mix), "max_depth",
+        "max_new_tokens" (the training budget), "cost_table" (the
         table's JSON or None), "source"}`` for the
         engine envs; ``{"builder": None, "reason": ...}`` otherwise.
     """
@@ -152,6 +153,7 @@ def features_entry(train_config: dict[str, Any] | None, env_id: str, names: list
         "width": config.width,
         "drafter": config.drafter,
         "temperature": config.temperature,
+        "sampling_classes": [c.label for c in config.sampling_classes],
         "max_depth": config.max_depth,
         "max_new_tokens": config.max_new_tokens or config.max_new_tokens_cap,
         "cost_table": table.to_dict() if table is not None else None,
@@ -225,8 +227,8 @@ def make_feature_builder(entry: dict[str, Any], names: list[str] | tuple[str, ..
     if not entry or builder_name is None:
         reason = (entry or {}).get("reason", "the manifest names no feature builder")
         raise ValueError(
-            f"this policy cannot drive an engine: {reason} Train it on draftrl/TraceReplay-v0 or "
-            "draftrl/SpecDecode-v1 (whose observations draftrl.signals.features.FeatureBuilder builds), or for "
+            f"this policy cannot drive an engine: {reason} Train it on draftrl/TraceReplay-v1 or "
+            "draftrl/SpecDecode-v2 (whose observations draftrl.signals.features.FeatureBuilder builds), or for "
             "vLLM on draftrl/ServeReplay-v0 (draftrl.signals.serving.ServingFeatures)."
         )
     table = CostTable.from_dict(entry["cost_table"]) if entry.get("cost_table") else None

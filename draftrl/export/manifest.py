@@ -68,7 +68,8 @@ def read_manifest(file: str | Path) -> dict[str, Any]:
     """The manifest of an exported file (``FILE.json``).
 
     :raises FileNotFoundError: when the file or its manifest is missing.
-    :raises ValueError: when the manifest has another format.
+    :raises ValueError: when the manifest has another format, or the policy reads the observation of a
+        retired env id (before issue 45: train and export it again).
     """
     file = Path(file)
     path = manifest_path(file)
@@ -87,6 +88,11 @@ def read_manifest(file: str | Path) -> dict[str, Any]:
         manifest = manifest if isinstance(manifest, dict) else {}
         raise ValueError(f"{path} has format {manifest.get('format')!r}, expected {FORMAT!r}; re-export the policy.")
     check_fields(manifest, path)
+    from draftrl.signals.features import stale_features_message  # numpy only
+
+    stale = stale_features_message(manifest["feature_names"], f"the policy exported to {file}")
+    if stale is not None:
+        raise ValueError(stale)
     return manifest
 
 

@@ -67,7 +67,7 @@ class PolicySchedule:
         if not engine.output_ids:  # a request's first round (every round emits at least one token)
             if self.fresh_costs:
                 self.features.reset_costs()
-            self.features.start_episode(engine.config.max_new_tokens)
+            self.features.start_episode(engine.config.max_new_tokens, getattr(engine, "sampling", None))
         draft = engine.features() if not engine.finished else {}
         return self.features.observation(draft, len(engine.ids), len(engine.output_ids))
 

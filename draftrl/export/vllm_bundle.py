@@ -2,8 +2,8 @@
 
 Which route a policy takes (docs/export.md says why):
 
-- a per-request size policy trained with ``drafter=ngram`` (``draftrl/TraceReplay-v0`` or
-  ``SpecDecode-v1``): draftrl's ``custom_class`` proposer
+- a per-request size policy trained with ``drafter=ngram`` (``draftrl/TraceReplay-v1`` or
+  ``SpecDecode-v2``): draftrl's ``custom_class`` proposer
   (``draftrl.decoding.vllm.proposer.DraftrlProposer``) asks it each request's depth every step,
   through the controller ``proposer.json`` names (``draftrl.export.vllm_control.RequestPolicyControl``);
 - a serving policy (``draftrl/ServeReplay-v0`` or ``ServeVLLM-v0``): one (depth cap, budget) per

@@ -6,7 +6,7 @@ asks a controller every engine step what to draft (:mod:`draftrl.decoding.vllm.c
 its exported policy by ``policy`` (the ``.onnx`` file, relative to the JSON); the proposer builds it
 with ``CLASS.from_config(config, proposer)``:
 
-- :class:`RequestPolicyControl`: a per-request size policy (``TraceReplay-v0`` / ``SpecDecode-v1``,
+- :class:`RequestPolicyControl`: a per-request size policy (``TraceReplay-v1`` / ``SpecDecode-v2``,
   n-gram drafter) chooses each request's own depth every step, all running requests in one
   onnxruntime call, under ``proposer.json``'s fixed ``depth`` and ``budget``;
 - :class:`BatchPolicyControl`: a serving-env policy (``ServeReplay-v0`` / ``ServeVLLM-v0``) chooses
@@ -15,7 +15,7 @@ with ``CLASS.from_config(config, proposer)``:
   env's rule (``proposer.json``'s ``rule``).
 
 What vLLM does not show a proposer is filled honestly. Per request: cost features come from the
-training cost table (seconds a round *would* take by the table, as ``TraceReplay-v0`` charges
+training cost table (seconds a round *would* take by the table, as ``TraceReplay-v1`` charges
 them), not measured time; the request's token budget is not passed either, so ``generated_len`` is
 measured against the training budget and ``remaining_len`` is held at 1. Serving: see
 :class:`ServingObserver`.

@@ -6,14 +6,14 @@ A policy is built for one env's action grids and observation features: ``depths`
 three from ``env.unwrapped``. Policies read features by name (``self.feature(obs, "name")``), never
 by position, so they keep working when an env adds or reorders features.
 
-Round-level envs (``draftrl/Analytic-v0``, ``draftrl/SpecDecode-v1``, ``draftrl/TraceReplay-v0``)::
+Round-level envs (``draftrl/Analytic-v0``, ``draftrl/SpecDecode-v2``, ``draftrl/TraceReplay-v1``)::
 
     policy.reset()                           # episode start
     depth, verify_size = policy.act(obs)     # values, not indices
     obs, reward, terminated, truncated, info = env.step(policy.to_action(depth, verify_size))
     policy.observe(info)                     # after each round: info["num_emitted"], ["num_accepted"], ["seconds"], ...
 
-Step-level envs (``draftrl/SpecDecodeDepth-v1``, ``draftrl/TraceReplayDepth-v0``):
+Step-level envs (``draftrl/SpecDecodeDepth-v2``, ``draftrl/TraceReplayDepth-v1``):
 ``policy.act_step(obs)`` returns ``CONTINUE`` (draft one more level) or ``STOP`` (verify now) after
 each draft level; ``observe(info)`` follows every verifying step.
 
@@ -106,7 +106,7 @@ class Policy(ABC):
         """
 
     def act_step(self, observation: np.ndarray) -> int:
-        """Per-draft-level form for step-level envs (``SpecDecodeDepth-v1``, ``TraceReplayDepth-v0``).
+        """Per-draft-level form for step-level envs (``SpecDecodeDepth-v2``, ``TraceReplayDepth-v1``).
 
         Called with the observation after ``level`` draft levels (the feature ``level``); answers
         ``CONTINUE`` (draft one more level) or ``STOP`` (verify now). The default plays the

@@ -29,7 +29,7 @@ def evaluate_policy(policy: Policy, env: Any, episodes: int = 20, seed: int | No
     and both tracks of ``eval`` run.
 
     Round-level envs and serving envs (``MultiDiscrete`` actions) call ``policy.act``; step-level
-    envs (``Discrete(2)`` actions, e.g. ``draftrl/SpecDecodeDepth-v1``) call ``policy.act_step`` and
+    envs (``Discrete(2)`` actions, e.g. ``draftrl/SpecDecodeDepth-v2``) call ``policy.act_step`` and
     pass ``int(decision)`` as the action; their draft steps inside a round (no ``num_emitted`` in
     ``info``) are skipped. ``on_reset(info)`` runs after each ``env.reset``; after every verified
     round (serving envs: engine step) the policy observes its ``info``, then ``on_round(info)`` runs.

@@ -13,7 +13,9 @@ A saved policy is a directory with three files (``draftrl train`` writes them):
 
 The three files are checked together on every load (``load_checked``): a missing or foreign
 normaliser, a grid that does not match the network's output size, a feature list that does not
-match its input size, or a missing manifest field is a one-line error naming the file and the fix.
+match its input size, a missing manifest field, or a policy trained on a retired env id (its
+observation changed: ``draftrl.envs.ids.RETIRED``, issue 45) is a one-line error naming the file and
+the fix.
 
 ``PPOPolicy`` gathers the network's inputs by feature name from whatever order the env uses, so a
 policy keeps working when an env adds or reorders features; a missing feature is an error. The
@@ -31,8 +33,10 @@ from typing import Any
 
 import numpy as np
 
+from draftrl.envs.ids import retired_message
 from draftrl.policies.base import CONTINUE, STOP, Policy, env_grids
 from draftrl.runs import CONFIG_FILE, MANIFEST_FILE, POLICY_FILE, VECNORMALIZE_FILE, policy_files
+from draftrl.signals.features import stale_features_message
 
 KINDS = ("size", "depth")
 #: manifest fields every reader needs
@@ -93,6 +97,12 @@ def read_policy_manifest(path: str | Path) -> dict[str, Any]:
         raise ValueError(f"{path} lacks {', '.join(missing)}; restore it from the run directory draftrl train wrote.")
     if manifest["kind"] not in KINDS:
         raise ValueError(f"{path} has kind={manifest['kind']!r}; expected one of {KINDS}. Restore it from the run.")
+    retired = retired_message(str(manifest.get("env_id")), f"{path}: env_id")
+    if retired is not None:
+        raise ValueError(retired)
+    stale = stale_features_message(manifest["feature_names"], f"the policy of {path}")
+    if stale is not None:
+        raise ValueError(stale)
     return manifest
 
 

@@ -1,4 +1,4 @@
-"""A round engine replayed from traces: what ``draftrl/TraceReplay-v0`` plays, without models.
+"""A round engine replayed from traces: what ``draftrl/TraceReplay-v1`` plays, without models.
 
 :class:`TraceRoundEngine` is a :class:`~draftrl.decoding.interface.RoundEngine`, so the round envs
 (``SpecDecodeEnv``, ``SpecDecodeDepthEnv``) drive it as they drive the live
@@ -95,7 +95,7 @@ def check_replayable(config: EnvConfig, traces: Traces) -> None:
             )
     if config.draft_sampling and any(not c.greedy for c in config.sampling_classes):
         raise ValueError("EnvConfig.draft_sampling=True draws drafts from q: exact, but not replayable from recorded "
-                         "continuations; train on the live env (draftrl/SpecDecode-v1) or set draft_sampling=false.")
+                         "continuations; train on the live env (draftrl/SpecDecode-v2) or set draft_sampling=false.")
     for name in ("target", "drafter", "chat_template"):
         if name in recorded and getattr(config, name) != recorded[name]:
             raise ValueError(

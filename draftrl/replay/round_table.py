@@ -6,7 +6,7 @@ continuation, and a cost table gives its seconds. With traces of several drafter
 prompts (same target, hence the same continuation), :func:`round_table` lists, for every position
 and every arm (``none``, or a drafter at a depth), what the round would emit and cost.
 
-Seconds are the ones ``draftrl/TraceReplay-v0`` charges (verify every drafted node, no noise; a
+Seconds are the ones ``draftrl/TraceReplay-v1`` charges (verify every drafted node, no noise; a
 test plays each fixed arm through that env and compares). The target forward and the sampler cost
 come from one table for every drafter, so arms differ only in what they draft and what drafting
 costs; the arm ``none`` drafts nothing and pays no drafter time (a policy that reads every drafter's

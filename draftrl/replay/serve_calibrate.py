@@ -344,7 +344,7 @@ class StepCostModel:
 
     def jittered(self, sigma: float, rng: Any) -> StepCostModel:
         """This model on another machine: each jitter factor is a mean-one lognormal of ``sigma``
-        drawn from ``rng`` (TraceReplay-v0's ``cost_jitter``)."""
+        drawn from ``rng`` (TraceReplay-v1's ``cost_jitter``)."""
         if sigma <= 0:
             return self
         draw = lambda: math.exp(sigma * float(rng.standard_normal()) - 0.5 * sigma * sigma)  # noqa: E731

@@ -1,4 +1,4 @@
-"""Decoding traces for ``draftrl/TraceReplay-v0``, at any temperature, and how ``draftrl collect`` records them.
+"""Decoding traces for ``draftrl/TraceReplay-v1``, at any temperature, and how ``draftrl collect`` records them.
 
 For each prompt and each sampling class of the config (``EnvConfig.sampling_classes``: the temperature,
 top-k and top-p of a request), a trace holds K *recordings*: continuations the live engine decoded with
@@ -201,10 +201,11 @@ class Traces:
                              "--set env.temperature=0.")
 
     def class_index(self, sampling) -> int | None:
-        """The index of ``sampling`` (a ``SamplingClass`` or ``SamplingParams``) among ``classes``, or None."""
+        """The index of ``sampling`` (a ``SamplingClass`` or ``SamplingParams``) among ``classes``, or None.
+        Greedy decoding is the argmax whatever top-k and top-p say, so any greedy class serves a greedy request."""
         key = (float(sampling.temperature), int(sampling.top_k), float(sampling.top_p))
         for i, c in enumerate(self.classes):
-            if c.key == key:
+            if c.key == key or (c.greedy and key[0] == 0):
                 return i
         return None
 
@@ -459,7 +460,7 @@ def collect(config: EnvConfig, engine, tokenizer, *, max_depth: int | None = Non
     if any(not c.greedy for c in classes) and (config.draft_sampling or getattr(drafter, "sampled", False)):
         raise ValueError(
             "draft_sampling=True draws each draft from q: exact, but a sampled continuation does not determine the "
-            "rounds, so such drafts are not replayable; train them on the live env (draftrl/SpecDecode-v1), or "
+            "rounds, so such drafts are not replayable; train them on the live env (draftrl/SpecDecode-v2), or "
             "collect with --set env.draft_sampling=false."
         )
     if num_continuations is not None and num_continuations < 1:

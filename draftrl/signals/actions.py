@@ -1,6 +1,6 @@
 """The step-level action of the per-level envs, shared by the envs and the policies that play them.
 
-``SpecDecodeDepth-v1`` and ``TraceReplayDepth-v0`` take ``Discrete(2)``: after every draft level
+``SpecDecodeDepth-v2`` and ``TraceReplayDepth-v1`` take ``Discrete(2)``: after every draft level
 the agent verifies now (``STOP``) or drafts one more level (``CONTINUE``); ``Policy.act_step``
 returns these values. A size policy chooses the verification size when a round stops.
 """

@@ -1,9 +1,9 @@
 """The observation of the speculative-decoding envs: features known BEFORE the target verifies.
 
-One builder serves ``SpecDecode-v1``, ``SpecDecodeDepth-v1`` and ``TraceReplay-v0`` so that a
-policy trained on replayed traces sees the same vector, in the same order, on the real engine.
-Four groups (the class docstring of :class:`~draftrl.envs.spec_decode.SpecDecodeEnv` has the
-table with bounds):
+One builder serves ``SpecDecode-v2``, ``SpecDecodeDepth-v2``, ``TraceReplay-v1`` and
+``TraceReplayDepth-v1`` so that a policy trained on replayed traces sees the same vector, in the
+same order, on the real engine. Six groups (the class docstring of
+:class:`~draftrl.envs.spec_decode.SpecDecodeEnv` has the table with bounds):
 
 - **draft**: the drafter's own signals for the coming round (``engine.features()``): top-1
   probability and entropy of the draft's next-token distribution (model drafters), length of
@@ -20,12 +20,27 @@ table with bounds):
   features are ratios that carry across machines (a policy can adapt to its hardware). They
   persist across episodes (hardware does not change with the prompt) and start from the cost
   table when one is given.
+- **request**: the request's sampling, fixed for the episode (``start_episode(sampling=...)``):
+  ``temperature`` (0 = greedy, saturating at 2), ``top_k`` as ``min(top_k, 100) / 100`` with
+  top-k off (0) read as 1 (keep every token: the largest cut-off), ``top_p`` (1 = off). A policy
+  trained on a temperature mix tells a greedy request from a sampled one by these.
+- **target**: what the last round's verification forward already computed about the target's
+  uncertainty (``RoundResult.target_features``, :data:`TARGET_FEATURES`; no extra sync):
+  ``target_top1_prob`` and ``target_entropy`` (nats) of the raw (T = 1) softmax of the row that
+  emitted the round's last token, and ``accepted_mean_p``, the mean of the transformed target
+  probability of the round's accepted draft tokens (0 when none was accepted). Before the first
+  round, and after a round whose engine does not report them (an empty dict), all three are
+  :data:`TARGET_UNKNOWN` (0, 0, 0): a real top-1 probability is at least 1 / vocab > 0, so
+  ``target_top1_prob = 0`` marks "unknown".
+
+The request and target groups sit after the cost features, so entries 0..24 (``history=4``) keep
+the indices they had in ``SpecDecode-v2`` / ``TraceReplay-v1``.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -46,7 +61,15 @@ VERIFY_BUCKETS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
 REMAINING_SCALE: int = 16
 #: ``context_len`` unit (tokens).
 CONTEXT_SCALE: int = 1024
-#: Draft-level signals appended by ``SpecDecodeDepth-v1`` (``TreeBuilder.level_features``).
+#: The request's sampling (``start_episode(sampling=...)``), constant within an episode.
+REQUEST_FEATURES: tuple[str, ...] = ("temperature", "top_k", "top_p")
+#: ``top_k`` unit: ``min(top_k, TOP_K_SCALE) / TOP_K_SCALE``; top-k off (0) reads as 1.
+TOP_K_SCALE: int = 100
+#: The target's signals from the last verification (``RoundResult.target_features`` keys).
+TARGET_FEATURES: tuple[str, ...] = ("target_top1_prob", "target_entropy", "accepted_mean_p")
+#: ``TARGET_FEATURES`` before the first round and after a round whose engine reports none.
+TARGET_UNKNOWN: tuple[float, ...] = (0.0, 0.0, 0.0)
+#: Draft-level signals appended by ``SpecDecodeDepth-v2`` (``TreeBuilder.level_features``).
 LEVEL_FEATURES: tuple[str, ...] = ("level", "level_best_prob", "level_num_nodes")
 
 _BOUNDS = {
@@ -58,6 +81,12 @@ _BOUNDS = {
     "context_len": 1024.0,
     "generated_len": 1.0,
     "remaining_len": 1.0,
+    "temperature": 2.0,
+    "top_k": 1.0,
+    "top_p": 1.0,
+    "target_top1_prob": 1.0,
+    "target_entropy": 20.0,
+    "accepted_mean_p": 1.0,
     "level": 64.0,
     "level_best_prob": 1.0,
     "level_num_nodes": 1024.0,
@@ -75,7 +104,38 @@ def feature_names(history: int = 4) -> tuple[str, ...]:
         + ("context_len", "generated_len", "remaining_len")
         + tuple(f"verify_cost_{n}" for n in VERIFY_BUCKETS)
         + ("draft_cost_round", "draft_cost_level")
+        + REQUEST_FEATURES
+        + TARGET_FEATURES
     )
+
+
+def stale_features_message(names, where: str = "the policy") -> str | None:
+    """The one-line refusal of a policy that reads this builder's features as they were before issue 45
+    (no request or target group: trained on ``TraceReplay-v0`` / ``SpecDecode-v1`` or their depth ids),
+    or None for any other feature list."""
+    names = tuple(names)
+    if names[: len(DRAFT_FEATURES)] != DRAFT_FEATURES or set(REQUEST_FEATURES + TARGET_FEATURES) <= set(names):
+        return None
+    return (f"{where} was trained on the observation before issue 45, without the request's sampling and the "
+            f"target's signals ({', '.join(REQUEST_FEATURES + TARGET_FEATURES)}); train it again with draftrl train "
+            "on draftrl/TraceReplay-v1 or draftrl/SpecDecode-v2 (depth policies: draftrl/TraceReplayDepth-v1 or "
+            "draftrl/SpecDecodeDepth-v2), then export it again.")
+
+
+def request_values(sampling=None) -> list[float]:
+    """``REQUEST_FEATURES`` of a request sampled with ``sampling`` (anything with ``temperature``,
+    ``top_k`` and ``top_p``: a ``SamplingClass`` or ``SamplingParams``; None = greedy)."""
+    if sampling is None:
+        return [0.0, 1.0, 1.0]
+    top_k = int(sampling.top_k)
+    return [float(sampling.temperature), min(top_k, TOP_K_SCALE) / TOP_K_SCALE if top_k > 0 else 1.0,
+            float(sampling.top_p)]
+
+
+def target_values(target_features: dict[str, float] | None) -> list[float]:
+    """``TARGET_FEATURES`` of a round's ``target_features``; :data:`TARGET_UNKNOWN` for what it lacks."""
+    target_features = target_features or {}
+    return [float(target_features.get(name, unknown)) for name, unknown in zip(TARGET_FEATURES, TARGET_UNKNOWN)]
 
 
 def feature_bounds(names: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
@@ -109,6 +169,8 @@ class RoundSummary:
     sample_seconds: float
     prompt_fed: bool = False
     """the round's verification also fed the prompt: its ``verify_seconds`` are not a verify cost"""
+    target_features: dict[str, float] = field(default_factory=dict)
+    """``RoundResult.target_features`` (:data:`TARGET_FEATURES`); empty = not reported"""
 
     @property
     def seconds(self) -> float:
@@ -127,6 +189,7 @@ class RoundSummary:
             verify_seconds=rnd.verify_seconds,
             sample_seconds=rnd.sample_seconds,
             prompt_fed=rnd.prompt_fed,
+            target_features=dict(getattr(rnd, "target_features", None) or {}),
         )
 
 
@@ -222,8 +285,12 @@ class FeatureBuilder:
     def reset_costs(self) -> None:
         self.costs.reset()
 
-    def start_episode(self, max_new_tokens: int) -> None:
+    def start_episode(self, max_new_tokens: int, sampling=None) -> None:
+        """A new request of ``max_new_tokens`` tokens sampled with ``sampling`` (a ``SamplingClass`` or
+        ``SamplingParams``; None = greedy): history and target signals restart, costs persist."""
         self.max_new_tokens = max_new_tokens
+        self._request = request_values(sampling)
+        self._target = list(TARGET_UNKNOWN)
         self._last = [0.0] * self.history  # most recent first
         self._ema_num = 0.0
         self._ema_den = 0.0
@@ -241,6 +308,7 @@ class FeatureBuilder:
             if summary.verified_depth >= position and summary.num_accepted >= position - 1:
                 self._trials[i] += 1.0
                 self._successes[i] += float(summary.num_accepted >= position)
+        self._target = target_values(summary.target_features)
         self.costs.observe(summary)
 
     def observation(self, draft_features: dict[str, float], context_len: int, num_generated: int) -> np.ndarray:
@@ -257,6 +325,8 @@ class FeatureBuilder:
                 min(max(remaining, 0), REMAINING_SCALE) / REMAINING_SCALE,
             ]
             + self.costs.features()
+            + self._request
+            + self._target
         )
         obs = np.asarray(values, dtype=np.float32)
         if not np.all(np.isfinite(obs)):

@@ -9,7 +9,7 @@
   episode return ``N - rho * T`` is maximised by minimising the total time ``T``, i.e. by
   maximising ``N / T``, for any ``rho > 0`` (a Dinkelbach step: near the optimal throughput the
   per-round reward also ranks actions by throughput). The sum splits over the steps of a round,
-  which is what ``SpecDecodeDepth-v1``'s shaping uses.
+  which is what ``SpecDecodeDepth-v2``'s shaping uses.
 
 ``rho`` starts at ``EnvConfig.rho`` if given, else at one token per plain step of the cost
 table or of the cost tracker, else at the first round's throughput; at every reset it moves a

@@ -96,7 +96,7 @@ class TrainConfig:
     finetune_env: FinetuneTrainEnvConfig = field(default_factory=FinetuneTrainEnvConfig)
     """the real env of the fine-tuning phase; must share the training env's grids and features."""
     depth_env: DepthTrainEnvConfig = field(default_factory=DepthTrainEnvConfig)
-    """step-level env of the depth policy (ppo_depth, cotrain): TraceReplayDepth-v0 or SpecDecodeDepth-v1."""
+    """step-level env of the depth policy (ppo_depth, cotrain): TraceReplayDepth-v1 or SpecDecodeDepth-v2."""
     cotrain_rounds: int = 2
     """cotrain: alternations, each training the depth policy (size frozen) then the size policy (depth frozen)."""
     frozen_size_policy: str | None = None

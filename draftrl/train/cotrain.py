@@ -8,7 +8,7 @@ Each of ``cfg.cotrain_rounds`` rounds trains
    env, driven level by level by the frozen depth policy, one step per round.
 
 Each policy continues from its previous round's weights. The size policy decides from the
-round features (known at the start of the round, as in ``SpecDecode-v1``), so it sees the same
+round features (known at the start of the round, as in ``SpecDecode-v2``), so it sees the same
 inputs in both phases. Every phase is a sub-run in ``DIR/phases/<round>_<depth|size>/`` with its
 own checkpoints; ``--resume`` skips finished phases and continues the current one. The final
 pair is saved in ``DIR/depth/`` and ``DIR/size/`` and evaluated together on the depth env
@@ -62,7 +62,7 @@ class FrozenDepthEnv(gym.Env):
     The depth env's: the step's reward sums the round's draft steps and its verifying step;
     ``info`` is the verifying step's.
 
-    :param env: a step-level env (``TraceReplayDepth-v0``, ``SpecDecodeDepth-v1``) with a
+    :param env: a step-level env (``TraceReplayDepth-v1``, ``SpecDecodeDepth-v2``) with a
         public ``verify_size``.
     :param depth_policy: the frozen depth policy (``act_step``), built for ``env``.
     """

@@ -83,8 +83,8 @@ class TrainEnvConfig(EnvConfig):
     Each config section has its own subclass (``DepthTrainEnvConfig``, ``FinetuneTrainEnvConfig``, see
     ``ENV_SECTIONS``), so errors name the section the bad key is in."""
 
-    id: str = "draftrl/TraceReplay-v0"
-    """gymnasium id: draftrl/TraceReplay-v0 (recorded traces), draftrl/Analytic-v0, draftrl/SpecDecode-v1, ..."""
+    id: str = "draftrl/TraceReplay-v1"
+    """gymnasium id: draftrl/TraceReplay-v1 (recorded traces), draftrl/Analytic-v0, draftrl/SpecDecode-v2, ..."""
     traces: str | None = None
     """TraceReplay ids: a directory from draftrl collect (recorded with the same target, drafter, width)"""
     verify_size: int = 0
@@ -152,8 +152,8 @@ class DepthTrainEnvConfig(TrainEnvConfig):
     """The step-level env of depth policies (a section of its own so that its id defaults right)."""
 
     section: ClassVar[str] = "depth_env"
-    id: str = "draftrl/TraceReplayDepth-v0"
-    """draftrl/TraceReplayDepth-v0 (recorded traces) or draftrl/SpecDecodeDepth-v1 (real engine)."""
+    id: str = "draftrl/TraceReplayDepth-v1"
+    """draftrl/TraceReplayDepth-v1 (recorded traces) or draftrl/SpecDecodeDepth-v2 (real engine)."""
 
 
 @dataclass
@@ -161,8 +161,8 @@ class FinetuneTrainEnvConfig(TrainEnvConfig):
     """The real-engine env of the fine-tuning phase."""
 
     section: ClassVar[str] = "finetune_env"
-    id: str = "draftrl/SpecDecode-v1"
-    """draftrl/SpecDecode-v1 (size policies) or draftrl/SpecDecodeDepth-v1 (depth policies)."""
+    id: str = "draftrl/SpecDecode-v2"
+    """draftrl/SpecDecode-v2 (size policies) or draftrl/SpecDecodeDepth-v2 (depth policies)."""
 
 
 #: The training config's env sections, each with its spec class (its default id, its name in errors).

@@ -35,10 +35,10 @@ def make_env(
     except gym.error.NameNotFound as err:
         raise ValueError(f"env id {spec.id!r} is not registered ({err}); "
                          "`import draftrl.envs` registers draftrl/*.") from None
-    except TypeError as err:  # e.g. TraceReplay-v0 without traces
+    except TypeError as err:  # e.g. TraceReplay-v1 without traces
         raise ValueError(
             f"gymnasium.make({spec.id!r}) failed: {err}; give its arguments in the env section of the config "
-            "(TraceReplay-v0 needs env.traces: DIR from draftrl collect, see configs/cpu_default.yaml)."
+            "(TraceReplay-v1 needs env.traces: DIR from draftrl collect, see configs/cpu_default.yaml)."
         ) from None
     return wrapper(env) if wrapper is not None else env
 

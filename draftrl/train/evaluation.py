@@ -88,8 +88,9 @@ def evaluate_run(
     :param extra_kwargs: ``gymnasium.make`` arguments YAML cannot hold (a frozen size policy).
     :return: ``{"episodes", "seed", "env", "results": {name: evaluate_policy(...)},
         "best_fixed", "table": {name: {"throughput", "ratio_to_best_fixed", "diff_vs_best_fixed",
-        "se"}}, "lookahead_gain_captured"}``; ``lookahead_gain_captured`` = (policy - best fixed) /
-        (lookahead - best fixed) in throughput, when the lookahead baseline ran.
+        "se"}}, "lookahead_gain_captured", "per_sampling"}``; ``lookahead_gain_captured`` = (policy - best
+        fixed) / (lookahead - best fixed) in throughput, when the lookahead baseline ran; ``per_sampling``
+        (:func:`per_sampling`) when the env's episodes drew more than one sampling class (a temperature mix).
     """
     spec = spec or cfg.env
     env = make_env(spec, evaluation=True, extra_kwargs=extra_kwargs)
@@ -100,7 +101,11 @@ def evaluate_run(
     if serving and "heuristic" in baselines:  # evaluated below on its own env
         baselines.remove("heuristic")
     policies += fixed + build_baselines(baselines, env)
-    results = {p.name: evaluate_policy(p, env, cfg.eval_episodes, cfg.eval_seed) for p in policies}
+    classes: list[str | None] = []  # each episode's sampling class: seeded, so the same for every policy
+    results = {p.name: evaluate_policy(p, env, cfg.eval_episodes, cfg.eval_seed,
+                                       on_reset=(lambda info: classes.append(info.get("sampling_class")))
+                                       if not classes else None)
+               for p in policies}
     env.close()
     if serving and "heuristic" in cfg.baselines:
         # a serving env's heuristic is per request (each request's own +2/-1 depth, the proposer's
@@ -133,7 +138,32 @@ def evaluate_run(
         gap = results["lookahead"]["throughput"] - best["throughput"]
         summary["lookahead_gain_captured"] = ((results["ppo"]["throughput"] - best["throughput"]) / gap
                                               if gap > 0 else None)
+    if len(set(classes)) > 1:
+        summary["per_sampling"] = per_sampling(results, classes, [p.name for p in fixed])
     return summary
+
+
+def per_sampling(results: dict[str, dict[str, Any]], classes: list[str | None],
+                 fixed: list[str]) -> dict[str, dict[str, Any]]:
+    """The evaluation of a temperature mix split by the episodes' sampling classes (``reset`` info's
+    ``sampling_class``): per class, each policy's throughput over that class's episodes (total tokens /
+    total seconds), the best fixed setting among ``fixed`` on them, and each ratio to it.
+
+    :return: ``{label: {"episodes", "best_fixed", "table": {name: {"throughput", "ratio_to_best_fixed"}}}}``.
+    """
+    split: dict[str, dict[str, Any]] = {}
+    for label in sorted({c for c in classes if c is not None}):
+        episodes = [i for i, c in enumerate(classes) if c == label]
+        throughput = {}
+        for name, res in results.items():
+            tokens = sum(res["episode_tokens"][i] for i in episodes)
+            seconds = sum(res["episode_seconds"][i] for i in episodes)
+            throughput[name] = tokens / seconds if seconds > 0 else 0.0
+        best = max(fixed, key=throughput.__getitem__)
+        split[label] = {"episodes": len(episodes), "best_fixed": best, "table": {
+            name: {"throughput": value, "ratio_to_best_fixed": value / throughput[best] if throughput[best] else 0.0}
+            for name, value in throughput.items()}}
+    return split
 
 
 def format_table(evaluation: dict[str, Any]) -> str:
@@ -147,4 +177,8 @@ def format_table(evaluation: dict[str, Any]) -> str:
     if evaluation.get("lookahead_gain_captured") is not None:
         lines.append("share of lookahead's gain over best fixed captured by ppo: "
                      f"{evaluation['lookahead_gain_captured']:.2f}")
+    for label, part in (evaluation.get("per_sampling") or {}).items():  # a temperature mix, class by class
+        ppo = part["table"].get("ppo", {}).get("ratio_to_best_fixed")
+        vs = f"ppo_vs_best_fixed={ppo:.3f}x  " if ppo is not None else ""
+        lines.append(f"{vs}best_fixed={part['best_fixed']}  sampling={label}  episodes={part['episodes']}")
     return "\n".join(lines)

@@ -265,6 +265,9 @@ def finish_run(
         wandb_run.summary["eval/best_fixed"] = evaluation["best_fixed"]
         if evaluation.get("lookahead_gain_captured") is not None:
             wandb_run.summary["eval/lookahead_gain_captured"] = evaluation["lookahead_gain_captured"]
+        for label, part in (evaluation.get("per_sampling") or {}).items():  # a temperature mix, per class
+            wandb_run.summary.update({f"eval/{label}/{name}": row["throughput"] for name, row in part["table"].items()})
+            wandb_run.summary[f"eval/{label}/best_fixed"] = part["best_fixed"]
         if reference:
             log_learning_curve(wandb_run, out, reference)
     return summary

@@ -1,7 +1,7 @@
 """Recipe ``ppo_depth``: a PPO policy deciding CONTINUE / STOP after every draft level.
 
 Learning to Draft's depth policy. The env is step-level (``cfg.depth_env``:
-``draftrl/TraceReplayDepth-v0`` on recorded traces, ``draftrl/SpecDecodeDepth-v1`` on the real
+``draftrl/TraceReplayDepth-v1`` on recorded traces, ``draftrl/SpecDecodeDepth-v2`` on the real
 engine): ``Discrete(2)`` actions (0 = STOP, 1 = CONTINUE), the round features plus the current
 level's (``level``, ``level_best_prob``, ``level_num_nodes``). The verification size is the
 env's ``verify_size`` or, with ``cfg.frozen_size_policy``, a trained size policy's choice at STOP

@@ -77,7 +77,7 @@ def test_train_learns_on_the_collected_traces(byo_pipeline, drafter, dtype):
     p = byo_pipeline(drafter, dtype)
     config = json.loads((p.run / "config.json").read_text())
     assert (p.run / config["env"]["traces"]).resolve() == p.traces.resolve()  # stored relative to the run
-    assert config["env"]["id"] == "draftrl/TraceReplay-v0" and config["env"]["dtype"] == dtype
+    assert config["env"]["id"] == "draftrl/TraceReplay-v1" and config["env"]["dtype"] == dtype
     assert config["env"]["drafter"] == json.loads((p.traces / "trace.json").read_text())["config"]["drafter"]
     summary = json.loads((p.run / "train_summary.json").read_text())
     assert summary["num_timesteps"] >= 256 and "ppo" in summary["evaluation"]["table"]

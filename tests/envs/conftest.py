@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from scripted_costs import PER_LEVEL, PER_NODE, PLAIN_STEP  # seconds the scripted engine charges
+from scripted_costs import PER_LEVEL, PER_NODE, PLAIN_STEP, scripted_target_features  # what it charges, reports
 
 from draftrl.decoding.engine import EngineConfig, RoundResult, SpeculativeDecoder, TimedLevels
 from draftrl.decoding.stats import TokenStats
@@ -61,15 +61,22 @@ class ScriptedEngine:
     """Round ``i`` accepts ``min(verified chain length, accepts[i % len(accepts)])`` drafts.
 
     Seconds: a forward over ``n`` verified nodes costs ``PLAIN_STEP + PER_NODE * n``, a draft
-    level ``PER_LEVEL``; the clock only moves when the engine charges time.
+    level ``PER_LEVEL``; the clock only moves when the engine charges time. Each round reports
+    :func:`scripted_target_features` (``target=False``: none, as an engine that does not know them).
+    ``accepts_at`` maps a request's temperature to its own ``accepts`` (acceptance falls as it rises).
+    ``start(sampling=...)`` records the request's sampling in ``samplings`` (None when not passed).
     """
 
     samples = True
     drafts_levels = True
 
-    def __init__(self, accepts=(2, 0, 4, 1), max_levels: int = 16, temperature: float = 0.0):
+    def __init__(self, accepts=(2, 0, 4, 1), max_levels: int = 16, temperature: float = 0.0, target: bool = True,
+                 accepts_at: dict[float, tuple[int, ...]] | None = None):
         self.config = EngineConfig(temperature=temperature)
+        self.target = target
+        self.samplings: list[SamplingParams | None] = []
         self.accepts = accepts
+        self.accepts_at = accepts_at or {}
         self.drafter = ScriptedDrafter(self, max_levels)
         self.params = SamplingParams(temperature=temperature)
         self.generator = None
@@ -89,8 +96,10 @@ class ScriptedEngine:
     def begin_levels(self, width):
         return TimedLevels(lambda: self.drafter.begin(self.ids, width, self.params, None), self.clock)
 
-    def start(self, prompt_ids, seed=None, prefill=True, rng=None) -> float:  # the scripted costs charge rounds only
+    def start(self, prompt_ids, seed=None, prefill=True, rng=None, sampling=None) -> float:  # costs: rounds only
         self.now = 0.0  # each request restarts the fake clock, so float sums repeat exactly
+        self.samplings.append(sampling)
+        self.params = self.config.sampling if sampling is None else sampling
         self.ids = list(prompt_ids)
         self.num_prompt_tokens = len(self.ids)
         self.finished = False
@@ -101,6 +110,10 @@ class ScriptedEngine:
     @property
     def output_ids(self):
         return self.ids[self.num_prompt_tokens :]
+
+    @property
+    def sampling(self) -> SamplingParams:
+        return self.params
 
     @property
     def remaining(self) -> int:
@@ -122,11 +135,13 @@ class ScriptedEngine:
         n = len(selected)
         verify = PLAIN_STEP + PER_NODE * n
         self.now += verify
-        accepted = min(n, self.accepts[self.num_rounds % len(self.accepts)])
+        accepts = self.accepts_at.get(self.params.temperature, self.accepts)  # the request's temperature's, if given
+        accepted = min(n, accepts[self.num_rounds % len(accepts)])
         emitted = min(accepted + 1, self.remaining)
         tokens = [7] * emitted
         self.ids += tokens
         self.finished = self.remaining <= 0
+        target = scripted_target_features(self.num_rounds, min(accepted, emitted)) if self.target else {}
         self.num_rounds += 1
         stats = TokenStats(token=tokens, p_token=np.ones(emitted), mass_before=np.zeros(emitted),
                            entropy=np.zeros(emitted), drafted=np.arange(emitted) < min(accepted + 1, n + 1) * (n > 0),
@@ -137,7 +152,7 @@ class ScriptedEngine:
             verify_size=verify_size, num_proposed=len(tree), num_verified=n, num_accepted=min(accepted, emitted),
             verified_depth=max(selected.depths, default=0), draft_seconds=draft_seconds, verify_seconds=verify,
             sample_seconds=0.0, finished=self.finished, stop_reason="length" if self.finished else None,
-            token_stats=stats, draft_features=tree.features,
+            token_stats=stats, draft_features=tree.features, target_features=target,
         )
 
 

@@ -9,6 +9,13 @@ envs as they were before issue 42 moved the round walk into a replay engine
 (``draftrl.replay.round_engine``); ``test_replay_ids_fixture.py`` replays the cases on the code of
 today and requires every number to be bit-identical.
 
+Issue 45 bumped ``TraceReplay-v0`` / ``TraceReplayDepth-v0`` to ``-v1``: their observation gained the
+request's sampling and the target's signals (``draftrl.signals.features.REQUEST_FEATURES``,
+``TARGET_FEATURES``) and nothing else changed. The cases now play the ``-v1`` ids; :func:`play` keeps an
+observation's v0 entries under ``obs`` (compared with the v0 file bit for bit) and the new ones under
+``new_obs`` (checked by the test against the config's sampling and the rounds' ``target_features``), so
+the pinned file was not regenerated.
+
 Regenerate (only when an id's version is bumped on purpose)::
 
     python tests/envs/replay_ids_fixture.py --out tests/envs/data/replay_ids_v0.json.gz --overwrite
@@ -128,19 +135,19 @@ def cases() -> dict[str, tuple[str, dict[str, Any]]]:
     round_env = dict(temperature=0.0, depths=(0, 1, 2, 4), max_new_tokens=None, max_new_tokens_cap=10)
     recs, cost = recordings(), step_cost()
     return {
-        "trace_replay_chain_ratio_noise": ("draftrl/TraceReplay-v0", dict(
+        "trace_replay_chain_ratio_noise": ("draftrl/TraceReplay-v1", dict(
             traces=w1, cost_table=table, config=dict(round_env, width=1, cost_noise=0.05, cost_jitter=0.1))),
-        "trace_replay_tree_throughput": ("draftrl/TraceReplay-v0", dict(
+        "trace_replay_tree_throughput": ("draftrl/TraceReplay-v1", dict(
             traces=w2, cost_table=table, config=dict(round_env, width=2, verify_sizes=(0, 1, 3), reward="throughput",
                                                      cost_noise=0.05))),
-        "trace_replay_no_drafter": ("draftrl/TraceReplay-v0", dict(
+        "trace_replay_no_drafter": ("draftrl/TraceReplay-v1", dict(
             traces=w1, cost_table=table, config=dict(round_env, width=1, drafter="none", depths=(0,), rho=20.0))),
-        "trace_replay_depth_chain_shaping": ("draftrl/TraceReplayDepth-v0", dict(
+        "trace_replay_depth_chain_shaping": ("draftrl/TraceReplayDepth-v1", dict(
             traces=w1, cost_table=table, config=dict(round_env, width=1, depth_shaping=True, cost_noise=0.05,
                                                      cost_jitter=0.1))),
-        "trace_replay_depth_tree_size_policy": ("draftrl/TraceReplayDepth-v0", dict(
+        "trace_replay_depth_tree_size_policy": ("draftrl/TraceReplayDepth-v1", dict(
             traces=w2, cost_table=table, size_policy=size_policy, config=dict(round_env, width=2, cost_noise=0.05))),
-        "trace_replay_depth_tree_fixed_size": ("draftrl/TraceReplayDepth-v0", dict(
+        "trace_replay_depth_tree_fixed_size": ("draftrl/TraceReplayDepth-v1", dict(
             traces=w2, cost_table=table, verify_size=2, config=dict(round_env, width=2, reward="throughput"))),
         "serve_replay_loads_jitter": ("draftrl/ServeReplay-v0", dict(
             recordings=recs, calibration=cost, cost_jitter=0.1, max_new_tokens=16, num_requests=4, depths=(0, 1, 2, 4),
@@ -189,7 +196,20 @@ def action(env, rng: np.random.Generator) -> Any:
 
 def play(env_id: str, kwargs: dict[str, Any]) -> list[dict[str, Any]]:
     """Every step of 3 seeds x 2 episodes: observation, reward, flags, info, lookahead before the step."""
+    from draftrl.signals.features import REQUEST_FEATURES, TARGET_FEATURES
+
     env = gym.make(env_id, **kwargs).unwrapped
+    names = getattr(env, "feature_names", ())
+    new = [i for i, name in enumerate(names) if name in REQUEST_FEATURES + TARGET_FEATURES]
+    old = [i for i in range(len(names)) if i not in new]
+
+    def split(step: dict[str, Any]) -> dict[str, Any]:
+        """The v0 entries of the observation under ``obs``, the issue-45 ones under ``new_obs``."""
+        if new:
+            obs = np.asarray(step["obs"])
+            step = {**step, "obs": obs[old], "new_obs": obs[new]}
+        return step
+
     runs = []
     for seed in SEEDS:
         rng = np.random.default_rng(1000 + seed)
@@ -204,7 +224,7 @@ def play(env_id: str, kwargs: dict[str, Any]) -> list[dict[str, Any]]:
                 steps.append({"lookahead": ahead, "obs": obs, "reward": reward, "terminated": terminated,
                               "truncated": truncated, "info": info})
                 done = terminated or truncated or len(steps) > 400
-            runs.append(plain(steps))
+            runs.append(plain([split(step) for step in steps]))
     return runs
 
 

@@ -23,10 +23,10 @@ CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 #: The arguments each id gets from a section holding every key it needs.
 EXPECTED = {
     "draftrl/Analytic-v0": {"alpha", "draft_cost"},
-    "draftrl/SpecDecode-v1": {"config"},
-    "draftrl/SpecDecodeDepth-v1": {"config", "verify_size"},
-    "draftrl/TraceReplay-v0": {"config", "traces"},
-    "draftrl/TraceReplayDepth-v0": {"config", "traces", "verify_size"},
+    "draftrl/SpecDecode-v2": {"config"},
+    "draftrl/SpecDecodeDepth-v2": {"config", "verify_size"},
+    "draftrl/TraceReplay-v1": {"config", "traces"},
+    "draftrl/TraceReplayDepth-v1": {"config", "traces", "verify_size"},
     "draftrl/ServeVLLM-v0": {"config"},
     "draftrl/ServeReplay-v0": {"config", "recordings", "calibration", "cost_jitter", "cost_noise", "loads"},
 }
@@ -67,14 +67,14 @@ def test_make_kwargs_reads_the_entry(env_id):
 def test_the_name_of_an_id_says_nothing():
     """Negative control of the old id-name families: a registered id named like a depth replay id gets
     only what its entry takes, and an id named like nothing gets what its entry says."""
-    register_id(id="tests/LooksLikeTraceReplayDepth-v0", entry_point="draftrl.envs.analytic:AnalyticEnv",
+    register_id(id="tests/LooksLikeTraceReplayDepth-v1", entry_point="draftrl.envs.analytic:AnalyticEnv",
                 max_episode_steps=8, section="analytic")
     register_id(id="tests/Plain-v0", entry_point="draftrl.envs.spec_decode:SpecDecodeEnv",
                 kwargs={"engine": "replay"}, max_episode_steps=8, section="env", takes=("traces", "verify_size"))
-    assert set(make_kwargs(_section("tests/LooksLikeTraceReplayDepth-v0"))) == {"alpha", "draft_cost"}
+    assert set(make_kwargs(_section("tests/LooksLikeTraceReplayDepth-v1"))) == {"alpha", "draft_cost"}
     assert set(make_kwargs(_section("tests/Plain-v0"))) == {"config", "traces", "verify_size"}
     assert gym.spec("tests/Plain-v0").kwargs == {"engine": "replay"}  # section and takes stay draftrl's
-    made = gym.make("tests/LooksLikeTraceReplayDepth-v0", **make_kwargs(_section("tests/LooksLikeTraceReplayDepth-v0")))
+    made = gym.make("tests/LooksLikeTraceReplayDepth-v1", **make_kwargs(_section("tests/LooksLikeTraceReplayDepth-v1")))
     assert made.unwrapped.draft_cost == 0.1
 
 
@@ -84,8 +84,8 @@ def test_unknown_and_unmade_ids_are_refused_naming_the_fix():
         make_kwargs({"id": "tests/Nowhere-v0"}, "depth_env")
     with pytest.raises(ValueError, match="is not made from a training env section"):
         make_kwargs({"id": "draftrl/TraceChoice-v0"})
-    with pytest.raises(ValueError, match=r"env\.traces is not set; draftrl/TraceReplay-v0 needs traces"):
-        make_kwargs({**_section("draftrl/TraceReplay-v0"), "traces": None})
+    with pytest.raises(ValueError, match=r"env\.traces is not set; draftrl/TraceReplay-v1 needs traces"):
+        make_kwargs({**_section("draftrl/TraceReplay-v1"), "traces": None})
     with pytest.raises(ValueError, match=r"env\.id='tests/Nowhere-v0'"):
         load_config(TrainConfig, None, ["env.id=tests/Nowhere-v0"])
     assert find("draftrl/TraceChoice-v0")["section"] is None

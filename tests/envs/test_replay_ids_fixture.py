@@ -4,6 +4,10 @@
 ``ServeReplay-v0`` did for fixed seeds and actions before their round walk moved into the replay
 engines (observations, rewards, flags, ``info``, ``lookahead_action()``). ``info`` may gain keys
 (it is not part of an id's spaces or reward); every pinned key must stay equal, floats to the bit.
+
+``TraceReplay-v1`` / ``TraceReplayDepth-v1`` (issue 45) replay v0's pinned episodes: rewards, flags,
+``info``, lookahead and every v0 observation entry bit for bit; the entries v1 added are the greedy
+request's sampling and the target signals the rounds reported (unknown: the traces are greedy).
 """
 
 from __future__ import annotations
@@ -13,8 +17,13 @@ from typing import Any
 import pytest
 from replay_ids_fixture import cases, load, play
 
+from draftrl.envs.ids import RETIRED
+from draftrl.signals.features import request_values, target_values
+
 PINNED = load()
 CASES = cases()
+#: the ids whose observation issue 45 extended (v0's pinned entries plus the new ones)
+NEW_OBSERVATION = {new for new, _ in RETIRED.values()}
 
 
 def first_difference(want: Any, got: Any, path: str = "") -> str | None:
@@ -49,11 +58,38 @@ def test_the_fixture_pins_every_case():
     assert set(PINNED) == set(CASES)
 
 
+def new_entries(runs: list[list[dict[str, Any]]]) -> list[list[float]]:
+    """Pop each step's ``new_obs`` (the v1 entries: request, then target features) out of ``runs``."""
+    return [step.pop("new_obs") for run in runs for step in run if "new_obs" in step]
+
+
+def expected_new_entries(runs: list[list[dict[str, Any]]]) -> list[list[float]]:
+    """What the v1 entries must be: the greedy request, then the last verified round's target signals
+    (unknown before the episode's first round)."""
+    want = []
+    for run in runs:
+        target = {}
+        for step in run:
+            info = step["info"]
+            if "num_emitted" in info:  # a verified round (a depth env's draft steps keep the last one's)
+                target = info.get("target_features", {})
+            want.append(request_values(None) + target_values(target))
+    return want
+
+
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_each_replayed_id_reproduces_its_pinned_episodes(name):
     env_id, kwargs = CASES[name]
-    assert PINNED[name]["id"] == env_id
-    difference = first_difference(PINNED[name]["runs"], play(env_id, kwargs), name)
+    pinned_id = PINNED[name]["id"]
+    assert pinned_id == env_id or RETIRED[pinned_id][0] == env_id  # v0's file pins the v1 ids' shared entries
+    runs = play(env_id, kwargs)
+    added = new_entries(runs)
+    if env_id in NEW_OBSERVATION:
+        assert added == expected_new_entries(runs)
+        assert len(added) == sum(len(run) for run in runs)
+    else:
+        assert added == []
+    difference = first_difference(PINNED[name]["runs"], runs, name)
     assert difference is None, f"{env_id} no longer replays its pinned episodes (bump its version): {difference}"
 
 
@@ -61,7 +97,9 @@ def test_a_changed_episode_is_reported():
     """Negative controls: another cost noise, and an info value off by one ulp, are caught."""
     env_id, kwargs = CASES["trace_replay_chain_ratio_noise"]
     noisier = {**kwargs, "config": {**kwargs["config"], "cost_noise": 0.06}}
-    assert first_difference(PINNED["trace_replay_chain_ratio_noise"]["runs"], play(env_id, noisier))
+    runs = play(env_id, noisier)
+    new_entries(runs)
+    assert "obs" in first_difference(PINNED["trace_replay_chain_ratio_noise"]["runs"], runs)
     runs = PINNED["trace_replay_depth_chain_shaping"]["runs"]
     i = next(i for i, step in enumerate(runs[0]) if "seconds" in step["info"])  # a verifying step
     step = runs[0][i]

@@ -26,7 +26,8 @@ from draftrl.signals.rewards import RewardModel
 
 SMALL = dict(languages=("en",), tasks=("chat",), limit_per_group=3, max_new_tokens=12, depths=(0, 1, 2, 4))
 
-#: The observation layout is an interface (policies, ONNX exports): changing it means -v1.
+#: The observation layout is an interface (policies, ONNX exports): changing it means a new version
+#: (issue 45 appended the request and target groups: SpecDecode-v2 / TraceReplay-v1).
 EXPECTED_NAMES = (
     "draft_top1_prob", "draft_entropy", "ngram_match_len", "ngram_num_matches",
     "last_tokens_1", "last_tokens_2", "last_tokens_3", "last_tokens_4", "ema_tokens",
@@ -34,12 +35,13 @@ EXPECTED_NAMES = (
     "context_len", "generated_len", "remaining_len",
     "verify_cost_1", "verify_cost_2", "verify_cost_4", "verify_cost_8", "verify_cost_16", "verify_cost_32",
     "verify_cost_64", "draft_cost_round", "draft_cost_level",
+    "temperature", "top_k", "top_p", "target_top1_prob", "target_entropy", "accepted_mean_p",
 )
 INFO_KEYS = {
     "num_emitted", "num_accepted", "seconds", "draft_seconds", "verify_seconds", "sample_seconds", "depth",
     "verify_size",
     "num_proposed", "num_verified", "verified_depth", "token_ids", "token_stats", "exactness_passed",
-    "stop_reason", "prompt_id",
+    "stop_reason", "prompt_id", "target_features",
 }
 
 
@@ -212,7 +214,7 @@ def test_checkers_pass_on_the_scripted_engine(scripted):
 # ----------------------------------------------------------------------------- configuration errors
 def test_bad_env_arguments_name_the_fix(tmp_path):
     with pytest.raises(ValueError, match="did you mean 'depths'"):
-        gym.make("draftrl/SpecDecode-v1", depth=(0, 1))
+        gym.make("draftrl/SpecDecode-v2", depth=(0, 1))
     with pytest.raises(ValueError, match="no prompt matches"):
         from draftrl.decoding.workload import select_prompts
 
@@ -236,7 +238,7 @@ def test_engine_that_contradicts_the_config_is_refused(scripted):
 
 
 def test_import_stays_light():
-    code = ("import sys, gymnasium as gym, draftrl.envs; gym.spec('draftrl/TraceReplay-v0'); "
+    code = ("import sys, gymnasium as gym, draftrl.envs; gym.spec('draftrl/TraceReplay-v1'); "
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

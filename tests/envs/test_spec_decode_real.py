@@ -1,4 +1,4 @@
-"""SpecDecode-v1 and SpecDecodeDepth-v1 on the real SmolLM2 engine (short: chat prompts, 8 tokens)."""
+"""SpecDecode-v2 and SpecDecodeDepth-v2 on the real SmolLM2 engine (short: chat prompts, 8 tokens)."""
 
 from __future__ import annotations
 
@@ -48,14 +48,14 @@ def tiny_prompts(tmp_path):
 
 def test_checkers_pass(model, tiny_prompts):
     config = EnvConfig(prompts=tiny_prompts, chat_template=False, depths=(0, 1, 3))
-    for env_id in ("draftrl/SpecDecode-v1", "draftrl/SpecDecodeDepth-v1"):
+    for env_id in ("draftrl/SpecDecode-v2", "draftrl/SpecDecodeDepth-v2"):
         env = gym.make(env_id, config=config)
         gym_check_env(env.unwrapped)
         sb3_check_env(env.unwrapped)
 
 
 def test_any_actions_keep_greedy_output_and_report_the_round(model):
-    env = gym.make("draftrl/SpecDecode-v1", config=EnvConfig(**SHORT, width=2, verify_sizes=(0, 1, 2)))
+    env = gym.make("draftrl/SpecDecode-v2", config=EnvConfig(**SHORT, width=2, verify_sizes=(0, 1, 2)))
     rng = np.random.default_rng(0)
     env.reset(seed=0)
     tokens, done = [], False
@@ -73,7 +73,7 @@ def test_any_actions_keep_greedy_output_and_report_the_round(model):
 
 
 def test_throughput_reward_and_monitor_flag(model):
-    env = gym.make("draftrl/SpecDecode-v1", config=EnvConfig(**SHORT, reward="throughput", monitor=False))
+    env = gym.make("draftrl/SpecDecode-v2", config=EnvConfig(**SHORT, reward="throughput", monitor=False))
     env.reset(seed=0)
     _, reward, _, _, info = env.step(np.array([2, 0]))
     assert reward == pytest.approx(info["num_emitted"] / info["seconds"])
@@ -84,7 +84,7 @@ def test_seed_reproduces_prompts_and_sampled_tokens(model):
     config = EnvConfig(**SHORT, temperature=0.8, top_k=20)
 
     def episode(seed):
-        env = gym.make("draftrl/SpecDecode-v1", config=config)
+        env = gym.make("draftrl/SpecDecode-v2", config=config)
         _, info = env.reset(seed=seed)
         tokens, done = [], False
         while not done:
@@ -98,7 +98,7 @@ def test_seed_reproduces_prompts_and_sampled_tokens(model):
 
 
 def test_depth_env_keeps_greedy_output_and_shaping_adds_up(model):
-    env = gym.make("draftrl/SpecDecodeDepth-v1", config=EnvConfig(**SHORT, rho=20.0, rho_rate=0.0, depth_shaping=True))
+    env = gym.make("draftrl/SpecDecodeDepth-v2", config=EnvConfig(**SHORT, rho=20.0, rho_rate=0.0, depth_shaping=True))
     env.reset(seed=1)
     rng = np.random.default_rng(1)
     tokens, round_reward, done = [], 0.0, False
@@ -113,7 +113,7 @@ def test_depth_env_keeps_greedy_output_and_shaping_adds_up(model):
 
 
 def test_depth_env_continue_drafts_one_level(model):
-    env = gym.make("draftrl/SpecDecodeDepth-v1", config=EnvConfig(**SHORT, drafter="layerskip:6"))
+    env = gym.make("draftrl/SpecDecodeDepth-v2", config=EnvConfig(**SHORT, drafter="layerskip:6"))
     obs, _ = env.reset(seed=0)
     names = env.unwrapped.feature_names
     assert obs[names.index("draft_top1_prob")] > 0  # a model drafter reports its confidence
@@ -128,7 +128,7 @@ def test_vectorised_envs_share_one_model(model):
     from stable_baselines3.common.vec_env import DummyVecEnv
 
     config = EnvConfig(**{**SHORT, "max_new_tokens": 3})
-    venv = DummyVecEnv([lambda: gym.make("draftrl/SpecDecode-v1", config=config) for _ in range(2)])
+    venv = DummyVecEnv([lambda: gym.make("draftrl/SpecDecode-v2", config=config) for _ in range(2)])
     first, second = (env.unwrapped for env in venv.envs)
     assert first.engine.target is second.engine.target is model.model  # one copy of the weights
     assert first.engine is not second.engine  # each env owns its request state and KV cache
@@ -136,7 +136,7 @@ def test_vectorised_envs_share_one_model(model):
     assert venv.reset().shape == (2, len(first.feature_names))
     _, rewards, _, infos = venv.step(np.array([[1, 0], [2, 0]]))
     assert rewards.shape == (2,) and all(info["num_emitted"] >= 1 for info in infos)
-    sync = gym.vector.SyncVectorEnv([lambda: gym.make("draftrl/SpecDecode-v1", config=config) for _ in range(2)])
+    sync = gym.vector.SyncVectorEnv([lambda: gym.make("draftrl/SpecDecode-v2", config=config) for _ in range(2)])
     obs, _ = sync.reset(seed=0)
     assert obs.shape == (2, len(first.feature_names))
     assert sync.envs[0].unwrapped.engine.target is model.model
@@ -159,7 +159,7 @@ def test_monitor_off_skips_the_token_statistics_and_monitor_on_needs_them(model)
         ExactnessMonitor().update(None)
     streams = {}
     for name, config in (("off", off), ("on", on)):
-        env = gym.make("draftrl/SpecDecode-v1", config=config)
+        env = gym.make("draftrl/SpecDecode-v2", config=config)
         env.reset(seed=0, options={"prompt_id": env.unwrapped.workload.prompts[0].id})
         infos, done = [], False
         while not done:
@@ -169,3 +169,25 @@ def test_monitor_off_skips_the_token_statistics_and_monitor_on_needs_them(model)
     assert all(i["token_stats"] is None and i["exactness_passed"] is None for i in streams["off"])
     assert all(isinstance(i["token_stats"], TokenStats) and i["exactness_passed"] for i in streams["on"])
     assert [i["token_ids"] for i in streams["off"]] == [i["token_ids"] for i in streams["on"]]
+
+
+def test_a_temperature_mix_on_the_live_engine(model, tiny_prompts):
+    """Issue 45: each episode samples with its class (the engine is started with it), greedy episodes of a mix
+    keep greedy output, and the envs pass the checkers with a mix."""
+    config = EnvConfig(prompts=tiny_prompts, chat_template=False, depths=(0, 1, 3), temperature_mix={0: 1, 1.0: 1})
+    for env_id in ("draftrl/SpecDecode-v2", "draftrl/SpecDecodeDepth-v2"):
+        gym_check_env(gym.make(env_id, config=config).unwrapped)
+    env = gym.make("draftrl/SpecDecode-v2", config=config).unwrapped
+    names = env.feature_names
+    rng = np.random.default_rng(0)
+    for label, temperature in (("T0", 0.0), ("T1", 1.0), ("T0", 0.0)):
+        obs, info = env.reset(seed=1, options={"sampling": label, "prompt_id": "a"})
+        assert info["sampling_class"] == label and env.engine.sampling.temperature == temperature
+        assert obs[names.index("temperature")] == temperature
+        tokens, done = [], False
+        while not done:
+            obs, _, done, _, info = env.step(rng.integers(env.action_space.nvec))
+            tokens += info["token_ids"]
+            assert env.observation_space.contains(obs) and info["exactness_passed"] is not False
+        if temperature == 0:
+            assert tokens == greedy_reference(model, env)

@@ -1,6 +1,6 @@
-"""TraceReplay-v0 against the real engine, plus ``draftrl collect`` / ``draftrl calibrate``.
+"""TraceReplay-v1 against the real engine, plus ``draftrl collect`` / ``draftrl calibrate``.
 
-The central test: for the same action sequence at temperature 0, the real SpecDecode-v1 (real
+The central test: for the same action sequence at temperature 0, the real SpecDecode-v2 (real
 SmolLM2, n-gram drafter) and the replay emit identical tokens every round, and see identical
 observations apart from the measured-cost features; the replay steps >= 100x faster.
 """
@@ -25,6 +25,7 @@ from draftrl.envs.spec_decode import SpecDecodeEnv
 from draftrl.envs.spec_decode_depth import SpecDecodeDepthEnv
 from draftrl.replay.traces import Traces, collect
 from draftrl.signals.costs import CostTable
+from draftrl.signals.features import TARGET_FEATURES
 
 WORKLOAD = dict(languages=("en",), tasks=("code_edit",), limit_per_group=2, max_new_tokens=20, depths=(0, 1, 2, 4))
 ROUND_KEYS = ("token_ids", "num_emitted", "num_accepted", "num_proposed", "num_verified", "verified_depth",
@@ -61,7 +62,11 @@ def test_real_and_replay_agree_round_by_round(recorded):
     replay = SpecDecodeEnv(engine="replay", traces=directory)
     assert replay.feature_names == real.feature_names  # one env class: the engine changes nothing a policy sees
     assert (replay.observation_space, replay.action_space) == (real.observation_space, real.action_space)
-    compared = [i for i, name in enumerate(real.feature_names) if not name.startswith(("verify_cost", "draft_cost"))]
+    compared = [i for i, name in enumerate(real.feature_names)
+                if not name.startswith(("verify_cost", "draft_cost")) and name not in TARGET_FEATURES]
+    # the target's signals: the live verification forward's rows vs the recorded teacher-forced forward's, equal
+    # up to float32 summation order
+    close = [i for i, name in enumerate(real.feature_names) if name in TARGET_FEATURES]
     rng = np.random.default_rng(7)
     real_seconds, rounds, num_tokens = 0.0, 0, 0
     for prompt in replay.workload.prompts:
@@ -69,6 +74,7 @@ def test_real_and_replay_agree_round_by_round(recorded):
         obs_replay, info_replay = replay.reset(options={"prompt_id": prompt.id})
         assert info_real["num_prompt_tokens"] == info_replay["num_prompt_tokens"]
         np.testing.assert_array_equal(obs_real[compared], obs_replay[compared])
+        np.testing.assert_allclose(obs_real[close], obs_replay[close], rtol=1e-4, atol=1e-6)
         done = False
         while not done:
             action = rng.integers(real.action_space.nvec)
@@ -80,6 +86,7 @@ def test_real_and_replay_agree_round_by_round(recorded):
                 assert info_real[key] == info_replay[key], (prompt.id, rounds, key, action)
             assert done_real == done
             np.testing.assert_array_equal(obs_real[compared], obs_replay[compared])
+            np.testing.assert_allclose(obs_real[close], obs_replay[close], rtol=1e-4, atol=1e-6)
             rounds += 1
             num_tokens += info_real["num_emitted"]
     assert num_tokens == 40 and rounds < num_tokens  # n-gram drafts got accepted somewhere
@@ -98,7 +105,7 @@ def test_real_and_replay_agree_round_by_round(recorded):
 
 def test_replay_passes_the_checkers(recorded):
     *_, directory = recorded
-    env = gym.make("draftrl/TraceReplay-v0", traces=str(directory), cost_noise=0.1)
+    env = gym.make("draftrl/TraceReplay-v1", traces=str(directory), cost_noise=0.1)
     gym_check_env(env.unwrapped)
     sb3_check_env(env.unwrapped)
 
@@ -293,7 +300,7 @@ def test_collect_and_calibrate_commands(shared_smollm2, tmp_path, capsys):
                  "--set", "env.limit_per_group=1", "--set", "env.tasks=[code_edit]",
                  "--set", "env.max_new_tokens=6"]) == 0
     assert "prompts=1 recordings=1 classes=T0x1 positions=6" in capsys.readouterr().out
-    env = gym.make("draftrl/TraceReplay-v0", traces=str(out_dir))  # finds the copied cost table
+    env = gym.make("draftrl/TraceReplay-v1", traces=str(out_dir))  # finds the copied cost table
     env.reset(seed=0)
     assert env.unwrapped.depths == (0, 1, 2, 4)  # the config recorded with the traces
 
@@ -307,7 +314,11 @@ def test_real_and_replay_depth_envs_agree(recorded):
     replay = SpecDecodeDepthEnv(engine="replay", traces=directory)
     assert replay.feature_names == real.feature_names
     assert (replay.observation_space, replay.action_space) == (real.observation_space, real.action_space)
-    compared = [i for i, name in enumerate(real.feature_names) if not name.startswith(("verify_cost", "draft_cost"))]
+    compared = [i for i, name in enumerate(real.feature_names)
+                if not name.startswith(("verify_cost", "draft_cost")) and name not in TARGET_FEATURES]
+    # the target's signals: the live verification forward's rows vs the recorded teacher-forced forward's, equal
+    # up to float32 summation order
+    close = [i for i, name in enumerate(real.feature_names) if name in TARGET_FEATURES]
     rng = np.random.default_rng(11)
     num_tokens = 0
     for prompt in replay.workload.prompts:
@@ -316,6 +327,7 @@ def test_real_and_replay_depth_envs_agree(recorded):
         done = False
         while not done:
             np.testing.assert_array_equal(obs_real[compared], obs_replay[compared])
+            np.testing.assert_allclose(obs_real[close], obs_replay[close], rtol=1e-4, atol=1e-6)
             action = int(rng.random() < 0.7)  # CONTINUE more often than STOP
             obs_real, _, done_real, _, info_real = real.step(action)
             obs_replay, _, done, _, info_replay = replay.step(action)
@@ -326,7 +338,7 @@ def test_real_and_replay_depth_envs_agree(recorded):
                 num_tokens += info_real["num_emitted"]
             assert done_real == done
     assert num_tokens == 40
-    env = gym.make("draftrl/TraceReplayDepth-v0", traces=str(directory), depth_shaping=True)
+    env = gym.make("draftrl/TraceReplayDepth-v1", traces=str(directory), depth_shaping=True)
     gym_check_env(env.unwrapped)
     sb3_check_env(env.unwrapped)
 

@@ -1,8 +1,8 @@
 """A small policy trained on real traces for the export tests, once per session in seconds
 (the analytic one, ``analytic_run``, is in tests/conftest.py: other packages' tests use it too).
 
-- ``replay_run``: PPO on ``TraceReplay-v0`` over greedy traces of the real SmolLM2 + n-gram
-  drafter (2 prompts, 24 tokens, depths 0/1/2/4, a hand-made cost table): the 25
+- ``replay_run``: PPO on ``TraceReplay-v1`` over greedy traces of the real SmolLM2 + n-gram
+  drafter (2 prompts, 24 tokens, depths 0/1/2/4, a hand-made cost table): the 31
   ``FeatureBuilder`` features, so it can drive draftrl's engine and transformers.
 
 It is exported to ONNX and TorchScript (``replay_exports``).
@@ -71,7 +71,7 @@ def replay_traces(shared_target, replay_config, tmp_path_factory) -> Path:
 def replay_run(replay_traces, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("replay") / "run"
     cfg = from_dict(TrainConfig, {
-        "env": {"id": "draftrl/TraceReplay-v0", "traces": str(replay_traces), **REPLAY_WORKLOAD},
+        "env": {"id": "draftrl/TraceReplay-v1", "traces": str(replay_traces), **REPLAY_WORKLOAD},
         "total_timesteps": 768, "ppo": {"n_steps": 64, "batch_size": 64}, "checkpoint_every": 256,
         "eval_episodes": 2, "baselines": [], "progress_bar": False,
     })

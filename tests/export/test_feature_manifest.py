@@ -63,4 +63,4 @@ def test_the_saved_env_section_is_the_typed_one_as_data():
                 assert env_section(saved, spec.id) == {k: v for k, v in to_dict(spec).items() if k != "eval"}
     assert env_section(saved, "draftrl/Analytic-v0", evaluation=True)["analytic"]["verify_cost"] == {1: 1.2}
     assert env_section(saved, "draftrl/Analytic-v0", evaluation=True)["analytic"]["alpha"] == 0.6
-    assert env_section(None, "draftrl/SpecDecode-v1") == {"id": "draftrl/SpecDecode-v1"}
+    assert env_section(None, "draftrl/SpecDecode-v2") == {"id": "draftrl/SpecDecode-v2"}

@@ -75,7 +75,7 @@ def analytic_observations(analytic_run, analytic_exports) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def replay_observations(replay_run, replay_traces, replay_exports) -> np.ndarray:
-    env = gym.make("draftrl/TraceReplay-v0", traces=str(replay_traces), cost_noise=0.2)
+    env = gym.make("draftrl/TraceReplay-v1", traces=str(replay_traces), cost_noise=0.2)
     return record(env, PolicyController(replay_exports["onnx"]), NUM_OBSERVATIONS)
 
 

@@ -32,7 +32,7 @@ class ScriptedController:
 
 
 def test_schedule_builds_the_training_envs_observations(shared_target, replay_config, replay_exports):
-    """Same actions, same engine state: PolicySchedule's observations equal SpecDecode-v1's
+    """Same actions, same engine state: PolicySchedule's observations equal SpecDecode-v2's
     (the measured-cost features aside, which follow each run's own timings)."""
     config = replay_config
     script = [4, 0, 2, 1, 4, 4]

@@ -25,7 +25,7 @@ def test_cost_features_start_from_the_table():
     assert obs[names.index("draft_cost_level")] == pytest.approx(0.001 / table.ar_step(np.median([64, 1024])), rel=1e-5)
     # unknown without a table: every ratio 1, draft costs 0
     blank = FeatureBuilder(4, 0.8, CostTracker(None, 0.9)).observation({}, 10, 0)
-    assert np.all(blank[16:23] == 1.0) and np.all(blank[23:] == 0.0)
+    assert np.all(blank[16:23] == 1.0) and np.all(blank[23:25] == 0.0)
 
 
 def test_a_round_that_fed_the_prompt_is_no_verify_cost_sample():

@@ -1,7 +1,7 @@
 """A step-level analytic env for the depth recipes' fast tests (no traces, no models).
 
 ``tests/AnalyticDepth-v0`` plays ``draftrl/Analytic-v0`` one draft level per step, with the
-contract of ``SpecDecodeDepth-v1`` / ``TraceReplayDepth-v0``: ``Discrete(2)`` actions (0 = STOP,
+contract of ``SpecDecodeDepth-v2`` / ``TraceReplayDepth-v1``: ``Discrete(2)`` actions (0 = STOP,
 1 = CONTINUE), the round-level features followed by ``level``, draft steps with
 ``info["phase"] == "draft"`` and no ``tokens``, verifying steps with the round's info plus
 ``phase="verify"``, a public ``verify_size`` and an optional ``size_policy(obs, tree) -> int``.

@@ -265,7 +265,7 @@ def test_the_old_env_shape_names_the_new_key(override, message, tmp_path, capsys
     with pytest.raises(ValueError, match=message):
         load_config(TrainConfig, ANALYTIC, [override])
     old = tmp_path / "old.yaml"
-    old.write_text("env:\n  id: draftrl/TraceReplay-v0\n  kwargs:\n    traces: runs/traces\n")
+    old.write_text("env:\n  id: draftrl/TraceReplay-v1\n  kwargs:\n    traces: runs/traces\n")
     assert main(["train", "--config", str(old), "--out", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "env.kwargs.traces is now env.traces" in err
@@ -298,9 +298,9 @@ def test_env_section_errors_name_their_section(section):
     def made(override: str) -> dict:
         return make_kwargs(to_dict(getattr(load_config(TrainConfig, None, [override]), section)), section)
 
-    with fails(f"{section}.traces is not set; draftrl/TraceReplay-v0 needs traces: a directory written by "
+    with fails(f"{section}.traces is not set; draftrl/TraceReplay-v1 needs traces: a directory written by "
                "draftrl collect"):
-        made(f"{section}.id=draftrl/TraceReplay-v0")
+        made(f"{section}.id=draftrl/TraceReplay-v1")
     with fails(f"{section}.serve.recordings and {section}.serve.calibration are not set; draftrl/ServeReplay-v0 "
                "needs serve.recordings"):
         made(f"{section}.id=draftrl/ServeReplay-v0")
@@ -362,7 +362,7 @@ def test_gpu_configs_name_same_tokenizer_pairs_on_cuda(name, target, drafter):
 
 def test_trace_replay_without_traces_says_how_to_record_them(tmp_path):
     cfg = load_config(TrainConfig, None, ["progress_bar=false"])
-    assert cfg.env.id == "draftrl/TraceReplay-v0"  # the default
+    assert cfg.env.id == "draftrl/TraceReplay-v1"  # the default
     with pytest.raises(ValueError, match="draftrl collect"):
         ppo_size.train(cfg, tmp_path / "run")
     assert not (tmp_path / "run").exists()  # nothing written: the same command works once traces exist
@@ -454,7 +454,7 @@ def test_env_sections_keep_their_own_default_ids():
     """A section given in YAML without an id keeps that section's default env, not env's."""
     cfg = load_config(TrainConfig, CONFIGS / "cpu_default.yaml")
     assert (cfg.env.id, cfg.depth_env.id, cfg.finetune_env.id) == (
-        "draftrl/TraceReplay-v0", "draftrl/TraceReplayDepth-v0", "draftrl/SpecDecode-v1")
+        "draftrl/TraceReplay-v1", "draftrl/TraceReplayDepth-v1", "draftrl/SpecDecode-v2")
 
 
 def test_recipe_refuses_an_env_of_the_other_kind(tmp_path):

@@ -4,7 +4,7 @@ fixed setting on held-out prompts it never saw.
 Slow (``pytest -m slow``): recording the two trace sets decodes ~64 prompts with the real model
 (a few minutes on an idle 2-core CPU). Seconds come from a fixed, plausible CPU cost table rather
 than a calibration, so the comparison is reproducible; the tokens of every round are the real
-engine's (TraceReplay-v0 is tested against it in tests/envs).
+engine's (TraceReplay-v1 is tested against it in tests/envs).
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def test_ppo_on_traces_beats_best_fixed_on_heldout_prompts(cpu_traces, tmp_path,
          f"env.eval={{traces: {cpu_traces['heldout']}, cost_noise: 0.0}}",
          *(f"env.{k}={v}" for k, v in WORKLOAD.items())],
     )
-    assert cfg.env.id == "draftrl/TraceReplay-v0"  # the default env
+    assert cfg.env.id == "draftrl/TraceReplay-v1"  # the default env
     summary = ppo_size.train(cfg, tmp_path)
     evaluation = summary["evaluation"]
     results = evaluation["results"]

@@ -3,7 +3,7 @@
 Every policy decodes the same held-out requests with the same sampling seeds. For each request
 all policies run back to back, in an order rotated by one per request (plain decoding always
 runs before the lookahead, which reads its output), then the next request; so load on a shared
-machine spreads over all policies. Policies act through their own ``draftrl/SpecDecode-v1``
+machine spreads over all policies. Policies act through their own ``draftrl/SpecDecode-v2``
 env on a prebuilt engine (``draftrl.eval.round.policies``): the observation is the envs' own.
 
 Exactness runs throughout: the streaming monitor sees every emitted token of every policy

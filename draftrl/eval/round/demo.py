@@ -6,7 +6,7 @@ Steps, each through the owning package's public Python API, each writing under `
 2. **calibrate**: measure verify / draft / sample costs -> ``DIR/cost_table.json``
    (``draftrl.replay.calibrate.calibrate``);
 3. **collect**: greedy traces of the tune prompts -> ``DIR/traces/`` (``draftrl.replay.traces.collect``);
-4. **train**: PPO on ``draftrl/TraceReplay-v0`` over those traces -> ``DIR/ppo_size/`` (and more
+4. **train**: PPO on ``draftrl/TraceReplay-v1`` over those traces -> ``DIR/ppo_size/`` (and more
    recipes when configured) (``draftrl.train.<recipe>.train``);
 5. **grid**: fixed settings on the tune split, wall clock -> ``DIR/grid/`` (``draftrl.eval.round.grid``);
 6. **eval**: plain decoding, best fixed, heuristic, threshold, bandit, PPO and the lookahead bound
@@ -176,9 +176,9 @@ def train_config(config: DemoConfig, recipe: str, trace_dir: str | Path):
     replay = {**to_dict(config.env), "traces": str(trace_dir), "cost_noise": 0.05, "cost_jitter": 0.25,
               "eval": {"cost_noise": 0.0, "cost_jitter": 0.0}}
     cfg = load_config(TrainConfig, None, overrides, base=TrainConfig(
-        env=TrainEnvConfig(id="draftrl/TraceReplay-v0", **replay),  # size policies on TraceReplay-v0
+        env=TrainEnvConfig(id="draftrl/TraceReplay-v1", **replay),  # size policies on TraceReplay-v1
         # depth policies on its step-level twin
-        depth_env=DepthTrainEnvConfig(id="draftrl/TraceReplayDepth-v0", **replay)))
+        depth_env=DepthTrainEnvConfig(id="draftrl/TraceReplayDepth-v1", **replay)))
     return dataclasses.replace(cfg, wandb=config.wandb)  # the pipeline's project, group and folder
 
 

@@ -1,7 +1,7 @@
 """How much a per-round choice of drafter and depth could gain on recorded traces, at most.
 
 Over :func:`draftrl.replay.round_table.round_table` (every round any schedule could play, in the
-seconds ``TraceReplay-v0`` charges), this module plays
+seconds ``TraceReplay-v1`` charges), this module plays
 
 - **fixed** ``(drafter, depth)`` every round: the grid search's candidates;
 - **rule**: SAM-decoding's choice, n-gram lookup when its match is at least ``min_match`` tokens

@@ -1,7 +1,7 @@
 """How each policy of ``draftrl eval --engine hf`` is built on the real engine.
 
 The names are ``draftrl.eval.policy_names``' (one grammar for both engines). Each policy gets its
-own real-engine env (``draftrl/SpecDecode-v1``, or ``SpecDecodeDepth-v1`` for a PPO depth policy)
+own real-engine env (``draftrl/SpecDecode-v2``, or ``SpecDecodeDepth-v2`` for a PPO depth policy)
 around the shared target model, so it sees exactly the observation it was trained on, built by
 the envs' feature builder, and its cost features persist over the requests as in training.
 ``threshold`` reads ``draft_top1_prob`` for model drafters and ``accept_rate_1`` (the recent

@@ -5,7 +5,7 @@ Two paths, one record (:class:`~draftrl.eval.records.RequestRun`):
 
 - :func:`run_fixed`: ``draftrl.decoding.generate`` with a fixed ``(depth, verify_size, width)``
   schedule (the grid search; no observation is needed, so none is built).
-- :func:`run_policy`: one episode of ``draftrl/SpecDecode-v1`` (or ``SpecDecodeDepth-v1``) on a
+- :func:`run_policy`: one episode of ``draftrl/SpecDecode-v2`` (or ``SpecDecodeDepth-v2``) on a
   prebuilt engine, played by the one rollout loop (:func:`draftrl.policies.evaluate.evaluate_policy`,
   as training evaluates): the policy sees exactly the observation it saw in training, built by
   the envs' own feature builder.

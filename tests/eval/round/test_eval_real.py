@@ -1,7 +1,7 @@
 """Grid and eval on the real SmolLM2 model, kept short: 2 prompts per split, 16 tokens.
 
 They check the files and their documented keys, the report and plots, greedy identity against
-plain decoding and HF generate, and that a PPO policy directory runs through SpecDecode-v1.
+plain decoding and HF generate, and that a PPO policy directory runs through SpecDecode-v2.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def grid_dir(smollm2, config, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def untrained_ppo(smollm2, config, tmp_path_factory):
-    """A PPO policy directory (policy.zip + policy.json) for SpecDecode-v1, weights untrained."""
+    """A PPO policy directory (policy.zip + policy.json) for SpecDecode-v2, weights untrained."""
     from stable_baselines3 import PPO
 
     from draftrl.envs.spec_decode import SpecDecodeEnv
@@ -61,7 +61,7 @@ def untrained_ppo(smollm2, config, tmp_path_factory):
     model = PPO("MlpPolicy", env, n_steps=8, batch_size=8, seed=0, device="cpu")
     model.save(out / "policy.zip")
     base = env.unwrapped
-    write_manifest(out, kind="size", env_id="draftrl/SpecDecode-v1", depths=base.depths,
+    write_manifest(out, kind="size", env_id="draftrl/SpecDecode-v2", depths=base.depths,
                    verify_sizes=base.verify_sizes, feature_names=base.feature_names)
     return out
 
