@@ -25,6 +25,34 @@ from draftrl.prompts import SPLITS
 
 
 @dataclass(frozen=True)
+class SamplingParams:
+    """How a model's logits become the distribution that is sampled (target and draft alike)."""
+
+    temperature: float = 0.0
+    """Softmax temperature; 0 means greedy (one-hot at the argmax, lowest id among ties)."""
+    top_k: int = 0
+    """Keep the top_k most likely tokens (ties broken by ascending id); 0 turns top-k off."""
+    top_p: float = 1.0
+    """Keep the smallest set of most likely tokens with mass >= top_p (after top-k); 1 = off."""
+
+    def __post_init__(self) -> None:
+        t = self.temperature
+        if isinstance(t, bool) or not isinstance(t, numbers.Real) or not math.isfinite(t) or t < 0:
+            raise ValueError(f"temperature={t!r} must be a finite number >= 0; use 0 for greedy, e.g. 0.7 to sample.")
+        k = self.top_k
+        if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 0:
+            raise ValueError(f"top_k={k!r} must be an integer >= 0; use 0 to turn top-k off.")
+        tp = self.top_p
+        if isinstance(tp, bool) or not isinstance(tp, numbers.Real) or not 0 < tp <= 1:
+            raise ValueError(f"top_p={tp!r} must be in (0, 1]; use 1.0 to turn top-p off.")
+
+    @property
+    def greedy(self) -> bool:
+        """True when temperature is 0: sampling is the argmax."""
+        return self.temperature == 0
+
+
+@dataclass(frozen=True)
 class SamplingClass:
     """One request's sampling (the transform ``draftrl.models.distribution.SamplingParams`` applies to
     target and draft alike) and its share of a workload's requests."""
@@ -40,12 +68,7 @@ class SamplingClass:
 
     def __post_init__(self) -> None:
         t, k, p, w = self.temperature, self.top_k, self.top_p, self.weight
-        if isinstance(t, bool) or not isinstance(t, numbers.Real) or not math.isfinite(t) or t < 0:
-            raise ValueError(f"temperature={t!r} must be a finite number >= 0 (0 = greedy).")
-        if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 0:
-            raise ValueError(f"top_k={k!r} must be an integer >= 0 (0 = off).")
-        if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0 < p <= 1:
-            raise ValueError(f"top_p={p!r} must be in (0, 1] (1 = off).")
+        SamplingParams(t, k, p)  # the same checks
         if isinstance(w, bool) or not isinstance(w, numbers.Real) or not math.isfinite(w) or w <= 0:
             raise ValueError(f"weight={w!r} must be a positive number (a share of the requests).")
         object.__setattr__(self, "temperature", float(t))
@@ -72,10 +95,8 @@ class SamplingClass:
             name += f":p{self.top_p:g}"
         return name
 
-    def params(self):
-        """The :class:`~draftrl.models.distribution.SamplingParams` of this class (imports torch)."""
-        from draftrl.models.distribution import SamplingParams
-
+    def params(self) -> SamplingParams:
+        """The :class:`SamplingParams` of this class: what the engines take at ``start(sampling=...)``."""
         return SamplingParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)
 
 

@@ -9,7 +9,6 @@ against the same rows, so both live below both (``models``, which drafters and d
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -18,38 +17,12 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from draftrl.config.workload import SamplingParams  # noqa: F401  (defined beside the workload; re-exported here)
+
 # top-p fast path: the candidate set must hold this much more than top_p before we trust it
 # (it guards against summation-order rounding; rows that miss it fall back to a wider search).
 _TOP_P_MARGIN = 1e-9
 _TOP_P_FIRST_CANDIDATES = 64
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """How a model's logits become the distribution that is sampled (target and draft alike)."""
-
-    temperature: float = 0.0
-    """Softmax temperature; 0 means greedy (one-hot at the argmax, lowest id among ties)."""
-    top_k: int = 0
-    """Keep the top_k most likely tokens (ties broken by ascending id); 0 turns top-k off."""
-    top_p: float = 1.0
-    """Keep the smallest set of most likely tokens with mass >= top_p (after top-k); 1 = off."""
-
-    def __post_init__(self) -> None:
-        t = self.temperature
-        if isinstance(t, bool) or not isinstance(t, numbers.Real) or not math.isfinite(t) or t < 0:
-            raise ValueError(f"temperature={t!r} must be a finite number >= 0; use 0 for greedy, e.g. 0.7 to sample.")
-        k = self.top_k
-        if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 0:
-            raise ValueError(f"top_k={k!r} must be an integer >= 0; use 0 to turn top-k off.")
-        tp = self.top_p
-        if isinstance(tp, bool) or not isinstance(tp, numbers.Real) or not 0 < tp <= 1:
-            raise ValueError(f"top_p={tp!r} must be in (0, 1]; use 1.0 to turn top-p off.")
-
-    @property
-    def greedy(self) -> bool:
-        """True when temperature is 0: sampling is the argmax."""
-        return self.temperature == 0
 
 
 # --------------------------------------------------------------------------- input checks

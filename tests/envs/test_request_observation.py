@@ -190,7 +190,7 @@ def test_replay_with_a_greedy_mix_passes_the_checkers(tiny_traces, tmp_path):
 def test_greedy_traces_refuse_a_sampled_mix(tiny_traces):
     from cost_tables import synthetic_table
 
-    with pytest.raises(ValueError, match=r"asks for sampling T0\.7 but the traces hold T0; record it with draftrl collect"):
+    with pytest.raises(ValueError, match=r"asks for sampling T0\.7 but the traces hold T0; record it"):
         gym.make("draftrl/TraceReplay-v1", traces=tiny_traces(), cost_table=synthetic_table(),
                  config=dict(depths=(0, 1), temperature_mix={0: 1, 0.7: 1}))
 
