@@ -138,6 +138,8 @@ def check_out(out: Path, fmt: str, overwrite: bool) -> None:
     """Refuse to replace an earlier export unless ``overwrite``. With it, a bundle folder's earlier
     bundle files go first (the user's other files there stay), so no file of another kind of bundle
     (a route (b) ``proposer.json`` beside a stock ``vllm.json``) survives into the new one."""
+    from draftrl.io import refuse_foreign
+
     if fmt == "vllm" and out.suffix != ".json":
         if out.exists() and not out.is_dir():
             raise ValueError(f"--out {out} is a file; a vllm bundle is a folder "
@@ -146,6 +148,7 @@ def check_out(out: Path, fmt: str, overwrite: bool) -> None:
         if held and not overwrite:
             raise ValueError(f"--out {out} already holds an exported bundle ({', '.join(held)}); pass --overwrite "
                              "to replace it, or choose another --out.")
+        refuse_foreign(out, BUNDLE_FILES, overwrite=overwrite, command="export")
         for name in held:
             if (out / name).is_dir():
                 shutil.rmtree(out / name)
