@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
     check_model_spec(env.target, "target")  # a typo fails now, not after loading the other model
     check_drafter_spec(env.drafter)
     _options.set_threads(cfg.threads)
-    target = load_target(env)
+    target = load_target(env, shared=False)
     engine, tokenizer = build_engine(env, target, max_new_tokens=env.max_new_tokens, seed=cfg.seed,
                                      sampler=cfg.sampler)
     prompt_ids = fit_prompt(encode(tokenizer, args.prompt, env.chat_template), env.max_new_tokens,

@@ -63,18 +63,24 @@ def build_engine(config: EnvConfig, target: LoadedModel | None = None, *, max_ne
 NO_OWN_WEIGHTS = ("none", "ngram", "layerskip", "self")
 
 
-def load_target(config: EnvConfig) -> LoadedModel:
-    """``config``'s target, loaded once per process: on ``config.device``, or split over devices by
-    ``config.device_map`` / ``config.max_memory`` (:mod:`draftrl.models.placement`)."""
-    from draftrl.models import shared_model
+def load_target(config: EnvConfig, *, shared: bool = True) -> LoadedModel:
+    """``config``'s target on ``config.device``, or split over devices by ``config.device_map`` /
+    ``config.max_memory`` (:mod:`draftrl.models.placement`); loaded once per process unless not
+    ``shared`` (a one-shot command reads the folder as it is now)."""
+    from draftrl.models import load_model, shared_model
     from draftrl.models.placement import check_main_device, model_devices
 
+    if not shared:
+        def load(spec, dtype, device, kernels, **placement):
+            return load_model(spec, dtype=dtype, device=device, kernels=kernels, **placement)
+    else:
+        load = shared_model
     if config.device_map is None:
-        return shared_model(config.target, config.dtype, config.device, config.kernels)
+        return load(config.target, config.dtype, config.device, config.kernels)
     if isinstance(config.device_map, dict):  # before loading; a preset is checked once it has placed the model
         check_main_device(config.device, config.device_map.values(), config.section)
-    loaded = shared_model(config.target, config.dtype, config.device, config.kernels, device_map=config.device_map,
-                          max_memory=config.max_memory, mixed_devices=config.mixed_devices)
+    loaded = load(config.target, config.dtype, config.device, config.kernels, device_map=config.device_map,
+                  max_memory=config.max_memory, mixed_devices=config.mixed_devices)
     check_main_device(config.device, model_devices(loaded.model), config.section)
     return loaded
 
