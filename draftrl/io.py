@@ -85,29 +85,52 @@ def read_json(path: str | Path, what: str) -> Any:
     return json.loads(path.read_text())
 
 
+def foreign_files(out: str | Path, owned: tuple[str, ...]) -> list[str]:
+    """Names in folder ``out`` that match none of ``owned`` (names or globs, e.g. ``*.png``), sorted;
+    [] when ``out`` is not a folder."""
+    out = Path(out)
+    if not out.is_dir():
+        return []
+    mine = {p for pattern in owned for p in out.glob(pattern)}
+    return sorted(p.name for p in out.iterdir() if p not in mine)
+
+
+def refuse_foreign(out: str | Path, owned: tuple[str, ...], *, overwrite: bool, command: str) -> None:
+    """Refuse an ``--out`` folder holding files ``draftrl command`` does not write (``owned``: its
+    names or globs) unless ``overwrite``; with it they stay, and the command writes beside them.
+
+    Every command that writes a folder calls this (or :func:`prepare_out`) before any compute, so
+    a user's own files never end up mixed with, or mistaken for, a command's outputs. One line
+    names the files and the fix."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file; pass a directory.")
+    foreign = foreign_files(out, owned)
+    if foreign and not overwrite:
+        raise ValueError(f"--out {out} already holds files draftrl {command} did not write ({', '.join(foreign[:4])}"
+                         f"{', ...' if len(foreign) > 4 else ''}); pass --overwrite to write beside them (they are "
+                         "kept), or choose another --out.")
+
+
 def prepare_out(out: str | Path, owned: tuple[str, ...], *, overwrite: bool, command: str) -> Path:
     """Check an output directory before any compute; returns it, created and writable.
 
     ``owned`` names (or globs, e.g. ``*.png``) what ``command`` writes there. A directory that
-    already holds some of them, or holds anything else, is refused unless ``overwrite``; with it
-    the command's own earlier outputs are removed first (no stale plot survives beside new
-    results) and anything else is left alone. One line names the problem and the fix.
+    already holds some of them, or holds anything else (:func:`refuse_foreign`), is refused unless
+    ``overwrite``; with it the command's own earlier outputs are removed first (no stale plot
+    survives beside new results) and anything else is left alone. One line names the problem and the fix.
     """
     import shutil
 
     out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out} is a file; pass a directory.")
-    if out.is_dir():
-        earlier = sorted({p for pattern in owned for p in out.glob(pattern)})
-        foreign = sorted(p.name for p in out.iterdir() if p not in earlier)
-        if not overwrite and (earlier or foreign):
-            what = f"the outputs of an earlier {command} ({', '.join(p.name for p in earlier[:4])})" if earlier else (
-                f"files draftrl {command} did not write ({', '.join(foreign[:4])})")
-            raise ValueError(f"--out {out} already holds {what}; pass --overwrite to replace them, "
-                             "or choose another --out.")
-        for p in earlier:
-            shutil.rmtree(p) if p.is_dir() else p.unlink()
+    earlier = sorted({p for pattern in owned for p in out.glob(pattern)}) if out.is_dir() else []
+    if earlier and not overwrite:  # named first: replacing them is what --overwrite would do
+        raise ValueError(f"--out {out} already holds the outputs of an earlier {command} "
+                         f"({', '.join(p.name for p in earlier[:4])}); pass --overwrite to replace them, "
+                         "or choose another --out.")
+    refuse_foreign(out, owned, overwrite=overwrite, command=command)
+    for p in earlier:
+        shutil.rmtree(p) if p.is_dir() else p.unlink()
     try:
         out.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=out, prefix=".write-check-"):

@@ -51,6 +51,10 @@ COST_TABLE_FILE = "cost_table.json"
 PARTIAL_DIR = ".partial"
 #: what a trace directory may hold; ``Traces.save`` refuses to replace a directory with anything else
 TRACE_FILES = (HEADER_FILE, ARRAYS_FILE, COST_TABLE_FILE, PARTIAL_DIR)
+#: what ``draftrl train`` may write in its run directory (every recipe; ``cotrain``'s phases and its two
+#: policies included); anything else there is the user's (``draftrl.io.refuse_foreign``)
+RUN_OUTPUTS = (CONFIG_FILE, STATE_FILE, POLICY_FILE, VECNORMALIZE_FILE, MANIFEST_FILE, SUMMARY_FILE, CHECKPOINTS_DIR,
+               LOGS_DIR, "wandb", WANDB_FILE, "phases", "depth", "size")
 _CHECKPOINT = re.compile(r"(?P<prefix>.+)_(?P<steps>\d+)_steps\.zip")
 
 

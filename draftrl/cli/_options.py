@@ -24,14 +24,16 @@ option             config key     meaning
 ``--wandb-entity``   ``wandb.entity``   the wandb team or user (default: yours)
 ``--gpu-memory-utilization``  ``env.gpu_memory_utilization``  vLLM: the GPU memory share of each engine
 ``--enforce-eager``  ``env.enforce_eager``  vLLM: eager forwards on a GPU too (default: CUDA graphs there)
+``--tensor-parallel-size N``  ``env.tensor_parallel_size``  vLLM: GPUs each engine splits the target over
 ``--out PATH``                    where the command writes
 ``--overwrite``                   replace what an earlier run wrote in ``--out`` (else refused)
 ``--json``                        print one JSON object on stdout instead of tables
 =================  =============  ==========================================================
 
 Defaults are the config's (``None`` here means "not given"), so a command's default lives in
-its config dataclass only. ``draftrl demo --engine vllm`` reads the two vLLM engine flags into
-``ServeDemoConfig``'s top-level keys of the same name (it has no ``env`` section).
+its config dataclass only. ``draftrl demo --engine vllm`` reads the first two vLLM engine flags into
+``ServeDemoConfig``'s top-level keys of the same name (it has no ``env`` section; its steps steer
+draftrl's proposer, which runs on one tensor-parallel worker only).
 """
 
 from __future__ import annotations
@@ -78,6 +80,7 @@ def keyed(parser: argparse.ArgumentParser, *flags: str, key: str, **kwargs: Any)
 VLLM_ENGINE_KEYS: dict[str, str] = {
     "--gpu-memory-utilization": "env.gpu_memory_utilization",
     "--enforce-eager": "env.enforce_eager",
+    "--tensor-parallel-size": "env.tensor_parallel_size",
 }
 
 
@@ -95,6 +98,10 @@ def add_vllm_engine(parser: argparse.ArgumentParser, section: str | None = "env"
                "engine at a time, env.max_engines); not read on CPU")
     keyed(parser, "--enforce-eager", key=key("--enforce-eager"), action="store_const", const=True,
           help="vllm: eager forwards on a GPU too (default: CUDA graphs on a GPU, what production runs; eager on CPU)")
+    if section == "env":  # the serve demo steers draftrl's proposer in every step: one worker (check_parallelism)
+        keyed(parser, "--tensor-parallel-size", key=key("--tensor-parallel-size"), type=int,
+              help="vllm: GPUs each engine splits the target over (vLLM's tensor parallelism; default 1). "
+                   "draftrl's stepped proposer needs 1; vLLM's own methods and exported bundles take any")
 
 
 def add_retired(parser: argparse.ArgumentParser, flag: str, replacement: str) -> None:

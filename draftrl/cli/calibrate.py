@@ -96,14 +96,17 @@ def run_vllm(args: argparse.Namespace) -> int:
     from draftrl.io import write_json
     from draftrl.replay.serve_calibrate import calibrate_model
 
+    engine = {"gpu_memory_utilization": args.gpu_memory_utilization, "enforce_eager": args.enforce_eager,
+              "tensor_parallel_size": args.tensor_parallel_size or 1}
+    # read here: they are no keys of CalibrateConfig's env section (an EnvConfig), which refused them
+    args.gpu_memory_utilization = args.enforce_eager = args.tensor_parallel_size = None
     cfg = config(args)
     sizes = CalibrationSizes(batch_sizes=args.batch_sizes, depths=args.depths, steps=args.steps,
                              prefill_lens=args.prefill_lens, prefill_batch_sizes=args.prefill_batch_sizes,
                              rounds=args.rounds)
     result = calibrate_model(cfg.env.target, sizes, dtype=cfg.env.dtype, threads=cfg.threads, seed=cfg.seed,
                              drafter=cfg.env.drafter if needs_head(cfg.env.drafter) else None,
-                             gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager,
-                             progress=lambda msg: print(f"[calibrate] {msg}", file=sys.stderr))
+                             **engine, progress=lambda msg: print(f"[calibrate] {msg}", file=sys.stderr))
     if args.out:
         write_json(args.out, result)
     f = result["fit"]

@@ -81,9 +81,11 @@ def run(args: argparse.Namespace) -> int:
 
     from draftrl.decoding.monitor import ExactnessViolation
     from draftrl.eval.exactness import GreedyMismatch
-    from draftrl.eval.round.demo import STEPS, run_demo
+    from draftrl.eval.round.demo import OUTPUTS, STEPS, run_demo
+    from draftrl.io import refuse_foreign
 
     cfg = config(args)
+    refuse_foreign(args.out, (*OUTPUTS, *cfg.train.recipes), overwrite=args.overwrite, command="demo")  # one line
     console = Console(stderr=True)
     console.rule(f"[bold]draftrl demo{' --quick' if args.quick else ''}[/] -> {args.out}")
     try:
@@ -191,11 +193,13 @@ def run_vllm(args: argparse.Namespace) -> int:
 
     from draftrl.decoding.vllm.engine import require_vllm
     from draftrl.eval.serve.compare import ServingMismatch
-    from draftrl.eval.serve.demo import STEPS, ServeDemoConfig, run_demo
+    from draftrl.eval.serve.demo import OUTPUTS, STEPS, ServeDemoConfig, run_demo
+    from draftrl.io import refuse_foreign
 
     require_vllm()
     args.out = args.out or "runs/serve_demo"
     cfg = _options.load(ServeDemoConfig, args, base=ServeDemoConfig.quick() if args.quick else None)
+    refuse_foreign(args.out, OUTPUTS, overwrite=args.overwrite, command="demo --engine vllm")  # one line, first
     console = Console(stderr=True)
     console.rule(f"[bold]draftrl demo --engine vllm{' --quick' if args.quick else ''}[/] -> {args.out}")
     try:

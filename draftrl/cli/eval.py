@@ -172,6 +172,7 @@ def run_vllm(args: argparse.Namespace) -> int:
     rates = [float(r) for r in args.rates.split(",") if r]
     config = serving_config(args)
     check_policies(specs, config)  # and on a value off the grids, a drafter or head vLLM cannot run, before --out
+    check_parallel_policies(specs, config)
     wandb = serving_wandb(args)
     from draftrl.eval.round.compare import OUTPUTS
     from draftrl.io import prepare_out
@@ -189,6 +190,21 @@ def run_vllm(args: argparse.Namespace) -> int:
     _log_serving(wandb, args.out, results)
     print((Path(args.out) / "report.md").read_text())
     return 0
+
+
+def check_parallel_policies(specs, config) -> None:
+    """With ``env.tensor_parallel_size`` or ``env.pipeline_parallel_size`` above 1, refuse before vLLM loads
+    (one line naming the policy) a policy whose engine cannot run so split
+    (``draftrl.decoding.vllm.engine.check_parallelism``: draftrl's stepped proposer needs one worker)."""
+    if config.tensor_parallel_size == 1 and config.pipeline_parallel_size == 1:
+        return
+    from draftrl.eval.serve.policies import engine_config_for
+
+    for spec in specs:
+        try:
+            engine_config_for(spec, config)
+        except ValueError as err:
+            raise ValueError(f"policy {spec.label!r}: {err}") from None
 
 
 def _log_serving(wandb, out: str, results: dict | None) -> None:

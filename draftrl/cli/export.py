@@ -62,6 +62,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--gpu-memory-utilization", type=float, default=None,
                         help="vllm (directory): the GPU share the bundle's LLM(...) / vllm serve lines give vLLM "
                              "(default: vLLM's 0.9)")
+    parser.add_argument("--tensor-parallel-size", type=int, default=None,
+                        help="vllm (directory): GPUs the bundle's lines split the target over (vLLM's "
+                             "tensor_parallel_size; default 1)")
     parser.add_argument("--cost-table", default=None,
                         help="vllm/sglang static tables and the stock route of head / draft-model policies: step costs "
                              "measured by draftrl calibrate --json --out FILE (default: the run's own; a run without "
@@ -138,6 +141,8 @@ def check_out(out: Path, fmt: str, overwrite: bool) -> None:
     """Refuse to replace an earlier export unless ``overwrite``. With it, a bundle folder's earlier
     bundle files go first (the user's other files there stay), so no file of another kind of bundle
     (a route (b) ``proposer.json`` beside a stock ``vllm.json``) survives into the new one."""
+    from draftrl.io import refuse_foreign
+
     if fmt == "vllm" and out.suffix != ".json":
         if out.exists() and not out.is_dir():
             raise ValueError(f"--out {out} is a file; a vllm bundle is a folder "
@@ -146,6 +151,7 @@ def check_out(out: Path, fmt: str, overwrite: bool) -> None:
         if held and not overwrite:
             raise ValueError(f"--out {out} already holds an exported bundle ({', '.join(held)}); pass --overwrite "
                              "to replace it, or choose another --out.")
+        refuse_foreign(out, BUNDLE_FILES, overwrite=overwrite, command="export")
         for name in held:
             if (out / name).is_dir():
                 shutil.rmtree(out / name)
@@ -169,6 +175,7 @@ def run(args: argparse.Namespace) -> int:
         bundle_dir = args.format == "vllm" and out.suffix != ".json"
         for flag, given, allowed in (("--target", args.target, bundle_dir),
                                      ("--gpu-memory-utilization", args.gpu_memory_utilization, bundle_dir),
+                                     ("--tensor-parallel-size", args.tensor_parallel_size, bundle_dir),
                                      ("--cost-table", args.cost_table, args.format in ("vllm", "sglang"))):
             if given is not None and not allowed:
                 raise ValueError(f"{flag} is read by --format vllm with a bundle folder"
@@ -223,6 +230,10 @@ def run(args: argparse.Namespace) -> int:
                 bundle = write_bundle(args.policy, out, target=args.target, budget=args.budget,
                                       check_observations=args.check_observations, gpu_memory_utilization=memory,
                                       derive_options=derive_options)
+            if args.tensor_parallel_size not in (None, 1):
+                from draftrl.export.vllm_bundle import set_tensor_parallel
+
+                bundle = set_tensor_parallel(out, args.tensor_parallel_size)
             print(f"route={bundle['route']}  speculative_config={json.dumps(bundle['speculative_config'])}  out={out}")
             print(f"serve: {bundle['serve']}")
             return 0

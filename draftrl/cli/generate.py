@@ -81,12 +81,12 @@ def fit_prompt(prompt_ids: list[int], max_new_tokens: int, max_context: int | No
 
 
 def run(args: argparse.Namespace) -> int:
-    from draftrl.decoding.build import build_engine
+    from draftrl.decoding.build import build_engine, load_target
     from draftrl.decoding.generate import fixed_schedule, generate
     from draftrl.decoding.monitor import ExactnessMonitor, ExactnessViolation
     from draftrl.decoding.workload import encode
     from draftrl.drafters.registry import check_drafter_spec
-    from draftrl.models import check_model_spec, load_model
+    from draftrl.models import check_model_spec
 
     cfg = config(args)
     env = cfg.env
@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
     check_model_spec(env.target, "target")  # a typo fails now, not after loading the other model
     check_drafter_spec(env.drafter)
     _options.set_threads(cfg.threads)
-    target = load_model(env.target, dtype=env.dtype, device=env.device, kernels=env.kernels)
+    target = load_target(env, shared=False)
     engine, tokenizer = build_engine(env, target, max_new_tokens=env.max_new_tokens, seed=cfg.seed,
                                      sampler=cfg.sampler)
     prompt_ids = fit_prompt(encode(tokenizer, args.prompt, env.chat_template), env.max_new_tokens,

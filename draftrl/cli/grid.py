@@ -61,10 +61,13 @@ def run(args: argparse.Namespace) -> int:
     cfg = config(args)
     try:
         if args.cell:
-            from draftrl.eval.round.grid import Cell, run_cell
+            from draftrl.eval.round.grid import OUTPUTS, Cell, run_cell
+            from draftrl.io import refuse_foreign
 
             if args.depth is None:
                 raise ValueError("--cell needs --depth (and optionally --verify-size, --width)")
+            # the cells of one sweep share the folder
+            refuse_foreign(args.out, (*OUTPUTS, "cell_*.json"), overwrite=args.overwrite, command="grid")
             result = run_cell(cfg, args.out, Cell(args.depth, args.verify_size, args.width))
             c = result["cell"]
             if args.json:

@@ -34,7 +34,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     _options.add_threads(parser)
     _options.add_seed(parser, "PPO, the training envs (seed + i for env i) and torch")
     _options.add_wandb(parser)
-    _options.add_out(parser, "run directory for the policy, checkpoints and summary", overwrite=None)
+    _options.add_out(parser, "run directory for the policy, checkpoints and summary",
+                     overwrite="start afresh: remove an earlier run's files in --out (files draftrl train did not "
+                               "write stay)")
     parser.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
     parser.add_argument("--traces", default=None,
                         help="with a demo config (a file with the demo's train: section, e.g. a copy of "
@@ -73,8 +75,25 @@ def config(args: argparse.Namespace):
     return cfg
 
 
+def check_out(out: str, overwrite: bool, resume: bool) -> None:
+    """Before any work: a fresh run refuses an --out holding files draftrl train did not write, and
+    with ``overwrite`` removes an earlier run's files there (a resumed run reads them)."""
+    from draftrl.io import prepare_out, refuse_foreign
+    from draftrl.runs import RUN_OUTPUTS
+
+    if resume:
+        if overwrite:
+            raise ValueError("--resume continues the run in --out and --overwrite discards it; pass one of them.")
+        return
+    if overwrite:
+        prepare_out(out, RUN_OUTPUTS, overwrite=True, command="train")
+    else:
+        refuse_foreign(out, RUN_OUTPUTS, overwrite=False, command="train")
+
+
 def run(args: argparse.Namespace) -> int:
     cfg = config(args)
+    check_out(args.out, args.overwrite, args.resume)
     recipe = importlib.import_module(f"draftrl.train.{cfg.recipe}")
     from draftrl.train.loop import TrainingInterrupted
 
@@ -104,6 +123,7 @@ def _resume_command(args: argparse.Namespace) -> str:
     argv = list(getattr(args, "argv", None) or sys.argv[1:])
     if argv[:1] != ["train"]:
         argv = ["train", *argv]
+    argv = [a for a in argv if a != "--overwrite"]  # the resumed run keeps what this one wrote
     if "--resume" not in argv:
         argv.append("--resume")
     return "draftrl " + " ".join(shlex.quote(a) for a in argv)

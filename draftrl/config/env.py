@@ -36,6 +36,19 @@ class EnvConfig(WorkloadConfig):
     differently from the target's)"""
     dtype: str = "float32"
     device: str = "cpu"
+    device_map: str | dict[str, str | int] | None = None
+    """split the target over devices: auto | balanced | balanced_low_0 | sequential, or a mapping module ->
+    device (0, cuda:1, cpu); transformers' from_pretrained(device_map=...) with accelerate's dispatch
+    (draftrl.models.placement). ``device`` then names where the inputs and logits live (one of the map's
+    devices, e.g. cuda:0). None: the whole target on ``device``"""
+    max_memory: dict[str | int, str | int] | None = None
+    """with a preset device_map: device -> limit, e.g. {0: 70GiB, 1: 70GiB} (keys: the devices it may fill)"""
+    mixed_devices: bool = False
+    """allow the target split over devices of different kinds (GPUs and CPU offload); refused by default,
+    since such rounds time weight transfers more than the model"""
+    draft_device: str | None = None
+    """device of the drafter's own weights (a draft model or an EAGLE-3 head), e.g. cuda:1 beside a target
+    on cuda:0; tokens and hidden states move to it and its proposals back. None: the target's (first) device"""
     kernels: str | None = None
     """few-token CPU kernels: auto (a timed probe, cached per machine), stock or fast_linear;
     None = $DRAFTRL_KERNELS, else auto (see draftrl.models.kernels)"""
@@ -94,6 +107,12 @@ class EnvConfig(WorkloadConfig):
         if self.compile not in COMPILE_MODES:
             raise ValueError(f"{self.section}.compile={self.compile!r} is not a torch.compile mode; use one of "
                              f"{', '.join(COMPILE_MODES)}.")
+        if self.device_map is not None and self.compile != "off":
+            raise ValueError(f"{self.section}.compile={self.compile!r} with {self.section}.device_map: torch.compile "
+                             "over accelerate's device hooks (a .to() between devices inside every split forward) is "
+                             "not measured yet; drop one of them (compile=off).")
+        if self.draft_device is not None and not isinstance(self.draft_device, str):
+            raise ValueError(f"{self.section}.draft_device={self.draft_device!r} must be a device string, e.g. cuda:1.")
         self.depths = _grid(self.depths, f"{self.section}.depths", minimum=0)
         self.verify_sizes = _grid(self.verify_sizes, f"{self.section}.verify_sizes", minimum=0)
         if self.width < 1:

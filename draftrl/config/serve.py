@@ -53,6 +53,15 @@ class ServeConfig(WorkloadConfig):
     enforce_eager: bool | None = None
     """null: CUDA graphs on a GPU (what production vLLM runs), eager on CPU; true: eager everywhere.
     An EAGLE-3 head in draftrl's proposer (drafter eagle3 or sam:N) always runs eager"""
+    tensor_parallel_size: int = 1
+    """GPUs each engine splits the target over (vLLM's tensor parallelism): recordings, plain and vLLM's own
+    speculation (ngram, eagle3) and custom_class policies; draftrl's stepped proposer needs 1
+    (``draftrl.decoding.vllm.engine.check_parallelism``)"""
+    draft_tensor_parallel_size: int | None = None
+    """a stock eagle3 head's tensor parallelism: 1 or tensor_parallel_size; null: the target's"""
+    pipeline_parallel_size: int = 1
+    """vLLM's pipeline parallelism: recordings only (no speculation); vLLM composes speculation with
+    tensor parallelism alone"""
     max_engines: int = 1
     """vLLM engines a comparison holds at once (each speculative config is its own engine; each holds
     its weights and KV cache): 1 builds one, runs its policies, frees it, builds the next"""

@@ -25,7 +25,7 @@ from transformers import DynamicCache
 from draftrl.config import COMPILE_MODES, SAMPLERS
 from draftrl.decoding.acceptance import accept_tree
 from draftrl.decoding.argmax_check import check_argmax
-from draftrl.decoding.clock import device_clock
+from draftrl.decoding.clock import device_clock, engine_devices
 from draftrl.decoding.stats import TokenStats
 from draftrl.drafters.base import Drafter, LevelDrafter, TreeBuilder
 from draftrl.drafters.tree import DraftTree
@@ -182,6 +182,8 @@ class SpeculativeDecoder:
             target, mode=self.config.compile, dynamic=True)
         self.eos_token_ids = set(int(t) for t in eos_token_ids)
         self.device = next(target.parameters()).device
+        #: every device a round runs on (the target's first; a split target's others; the drafter's)
+        self.devices = engine_devices(target, drafter)
         self.dtype = next(target.parameters()).dtype
         self._cache_arg = cache_argument(target)
         self._prefill_kwargs = last_logits_only(target)  # the prefill reads only the last position
@@ -206,8 +208,8 @@ class SpeculativeDecoder:
 
     # ------------------------------------------------------------------ clock
     def clock(self) -> float:
-        """perf_counter after synchronising the device (``draftrl.decoding.clock.device_clock``)."""
-        return device_clock(self.device)
+        """perf_counter after synchronising every device of a round (``draftrl.decoding.clock.device_clock``)."""
+        return device_clock(self.devices if len(self.devices) > 1 else self.device)
 
     # ------------------------------------------------------------------ request
     @torch.inference_mode()

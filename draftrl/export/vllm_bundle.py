@@ -402,6 +402,29 @@ def _base(target: str, speculative: dict[str, Any] | None, env: dict[str, str], 
     }
 
 
+def set_tensor_parallel(out: str | Path, size: int) -> dict[str, Any]:
+    """Give the bundle in ``out`` vLLM's ``tensor_parallel_size``: its engine args, its ready lines (and
+    the stock route's line of a head bundle); returns the bundle. vLLM runs every proposer, stock or
+    draftrl's ``custom_class``, in each tensor-parallel worker, on the same token ids."""
+    from draftrl.decoding.vllm.engine import check_parallelism
+    from draftrl.io import read_json
+
+    check_parallelism("custom_class", size)
+    path = Path(out) / "vllm.json"
+    bundle = read_json(path, "the bundle's vllm.json")
+    bundle["engine_args"]["tensor_parallel_size"] = size
+    bundle.update(_lines(bundle["target"], bundle["speculative_config"], bundle["env"], bundle["engine_args"]))
+    if "route_a" in bundle:
+        route_a = bundle["route_a"]
+        args = {"gpu_memory_utilization": bundle["engine_args"]["gpu_memory_utilization"], "tensor_parallel_size": size}
+        route_a["serve"] = _lines(bundle["target"], route_a["speculative_config"], {}, args)["serve"]
+    bundle["notes"].append(f"tensor_parallel_size={size}: vLLM splits the target over {size} GPUs (draftrl export "
+                           "--tensor-parallel-size) and runs the proposer in each worker; speculative decoding "
+                           "composes with tensor parallelism, not with pipeline parallelism (vLLM #57755).")
+    write_json(path, bundle)
+    return bundle
+
+
 def _custom_class_bundle(target: str, proposer: dict[str, Any], manifest_name: str | None, class_path: str,
                          gpu_memory_utilization: float, enforce_eager: bool = False) -> dict[str, Any]:
     """``vllm.json`` of draftrl's proposer: the speculative config, the variable that points at

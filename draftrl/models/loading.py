@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from draftrl.models.fetch import fetch_model
 from draftrl.models.kernels import KernelPlan, apply_kernels, resolve_kernels
+from draftrl.models.placement import check_device_map, check_kinds, model_devices
 from draftrl.models.registry import KNOWN_MODELS
 
 if TYPE_CHECKING:
@@ -51,7 +52,9 @@ class LoadedModel:
         return sorted(found)
 
 
-def load_model(spec: str, *, dtype: str = "float32", device: str = "cpu", kernels: str | None = None) -> LoadedModel:
+def load_model(spec: str, *, dtype: str = "float32", device: str = "cpu", kernels: str | None = None,
+               device_map: str | dict | None = None, max_memory: dict | None = None,
+               mixed_devices: bool = False) -> LoadedModel:
     """Load the causal LM named by ``spec``.
 
     :param spec: ``smollm2-135m`` (or another name from :func:`~draftrl.models.list_models`),
@@ -64,46 +67,64 @@ def load_model(spec: str, *, dtype: str = "float32", device: str = "cpu", kernel
         per machine / model / dtype / threads, picks what is fastest here), ``stock`` or
         ``fast_linear``; None reads ``$DRAFTRL_KERNELS`` (default ``auto``). Set the torch thread
         count first: the probe measures at the current one. See :mod:`draftrl.models.kernels`.
-    :raises ValueError: bad ``dtype``, ``device`` or ``kernels``.
+    :param device_map: split the model over devices (``device`` is then not read): a preset
+        (``auto``, ``balanced``, ...) or a mapping module -> device, given to transformers'
+        ``from_pretrained`` (accelerate dispatches it); see :mod:`draftrl.models.placement`.
+    :param max_memory: device -> limit for a preset ``device_map`` (e.g. ``{0: "70GiB", 1: "70GiB"}``).
+    :param mixed_devices: allow a split over devices of different kinds (GPUs and CPU offload).
+    :raises ValueError: bad ``dtype``, ``device``, ``kernels`` or placement.
     :raises FileNotFoundError: the model could not be found or fetched; the message says what to pass instead.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     resolve_kernels(kernels)  # refuse a bad value before loading anything
     torch_dtype = _torch_dtype(dtype)
-    torch_device = _torch_device(device)
+    check_device_map(device_map, max_memory, mixed_devices=mixed_devices)
+    torch_device = _torch_device(device) if device_map is None else None
+    placement = {} if device_map is None else {"device_map": device_map, "max_memory": max_memory}
     if spec in KNOWN_MODELS:
         source, name = str(fetch_model(spec)), spec
     else:
         source, name = _local_or_hub(spec)
     try:
         tokenizer = AutoTokenizer.from_pretrained(source)
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype, **placement)
     except OSError as err:  # hub unreachable, unknown id, or files missing from a local directory
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise FileNotFoundError(
             f"could not load model {spec!r} ({reason}); pass a local directory with a transformers causal LM, "
             f"or one of: {', '.join(KNOWN_MODELS)}"
         ) from err
-    model.to(torch_device)
+    if device_map is None:
+        model.to(torch_device)
+    else:  # "auto" decides at load time; a CPU offload it chose is refused as an explicit one is
+        check_kinds(model_devices(model), mixed_devices)
     model.eval()
     model.requires_grad_(False)
     plan = apply_kernels(model, name, kernels)
     return LoadedModel(model=model, tokenizer=tokenizer, name=name, kernels=plan)
 
 
-#: Models loaded once per process (:func:`shared_model`), by (spec, dtype, device, kernels).
-_SHARED: dict[tuple[str, str, str, str | None], LoadedModel] = {}
+#: Models loaded once per process (:func:`shared_model`), by (spec, dtype, device, kernels, placement).
+_SHARED: dict[tuple, LoadedModel] = {}
 
 
-def shared_model(spec: str, dtype: str = "float32", device: str = "cpu", kernels: str | None = None) -> LoadedModel:
+def shared_model(spec: str, dtype: str = "float32", device: str = "cpu", kernels: str | None = None, *,
+                 device_map: str | dict | None = None, max_memory: dict | None = None,
+                 mixed_devices: bool = False) -> LoadedModel:
     """:func:`load_model`, loaded once per process and then reused: every env and engine made in one
-    process with the same ``(spec, dtype, device, kernels)`` gets the same loaded model object (models
-    are never pickled into subprocesses: vectorise with ``SyncVectorEnv`` / ``DummyVecEnv``). Its
-    few-token kernels are chosen at the first load, for the torch thread count set at that time."""
-    key = (spec, dtype, device, kernels)
+    process with the same ``(spec, dtype, device, kernels)`` and placement gets the same loaded model
+    object (models are never pickled into subprocesses: vectorise with ``SyncVectorEnv`` /
+    ``DummyVecEnv``). Its few-token kernels are chosen at the first load, for the torch thread count
+    set at that time."""
+    def items(mapping):  # keys may mix GPU indices and names ({0: "70GiB", "cpu": "8GiB"})
+        return mapping if not isinstance(mapping, dict) else tuple(sorted((str(k), str(v)) for k, v in mapping.items()))
+
+    placement = None if device_map is None else (items(device_map), items(max_memory), mixed_devices)
+    key = (spec, dtype, device, kernels) if placement is None else (spec, dtype, device, kernels, placement)
     if key not in _SHARED:
-        _SHARED[key] = load_model(spec, dtype=dtype, device=device, kernels=kernels)
+        _SHARED[key] = load_model(spec, dtype=dtype, device=device, kernels=kernels, device_map=device_map,
+                                  max_memory=max_memory, mixed_devices=mixed_devices)
     return _SHARED[key]
 
 

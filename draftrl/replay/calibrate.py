@@ -20,7 +20,8 @@ import torch
 from draftrl.config.commands import CalibrationConfig
 from draftrl.config.env import EnvConfig
 from draftrl.decoding.acceptance import accept_tree
-from draftrl.decoding.clock import clock_for
+from draftrl.decoding.build import check_draft_device, draft_device, load_target
+from draftrl.decoding.clock import clock_for, engine_devices
 from draftrl.decoding.engine import EngineConfig, SpeculativeDecoder
 from draftrl.drafters.registry import build_drafter
 from draftrl.drafters.tree import DraftTree
@@ -139,8 +140,9 @@ def calibrate(settings: CalibrationConfig, env: EnvConfig, seed: int = 0,
     """
     started = time.perf_counter()
     rng = np.random.default_rng(seed)
-    target = shared_model(env.target, env.dtype, env.device, env.kernels)  # the cost curve of the kernels decoding uses
-    drafter = build_drafter(env.drafter, target, dtype=env.dtype, device=env.device,
+    check_draft_device(env)
+    target = load_target(env)  # as decoding loads it: its kernels, its split over devices (env.device_map)
+    drafter = build_drafter(env.drafter, target, dtype=env.dtype, device=draft_device(env),
                             load=lambda spec, dtype, device: shared_model(spec, dtype, device, env.kernels))
     num_tokens = tuple(sorted(set(settings.num_tokens) | {1}))
     contexts = tuple(settings.contexts)
@@ -150,7 +152,7 @@ def calibrate(settings: CalibrationConfig, env: EnvConfig, seed: int = 0,
         if progress:
             progress(f"verify done in {time.perf_counter() - started:.0f}s")
         mid = contexts[len(contexts) // 2]
-        clock = clock_for(env.device)
+        clock = clock_for(engine_devices(target.model, drafter))  # every device a round runs on
         base, levels = measure_draft(drafter, stream[:mid], settings.widths, settings.levels, settings.repeats, rng,
                                      clock,
                                      target.model)
@@ -165,6 +167,8 @@ def calibrate(settings: CalibrationConfig, env: EnvConfig, seed: int = 0,
         "target": env.target,
         "drafter": env.drafter,
         "device": env.device,
+        **({"device_map": env.device_map, "draft_device": env.draft_device} if env.device_map or env.draft_device
+           else {}),
         "dtype": env.dtype,
         "repeats": settings.repeats,
         "calibrate_seconds": round(time.perf_counter() - started, 1),

@@ -67,7 +67,8 @@ class CalibrationSizes:
 
 def calibrate_model(model: str, sizes: CalibrationSizes, *, dtype: str = "float32", threads: int = 1, seed: int = 0,
                     drafter: str | None = None, gpu_memory_utilization: float | None = None,
-                    enforce_eager: bool | None = None, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+                    enforce_eager: bool | None = None, tensor_parallel_size: int = 1,
+                    progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """:func:`calibrate` the process's shared engine for ``model`` with draftrl's proposer, deep and
     wide enough for ``sizes``; ``drafter`` a head spec (``eagle3[:PATH]``) adds the head's cells.
     ``enforce_eager`` None measures what production runs (CUDA graphs on a GPU; eager on CPU, and
@@ -79,7 +80,8 @@ def calibrate_model(model: str, sizes: CalibrationSizes, *, dtype: str = "float3
                                             dtype=dtype,
                                             max_num_seqs=max(sizes.batch_sizes + sizes.prefill_batch_sizes),
                                             threads=threads, gpu_memory_utilization=gpu_memory_utilization,
-                                            enforce_eager=enforce_eager, **extra), max_engines=1)
+                                            enforce_eager=enforce_eager, tensor_parallel_size=tensor_parallel_size,
+                                            **extra), max_engines=1)
     return calibrate(engine, **asdict(sizes), seed=seed, progress=progress)
 
 

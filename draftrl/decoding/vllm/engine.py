@@ -133,6 +133,15 @@ class VLLMEngineConfig:
     (``kv_cache_gib`` sizes the KV cache there)"""
     max_logprobs: int = 20
     """most raw logprobs vLLM returns per token (the exactness check at temperature > 0 asks for them)"""
+    tensor_parallel_size: int = 1
+    """GPUs the target is split over by vLLM's tensor parallelism (on CPU: worker processes). vLLM's
+    proposers (ngram, eagle3) and custom_class run in its workers and compose with it; draftrl's stepped
+    proposer (method draftrl) is driven from this process and needs 1 (:func:`check_parallelism`)"""
+    draft_tensor_parallel_size: int | None = None
+    """eagle3 only: the head's tensor parallelism, 1 or ``tensor_parallel_size`` (vLLM's rule); None: vLLM's
+    default, the target's"""
+    pipeline_parallel_size: int = 1
+    """vLLM's pipeline parallelism: only without speculation (method none), see :func:`check_parallelism`"""
 
     @classmethod
     def serving(cls, config: Any, **speculation: Any) -> VLLMEngineConfig:
@@ -141,6 +150,10 @@ class VLLMEngineConfig:
         return cls(model=config.target, dtype=config.dtype, max_num_seqs=config.max_num_seqs,
                    max_model_len=config.max_model_len, kv_cache_gib=config.kv_cache_gib, threads=config.threads,
                    enforce_eager=config.enforce_eager, gpu_memory_utilization=config.gpu_memory_utilization,
+                   tensor_parallel_size=config.tensor_parallel_size,
+                   pipeline_parallel_size=config.pipeline_parallel_size,
+                   **({"draft_tensor_parallel_size": config.draft_tensor_parallel_size}
+                      if speculation.get("method") == "eagle3" else {}),
                    **speculation)
 
     def __post_init__(self) -> None:
@@ -171,6 +184,8 @@ class VLLMEngineConfig:
 
             head_config(model_folder(self.head, "EAGLE-3 head"))  # one that vLLM cannot load fails here, in one line
         check_memory_share(self.gpu_memory_utilization)
+        check_parallelism(self.method, self.tensor_parallel_size, self.pipeline_parallel_size,
+                          self.draft_tensor_parallel_size)
         if self.enforce_eager is False and self.runs_head:
             raise ValueError(f"enforce_eager=False with drafter={self.drafter!r}: draftrl's proposer reads the head's "
                              "features through hooks on the target's layers, which compiled forwards and CUDA graphs "
@@ -196,8 +211,54 @@ class VLLMEngineConfig:
             default = HEAD_CLASS_PATH if self.runs_head else CLASS_PATH
             return {"method": "custom_class", "model": self.proposer or default,
                     "num_speculative_tokens": self.num_speculative_tokens}
-        return stock_speculative_config(self.method, self.num_speculative_tokens, self.dsd or (), self.head,
+        spec = stock_speculative_config(self.method, self.num_speculative_tokens, self.dsd or (), self.head,
                                         self.prompt_lookup_min, self.prompt_lookup_max)
+        if self.draft_tensor_parallel_size is not None:
+            spec["draft_tensor_parallel_size"] = self.draft_tensor_parallel_size
+        return spec
+
+    @property
+    def parallel_args(self) -> dict[str, Any]:
+        """``EngineArgs`` of its parallelism (none at 1 x 1): several workers on one node, vLLM's
+        multiprocessing executor (Ray, vLLM's multi-node backend, is not driven from here)."""
+        if self.tensor_parallel_size * self.pipeline_parallel_size == 1:
+            return {}
+        return {"tensor_parallel_size": self.tensor_parallel_size,
+                "pipeline_parallel_size": self.pipeline_parallel_size, "distributed_executor_backend": "mp"}
+
+
+def check_parallelism(method: str, tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1,
+                      draft_tensor_parallel_size: int | None = None) -> None:
+    """Refuse, in one line, a parallel layout vLLM or draftrl's proposer cannot run with ``method``.
+
+    - Pipeline parallelism with speculation: vLLM composes speculative decoding with tensor
+      parallelism only (its docs; vLLM #57755: forcing it corrupts outputs silently).
+    - ``method='draftrl'`` with tensor parallelism: draftrl sets each step's depth caps and budget on
+      the proposer object in this process (``VLLMEngine.step``); with more than one worker vLLM
+      runs the proposer in its worker processes, out of reach.
+    - ``draft_tensor_parallel_size``: eagle3 only, and 1 or the target's (vLLM's
+      ``SpeculativeConfig._verify_and_get_draft_tp``).
+    """
+    for name, value in (("tensor_parallel_size", tensor_parallel_size), ("pipeline_parallel_size",
+                                                                          pipeline_parallel_size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}={value!r} must be an integer >= 1 (1: no {name.split('_')[0]} parallelism).")
+    if pipeline_parallel_size > 1 and method != "none":
+        raise ValueError(f"pipeline_parallel_size={pipeline_parallel_size} with method={method!r}: vLLM composes "
+                         "speculative decoding with tensor parallelism, not pipeline parallelism (vLLM #57755: forced, "
+                         "it corrupts outputs silently); split the target with tensor_parallel_size instead.")
+    if tensor_parallel_size > 1 and method == "draftrl":
+        raise ValueError(f"tensor_parallel_size={tensor_parallel_size} with method='draftrl': draftrl steers its "
+                         "proposer from this process every step, and vLLM runs it in each tensor-parallel worker "
+                         "process instead; serve a split target with vLLM's own methods (ngram, eagle3: policies "
+                         "vllm-ngram:K, vllm-eagle3:K) or an exported bundle (draftrl export --format vllm).")
+    if draft_tensor_parallel_size is not None:
+        if method != "eagle3":
+            raise ValueError(f"draft_tensor_parallel_size={draft_tensor_parallel_size} with method={method!r}: only "
+                             "a stock eagle3 head has its own tensor parallelism; drop it.")
+        if draft_tensor_parallel_size not in (1, tensor_parallel_size):
+            raise ValueError(f"draft_tensor_parallel_size={draft_tensor_parallel_size} must be 1 or the target's "
+                             f"tensor_parallel_size={tensor_parallel_size} (vLLM's rule).")
 
 
 def stock_speculative_config(method: str, num_speculative_tokens: int, dsd: tuple[tuple[int, int, int], ...] = (),
@@ -375,7 +436,7 @@ class VLLMEngine:
             model=model_path(config.model), dtype=config.dtype, enforce_eager=self.enforce_eager,
             max_model_len=config.max_model_len, max_num_seqs=config.max_num_seqs, seed=config.seed,
             speculative_config=_readable_heads(config.speculative_config()),
-            logprobs_mode="raw_logprobs", max_logprobs=config.max_logprobs, **memory,
+            logprobs_mode="raw_logprobs", max_logprobs=config.max_logprobs, **memory, **config.parallel_args,
         ), stat_loggers=[stat_logger(self.spec_counts)])
         self.load_seconds = time.perf_counter() - t0
         self.max_depth = config.num_speculative_tokens if config.method == "draftrl" else 0

@@ -114,7 +114,7 @@ def run_eval(config: EvalConfig, out: str | Path, *, policies: list[str] | str |
     """
     import torch
 
-    from draftrl.decoding.build import build_engine
+    from draftrl.decoding.build import build_engine, load_target
     from draftrl.decoding.monitor import ExactnessMonitor, ExactnessViolation
     from draftrl.decoding.workload import Workload
     from draftrl.eval.agreement import GreedyAgreement
@@ -122,7 +122,6 @@ def run_eval(config: EvalConfig, out: str | Path, *, policies: list[str] | str |
     from draftrl.eval.policy_names import parse_policies
     from draftrl.eval.round.policies import build_policy
     from draftrl.io import read_json, write_json
-    from draftrl.models import shared_model
     from draftrl.signals.costs import hardware_info
 
     specs = parse_policies(policies if policies is not None else list(config.eval.policies))
@@ -140,8 +139,7 @@ def run_eval(config: EvalConfig, out: str | Path, *, policies: list[str] | str |
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
 
-    target = target if target is not None else shared_model(env_cfg.target, env_cfg.dtype, env_cfg.device,
-                                                                   env_cfg.kernels)
+    target = target if target is not None else load_target(env_cfg)
     references: dict[str, list[int]] = {}
     built = {s.label: build_policy(s, env_cfg, target, grid=grid, references=references) for s in specs}
     for env, _ in built.values():

@@ -211,16 +211,18 @@ def run_demo(config: DemoConfig, out: str | Path, *, overwrite: bool = False,
     import torch
 
     from draftrl.config.wandb import pipeline, sync_command
+    from draftrl.decoding.build import load_target
     from draftrl.drafters.packaged import missing_head
     from draftrl.eval.round.compare import run_eval
     from draftrl.eval.round.grid import run_grid
-    from draftrl.io import write_json
-    from draftrl.models import DEFAULT_MODEL, fetch_model, shared_model
+    from draftrl.io import refuse_foreign, write_json
+    from draftrl.models import DEFAULT_MODEL, fetch_model
 
     missing = missing_head(config.env.drafter, config.env.target)
     if missing is not None:  # before any model loads or output is written (the CLI falls back from a default)
         raise ValueError(missing)
     out = Path(out)
+    refuse_foreign(out, (*OUTPUTS, *config.train.recipes), overwrite=overwrite, command="demo")
     owned = [out / name for name in (*OUTPUTS, *config.train.recipes)]
     present = [p for p in owned if p.exists()]
     if present and not overwrite:
@@ -254,7 +256,7 @@ def run_demo(config: DemoConfig, out: str | Path, *, overwrite: bool = False,
     with _logged(out / "logs" / "model.log"):
         if target_name == DEFAULT_MODEL:
             fetch_model(target_name, quiet=True)
-        target = shared_model(target_name, config.env.dtype, config.env.device, config.env.kernels)
+        target = load_target(config.env)
     end(0, target.name)
 
     begin(1)

@@ -127,12 +127,11 @@ def measure_cells(config: EvalConfig, cells: list[Cell], *, target=None, split: 
     """
     import torch
 
-    from draftrl.decoding.build import build_engine
+    from draftrl.decoding.build import build_engine, load_target
     from draftrl.decoding.monitor import ExactnessMonitor
     from draftrl.decoding.workload import Workload
     from draftrl.eval.agreement import GreedyAgreement
     from draftrl.eval.exactness import monitor_verdict
-    from draftrl.models import shared_model
 
     settings = config.grid
     if config.threads:
@@ -142,7 +141,7 @@ def measure_cells(config: EvalConfig, cells: list[Cell], *, target=None, split: 
     env = env_for_split(config.env, split, settings.limit_per_group)
     env.depths = tuple(sorted({0, *env.depths, *(c.depth for c in cells)}))
     env.width = max([env.width, *(c.width for c in cells)])
-    target = target if target is not None else shared_model(env.target, env.dtype, env.device, env.kernels)
+    target = target if target is not None else load_target(env)
     engine, tokenizer = build_engine(env, target)
     workload = Workload(env, tokenizer)
     requests = [workload.request(i) for i in range(len(workload))]
@@ -237,10 +236,9 @@ def summarize_cells(runs: list[RequestRun], cells: list[Cell]) -> dict[str, dict
 
 def target_kernels(config: EvalConfig, target=None) -> dict | None:
     """The few-token kernel plan the grid's target ran with (``draftrl.models.kernels``)."""
-    from draftrl.models import shared_model
+    from draftrl.decoding.build import load_target
 
-    loaded = target if target is not None else shared_model(config.env.target, config.env.dtype, config.env.device,
-                                                            config.env.kernels)
+    loaded = target if target is not None else load_target(config.env)
     return loaded.kernels.to_dict() if loaded.kernels is not None else None
 
 

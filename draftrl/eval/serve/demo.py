@@ -152,9 +152,10 @@ def run_demo(config: ServeDemoConfig, out: str | Path, *, overwrite: bool = Fals
     from draftrl.config import to_dict
     from draftrl.config.wandb import EXACTNESS_FAILED, logged_run, pipeline, sync_command
     from draftrl.eval import wandb_log
-    from draftrl.io import plain, read_json, write_json
+    from draftrl.io import plain, read_json, refuse_foreign, write_json
 
     out = Path(out)
+    refuse_foreign(out, OUTPUTS, overwrite=overwrite, command="demo --engine vllm")  # before any step or model
     train_cfg = _train_config(config, out)  # a missing recipe fails before any work
     # how it is watched, and the memory share it takes, may change between a run and its resumption
     settings = plain({k: v for k, v in to_dict(config).items() if k not in RESUMABLE_CHANGES})
