@@ -32,9 +32,13 @@ def add_parser(subparsers) -> None:
                      overwrite="replace the traces already in --out (and discard an interrupted collection there)")
     p.add_argument("--cost-table", default=None, help="cost table from draftrl calibrate, copied next to the traces")
     p.add_argument("--engine", choices=["hf", "vllm"], default="hf",
-                   help="vllm: record each request's greedy continuation in vLLM (float32, no speculation) for "
-                        "draftrl/ServeReplay-v0; the env section is then a ServeConfig (the same workload keys, e.g. "
+                   help="vllm: record each request's continuations in vLLM (float32, no speculation) for "
+                        "draftrl/ServeReplay-v0, in every sampling class of the workload (env.temperature, or "
+                        "env.temperature_mix); the env section is then a ServeConfig (the same workload keys, e.g. "
                         "--set env.split=heldout)")
+    p.add_argument("--continuations", type=int, default=None,
+                   help="--engine vllm: sampled continuations per request in each class at temperature > 0 (seeded "
+                        "from env.seed; a greedy class records one); default 8")
     _options.add_vllm_engine(p)
     _options.add_json(p)
     p.set_defaults(func=run)
@@ -80,18 +84,23 @@ def run_vllm(args: argparse.Namespace) -> int:
     """Recordings for ``draftrl/ServeReplay-v0`` (``draftrl.replay.recordings.record_workload``)."""
     from draftrl.config.serve import SERVING_DRAFTER
     from draftrl.io import prepare_out
-    from draftrl.replay.recordings import RECORDINGS_FILE, record_workload
+    from draftrl.replay.recordings import CONTINUATIONS, RECORDINGS_FILE, record_workload
 
     config = serving_config(args)
+    if getattr(args, "continuations", None) is not None and args.continuations < 1:
+        raise ValueError(f"--continuations {args.continuations} must be >= 1 (sampled continuations per request).")
     if config.drafter != SERVING_DRAFTER:
         raise ValueError(f"env.drafter={config.drafter!r}: draftrl collect --engine vllm records without "
                          "speculation, so "
                          "no drafter is read; name the drafter where the recordings are replayed (ServeReplay-v0's "
                          "drafter, draftrl eval).")
     prepare_out(args.out, (RECORDINGS_FILE,), overwrite=args.overwrite, command="collect")  # before vLLM loads
-    recordings = record_workload(config, progress=lambda msg: print(f"[collect] {msg}", file=sys.stderr, flush=True))
+    recordings = record_workload(config, progress=lambda msg: print(f"[collect] {msg}", file=sys.stderr, flush=True),
+                                 continuations=getattr(args, "continuations", None) or CONTINUATIONS)
     path = recordings.save(args.out)
-    summary = {"requests": len(recordings), "tokens": sum(len(r.token_ids) for r in recordings.requests),
+    summary = {"requests": len(recordings.prompts), "continuations": len(recordings),
+               "sampling": ",".join(c.label for c in config.sampling_classes),
+               "tokens": sum(len(r.token_ids) for r in recordings.requests),
                "seconds": recordings.meta["record_seconds"], "out": str(path)}
     print(json.dumps(summary) if args.json else " ".join(f"{k}={v}" for k, v in summary.items()))
     return 0
@@ -103,6 +112,9 @@ def run(args: argparse.Namespace) -> int:
     if args.engine == "vllm":
         return run_vllm(args)
     _options.refuse_vllm_engine(args, "draftrl collect")
+    if getattr(args, "continuations", None) is not None:
+        raise ValueError("--continuations is draftrl collect --engine vllm's (sampled continuations for the serving "
+                         "replay); drop it, or add --engine vllm.")
     from draftrl.replay.traces import collect
     from draftrl.runs import PARTIAL_DIR
     from draftrl.signals.costs import CostTable

@@ -15,6 +15,7 @@ from gymnasium import spaces
 
 from draftrl.config import resolve
 from draftrl.config.serve import ServeConfig
+from draftrl.config.workload import SamplingClass
 from draftrl.decoding.admission import StepAction
 from draftrl.decoding.workload import Workload
 from draftrl.signals.rewards import RewardModel
@@ -51,6 +52,8 @@ class RequestTimeline:
     token_times: list[float] = field(default_factory=list)
     token_ids: list[int] = field(default_factory=list)
     finished: bool = False
+    sampling: SamplingClass | None = None
+    """the sampling class it drew from the workload's mix (set when the engine admits it)"""
 
     @property
     def ttft(self) -> float | None:
@@ -345,9 +348,12 @@ class ServeVLLMEnv(gym.Env[np.ndarray, np.ndarray]):
                 else:
                     break
             self._pending.pop(0)
-            seed = int(self.np_random.integers(2**31)) if c.temperature > 0 else None
-            self.engine.add_request(timeline.request_id, ids, timeline.max_new_tokens, temperature=c.temperature,
-                                    top_k=c.top_k, top_p=c.top_p, seed=seed)
+            sampling = c.draw_sampling(self.np_random)  # a single class draws nothing
+            seed = int(self.np_random.integers(2**31)) if sampling.temperature > 0 else None
+            timeline.sampling = sampling
+            self.engine.add_request(timeline.request_id, ids, timeline.max_new_tokens,
+                                    temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
+                                    seed=seed)
             timeline.admitted = self.clock
             self._in_flight += 1
             self._in_flight_tokens += timeline.num_prompt_tokens

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from draftrl.config.serve import SERVING_DRAFTER, ServeConfig
+from draftrl.config.workload import SamplingClass
 from draftrl.decoding.admission import RequestAcceptance, StepAction, admit_drafts, draft_cap
 from draftrl.decoding.interface import EngineStep, QueuedBatch, RequestStep
 from draftrl.decoding.vllm.control import HeuristicRule, MatchRule, RuleControl, StepView, rule_controller
@@ -205,7 +206,10 @@ class ReplayEngine(QueuedBatch):
                              f"with draftrl collect --engine vllm (lookahead {LOOKAHEAD}).")
         self.proposals = proposals if proposals is not None and proposals.max_depth >= self.max_depth \
             else Proposals(recordings, self.max_depth)
-        self._by_prompt = {tuple(r.prompt_ids): i for i, r in enumerate(recordings.requests)}
+        self._by_prompt: dict[tuple[int, ...], dict[tuple[float, int, float], list[int]]] = {}
+        """prompt ids -> sampling key -> recording indices of its continuations, by ``sample``"""
+        for i, r in sorted(enumerate(recordings.requests), key=lambda e: e[1].sample):
+            self._by_prompt.setdefault(tuple(r.prompt_ids), {}).setdefault(r.sampling.key, []).append(i)
         self._start_queue()
 
     @classmethod
@@ -217,14 +221,12 @@ class ReplayEngine(QueuedBatch):
         :class:`StepCostModel`); ``kwargs`` as the constructor's (``proposals``, ``drafter``,
         ``head_proposals``, ``cost_jitter``, ``cost_noise``). The config's ``drafter`` (a drafter
         spec) names the drafter replayed as ``drafter`` does (:func:`replay_drafter`)."""
-        if config.temperature != 0:
-            raise ValueError(f"{config.section}.temperature={config.temperature}: ServeReplay-v0 replays greedy "
-                             "recordings; use temperature 0 (or ServeVLLM-v0 to sample).")
         if recordings is None or calibration is None:
             raise ValueError("the serving replay needs recordings= (draftrl collect --engine vllm --out DIR) and "
                              "calibration= (draftrl calibrate --engine vllm --out FILE).")
         if not isinstance(recordings, Recordings):
             recordings = Recordings.load(recordings)
+        recordings.check_covers(config.sampling_classes, config.section)
         recorded = recordings.meta.get("config", {})
         for name in ("target", "chat_template"):
             if name in recorded and recorded[name] != getattr(config, name):
@@ -256,13 +258,21 @@ class ReplayEngine(QueuedBatch):
     # ------------------------------------------------------------------ requests
     def add_request(self, request_id: str, prompt_ids: list[int], max_new_tokens: int, *,
                     temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int | None = None) -> None:
-        """Queue a recorded request (greedy only: sampling has no single continuation to replay)."""
-        if temperature != 0:
-            raise ValueError(f"temperature={temperature}: the replay engine replays greedy recordings; use 0.")
-        index = self._by_prompt.get(tuple(prompt_ids))
-        if index is None:
-            raise ValueError(f"request {request_id!r}: its prompt is not among the {len(self.recordings)} recorded "
+        """Queue a recorded request: it follows one recorded continuation of its prompt in its sampling
+        class (``temperature``, ``top_k``, ``top_p``), number ``seed % K`` of the class's ``K`` (the first
+        when ``seed`` is None), accepting drafts by the one-hot coupling (``draftrl.replay.recordings``)."""
+        by_class = self._by_prompt.get(tuple(prompt_ids))
+        if by_class is None:
+            raise ValueError(f"request {request_id!r}: its prompt is not among the {len(self._by_prompt)} recorded "
                              "ones; record this workload with draftrl collect --engine vllm.")
+        sampling = SamplingClass(temperature, top_k, top_p)
+        indices = by_class.get(sampling.key)
+        if indices is None:
+            recorded = ", ".join(sorted(SamplingClass(*k).label for k in by_class))
+            raise ValueError(f"request {request_id!r} samples with {sampling.label}, but its prompt was recorded "
+                             f"with {recorded} only; record this workload with draftrl collect --engine vllm at "
+                             "its temperatures (env.temperature_mix).")
+        index = indices[int(seed) % len(indices) if seed is not None else 0]
         rec = self.recordings.requests[index]
         self.waiting.append(_ReplayRequest(request_id, index, len(rec.prompt_ids), rec.tokens_for(max_new_tokens),
                                            RequestAcceptance()))
