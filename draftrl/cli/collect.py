@@ -33,7 +33,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--cost-table", default=None, help="cost table from draftrl calibrate, copied next to the traces")
     p.add_argument("--engine", choices=["hf", "vllm"], default="hf",
                    help="vllm: record each request's continuations in vLLM (float32, no speculation) for "
-                        "draftrl/ServeReplay-v0, in every sampling class of the workload (env.temperature, or "
+                        "draftrl/ServeReplay-v1, in every sampling class of the workload (env.temperature, or "
                         "env.temperature_mix); the env section is then a ServeConfig (the same workload keys, e.g. "
                         "--set env.split=heldout)")
     p.add_argument("--continuations", type=int, default=None,
@@ -81,7 +81,7 @@ def serving_config(args: argparse.Namespace):
 
 
 def run_vllm(args: argparse.Namespace) -> int:
-    """Recordings for ``draftrl/ServeReplay-v0`` (``draftrl.replay.recordings.record_workload``)."""
+    """Recordings for ``draftrl/ServeReplay-v1`` (``draftrl.replay.recordings.record_workload``)."""
     from draftrl.config.serve import SERVING_DRAFTER
     from draftrl.io import prepare_out
     from draftrl.replay.recordings import CONTINUATIONS, RECORDINGS_FILE, record_workload
@@ -92,7 +92,7 @@ def run_vllm(args: argparse.Namespace) -> int:
     if config.drafter != SERVING_DRAFTER:
         raise ValueError(f"env.drafter={config.drafter!r}: draftrl collect --engine vllm records without "
                          "speculation, so "
-                         "no drafter is read; name the drafter where the recordings are replayed (ServeReplay-v0's "
+                         "no drafter is read; name the drafter where the recordings are replayed (ServeReplay-v1's "
                          "drafter, draftrl eval).")
     prepare_out(args.out, (RECORDINGS_FILE,), overwrite=args.overwrite, command="collect")  # before vLLM loads
     recordings = record_workload(config, progress=lambda msg: print(f"[collect] {msg}", file=sys.stderr, flush=True),

@@ -183,7 +183,9 @@ class ServingEngine(Protocol):
     def abort_all(self) -> None:
         """Drop every queued and running request (an episode ended early)."""
 
-    # Optional members: ``restart(rng)`` (an engine that draws per-episode noise draws it from the env's
+    # Optional members: ``request_temperatures()`` (``[A]`` temperatures of ``request_signals``' requests,
+    # 0 = greedy, or None: the serving observation then reads them as greedy), ``restart(rng)`` (an engine that
+    # draws per-episode noise draws it from the env's
     # ``rng`` when an episode starts: the replay) and ``clone()`` (a copy whose steps leave the engine
     # untouched: the env's ``lookahead_action`` explores on it).
 

@@ -58,13 +58,20 @@ ENVS: tuple[dict[str, Any], ...] = (
          section=None),
     # A serving engine under load (vLLM in-process by default): one step = one engine step over the
     # batch; wall-clock rewards.
-    dict(id="draftrl/ServeVLLM-v0", entry_point="draftrl.envs.serve_vllm:ServeVLLMEnv", max_episode_steps=8192,
+    dict(id="draftrl/ServeVLLM-v1", entry_point="draftrl.envs.serve_vllm:ServeVLLMEnv", max_episode_steps=8192,
          nondeterministic=True, section="serve"),
-    # ServeVLLM-v0 over its replay: recorded greedy continuations, recomputed drafts, a calibrated step cost.
-    dict(id="draftrl/ServeReplay-v0", entry_point="draftrl.envs.serve_vllm:ServeVLLMEnv", kwargs={"engine": "replay"},
+    # ServeVLLM-v1 over its replay: recorded continuations (greedy and sampled), recomputed drafts, a calibrated
+    # step cost.
+    dict(id="draftrl/ServeReplay-v1", entry_point="draftrl.envs.serve_vllm:ServeVLLMEnv", kwargs={"engine": "replay"},
          max_episode_steps=8192, section="serve",
          takes=("serve.recordings", "serve.calibration", "serve.cost_jitter", "serve.cost_noise", "serve.loads")),
 )
+
+#: Ids whose spaces changed, by their old spelling: refused naming the new id and what changed.
+RETIRED: dict[str, tuple[str, str]] = {
+    "draftrl/ServeVLLM-v0": ("draftrl/ServeVLLM-v1", "its observation now sees the batch's sampling (issue 46)"),
+    "draftrl/ServeReplay-v0": ("draftrl/ServeReplay-v1", "its observation now sees the batch's sampling (issue 46)"),
+}
 
 #: What a ``takes`` key that must be set holds, for the error that says it is not.
 REQUIRED: dict[str, str] = {
@@ -118,6 +125,10 @@ def find(env_id: str, where: str = "env.id") -> dict[str, Any]:
             return entry
     if env_id in _REGISTERED:
         return _REGISTERED[env_id]
+    if env_id in RETIRED:
+        new, why = RETIRED[env_id]
+        raise ValueError(f"{where}={env_id!r} is retired: {why}; use {new!r} (a policy trained on the old id must "
+                         "be trained again).")
     known = ", ".join(entry["id"] for entry in ENVS if entry["section"] is not None)
     raise ValueError(f"{where}={env_id!r} is not a draftrl env id; use one of {known}, or register it with "
                      "draftrl.envs.ids.register_id(id=..., entry_point=..., section=..., takes=...).")

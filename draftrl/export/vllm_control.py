@@ -9,7 +9,7 @@ with ``CLASS.from_config(config, proposer)``:
 - :class:`RequestPolicyControl`: a per-request size policy (``TraceReplay-v0`` / ``SpecDecode-v1``,
   n-gram drafter) chooses each request's own depth every step, all running requests in one
   onnxruntime call, under ``proposer.json``'s fixed ``depth`` and ``budget``;
-- :class:`BatchPolicyControl`: a serving-env policy (``ServeReplay-v0`` / ``ServeVLLM-v0``) chooses
+- :class:`BatchPolicyControl`: a serving-env policy (``ServeReplay-v1`` / ``ServeVLLM-v1``) chooses
   every step's (depth cap, budget) for the whole batch from the env's own observation, rebuilt
   from what the proposer sees (:class:`ServingObserver`); each request's own depth follows the
   env's rule (``proposer.json``'s ``rule``).
@@ -155,6 +155,7 @@ class _Pending:
     num_proposed: int = 0
     acceptance: np.ndarray = field(default_factory=lambda: np.zeros(0))
     match_len: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    temperatures: np.ndarray | None = None
 
 
 class ServingObserver:
@@ -197,26 +198,29 @@ class ServingObserver:
         pending = self._pending
         if pending is None:
             self.features.restart()
-            acceptance, match_len = np.zeros(0), np.zeros(0, dtype=np.int64)
+            acceptance, match_len, temperatures = np.zeros(0), np.zeros(0, dtype=np.int64), None
         else:
             running = sum(not fresh for fresh in view.fresh) + view.num_prefilling
             self.features.record(StepCounts(now - self._time, pending.num_decoding, pending.num_emitted,
                                             pending.num_verified, pending.num_accepted, pending.num_proposed,
                                             running, 0), pending.action)
-            acceptance, match_len = pending.acceptance, pending.match_len
+            acceptance, match_len, temperatures = pending.acceptance, pending.match_len, pending.temperatures
         self._time = now
-        return self.features.observation(in_flight, acceptance, match_len)
+        return self.features.observation(in_flight, acceptance, match_len, temperatures)
 
     def acted(self, view: StepView, action: tuple[int, int]) -> None:
         """The step now drafted for ran under ``action`` = (depth, budget); its counts so far."""
         self._pending = _Pending(action, len(view.rows), int(np.sum(view.num_emitted)), int(np.sum(view.num_verified)),
                                  int(np.sum(view.num_accepted)))
 
-    def drafted(self, num_proposed: int, acceptance: np.ndarray, match_len: np.ndarray) -> None:
-        """What the proposer drafted under the action (``ProposeRecord``'s admitted, acceptance, match lengths)."""
+    def drafted(self, num_proposed: int, acceptance: np.ndarray, match_len: np.ndarray,
+                temperatures: np.ndarray | None = None) -> None:
+        """What the proposer drafted under the action (``ProposeRecord``'s admitted, acceptance, match lengths,
+        and the temperatures it read from vLLM's batch: None reads as greedy)."""
         assert self._pending is not None
         self._pending.num_proposed = int(num_proposed)
         self._pending.acceptance, self._pending.match_len = np.asarray(acceptance), np.asarray(match_len)
+        self._pending.temperatures = None if temperatures is None else np.asarray(temperatures)
 
 
 class BatchPolicyControl:
@@ -224,7 +228,7 @@ class BatchPolicyControl:
     ``VLLMEngine.step`` applies the env's action (the depth capped at the proposer's largest); the
     action chosen at call ``t`` drafts for step ``t + 1``: the env's one-step lag, unchanged.
 
-    :param policy: a size policy trained on ``draftrl/ServeReplay-v0`` or ``ServeVLLM-v0``.
+    :param policy: a size policy trained on ``draftrl/ServeReplay-v1`` or ``ServeVLLM-v1``.
     :param control: the rule each request's own depth follows under the policy's action (the
         training env's ``rule``, ``match`` or ``heuristic``); None: ``match``.
     :param clock: the seconds :class:`ServingObserver` reads.
@@ -237,7 +241,7 @@ class BatchPolicyControl:
                  clock: Callable[[], float] = time.perf_counter):
         if policy.kind != "size":
             raise ValueError("a serving policy chooses (depth, budget) per step: export a size policy trained on "
-                             "draftrl/ServeReplay-v0 or ServeVLLM-v0.")
+                             "draftrl/ServeReplay-v1 or ServeVLLM-v1.")
         self.policy = policy
         self.control = control if control is not None else rule_controller("match")
         self.observer = ServingObserver(make_serving_features(policy.manifest.get("features") or {},
@@ -261,4 +265,4 @@ class BatchPolicyControl:
 
     def drafted(self, view: StepView, record: ProposeRecord) -> None:
         self.control.drafted(view, record)
-        self.observer.drafted(int(record.admitted.sum()), record.acceptance, record.match_len)
+        self.observer.drafted(int(record.admitted.sum()), record.acceptance, record.match_len, record.temperature)

@@ -1,4 +1,4 @@
-"""Serving recordings: what ``draftrl/ServeReplay-v0``'s engine replays, and how they are recorded.
+"""Serving recordings: what ``draftrl/ServeReplay-v1``'s engine replays, and how they are recorded.
 
 **Recordings** (:func:`record`, :class:`Recordings`): each request's continuations, decoded by a
 real serving engine without speculation (``draftrl collect --engine vllm``, through
@@ -350,7 +350,7 @@ def record_workload(config: ServeConfig, engine=None, tokenizer=None, progress=N
     temperature > 0, seeded from ``config.seed``).
 
     Default engine: vLLM without speculation in ``config.dtype`` (float32 by default: there vLLM
-    with draftrl's proposer is token-identical to it, so the recording is what ``ServeVLLM-v0``
+    with draftrl's proposer is token-identical to it, so the recording is what ``ServeVLLM-v1``
     emits under every policy; a Hugging Face greedy decode may break float ties differently).
     """
     if engine is None:

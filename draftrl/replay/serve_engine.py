@@ -1,4 +1,4 @@
-"""A continuous-batching serving engine replayed from recordings: ``draftrl/ServeReplay-v0``'s engine.
+"""A continuous-batching serving engine replayed from recordings: ``draftrl/ServeReplay-v1``'s engine.
 
 :class:`ReplayEngine` keeps vLLM's step semantics (what ``VLLMEngine`` does) over
 :class:`~draftrl.replay.recordings.Recordings` and their proposals: a waiting queue admitted up
@@ -136,7 +136,7 @@ def replay_drafter(config: ServeConfig, drafter: str = "ngram") -> str:
     named = {"eagle3": "eagle3", "sam": f"sam:{rest.partition(':')[0]}"}.get(kind)
     if named is None or drafter not in ("ngram", named):
         raise ValueError(f"{config.section}.drafter={config.drafter!r} cannot be replayed with drafter={drafter!r}: "
-                         f"ServeReplay-v0 replays the proposer's n-gram drafter ({SERVING_DRAFTER}) or an EAGLE-3 head "
+                         f"ServeReplay-v1 replays the proposer's n-gram drafter ({SERVING_DRAFTER}) or an EAGLE-3 head "
                          "(eagle3[:DIR], sam:N[:DIR], with head_proposals); set one of those.")
     return named
 
@@ -155,6 +155,8 @@ class _ReplayRequest:
     generated: int = 0
     will_accept: int = 0
     """how many of the drafts proposed last step the continuation accepts"""
+    temperature: float = 0.0
+    """its sampling class's temperature (0 = greedy)"""
 
 
 class ReplayEngine(QueuedBatch):
@@ -275,10 +277,15 @@ class ReplayEngine(QueuedBatch):
         index = indices[int(seed) % len(indices) if seed is not None else 0]
         rec = self.recordings.requests[index]
         self.waiting.append(_ReplayRequest(request_id, index, len(rec.prompt_ids), rec.tokens_for(max_new_tokens),
-                                           RequestAcceptance()))
+                                           RequestAcceptance(), temperature=sampling.temperature))
+
+    def request_temperatures(self) -> np.ndarray:
+        """``[A]`` temperatures (0 = greedy) of :meth:`request_signals`' requests (the last step's batch)."""
+        return self._temperatures
 
     def _start_queue(self) -> None:
         super()._start_queue()
+        self._temperatures = np.zeros(0)
         self._rows: list[_ReplayRequest | None] = []
         """the batch's rows after the last step, None where a request finished"""
 
@@ -398,6 +405,7 @@ class ReplayEngine(QueuedBatch):
         seconds = self.cost.seconds(len(running), num_tokens, self.rng, prompt_tokens,
                                     (len(head_levels), max(head_levels, default=0)))
         self._signals = (acceptance, np.array(match, dtype=np.int64))
+        self._temperatures = np.array([r.temperature for r in running], dtype=np.float64)
         self._rows = [r if r.generated < r.length else None for r in running]
         self.running = [r for r in self._rows if r is not None]
         return EngineStep(seconds, steps, len(self.running), len(self.waiting), int(admitted.sum()))

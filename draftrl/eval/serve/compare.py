@@ -1,7 +1,7 @@
 """Serving evaluation: drafting policies inside vLLM under concurrent load, interleaved.
 
 Every policy decodes the same held-out requests (``ServeConfig``: the 16-request mixed workload
-by default, file order) through ``draftrl/ServeVLLM-v0`` at each load: a fixed concurrency
+by default, file order) through ``draftrl/ServeVLLM-v1`` at each load: a fixed concurrency
 (``concurrency``: that many requests in flight) or Poisson arrivals (``rates``: requests per
 second of engine time). Loads run one after the other; within a load the policies run back to
 back in an order rotated by one per load and repeat, so drift on a shared machine spreads over
@@ -144,7 +144,7 @@ def run_eval(out: str | Path, *, policies: list[str] | str, concurrency: list[in
     """Evaluate ``policies`` at each load; write ``out/results.json`` and return it.
 
     ``make_env(load_config, spec)`` builds each (load, policy) episode's env instead of
-    ``ServeVLLM-v0`` on vLLM (e.g. ``ServeReplay-v0``, the replay: ``benchmarks/serve_sweep.py``).
+    ``ServeVLLM-v1`` on vLLM (e.g. ``ServeReplay-v1``, the replay: ``benchmarks/serve_sweep.py``).
 
     ``results["concurrency"]["4"]["policies"]["fixed:4"]["tokens_per_second"]``; Poisson loads
     under ``results["rates"]["8"]``. Raises :class:`ServingMismatch` (after writing the results) when a

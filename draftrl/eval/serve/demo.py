@@ -6,7 +6,7 @@ Steps, each through the owning package's public Python API, each writing under `
    (``draftrl.replay.serve_calibrate.calibrate_model``) -> ``DIR/vllm_costs.json``;
 2. **collect**: every tune and held-out request's greedy continuation in vLLM
    (``draftrl.replay.recordings.record_workload``) -> ``DIR/rec_tune/``, ``DIR/rec_heldout/``;
-3. **train**: batch-aware PPO on the serving replay ``draftrl/ServeReplay-v0`` with the
+3. **train**: batch-aware PPO on the serving replay ``draftrl/ServeReplay-v1`` with the
    recipe of ``configs/serve_replay_cpu.yaml`` (``draftrl.train.ppo_size``) -> ``DIR/ppo_replay/``;
 4. **dsd**: vLLM's Dynamic SD table grid-searched in the replay on the tune split, the
    strongest hand-made baseline (``draftrl.eval.serve.dsd_search.search_dsd``) -> ``DIR/dsd_grid.json``;
@@ -282,7 +282,7 @@ def _serve_config(config: ServeDemoConfig, *, split: str):
 
 
 def _replay_env(out: Path, recordings: str):
-    """``make_env`` for :func:`run_eval`: ``draftrl/ServeReplay-v0`` on ``out/recordings``."""
+    """``make_env`` for :func:`run_eval`: ``draftrl/ServeReplay-v1`` on ``out/recordings``."""
     from draftrl.envs.serve_vllm import ServeVLLMEnv
     from draftrl.replay.recordings import Proposals, Recordings
     from draftrl.replay.serve_calibrate import StepCostModel

@@ -8,7 +8,7 @@ from typing import Any
 
 def run_episode(env, policy: Any, prompt_ids: list[str], seed: int = 0,
                 check: Any = None) -> tuple[list, list[dict]]:
-    """One episode of a serving env (``draftrl/ServeVLLM-v0``, ``ServeReplay-v0``) over ``prompt_ids``,
+    """One episode of a serving env (``draftrl/ServeVLLM-v1``, ``ServeReplay-v1``) over ``prompt_ids``,
     ``policy`` (a ``draftrl.policies.Policy`` built for ``env``) choosing every step
     (:func:`draftrl.policies.evaluate.evaluate_policy` with one episode); returns the request
     timelines and per-step records. ``check`` (a ``SampledStreamCheck``) observes every step's requests."""
