@@ -53,7 +53,14 @@ class RequestTimeline:
     token_ids: list[int] = field(default_factory=list)
     finished: bool = False
     sampling: SamplingClass | None = None
-    """the sampling class it drew from the workload's mix (set when the engine admits it)"""
+    """the sampling class it drew from the workload's mix (drawn at reset)"""
+    seed: int | None = None
+    """its sampling seed (temperature > 0)"""
+
+    @property
+    def sampling_label(self) -> str:
+        """Its sampling class's label (``T0``, ``T0.7``, ...; ``-`` when none was drawn)."""
+        return self.sampling.label if self.sampling is not None else "-"
 
     @property
     def ttft(self) -> float | None:
@@ -143,8 +150,9 @@ class ServeVLLMEnv(gym.Env[np.ndarray, np.ndarray]):
 
     Every arriving request draws its sampling class from ``temperature_mix`` (e.g. ``{0: 0.3, 0.7:
     0.4, 1.0: 0.3}``; without it, every request samples with ``temperature``, ``top_k``, ``top_p``),
-    and a seed at temperature > 0 (``RequestTimeline.sampling``). The replay follows continuation
-    ``seed % K`` of its prompt in that class; a class the recordings lack is refused naming the fix.
+    and a seed at temperature > 0 (``RequestTimeline.sampling``, ``seed``), all drawn at reset. The
+    replay follows continuation ``seed % K`` of its prompt in that class; a class the recordings lack
+    is refused naming the fix.
 
     ## Rewards
 
@@ -335,6 +343,11 @@ class ServeVLLMEnv(gym.Env[np.ndarray, np.ndarray]):
             req = self.workload.request(index)
             timeline = RequestTimeline(f"{i}:{req.prompt.id}", req.prompt.id, req.prompt.language, req.prompt.task,
                                        len(req.prompt_ids), req.max_new_tokens, float(arrival))
+            # its sampling, drawn here (not at admission: the replay's step noise shares the RNG, so every
+            # policy's request i gets the same class and seed); a single greedy class draws nothing
+            timeline.sampling = self.config.draw_sampling(self.np_random)
+            if timeline.sampling.temperature > 0:
+                timeline.seed = int(self.np_random.integers(2**31))
             self.requests.append(timeline)
             self._pending.append((timeline, req.prompt_ids))
         self._by_id = {r.request_id: r for r in self.requests}
@@ -368,12 +381,10 @@ class ServeVLLMEnv(gym.Env[np.ndarray, np.ndarray]):
                 else:
                     break
             self._pending.pop(0)
-            sampling = c.draw_sampling(self.np_random)  # a single class draws nothing
-            seed = int(self.np_random.integers(2**31)) if sampling.temperature > 0 else None
-            timeline.sampling = sampling
+            sampling = timeline.sampling
             self.engine.add_request(timeline.request_id, ids, timeline.max_new_tokens,
                                     temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
-                                    seed=seed)
+                                    seed=timeline.seed)
             timeline.admitted = self.clock
             self._in_flight += 1
             self._in_flight_tokens += timeline.num_prompt_tokens

@@ -259,3 +259,27 @@ def test_replay_and_vllm_rule_agree_at_temperature_zero(bigram):
     """At T = 0 the two are the same deterministic schedule, step for step (a sanity check of the harness)."""
     logits, prompts = bigram
     assert _vllm_steps(logits, prompts, 0.0, seed=1) == _replay_steps(logits, prompts, 0.0, seed=2)
+
+
+def test_the_evaluation_serves_a_mix_checking_each_class_its_own_way(tmp_path):
+    """``run_eval`` on a mix: every request keeps its class under every policy (the env's seeded draws),
+    greedy identity covers the greedy requests only, each sampled class gets its own monitor
+    (``POLICY@CLASS``; the replay returns no logprobs, so it reads unchecked), rows per class."""
+    from draftrl.envs.serve_vllm import ServeVLLMEnv
+    from draftrl.eval.serve.compare import run_eval
+
+    recs = mixed_recordings(8)
+    config = ServeConfig(temperature_mix={0: 0.5, 0.7: 0.5}, max_new_tokens=TOKENS, shuffle=False, seed=0)
+    results = run_eval(tmp_path, policies="none,fixed:4", concurrency=[4], config=config,
+                       make_env=lambda cfg, spec: ServeVLLMEnv(cfg, engine="replay", recordings=recs,
+                                                               calibration=COST))
+    ex = results["exactness"]
+    assert ex["passed"] and ex["sampling"] == ["T0", "T0.7"] and ex["greedy_identity"]["checked"]
+    assert set(ex["monitor"]["policies"]) == {"none@T0.7", "fixed:4@T0.7"}
+    assert all(v["verdict"] == "unchecked" for v in ex["monitor"]["policies"].values())
+    table = results["concurrency"]["4"]["policies"]
+    rows = table["fixed:4"]["per_sampling"]
+    assert set(rows) == {"T0", "T0.7"} and sum(r["num_requests"] for r in rows.values()) == 8
+    assert table["fixed:4"]["greedy_identical_requests"] == rows["T0"]["num_requests"]
+    assert {k: r["num_requests"] for k, r in table["none"]["per_sampling"].items()} == \
+        {k: r["num_requests"] for k, r in rows.items()}  # the same requests in each class under every policy

@@ -18,7 +18,11 @@ def run_episode(env, policy: Any, prompt_ids: list[str], seed: int = 0,
     last: dict = {}
 
     def record(info: dict) -> None:
-        if check is not None:
+        if check is not None and getattr(check, "routes_by_class", False):  # a temperature mix: each to its class
+            by_id = getattr(env.unwrapped, "_by_id", {})
+            check.observe(info["request_steps"], {r.request_id: by_id[r.request_id].sampling
+                                                  for r in info["request_steps"] if r.request_id in by_id})
+        elif check is not None:
             check.observe(info["request_steps"])
         steps.append({"seconds": info["seconds"], "cpu_seconds": info.get("cpu_seconds"),
                       "num_emitted": info["num_emitted"],
