@@ -283,3 +283,17 @@ def test_the_evaluation_serves_a_mix_checking_each_class_its_own_way(tmp_path):
     assert table["fixed:4"]["greedy_identical_requests"] == rows["T0"]["num_requests"]
     assert {k: r["num_requests"] for k, r in table["none"]["per_sampling"].items()} == \
         {k: r["num_requests"] for k, r in rows.items()}  # the same requests in each class under every policy
+
+
+def test_collect_refuses_continuations_it_cannot_use(tmp_path, capsys):
+    """``--continuations`` is the serving recordings' (one line naming the fix on the HF engine), and >= 1."""
+    from draftrl.cli import main
+
+    for argv, message in ((["collect", "--continuations", "4", "--out", str(tmp_path / "t")],
+                           "--continuations is draftrl collect --engine vllm's"),
+                          (["collect", "--engine", "vllm", "--continuations", "0", "--out", str(tmp_path / "r")],
+                           "--continuations 0 must be >= 1")):
+        assert main(argv) == 2
+        err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+        assert len(err) == 1 and message in err[0], err
+    assert not (tmp_path / "t").exists() and not (tmp_path / "r").exists()
