@@ -67,11 +67,23 @@ ENVS: tuple[dict[str, Any], ...] = (
          takes=("serve.recordings", "serve.calibration", "serve.cost_jitter", "serve.cost_noise", "serve.loads")),
 )
 
-#: Ids whose spaces changed, by their old spelling: refused naming the new id and what changed.
+#: Ids whose spaces changed, by the id that replaced them, and why. They are not registered, so
+#: ``gymnasium.make`` refuses them itself naming the new version (``DeprecatedEnv``); :func:`find` (a training
+#: config's ``env.id``) refuses them in one line.
 RETIRED: dict[str, tuple[str, str]] = {
-    "draftrl/ServeVLLM-v0": ("draftrl/ServeVLLM-v1", "its observation now sees the batch's sampling (issue 46)"),
-    "draftrl/ServeReplay-v0": ("draftrl/ServeReplay-v1", "its observation now sees the batch's sampling (issue 46)"),
+    "draftrl/ServeVLLM-v0": ("draftrl/ServeVLLM-v1", "the observation gained the batch's sampling (issue 46)"),
+    "draftrl/ServeReplay-v0": ("draftrl/ServeReplay-v1", "the observation gained the batch's sampling (issue 46)"),
 }
+
+
+def retired_message(env_id: str, where: str = "env.id") -> str | None:
+    """The one-line refusal of a retired id (naming the new one), or None for an id that is not retired."""
+    if env_id not in RETIRED:
+        return None
+    new, why = RETIRED[env_id]
+    return (f"{where}={env_id!r} is retired: {why}; use {new!r} (a policy trained on {env_id} must be trained "
+            f"again there with draftrl train).")
+
 
 #: What a ``takes`` key that must be set holds, for the error that says it is not.
 REQUIRED: dict[str, str] = {
@@ -118,17 +130,17 @@ def register_id(*, id: str, section: str | None, takes: tuple[str, ...] = (), **
 def find(env_id: str, where: str = "env.id") -> dict[str, Any]:
     """The registry entry of ``env_id`` (an ``ENVS`` entry, or one :func:`register_id` recorded).
 
-    :raises ValueError: for an id neither holds, naming ``where`` (the config key that gave it).
+    :raises ValueError: for an id neither holds, naming ``where`` (the config key that gave it); a
+        :data:`RETIRED` id names its replacement.
     """
     for entry in ENVS:
         if entry["id"] == env_id:
             return entry
     if env_id in _REGISTERED:
         return _REGISTERED[env_id]
-    if env_id in RETIRED:
-        new, why = RETIRED[env_id]
-        raise ValueError(f"{where}={env_id!r} is retired: {why}; use {new!r} (a policy trained on the old id must "
-                         "be trained again).")
+    retired = retired_message(env_id, where)
+    if retired is not None:
+        raise ValueError(retired)
     known = ", ".join(entry["id"] for entry in ENVS if entry["section"] is not None)
     raise ValueError(f"{where}={env_id!r} is not a draftrl env id; use one of {known}, or register it with "
                      "draftrl.envs.ids.register_id(id=..., entry_point=..., section=..., takes=...).")

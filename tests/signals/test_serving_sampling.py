@@ -67,6 +67,12 @@ def test_the_v0_ids_are_refused_naming_v1():
         with pytest.raises(ValueError, match=f"env.id='{old}' is retired"):
             make_kwargs({"id": old, "serve": {}})
     assert find("draftrl/ServeReplay-v1")["kwargs"] == {"engine": "replay"}
+    import gymnasium as gym
+
+    import draftrl.envs  # noqa: F401  (registers the ids)
+
+    with pytest.raises(gym.error.DeprecatedEnv, match="ServeReplay-v1"):  # gymnasium names the new version itself
+        gym.make("draftrl/ServeReplay-v0")
 
 
 def test_a_policy_reading_the_v0_observation_is_refused_naming_the_fix():
