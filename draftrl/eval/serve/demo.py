@@ -4,7 +4,8 @@ Steps, each through the owning package's public Python API, each writing under `
 
 1. **calibrate**: vLLM step seconds vs sequences and tokens verified, and prefill seconds
    (``draftrl.replay.serve_calibrate.calibrate_model``) -> ``DIR/vllm_costs.json``;
-2. **collect**: every tune and held-out request's greedy continuation in vLLM
+2. **collect**: every tune and held-out request's continuations in vLLM (greedy; with ``temperature_mix``
+   ``continuations`` seeded ones per sampled class)
    (``draftrl.replay.recordings.record_workload``) -> ``DIR/rec_tune/``, ``DIR/rec_heldout/``;
 3. **train**: batch-aware PPO on the serving replay ``draftrl/ServeReplay-v1`` with the
    recipe of ``configs/serve_replay_cpu.yaml`` (``draftrl.train.ppo_size``) -> ``DIR/ppo_replay/``;
@@ -223,7 +224,7 @@ def run_demo(config: ServeDemoConfig, out: str | Path, *, overwrite: bool = Fals
             if not (out / f"rec_{split}").exists():
                 recordings = record_workload(_serve_config(config, split=split), continuations=config.continuations)
                 recordings.save(out / f"rec_{split}")
-                notes.append(f"{split}: {len(recordings)} requests")
+                notes.append(f"{split}: {len(recordings.prompts)} requests, {len(recordings)} continuations")
                 recorded[split] = recordings
         with logged_run(wb, out, job_type="collect", config={"max_new_tokens": config.max_new_tokens}) as run:
             wandb_log.log_recordings(run, recorded)
