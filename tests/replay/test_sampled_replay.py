@@ -283,6 +283,9 @@ def test_the_evaluation_serves_a_mix_checking_each_class_its_own_way(tmp_path):
     assert table["fixed:4"]["greedy_identical_requests"] == rows["T0"]["num_requests"]
     assert {k: r["num_requests"] for k, r in table["none"]["per_sampling"].items()} == \
         {k: r["num_requests"] for k, r in rows.items()}  # the same requests in each class under every policy
+    report = (tmp_path / "report.md").read_text()
+    assert "Per sampling class" in report and "| fixed:4 | " in report.split("Per sampling class")[1]
+    assert "Exactness: PASSED (mix T0, T0.7," in report and "fixed:4@T0.7 unchecked" in report
 
 
 def test_collect_refuses_continuations_it_cannot_use(tmp_path, capsys):
