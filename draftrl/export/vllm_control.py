@@ -23,6 +23,7 @@ measured against the training budget and ``remaining_len`` is held at 1. Serving
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from draftrl.config.workload import SamplingClass
 from draftrl.decoding.admission import StepAction
 from draftrl.decoding.vllm.control import ProposeRecord, RuleControl, StepDecision, StepView, rule_controller
 from draftrl.export.features import make_feature_builder, make_serving_features, ngram_drafter
@@ -57,7 +59,9 @@ class RequestPolicyControl(RuleControl):
     are set from outside (``proposer.json``'s ``depth`` and ``budget``, or the in-process driver).
 
     Each request's observation is the training env's (:func:`draftrl.export.features.make_feature_builder`,
-    kept in the request's ``StepView.memory``), updated with what its last step verified and accepted;
+    kept in the request's ``StepView.memory``), started with the request's sampling as vLLM's batch holds
+    it (``StepView.sampling``; where the env's features read it, ``start_episode(sampling=...)``), updated
+    with what its last step verified and accepted;
     the policy's (depth, verify size) is cut to the cap, the room before ``max_model_len`` and the
     tokens the training n-gram drafter has for it (the request's own depth).
 
@@ -78,7 +82,10 @@ class RequestPolicyControl(RuleControl):
             raise ValueError("vLLM drafts chains: the policy must be a size policy of width 1.")
         self.policy = policy
         self.entry = policy.manifest.get("features") or {}
-        make_feature_builder(self.entry, policy.feature_names)  # refuse unusable policies now
+        builder = make_feature_builder(self.entry, policy.feature_names)  # refuse unusable policies now
+        self._takes_sampling = "sampling" in inspect.signature(builder.start_episode).parameters
+        """whether the training env's features read the request's sampling (``start_episode(sampling=...)``,
+        the round envs' request group, issue 45)"""
         self.ngram = ngram_drafter(str(self.entry.get("drafter") or "ngram"))
         self.table = CostTable.from_dict(self.entry["cost_table"]) if self.entry.get("cost_table") else None
         self.budget = int(self.entry.get("max_new_tokens") or 256)
@@ -112,6 +119,14 @@ class RequestPolicyControl(RuleControl):
             sample_seconds=table.sample(emitted) if table else 0.0,
         ))
 
+    @staticmethod
+    def _sampling(view: StepView, a: int) -> SamplingClass | None:
+        """Request ``a``'s sampling as vLLM's batch holds it (``StepView.sampling``), None where unknown."""
+        if view.sampling is None:
+            return None
+        temperature, top_k, top_p = view.sampling[a]
+        return SamplingClass(float(temperature), int(top_k), min(1.0, max(float(top_p), 1e-6)))
+
     def own_depths(self, view: StepView) -> list[int]:
         if view.token_ids is None:
             raise ValueError("RequestPolicyControl reads each request's tokens, which this engine does not pass "
@@ -122,8 +137,13 @@ class RequestPolicyControl(RuleControl):
                 self._observe(memory, view, a)
             else:  # the request's first step
                 features = make_feature_builder(self.entry, self.policy.feature_names)
-                features.start_episode(self.budget)
-                memory.update(features=features, levels=0, num_prompt_tokens=view.lengths[a] - int(view.num_emitted[a]))
+                sampling = self._sampling(view, a)
+                if self._takes_sampling:
+                    features.start_episode(self.budget, sampling=sampling)
+                else:
+                    features.start_episode(self.budget)
+                memory.update(features=features, levels=0, num_prompt_tokens=view.lengths[a] - int(view.num_emitted[a]),
+                              sampling=sampling)
             generated = len(ids) - memory["num_prompt_tokens"]
             obs = memory["features"].observation(self.ngram.features(ids), len(ids), generated)
             if self._remaining is not None:

@@ -364,3 +364,40 @@ def test_an_earlier_bundles_proposer_class_is_refused_naming_the_fix(module, con
     with pytest.raises(ImportError, match="is gone: re-run draftrl export RUN --format vllm") as err:
         importlib.import_module(module)
     assert f"draftrl.export.vllm_control:{controller}" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_each_request_starts_with_its_sampling_from_vllms_batch(replay_exports, monkeypatch):
+    """RequestPolicyControl reads each request's sampling from vLLM's persistent batch (the runner's
+    ``input_batch``, here through ``propose``'s caller as under vllm serve) at its first step and starts
+    the training env's features with it where they read it (``start_episode(sampling=...)``)."""
+    from draftrl.export import vllm_control
+    from draftrl.export.features import make_feature_builder
+
+    started = []
+
+    class ReadsSampling:
+        """The training env's features, plus a ``sampling`` argument (the round envs' request group)."""
+
+        def __init__(self, inner):
+            self.inner = inner
+
+        def start_episode(self, max_new_tokens, sampling=None):
+            started.append(sampling)
+            self.inner.start_episode(max_new_tokens)
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+    monkeypatch.setattr(vllm_control, "make_feature_builder",
+                        lambda entry, names: ReadsSampling(make_feature_builder(entry, names)))
+    proposer = request_policy_proposer(FixedDepth(PolicyController(replay_exports["onnx"]), depth=4), k=3)
+    batch = Batch()
+    batch.input_batch = SimpleNamespace(vocab_size=49152, temperature_cpu=np.array([0.0, 0.7, 0, 0], np.float32),
+                                        top_k_cpu=np.array([49152, 20, 0, 0]),
+                                        top_p_cpu=np.array([1.0, 0.8, 1, 1], np.float32))
+    batch.add(repeating(10, 5, 20), repeating(10, 5, 200))
+    batch.add(repeating(50, 7, 21), repeating(50, 7, 200))
+    batch.propose(proposer)
+    labels = [proposer.requests[k].memory["sampling"].label for k in proposer.last.keys]
+    assert labels == ["T0", "T0.7:k20:p0.8"] and [s.label for s in started[-2:]] == labels
+    assert proposer.last.temperature.tolist() == pytest.approx([0.0, 0.7])
