@@ -193,12 +193,17 @@ class ServingEngine(Protocol):
 class QueuedBatch:
     """Request bookkeeping of an engine that keeps its own queue (the Hugging Face batch engine,
     the serving replay): ``waiting`` requests join ``running`` at a step when there is room;
-    ``_signals`` holds the last step's ``request_signals()``."""
+    ``_signals`` holds the last step's ``request_signals()``, ``_temperatures`` their requests' temperatures."""
 
     def _start_queue(self) -> None:
         self.waiting: deque = deque()
         self.running: list = []
         self._signals = (np.zeros(0), np.zeros(0, dtype=np.int64))
+        self._temperatures = np.zeros(0)
+
+    def request_temperatures(self) -> np.ndarray:
+        """``[A]`` temperatures (0 = greedy) of :meth:`request_signals`' requests."""
+        return self._temperatures
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.waiting or self.running)

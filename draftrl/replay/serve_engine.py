@@ -279,13 +279,8 @@ class ReplayEngine(QueuedBatch):
         self.waiting.append(_ReplayRequest(request_id, index, len(rec.prompt_ids), rec.tokens_for(max_new_tokens),
                                            RequestAcceptance(), temperature=sampling.temperature))
 
-    def request_temperatures(self) -> np.ndarray:
-        """``[A]`` temperatures (0 = greedy) of :meth:`request_signals`' requests (the last step's batch)."""
-        return self._temperatures
-
     def _start_queue(self) -> None:
         super()._start_queue()
-        self._temperatures = np.zeros(0)
         self._rows: list[_ReplayRequest | None] = []
         """the batch's rows after the last step, None where a request finished"""
 
