@@ -46,7 +46,7 @@ def main() -> None:
     p.add_argument("--depths", default="2,4,8", help="draftrl fixed depths")
     p.add_argument("--heuristic", action=argparse.BooleanOptionalAction, default=True, help="the +2/-1 heuristic")
     p.add_argument("--dsd", default="dsd", help="Dynamic SD policy spec (dsd or dsd:S-E:K,...); '' = skip")
-    p.add_argument("--ppo", default=None, help="ppo:PATH policy trained on draftrl/ServeVLLM-v0")
+    p.add_argument("--ppo", default=None, help="ppo:PATH policy trained on draftrl/ServeVLLM-v1")
     add_serving_args(p)
     args = parse_args(p, quick=dict(concurrency="1,4", ks="4", ref_ks="4", depths="4", dsd="", max_new_tokens=16,
                                     tasks="code_edit", hf_lookup=4))

@@ -8,7 +8,7 @@ same seeds and arrivals for every arm):
 - **fixed K**: depth cap K every step, no budget (the baseline the goal names);
 - **best fixed**: the best fixed (depth, budget) setting of the action grid chosen *per load*, i.e. a
   policy that knows the load and never changes its action within it;
-- **lookahead**: the greedy one-step lookahead (``ServeReplay-v0.lookahead_action``: every action of the
+- **lookahead**: the greedy one-step lookahead (``ServeReplay-v1.lookahead_action``: every action of the
   grid tried one step ahead on a copy of the engine);
 - **hindsight**: every request drafts only the tokens its continuation will accept (``rule=
   hindsight``), with the best (depth, budget) per load: no per-request depth or admission policy

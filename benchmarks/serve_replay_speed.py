@@ -1,4 +1,4 @@
-"""Steps per second of ``draftrl/ServeReplay-v0`` (the replay) vs ``draftrl/ServeVLLM-v0`` (real vLLM).
+"""Steps per second of ``draftrl/ServeReplay-v1`` (the replay) vs ``draftrl/ServeVLLM-v1`` (real vLLM).
 
 Both envs decode the same workload (the recordings' prompts, ``ServeConfig`` defaults: float32,
 SmolLM2-135M) under the same random actions, interleaved: ``--repeats`` times, one real episode

@@ -2,7 +2,7 @@
 
 For each Poisson arrival rate (and fixed concurrency, if given) every policy runs in real vLLM
 (``draftrl.eval.serve.compare.run_eval``: policies interleaved, ``--repeats`` passes, the
-median-time pass kept, float32 greedy identity checked) and in ``draftrl/ServeReplay-v0`` (the
+median-time pass kept, float32 greedy identity checked) and in ``draftrl/ServeReplay-v1`` (the
 same runner with the replay's env). Per load, one line per policy, ratios first: speedup over
 no speculation in vLLM and in the replay (``vllm_speedup_vs_none``, ``replay_speedup_vs_none``),
 then throughput, TTFT and ITL p50/p95/p99 of both;

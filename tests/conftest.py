@@ -4,7 +4,7 @@
 - ``analytic_run``: PPO on the analytic regime workload (``configs/analytic_regimes.yaml`` shrunk to
   2,048 steps, seconds on CPU): 6 features, 13 depths, VecNormalize on; ``analytic_exports``: it
   exported to ONNX and TorchScript. Used by the export, policy and CLI tests;
-- ``serve_run``: PPO on ``draftrl/ServeReplay-v0`` (``configs/serve_replay_cpu.yaml`` shrunk to 256
+- ``serve_run``: PPO on ``draftrl/ServeReplay-v1`` (``configs/serve_replay_cpu.yaml`` shrunk to 256
   steps over synthetic recordings and costs, seconds on CPU): the serving env's 20 features,
   depths 0/2/8, budgets 0/4/128. Used by the export tests and the real-vLLM export test;
 - ``tiny_traces``: makes a one-prompt ``Traces`` small enough to save and load.

@@ -1,7 +1,7 @@
 """Grid-search vLLM's Dynamic SD table (K per batch-size range) in the serving replay.
 
 Every table of depths over the batch-size ranges (K never growing with the batch, by default) runs
-on ``draftrl/ServeReplay-v0`` with the tuning split's recordings and the calibrated step cost, at
+on ``draftrl/ServeReplay-v1`` with the tuning split's recordings and the calibrated step cost, at
 each load; the score is the geometric mean of its throughput over no speculation's. A tool, not a
 benchmark: it tunes a baseline. Prints the best tables, ratios first, and writes
 ``OUT/dsd_grid.json`` (``best``: the policy spec to pass as the Dynamic SD baseline, e.g. to

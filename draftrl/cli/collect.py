@@ -38,11 +38,14 @@ def add_parser(subparsers) -> None:
                      overwrite="replace the traces already in --out (and discard an interrupted collection there)")
     p.add_argument("--cost-table", default=None, help="cost table from draftrl calibrate, copied next to the traces")
     p.add_argument("--continuations", type=int, default=None, metavar="K",
-                   help="sampled continuations recorded per prompt at each temperature > 0 (default 4; a replayed "
-                        "request walks one of them); temperature 0 records one, greedy decoding being deterministic")
+                   help="sampled continuations recorded per prompt (per request with --engine vllm) in each sampling "
+                        "class at temperature > 0, seeded from env.seed (default 4 for traces, 8 for vLLM recordings; "
+                        "a replayed request walks one of them); a greedy class records one, greedy decoding being "
+                        "deterministic")
     p.add_argument("--engine", choices=["hf", "vllm"], default="hf",
-                   help="vllm: record each request's greedy continuation in vLLM (float32, no speculation) for "
-                        "draftrl/ServeReplay-v0; the env section is then a ServeConfig (the same workload keys, e.g. "
+                   help="vllm: record each request's continuations in vLLM (float32, no speculation) for "
+                        "draftrl/ServeReplay-v1, in every sampling class of the workload (env.temperature, or "
+                        "env.temperature_mix); the env section is then a ServeConfig (the same workload keys, e.g. "
                         "--set env.split=heldout)")
     _options.add_vllm_engine(p)
     _options.add_json(p)
@@ -86,21 +89,26 @@ def serving_config(args: argparse.Namespace):
 
 
 def run_vllm(args: argparse.Namespace) -> int:
-    """Recordings for ``draftrl/ServeReplay-v0`` (``draftrl.replay.recordings.record_workload``)."""
+    """Recordings for ``draftrl/ServeReplay-v1`` (``draftrl.replay.recordings.record_workload``)."""
     from draftrl.config.serve import SERVING_DRAFTER
     from draftrl.io import prepare_out
-    from draftrl.replay.recordings import RECORDINGS_FILE, record_workload
+    from draftrl.replay.recordings import CONTINUATIONS, RECORDINGS_FILE, record_workload
 
     config = serving_config(args)
+    if getattr(args, "continuations", None) is not None and args.continuations < 1:
+        raise ValueError(f"--continuations {args.continuations} must be >= 1 (sampled continuations per request).")
     if config.drafter != SERVING_DRAFTER:
         raise ValueError(f"env.drafter={config.drafter!r}: draftrl collect --engine vllm records without "
                          "speculation, so "
-                         "no drafter is read; name the drafter where the recordings are replayed (ServeReplay-v0's "
+                         "no drafter is read; name the drafter where the recordings are replayed (ServeReplay-v1's "
                          "drafter, draftrl eval).")
     prepare_out(args.out, (RECORDINGS_FILE,), overwrite=args.overwrite, command="collect")  # before vLLM loads
-    recordings = record_workload(config, progress=lambda msg: print(f"[collect] {msg}", file=sys.stderr, flush=True))
+    recordings = record_workload(config, progress=lambda msg: print(f"[collect] {msg}", file=sys.stderr, flush=True),
+                                 continuations=getattr(args, "continuations", None) or CONTINUATIONS)
     path = recordings.save(args.out)
-    summary = {"requests": len(recordings), "tokens": sum(len(r.token_ids) for r in recordings.requests),
+    summary = {"requests": len(recordings.prompts), "continuations": len(recordings),
+               "sampling": ",".join(c.label for c in config.sampling_classes),
+               "tokens": sum(len(r.token_ids) for r in recordings.requests),
                "seconds": recordings.meta["record_seconds"], "out": str(path)}
     print(json.dumps(summary) if args.json else " ".join(f"{k}={v}" for k, v in summary.items()))
     return 0

@@ -17,7 +17,7 @@ vllm / sglang with OUT.json write static speculation settings derived from the p
 distribution and the cost model (see draftrl/export/engine_config.py and docs/export.md); vllm
 with a directory writes the policy, its manifest and the custom_class proposer settings that run
 it inside vLLM 0.32 (draftrl/export/vllm_bundle.py): per-request n-gram policies (TraceReplay-v1,
-SpecDecode-v2) and serving policies (ServeReplay-v0, ServeVLLM-v0: one depth cap and budget per
+SpecDecode-v2) and serving policies (ServeReplay-v1, ServeVLLM-v1: one depth cap and budget per
 engine step, the env's observation rebuilt inside vLLM); per-request policies trained with an
 EAGLE-3 head or a draft model go to stock vLLM (eagle3 / draft_model with a K per batch size, the
 drafter copied into the bundle). Paths in a bundle are relative to it; it names the run's target.

@@ -1,4 +1,4 @@
-"""Settings of the serving environment ``draftrl/ServeVLLM-v0`` (and of ``draftrl eval --engine vllm``)."""
+"""Settings of the serving environment ``draftrl/ServeVLLM-v1`` (and of ``draftrl eval --engine vllm``)."""
 
 from __future__ import annotations
 
@@ -74,7 +74,7 @@ class ServeConfig(WorkloadConfig):
     (``draftrl.decoding.vllm.control.rule_controller``): match | heuristic;
     confidence:T | cumulative:T where the proposer runs a head (its per-level stop), any of those
     but heuristic with ``|batch:B`` (the head drafts only in steps of at most B requests);
-    hindsight in ServeReplay-v0 only (drafts only what will be accepted: a ceiling, not a policy).
+    hindsight in ServeReplay-v1 only (drafts only what will be accepted: a ceiling, not a policy).
     ``draftrl eval`` sets it from each policy's name (heuristic, stop:K:tT, stop:K:cT, ...:bB)"""
     # ---- action grid
     depths: tuple[int, ...] = (0, 1, 2, 3, 4, 6, 8)

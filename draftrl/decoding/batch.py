@@ -73,6 +73,7 @@ class HFBatchEngine(QueuedBatch):
                              for r, m in zip(self.running, match)], dtype=np.int64)
         acceptance, admitted = admit_drafts([r.acceptance for r in self.running], match, capacity, action.budget)
         self._signals = (acceptance, match)
+        self._temperatures = np.array([float(r.decoder.config.temperature) for r in self.running])
         steps, still = [], []
         for req, n in zip(self.running, admitted):
             rnd = req.decoder.round(int(n))

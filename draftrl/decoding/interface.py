@@ -189,7 +189,9 @@ class ServingEngine(Protocol):
     def abort_all(self) -> None:
         """Drop every queued and running request (an episode ended early)."""
 
-    # Optional members: ``restart(rng)`` (an engine that draws per-episode noise draws it from the env's
+    # Optional members: ``request_temperatures()`` (``[A]`` temperatures of ``request_signals``' requests,
+    # 0 = greedy, or None: the serving observation then reads them as greedy), ``restart(rng)`` (an engine that
+    # draws per-episode noise draws it from the env's
     # ``rng`` when an episode starts: the replay) and ``clone()`` (a copy whose steps leave the engine
     # untouched: the env's ``lookahead_action`` explores on it).
 
@@ -197,12 +199,17 @@ class ServingEngine(Protocol):
 class QueuedBatch:
     """Request bookkeeping of an engine that keeps its own queue (the Hugging Face batch engine,
     the serving replay): ``waiting`` requests join ``running`` at a step when there is room;
-    ``_signals`` holds the last step's ``request_signals()``."""
+    ``_signals`` holds the last step's ``request_signals()``, ``_temperatures`` their requests' temperatures."""
 
     def _start_queue(self) -> None:
         self.waiting: deque = deque()
         self.running: list = []
         self._signals = (np.zeros(0), np.zeros(0, dtype=np.int64))
+        self._temperatures = np.zeros(0)
+
+    def request_temperatures(self) -> np.ndarray:
+        """``[A]`` temperatures (0 = greedy) of :meth:`request_signals`' requests."""
+        return self._temperatures
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.waiting or self.running)

@@ -58,10 +58,11 @@ ENVS: tuple[dict[str, Any], ...] = (
          section=None),
     # A serving engine under load (vLLM in-process by default): one step = one engine step over the
     # batch; wall-clock rewards.
-    dict(id="draftrl/ServeVLLM-v0", entry_point="draftrl.envs.serve_vllm:ServeVLLMEnv", max_episode_steps=8192,
+    dict(id="draftrl/ServeVLLM-v1", entry_point="draftrl.envs.serve_vllm:ServeVLLMEnv", max_episode_steps=8192,
          nondeterministic=True, section="serve"),
-    # ServeVLLM-v0 over its replay: recorded greedy continuations, recomputed drafts, a calibrated step cost.
-    dict(id="draftrl/ServeReplay-v0", entry_point="draftrl.envs.serve_vllm:ServeVLLMEnv", kwargs={"engine": "replay"},
+    # ServeVLLM-v1 over its replay: recorded continuations (greedy and sampled), recomputed drafts, a calibrated
+    # step cost.
+    dict(id="draftrl/ServeReplay-v1", entry_point="draftrl.envs.serve_vllm:ServeVLLMEnv", kwargs={"engine": "replay"},
          max_episode_steps=8192, section="serve",
          takes=("serve.recordings", "serve.calibration", "serve.cost_jitter", "serve.cost_noise", "serve.loads")),
 )
@@ -78,6 +79,8 @@ RETIRED: dict[str, tuple[str, str]] = {
                                "target's signals (issue 45)"),
     "draftrl/TraceReplayDepth-v0": ("draftrl/TraceReplayDepth-v1", "the observation gained the request's sampling "
                                     "and the target's signals (issue 45)"),
+    "draftrl/ServeVLLM-v0": ("draftrl/ServeVLLM-v1", "the observation gained the batch's sampling (issue 46)"),
+    "draftrl/ServeReplay-v0": ("draftrl/ServeReplay-v1", "the observation gained the batch's sampling (issue 46)"),
 }
 
 

@@ -1,4 +1,4 @@
-"""``draftrl/ServeVLLM-v0`` and ``draftrl/ServeReplay-v0``: a serving engine under load as a Gymnasium env,
+"""``draftrl/ServeVLLM-v1`` and ``draftrl/ServeReplay-v1``: a serving engine under load as a Gymnasium env,
 one engine step per step, over a live engine (vLLM by default) or its replay
 (:class:`~draftrl.replay.serve_engine.ReplayEngine`, ``kwargs={"engine": "replay"}``)."""
 
@@ -15,6 +15,7 @@ from gymnasium import spaces
 
 from draftrl.config import resolve
 from draftrl.config.serve import ServeConfig
+from draftrl.config.workload import SamplingClass
 from draftrl.decoding.admission import StepAction
 from draftrl.decoding.workload import Workload
 from draftrl.signals.rewards import RewardModel
@@ -51,6 +52,15 @@ class RequestTimeline:
     token_times: list[float] = field(default_factory=list)
     token_ids: list[int] = field(default_factory=list)
     finished: bool = False
+    sampling: SamplingClass | None = None
+    """the sampling class it drew from the workload's mix (drawn at reset)"""
+    seed: int | None = None
+    """its sampling seed (temperature > 0)"""
+
+    @property
+    def sampling_label(self) -> str:
+        """Its sampling class's label (``T0``, ``T0.7``, ...; ``-`` when none was drawn)."""
+        return self.sampling.label if self.sampling is not None else "-"
 
     @property
     def ttft(self) -> float | None:
@@ -71,11 +81,13 @@ class ServeVLLMEnv(gym.Env[np.ndarray, np.ndarray]):
     A serving engine (vLLM in-process by default, with draftrl's proposer drafting with
     ``drafter``, n-gram lookup by default, as its ``custom_class`` proposer) decoding a
     workload of requests that arrive over time. One env
-    step is one engine step over the whole running batch. ``draftrl/ServeReplay-v0``
+    step is one engine step over the whole running batch. ``draftrl/ServeReplay-v1``
     (``engine="replay"``) replaces the engine by its replay,
-    :class:`~draftrl.replay.serve_engine.ReplayEngine`: the recorded greedy continuations of the
-    workload's requests (``draftrl collect --engine vllm``), the drafter's proposal recomputed at
-    every true prefix (exact acceptance at temperature 0), vLLM's step semantics (prefill step,
+    :class:`~draftrl.replay.serve_engine.ReplayEngine`: the recorded continuations of the
+    workload's requests (``draftrl collect --engine vllm``: greedy, and ``K`` sampled ones per
+    request in every sampled class of the mix), the drafter's proposal recomputed at every true
+    prefix (acceptance exact in law at every temperature: vLLM verifies a deterministic draft
+    one-hot, so a draft is accepted iff it equals the continuation's token), vLLM's step semantics (prefill step,
     one-step action lag, ``max_num_seqs``, admission by survival score) and step seconds from the
     cost model fitted on ``draftrl calibrate --engine vllm``. No model runs in the replay: a step
     takes tens of microseconds, and a policy moves between the two unchanged. The agent chooses, every step, a
@@ -99,7 +111,7 @@ class ServeVLLMEnv(gym.Env[np.ndarray, np.ndarray]):
 
     ## Observation Space
 
-    ``Box(float32, shape=(20,))``, names in ``env.unwrapped.feature_names``
+    ``Box(float32, shape=(23,))``, names in ``env.unwrapped.feature_names``
     (``draftrl.envs.serve_vllm.FEATURE_NAMES``). "Last step" is the engine step that just ran.
 
     | Num | Observation             | Min | Max  | Meaning |
@@ -125,9 +137,22 @@ class ServeVLLMEnv(gym.Env[np.ndarray, np.ndarray]):
     | 17  | `last_depth`            | 0   | 1    | the last action's depth / max depth |
     | 18  | `last_budget`           | 0   | 1    | the last action's budget / max budget |
     | 19  | `tokens_per_second_ema` | 0   | 1e5  | EMA of tokens / seconds per step |
+    | 20  | `greedy_share`          | 0   | 1    | share of the requests drafted for at temperature 0 |
+    | 21  | `temperature_mean`      | 0   | 2    | their mean temperature |
+    | 22  | `temperature_max`       | 0   | 2    | their largest temperature |
 
-    Per-request signals (9-15) come from the engine's proposer after the last step (zeros
-    under an engine that does not draft).
+    Per-request signals (9-15, 20-22) come from the engine's proposer after the last step, over the
+    requests it drafted for (zeros under an engine that does not draft); 20-22 from each request's
+    own sampling parameters (vLLM's batch; the replay: the request's class), read as greedy by an
+    engine that does not report them.
+
+    ## Sampling
+
+    Every arriving request draws its sampling class from ``temperature_mix`` (e.g. ``{0: 0.3, 0.7:
+    0.4, 1.0: 0.3}``; without it, every request samples with ``temperature``, ``top_k``, ``top_p``),
+    and a seed at temperature > 0 (``RequestTimeline.sampling``, ``seed``), all drawn at reset. The
+    replay follows continuation ``seed % K`` of its prompt in that class; a class the recordings lack
+    is refused naming the fix.
 
     ## Rewards
 
@@ -171,9 +196,9 @@ class ServeVLLMEnv(gym.Env[np.ndarray, np.ndarray]):
     ## Arguments
 
     ```python
-    env = gym.make("draftrl/ServeVLLM-v0", arrival="poisson", rate=8.0, split="heldout")
+    env = gym.make("draftrl/ServeVLLM-v1", arrival="poisson", rate=8.0, split="heldout")
     env = ServeVLLMEnv(ServeConfig(concurrency=16), engine=my_engine, tokenizer=tok)   # any ServingEngine
-    env = gym.make("draftrl/ServeReplay-v0", recordings="runs/serve/rec", calibration="runs/serve/cal.json",
+    env = gym.make("draftrl/ServeReplay-v1", recordings="runs/serve/rec", calibration="runs/serve/cal.json",
                    arrival="poisson", rate=8.0, cost_jitter=0.1)
     ```
 
@@ -189,7 +214,8 @@ class ServeVLLMEnv(gym.Env[np.ndarray, np.ndarray]):
     vllm`` or :class:`~draftrl.replay.recordings.Recordings`: the recorded prompts are the
     workload), ``calibration`` (a ``draftrl calibrate --engine vllm`` JSON, refitted on load, or a
     ``StepCostModel``), ``cost_jitter`` (default 0), ``cost_noise`` (default True), ``proposals``
-    (precomputed n-gram proposals to share between envs). ``temperature`` must be 0 and ``rule``
+    (precomputed n-gram proposals to share between envs). The recordings must hold every sampling class of
+    the workload; ``rule``
     ``match``, ``heuristic`` or ``hindsight`` (replay only: each request drafts just what it will
     accept, the ceiling of per-request depth control; ``benchmarks/serve_headroom.py``).
     ``drafter`` (default ``ngram``) and ``head_proposals`` replay an EAGLE-3 head too (``eagle3``,
@@ -202,15 +228,20 @@ class ServeVLLMEnv(gym.Env[np.ndarray, np.ndarray]):
 
     ## Version History
 
-    ``draftrl/ServeVLLM-v0``:
+    ``draftrl/ServeVLLM-v1``:
 
+    - v1: the observation sees the batch's sampling (20 -> 23 entries: ``greedy_share``,
+      ``temperature_mean``, ``temperature_max``); requests draw their sampling from ``temperature_mix``
+      (issue 46). ``v0`` is refused naming v1.
     - v0: initial version.
 
-    ``draftrl/ServeReplay-v0`` (``engine="replay"``):
+    ``draftrl/ServeReplay-v1`` (``engine="replay"``):
 
+    - v1: as ``ServeVLLM-v1``; replays sampled continuations too (recordings format 2). A greedy
+      episode's first 20 entries, rewards and ``info`` are v0's bit for bit
+      (``tests/envs/test_replay_ids_fixture.py``).
     - v0: initial version (``ServeReplayEnv``). Since issue 42 this class with the replay engine
-      injected; its episodes are bit-identical for the same seed and actions
-      (``tests/envs/test_replay_ids_fixture.py``), so the version stands.
+      injected; its episodes are bit-identical for the same seed and actions, so the version stood.
     """
 
     metadata = {"render_modes": []}
@@ -240,7 +271,7 @@ class ServeVLLMEnv(gym.Env[np.ndarray, np.ndarray]):
                                              head_proposals=head_proposals)
         elif recordings is not None or calibration is not None:
             raise ValueError("recordings= and calibration= are the replay's; pass engine='replay' "
-                             "(draftrl/ServeReplay-v0) or drop them.")
+                             "(draftrl/ServeReplay-v1) or drop them.")
         elif engine is None or engine == "live":
             from draftrl.decoding.vllm.engine import VLLMEngineConfig, shared_engine
 
@@ -312,6 +343,11 @@ class ServeVLLMEnv(gym.Env[np.ndarray, np.ndarray]):
             req = self.workload.request(index)
             timeline = RequestTimeline(f"{i}:{req.prompt.id}", req.prompt.id, req.prompt.language, req.prompt.task,
                                        len(req.prompt_ids), req.max_new_tokens, float(arrival))
+            # its sampling, drawn here (not at admission: the replay's step noise shares the RNG, so every
+            # policy's request i gets the same class and seed); a single greedy class draws nothing
+            timeline.sampling = self.config.draw_sampling(self.np_random)
+            if timeline.sampling.temperature > 0:
+                timeline.seed = int(self.np_random.integers(2**31))
             self.requests.append(timeline)
             self._pending.append((timeline, req.prompt_ids))
         self._by_id = {r.request_id: r for r in self.requests}
@@ -345,9 +381,10 @@ class ServeVLLMEnv(gym.Env[np.ndarray, np.ndarray]):
                 else:
                     break
             self._pending.pop(0)
-            seed = int(self.np_random.integers(2**31)) if c.temperature > 0 else None
-            self.engine.add_request(timeline.request_id, ids, timeline.max_new_tokens, temperature=c.temperature,
-                                    top_k=c.top_k, top_p=c.top_p, seed=seed)
+            sampling = timeline.sampling
+            self.engine.add_request(timeline.request_id, ids, timeline.max_new_tokens,
+                                    temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
+                                    seed=timeline.seed)
             timeline.admitted = self.clock
             self._in_flight += 1
             self._in_flight_tokens += timeline.num_prompt_tokens
@@ -423,4 +460,6 @@ class ServeVLLMEnv(gym.Env[np.ndarray, np.ndarray]):
     def _observation(self) -> np.ndarray:
         """:class:`~draftrl.signals.serving.ServingFeatures` over the last step, the requests in flight
         (prompt + generated tokens of admitted, unfinished requests) and the proposer's signals."""
-        return self.features.observation(self._in_flight_tokens, *self.engine.request_signals())
+        temperatures = getattr(self.engine, "request_temperatures", None)
+        return self.features.observation(self._in_flight_tokens, *self.engine.request_signals(),
+                                         temperatures() if temperatures is not None else None)

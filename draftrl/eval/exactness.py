@@ -146,6 +146,41 @@ class SampledStreamCheck:
         return out
 
 
+class ClassStreamChecks:
+    """One :class:`SampledStreamCheck` per sampled class of a temperature mix (greedy classes have
+    greedy identity instead), each request's steps routed to its class's check: pooling streams of
+    different temperatures would test the tokens against the wrong p.
+
+    :param classes: the workload's ``SamplingClass`` es (``WorkloadConfig.sampling_classes``).
+    :param max_logprobs: the engine's ``max_logprobs``.
+    """
+
+    routes_by_class = True
+
+    def __init__(self, classes, max_logprobs: int, config: MonitorConfig | None = None):
+        self.checks = {c.label: SampledStreamCheck(c.temperature, c.top_k, c.top_p, max_logprobs, config)
+                       for c in classes if not c.greedy}
+
+    @property
+    def checked(self) -> bool:
+        return all(c.checked for c in self.checks.values())
+
+    def observe(self, steps: list, sampling: dict) -> None:
+        """Feed one engine step's ``RequestStep`` list; ``sampling``: request id -> its ``SamplingClass``
+        (a request it does not name, or a greedy one, is skipped)."""
+        groups: dict[str, list] = {}
+        for r in steps:
+            cls = sampling.get(r.request_id)
+            if cls is not None and cls.label in self.checks:
+                groups.setdefault(cls.label, []).append(r)
+        for label, group in groups.items():
+            self.checks[label].observe(group)
+
+    def verdicts(self) -> dict[str, dict]:
+        """Class label -> :meth:`SampledStreamCheck.verdict`."""
+        return {label: check.verdict() for label, check in self.checks.items()}
+
+
 class TimedMonitor:
     """An ``ExactnessMonitor`` whose ``update`` calls are timed (``seconds``), for its overhead."""
 

@@ -220,6 +220,29 @@ def render_report(results: dict, files: dict[str, str]) -> str:
     return "\n".join(lines)
 
 
+def _per_sampling_table(policies: dict) -> list[str]:
+    """On a temperature mix: tokens / request latency per sampling class, each policy's and its ratio to
+    ``none``'s on the same requests (``per_sampling`` rows); nothing without a mix."""
+    if not any(p.get("per_sampling") for p in policies.values()):
+        return []
+    classes = sorted({c for p in policies.values() for c in p.get("per_sampling", {})})
+    reference = policies.get("none", {}).get("per_sampling", {})
+    lines = ["Per sampling class: tokens / request latency (x none's on the same requests)", "",
+             "| policy | " + " | ".join(f"{c} ({reference.get(c, {}).get('num_requests', '?')} req)" for c in classes)
+             + " |", "|---|" + "---|" * len(classes)]
+    for name, p in policies.items():
+        cells = []
+        for c in classes:
+            row, ref = p.get("per_sampling", {}).get(c), reference.get(c)
+            if row is None:
+                cells.append("-")
+                continue
+            ratio = row["tokens_per_second"] / ref["tokens_per_second"] if ref and ref["tokens_per_second"] else None
+            cells.append(f"{row['tokens_per_second']:.1f}" + (f" ({ratio:.2f}x)" if ratio is not None else ""))
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
 def render_serving_report(results: dict) -> str:
     """``report.md`` of ``draftrl eval --engine vllm``: a markdown table per load, ratios first."""
     lines = ["# Serving evaluation (vLLM)", ""]
@@ -239,14 +262,17 @@ def render_serving_report(results: dict) -> str:
                              f"{fmt(p['time_to_first_token_p50'])} | {fmt(p['itl_p50'], 1e3, '{:.1f}')} | "
                              f"{fmt(p['itl_p95'], 1e3, '{:.1f}')} | {fmt(p['itl_p99'], 1e3, '{:.1f}')} |")
             lines.append("")
+            lines += _per_sampling_table(entry["policies"])
     ex = results["exactness"]
+    hows = []
     if ex["greedy_identity"]["checked"]:
-        how = f"greedy identity, reference {ex['greedy_identity']['reference']}"
-    else:
-        how = "monitor on the sampled streams: " + ", ".join(
+        hows.append(f"greedy identity, reference {ex['greedy_identity']['reference']}")
+    if ex["monitor"]["policies"]:
+        hows.append("monitor on the sampled streams: " + ", ".join(
             f"{name} {v['verdict']}" + (f" on {v['num_informative']} tokens" if "num_informative" in v else "")
-            for name, v in ex["monitor"]["policies"].items())
-    lines.append(f"Exactness: {'PASSED' if ex['passed'] else 'FAILED'} (temperature {ex['temperature']}, "
-                 f"{ex['dtype']}, {how}).")
+            for name, v in ex["monitor"]["policies"].items()))
+    sampling = ex.get("sampling") or []
+    what = f"mix {', '.join(sampling)}" if len(sampling) > 1 else f"temperature {ex['temperature']}"
+    lines.append(f"Exactness: {'PASSED' if ex['passed'] else 'FAILED'} ({what}, {ex['dtype']}, {'; '.join(hows)}).")
     lines.append(f"Hardware: {hw.get('cpu')} ({hw.get('cpu_count')} cores). Timings are wall clock on that machine.")
     return "\n".join(lines) + "\n"

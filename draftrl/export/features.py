@@ -6,7 +6,7 @@ observation with :class:`draftrl.signals.features.FeatureBuilder`; this module r
 builder's settings in the export manifest (``features_entry``) and rebuilds the very same class
 from them at run time (``make_feature_builder``), so no feature is re-implemented here.
 
-The serving envs (``ServeVLLM-v0``, ``ServeReplay-v0``) build their observation with
+The serving envs (``ServeVLLM-v1``, ``ServeReplay-v1``) build their observation with
 :class:`draftrl.signals.serving.ServingFeatures` (load and acceptance of the whole batch, one
 engine step at a time): ``features_entry`` records its settings (``serving_entry``) and
 ``make_serving_features`` rebuilds it, for the controller of vLLM's proposer that runs such a policy
@@ -37,6 +37,7 @@ from draftrl.signals.costs import CostTable
 from draftrl.signals.features import DRAFT_FEATURES, CostTracker, FeatureBuilder, feature_names
 from draftrl.signals.serving import BUILDER as SERVING_BUILDER
 from draftrl.signals.serving import FEATURE_NAMES as SERVING_FEATURES
+from draftrl.signals.serving import FEATURE_NAMES_V0 as SERVING_FEATURES_V0
 from draftrl.signals.serving import ServingFeatures
 
 BUILDER = "draftrl.signals.features.FeatureBuilder"
@@ -51,7 +52,7 @@ def feature_builder(names: list[str] | tuple[str, ...]) -> str | None:
     """The builder whose observation a policy reading ``names`` was trained on: ``SERVING_BUILDER``
     when it reads the serving features, ``BUILDER`` when it starts with the engine's draft features
     (then history, costs and, for depth policies, ``level``), None for env-made features (Analytic-v0)."""
-    if set(SERVING_FEATURES) <= set(names):
+    if set(SERVING_FEATURES_V0) <= set(names):  # v0's names too: refused with the fix where they are read
         return SERVING_BUILDER
     if tuple(names[: len(DRAFT_FEATURES)]) == DRAFT_FEATURES:
         return BUILDER
@@ -162,6 +163,19 @@ def features_entry(train_config: dict[str, Any] | None, env_id: str, names: list
     }
 
 
+def check_serving_names(names: list[str] | tuple[str, ...]) -> None:
+    """Refuse, naming the fix, a serving policy that does not read today's serving observation: the
+    20 entries of ``ServeVLLM-v1`` / ``ServeReplay-v1`` (blind to the batch's sampling) or others."""
+    if tuple(names) == SERVING_FEATURES_V0:
+        raise ValueError("the policy reads the 20-entry observation of draftrl/ServeVLLM-v1 / ServeReplay-v1, which "
+                         f"does not see the batch's sampling; {SERVING_BUILDER} now builds v1's "
+                         f"{len(SERVING_FEATURES)} (+ {', '.join(SERVING_FEATURES[len(SERVING_FEATURES_V0):])}): "
+                         "train the policy again on draftrl/ServeReplay-v1 (env.id) and export it again.")
+    if list(names) != list(SERVING_FEATURES):
+        raise ValueError(f"the policy reads features {list(names)} but {SERVING_BUILDER} builds "
+                         f"{list(SERVING_FEATURES)}; the run was trained by another draftrl version: train it again.")
+
+
 def serving_entry(train_config: dict[str, Any] | None, env_id: str, names: list[str]) -> dict[str, Any]:
     """The manifest's ``features`` section for a serving-env policy.
 
@@ -171,10 +185,7 @@ def serving_entry(train_config: dict[str, Any] | None, env_id: str, names: list[
     """
     from draftrl.decoding.vllm.head_proposer import needs_head
 
-    if list(names) != list(SERVING_FEATURES):
-        raise ValueError(f"the policy reads features {list(names)} but {SERVING_BUILDER} builds "
-                         f"{list(SERVING_FEATURES)}; "
-                         "the run was trained by another draftrl version: train it again.")
+    check_serving_names(names)
     config = serve_config_of(env_section(train_config, env_id))
     if needs_head(config.drafter):
         raise ValueError(f"the policy was trained with env.serve.drafter={config.drafter!r}, an EAGLE-3 head the "
@@ -199,10 +210,8 @@ def make_serving_features(entry: dict[str, Any], names: list[str] | tuple[str, .
     """
     if (entry or {}).get("builder") != SERVING_BUILDER:
         raise ValueError(f"the manifest names the feature builder {(entry or {}).get('builder')!r}, not "
-                         f"{SERVING_BUILDER!r}: this is not a serving-env policy (ServeVLLM-v0 / ServeReplay-v0).")
-    if list(names) != list(SERVING_FEATURES):
-        raise ValueError(f"the policy reads {list(names)} but {SERVING_BUILDER} builds {list(SERVING_FEATURES)}; "
-                         "export the policy again with this draftrl.")
+                         f"{SERVING_BUILDER!r}: this is not a serving-env policy (ServeVLLM-v1 / ServeReplay-v1).")
+    check_serving_names(names)
     if entry.get("rule", "match") not in SERVING_RULES:
         raise ValueError(f"the policy was trained with rule={entry.get('rule')!r}, which only the replay can follow "
                          f"(it knows the future); train with env.serve.rule one of {', '.join(SERVING_RULES)}.")
@@ -229,7 +238,7 @@ def make_feature_builder(entry: dict[str, Any], names: list[str] | tuple[str, ..
         raise ValueError(
             f"this policy cannot drive an engine: {reason} Train it on draftrl/TraceReplay-v1 or "
             "draftrl/SpecDecode-v2 (whose observations draftrl.signals.features.FeatureBuilder builds), or for "
-            "vLLM on draftrl/ServeReplay-v0 (draftrl.signals.serving.ServingFeatures)."
+            "vLLM on draftrl/ServeReplay-v1 (draftrl.signals.serving.ServingFeatures)."
         )
     table = CostTable.from_dict(entry["cost_table"]) if entry.get("cost_table") else None
     builder = FeatureBuilder(

@@ -23,6 +23,9 @@ manifest names the training drafter):
 | ``last_tokens_*``, ``ema_tokens``, ``accept_rate_*`` | exact: the training ``FeatureBuilder`` fed each round's |
 | | emitted tokens (from ``input_ids`` growth), accepted count (``num_matches``) and candidate count |
 | ``context_len``, ``generated_len``, ``remaining_len`` | exact: from ``input_ids`` and ``max_new_tokens`` |
+| ``temperature``, ``top_k``, ``top_p`` | the request's: greedy (the adapter decodes greedily) |
+| ``target_top1_prob``, ``target_entropy``, ``accepted_mean_p`` | from the verification logits HF hands to |
+| | ``update_candidate_strategy``: the raw softmax at the row of the round's last token; p = 1 per accepted token |
 | ``verify_cost_*``, ``draft_cost_*`` | start at the training cost table (in the manifest) and follow wall-clock |
 | | seconds measured around HF's calls: drafting = our ``get_candidates`` (minus the policy), verification = |
 | | from its return to ``update_candidate_strategy`` (the target forward plus HF's acceptance and cache crop, |
@@ -150,7 +153,7 @@ class PolicyCandidateGenerator(PromptLookupCandidateGenerator):
         summary = RoundSummary(
             num_emitted=num_emitted, num_accepted=num_accepted, num_verified=n, verified_depth=n,
             levels=p["levels"], draft_seconds=p["draft_seconds"], verify_seconds=now - p["verify_start"],
-            sample_seconds=0.0,
+            sample_seconds=0.0, target_features=_target_features(scores, num_accepted),
         )
         if self.measure_costs:
             self.features.observe_round(summary)
@@ -160,6 +163,18 @@ class PolicyCandidateGenerator(PromptLookupCandidateGenerator):
                 self.features.observe_round(summary)
             finally:
                 self.features.costs = costs
+
+
+def _target_features(scores: torch.Tensor | None, num_accepted: int) -> dict[str, float]:
+    """What the engine's walk reports (``RoundResult.target_features``) from HF's verification logits
+    ``scores`` [1, candidates + 1, V]: the raw softmax at the row that chose the round's last token, and
+    p = 1 for every accepted candidate (greedy decoding); {} (unknown) without logits."""
+    if scores is None or scores.dim() != 3 or scores.shape[1] <= num_accepted:
+        return {}
+    logp = torch.log_softmax(scores[0, num_accepted].float(), dim=-1)
+    entropy = float(-(logp.exp() * logp).nan_to_num(0.0).sum())
+    return {"target_top1_prob": float(logp.max().exp()), "target_entropy": entropy,
+            "accepted_mean_p": 1.0 if num_accepted else 0.0}
 
 
 class _NoCosts:

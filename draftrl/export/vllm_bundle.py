@@ -6,7 +6,7 @@ Which route a policy takes (docs/export.md says why):
   ``SpecDecode-v2``): draftrl's ``custom_class`` proposer
   (``draftrl.decoding.vllm.proposer.DraftrlProposer``) asks it each request's depth every step,
   through the controller ``proposer.json`` names (``draftrl.export.vllm_control.RequestPolicyControl``);
-- a serving policy (``draftrl/ServeReplay-v0`` or ``ServeVLLM-v0``): one (depth cap, budget) per
+- a serving policy (``draftrl/ServeReplay-v1`` or ``ServeVLLM-v1``): one (depth cap, budget) per
   engine step for the whole batch, from the env's own observation rebuilt inside vLLM (the same
   proposer, with the controller ``draftrl.export.vllm_control.BatchPolicyControl``);
 - a per-request policy trained with an EAGLE-3 head (``eagle3[:PATH]``, ``sam:N[:PATH]``) or a

@@ -9,7 +9,7 @@ with ``CLASS.from_config(config, proposer)``:
 - :class:`RequestPolicyControl`: a per-request size policy (``TraceReplay-v1`` / ``SpecDecode-v2``,
   n-gram drafter) chooses each request's own depth every step, all running requests in one
   onnxruntime call, under ``proposer.json``'s fixed ``depth`` and ``budget``;
-- :class:`BatchPolicyControl`: a serving-env policy (``ServeReplay-v0`` / ``ServeVLLM-v0``) chooses
+- :class:`BatchPolicyControl`: a serving-env policy (``ServeReplay-v1`` / ``ServeVLLM-v1``) chooses
   every step's (depth cap, budget) for the whole batch from the env's own observation, rebuilt
   from what the proposer sees (:class:`ServingObserver`); each request's own depth follows the
   env's rule (``proposer.json``'s ``rule``).
@@ -23,6 +23,7 @@ measured against the training budget and ``remaining_len`` is held at 1. Serving
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from draftrl.config.workload import SamplingClass
 from draftrl.decoding.admission import StepAction
 from draftrl.decoding.vllm.control import ProposeRecord, RuleControl, StepDecision, StepView, rule_controller
 from draftrl.export.features import make_feature_builder, make_serving_features, ngram_drafter
@@ -57,7 +59,9 @@ class RequestPolicyControl(RuleControl):
     are set from outside (``proposer.json``'s ``depth`` and ``budget``, or the in-process driver).
 
     Each request's observation is the training env's (:func:`draftrl.export.features.make_feature_builder`,
-    kept in the request's ``StepView.memory``), updated with what its last step verified and accepted;
+    kept in the request's ``StepView.memory``), started with the request's sampling as vLLM's batch holds
+    it (``StepView.sampling``; where the env's features read it, ``start_episode(sampling=...)``), updated
+    with what its last step verified and accepted;
     the policy's (depth, verify size) is cut to the cap, the room before ``max_model_len`` and the
     tokens the training n-gram drafter has for it (the request's own depth).
 
@@ -78,7 +82,10 @@ class RequestPolicyControl(RuleControl):
             raise ValueError("vLLM drafts chains: the policy must be a size policy of width 1.")
         self.policy = policy
         self.entry = policy.manifest.get("features") or {}
-        make_feature_builder(self.entry, policy.feature_names)  # refuse unusable policies now
+        builder = make_feature_builder(self.entry, policy.feature_names)  # refuse unusable policies now
+        self._takes_sampling = "sampling" in inspect.signature(builder.start_episode).parameters
+        """whether the training env's features read the request's sampling (``start_episode(sampling=...)``,
+        the round envs' request group, issue 45)"""
         self.ngram = ngram_drafter(str(self.entry.get("drafter") or "ngram"))
         self.table = CostTable.from_dict(self.entry["cost_table"]) if self.entry.get("cost_table") else None
         self.budget = int(self.entry.get("max_new_tokens") or 256)
@@ -112,6 +119,14 @@ class RequestPolicyControl(RuleControl):
             sample_seconds=table.sample(emitted) if table else 0.0,
         ))
 
+    @staticmethod
+    def _sampling(view: StepView, a: int) -> SamplingClass | None:
+        """Request ``a``'s sampling as vLLM's batch holds it (``StepView.sampling``), None where unknown."""
+        if view.sampling is None:
+            return None
+        temperature, top_k, top_p = view.sampling[a]
+        return SamplingClass(float(temperature), int(top_k), min(1.0, max(float(top_p), 1e-6)))
+
     def own_depths(self, view: StepView) -> list[int]:
         if view.token_ids is None:
             raise ValueError("RequestPolicyControl reads each request's tokens, which this engine does not pass "
@@ -122,8 +137,13 @@ class RequestPolicyControl(RuleControl):
                 self._observe(memory, view, a)
             else:  # the request's first step
                 features = make_feature_builder(self.entry, self.policy.feature_names)
-                features.start_episode(self.budget)
-                memory.update(features=features, levels=0, num_prompt_tokens=view.lengths[a] - int(view.num_emitted[a]))
+                sampling = self._sampling(view, a)
+                if self._takes_sampling:
+                    features.start_episode(self.budget, sampling=sampling)
+                else:
+                    features.start_episode(self.budget)
+                memory.update(features=features, levels=0, num_prompt_tokens=view.lengths[a] - int(view.num_emitted[a]),
+                              sampling=sampling)
             generated = len(ids) - memory["num_prompt_tokens"]
             obs = memory["features"].observation(self.ngram.features(ids), len(ids), generated)
             if self._remaining is not None:
@@ -155,6 +175,7 @@ class _Pending:
     num_proposed: int = 0
     acceptance: np.ndarray = field(default_factory=lambda: np.zeros(0))
     match_len: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    temperatures: np.ndarray | None = None
 
 
 class ServingObserver:
@@ -197,26 +218,29 @@ class ServingObserver:
         pending = self._pending
         if pending is None:
             self.features.restart()
-            acceptance, match_len = np.zeros(0), np.zeros(0, dtype=np.int64)
+            acceptance, match_len, temperatures = np.zeros(0), np.zeros(0, dtype=np.int64), None
         else:
             running = sum(not fresh for fresh in view.fresh) + view.num_prefilling
             self.features.record(StepCounts(now - self._time, pending.num_decoding, pending.num_emitted,
                                             pending.num_verified, pending.num_accepted, pending.num_proposed,
                                             running, 0), pending.action)
-            acceptance, match_len = pending.acceptance, pending.match_len
+            acceptance, match_len, temperatures = pending.acceptance, pending.match_len, pending.temperatures
         self._time = now
-        return self.features.observation(in_flight, acceptance, match_len)
+        return self.features.observation(in_flight, acceptance, match_len, temperatures)
 
     def acted(self, view: StepView, action: tuple[int, int]) -> None:
         """The step now drafted for ran under ``action`` = (depth, budget); its counts so far."""
         self._pending = _Pending(action, len(view.rows), int(np.sum(view.num_emitted)), int(np.sum(view.num_verified)),
                                  int(np.sum(view.num_accepted)))
 
-    def drafted(self, num_proposed: int, acceptance: np.ndarray, match_len: np.ndarray) -> None:
-        """What the proposer drafted under the action (``ProposeRecord``'s admitted, acceptance, match lengths)."""
+    def drafted(self, num_proposed: int, acceptance: np.ndarray, match_len: np.ndarray,
+                temperatures: np.ndarray | None = None) -> None:
+        """What the proposer drafted under the action (``ProposeRecord``'s admitted, acceptance, match lengths,
+        and the temperatures it read from vLLM's batch: None reads as greedy)."""
         assert self._pending is not None
         self._pending.num_proposed = int(num_proposed)
         self._pending.acceptance, self._pending.match_len = np.asarray(acceptance), np.asarray(match_len)
+        self._pending.temperatures = None if temperatures is None else np.asarray(temperatures)
 
 
 class BatchPolicyControl:
@@ -224,7 +248,7 @@ class BatchPolicyControl:
     ``VLLMEngine.step`` applies the env's action (the depth capped at the proposer's largest); the
     action chosen at call ``t`` drafts for step ``t + 1``: the env's one-step lag, unchanged.
 
-    :param policy: a size policy trained on ``draftrl/ServeReplay-v0`` or ``ServeVLLM-v0``.
+    :param policy: a size policy trained on ``draftrl/ServeReplay-v1`` or ``ServeVLLM-v1``.
     :param control: the rule each request's own depth follows under the policy's action (the
         training env's ``rule``, ``match`` or ``heuristic``); None: ``match``.
     :param clock: the seconds :class:`ServingObserver` reads.
@@ -237,7 +261,7 @@ class BatchPolicyControl:
                  clock: Callable[[], float] = time.perf_counter):
         if policy.kind != "size":
             raise ValueError("a serving policy chooses (depth, budget) per step: export a size policy trained on "
-                             "draftrl/ServeReplay-v0 or ServeVLLM-v0.")
+                             "draftrl/ServeReplay-v1 or ServeVLLM-v1.")
         self.policy = policy
         self.control = control if control is not None else rule_controller("match")
         self.observer = ServingObserver(make_serving_features(policy.manifest.get("features") or {},
@@ -261,4 +285,4 @@ class BatchPolicyControl:
 
     def drafted(self, view: StepView, record: ProposeRecord) -> None:
         self.control.drafted(view, record)
-        self.observer.drafted(int(record.admitted.sum()), record.acceptance, record.match_len)
+        self.observer.drafted(int(record.admitted.sum()), record.acceptance, record.match_len, record.temperature)

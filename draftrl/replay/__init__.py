@@ -6,7 +6,8 @@ Two tracks, one layer, side by side:
   recorded by ``draftrl collect``), :mod:`~draftrl.replay.calibrate` (the round cost table of
   ``draftrl calibrate``), :mod:`~draftrl.replay.round_table` (every round a schedule could play);
 - the serve track (a batch under load, ``ServeVLLM`` envs): :mod:`~draftrl.replay.recordings`
-  (vLLM's greedy continuations, ``draftrl collect --engine vllm``, and the drafters' proposals),
+  (vLLM's continuations, greedy and seeded sampled ones per sampling class, ``draftrl collect --engine
+  vllm``, and the drafters' proposals),
   :mod:`~draftrl.replay.serve_calibrate` (the step cost model of ``draftrl calibrate --engine vllm``),
   :mod:`~draftrl.replay.serve_engine` (``ReplayEngine``, a ``ServingEngine`` over recordings).
 

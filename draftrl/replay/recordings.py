@@ -1,10 +1,22 @@
-"""Serving recordings: what ``draftrl/ServeReplay-v0``'s engine replays, and how they are recorded.
+"""Serving recordings: what ``draftrl/ServeReplay-v1``'s engine replays, and how they are recorded.
 
-**Recordings** (:func:`record`, :class:`Recordings`): each request's greedy continuation, decoded
-by a real serving engine without speculation (``draftrl collect --engine vllm``, through
-:func:`record_workload`: vLLM, float32, the engine the replay stands for). At temperature 0 a
-correct speculative engine emits exactly that continuation whatever it drafts, so the tokens need
-no model.
+**Recordings** (:func:`record`, :class:`Recordings`): each request's continuations, decoded by a
+real serving engine without speculation (``draftrl collect --engine vllm``, through
+:func:`record_workload`: vLLM, float32, the engine the replay stands for), one per sampling class
+of the workload (``WorkloadConfig.sampling_classes``): the greedy one for a greedy class, and
+``K`` sampled ones (``--continuations K``, each with its own seed, :func:`continuation_seed`)
+for a class at temperature > 0. At temperature 0 a correct speculative engine emits exactly the
+greedy continuation whatever it drafts, so the tokens need no model.
+
+**Why sampled continuations replay exactly** (vLLM's one-hot verification, ``SAMPLING.md``):
+vLLM drafts deterministically and accepts a draft token d with probability p(d), else samples
+the residual p with d removed; so the emitted token equals d iff d is accepted, and the emitted
+sequence follows p step by step whatever was drafted. Coupling the engine's draws with one
+continuation y sampled from p without speculation, a draft is accepted iff it equals y's next
+token: the same joint law of (tokens, accepted counts) as the engine's, drafts being functions of
+the true prefix. The greedy replay's rule (:func:`accepted_prefix`) is therefore the rule at every
+temperature; only which continuation a request follows changes (its sampling class, and one of its
+``K`` continuations drawn per request).
 
 **Proposals** (:class:`Proposals`): the n-gram drafter is deterministic given the context, so its
 proposal from every true prefix ``prompt + continuation[:t]`` is recomputed here with the same
@@ -25,12 +37,16 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from draftrl.config.serve import ServeConfig
+from draftrl.config.workload import SamplingClass
 from draftrl.decoding.admission import StepAction
 from draftrl.decoding.vllm.proposer import serving_drafter
 from draftrl.decoding.workload import Workload
@@ -39,16 +55,22 @@ from draftrl.io import read_json, write_json
 from draftrl.models.distribution import SamplingParams
 from draftrl.prompts import Prompt
 
-FORMAT = "draftrl-serve-recordings/1"
+FORMAT = "draftrl-serve-recordings/2"
+#: The first format (greedy continuations only, one per request): loads as greedy, one continuation each.
+FORMAT_V1 = "draftrl-serve-recordings/1"
 #: File of a recordings directory.
 RECORDINGS_FILE = "recordings.json"
 #: Tokens recorded past each request's limit (see :class:`Recording`).
 LOOKAHEAD = 16
+#: ``draftrl collect --engine vllm``'s sampled continuations per request and class at temperature > 0.
+CONTINUATIONS = 8
 
 
 @dataclass
 class Recording:
-    """One request decoded greedily without speculation, ``lookahead`` tokens past its limit.
+    """One continuation of a request decoded without speculation, ``lookahead`` tokens past its limit:
+    greedy (``temperature`` 0) or sampled with ``temperature``, ``top_k``, ``top_p`` and ``seed``
+    (continuation number ``sample`` of its sampling class).
 
     Why the lookahead: in the step a request reaches its limit, vLLM's proposer still sees every
     token the step verified, past the limit too (the scheduler truncates the output afterwards),
@@ -64,6 +86,18 @@ class Recording:
     token_ids: list[int]
     """the continuation, decoded to ``max_new_tokens + lookahead`` tokens or EOS"""
     lookahead: int = 0
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    sample: int = 0
+    """which of its class's continuations (0..K-1)"""
+    seed: int | None = None
+    """the seed vLLM sampled it with (None: greedy)"""
+
+    @property
+    def sampling(self) -> SamplingClass:
+        """Its sampling class (weight aside)."""
+        return SamplingClass(self.temperature, self.top_k, self.top_p)
 
     def tokens_for(self, max_new_tokens: int) -> int:
         """How many tokens a request with ``max_new_tokens`` emits (an error past the recording)."""
@@ -85,7 +119,24 @@ class Recordings:
 
     @property
     def prompts(self) -> list[Prompt]:
-        return [r.prompt for r in self.requests]
+        """The recorded prompts, each once (in recording order)."""
+        seen: dict[str, Prompt] = {}
+        for r in self.requests:
+            seen.setdefault(r.prompt.id, r.prompt)
+        return list(seen.values())
+
+    def sampling_keys(self) -> set[tuple[float, int, float]]:
+        """The ``SamplingClass.key`` of every class recorded."""
+        return {r.sampling.key for r in self.requests}
+
+    def check_covers(self, classes: tuple[SamplingClass, ...], where: str = "env") -> None:
+        """Refuse, naming the fix, a workload whose sampling classes were not all recorded."""
+        missing = [c.label for c in classes if c.key not in self.sampling_keys()]
+        if missing:
+            recorded = ", ".join(sorted(SamplingClass(*k).label for k in self.sampling_keys()))
+            raise ValueError(f"the recordings hold {recorded} continuations, not {', '.join(missing)}; record this "
+                             f"workload with draftrl collect --engine vllm (the same {where}.temperature_mix or "
+                             f"{where}.temperature) --continuations K.")
 
     def prompt_ids(self) -> dict[str, list[int]]:
         """Prompt id -> its recorded prompt token ids (the workload needs no tokenizer)."""
@@ -95,7 +146,8 @@ class Recordings:
         path = Path(out) / RECORDINGS_FILE
         write_json(path, {"format": FORMAT, "meta": self.meta, "requests": [
             {"prompt": r.prompt.__dict__, "prompt_ids": r.prompt_ids, "max_new_tokens": r.max_new_tokens,
-             "token_ids": r.token_ids, "lookahead": r.lookahead} for r in self.requests]})
+             "token_ids": r.token_ids, "lookahead": r.lookahead, "temperature": r.temperature, "top_k": r.top_k,
+             "top_p": r.top_p, "sample": r.sample, "seed": r.seed} for r in self.requests]})
         return path
 
     @classmethod
@@ -107,24 +159,53 @@ class Recordings:
         if not path.is_file():
             raise ValueError(f"no recordings at {path}; record them with draftrl collect --engine vllm --out DIR.")
         data = read_json(path, "recordings")
-        if data.get("format") != FORMAT:
-            raise ValueError(f"{path} is not a serving recording (format {data.get('format')!r}, expected {FORMAT!r}).")
+        fmt = data.get("format")
+        if fmt not in (FORMAT, FORMAT_V1):
+            raise ValueError(f"{path} is not a serving recording (format {fmt!r}, expected {FORMAT!r}).")
+        meta = dict(data.get("meta", {}))
+        if fmt == FORMAT_V1:
+            # the first format decoded every request greedily, whatever its meta's config said
+            meta["format_loaded"] = FORMAT_V1
+            meta["sampling"] = [{"temperature": 0.0, "top_k": 0, "top_p": 1.0, "continuations": 1}]
+        sampling = ("temperature", "top_k", "top_p", "sample", "seed")
         return cls([Recording(Prompt(**r["prompt"]), [int(t) for t in r["prompt_ids"]], int(r["max_new_tokens"]),
-                              [int(t) for t in r["token_ids"]], int(r["lookahead"])) for r in data["requests"]],
-                   data.get("meta", {}))
+                              [int(t) for t in r["token_ids"]], int(r["lookahead"]),
+                              **{k: r[k] for k in sampling if k in r and fmt == FORMAT})
+                    for r in data["requests"]], meta)
+
+
+def continuation_seed(seed: int | None, prompt_id: str, sampling: SamplingClass, sample: int) -> int:
+    """The vLLM seed of continuation ``sample`` of ``prompt_id`` in class ``sampling``: a function of
+    the config's ``seed`` (None reads as 0), the prompt, the class and the continuation number only,
+    so a recording is reproducible and one request's seeds do not move when others are added."""
+    words = [int(seed or 0), zlib.crc32(prompt_id.encode()), zlib.crc32(sampling.label.encode()), int(sample)]
+    return int(np.random.SeedSequence(words).generate_state(1)[0] & 0x7FFFFFFF)
 
 
 def record(engine, requests: list[tuple[Prompt, list[int], int]], *, lookahead: int = LOOKAHEAD,
-           meta: dict[str, Any] | None = None, progress=None) -> Recordings:
-    """Decode ``(prompt, prompt_ids, max_new_tokens)`` requests greedily without speculation on
-    ``engine`` (any :class:`~draftrl.decoding.interface.ServingEngine`; every step's action is
-    depth 0, budget 0), all queued at once, each to ``max_new_tokens + lookahead`` tokens."""
+           meta: dict[str, Any] | None = None, progress=None,
+           sampling: tuple[SamplingClass, ...] = (SamplingClass(),), continuations: int = 1,
+           seed: int | None = None) -> Recordings:
+    """Decode ``(prompt, prompt_ids, max_new_tokens)`` requests without speculation on ``engine``
+    (any :class:`~draftrl.decoding.interface.ServingEngine`; every step's action is depth 0, budget
+    0), all queued at once, each to ``max_new_tokens + lookahead`` tokens: once per greedy class of
+    ``sampling`` and ``continuations`` times (seeds from :func:`continuation_seed` of ``seed``) per
+    class at temperature > 0."""
+    if continuations < 1:
+        raise ValueError(f"continuations={continuations} must be >= 1 (sampled continuations per request and class).")
     if engine.has_unfinished_requests():
         engine.abort_all()
     tokens: dict[str, list[int]] = {}
+    entries: list[tuple[str, Prompt, list[int], int, SamplingClass, int, int | None]] = []
     for i, (prompt, ids, max_new_tokens) in enumerate(requests):
-        engine.add_request(f"rec{i}", list(ids), int(max_new_tokens) + lookahead, temperature=0.0)
-        tokens[f"rec{i}"] = []
+        for c in sampling:
+            for k in range(1 if c.greedy else continuations):
+                rid = f"rec{i}/{c.label}/{k}"
+                s = None if c.greedy else continuation_seed(seed, prompt.id, c, k)
+                engine.add_request(rid, list(ids), int(max_new_tokens) + lookahead, temperature=c.temperature,
+                                   top_k=c.top_k, top_p=c.top_p, seed=s)
+                tokens[rid] = []
+                entries.append((rid, prompt, list(ids), int(max_new_tokens), c, k, s))
     t0 = time.perf_counter()
     num_steps = 0
     while engine.has_unfinished_requests():
@@ -133,14 +214,17 @@ def record(engine, requests: list[tuple[Prompt, list[int], int]], *, lookahead: 
         num_steps += 1
         if progress is not None and num_steps % 32 == 0:
             progress(f"{num_steps} steps, {sum(map(len, tokens.values()))} tokens")
-    meta = {**(meta or {}), "record_seconds": time.perf_counter() - t0, "record_steps": num_steps}
-    return Recordings([Recording(p, list(ids), int(m), tokens[f"rec{i}"], lookahead)
-                       for i, (p, ids, m) in enumerate(requests)], meta)
+    meta = {**(meta or {}), "record_seconds": time.perf_counter() - t0, "record_steps": num_steps,
+            "sampling": [{"temperature": c.temperature, "top_k": c.top_k, "top_p": c.top_p,
+                          "continuations": 1 if c.greedy else continuations} for c in sampling]}
+    return Recordings([Recording(p, ids, m, tokens[rid], lookahead, c.temperature, c.top_k, c.top_p, k, s)
+                       for rid, p, ids, m, c, k, s in entries], meta)
 
 
 def accepted_prefix(draft: list[int], continuation: list[int], t: int) -> int:
     """How many leading tokens of ``draft``, proposed after ``t`` tokens, the recorded
-    ``continuation`` accepts (greedy: each must equal the next recorded token)."""
+    ``continuation`` accepts: each must equal the next recorded token (greedy, and sampled under
+    vLLM's one-hot verification: the module docstring)."""
     a = 0
     while a < len(draft) and t + a < len(continuation) and draft[a] == continuation[t + a]:
         a += 1
@@ -259,11 +343,14 @@ def parse_replay_drafter(spec: str) -> int | None:
     raise ValueError(f"drafter={spec!r} cannot be replayed; choose one of {', '.join(REPLAY_DRAFTERS)} (e.g. sam:2).")
 
 
-def record_workload(config: ServeConfig, engine=None, tokenizer=None, progress=None) -> Recordings:
-    """Record every request of a :class:`~draftrl.config.serve.ServeConfig`'s workload.
+def record_workload(config: ServeConfig, engine=None, tokenizer=None, progress=None,
+                    continuations: int = 1) -> Recordings:
+    """Record every request of a :class:`~draftrl.config.serve.ServeConfig`'s workload, in every
+    sampling class of it (``continuations`` sampled continuations per request in each class at
+    temperature > 0, seeded from ``config.seed``).
 
     Default engine: vLLM without speculation in ``config.dtype`` (float32 by default: there vLLM
-    with draftrl's proposer is token-identical to it, so the recording is what ``ServeVLLM-v0``
+    with draftrl's proposer is token-identical to it, so the recording is what ``ServeVLLM-v1``
     emits under every policy; a Hugging Face greedy decode may break float ties differently).
     """
     if engine is None:
@@ -279,4 +366,5 @@ def record_workload(config: ServeConfig, engine=None, tokenizer=None, progress=N
     workload = Workload(config, tokenizer)
     requests = [(r.prompt, r.prompt_ids, r.max_new_tokens) for r in map(workload.request, range(len(workload)))]
     describe = engine.describe() if hasattr(engine, "describe") else {"engine": type(engine).__name__}
-    return record(engine, requests, meta={"config": dataclasses.asdict(config), "engine": describe}, progress=progress)
+    return record(engine, requests, meta={"config": dataclasses.asdict(config), "engine": describe}, progress=progress,
+                  sampling=config.sampling_classes, continuations=continuations, seed=config.seed)

@@ -1,4 +1,4 @@
-"""A continuous-batching serving engine replayed from recordings: ``draftrl/ServeReplay-v0``'s engine.
+"""A continuous-batching serving engine replayed from recordings: ``draftrl/ServeReplay-v1``'s engine.
 
 :class:`ReplayEngine` keeps vLLM's step semantics (what ``VLLMEngine`` does) over
 :class:`~draftrl.replay.recordings.Recordings` and their proposals: a waiting queue admitted up
@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from draftrl.config.serve import SERVING_DRAFTER, ServeConfig
+from draftrl.config.workload import SamplingClass
 from draftrl.decoding.admission import RequestAcceptance, StepAction, admit_drafts, draft_cap
 from draftrl.decoding.interface import EngineStep, QueuedBatch, RequestStep
 from draftrl.decoding.vllm.control import HeuristicRule, MatchRule, RuleControl, StepView, rule_controller
@@ -135,7 +136,7 @@ def replay_drafter(config: ServeConfig, drafter: str = "ngram") -> str:
     named = {"eagle3": "eagle3", "sam": f"sam:{rest.partition(':')[0]}"}.get(kind)
     if named is None or drafter not in ("ngram", named):
         raise ValueError(f"{config.section}.drafter={config.drafter!r} cannot be replayed with drafter={drafter!r}: "
-                         f"ServeReplay-v0 replays the proposer's n-gram drafter ({SERVING_DRAFTER}) or an EAGLE-3 head "
+                         f"ServeReplay-v1 replays the proposer's n-gram drafter ({SERVING_DRAFTER}) or an EAGLE-3 head "
                          "(eagle3[:DIR], sam:N[:DIR], with head_proposals); set one of those.")
     return named
 
@@ -154,6 +155,8 @@ class _ReplayRequest:
     generated: int = 0
     will_accept: int = 0
     """how many of the drafts proposed last step the continuation accepts"""
+    temperature: float = 0.0
+    """its sampling class's temperature (0 = greedy)"""
 
 
 class ReplayEngine(QueuedBatch):
@@ -205,7 +208,10 @@ class ReplayEngine(QueuedBatch):
                              f"with draftrl collect --engine vllm (lookahead {LOOKAHEAD}).")
         self.proposals = proposals if proposals is not None and proposals.max_depth >= self.max_depth \
             else Proposals(recordings, self.max_depth)
-        self._by_prompt = {tuple(r.prompt_ids): i for i, r in enumerate(recordings.requests)}
+        self._by_prompt: dict[tuple[int, ...], dict[tuple[float, int, float], list[int]]] = {}
+        """prompt ids -> sampling key -> recording indices of its continuations, by ``sample``"""
+        for i, r in sorted(enumerate(recordings.requests), key=lambda e: e[1].sample):
+            self._by_prompt.setdefault(tuple(r.prompt_ids), {}).setdefault(r.sampling.key, []).append(i)
         self._start_queue()
 
     @classmethod
@@ -217,14 +223,12 @@ class ReplayEngine(QueuedBatch):
         :class:`StepCostModel`); ``kwargs`` as the constructor's (``proposals``, ``drafter``,
         ``head_proposals``, ``cost_jitter``, ``cost_noise``). The config's ``drafter`` (a drafter
         spec) names the drafter replayed as ``drafter`` does (:func:`replay_drafter`)."""
-        if config.temperature != 0:
-            raise ValueError(f"{config.section}.temperature={config.temperature}: ServeReplay-v0 replays greedy "
-                             "recordings; use temperature 0 (or ServeVLLM-v0 to sample).")
         if recordings is None or calibration is None:
             raise ValueError("the serving replay needs recordings= (draftrl collect --engine vllm --out DIR) and "
                              "calibration= (draftrl calibrate --engine vllm --out FILE).")
         if not isinstance(recordings, Recordings):
             recordings = Recordings.load(recordings)
+        recordings.check_covers(config.sampling_classes, config.section)
         recorded = recordings.meta.get("config", {})
         for name in ("target", "chat_template"):
             if name in recorded and recorded[name] != getattr(config, name):
@@ -256,16 +260,24 @@ class ReplayEngine(QueuedBatch):
     # ------------------------------------------------------------------ requests
     def add_request(self, request_id: str, prompt_ids: list[int], max_new_tokens: int, *,
                     temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int | None = None) -> None:
-        """Queue a recorded request (greedy only: sampling has no single continuation to replay)."""
-        if temperature != 0:
-            raise ValueError(f"temperature={temperature}: the replay engine replays greedy recordings; use 0.")
-        index = self._by_prompt.get(tuple(prompt_ids))
-        if index is None:
-            raise ValueError(f"request {request_id!r}: its prompt is not among the {len(self.recordings)} recorded "
+        """Queue a recorded request: it follows one recorded continuation of its prompt in its sampling
+        class (``temperature``, ``top_k``, ``top_p``), number ``seed % K`` of the class's ``K`` (the first
+        when ``seed`` is None), accepting drafts by the one-hot coupling (``draftrl.replay.recordings``)."""
+        by_class = self._by_prompt.get(tuple(prompt_ids))
+        if by_class is None:
+            raise ValueError(f"request {request_id!r}: its prompt is not among the {len(self._by_prompt)} recorded "
                              "ones; record this workload with draftrl collect --engine vllm.")
+        sampling = SamplingClass(temperature, top_k, top_p)
+        indices = by_class.get(sampling.key)
+        if indices is None:
+            recorded = ", ".join(sorted(SamplingClass(*k).label for k in by_class))
+            raise ValueError(f"request {request_id!r} samples with {sampling.label}, but its prompt was recorded "
+                             f"with {recorded} only; record this workload with draftrl collect --engine vllm at "
+                             "its temperatures (env.temperature_mix).")
+        index = indices[int(seed) % len(indices) if seed is not None else 0]
         rec = self.recordings.requests[index]
         self.waiting.append(_ReplayRequest(request_id, index, len(rec.prompt_ids), rec.tokens_for(max_new_tokens),
-                                           RequestAcceptance()))
+                                           RequestAcceptance(), temperature=sampling.temperature))
 
     def _start_queue(self) -> None:
         super()._start_queue()
@@ -388,6 +400,7 @@ class ReplayEngine(QueuedBatch):
         seconds = self.cost.seconds(len(running), num_tokens, self.rng, prompt_tokens,
                                     (len(head_levels), max(head_levels, default=0)))
         self._signals = (acceptance, np.array(match, dtype=np.int64))
+        self._temperatures = np.array([r.temperature for r in running], dtype=np.float64)
         self._rows = [r if r.generated < r.length else None for r in running]
         self.running = [r for r in self._rows if r is not None]
         return EngineStep(seconds, steps, len(self.running), len(self.waiting), int(admitted.sum()))

@@ -1,6 +1,6 @@
-"""The serving envs' observation (``draftrl/ServeVLLM-v0``, ``draftrl/ServeReplay-v0``), built in one place.
+"""The serving envs' observation (``draftrl/ServeVLLM-v1``, ``draftrl/ServeReplay-v1``), built in one place.
 
-Why a class of its own: a policy trained on the serving envs must see the same 20 numbers when it
+Why a class of its own: a policy trained on the serving envs must see the same 23 numbers when it
 runs inside vLLM (``draftrl.export.vllm_control.BatchPolicyControl``), where no env exists. The env
 and the exported controller both feed :class:`ServingFeatures` what an engine step did (:class:`StepCounts`)
 and read :meth:`ServingFeatures.observation`; neither computes a feature itself.
@@ -9,6 +9,11 @@ Units: seconds of wall clock (or of the replay's cost model), token counts; ``ru
 ``waiting`` and ``tokens_in_flight`` are shares of the engine's ``max_num_seqs`` and
 ``max_num_seqs x max_model_len``. The table with every entry is in ``ServeVLLMEnv``'s docstring.
 Numpy only, no engine code.
+
+The batch's sampling (v1, issue 46): ``greedy_share``, ``temperature_mean`` and ``temperature_max``
+over the requests the proposer drafted for after the last step (the rows of ``acceptance``), from
+each request's own ``SamplingParams`` (the replay: its sampling class; vLLM: the model runner's
+persistent batch, read by the proposer every step).
 """
 
 from __future__ import annotations
@@ -40,8 +45,14 @@ OBSERVATION: tuple[tuple[str, float, float], ...] = (
     ("last_depth", 0.0, 1.0),
     ("last_budget", 0.0, 1.0),
     ("tokens_per_second_ema", 0.0, 1e5),
+    ("greedy_share", 0.0, 1.0),
+    ("temperature_mean", 0.0, 2.0),
+    ("temperature_max", 0.0, 2.0),
 )
 FEATURE_NAMES: tuple[str, ...] = tuple(name for name, _, _ in OBSERVATION)
+#: The first observation's names (``ServeVLLM-v1`` / ``ServeReplay-v1``: blind to the batch's sampling);
+#: an exported policy that reads them is refused naming the fix (``draftrl.export.features``).
+FEATURE_NAMES_V0: tuple[str, ...] = FEATURE_NAMES[:20]
 #: What the export manifest names as the builder of these features.
 BUILDER = "draftrl.signals.serving.ServingFeatures"
 
@@ -135,12 +146,15 @@ class ServingFeatures:
         self.last_action = (int(action[0]), int(action[1]))
         self.num_running, self.num_waiting = int(step.num_running), int(step.num_waiting)
 
-    def observation(self, tokens_in_flight: int, acceptance: np.ndarray, match_len: np.ndarray) -> np.ndarray:
-        """``[20]`` float32, clipped to the table's bounds.
+    def observation(self, tokens_in_flight: int, acceptance: np.ndarray, match_len: np.ndarray,
+                    temperatures: np.ndarray | None = None) -> np.ndarray:
+        """``[23]`` float32, clipped to the table's bounds.
 
         :param tokens_in_flight: prompt + generated tokens of the admitted, unfinished requests
         :param acceptance: ``[A]`` per-position acceptance estimates of the requests drafted for last step
         :param match_len: ``[A]`` their n-gram match lengths (0 = none)
+        :param temperatures: ``[A]`` their temperatures (0 = greedy); None: every one greedy (an engine
+            that samples nothing)
         """
         last, ema = self._last, self._ema
         running = self.num_running
@@ -164,5 +178,16 @@ class ServingFeatures:
             self.last_action[0] / max(1, self.max_depth),
             self.last_action[1] / max(1, self.max_budget),
             ema.get("tokens_per_second", 0.0),
+            *self.sampling_entries(len(accept), temperatures),
         ]
         return np.clip(np.asarray(obs, dtype=np.float32), self.low, self.high)
+
+    @staticmethod
+    def sampling_entries(num_rows: int, temperatures: np.ndarray | None) -> tuple[float, float, float]:
+        """``(greedy_share, temperature_mean, temperature_max)`` of ``num_rows`` requests (zeros for none)."""
+        temps = [0.0] * num_rows if temperatures is None else np.asarray(temperatures, dtype=np.float64).tolist()
+        if len(temps) != num_rows:
+            raise ValueError(f"{len(temps)} temperatures for {num_rows} requests: one per request drafted for.")
+        if not temps:
+            return 0.0, 0.0, 0.0
+        return sum(t == 0 for t in temps) / len(temps), sum(temps) / len(temps), max(temps)

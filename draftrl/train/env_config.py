@@ -56,20 +56,20 @@ class AnalyticEnvConfig:
 
 @dataclass
 class ServeEnvConfig(ServeConfig):
-    """``draftrl/ServeVLLM-v0``'s ``ServeConfig`` fields, and ``draftrl/ServeReplay-v0``'s recordings and costs."""
+    """``draftrl/ServeVLLM-v1``'s ``ServeConfig`` fields, and ``draftrl/ServeReplay-v1``'s recordings and costs."""
 
     section: ClassVar[str] = "env.serve"
 
     recordings: str | None = None
-    """ServeReplay-v0: a directory from draftrl collect --engine vllm"""
+    """ServeReplay-v1: a directory from draftrl collect --engine vllm"""
     calibration: str | None = None
-    """ServeReplay-v0: the JSON from draftrl calibrate --engine vllm"""
+    """ServeReplay-v1: the JSON from draftrl calibrate --engine vllm"""
     cost_jitter: float = 0.0
-    """ServeReplay-v0: lognormal sigma of per-episode factors on the step-cost coefficients (0 = none)"""
+    """ServeReplay-v1: lognormal sigma of per-episode factors on the step-cost coefficients (0 = none)"""
     cost_noise: bool = True
-    """ServeReplay-v0: add the calibration's residual noise to every step"""
+    """ServeReplay-v1: add the calibration's residual noise to every step"""
     loads: list[dict[str, Any]] = field(default_factory=list)
-    """ServeReplay-v0: each episode draws one of these arrival settings (e.g. {arrival: poisson, rate: 4.0})"""
+    """ServeReplay-v1: each episode draws one of these arrival settings (e.g. {arrival: poisson, rate: 4.0})"""
 
     def serve_config(self) -> ServeConfig:
         """The ``ServeConfig`` part."""

@@ -46,12 +46,16 @@ def test_serving_env_runs_on_the_hf_engine(smollm2):
 
     engine = HFBatchEngine(smollm2, max_depth=8, max_num_seqs=4, eos_token_ids=tuple(smollm2.eos_token_ids))
     env = ServeVLLMEnv(engine=engine, tokenizer=smollm2.tokenizer, num_requests=3, max_new_tokens=8, concurrency=2,
-                       split="heldout", languages=("en",), seed=0)
+                       split="heldout", languages=("en",), seed=0, temperature_mix={0: 0.5, 1.0: 0.5})
     obs, _ = env.reset()
-    assert obs.shape == (20,) and env.action_lag == 0
-    done, info = False, {}
+    assert obs.shape == (23,) and env.action_lag == 0
+    done, info, hottest = False, {}, []
     while not done:
         obs, reward, done, truncated, info = env.step(np.array([4, 3]))
         assert env.observation_space.contains(obs)
         assert info["num_verified"] <= 8
+        hottest.append(obs[env.feature_names.index("temperature_max")])
+    # the batch's sampling entries follow the requests' own temperatures (a mix: each drew its own)
+    drawn = {r.sampling.temperature for r in info["requests"]}
+    assert max(hottest) == max(drawn) and len(engine.request_temperatures()) == len(engine.request_signals()[0])
     assert [len(r.token_ids) for r in info["requests"]] == [8, 8, 8] or all(r.finished for r in info["requests"])

@@ -1,4 +1,4 @@
-"""What the replayed env ids do, pinned: ``TraceReplay-v0``, ``TraceReplayDepth-v0``, ``ServeReplay-v0``.
+"""What the replayed env ids did, pinned (as v0): ``TraceReplay-v0``, ``TraceReplayDepth-v0``, ``ServeReplay-v0``.
 
 An id keeps its version only while its episodes stay the same for the same seed and actions
 (``docs/architecture.md``: a version goes up when the reward or the spaces change). This module
@@ -149,10 +149,10 @@ def cases() -> dict[str, tuple[str, dict[str, Any]]]:
             traces=w2, cost_table=table, size_policy=size_policy, config=dict(round_env, width=2, cost_noise=0.05))),
         "trace_replay_depth_tree_fixed_size": ("draftrl/TraceReplayDepth-v1", dict(
             traces=w2, cost_table=table, verify_size=2, config=dict(round_env, width=2, reward="throughput"))),
-        "serve_replay_loads_jitter": ("draftrl/ServeReplay-v0", dict(
+        "serve_replay_loads_jitter": ("draftrl/ServeReplay-v1", dict(
             recordings=recs, calibration=cost, cost_jitter=0.1, max_new_tokens=16, num_requests=4, depths=(0, 1, 2, 4),
             budgets=(0, 2, 8, 64), loads=[{"concurrency": 2}, {"arrival": "poisson", "rate": 40.0}])),
-        "serve_replay_heuristic_quiet": ("draftrl/ServeReplay-v0", dict(
+        "serve_replay_heuristic_quiet": ("draftrl/ServeReplay-v1", dict(
             recordings=recs, calibration=cost, cost_noise=False, rule="heuristic", max_new_tokens=16, num_requests=4,
             depths=(0, 2, 4), budgets=(0, 4, 64), concurrency=3)),
     }

@@ -27,8 +27,8 @@ EXPECTED = {
     "draftrl/SpecDecodeDepth-v2": {"config", "verify_size"},
     "draftrl/TraceReplay-v1": {"config", "traces"},
     "draftrl/TraceReplayDepth-v1": {"config", "traces", "verify_size"},
-    "draftrl/ServeVLLM-v0": {"config"},
-    "draftrl/ServeReplay-v0": {"config", "recordings", "calibration", "cost_jitter", "cost_noise", "loads"},
+    "draftrl/ServeVLLM-v1": {"config"},
+    "draftrl/ServeReplay-v1": {"config", "recordings", "calibration", "cost_jitter", "cost_noise", "loads"},
 }
 
 
@@ -60,7 +60,7 @@ def test_make_kwargs_reads_the_entry(env_id):
         assert isinstance(kwargs["config"], ServeConfig) and kwargs["config"].drafter == ServeConfig().drafter
     if "verify_size" in kwargs:
         assert kwargs["verify_size"] == 3
-    if env_id == "draftrl/ServeReplay-v0":
+    if env_id == "draftrl/ServeReplay-v1":
         assert (kwargs["recordings"], kwargs["cost_noise"], kwargs["loads"]) == ("rec", False, [{"rate": 2.0}])
 
 

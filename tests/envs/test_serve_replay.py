@@ -1,5 +1,5 @@
-"""``draftrl/ServeReplay-v0`` without vLLM: exact continuations for every policy, budget 0 = the
-no-speculation schedule, the cost model's seconds, and spaces identical to ``ServeVLLM-v0``
+"""``draftrl/ServeReplay-v1`` without vLLM: exact continuations for every policy, budget 0 = the
+no-speculation schedule, the cost model's seconds, and spaces identical to ``ServeVLLM-v1``
 (the engine alone: ``tests/replay/test_serve_engine.py``)."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def recordings():
 
 def make(recordings, **kwargs):
     kwargs.setdefault("max_new_tokens", TOKENS)
-    return gym.make("draftrl/ServeReplay-v0", recordings=recordings, calibration=COST, **kwargs)
+    return gym.make("draftrl/ServeReplay-v1", recordings=recordings, calibration=COST, **kwargs)
 
 
 def rollout(env, choose, seed=0):
@@ -144,13 +144,13 @@ def test_step_seconds_follow_the_cost_model_with_jitter_and_noise(recordings):
 
 def test_a_prefill_step_is_charged_per_prompt_token(recordings):
     cost = StepCostModel(base=0.03, per_seq=0.002, per_token=0.0005, per_prefill_token=0.0001)
-    env = gym.make("draftrl/ServeReplay-v0", recordings=recordings, calibration=cost, max_new_tokens=TOKENS,
+    env = gym.make("draftrl/ServeReplay-v1", recordings=recordings, calibration=cost, max_new_tokens=TOKENS,
                    concurrency=3, shuffle=False, cost_noise=False).unwrapped
     infos = rollout(env, fixed(4, 7))
     prompts = [len(r.prompt_ids) for r in recordings.requests]
     assert infos[0]["seconds"] == pytest.approx(0.03 + 0.002 * 3 + 0.0001 * sum(prompts[:3]))
     # every prompt is charged once, in the step that admits it, on top of the decode cost
-    free = gym.make("draftrl/ServeReplay-v0", recordings=recordings, calibration=COST, max_new_tokens=TOKENS,
+    free = gym.make("draftrl/ServeReplay-v1", recordings=recordings, calibration=COST, max_new_tokens=TOKENS,
                     concurrency=3, shuffle=False, cost_noise=False).unwrapped
     plain = rollout(free, fixed(4, 7))
     assert [i["num_emitted"] for i in plain] == [i["num_emitted"] for i in infos]
@@ -163,7 +163,7 @@ def test_errors_name_the_fix(recordings):
     with pytest.raises(ValueError, match="temperature"):
         make(recordings, temperature=0.7)
     with pytest.raises(ValueError, match="calibrate --engine vllm"):
-        gym.make("draftrl/ServeReplay-v0", recordings=recordings, calibration="/nonexistent.json")
+        gym.make("draftrl/ServeReplay-v1", recordings=recordings, calibration="/nonexistent.json")
 
 
 

@@ -21,6 +21,7 @@ from draftrl.decoding.vllm.counts import SpecDecodingCounts
 from draftrl.decoding.vllm.engine import VLLMEngine, VLLMEngineConfig
 
 MAX_LEN = 1024
+VOCAB = 49152  # what vLLM stores as top_k when a request sets none
 
 
 def continuation(prompt: list[int], length: int) -> list[int]:
@@ -60,12 +61,17 @@ class ScriptedLLM:
         self.rows: list[dict] = []
         self.token_ids_cpu = np.zeros((max_num_seqs, MAX_LEN), dtype=np.int32)
         self.num_tokens = np.zeros(max_num_seqs, dtype=np.int32)
-        self.input_batch = SimpleNamespace(req_ids=[])  # what a driver-attached runner shows the proposer
+        # what a driver-attached runner shows the proposer: ids, and each row's sampling as vLLM keeps it
+        # (temperature 0 for greedy, top_k = vocabulary size when off)
+        self.input_batch = SimpleNamespace(req_ids=[], vocab_size=VOCAB, temperature_cpu=np.zeros(max_num_seqs),
+                                           top_k_cpu=np.full(max_num_seqs, VOCAB), top_p_cpu=np.ones(max_num_seqs))
         self.drafts_per_step: list[list[list[int]]] = []
 
-    def add_request(self, request_id: str, prompt_ids: list[int], max_new_tokens: int) -> None:
+    def add_request(self, request_id: str, prompt_ids: list[int], max_new_tokens: int, temperature: float = 0.0,
+                    top_k: int = 0, top_p: float = 1.0) -> None:
         self.waiting.append({"id": request_id, "prompt": list(prompt_ids), "max": max_new_tokens,
-                             "truth": continuation(list(prompt_ids), max_new_tokens), "out": [], "draft": []})
+                             "truth": continuation(list(prompt_ids), max_new_tokens), "out": [], "draft": [],
+                             "sampling": (temperature, top_k or VOCAB, top_p)})
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.waiting or self.rows)
@@ -103,6 +109,9 @@ class ScriptedLLM:
             self.token_ids_cpu[i, : len(ids)] = ids
             self.num_tokens[i] = len(ids)
         self.input_batch.req_ids = [r["id"] for r in self.rows]
+        for i, r in enumerate(self.rows):
+            batch = self.input_batch
+            batch.temperature_cpu[i], batch.top_k_cpu[i], batch.top_p_cpu[i] = r["sampling"]
         drafts = self.proposer.propose(sampled, self.num_tokens.copy(), self.token_ids_cpu)
         self.drafts_per_step.append([list(d) for d in drafts[: len(self.rows)]])
         base, per_seq, per_token = self.cost
@@ -139,9 +148,11 @@ class ScriptedVLLMEngine(VLLMEngine):
         self._internal, self._proposed = {}, {}
         self.load_seconds = 0.0
 
-    def add_request(self, request_id, prompt_ids, max_new_tokens, **sampling) -> None:
+    def add_request(self, request_id, prompt_ids, max_new_tokens, *, temperature=0.0, top_k=0, top_p=1.0,
+                    seed=None) -> None:
+        """Queue a request; its sampling shows in the batch (the script decodes one continuation whatever it is)."""
         self._internal[request_id] = request_id
-        self.llm.add_request(request_id, prompt_ids, max_new_tokens)
+        self.llm.add_request(request_id, prompt_ids, max_new_tokens, temperature, top_k, top_p)
 
 
 class ScriptedTokenizer:

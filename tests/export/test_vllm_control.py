@@ -12,6 +12,7 @@ start them in vLLM):
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import time
@@ -52,8 +53,8 @@ class Scripted:
 def entry_for(config: ServeConfig) -> dict:
     import dataclasses
 
-    return serving_entry({"env": {"id": "draftrl/ServeVLLM-v0", "serve": dataclasses.asdict(config)}},
-                         "draftrl/ServeVLLM-v0", list(FEATURE_NAMES))
+    return serving_entry({"env": {"id": "draftrl/ServeVLLM-v1", "serve": dataclasses.asdict(config)}},
+                         "draftrl/ServeVLLM-v1", list(FEATURE_NAMES))
 
 
 def batch_policy_proposer(k: int, policy, clock) -> DraftrlProposer:
@@ -71,7 +72,7 @@ class Undriven(ScriptedVLLMEngine):
 
 
 def run_env(engine, config, choose, controller=None):
-    """An episode of ServeVLLM-v0 over ``engine``: (observations, (depth, budget) per step); with
+    """An episode of ServeVLLM-v1 over ``engine``: (observations, (depth, budget) per step); with
     ``controller``, the engine's proposer decides with it instead of the env's rule."""
     env = ServeVLLMEnv(config, engine=engine, tokenizer=ScriptedTokenizer())
     if controller is not None:
@@ -91,19 +92,22 @@ def run_env(engine, config, choose, controller=None):
 # ----------------------------------------------------------------------------- BatchPolicyControl
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_exported_controller_observes_what_the_env_observes(seed, monkeypatch):
+    """Greedy (seeds 0, 1) and a temperature mix (seed 2: the batch's sampling entries, read by the
+    controller from the runner's persistent batch, the env's from the engine's)."""
+    config = CONFIG if seed < 2 else dataclasses.replace(CONFIG, temperature_mix={0: 0.4, 0.7: 0.3, 1.0: 0.3})
     rng = np.random.default_rng(seed)
     script = [np.array([rng.integers(3), rng.integers(4)]) for _ in range(400)]
     # the in-process driver: VLLMEngine.step + DraftrlProposer keyed by request id, the env's features
     clock = Clock()
     monkeypatch.setattr(engine_module, "time", SimpleNamespace(perf_counter=clock, thread_time=time.thread_time))
     driver = ScriptedVLLMEngine(DraftrlProposer(fake_vllm_config(4)), clock)
-    expected, actions = run_env(driver, CONFIG, lambda k: script[k])
+    expected, actions = run_env(driver, config, lambda k: script[k])
     # the exported controller alone (requests keyed by content, as under vllm serve), its own clock,
     # the same actions
     clock = Clock()
     monkeypatch.setattr(engine_module, "time", SimpleNamespace(perf_counter=clock, thread_time=time.thread_time))
-    policy = Scripted(entry_for(CONFIG), actions)
-    run_env(Undriven(DraftrlProposer(fake_vllm_config(4)), clock, attach_runner=False), CONFIG,
+    policy = Scripted(entry_for(config), actions)
+    run_env(Undriven(DraftrlProposer(fake_vllm_config(4)), clock, attach_runner=False), config,
             lambda k: np.array([0, 0]), BatchPolicyControl(policy, clock=clock))
     assert len(policy.seen) == len(actions) > 20  # one observation per engine step, before it drafts
     got = np.stack(policy.seen)
@@ -111,6 +115,11 @@ def test_exported_controller_observes_what_the_env_observes(seed, monkeypatch):
     for i, name in enumerate(FEATURE_NAMES):
         np.testing.assert_allclose(got[:, i], want[:, i], rtol=1e-6, atol=1e-7, err_msg=name)
     assert want[:, FEATURE_NAMES.index("accept_mean")].max() > 0 and want[:, FEATURE_NAMES.index("running")].max() > 0
+    share, top = want[:, FEATURE_NAMES.index("greedy_share")], want[:, FEATURE_NAMES.index("temperature_max")]
+    if config.mixed:  # some steps mix greedy and sampled requests
+        assert ((share > 0) & (share < 1)).any() and top.max() == pytest.approx(1.0)
+    else:
+        assert top.max() == 0 and share.max() == 1
 
 
 @pytest.mark.parametrize("seed", [0, 1])
@@ -190,7 +199,8 @@ def test_a_refused_export_leaves_out_untouched(analytic_run, serve_run, tmp_path
     assert not out.exists() and list(tmp_path.iterdir()) == []  # nothing written, no staging folder left
     out.mkdir()
     (out / "mine.txt").write_text("kept")
-    assert main(["export", str(serve_run), "--format", "vllm", "--out", str(out), "--budget", "4"]) != 0
+    assert main(["export", str(serve_run), "--format", "vllm", "--out", str(out), "--budget", "4",
+                 "--overwrite"]) != 0  # beside the user's file, refused for --budget
     assert "drop --budget" in capsys.readouterr().err
     assert [p.name for p in out.iterdir()] == ["mine.txt"] and sorted(p.name for p in tmp_path.iterdir()) == ["bundle"]
 
@@ -355,3 +365,40 @@ def test_an_earlier_bundles_proposer_class_is_refused_naming_the_fix(module, con
     with pytest.raises(ImportError, match="is gone: re-run draftrl export RUN --format vllm") as err:
         importlib.import_module(module)
     assert f"draftrl.export.vllm_control:{controller}" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_each_request_starts_with_its_sampling_from_vllms_batch(replay_exports, monkeypatch):
+    """RequestPolicyControl reads each request's sampling from vLLM's persistent batch (the runner's
+    ``input_batch``, here through ``propose``'s caller as under vllm serve) at its first step and starts
+    the training env's features with it where they read it (``start_episode(sampling=...)``)."""
+    from draftrl.export import vllm_control
+    from draftrl.export.features import make_feature_builder
+
+    started = []
+
+    class ReadsSampling:
+        """The training env's features, plus a ``sampling`` argument (the round envs' request group)."""
+
+        def __init__(self, inner):
+            self.inner = inner
+
+        def start_episode(self, max_new_tokens, sampling=None):
+            started.append(sampling)
+            self.inner.start_episode(max_new_tokens)
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+    monkeypatch.setattr(vllm_control, "make_feature_builder",
+                        lambda entry, names: ReadsSampling(make_feature_builder(entry, names)))
+    proposer = request_policy_proposer(FixedDepth(PolicyController(replay_exports["onnx"]), depth=4), k=3)
+    batch = Batch()
+    batch.input_batch = SimpleNamespace(vocab_size=49152, temperature_cpu=np.array([0.0, 0.7, 0, 0], np.float32),
+                                        top_k_cpu=np.array([49152, 20, 0, 0]),
+                                        top_p_cpu=np.array([1.0, 0.8, 1, 1], np.float32))
+    batch.add(repeating(10, 5, 20), repeating(10, 5, 200))
+    batch.add(repeating(50, 7, 21), repeating(50, 7, 200))
+    batch.propose(proposer)
+    labels = [proposer.requests[k].memory["sampling"].label for k in proposer.last.keys]
+    assert labels == ["T0", "T0.7:k20:p0.8"] and [s.label for s in started[-2:]] == labels
+    assert proposer.last.temperature.tolist() == pytest.approx([0.0, 0.7])

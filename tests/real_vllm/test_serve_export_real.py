@@ -1,4 +1,4 @@
-"""A serving-env policy (``ServeReplay-v0``, the ``serve_run`` fixture) exported with ``draftrl export
+"""A serving-env policy (``ServeReplay-v1``, the ``serve_run`` fixture) exported with ``draftrl export
 --format vllm`` starts real vLLM from its bundle alone: draftrl's proposer, whose controller
 ``BatchPolicyControl`` builds the env's observation every step, applies the policy's (depth,
 budget), and the float32 greedy outputs equal vLLM's without speculation."""

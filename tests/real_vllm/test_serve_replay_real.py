@@ -1,5 +1,5 @@
-"""``ServeReplay-v0`` against real vLLM: recordings from vLLM without speculation, then the same
-episodes in ``ServeVLLM-v0`` and in the replay give the same tokens and the same schedule
+"""``ServeReplay-v1`` against real vLLM: recordings from vLLM without speculation, then the same
+episodes in ``ServeVLLM-v1`` and in the replay give the same tokens and the same schedule
 (tokens, drafts verified, accepted and proposed, running and waiting, step by step); the cost
 model refits on a fresh tiny calibration."""
 

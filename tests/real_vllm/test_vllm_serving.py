@@ -16,7 +16,7 @@ from draftrl.envs.serve_vllm import FEATURE_NAMES
 
 
 def test_serve_env_steps_one_engine_step_and_keeps_the_budget():
-    env = gym.make("draftrl/ServeVLLM-v0", num_requests=3, max_new_tokens=12, concurrency=2, seed=0)
+    env = gym.make("draftrl/ServeVLLM-v1", num_requests=3, max_new_tokens=12, concurrency=2, seed=0)
     u = env.unwrapped
     assert u.action_lag == 1 and u.feature_names == FEATURE_NAMES and env.observation_space.shape == (20,)
     obs, info = env.reset(seed=1)
@@ -35,7 +35,7 @@ def test_serve_env_steps_one_engine_step_and_keeps_the_budget():
 
 
 def test_poisson_arrivals_wait_for_their_time():
-    env = gym.make("draftrl/ServeVLLM-v0", num_requests=3, max_new_tokens=6, arrival="poisson", rate=0.5, seed=0)
+    env = gym.make("draftrl/ServeVLLM-v1", num_requests=3, max_new_tokens=6, arrival="poisson", rate=0.5, seed=0)
     _, info = env.reset(seed=0)
     arrivals = info["arrivals"]
     assert arrivals == sorted(arrivals) and arrivals[0] > 0
@@ -48,7 +48,7 @@ def test_poisson_arrivals_wait_for_their_time():
 
 
 def _untrained_ppo(path):
-    """A PPO policy on ServeVLLM-v0's spaces (untrained: it exercises the ppo:PATH path, not learning)."""
+    """A PPO policy on ServeVLLM-v1's spaces (untrained: it exercises the ppo:PATH path, not learning)."""
     from stable_baselines3 import PPO
 
     from draftrl.config.serve import ServeConfig
@@ -62,7 +62,7 @@ def _untrained_ppo(path):
         depths, verify_sizes, feature_names = ServeConfig().depths, ServeConfig().budgets, FEATURE_NAMES
 
     save_trained(Learned(PPO("MlpPolicy", Spaces(), n_steps=8, seed=0), None), path, kind="size",
-                 env_id="draftrl/ServeVLLM-v0", grids_env=Spaces(), extra={})
+                 env_id="draftrl/ServeVLLM-v1", grids_env=Spaces(), extra={})
     return path
 
 

@@ -301,9 +301,9 @@ def test_env_section_errors_name_their_section(section):
     with fails(f"{section}.traces is not set; draftrl/TraceReplay-v1 needs traces: a directory written by "
                "draftrl collect"):
         made(f"{section}.id=draftrl/TraceReplay-v1")
-    with fails(f"{section}.serve.recordings and {section}.serve.calibration are not set; draftrl/ServeReplay-v0 "
+    with fails(f"{section}.serve.recordings and {section}.serve.calibration are not set; draftrl/ServeReplay-v1 "
                "needs serve.recordings"):
-        made(f"{section}.id=draftrl/ServeReplay-v0")
+        made(f"{section}.id=draftrl/ServeReplay-v1")
     with fails(f"{section}.id='draftrl/Foo-v0' is not a draftrl env id"):  # a saved run's section, read back
         make_kwargs({"id": "draftrl/Foo-v0"}, section)
 

@@ -1,6 +1,6 @@
-"""``configs/serve_replay_cpu.yaml``: PPO trains on ``draftrl/ServeReplay-v0`` through the ordinary
+"""``configs/serve_replay_cpu.yaml``: PPO trains on ``draftrl/ServeReplay-v1`` through the ordinary
 recipe, is evaluated against every fixed (depth cap, budget), the per-request heuristic and the
-greedy one-step lookahead, and loads back onto the replay's (= ServeVLLM-v0's) spaces.
+greedy one-step lookahead, and loads back onto the replay's (= ServeVLLM-v1's) spaces.
 
 Synthetic recordings and a synthetic calibration file stand for the vLLM ones (tests/envs checks
 the replay itself; tests/real_vllm checks it against vLLM), so this runs in seconds.

@@ -78,6 +78,9 @@ class StepView:
     while the proposer tracks the request, emptied when the proposer gets another controller"""
     token_ids: list[list[int]] | None = None
     """[A] each row's tokens (prompt + output); None in the serving replay, which keeps no token ids"""
+    sampling: np.ndarray | None = None
+    """[A, 3] each request's (temperature, top_k, top_p), 0 = greedy / off (vLLM: its persistent batch's
+    ``SamplingParams``; the replay: the request's sampling class); None: not known (read as greedy)"""
 
 
 @dataclass(frozen=True)
@@ -117,6 +120,8 @@ class ProposeRecord:
     """[A] drafts proposed after the budget (verified in the next step)"""
     draft_ids: list[list[int]]
     """[A] the proposed draft tokens themselves (``admitted`` of them each)"""
+    temperature: np.ndarray | None = None
+    """[A] each request's temperature (0 = greedy; ``StepView.sampling``'s first column), None: not known"""
 
 
 @runtime_checkable

@@ -564,6 +564,12 @@ class VLLMEngine:
             return np.zeros(0), np.zeros(0, dtype=np.int64)
         return record.acceptance, record.match_len
 
+    def request_temperatures(self) -> np.ndarray | None:
+        """``[A]`` temperatures (0 = greedy) of :meth:`request_signals`' requests, as the proposer read
+        them from vLLM's batch (None without draftrl's proposer or a runner)."""
+        record = self.proposer.last if self.proposer is not None else None
+        return None if record is None else record.temperature
+
     def close(self) -> None:
         """Shut this engine down now, and the shared engines with it (:func:`release_engines` says why)."""
         self.llm.engine_core.shutdown()

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -187,6 +188,22 @@ class DraftrlProposer:
     def load_model(self, *args: Any, **kwargs: Any) -> None:
         """The drafters that run here load no weights through vLLM; its CPU runner calls this unconditionally."""
 
+    def _sampling(self, rows: list[int], caller: Any) -> np.ndarray | None:
+        """``[A, 3]`` (temperature, top_k, top_p) of ``rows`` from the model runner's persistent batch
+        (vLLM's ``InputBatch``: temperature 0 for greedy, top_k = vocabulary size when off, read here
+        as 0): the driver's runner, else ``propose``'s caller (vLLM's runner calls it, also under
+        ``vllm serve``); None where neither keeps them."""
+        batch = getattr(self.runner, "input_batch", None)
+        if getattr(batch, "temperature_cpu", None) is None:
+            batch = getattr(caller, "input_batch", None)
+        temps = getattr(batch, "temperature_cpu", None)
+        if temps is None:
+            return None
+        top_k = np.asarray(batch.top_k_cpu[rows], dtype=np.float64)
+        top_k[top_k >= getattr(batch, "vocab_size", np.inf)] = 0
+        return np.stack([np.asarray(temps[rows], dtype=np.float64), top_k,
+                         np.asarray(batch.top_p_cpu[rows], dtype=np.float64)], axis=1).reshape(len(rows), 3)
+
     # ------------------------------------------------------------------ request tracking
     def _keys(self, rows: list[int], sampled: list[list[int]], lengths: list[int],
               token_ids_cpu: np.ndarray) -> list[str]:
@@ -254,7 +271,7 @@ class DraftrlProposer:
         idle = [i for i, sampled in enumerate(sampled_token_ids) if not sampled]
         view = StepView(rows, keys, fresh, lengths, emitted, verified, accepted, len(idle),
                         sum(int(num_tokens_no_spec[i]) for i in idle), self.max_depth, [r.memory for r in reqs],
-                        histories)
+                        histories, self._sampling(rows, sys._getframe(1).f_locals.get("self")))
         decision = self.controller.decide(view)
         action = decision.action
         own_depths = decision.depths if decision.depths is not None else [self.max_depth] * num
@@ -276,7 +293,8 @@ class DraftrlProposer:
         if self.step % 64 == 0:
             self.requests = {k: r for k, r in self.requests.items() if r.last_step >= self.step - 64}
         self.last = ProposeRecord(self.step, action, keys, emitted, accepted, match_len, acceptance, wanted,
-                                  admitted, [drafts[row] for row in rows])
+                                  admitted, [drafts[row] for row in rows],
+                                  None if view.sampling is None else view.sampling[:, 0].copy())
         self.controller.drafted(view, self.last)
         if self.history is not None:
             self.history.append(self.last)

@@ -1,7 +1,7 @@
 """Serving evaluation: drafting policies inside vLLM under concurrent load, interleaved.
 
 Every policy decodes the same held-out requests (``ServeConfig``: the 16-request mixed workload
-by default, file order) through ``draftrl/ServeVLLM-v0`` at each load: a fixed concurrency
+by default, file order) through ``draftrl/ServeVLLM-v1`` at each load: a fixed concurrency
 (``concurrency``: that many requests in flight) or Poisson arrivals (``rates``: requests per
 second of engine time). Loads run one after the other; within a load the policies run back to
 back in an order rotated by one per load and repeat, so drift on a shared machine spreads over
@@ -40,6 +40,10 @@ temperature > 0: the streaming monitor's tests on each policy's tokens, pooled o
 and passes, with p rebuilt from the raw logprobs vLLM returned (``draftrl.eval.exactness.
 SampledStreamCheck``; top_k <= 16, or temperature 1 with top_k 0, else reported unchecked).
 Each pass then draws its own request seeds (and arrivals), so the pooled streams are independent.
+With ``env.temperature_mix`` each request draws its class (the same per request for every policy:
+the env's seeded draws): greedy identity on the greedy requests, one monitor per sampled class
+(``ClassStreamChecks``, verdicts under ``POLICY@CLASS``), and ``per_sampling`` rows (tokens / request
+latency per class).
 """
 
 
@@ -144,7 +148,7 @@ def run_eval(out: str | Path, *, policies: list[str] | str, concurrency: list[in
     """Evaluate ``policies`` at each load; write ``out/results.json`` and return it.
 
     ``make_env(load_config, spec)`` builds each (load, policy) episode's env instead of
-    ``ServeVLLM-v0`` on vLLM (e.g. ``ServeReplay-v0``, the replay: ``benchmarks/serve_sweep.py``).
+    ``ServeVLLM-v1`` on vLLM (e.g. ``ServeReplay-v1``, the replay: ``benchmarks/serve_sweep.py``).
 
     ``results["concurrency"]["4"]["policies"]["fixed:4"]["tokens_per_second"]``; Poisson loads
     under ``results["rates"]["8"]``. Raises :class:`ServingMismatch` (after writing the results) when a
@@ -180,13 +184,19 @@ def run_eval(out: str | Path, *, policies: list[str] | str, concurrency: list[in
                                "engine_groups": [[s.label for s in g] for g in groups]}
     mismatches: list[str] = []
     checks = {}
-    if config.temperature > 0:
+    classes = config.sampling_classes
+    sampled = any(not c.greedy for c in classes)
+    greedy = any(c.greedy for c in classes)
+    if sampled:
         from draftrl.decoding.vllm.engine import VLLMEngineConfig
-        from draftrl.eval.exactness import SampledStreamCheck
+        from draftrl.eval.exactness import ClassStreamChecks, SampledStreamCheck
 
         max_logprobs = VLLMEngineConfig().max_logprobs
-        checks = {s.label: SampledStreamCheck(config.temperature, config.top_k, config.top_p, max_logprobs)
-                  for s in specs}
+        if config.mixed:  # one monitor per sampled class of the mix; greedy requests get greedy identity
+            checks = {s.label: ClassStreamChecks(classes, max_logprobs) for s in specs}
+        else:
+            checks = {s.label: SampledStreamCheck(config.temperature, config.top_k, config.top_p, max_logprobs)
+                      for s in specs}
     total, done = len(loads) * len(specs) * repeats, 0
     reference_tokens: dict[str, dict[str, list[int]]] = {}
     for li, (section, key, arrival) in enumerate(loads):
@@ -194,7 +204,7 @@ def run_eval(out: str | Path, *, policies: list[str] | str, concurrency: list[in
         per_policy: dict[str, list] = {s.label: [] for s in specs}
         for repeat in range(repeats):
             seed = config.seed if config.seed is not None else 0
-            if config.temperature > 0:  # independent sampled streams for the pooled check
+            if sampled:  # independent sampled streams for the pooled check
                 seed += 1000 * li + repeat
             for spec in pass_order(groups, li * repeats + repeat):
                 per_policy[spec.label].append(_episode(make_env, load_cfg, spec, config, seed, checks, engines))
@@ -211,15 +221,18 @@ def run_eval(out: str | Path, *, policies: list[str] | str, concurrency: list[in
             summary["spec_decoding"] = counts.summary() if counts is not None else None
             summary["per_language"] = serving_groups(requests, "language")
             summary["per_task"] = serving_groups(requests, "task")
+            if config.mixed:
+                summary["per_sampling"] = serving_groups(requests, "sampling_label")
             summary["depth_histogram"] = histogram(s["depth"] for s in steps)
             table[spec.label] = summary
             tokens = {r.prompt_id: list(r.token_ids) for r in requests}
             if spec.kind == REFERENCE:
                 reference_tokens[f"{section}={key}"] = tokens
-            elif config.temperature == 0:
+            elif greedy:  # the greedy requests (all of them without a mix) emit none's tokens
                 ref = reference_tokens[f"{section}={key}"]
-                bad = [pid for pid in ref if tokens.get(pid) != ref[pid]]
-                summary["greedy_identical_requests"] = len(ref) - len(bad)
+                greedy_ids = {r.prompt_id for r in requests if r.sampling is None or r.sampling.greedy}
+                bad = [pid for pid in ref if pid in greedy_ids and tokens.get(pid) != ref[pid]]
+                summary["greedy_identical_requests"] = len(greedy_ids & set(ref)) - len(bad)
                 mismatches += [f"{spec.label} at {section}={key} on {pid}" for pid in bad]
         ref, ref_cpu = table[REFERENCE]["tokens_per_second"], table[REFERENCE]["tokens_per_cpu_second"]
         for summary in table.values():
@@ -227,14 +240,20 @@ def run_eval(out: str | Path, *, policies: list[str] | str, concurrency: list[in
             cpu_rate = summary["tokens_per_cpu_second"]
             summary["cpu_speedup_vs_none"] = cpu_rate / ref_cpu if cpu_rate and ref_cpu else None
         section_out[key] = {"policies": table}
-    monitor = {label: check.verdict() for label, check in checks.items()}
+    monitor = {}
+    for label, check in checks.items():
+        if hasattr(check, "verdicts"):  # a mix: one verdict per sampled class, "POLICY@CLASS"
+            monitor.update({f"{label}@{cls}": v for cls, v in check.verdicts().items()})
+        else:
+            monitor[label] = check.verdict()
     failures = mismatches + [f"the monitor rejects {label}'s sampled stream"
                              for label, v in monitor.items() if v["verdict"] == "failed"]
     results["exactness"] = {
         "passed": not failures,
         "temperature": config.temperature,
+        "sampling": [c.label for c in classes],
         "dtype": config.dtype,
-        "greedy_identity": {"checked": config.temperature == 0, "reference": "none (vLLM without speculation)",
+        "greedy_identity": {"checked": greedy, "reference": "none (vLLM without speculation)",
                             "mismatches": mismatches},
         "monitor": {"checked": bool(checks) and all(c.checked for c in checks.values()),
                     "policies": monitor},

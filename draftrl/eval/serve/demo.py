@@ -4,9 +4,10 @@ Steps, each through the owning package's public Python API, each writing under `
 
 1. **calibrate**: vLLM step seconds vs sequences and tokens verified, and prefill seconds
    (``draftrl.replay.serve_calibrate.calibrate_model``) -> ``DIR/vllm_costs.json``;
-2. **collect**: every tune and held-out request's greedy continuation in vLLM
+2. **collect**: every tune and held-out request's continuations in vLLM (greedy; with ``temperature_mix``
+   ``continuations`` seeded ones per sampled class)
    (``draftrl.replay.recordings.record_workload``) -> ``DIR/rec_tune/``, ``DIR/rec_heldout/``;
-3. **train**: batch-aware PPO on the serving replay ``draftrl/ServeReplay-v0`` with the
+3. **train**: batch-aware PPO on the serving replay ``draftrl/ServeReplay-v1`` with the
    recipe of ``configs/serve_replay_cpu.yaml`` (``draftrl.train.ppo_size``) -> ``DIR/ppo_replay/``;
 4. **dsd**: vLLM's Dynamic SD table grid-searched in the replay on the tune split, the
    strongest hand-made baseline (``draftrl.eval.serve.dsd_search.search_dsd``) -> ``DIR/dsd_grid.json``;
@@ -27,11 +28,14 @@ The default (``ServeDemoConfig()``) is sized for about 15 minutes on 2 quiet CPU
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
 import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from draftrl.config.wandb import WandbConfig
 from draftrl.replay.serve_calibrate import CalibrationSizes
@@ -53,6 +57,12 @@ class ServeDemoConfig:
     """the step-cost measurement (``draftrl calibrate --engine vllm``'s cells)"""
     max_new_tokens: int = 32
     """tokens per request in the recordings, the replay and the sweep"""
+    temperature_mix: Any = None
+    """each request's sampling class in the recordings, the training replay and the sweep
+    (``WorkloadConfig.temperature_mix``, e.g. ``{0: 0.3, 0.7: 0.4, 1.0: 0.3}``); null: every request greedy"""
+    continuations: int = 4
+    """sampled continuations recorded per request and sampled class (``draftrl collect --engine vllm
+    --continuations``); a greedy class records one"""
     train_config: str = "configs/serve_replay_cpu.yaml"
     """the training recipe (relative paths are read from the working directory, else the repository)"""
     total_timesteps: int = 90_000
@@ -84,9 +94,15 @@ class ServeDemoConfig:
     DIR/wandb/ (not part of the settings a resumed demo must match)"""
 
     def __post_init__(self) -> None:
+        from draftrl.config.workload import parse_temperature_mix
         from draftrl.decoding.vllm.engine import check_memory_share
 
         check_memory_share(self.gpu_memory_utilization)
+        if self.temperature_mix is not None:  # refused here, before any step, when malformed
+            self.temperature_mix = [dataclasses.asdict(c) for c in parse_temperature_mix(self.temperature_mix,
+                                                                                           "temperature_mix")]
+        if self.continuations < 1:
+            raise ValueError(f"continuations={self.continuations} must be >= 1 (sampled continuations per request).")
 
     @classmethod
     def quick(cls) -> ServeDemoConfig:
@@ -128,6 +144,7 @@ def _train_config(config: ServeDemoConfig, out: Path):
         f"env.serve.recordings={out / 'rec_tune'}", f"env.serve.calibration={out / 'vllm_costs.json'}",
         f"env.eval.serve.recordings={out / 'rec_heldout'}", f"env.serve.{tokens}",
         f"total_timesteps={config.total_timesteps}", "progress_bar=false", f"seed={config.seed}",
+        *([f"env.serve.temperature_mix={json.dumps(config.temperature_mix)}"] if config.temperature_mix else []),
         *config.train_overrides])
 
 
@@ -206,9 +223,9 @@ def run_demo(config: ServeDemoConfig, out: str | Path, *, overwrite: bool = Fals
         notes, recorded = [], {}
         for split in ("tune", "heldout"):
             if not (out / f"rec_{split}").exists():
-                recordings = record_workload(_serve_config(config, split=split))
+                recordings = record_workload(_serve_config(config, split=split), continuations=config.continuations)
                 recordings.save(out / f"rec_{split}")
-                notes.append(f"{split}: {len(recordings)} requests")
+                notes.append(f"{split}: {len(recordings.prompts)} requests, {len(recordings)} continuations")
                 recorded[split] = recordings
         with logged_run(wb, out, job_type="collect", config={"max_new_tokens": config.max_new_tokens}) as run:
             wandb_log.log_recordings(run, recorded)
@@ -279,11 +296,12 @@ def _serve_config(config: ServeDemoConfig, *, split: str):
 
     return ServeConfig(split=split, shuffle=False, seed=0, max_new_tokens=config.max_new_tokens, threads=config.threads,
                        num_requests=config.num_requests if split == "heldout" else None,
-                       gpu_memory_utilization=config.gpu_memory_utilization, enforce_eager=config.enforce_eager)
+                       gpu_memory_utilization=config.gpu_memory_utilization, enforce_eager=config.enforce_eager,
+                       temperature_mix=config.temperature_mix)
 
 
 def _replay_env(out: Path, recordings: str):
-    """``make_env`` for :func:`run_eval`: ``draftrl/ServeReplay-v0`` on ``out/recordings``."""
+    """``make_env`` for :func:`run_eval`: ``draftrl/ServeReplay-v1`` on ``out/recordings``."""
     from draftrl.envs.serve_vllm import ServeVLLMEnv
     from draftrl.replay.recordings import Proposals, Recordings
     from draftrl.replay.serve_calibrate import StepCostModel

@@ -1,8 +1,8 @@
 """How each policy of ``draftrl eval --engine vllm`` is built: its engine, its env's rule, its ``Policy``.
 
 The names are ``draftrl.eval.policy_names``' (one grammar for both engines). Every policy acts
-through the ``draftrl.policies.Policy`` interface on ``draftrl/ServeVLLM-v0`` (or the replay,
-``ServeReplay-v0``), whose second action grid is the batch's verification budget:
+through the ``draftrl.policies.Policy`` interface on ``draftrl/ServeVLLM-v1`` (or the replay,
+``ServeReplay-v1``), whose second action grid is the batch's verification budget:
 
 - ``none``, ``vllm-ngram:K``, ``vllm-eagle3:K``, ``vllm-class:MODULE.Class:K``: ``Fixed`` at depth
   0; the engine (vLLM without speculation, its own prompt lookup, its own EAGLE-3 with the head of

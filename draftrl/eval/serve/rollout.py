@@ -8,7 +8,7 @@ from typing import Any
 
 def run_episode(env, policy: Any, prompt_ids: list[str], seed: int = 0,
                 check: Any = None) -> tuple[list, list[dict]]:
-    """One episode of a serving env (``draftrl/ServeVLLM-v0``, ``ServeReplay-v0``) over ``prompt_ids``,
+    """One episode of a serving env (``draftrl/ServeVLLM-v1``, ``ServeReplay-v1``) over ``prompt_ids``,
     ``policy`` (a ``draftrl.policies.Policy`` built for ``env``) choosing every step
     (:func:`draftrl.policies.evaluate.evaluate_policy` with one episode); returns the request
     timelines and per-step records. ``check`` (a ``SampledStreamCheck``) observes every step's requests."""
@@ -18,7 +18,11 @@ def run_episode(env, policy: Any, prompt_ids: list[str], seed: int = 0,
     last: dict = {}
 
     def record(info: dict) -> None:
-        if check is not None:
+        if check is not None and getattr(check, "routes_by_class", False):  # a temperature mix: each to its class
+            by_id = getattr(env.unwrapped, "_by_id", {})
+            check.observe(info["request_steps"], {r.request_id: by_id[r.request_id].sampling
+                                                  for r in info["request_steps"] if r.request_id in by_id})
+        elif check is not None:
             check.observe(info["request_steps"])
         steps.append({"seconds": info["seconds"], "cpu_seconds": info.get("cpu_seconds"),
                       "num_emitted": info["num_emitted"],

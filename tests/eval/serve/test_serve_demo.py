@@ -129,3 +129,21 @@ def test_eval_engine_vllm_logs_its_sweep_in_the_given_group(tmp_path, monkeypatc
     (run,) = read_runs(out / "wandb")
     assert (run.job_type, run.group, run.exit_code) == ("eval", "serving-ab", 0)
     assert {row[0]: row[1] for row in run.table("sweep/rate_2")[1]} == {"none": 1.0, "fixed:4": 1.3}
+
+
+def test_a_demo_on_a_temperature_mix_records_trains_and_sweeps_it(tmp_path):
+    """``temperature_mix`` reaches the recordings' and the sweep's workload (and ``continuations`` the
+    recordings), and the training replay's env; a malformed mix is refused before any step."""
+    from draftrl.eval.serve.demo import _serve_config, _train_config
+
+    config = ServeDemoConfig(temperature_mix={0: 0.3, 0.7: 0.4, 1.0: 0.3}, continuations=3)
+    for split in ("tune", "heldout"):
+        assert [c.label for c in _serve_config(config, split=split).sampling_classes] == ["T0", "T0.7", "T1"]
+    train = _train_config(config, tmp_path)
+    assert [(c.label, c.weight) for c in train.env.serve.sampling_classes] == [("T0", 0.3), ("T0.7", 0.4),
+                                                                              ("T1", 0.3)]
+    assert not ServeDemoConfig().temperature_mix and not _train_config(ServeDemoConfig(), tmp_path).env.serve.mixed
+    with pytest.raises(ValueError, match="temperature_mix"):
+        ServeDemoConfig(temperature_mix={"hot": 1.0})
+    with pytest.raises(ValueError, match="continuations=0"):
+        ServeDemoConfig(continuations=0)

@@ -122,7 +122,7 @@ def test_the_earlier_head_key_is_refused_naming_the_drafter():
 
 
 def test_the_serving_env_builds_its_engine_with_the_configs_drafter(monkeypatch):
-    """``ServeVLLM-v0`` without an engine builds vLLM with draftrl's proposer drafting with
+    """``ServeVLLM-v1`` without an engine builds vLLM with draftrl's proposer drafting with
     ``config.drafter`` (a head one runs the head proposer), not always n-gram lookup."""
     from draftrl.envs.serve_vllm import ServeVLLMEnv
 

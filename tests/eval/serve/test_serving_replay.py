@@ -12,7 +12,7 @@ from draftrl.eval.serve.compare import run_eval
 
 
 def replay_env(recordings):
-    """``make_env`` for the runner: ``ServeReplay-v0`` on ``recordings``."""
+    """``make_env`` for the runner: ``ServeReplay-v1`` on ``recordings``."""
     return lambda cfg, spec: ServeVLLMEnv(cfg, engine="replay", recordings=recordings, calibration=COST)
 
 
