@@ -603,8 +603,8 @@ def _record(engine, request, sampling: SamplingClass, seed: int, max_depth: int,
     else:  # rows 0..len(cont): the teacher-forced forward's rows, the last one past the continuation
         node_p = np.zeros(len(tokens))
         if len(tokens):
-            inside = torch.as_tensor(np.minimum(rows, len(cont)))
-            node_p = probs[inside, torch.as_tensor(tokens)].double().numpy()
+            inside = torch.as_tensor(np.minimum(rows, len(cont)), device=probs.device)
+            node_p = probs[inside, torch.as_tensor(tokens, device=probs.device)].double().cpu().numpy()
         node_p[rows >= len(cont)] = 0.0
     return {
         "prompt_tokens": np.asarray(ids, dtype=np.int64),
@@ -626,8 +626,9 @@ def _record(engine, request, sampling: SamplingClass, seed: int, max_depth: int,
 def _target_signals(engine, ids: list[int], cont: list[int], params, torch) -> tuple[dict[str, np.ndarray], object]:
     """Per continuation position, from one teacher-forced target forward over ``ids + cont``: the row that
     predicted the token gives ``p_token``, ``mass_before``, ``p_entropy`` (under ``params``) and the raw
-    softmax's ``target_top1_prob`` and ``target_entropy``. Also returns p [len(cont) + 1, V] on the host
-    (None at temperature 0, where p is one-hot at the continuation's token: p_token 1, mass and entropy 0)."""
+    softmax's ``target_top1_prob`` and ``target_entropy``. Also returns p [len(cont) + 1, V] on the target's
+    device, for ``node_p`` (None at temperature 0, where p is one-hot at the continuation's token: p_token 1,
+    mass and entropy 0)."""
     from draftrl.decoding.sampling import target_stats_batch
     from draftrl.models.distribution import logits_to_probs
 
@@ -647,7 +648,7 @@ def _target_signals(engine, ids: list[int], cont: list[int], params, torch) -> t
         probs = logits_to_probs(logits, params)  # [n + 1, V]
         p_token, mass_before, p_entropy = target_stats_batch(probs[:n], torch.tensor(cont, device=probs.device))
         return {"p_token": p_token.double().cpu().numpy(), "mass_before": mass_before.double().cpu().numpy(),
-                "p_entropy": p_entropy.double().cpu().numpy(), **raw}, probs.cpu()
+                "p_entropy": p_entropy.double().cpu().numpy(), **raw}, probs
 
 
 def open_partial(partial: Path, what: dict) -> int:

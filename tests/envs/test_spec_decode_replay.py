@@ -304,6 +304,15 @@ def test_collect_and_calibrate_commands(shared_smollm2, tmp_path, capsys):
     env.reset(seed=0)
     assert env.unwrapped.depths == (0, 1, 2, 4)  # the config recorded with the traces
 
+    mixed = tmp_path / "mixed"  # a temperature mix: one greedy recording, --continuations sampled ones
+    assert main(["collect", "--config", "configs/tiny_cpu.yaml", "--out", str(mixed), "--set", "env.limit_per_group=1",
+                 "--set", "env.tasks=[code_edit]", "--set", "env.max_new_tokens=4",
+                 "--set", "env.temperature_mix={0: 0.5, 0.7: 0.5}", "--continuations", "2"]) == 0
+    out, err = capsys.readouterr()
+    assert "prompts=1 recordings=3 classes=T0x1,T0.7x2 positions=12" in out
+    assert "T0 k=0" in err and "T0.7 k=1" in err  # progress names (prompt, class, k)
+    assert [c.label for c in Traces.load(mixed).classes] == ["T0", "T0.7"]
+
     assert main(["collect", "--out", str(tmp_path / "x"), "--set", "env.depht=[0]"]) == 2
     assert "did you mean 'env.depths'" in capsys.readouterr().err
 

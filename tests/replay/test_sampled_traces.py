@@ -257,3 +257,33 @@ def test_greedy_only_readers_refuse_sampled_traces(mixed):
     _, _, traces = mixed
     with pytest.raises(ValueError, match="drafter-choice table.*reads greedy traces.*T0, T0.7 with 8 recordings"):
         round_table({"ngram": traces}, {"ngram": costs(1e-4)}, (1, 2))
+
+
+def test_trace_replay_env_over_sampled_traces(mixed):
+    """``draftrl/TraceReplay-v0`` over traces of one sampled class: the env's RNG picks the continuation,
+    a seed fixes the episode, the lookahead walks the same continuation, and the checkers pass."""
+    import gymnasium as gym
+    from gymnasium.utils.env_checker import check_env
+
+    import draftrl.envs  # noqa: F401  registers the env ids
+    from draftrl.envs.spec_decode import SpecDecodeEnv
+
+    target, config, _ = mixed
+    hot = config_for(config.prompts, temperature_mix=None, temperature=0.7)
+    traces = collect(hot, new_engine(target), NumberTokenizer(), num_continuations=3)
+
+    def episode(seed):
+        env = SpecDecodeEnv(engine="replay", traces=traces, cost_table=costs(1e-4))
+        env.action_space.seed(0)
+        _, info = env.reset(seed=seed, options={"prompt_index": 0})
+        tokens, done = [], False
+        while not done:
+            assert env.lookahead_action().shape == (2,)
+            _, _, done, _, step = env.step(env.action_space.sample())
+            tokens += step["token_ids"]
+        return env.engine.recording, tokens
+
+    assert episode(3) == episode(3)
+    walked = {episode(seed)[0] for seed in range(12)}
+    assert walked == {0, 1, 2}  # the env's RNG reaches all three continuations of prompt 0
+    check_env(gym.make("draftrl/TraceReplay-v0", traces=traces, cost_table=costs(1e-4)).unwrapped)
