@@ -260,7 +260,7 @@ def test_greedy_only_readers_refuse_sampled_traces(mixed):
 
 
 def test_trace_replay_env_over_sampled_traces(mixed):
-    """``draftrl/TraceReplay-v0`` over traces of one sampled class: the env's RNG picks the continuation,
+    """``draftrl/TraceReplay-v1`` over traces of one sampled class: the env's RNG picks the continuation,
     a seed fixes the episode, the lookahead walks the same continuation, and the checkers pass."""
     import gymnasium as gym
     from gymnasium.utils.env_checker import check_env
@@ -286,4 +286,4 @@ def test_trace_replay_env_over_sampled_traces(mixed):
     assert episode(3) == episode(3)
     walked = {episode(seed)[0] for seed in range(12)}
     assert walked == {0, 1, 2}  # the env's RNG reaches all three continuations of prompt 0
-    check_env(gym.make("draftrl/TraceReplay-v0", traces=traces, cost_table=costs(1e-4)).unwrapped)
+    check_env(gym.make("draftrl/TraceReplay-v1", traces=traces, cost_table=costs(1e-4)).unwrapped)
