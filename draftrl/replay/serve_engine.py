@@ -155,8 +155,8 @@ class _ReplayRequest:
     generated: int = 0
     will_accept: int = 0
     """how many of the drafts proposed last step the continuation accepts"""
-    temperature: float = 0.0
-    """its sampling class's temperature (0 = greedy)"""
+    sampling: tuple[float, int, float] = (0.0, 0, 1.0)
+    """its sampling class's (temperature, top_k, top_p); temperature 0 = greedy"""
 
 
 class ReplayEngine(QueuedBatch):
@@ -277,7 +277,7 @@ class ReplayEngine(QueuedBatch):
         index = indices[int(seed) % len(indices) if seed is not None else 0]
         rec = self.recordings.requests[index]
         self.waiting.append(_ReplayRequest(request_id, index, len(rec.prompt_ids), rec.tokens_for(max_new_tokens),
-                                           RequestAcceptance(), temperature=sampling.temperature))
+                                           RequestAcceptance(), sampling=sampling.key))
 
     def _start_queue(self) -> None:
         super()._start_queue()
@@ -376,7 +376,8 @@ class ReplayEngine(QueuedBatch):
         # its controller decides each request's own depth
         view = StepView(list(range(len(running))), [r.request_id for r in running], fresh, lengths,
                         np.array(emitted, dtype=np.int64), np.array(proposed, dtype=np.int64),
-                        np.array(accepted, dtype=np.int64), 0, 0, self.max_depth, [r.memory for r in running])
+                        np.array(accepted, dtype=np.int64), 0, 0, self.max_depth, [r.memory for r in running],
+                        None, np.array([r.sampling for r in running], dtype=np.float64).reshape(len(running), 3))
         controller = self.controller
         controller.action = action
         decision = controller.decide(view)
@@ -400,7 +401,7 @@ class ReplayEngine(QueuedBatch):
         seconds = self.cost.seconds(len(running), num_tokens, self.rng, prompt_tokens,
                                     (len(head_levels), max(head_levels, default=0)))
         self._signals = (acceptance, np.array(match, dtype=np.int64))
-        self._temperatures = np.array([r.temperature for r in running], dtype=np.float64)
+        self._temperatures = view.sampling[:, 0].copy()
         self._rows = [r if r.generated < r.length else None for r in running]
         self.running = [r for r in self._rows if r is not None]
         return EngineStep(seconds, steps, len(self.running), len(self.waiting), int(admitted.sum()))

@@ -18,7 +18,7 @@ from draftrl.envs.serve_vllm import FEATURE_NAMES
 def test_serve_env_steps_one_engine_step_and_keeps_the_budget():
     env = gym.make("draftrl/ServeVLLM-v1", num_requests=3, max_new_tokens=12, concurrency=2, seed=0)
     u = env.unwrapped
-    assert u.action_lag == 1 and u.feature_names == FEATURE_NAMES and env.observation_space.shape == (20,)
+    assert u.action_lag == 1 and u.feature_names == FEATURE_NAMES and env.observation_space.shape == (23,)
     obs, info = env.reset(seed=1)
     budget_index = u.budgets.index(2)
     done, steps, infos = False, 0, []

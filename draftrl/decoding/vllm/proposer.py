@@ -94,6 +94,9 @@ def serving_drafter(spec: str = SERVING_DRAFTER) -> Drafter:
     return drafter
 
 
+#: frames above ``propose`` searched for the model runner that called it (a subclass's ``propose`` may sit between)
+_CALLER_FRAMES = 3
+
 @dataclass
 class _Request:
     """One running request's drafting state between steps."""
@@ -188,14 +191,19 @@ class DraftrlProposer:
     def load_model(self, *args: Any, **kwargs: Any) -> None:
         """The drafters that run here load no weights through vLLM; its CPU runner calls this unconditionally."""
 
-    def _sampling(self, rows: list[int], caller: Any) -> np.ndarray | None:
+    def _sampling(self, rows: list[int]) -> np.ndarray | None:
         """``[A, 3]`` (temperature, top_k, top_p) of ``rows`` from the model runner's persistent batch
         (vLLM's ``InputBatch``: temperature 0 for greedy, top_k = vocabulary size when off, read here
-        as 0): the driver's runner, else ``propose``'s caller (vLLM's runner calls it, also under
-        ``vllm serve``); None where neither keeps them."""
+        as 0): the driver's runner, else the runner that called :meth:`propose` (vLLM's runner calls
+        it, also under ``vllm serve``; a subclass's ``propose`` may sit between); None where neither
+        keeps them. Called from :meth:`propose` only."""
         batch = getattr(self.runner, "input_batch", None)
-        if getattr(batch, "temperature_cpu", None) is None:
-            batch = getattr(caller, "input_batch", None)
+        frame = sys._getframe(2)  # propose's caller
+        for _ in range(_CALLER_FRAMES):
+            if getattr(batch, "temperature_cpu", None) is not None or frame is None:
+                break
+            batch = getattr(frame.f_locals.get("self"), "input_batch", None)
+            frame = frame.f_back
         temps = getattr(batch, "temperature_cpu", None)
         if temps is None:
             return None
@@ -271,7 +279,7 @@ class DraftrlProposer:
         idle = [i for i, sampled in enumerate(sampled_token_ids) if not sampled]
         view = StepView(rows, keys, fresh, lengths, emitted, verified, accepted, len(idle),
                         sum(int(num_tokens_no_spec[i]) for i in idle), self.max_depth, [r.memory for r in reqs],
-                        histories, self._sampling(rows, sys._getframe(1).f_locals.get("self")))
+                        histories, self._sampling(rows))
         decision = self.controller.decide(view)
         action = decision.action
         own_depths = decision.depths if decision.depths is not None else [self.max_depth] * num
