@@ -23,7 +23,6 @@ measured against the training budget and ``remaining_len`` is held at 1. Serving
 
 from __future__ import annotations
 
-import inspect
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -60,7 +59,7 @@ class RequestPolicyControl(RuleControl):
 
     Each request's observation is the training env's (:func:`draftrl.export.features.make_feature_builder`,
     kept in the request's ``StepView.memory``), started with the request's sampling as vLLM's batch holds
-    it (``StepView.sampling``; where the env's features read it, ``start_episode(sampling=...)``), updated
+    it (``StepView.sampling``, handed to ``start_episode(sampling=...)``), updated
     with what its last step verified and accepted;
     the policy's (depth, verify size) is cut to the cap, the room before ``max_model_len`` and the
     tokens the training n-gram drafter has for it (the request's own depth).
@@ -82,10 +81,7 @@ class RequestPolicyControl(RuleControl):
             raise ValueError("vLLM drafts chains: the policy must be a size policy of width 1.")
         self.policy = policy
         self.entry = policy.manifest.get("features") or {}
-        builder = make_feature_builder(self.entry, policy.feature_names)  # refuse unusable policies now
-        self._takes_sampling = "sampling" in inspect.signature(builder.start_episode).parameters
-        """whether the training env's features read the request's sampling (``start_episode(sampling=...)``,
-        the round envs' request group, issue 45)"""
+        make_feature_builder(self.entry, policy.feature_names)  # refuse unusable policies now
         self.ngram = ngram_drafter(str(self.entry.get("drafter") or "ngram"))
         self.table = CostTable.from_dict(self.entry["cost_table"]) if self.entry.get("cost_table") else None
         self.budget = int(self.entry.get("max_new_tokens") or 256)
@@ -138,10 +134,7 @@ class RequestPolicyControl(RuleControl):
             else:  # the request's first step
                 features = make_feature_builder(self.entry, self.policy.feature_names)
                 sampling = self._sampling(view, a)
-                if self._takes_sampling:
-                    features.start_episode(self.budget, sampling=sampling)
-                else:
-                    features.start_episode(self.budget)
+                features.start_episode(self.budget, sampling=sampling)  # the request group reads it
                 memory.update(features=features, levels=0, num_prompt_tokens=view.lengths[a] - int(view.num_emitted[a]),
                               sampling=sampling)
             generated = len(ids) - memory["num_prompt_tokens"]
