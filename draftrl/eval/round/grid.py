@@ -50,7 +50,8 @@ GRID_FILE = "grid.json"
 SWEEP_FILE = "sweep.yaml"
 HEATMAP_FILE = "grid_heatmap.png"
 #: what ``draftrl grid`` writes in its --out (``--overwrite`` removes these first)
-OUTPUTS: tuple[str, ...] = (GRID_FILE, SWEEP_FILE, HEATMAP_FILE, "sweep_cells", "wandb", WANDB_FILE)
+OUTPUTS: tuple[str, ...] = (GRID_FILE, SWEEP_FILE, HEATMAP_FILE, "grid_heatmap_*.png", "sweep_cells", "wandb",
+                            WANDB_FILE)
 #: Keys of each cell's per-language / per-task entries.
 COMPACT_KEYS = ("tokens_per_second", "speedup_vs_none", "mean_tokens_per_round", "num_tokens", "seconds",
                 "num_requests", "time_to_first_token_mean", "itl_p50", "itl_p95", "itl_p99")
@@ -114,9 +115,11 @@ def measure_cells(config: EvalConfig, cells: list[Cell], *, target=None, split: 
                   anchor_runs: list | None = None) -> tuple[list[RequestRun], dict]:
     """Time ``cells`` (plain decoding is added if missing) on ``split``; returns (all runs, exactness).
 
-    With a list as ``anchor_runs`` (and temperature 0, ``eval.anchors`` on), stock HF ``generate``
-    and its prompt lookup at every ``eval.anchor_gammas`` are timed in the same interleaved
-    order and their :class:`~draftrl.eval.round.anchors.AnchorRun` records appended to it.
+    With a list as ``anchor_runs`` (and ``eval.anchors`` on), stock HF ``generate``, its prompt lookup
+    at every ``eval.anchor_gammas`` and, with a draft model as the drafter, its assisted generation
+    are timed in the same interleaved order (sampled at temperature > 0 with the engine's
+    temperature, top-k and top-p and each request's seed) and their
+    :class:`~draftrl.eval.round.anchors.AnchorRun` records appended to it.
 
     At temperature 0 every cell's first-repeat output is compared with plain decoding's
     (``draftrl.eval.agreement``): in float32 a difference raises
@@ -149,10 +152,13 @@ def measure_cells(config: EvalConfig, cells: list[Cell], *, target=None, split: 
     seeds = [config.seed * 100_003 + i for i in range(len(requests))]
     greedy = env.temperature == 0
     anchors: list = []
-    if anchor_runs is not None and greedy and config.eval.anchors:
-        from draftrl.eval.round.anchors import anchor_ngram, anchors_for
+    sampling = engine.config.sampling  # the anchors sample with the engine's own params (greedy at 0)
+    assistant = None
+    if anchor_runs is not None and config.eval.anchors:
+        from draftrl.eval.round.anchors import anchor_ngram, anchors_for, assistant_of
 
-        anchors = anchors_for(config.eval.anchor_gammas, anchor_ngram(env.drafter))
+        assistant = assistant_of(engine)
+        anchors = anchors_for(config.eval.anchor_gammas, anchor_ngram(env.drafter), assisted=assistant is not None)
     methods: list = [*cells, *anchors]
 
     if settings.warmup:  # untimed: a few tokens with every cell and anchor
@@ -162,7 +168,8 @@ def measure_cells(config: EvalConfig, cells: list[Cell], *, target=None, split: 
             run_fixed(engine, short, cell.depth, cell.verify_size, cell.width, seed=0, label=cell.name,
                       device=env.device)
         for anchor in anchors:
-            run_anchor(target.model, anchor, short, eos_token_ids=sorted(engine.eos_token_ids), device=env.device)
+            run_anchor(target.model, anchor, short, eos_token_ids=sorted(engine.eos_token_ids), device=env.device,
+                       sampling=sampling, assistant=assistant)
 
     runs: list[RequestRun] = []
     first_outputs: dict[tuple[str, str], list[int]] = {}
@@ -175,7 +182,8 @@ def measure_cells(config: EvalConfig, cells: list[Cell], *, target=None, split: 
             for cell in methods[shift:] + methods[:shift]:
                 if not isinstance(cell, Cell):  # an anchor
                     anchor_runs.append(run_anchor(target.model, cell, request, repeat=repeat,
-                                                  eos_token_ids=sorted(engine.eos_token_ids), device=env.device))
+                                                  eos_token_ids=sorted(engine.eos_token_ids), device=env.device,
+                                                  sampling=sampling, seed=seeds[i], assistant=assistant))
                     done += 1
                     if progress:
                         progress(done, total, f"{cell.label} {request.prompt.id}")
@@ -269,9 +277,101 @@ def best_cell(cells: dict[str, dict]) -> dict:
             "speedup_vs_hf": c.get("speedup_vs_hf"), "speedup_vs_hf_lookup": c.get("speedup_vs_hf_lookup")}
 
 
+def class_config(config: EvalConfig, sampling) -> EvalConfig:
+    """``config`` with every request sampled by one class of the mix (a
+    :class:`~draftrl.config.workload.SamplingClass`): the single-class workload the grid and the
+    evaluation time that class on."""
+    env = dataclasses.replace(config.env, temperature=sampling.temperature, top_k=sampling.top_k,
+                              top_p=sampling.top_p, temperature_mix=None)
+    return dataclasses.replace(config, env=env)
+
+
+class RankingSource:
+    """Where the grid's ranking of cells comes from, before the top cells are timed for real.
+
+    :meth:`rank` returns a score per cell name (higher is better) for the workload of ``config``
+    (one sampling class). ``draftrl grid`` ranks with :class:`LiveRanking` (every cell timed live,
+    which is also the final measurement); a replay source (trace replay with the calibrated costs,
+    over many more requests than real time allows) plugs in here, and then only its
+    ``top_cells`` best cells (plus plain decoding) are timed live, interleaved."""
+
+    name = "abstract"
+
+    def rank(self, config: EvalConfig, cells: list[Cell], *, target=None) -> dict[str, float]:  # pragma: no cover
+        raise NotImplementedError
+
+
+class LiveRanking(RankingSource):
+    """Every cell timed live: the ranking is the live measurement itself (nothing ranked first)."""
+
+    name = "live"
+
+    def rank(self, config: EvalConfig, cells: list[Cell], *, target=None) -> dict[str, float]:
+        return {cell.name: 0.0 for cell in cells}
+
+
+def ranked_cells(config: EvalConfig, cells: list[Cell], ranking: RankingSource | None, top_cells: int | None, *,
+                 target=None) -> tuple[list[Cell], dict | None]:
+    """The cells to time live: all of them (no ranking, or :class:`LiveRanking`), else plain
+    decoding plus the ``top_cells`` best by ``ranking`` (ties by cell order); and what the ranking said."""
+    if ranking is None or isinstance(ranking, LiveRanking) or not top_cells:
+        return cells, None
+    scores = ranking.rank(config, cells, target=target)
+    order = sorted((c for c in cells if c.depth > 0), key=lambda c: -scores.get(c.name, float("-inf")))
+    keep = {c.name for c in order[:top_cells]}
+    return [c for c in cells if c.depth == 0 or c.name in keep], {"source": ranking.name, "scores": scores,
+                                                                 "top_cells": top_cells}
+
+
+def grid_result(config: EvalConfig, cells: list[Cell], *, target=None,
+                progress: Callable[[int, int, str], None] | None = None, ranking: RankingSource | None = None,
+                top_cells: int | None = None) -> dict:
+    """One workload's (one sampling class's) grid: the cells timed live (after ``ranking``), their
+    summaries, the anchors, the best cell and the exactness verdict (no files)."""
+    timed, ranked = ranked_cells(config, cells, ranking, top_cells, target=target)
+    anchor_runs: list = []
+    runs, exactness = measure_cells(config, timed, target=target, progress=progress, anchor_runs=anchor_runs)
+    table = summarize_cells(runs, timed)
+    anchors = add_grid_anchors(table, anchor_runs)
+    out = {"prompts": sorted({r.prompt_id for r in runs}), "cells": table, "best": best_cell(table),
+           "exactness": exactness, "anchors": anchors}
+    if ranked is not None:
+        out["ranking"] = ranked
+    return out
+
+
+def mix_cells(classes: dict[str, dict], weights: dict[str, float]) -> dict[str, dict]:
+    """The mix's cells: every cell timed at every class, its speedup over plain decoding the
+    weight-averaged per-class speedup (``sum_c w_c * speedup_c``; weights sum to 1), with the
+    per-class speedups beside it (``per_class``)."""
+    names = set.intersection(*(set(c["cells"]) for c in classes.values()))
+    out = {}
+    for name in sorted(names, key=lambda n: list(next(iter(classes.values()))["cells"]).index(n)):
+        first = next(iter(classes.values()))["cells"][name]
+        per = {label: c["cells"][name]["speedup_vs_none"] for label, c in classes.items()}
+        out[name] = {"depth": first["depth"], "verify_size": first["verify_size"], "width": first["width"],
+                     "speedup_vs_none": sum(weights[label] * v for label, v in per.items()), "per_class": per}
+    return out
+
+
+def best_mix_cell(cells: dict[str, dict]) -> dict:
+    name = max(cells, key=lambda n: cells[n]["speedup_vs_none"])
+    c = cells[name]
+    return {"name": name, "depth": c["depth"], "verify_size": c["verify_size"], "width": c["width"],
+            "speedup_vs_none": c["speedup_vs_none"], "per_class": c["per_class"]}
+
+
 def run_grid(config: EvalConfig, out: str | Path, *, target=None, config_path: str | None = None,
-             progress: Callable[[int, int, str], None] | None = None) -> dict:
-    """Run the grid of ``config.grid`` and write ``grid.json``, the heatmap, ``sweep.yaml`` and wandb runs."""
+             progress: Callable[[int, int, str], None] | None = None, ranking: RankingSource | None = None,
+             top_cells: int | None = None) -> dict:
+    """Run the grid of ``config.grid`` and write ``grid.json``, the heatmap, ``sweep.yaml`` and wandb runs.
+
+    A temperature mix (``env.temperature_mix`` with several classes) is searched at each class
+    (:func:`class_config`, the same tune prompts and seeds at every class, classes one after the
+    other): ``grid.json`` then has ``classes`` {label: {``sampling``, ``weight``, ``cells``, ``best``,
+    ``anchors``, ``exactness``, ``prompts``}}, ``mix`` {``cells`` (:func:`mix_cells`), ``best``}, and
+    ``best`` is the mix's best (what ``best-grid`` plays when no class is named); the heatmap is the
+    mix's, ``grid_heatmap_<label>.png`` each class's."""
     from draftrl.eval.plots import grid_heatmap
     from draftrl.io import write_json
     from draftrl.signals.costs import hardware_info
@@ -280,31 +380,55 @@ def run_grid(config: EvalConfig, out: str | Path, *, target=None, config_path: s
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     cells = grid_cells(config.grid)
-    anchor_runs: list = []
-    runs, exactness = measure_cells(config, cells, target=target, progress=progress, anchor_runs=anchor_runs)
-    table = summarize_cells(runs, cells)
-    anchors = add_grid_anchors(table, anchor_runs)
+    classes = config.env.sampling_classes
     result = {
         "format": FORMAT,
         "split": "tune",
         "config": to_dict(config),
         "hardware": hardware_info(config.env.device),
-        "prompts": sorted({r.prompt_id for r in runs}),
-        "repeats": config.grid.repeats,
-        "reference": REFERENCE,
-        "cells": table,
-        "best": best_cell(table),
-        "exactness": exactness,
-        "anchors": anchors,
-        "kernels": target_kernels(config, target),
-        "files": {"heatmap": HEATMAP_FILE, "sweep": SWEEP_FILE},
-        "wall_seconds": time.perf_counter() - started,
     }
+    heatmaps = {}
+    if len(classes) == 1:
+        one = grid_result(class_config(config, classes[0]) if config.env.temperature_mix else config, cells,
+                          target=target, progress=progress, ranking=ranking, top_cells=top_cells)
+        result.update({"prompts": one["prompts"], "repeats": config.grid.repeats, "reference": REFERENCE,
+                       "cells": one["cells"], "best": one["best"], "exactness": one["exactness"],
+                       "anchors": one["anchors"]})
+        if "ranking" in one:
+            result["ranking"] = one["ranking"]
+    else:
+        per: dict[str, dict] = {}
+        for c in classes:
+            one = grid_result(class_config(config, c), cells, target=target, progress=progress, ranking=ranking,
+                              top_cells=top_cells)
+            per[c.label] = {"sampling": {"temperature": c.temperature, "top_k": c.top_k, "top_p": c.top_p},
+                            "weight": c.weight, **one}
+            heatmaps[c.label] = f"grid_heatmap_{c.label.replace(':', '_')}.png"
+        mixed = mix_cells(per, {c.label: c.weight for c in classes})
+        result.update({"prompts": sorted({p for c in per.values() for p in c["prompts"]}),
+                       "repeats": config.grid.repeats, "reference": REFERENCE, "classes": per,
+                       "mix": {"cells": mixed, "best": best_mix_cell(mixed),
+                               "how": "speedup_vs_none = sum over classes of weight * the class's speedup_vs_none"},
+                       "best": best_mix_cell(mixed),
+                       "exactness": {"passed": all(c["exactness"]["passed"] for c in per.values()),
+                                     "temperature": [c.temperature for c in classes],
+                                     "per_class": {label: c["exactness"] for label, c in per.items()}}})
+    result["kernels"] = target_kernels(config, target)
+    result["files"] = {"heatmap": HEATMAP_FILE, "sweep": SWEEP_FILE,
+                       **{f"heatmap_{label}": name for label, name in heatmaps.items()}}
+    result["wall_seconds"] = time.perf_counter() - started
     write_json(out / GRID_FILE, result)
-    grid_heatmap(result, out / HEATMAP_FILE)
+    if "classes" in result:
+        grid_heatmap({**result, "cells": result["mix"]["cells"]}, out / HEATMAP_FILE)
+        for label, name in heatmaps.items():
+            grid_heatmap({**result["classes"][label], "config": result["config"]}, out / name)
+    else:
+        grid_heatmap(result, out / HEATMAP_FILE)
     write_sweep(config, out, config_path)
     log_grid_to_wandb(config, out, result)
-    raise_first_violation(exactness["greedy_identity"])  # a low-precision violation, after the files
+    for verdict in ([c["exactness"] for c in result["classes"].values()] if "classes" in result
+                    else [result["exactness"]]):
+        raise_first_violation(verdict["greedy_identity"])  # a low-precision violation, after the files
     return result
 
 
@@ -344,11 +468,14 @@ def log_grid_to_wandb(config: EvalConfig, out: Path, result: dict) -> None:
     """The grid as one wandb run (``job_type`` grid) in the pipeline's group: the table of every cell,
     the heatmap and the chosen best fixed setting (``draftrl.eval.wandb_log.log_grid``)."""
     from draftrl.config.wandb import logged_run
-    from draftrl.eval.wandb_log import log_grid
+    from draftrl.eval.wandb_log import log_grid, log_grid_mix
 
     with logged_run(config.wandb, out, job_type="grid",
                     config={**result["config"], "hardware": result["hardware"]}) as run:
-        log_grid(run, result, out / HEATMAP_FILE)
+        if "classes" in result:
+            log_grid_mix(run, result, out)
+        else:
+            log_grid(run, result, out / HEATMAP_FILE)
 
 
 def run_cell(config: EvalConfig, out: str | Path, cell: Cell, *, target=None) -> dict:
