@@ -387,9 +387,11 @@ def run_eval_mix(config: EvalConfig, out: Path, specs: list, grid: dict | None, 
     for c in env.sampling_classes:
         one, cgrid = class_config(config, c), class_grid(grid, c.label)
         results, error = evaluate_class(one, class_specs(specs, c, grid), cgrid, target=target, progress=progress)
-        results["files"] = write_outputs(results, out / CLASSES_DIR / class_dir(c.label), cgrid)
+        folder = out / CLASSES_DIR / class_dir(c.label)
+        folder.mkdir(parents=True, exist_ok=True)
+        results["files"] = write_outputs(results, folder, cgrid)
         per[c.label] = {"sampling": {"temperature": c.temperature, "top_k": c.top_k, "top_p": c.top_p},
-                        "weight": c.weight, **results}
+                        "weight": c.weight, "seed": config.seed, **results}
         if error is not None:  # stop at the first exactness failure, the classes so far written
             break
     overhead = [c["exactness"]["monitor_overhead"] for c in per.values()]
