@@ -414,6 +414,8 @@ def run_eval_mix(config: EvalConfig, out: Path, specs: list, grid: dict | None, 
             "greedy_identity": next((c["exactness"]["greedy_identity"] for c in per.values()
                                      if c["sampling"]["temperature"] == 0),
                                     {"checked": False, "why": "no greedy class"}),
+            "hf_reference": next((c["exactness"]["hf_reference"] for c in per.values()
+                                  if c["sampling"]["temperature"] == 0), {"checked": 0}),
             "monitor_overhead": {"fraction": sum(o["seconds"] for o in overhead) / run_seconds if run_seconds else None,
                                  "seconds": sum(o["seconds"] for o in overhead), "run_seconds": run_seconds,
                                  "target": MONITOR_OVERHEAD_TARGET},

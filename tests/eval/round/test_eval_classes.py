@@ -159,6 +159,14 @@ def test_the_mix_report_and_cli_tables(capsys) -> None:
     print_policy_table(results["classes"]["T0.7"], "at T0.7")
     out = capsys.readouterr().out
     assert "temperature mix (0.25 x T0 + 0.75 x T0.7)" in out and T0_GRID in out
+    from draftrl.cli.demo import print_summary
+
+    results["exactness"]["hf_reference"] = {"checked": 0}
+    print_summary({"results_dict": results, "steps": {"eval": {"seconds": 60.0}}, "wall_seconds": 60.0,
+                   "out": "runs/demo", "report": "runs/demo/eval/report.md", "results": "results.json"})
+    out = capsys.readouterr().out
+    assert "held-out requests at T0.7 (weight 0.75)" in out and "temperature mix" in out
+    assert "over the classes of the mix" in out
 
 
 # --------------------------------------------------------------------------- real model (slow)
