@@ -236,3 +236,35 @@ def test_grid_and_eval_per_class_on_the_real_model(smollm2, tmp_path, monkeypatc
     assert "## Mix" in report and "## T0.7: temperature 0.7" in report
     assert (tmp_path / "eval" / "classes" / "T0.7" / "report.md").is_file()
     assert results["mix"] == saved["mix"]
+
+
+def test_replay_ranking_scores_cells_on_greedy_traces() -> None:
+    """On synthetic traces with a cost table, every chain cell that verifies every node scores its
+    replayed speedup over plain decoding (the drafter-choice table's fixed arms, which equal what
+    TraceReplay-v0 charges: tests/eval/round/test_headroom.py); the top cells and every cell the replay
+    cannot play (a verify size, another width) are timed live; at T > 0 nothing is scored."""
+    import dataclasses
+
+    from choice_traces import costs, synthetic
+
+    from draftrl.eval.round.config import EvalConfig, GridConfig
+    from draftrl.eval.round.grid import ReplayRanking, grid_cells
+    from draftrl.eval.round.headroom import headroom
+    from draftrl.replay.round_table import round_table
+
+    traces, table = synthetic(1, 1), costs(1e-4)
+    config = EvalConfig(grid=GridConfig(depths=(0, 1, 2, 4), verify_sizes=(0, 2), widths=(1,)))
+    cells = grid_cells(config.grid)
+    ranking = ReplayRanking(traces, table)
+    scores = ranking.rank(config, cells)
+    room = headroom(round_table({"x": traces}, {"x": table}, (1, 2, 4)))
+    assert scores == pytest.approx({f"d{d}_v0_w1": room.speedup(f"fixed:x:{d}") for d in (1, 2, 4)})
+    timed, ranked = ranked_cells(config, cells, ranking, 1)
+    best = max(scores, key=scores.get)
+    assert [c.name for c in timed] == [c.name for c in cells if c.depth == 0 or c.verify_size or c.name == best]
+    assert ranked["source"] == "replay" and ranked["why"] is None and ranked["timed"] == [c.name for c in timed]
+    hot = dataclasses.replace(config, env=dataclasses.replace(config.env, temperature=0.7))
+    timed, ranked = ranked_cells(hot, cells, ranking, 1)
+    assert timed == cells and ranked["scores"] == {} and "temperature 0 only" in ranked["why"]
+    with pytest.raises(ValueError, match="grid.traces"):
+        GridConfig(replay_rank=True)
