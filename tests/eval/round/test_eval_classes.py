@@ -268,3 +268,46 @@ def test_replay_ranking_scores_cells_on_greedy_traces() -> None:
     assert timed == cells and ranked["scores"] == {} and "temperature 0 only" in ranked["why"]
     with pytest.raises(ValueError, match="grid.traces"):
         GridConfig(replay_rank=True)
+
+
+class FakeRun:
+    """What the wandb loggers call on a run: ``log`` and ``summary.update``."""
+
+    def __init__(self) -> None:
+        self.logged: dict = {}
+        self.summary: dict = {}
+
+    def log(self, values: dict) -> None:
+        self.logged.update(values)
+
+
+def test_wandb_keys_per_class_and_for_the_mix(tmp_path) -> None:
+    from draftrl.eval.wandb_log import log_eval_mix, log_grid_mix
+
+    results = mixed_results()
+    run = FakeRun()
+    log_eval_mix(run, results, tmp_path)
+    mix = results["mix"]["policies"]
+    assert run.summary["mix/policy/ppo/speedup_vs_none"] == pytest.approx(mix["ppo"]["speedup_vs_none"])
+    assert run.summary["mix/policy/t0-grid/speedup_vs_t0_grid"] == pytest.approx(1.0)
+    assert run.summary["mix/weight/T0_7"] == 0.75
+    t7 = results["classes"]["T0.7"]["policies"]["ppo"]
+    assert run.summary["class/T0_7/policy/ppo/speedup_vs_none"] == pytest.approx(t7["speedup_vs_none"])
+    assert run.summary["class/T0_7/policy/ppo/speedup_vs_best_fixed"] == pytest.approx(t7["ci_vs_best_fixed"]["ratio"])
+    assert {"compare/mix", "class/T0/compare/policies", "class/T0_7/compare/policies"} <= set(run.logged)
+
+    grid = {"config": {"env": {"drafter": "ngram"}}, "files": {"heatmap": "grid_heatmap.png"},
+            "exactness": {"passed": True},
+            "classes": {label: {"weight": w, "prompts": ["a"], "exactness": {"passed": True},
+                                "cells": {n: {**c, "mean_tokens_per_round": 1.5} for n, c in cs.items()},
+                                "best": {"name": "d2_v0_w1", "depth": 2, "verify_size": 0, "width": 1}}
+                        for label, w, cs in (("T0", 0.3, cells({"d0_v0_w1": 1.0, "d2_v0_w1": 1.4})),
+                                             ("T0.7", 0.7, cells({"d0_v0_w1": 1.0, "d2_v0_w1": 1.1})))}}
+    grid["mix"] = {"cells": mix_cells(grid["classes"], {"T0": 0.3, "T0.7": 0.7})}
+    grid["mix"]["best"] = best_mix_cell(grid["mix"]["cells"])
+    run = FakeRun()
+    log_grid_mix(run, grid, tmp_path)
+    assert run.summary["best/name"] == "d2_v0_w1" and run.summary["best/speedup_vs_none"] == pytest.approx(1.19)
+    assert run.summary["best/T0_7/speedup_vs_none"] == pytest.approx(1.1)
+    assert run.summary["class/T0_7/best/name"] == "d2_v0_w1" and "class/T0/grid/cells" in run.logged
+    assert "grid/mix" in run.logged
