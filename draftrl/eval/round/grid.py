@@ -419,6 +419,14 @@ def best_mix_cell(cells: dict[str, dict]) -> dict:
             "speedup_vs_none": c["speedup_vs_none"], "per_class": c["per_class"]}
 
 
+def heatmap_caption(result: dict, what: str) -> str:
+    """The caption of a mix's heatmap (the mix's or one class's): ``what``, then the grid's context."""
+    hw = result.get("hardware", {})
+    return (f"{what}; tune split, {len(result.get('prompts', []))} prompts, median of {result.get('repeats')} "
+            f"interleaved repeats; drafter {result['config']['env'].get('drafter')}; "
+            f"{hw.get('gpu') or hw.get('cpu') or ''}, {hw.get('threads', '?')} threads. Box = best cell.")
+
+
 def run_grid(config: EvalConfig, out: str | Path, *, target=None, config_path: str | None = None,
              progress: Callable[[int, int, str], None] | None = None, ranking: RankingSource | None = None,
              top_cells: int | None = None) -> dict:
@@ -480,9 +488,15 @@ def run_grid(config: EvalConfig, out: str | Path, *, target=None, config_path: s
     result["wall_seconds"] = time.perf_counter() - started
     write_json(out / GRID_FILE, result)
     if "classes" in result:
-        grid_heatmap({**result, "cells": result["mix"]["cells"]}, out / HEATMAP_FILE)
-        for label, name in heatmaps.items():
-            grid_heatmap({**result["classes"][label], "config": result["config"]}, out / name)
+        mix = " + ".join(f"{c.weight:.2f} x {c.label}" for c in classes)
+        grid_heatmap({**result, "cells": result["mix"]["cells"]}, out / HEATMAP_FILE,
+                     title=heatmap_caption(result, f"temperature mix {mix}: each cell's speedup is the weight-averaged "
+                                                   "speedup of the classes"))
+        for c in classes:
+            what = (f"{c.label} (temperature {c.temperature:g}, top-k {c.top_k or 'off'}, top-p {c.top_p:g}, "
+                    f"weight {c.weight:.2f})")
+            grid_heatmap({**result["classes"][c.label], "config": result["config"]}, out / heatmaps[c.label],
+                         title=heatmap_caption(result, what))
     else:
         grid_heatmap(result, out / HEATMAP_FILE)
     write_sweep(config, out, config_path)
