@@ -303,8 +303,8 @@ def render_mix_report(results: dict) -> str:
         if best:
             lines += [f"`best-grid` = depth {best['depth']}, verify size {best['verify_size'] or 'all'}, width "
                       f"{best['width']} (tune split: {_x(best['speedup_vs_none'])}).", ""]
-        if "t0-grid" in c["policies"]:
-            lines += [f"`t0-grid` = the temperature-0 grid's choice, `{c['policies']['t0-grid']['spec']}`.", ""]
+        if c.get("t0_grid"):
+            lines += [f"{c['t0_grid'][0].upper()}{c['t0_grid'][1:]}.", ""]
         lines += anchor_lines(c)
         lines += [f"### Exactness at {label}", "", *exactness_lines(c["exactness"]), "",
                   f"Full report and plots: `classes/{label.replace(':', '_')}/report.md`.", ""]

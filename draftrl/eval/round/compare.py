@@ -319,26 +319,44 @@ def t0_best(grid: dict | None) -> dict | None:
 
 def class_specs(specs: list, sampling, grid: dict | None) -> list:
     """The policies of one class: lookahead only at temperature 0 (the bound needs the greedy
-    reference), and at T > 0, beside ``best-grid``, ``t0-grid``: the temperature-0 grid's choice."""
+    reference), and at T > 0, right after ``best-grid``, ``t0-grid``: the temperature-0 grid's
+    choice, unless it is the class's own best (the same setting: ``best-grid`` stands for it, timed
+    once, so that timing noise does not read as a difference)."""
     from draftrl.eval.policy_names import PolicyName
 
     out = [s for s in specs if s.kind != "lookahead" or sampling.temperature == 0]
     best = t0_best(grid)
     if sampling.temperature > 0 and best is not None and any(s.kind == "best-grid" for s in specs):
         d, v, w = int(best["depth"]), int(best["verify_size"]), int(best["width"])
+        own = (class_grid(grid, sampling.label) or {}).get("best") or {}
+        if (d, v, w) == (own.get("depth"), own.get("verify_size"), own.get("width")):
+            return out
         text = f"fixed:{d}" + (f":{v}" if v else "") + (f":w{w}" if w > 1 else "")
         at = next(i for i, s in enumerate(out) if s.kind == "best-grid") + 1
         out.insert(at, PolicyName(kind="fixed", label=T0_GRID, depth=d, verify_size=v or None, width=w, text=text))
     return out
 
 
+def t0_grid_note(grid: dict | None, sampling, labels: list[str]) -> str | None:
+    """What ``t0-grid`` is at a class: its setting, or that ``best-grid`` stands for it."""
+    best = t0_best(grid)
+    if best is None or sampling.temperature == 0:
+        return None if best is None else f"the temperature-0 grid's choice is `best-grid` here ({best['name']})"
+    if T0_GRID in labels:
+        return f"`t0-grid` = the temperature-0 grid's choice, {best['name']}"
+    return f"the temperature-0 grid chose this class's own best ({best['name']}): `best-grid` stands for `t0-grid`"
+
+
 def mix_policies(classes: dict[str, dict]) -> dict[str, dict]:
     """Every policy's ratios over the mix: for each of :data:`MIX_KEYS`, ``sum_c weight_c * ratio_c``
     over the classes (weights sum to 1) when every class has it, else None; ``per_class`` beside it.
-    ``t0-grid`` at the greedy class is ``best-grid`` there (the same setting, timed once)."""
+    ``t0-grid`` where it was not timed is ``best-grid`` there (the same setting, timed once)."""
     names: list[str] = []
-    for c in classes.values():
-        names += [n for n in c["policies"] if n not in names]
+    for c in classes.values():  # every class's order, a policy some class lacks after its predecessor there
+        order = list(c["policies"])
+        for i, n in enumerate(order):
+            if n not in names:
+                names.insert(names.index(order[i - 1]) + 1 if i and order[i - 1] in names else len(names), n)
     out = {}
     for name in names:
         row: dict = {"per_class": {}}
@@ -346,7 +364,7 @@ def mix_policies(classes: dict[str, dict]) -> dict[str, dict]:
             values = {}
             for label, c in classes.items():
                 p = c["policies"].get(name)
-                if p is None and name == T0_GRID and c["sampling"]["temperature"] == 0:
+                if p is None and name == T0_GRID:  # the greedy class, or one whose own best is T=0's choice
                     p = c["policies"].get("best-grid")
                 values[label] = None if p is None else _ratio(p, key, c["policies"])
             row["per_class"][key] = values
@@ -386,7 +404,9 @@ def run_eval_mix(config: EvalConfig, out: Path, specs: list, grid: dict | None, 
     error: Exception | None = None
     for c in env.sampling_classes:
         one, cgrid = class_config(config, c), class_grid(grid, c.label)
-        results, error = evaluate_class(one, class_specs(specs, c, grid), cgrid, target=target, progress=progress)
+        cspecs = class_specs(specs, c, grid)
+        results, error = evaluate_class(one, cspecs, cgrid, target=target, progress=progress)
+        results["t0_grid"] = t0_grid_note(grid, c, [s.label for s in cspecs])
         folder = out / CLASSES_DIR / class_dir(c.label)
         folder.mkdir(parents=True, exist_ok=True)
         results["files"] = write_outputs(results, folder, cgrid)

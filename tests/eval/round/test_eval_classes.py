@@ -14,7 +14,7 @@ import json
 import pytest
 from eval_helpers import CONFIGS, assert_png, fake_results, with_intervals
 
-from draftrl.eval.round.compare import T0_GRID, class_grid, class_specs, mix_policies, t0_best
+from draftrl.eval.round.compare import T0_GRID, class_grid, class_specs, mix_policies, t0_best, t0_grid_note
 from draftrl.eval.round.grid import Cell, LiveRanking, RankingSource, best_mix_cell, mix_cells, ranked_cells
 
 
@@ -106,6 +106,7 @@ def test_mix_policies_weight_every_ratio() -> None:
         0.25 * t0["best-grid"]["speedup_vs_none"] + 0.75 * t7[T0_GRID]["speedup_vs_none"])
     assert mix["ppo"]["per_class"]["speedup_vs_t0_grid"]["T0.7"] == pytest.approx(
         t7["ppo"]["tokens_per_second"] / t7[T0_GRID]["tokens_per_second"])
+    assert list(mix) == ["none", "heuristic", "ppo", "best-grid", T0_GRID, "lookahead"]  # t0-grid after best-grid
     # the lookahead bound exists at temperature 0 only: no mix value, its class value kept
     assert mix["lookahead"]["speedup_vs_none"] is None
     assert mix["lookahead"]["per_class"]["speedup_vs_none"]["T0"] == pytest.approx(t0["lookahead"]["speedup_vs_none"])
@@ -143,6 +144,10 @@ def test_each_class_plays_its_own_best_and_the_t0_grids_choice() -> None:
                                                                                "lookahead"]
     assert T0_GRID not in [s.label for s in class_specs(parse_policies(["none", "heuristic"]), SamplingClass(0.7),
                                                         grid)]
+    # the temperature-0 grid chose the class's own best: best-grid stands for it (timed once)
+    grid["classes"]["T0.7"]["best"] = dict(grid["classes"]["T0"]["best"])
+    assert [s.label for s in class_specs(specs, SamplingClass(0.7), grid)] == ["none", "best-grid", "heuristic"]
+    assert "stands for `t0-grid`" in t0_grid_note(grid, SamplingClass(0.7), ["none", "best-grid"])
 
 
 def test_the_mix_report_and_cli_tables(capsys) -> None:
@@ -218,8 +223,11 @@ def test_grid_and_eval_per_class_on_the_real_model(smollm2, tmp_path, monkeypatc
     t0, t7 = saved["classes"]["T0"], saved["classes"]["T0.7"]
     assert t0["prompts"] == t7["prompts"] and t0["seed"] == t7["seed"]  # paired: the same requests and seeds
     assert list(t0["policies"]) == ["none", "best-grid", "heuristic", "lookahead"]
-    assert list(t7["policies"]) == ["none", "best-grid", T0_GRID, "heuristic"]
-    assert t7["policies"][T0_GRID]["spec"].startswith(f"fixed:{grid['classes']['T0']['best']['depth']}")
+    if grid["classes"]["T0"]["best"]["name"] != grid["classes"]["T0.7"]["best"]["name"]:
+        assert list(t7["policies"]) == ["none", "best-grid", T0_GRID, "heuristic"]
+        assert t7["policies"][T0_GRID]["spec"].startswith(f"fixed:{grid['classes']['T0']['best']['depth']}")
+    else:  # the same setting: best-grid stands for t0-grid
+        assert list(t7["policies"]) == ["none", "best-grid", "heuristic"] and "stands for" in t7["t0_grid"]
     assert t7["best_grid"]["name"] == grid["classes"]["T0.7"]["best"]["name"]
     for c in (t0, t7):
         for p in c["policies"].values():
