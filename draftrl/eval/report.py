@@ -292,7 +292,8 @@ def render_mix_report(results: dict) -> str:
         "Each ratio is the weight-averaged ratio of the classes: "
         + " + ".join(f"{c['weight']:.2f} x {label}" for label, c in classes.items())
         + ". `vs T=0 grid's choice`: over the fixed setting the temperature-0 grid chose (`t0-grid`), played at "
-          "every class; `vs best fixed`: over each class's own best fixed setting (`best-grid`).",
+          "every class; `vs best fixed`: over each class's own best fixed setting (`best-grid`). `-`: some class "
+          "lacks the policy (`lookahead` runs at temperature 0 only; its ratios are in that class's table).",
         "",
         _table(MIX_COLUMNS, mix_rows(results)),
         "",

@@ -78,9 +78,10 @@ def add_anchors(results: dict, runs: list[RequestRun], anchor_runs: list, refere
     if anchor_runs:
         summary = summarize_anchors(anchor_runs)
         kept_anchors = grouped(median_anchor_runs(anchor_runs), lambda r: r.policy)
-        for label, items in kept_anchors.items():
-            same = sum(r.token_ids == references.get(r.prompt_id) for r in items)
-            summary["methods"][label]["identical_to_none"] = f"{same}/{len(items)}"
+        for label, items in kept_anchors.items():  # sampled (T > 0) from another generator: no identity to count
+            if results["exactness"]["temperature"] == 0:
+                same = sum(r.token_ids == references.get(r.prompt_id) for r in items)
+                summary["methods"][label]["identical_to_none"] = f"{same}/{len(items)}"
         refs["hf"] = kept_anchors.get("hf", [])
         if summary["best_lookup"]:
             refs["hf_lookup"] = kept_anchors[summary["best_lookup"]]
