@@ -356,6 +356,11 @@ class ReplayRanking(RankingSource):
                         f"{config.env.temperature:g}): every cell timed live")
             return {}
         traces, table = self._load()
+        recorded = (traces.meta or {}).get("drafter")
+        if recorded is not None and recorded != config.env.drafter:
+            raise ValueError(f"grid.traces {self.traces} were collected with drafter={recorded!r}, the grid drafts "
+                             f"with {config.env.drafter!r}; collect traces with the grid's drafter or set "
+                             f"env.drafter={recorded}.")
         replayable = [c for c in cells if c.depth > 0 and c.verify_size == 0 and c.width == traces.width
                       and c.depth <= traces.max_depth]
         if not replayable:

@@ -276,6 +276,9 @@ def test_replay_ranking_scores_cells_on_greedy_traces() -> None:
     assert timed == cells and ranked["scores"] == {} and "temperature 0 only" in ranked["why"]
     with pytest.raises(ValueError, match="grid.traces"):
         GridConfig(replay_rank=True)
+    other = dataclasses.replace(config, env=dataclasses.replace(config.env, drafter="sam:2"))
+    with pytest.raises(ValueError, match="collected with drafter='ngram'"):
+        ranking.rank(other, cells)
 
 
 class FakeRun:
