@@ -42,14 +42,12 @@ class GridConfig:
     """rank every cell on ``traces`` in the replay first (``draftrl.eval.round.grid.ReplayRanking``, temperature
     0), then time only plain decoding and the ``top_cells`` best (and every cell the replay cannot play) live"""
     traces: str | None = None
-    """a ``draftrl collect`` directory (greedy traces with their cost table) for ``replay_rank``"""
+    """a ``draftrl collect`` directory (greedy traces with their cost table) for ``replay_rank``; ``draftrl demo``
+    fills in its own (``DIR/traces``)"""
     top_cells: int = 3
     """with ``replay_rank``: how many of the replay's best cells are timed live"""
 
     def __post_init__(self) -> None:
-        if self.replay_rank and not self.traces:
-            raise ValueError("grid.replay_rank needs grid.traces: a draftrl collect directory (greedy traces of the "
-                             "tune prompts with their cost table), e.g. --set grid.traces=runs/demo/traces.")
         if self.top_cells < 1:
             raise ValueError(f"grid.top_cells={self.top_cells} must be >= 1 (the replay's best cells timed live).")
         for name in ("depths", "verify_sizes", "widths"):

@@ -274,6 +274,8 @@ def run_demo(config: DemoConfig, out: str | Path, *, overwrite: bool = False,
     end(3, ", ".join(f"{p} (log: {out / 'logs' / 'train.log'})" for p in policy_dirs.values()))
 
     begin(4)
+    if config.grid.replay_rank and not config.grid.traces:  # rank in the replay of the collect step's traces
+        config.grid = dataclasses.replace(config.grid, traces=str(out / "traces"))
     grid = run_grid(config, out / "grid", target=target, progress=progress)
     best = grid["best"]
     end(4, f"best fixed: depth {best['depth']} ({best['speedup_vs_none']:.2f}x on tune)")

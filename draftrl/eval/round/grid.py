@@ -447,14 +447,17 @@ def run_grid(config: EvalConfig, out: str | Path, *, target=None, config_path: s
     from draftrl.io import write_json
     from draftrl.signals.costs import hardware_info
 
+    if ranking is None and config.grid.replay_rank:
+        if not config.grid.traces:
+            raise ValueError("grid.replay_rank needs grid.traces: a draftrl collect directory (greedy traces of the "
+                             "tune prompts with their cost table), e.g. --set grid.traces=runs/demo/traces.")
+        ranking = ReplayRanking(config.grid.traces, config.env.cost_table)
+        top_cells = top_cells or config.grid.top_cells
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     cells = grid_cells(config.grid)
     classes = config.env.sampling_classes
-    if ranking is None and config.grid.replay_rank:
-        ranking = ReplayRanking(config.grid.traces, config.env.cost_table)
-        top_cells = top_cells or config.grid.top_cells
     result = {
         "format": FORMAT,
         "split": "tune",

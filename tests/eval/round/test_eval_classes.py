@@ -274,8 +274,10 @@ def test_replay_ranking_scores_cells_on_greedy_traces() -> None:
     hot = dataclasses.replace(config, env=dataclasses.replace(config.env, temperature=0.7))
     timed, ranked = ranked_cells(hot, cells, ranking, 1)
     assert timed == cells and ranked["scores"] == {} and "temperature 0 only" in ranked["why"]
-    with pytest.raises(ValueError, match="grid.traces"):
-        GridConfig(replay_rank=True)
+    from draftrl.eval.round.grid import run_grid
+
+    with pytest.raises(ValueError, match="grid.traces"):  # before any model loads
+        run_grid(EvalConfig(grid=GridConfig(replay_rank=True)), "/nonexistent/never-written")
     other = dataclasses.replace(config, env=dataclasses.replace(config.env, drafter="sam:2"))
     with pytest.raises(ValueError, match="collected with drafter='ngram'"):
         ranking.rank(other, cells)
