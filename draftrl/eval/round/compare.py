@@ -140,6 +140,7 @@ def run_eval(config: EvalConfig, out: str | Path, *, policies: list[str] | str |
     one = class_config(config, classes[0]) if config.env.temperature_mix is not None else config
     if any(s.kind == "lookahead" for s in specs) and one.env.temperature != 0:
         raise ValueError(f"policy lookahead needs temperature 0 (got {one.env.temperature}); drop it from --policies.")
+    grid = class_grid(grid, classes[0].label)  # a mixed grid: its search at this sampling, where it has one
     results, error = evaluate_class(one, specs, grid, target=target, progress=progress)
     results["wall_seconds"] = time.perf_counter() - started
     results["files"] = write_outputs(results, out, grid)

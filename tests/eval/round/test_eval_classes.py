@@ -131,6 +131,7 @@ def test_each_class_plays_its_own_best_and_the_t0_grids_choice() -> None:
     assert class_grid(grid, "T0.7")["best"]["depth"] == 1 and class_grid(grid, "T0")["best"]["depth"] == 4
     assert class_grid(grid, "T0.7")["anchors"]["best_lookup"] == "hf-lookup:2"
     assert t0_best(grid)["name"] == "d4_v2_w1"
+    assert class_grid(grid, "T1")["best"]["name"] == "d2_v0_w1"  # a class the grid did not search: the mix's best
     single = {"config": {"env": {"temperature": 0.0}}, "best": {"depth": 3}}
     assert class_grid(single, "T0.7") is single and t0_best(single)["depth"] == 3
     assert t0_best({"config": {"env": {"temperature": 0.7}}, "best": {"depth": 3}}) is None
