@@ -35,6 +35,7 @@ from draftrl.eval.metrics import add_speedups, grouped, median_runs, paired_spee
 from draftrl.eval.policy_names import REFERENCE
 from draftrl.eval.records import RequestRun
 from draftrl.eval.round.anchors import anchor_ngram, anchors_for, run_anchor
+from draftrl.eval.round.classes import CLASSES_DIR, class_dir, class_grid, class_specs, mix_policies, t0_grid_note
 from draftrl.eval.round.config import EvalConfig, env_for_split
 from draftrl.eval.round.rollout import run_fixed, run_policy
 from draftrl.runs import WANDB_FILE
@@ -121,7 +122,7 @@ def run_eval(config: EvalConfig, out: str | Path, *, policies: list[str] | str |
     import torch
 
     from draftrl.eval.policy_names import parse_policies
-    from draftrl.eval.round.grid import class_config
+    from draftrl.eval.round.classes import class_config
     from draftrl.io import read_json, write_json
 
     specs = parse_policies(policies if policies is not None else list(config.eval.policies))
@@ -285,116 +286,16 @@ def evaluate_class(config: EvalConfig, specs: list, grid: dict | None, *, target
     return results, error
 
 
-#: The mix table's columns: a policy's ratios that are weight-averaged over the classes.
-MIX_KEYS = ("speedup_vs_none", "speedup_vs_best_fixed", "speedup_vs_t0_grid", "speedup_vs_hf", "speedup_vs_hf_lookup")
-#: The policy that plays, at a class T > 0, the setting the temperature-0 grid chose.
-T0_GRID = "t0-grid"
-CLASSES_DIR = "classes"
-
-
-def class_dir(label: str) -> str:
-    """A class label as a folder or file name part (``T1:k20`` -> ``T1_k20``)."""
-    return label.replace(":", "_")
-
-
-def class_grid(grid: dict | None, label: str) -> dict | None:
-    """The grid result ``best-grid`` plays at class ``label``: the class's own search in a mixed
-    ``grid.json`` (its ``best`` and anchors), else the whole grid (searched at one sampling)."""
-    if grid is None or label not in (grid.get("classes") or {}):
-        return grid
-    return {**grid, **grid["classes"][label]}
-
-
-def t0_best(grid: dict | None) -> dict | None:
-    """The best fixed setting the temperature-0 grid chose: a mixed grid's greedy class, or a
-    single-class grid searched at temperature 0; None if the grid searched no greedy class."""
-    if grid is None:
-        return None
-    for c in (grid.get("classes") or {}).values():
-        if c["sampling"]["temperature"] == 0:
-            return c["best"]
-    env = (grid.get("config") or {}).get("env") or {}
-    if "classes" not in grid and not env.get("temperature_mix") and env.get("temperature", 0) == 0:
-        return grid.get("best")
-    return None
-
-
-def class_specs(specs: list, sampling, grid: dict | None) -> list:
-    """The policies of one class: lookahead only at temperature 0 (the bound needs the greedy
-    reference), and at T > 0, right after ``best-grid``, ``t0-grid``: the temperature-0 grid's
-    choice, unless it is the class's own best (the same setting: ``best-grid`` stands for it, timed
-    once, so that timing noise does not read as a difference)."""
-    from draftrl.eval.policy_names import PolicyName
-
-    out = [s for s in specs if s.kind != "lookahead" or sampling.temperature == 0]
-    best = t0_best(grid)
-    if sampling.temperature > 0 and best is not None and any(s.kind == "best-grid" for s in specs):
-        d, v, w = int(best["depth"]), int(best["verify_size"]), int(best["width"])
-        own = (class_grid(grid, sampling.label) or {}).get("best") or {}
-        if (d, v, w) == (own.get("depth"), own.get("verify_size"), own.get("width")):
-            return out
-        text = f"fixed:{d}" + (f":{v}" if v else "") + (f":w{w}" if w > 1 else "")
-        at = next(i for i, s in enumerate(out) if s.kind == "best-grid") + 1
-        out.insert(at, PolicyName(kind="fixed", label=T0_GRID, depth=d, verify_size=v or None, width=w, text=text))
-    return out
-
-
-def t0_grid_note(grid: dict | None, sampling, labels: list[str]) -> str | None:
-    """What ``t0-grid`` is at a class: its setting, or that ``best-grid`` stands for it."""
-    best = t0_best(grid)
-    if best is None or sampling.temperature == 0:
-        return None if best is None else f"the temperature-0 grid's choice is `best-grid` here ({best['name']})"
-    if T0_GRID in labels:
-        return f"`t0-grid` = the temperature-0 grid's choice, {best['name']}"
-    return f"the temperature-0 grid chose this class's own best ({best['name']}): `best-grid` stands for `t0-grid`"
-
-
-def mix_policies(classes: dict[str, dict]) -> dict[str, dict]:
-    """Every policy's ratios over the mix: for each of :data:`MIX_KEYS`, ``sum_c weight_c * ratio_c``
-    over the classes (weights sum to 1) when every class has it, else None; ``per_class`` beside it.
-    ``t0-grid`` where it was not timed is ``best-grid`` there (the same setting, timed once)."""
-    names: list[str] = []
-    for c in classes.values():  # every class's order, a policy some class lacks after its predecessor there
-        order = list(c["policies"])
-        for i, n in enumerate(order):
-            if n not in names:
-                names.insert(names.index(order[i - 1]) + 1 if i and order[i - 1] in names else len(names), n)
-    out = {}
-    for name in names:
-        row: dict = {"per_class": {}}
-        for key in MIX_KEYS:
-            values = {}
-            for label, c in classes.items():
-                p = c["policies"].get(name)
-                if p is None and name == T0_GRID:  # the greedy class, or one whose own best is T=0's choice
-                    p = c["policies"].get("best-grid")
-                values[label] = None if p is None else _ratio(p, key, c["policies"])
-            row["per_class"][key] = values
-            complete = all(v is not None for v in values.values())
-            row[key] = sum(classes[label]["weight"] * v for label, v in values.items()) if complete else None
-        out[name] = row
-    return out
-
-
-def _ratio(p: dict, key: str, policies: dict) -> float | None:
-    if key == "speedup_vs_best_fixed":
-        return (p.get("ci_vs_best_fixed") or {}).get("ratio")
-    if key == "speedup_vs_t0_grid":
-        ref = policies.get(T0_GRID) or (policies.get("best-grid") if T0_GRID not in policies else None)
-        return p["tokens_per_second"] / ref["tokens_per_second"] if ref and ref.get("tokens_per_second") else None
-    return p.get(key)
-
-
 def run_eval_mix(config: EvalConfig, out: Path, specs: list, grid: dict | None, *, target=None,
                  progress: Callable[[int, int, str], None] | None = None) -> dict:
-    """A temperature mix, class by class (:func:`evaluate_class` on :func:`~draftrl.eval.round.grid.class_config`):
+    """A temperature mix, class by class (:func:`evaluate_class` on :func:`~draftrl.eval.round.classes.class_config`):
     every held-out request at every class with the same seeds (so every class's table is paired, and
     the classes share requests), the policies of :func:`class_specs`, ``best-grid`` the class's own
     search (:func:`class_grid`); then the mix (:func:`mix_policies`). Writes each class's report and
     plots to ``DIR/classes/<label>/`` and, in ``DIR``, results.json (``classes`` {label: {``sampling``,
     ``weight``, the single-class results}}, ``mix``, ``exactness`` over all classes) and report.md."""
     from draftrl.config import to_dict
-    from draftrl.eval.round.grid import class_config
+    from draftrl.eval.round.classes import class_config
     from draftrl.io import write_json
     from draftrl.models import shared_model
     from draftrl.signals.costs import hardware_info

@@ -41,7 +41,9 @@ from draftrl.eval.agreement import raise_first_violation
 from draftrl.eval.metrics import add_speedups, grouped, median_runs, summarize_with_groups
 from draftrl.eval.records import RequestRun
 from draftrl.eval.round.anchors import run_anchor
+from draftrl.eval.round.classes import best_mix_cell, class_config, mix_cells
 from draftrl.eval.round.config import EvalConfig, GridConfig, env_for_split
+from draftrl.eval.round.ranking import RankingSource, ReplayRanking, ranked_cells
 from draftrl.eval.round.rollout import run_fixed
 from draftrl.runs import WANDB_FILE
 
@@ -277,115 +279,6 @@ def best_cell(cells: dict[str, dict]) -> dict:
             "speedup_vs_hf": c.get("speedup_vs_hf"), "speedup_vs_hf_lookup": c.get("speedup_vs_hf_lookup")}
 
 
-def class_config(config: EvalConfig, sampling) -> EvalConfig:
-    """``config`` with every request sampled by one class of the mix (a
-    :class:`~draftrl.config.workload.SamplingClass`): the single-class workload the grid and the
-    evaluation time that class on."""
-    env = dataclasses.replace(config.env, temperature=sampling.temperature, top_k=sampling.top_k,
-                              top_p=sampling.top_p, temperature_mix=None)
-    return dataclasses.replace(config, env=env)
-
-
-class RankingSource:
-    """Where the grid's ranking of cells comes from, before the top cells are timed for real.
-
-    :meth:`rank` returns a score per cell name (higher is better) for the workload of ``config``
-    (one sampling class). ``draftrl grid`` ranks with :class:`LiveRanking` (every cell timed live,
-    which is also the final measurement); a replay source (trace replay with the calibrated costs,
-    over many more requests than real time allows) plugs in here, and then only its
-    ``top_cells`` best cells (plus plain decoding) are timed live, interleaved."""
-
-    name = "abstract"
-
-    def rank(self, config: EvalConfig, cells: list[Cell], *, target=None) -> dict[str, float]:  # pragma: no cover
-        raise NotImplementedError
-
-
-class LiveRanking(RankingSource):
-    """Every cell timed live: the ranking is the live measurement itself (nothing ranked first)."""
-
-    name = "live"
-
-    def rank(self, config: EvalConfig, cells: list[Cell], *, target=None) -> dict[str, float]:
-        return {cell.name: 0.0 for cell in cells}
-
-
-class ReplayRanking(RankingSource):
-    """Cells ranked on recorded traces (``draftrl collect``) with their cost table: each cell's
-    replayed speedup over plain decoding (:func:`draftrl.replay.round_table.round_table`, the seconds
-    ``TraceReplay-v0`` charges, no noise) over every prompt the traces hold, far more than real time
-    can decode per cell.
-
-    Greedy traces replay exactly at temperature 0 only: at T > 0 nothing is scored (every cell is
-    timed live) until the replay walks sampled continuations (issue 45 item 1; then this source
-    reads traces collected at that class). The replay verifies every drafted node of the traces'
-    tree width: other cells (a verify size, another width, deeper than the traces) get no score
-    and are always timed live.
-
-    :param traces: a ``draftrl collect`` directory, or loaded ``Traces``.
-    :param cost_table: a ``CostTable`` (or its file); None = the one stored with the traces.
-    """
-
-    name = "replay"
-
-    def __init__(self, traces, cost_table=None):
-        self.traces, self.cost_table = traces, cost_table
-        self.why: str | None = None
-
-    def _load(self):
-        from draftrl.replay.traces import Traces, stored_cost_table
-        from draftrl.signals.costs import CostTable
-
-        traces = self.traces if isinstance(self.traces, Traces) else Traces.load(self.traces)
-        table = self.cost_table
-        if table is None and not isinstance(self.traces, Traces):
-            table = stored_cost_table(self.traces)
-        if isinstance(table, (str, Path)):
-            table = CostTable.load(table)
-        if table is None:
-            raise ValueError(f"grid.replay_rank needs a cost table for the traces {self.traces}; collect them with "
-                             "--cost-table FILE (draftrl calibrate writes one) or set env.cost_table.")
-        return traces, table
-
-    def rank(self, config: EvalConfig, cells: list[Cell], *, target=None) -> dict[str, float]:
-        from draftrl.eval.round.headroom import headroom
-        from draftrl.replay.round_table import round_table
-
-        if config.env.temperature != 0:
-            self.why = (f"greedy traces replay exactly at temperature 0 only (this class samples at "
-                        f"{config.env.temperature:g}): every cell timed live")
-            return {}
-        traces, table = self._load()
-        recorded = (traces.meta or {}).get("drafter")
-        if recorded is not None and recorded != config.env.drafter:
-            raise ValueError(f"grid.traces {self.traces} were collected with drafter={recorded!r}, the grid drafts "
-                             f"with {config.env.drafter!r}; collect traces with the grid's drafter or set "
-                             f"env.drafter={recorded}.")
-        replayable = [c for c in cells if c.depth > 0 and c.verify_size == 0 and c.width == traces.width
-                      and c.depth <= traces.max_depth]
-        if not replayable:
-            self.why = f"no cell verifies every node of width {traces.width} within depth {traces.max_depth}"
-            return {}
-        self.why = None
-        room = headroom(round_table({"drafter": traces}, {"drafter": table}, [c.depth for c in replayable]))
-        return {c.name: room.speedup(f"fixed:drafter:{c.depth}") for c in replayable}
-
-
-def ranked_cells(config: EvalConfig, cells: list[Cell], ranking: RankingSource | None, top_cells: int | None, *,
-                 target=None) -> tuple[list[Cell], dict | None]:
-    """The cells to time live: all of them (no ranking, or :class:`LiveRanking`), else plain
-    decoding, every cell ``ranking`` gave no score, and the ``top_cells`` best it scored (ties by
-    cell order); and what the ranking said (``source``, ``scores``, ``top_cells``, ``timed``, ``why``)."""
-    if ranking is None or isinstance(ranking, LiveRanking) or not top_cells:
-        return cells, None
-    scores = ranking.rank(config, cells, target=target)
-    order = sorted((c for c in cells if c.depth > 0 and c.name in scores), key=lambda c: -scores[c.name])
-    keep = {c.name for c in order[:top_cells]}
-    timed = [c for c in cells if c.depth == 0 or c.name not in scores or c.name in keep]
-    return timed, {"source": ranking.name, "scores": scores, "top_cells": top_cells, "timed": [c.name for c in timed],
-                   "why": getattr(ranking, "why", None)}
-
-
 def grid_result(config: EvalConfig, cells: list[Cell], *, target=None,
                 progress: Callable[[int, int, str], None] | None = None, ranking: RankingSource | None = None,
                 top_cells: int | None = None) -> dict:
@@ -401,27 +294,6 @@ def grid_result(config: EvalConfig, cells: list[Cell], *, target=None,
     if ranked is not None:
         out["ranking"] = ranked
     return out
-
-
-def mix_cells(classes: dict[str, dict], weights: dict[str, float]) -> dict[str, dict]:
-    """The mix's cells: every cell timed at every class, its speedup over plain decoding the
-    weight-averaged per-class speedup (``sum_c w_c * speedup_c``; weights sum to 1), with the
-    per-class speedups beside it (``per_class``)."""
-    names = set.intersection(*(set(c["cells"]) for c in classes.values()))
-    out = {}
-    for name in sorted(names, key=lambda n: list(next(iter(classes.values()))["cells"]).index(n)):
-        first = next(iter(classes.values()))["cells"][name]
-        per = {label: c["cells"][name]["speedup_vs_none"] for label, c in classes.items()}
-        out[name] = {"depth": first["depth"], "verify_size": first["verify_size"], "width": first["width"],
-                     "speedup_vs_none": sum(weights[label] * v for label, v in per.items()), "per_class": per}
-    return out
-
-
-def best_mix_cell(cells: dict[str, dict]) -> dict:
-    name = max(cells, key=lambda n: cells[n]["speedup_vs_none"])
-    c = cells[name]
-    return {"name": name, "depth": c["depth"], "verify_size": c["verify_size"], "width": c["width"],
-            "speedup_vs_none": c["speedup_vs_none"], "per_class": c["per_class"]}
 
 
 def heatmap_caption(result: dict, what: str) -> str:

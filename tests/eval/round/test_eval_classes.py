@@ -14,8 +14,18 @@ import json
 import pytest
 from eval_helpers import CONFIGS, assert_png, fake_results, with_intervals
 
-from draftrl.eval.round.compare import T0_GRID, class_grid, class_specs, mix_policies, t0_best, t0_grid_note
-from draftrl.eval.round.grid import Cell, LiveRanking, RankingSource, best_mix_cell, mix_cells, ranked_cells
+from draftrl.eval.round.classes import (
+    T0_GRID,
+    best_mix_cell,
+    class_grid,
+    class_specs,
+    mix_cells,
+    mix_policies,
+    t0_best,
+    t0_grid_note,
+)
+from draftrl.eval.round.grid import Cell
+from draftrl.eval.round.ranking import LiveRanking, RankingSource, ranked_cells
 
 
 def cells(speedups: dict[str, float]) -> dict:
@@ -257,8 +267,9 @@ def test_replay_ranking_scores_cells_on_greedy_traces() -> None:
     from choice_traces import costs, synthetic
 
     from draftrl.eval.round.config import EvalConfig, GridConfig
-    from draftrl.eval.round.grid import ReplayRanking, grid_cells
+    from draftrl.eval.round.grid import grid_cells
     from draftrl.eval.round.headroom import headroom
+    from draftrl.eval.round.ranking import ReplayRanking
     from draftrl.replay.round_table import round_table
 
     traces, table = synthetic(1, 1), costs(1e-4)
