@@ -139,6 +139,10 @@ def measure_cells(config: EvalConfig, cells: list[Cell], *, target=None, split: 
     from draftrl.eval.exactness import monitor_verdict
     from draftrl.models import shared_model
 
+    if config.env.temperature_mix is not None:  # the engine would sample with the scalar fields, not the mix
+        raise ValueError(f"measure_cells times one sampling; env.temperature_mix has "
+                         f"{[c.label for c in config.env.sampling_classes]}: time each class on "
+                         "draftrl.eval.round.classes.class_config(config, class) (run_grid does).")
     settings = config.grid
     if config.threads:
         torch.set_num_threads(config.threads)
@@ -439,6 +443,12 @@ def run_cell(config: EvalConfig, out: str | Path, cell: Cell, *, target=None) ->
     from draftrl.config.wandb import logged_run
     from draftrl.io import write_json
 
+    classes = config.env.sampling_classes
+    if len(classes) > 1:
+        raise ValueError(f"a sweep cell times one sampling; env.temperature_mix has {[c.label for c in classes]}: run "
+                         "one sweep per class (--set env.temperature_mix=null --set env.temperature=T).")
+    if config.env.temperature_mix is not None:
+        config = class_config(config, classes[0])
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     cells = [Cell(0)] if cell.depth == 0 else [Cell(0), cell]

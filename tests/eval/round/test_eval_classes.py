@@ -161,6 +161,20 @@ def test_each_class_plays_its_own_best_and_the_t0_grids_choice() -> None:
     assert "stands for `t0-grid`" in t0_grid_note(grid, SamplingClass(0.7), ["none", "best-grid"])
 
 
+def test_one_sampling_per_timing_pass(tmp_path) -> None:
+    """measure_cells and a sweep cell time one sampling: a mix is refused before any model loads (the
+    engine would silently sample with the scalar temperature), naming what to do instead."""
+    from draftrl.config import load_config
+    from draftrl.eval.round.config import EvalConfig
+    from draftrl.eval.round.grid import measure_cells, run_cell
+
+    config = load_config(EvalConfig, CONFIGS / "eval_tiny_cpu.yaml", ["env.temperature_mix={0: 0.5, 0.7: 0.5}"])
+    with pytest.raises(ValueError, match="class_config"):
+        measure_cells(config, [Cell(0)])
+    with pytest.raises(ValueError, match="one sweep per class"):
+        run_cell(config, tmp_path, Cell(2))
+
+
 def test_the_mix_report_and_cli_tables(capsys) -> None:
     from draftrl.cli.eval import print_mix_table, print_policy_table
     from draftrl.eval.report import render_mix_report
