@@ -135,11 +135,11 @@ def print_mix_table(results: dict) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    from draftrl.eval.report import MIX_COLUMNS, mix_rows
+    from draftrl.eval.report import mix_columns, mix_rows
 
     weights = " + ".join(f"{w:.2f} x {label}" for label, w in results["mix"]["weights"].items())
     table = Table(title=escape(f"temperature mix ({weights})"))
-    for i, col in enumerate(MIX_COLUMNS):
+    for i, col in enumerate(mix_columns(results)):
         table.add_column(col, justify="left" if i == 0 else "right")
     for row in mix_rows(results):
         table.add_row(*(escape(cell) for cell in row))

@@ -258,12 +258,19 @@ def render_serving_report(results: dict) -> str:
 MIX_COLUMNS = ["policy", "speedup vs AR", "vs best fixed", "vs T=0 grid's choice", "vs HF generate", "vs HF lookup"]
 
 
+def mix_columns(results: dict) -> list[str]:
+    """:data:`MIX_COLUMNS`, plus ``vs HF assisted`` where HF assisted generation was timed (a draft model)."""
+    assisted = any(p.get("speedup_vs_hf_assisted") is not None for p in results["mix"]["policies"].values())
+    return MIX_COLUMNS + (["vs HF assisted"] if assisted else [])
+
+
 def mix_rows(results: dict) -> list[list[str]]:
-    """One row per policy of a temperature mix: each ratio weight-averaged over the classes
-    (``results["mix"]["policies"]``; "-" where some class lacks the policy or the reference)."""
-    return [[name, _x(p.get("speedup_vs_none")), _x(p.get("speedup_vs_best_fixed")), _x(p.get("speedup_vs_t0_grid")),
-             _x(p.get("speedup_vs_hf")), _x(p.get("speedup_vs_hf_lookup"))]
-            for name, p in results["mix"]["policies"].items()]
+    """One row per policy of a temperature mix, the columns of :func:`mix_columns`: each ratio
+    weight-averaged over the classes (``results["mix"]["policies"]``; "-" where some class lacks the
+    policy or the reference)."""
+    keys = ["speedup_vs_none", "speedup_vs_best_fixed", "speedup_vs_t0_grid", "speedup_vs_hf", "speedup_vs_hf_lookup",
+            "speedup_vs_hf_assisted"][: len(mix_columns(results)) - 1]
+    return [[name, *[_x(p.get(k)) for k in keys]] for name, p in results["mix"]["policies"].items()]
 
 
 def class_title(label: str, c: dict) -> str:
@@ -295,7 +302,7 @@ def render_mix_report(results: dict) -> str:
           "every class; `vs best fixed`: over each class's own best fixed setting (`best-grid`). `-`: some class "
           "lacks the policy (`lookahead` runs at temperature 0 only; its ratios are in that class's table).",
         "",
-        _table(MIX_COLUMNS, mix_rows(results)),
+        _table(mix_columns(results), mix_rows(results)),
         "",
     ]
     for label, c in classes.items():

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 #: The references every policy is compared with: ``speedup_vs_<ref>`` and the ``ci_vs_<ref>`` field of results.json.
-REFERENCES: tuple[str, ...] = ("none", "best_fixed", "hf", "hf_lookup")
+REFERENCES: tuple[str, ...] = ("none", "best_fixed", "hf", "hf_lookup", "hf_assisted")
 
 
 def key_part(text: str) -> str:
@@ -244,7 +244,8 @@ def log_eval_mix(run: Any, results: dict, out: Path) -> None:
         return
     for label, c in results["classes"].items():
         log_eval(run, c, out / "classes" / label.replace(":", "_"), prefix=f"class/{key_part(label)}/")
-    keys = ("speedup_vs_none", "speedup_vs_best_fixed", "speedup_vs_t0_grid", "speedup_vs_hf", "speedup_vs_hf_lookup")
+    keys = ("speedup_vs_none", "speedup_vs_best_fixed", "speedup_vs_t0_grid", "speedup_vs_hf", "speedup_vs_hf_lookup",
+            "speedup_vs_hf_assisted")
     mix = results["mix"]["policies"]
     run.log({"compare/mix": _table(["policy", *keys], [[name, *[p.get(k) for k in keys]] for name, p in mix.items()])})
     _summary(run, {**{f"mix/policy/{key_part(name)}/{k}": p.get(k) for name, p in mix.items() for k in keys},

@@ -13,7 +13,8 @@ import dataclasses
 from draftrl.eval.round.config import EvalConfig
 
 #: The mix table's columns: a policy's ratios that are weight-averaged over the classes.
-MIX_KEYS = ("speedup_vs_none", "speedup_vs_best_fixed", "speedup_vs_t0_grid", "speedup_vs_hf", "speedup_vs_hf_lookup")
+MIX_KEYS = ("speedup_vs_none", "speedup_vs_best_fixed", "speedup_vs_t0_grid", "speedup_vs_hf", "speedup_vs_hf_lookup",
+            "speedup_vs_hf_assisted")
 #: The policy that plays, at a class T > 0, the setting the temperature-0 grid chose.
 T0_GRID = "t0-grid"
 CLASSES_DIR = "classes"

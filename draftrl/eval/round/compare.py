@@ -67,7 +67,8 @@ def add_anchors(results: dict, runs: list[RequestRun], anchor_runs: list, refere
                 best_fixed: str | None) -> None:
     """Put the anchors' summary in ``results["anchors"]`` and, for every policy, its speedups over
     stock HF generate and HF prompt lookup at its best gamma, with paired bootstrap intervals over
-    requests (``ci_vs_none``, ``ci_vs_hf``, ``ci_vs_hf_lookup``, ``ci_vs_best_fixed``)."""
+    requests (``ci_vs_none``, ``ci_vs_hf``, ``ci_vs_hf_lookup``, ``ci_vs_best_fixed``; with a draft model
+    as the drafter also ``ci_vs_hf_assisted``, ``speedup_vs_hf_assisted``)."""
     from draftrl.eval.bootstrap import compare
     from draftrl.eval.round.anchors import median_anchor_runs, summarize_anchors
 
@@ -86,6 +87,8 @@ def add_anchors(results: dict, runs: list[RequestRun], anchor_runs: list, refere
         refs["hf"] = kept_anchors.get("hf", [])
         if summary["best_lookup"]:
             refs["hf_lookup"] = kept_anchors[summary["best_lookup"]]
+        if "hf-assisted" in kept_anchors:  # HF assisted generation with the run's draft model
+            refs["hf_assisted"] = kept_anchors["hf-assisted"]
         results["anchors"] = summary
     for name, p in results["policies"].items():
         for ref, ref_runs in refs.items():
@@ -96,7 +99,7 @@ def add_anchors(results: dict, runs: list[RequestRun], anchor_runs: list, refere
                 continue
             ci = compare(by_policy.get(name, []), ref_runs)
             p[f"ci_vs_{ref}"] = ci
-            if ref in ("hf", "hf_lookup"):
+            if ref in ("hf", "hf_lookup", "hf_assisted"):
                 p[f"speedup_vs_{ref}"] = ci["ratio"]
 
 

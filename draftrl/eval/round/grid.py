@@ -267,8 +267,9 @@ def add_grid_anchors(table: dict[str, dict], anchor_runs: list) -> dict | None:
         return None
     anchors = summarize_anchors(anchor_runs)
     methods, best = anchors["methods"], anchors["best_lookup"]
+    assisted = ("speedup_vs_hf_assisted", "hf-assisted") if "hf-assisted" in methods else None
     for cell in table.values():
-        for key, label in (("speedup_vs_hf", "hf"), ("speedup_vs_hf_lookup", best)):
+        for key, label in (("speedup_vs_hf", "hf"), ("speedup_vs_hf_lookup", best), *([assisted] if assisted else [])):
             ref = methods.get(label) if label else None
             cell[key] = (cell["tokens_per_second"] / ref["tokens_per_second"]
                          if ref and ref["tokens_per_second"] else None)

@@ -350,3 +350,34 @@ def test_wandb_keys_per_class_and_for_the_mix(tmp_path) -> None:
     assert run.summary["best/T0_7/speedup_vs_none"] == pytest.approx(1.1)
     assert run.summary["class/T0_7/best/name"] == "d2_v0_w1" and "class/T0/grid/cells" in run.logged
     assert "grid/mix" in run.logged
+
+
+def test_every_policy_is_compared_with_hf_assisted_where_it_was_timed() -> None:
+    """With a draft model as the drafter the anchors include ``hf-assisted``: every policy gets
+    ``speedup_vs_hf_assisted`` (total tokens over total seconds, paired interval over requests); at
+    T > 0 no 'same tokens as none' is counted (the anchors sample from HF's own generator)."""
+    import numpy as np
+
+    from draftrl.eval.records import RequestRun
+    from draftrl.eval.round.anchors import AnchorRun
+    from draftrl.eval.round.compare import add_anchors
+
+    def run(policy, prompt, seconds):
+        return RequestRun(policy=policy, prompt_id=prompt, language="en", task="chat", repeat=0,
+                          token_ids=list(range(20)), num_prompt_tokens=10, prefill_seconds=0.1, total_seconds=seconds,
+                          round_seconds=np.full(20, (seconds - 0.1) / 20), round_tokens=np.ones(20, int),
+                          round_accepted=np.zeros(20, int), round_depth=np.zeros(20, int),
+                          round_verify_size=np.zeros(20, int), round_verified_depth=np.zeros(20, int),
+                          round_num_verified=np.zeros(20, int))
+
+    prompts = ["a", "b", "c"]
+    runs = [run("none", p, 2.0) for p in prompts] + [run("fixed:2", p, 1.6) for p in prompts]
+    anchors = [AnchorRun(label, p, "en", "chat", 0, list(range(20)), s, 20)
+               for p in prompts for label, s in (("hf", 2.2), ("hf-assisted", 1.8))]
+    for temperature in (0.0, 0.7):
+        results = {"policies": {"none": {}, "fixed:2": {}}, "exactness": {"temperature": temperature}}
+        add_anchors(results, runs, anchors, {p: list(range(20)) for p in prompts}, best_fixed=None)
+        assert results["policies"]["fixed:2"]["speedup_vs_hf_assisted"] == pytest.approx(1.8 / 1.6)
+        assert results["policies"]["none"]["ci_vs_hf_assisted"]["ratio"] == pytest.approx(1.8 / 2.0)
+        same = results["anchors"]["methods"]["hf-assisted"].get("identical_to_none")
+        assert same == ("3/3" if temperature == 0 else None)
