@@ -129,14 +129,21 @@ def print_summary(summary: dict) -> None:
 
     results = summary["results_dict"]
     hw = results.get("hardware", {})
-    table = Table(title=f"held-out requests: {len(results['prompts'])}, {hw.get('gpu') or hw.get('cpu')}, "
-                        f"{hw.get('threads')} thread(s); speedups measured in this run, interleaved")
-    for i, col in enumerate(POLICY_COLUMNS):
-        table.add_column(col, justify="left" if i == 0 else "right")
-    for row in policy_rows(results):
-        table.add_row(*(escape(cell) for cell in (display_name(row[0]), *row[1:])))  # `ppo[x]` is not markup
     console = Console(width=None if sys.stdout.isatty() else 160)  # pipes and logs get the full table
-    console.print(table)
+    classes = results.get("classes") or {"": results}  # a temperature mix: one table per class, then the mix
+    for label, c in classes.items():
+        at = f" at {label} (weight {c['weight']:.2f})" if label else ""
+        table = Table(title=f"held-out requests{at}: {len(c['prompts'])}, {hw.get('gpu') or hw.get('cpu')}, "
+                            f"{hw.get('threads')} thread(s); speedups measured in this run, interleaved")
+        for i, col in enumerate(POLICY_COLUMNS):
+            table.add_column(col, justify="left" if i == 0 else "right")
+        for row in policy_rows(c):
+            table.add_row(*(escape(cell) for cell in (display_name(row[0]), *row[1:])))  # `ppo[x]` is not markup
+        console.print(table)
+    if "classes" in results:
+        from draftrl.cli.eval import print_mix_table
+
+        print_mix_table(results)
     ex = results["exactness"]
     verdict = "[bold green]PASSED[/]" if ex["passed"] else "[bold red]FAILED[/]"
     checks = []
@@ -147,7 +154,7 @@ def print_summary(summary: dict) -> None:
                       f"{gi['num_violations']} violation(s)")
     elif gi.get("checked"):
         checks.append(f"greedy token identity on {gi['requests']} requests")
-    if ex["hf_reference"].get("checked"):
+    if (ex.get("hf_reference") or {}).get("checked"):
         checks.append(f"HF generate on {ex['hf_reference']['checked']}")
     overhead = ex["monitor_overhead"]["fraction"]
     power = ex.get("power") or {}
@@ -166,7 +173,9 @@ def print_summary(summary: dict) -> None:
     if overhead is not None:
         where = ("at temperature 1, every token tested" if "correct" in power
                  else "at temperature 0 the monitor has nothing to test; eval.power_tokens > 0 measures it at "
-                      "temperature 1" if ex["temperature"] == 0 else f"at temperature {ex['temperature']:g}")
+                      "temperature 1" if ex["temperature"] == 0
+                 else f"at temperature {ex['temperature']:g}" if not isinstance(ex["temperature"], list)
+                 else "over the classes of the mix")
         console.print(f"monitor overhead: {overhead * 100:.2f}% of decoding time (target < 3%; {where})")
     steps = ", ".join(f"{k} {v['seconds']:.0f}s" for k, v in summary["steps"].items())
     console.print(f"time: {summary['wall_seconds'] / 60:.1f} min ({steps})")

@@ -115,12 +115,35 @@ def run(args: argparse.Namespace) -> int:
 
         print(json.dumps(plain(results)))
         return 0
-    print_policy_table(results, f"held-out evaluation ({len(results['prompts'])} requests)")
+    if "classes" in results:  # a temperature mix: a table per class, then the mix
+        for label, c in results["classes"].items():
+            print_policy_table(c, f"held-out evaluation at {label} (weight {c['weight']:.2f}, "
+                                  f"{len(c['prompts'])} requests)")
+        print_mix_table(results)
+    else:
+        print_policy_table(results, f"held-out evaluation ({len(results['prompts'])} requests)")
     ex = results["exactness"]
     print(f"exactness: {'PASSED' if ex['passed'] else 'FAILED'}  monitor_overhead="
           f"{(ex['monitor_overhead']['fraction'] or 0) * 100:.3f}%  report: {args.out}/report.md")
     print_greedy_verdict(ex.get("greedy_identity") or {})
     return 0
+
+
+def print_mix_table(results: dict) -> None:
+    """The mix's table: every ratio weight-averaged over the classes (``draftrl.eval.report.mix_rows``)."""
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    from draftrl.eval.report import mix_columns, mix_rows
+
+    weights = " + ".join(f"{w:.2f} x {label}" for label, w in results["mix"]["weights"].items())
+    table = Table(title=escape(f"temperature mix ({weights})"))
+    for i, col in enumerate(mix_columns(results)):
+        table.add_column(col, justify="left" if i == 0 else "right")
+    for row in mix_rows(results):
+        table.add_row(*(escape(cell) for cell in row))
+    Console(width=None if sys.stdout.isatty() else 160).print(table)
 
 
 def print_policy_table(results: dict, title: str) -> None:

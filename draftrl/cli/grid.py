@@ -90,6 +90,17 @@ def run(args: argparse.Namespace) -> int:
 
         print(json.dumps(plain(result)))
         return 0
+    if "classes" in result:  # a temperature mix: each class's best, then the mix's cells
+        for label, c in result["classes"].items():
+            b = c["best"]
+            print(f"{label} (weight {c['weight']:.2f}): best {b['name']}  speedup_vs_none={b['speedup_vs_none']:.3f}x  "
+                  f"{_anchor_ratios(b)}")
+        for name, c in sorted(result["mix"]["cells"].items(), key=lambda kv: -kv[1]["speedup_vs_none"]):
+            mark = "  <- best for the mix" if name == result["best"]["name"] else ""
+            per = "  ".join(f"{label}={v:.3f}x" for label, v in c["per_class"].items())
+            print(f"mix speedup_vs_none={c['speedup_vs_none']:.3f}x  ({per})  cell={name}{mark}")
+        print(f"grid.json, grid_heatmap.png (the mix), grid_heatmap_<class>.png and sweep.yaml in {args.out}")
+        return 0
     for name, c in sorted(result["cells"].items(), key=lambda kv: -kv[1]["tokens_per_second"]):
         mark = "  <- best" if name == result["best"]["name"] else ""
         noise = "-" if c["noise"] is None else f"{c['noise']:.2f}"

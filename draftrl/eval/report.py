@@ -72,7 +72,7 @@ def anchor_lines(results: dict) -> list[str]:
     """The anchors' table (stock HF generate, HF prompt lookup per gamma) and what the columns mean."""
     anchors = results.get("anchors")
     if not anchors:
-        return ["No anchors were timed (temperature > 0, or `eval.anchors: false`).", ""]
+        return ["No anchors were timed (`eval.anchors: false`).", ""]
     plain = results["policies"].get("none", {}).get("tokens_per_second")
     rows = []
     for label, a in anchors["methods"].items():
@@ -80,8 +80,11 @@ def anchor_lines(results: dict) -> list[str]:
         rows.append([f"`{label}`{best}", _f(a["tokens_per_second"]),
                      _x(plain / a["tokens_per_second"] if plain and a["tokens_per_second"] else None),
                      _f(a.get("tokens_per_forward"), ".2f"), a.get("identical_to_none", "-")])
+    temperature = (results.get("exactness") or {}).get("temperature") or 0
+    how = "greedy" if temperature == 0 else (f"sampled at temperature {temperature:g} with the same top-k, top-p "
+                                             "and a seed per request")
     return [
-        "`vs HF generate` and `vs HF lookup` are throughput ratios over stock Hugging Face `generate` (greedy, "
+        f"`vs HF generate` and `vs HF lookup` are throughput ratios over stock Hugging Face `generate` ({how}, "
         "stock `nn.Linear` kernels) and over its prompt lookup at the best gamma timed here, on the same requests "
         "in the same interleaved run. `vs best fixed` is the ratio over the grid's best fixed setting with a "
         "paired bootstrap 95% interval over requests; \"not resolved\" means the interval covers 1.0, i.e. "
@@ -276,3 +279,81 @@ def render_serving_report(results: dict) -> str:
     lines.append(f"Exactness: {'PASSED' if ex['passed'] else 'FAILED'} ({what}, {ex['dtype']}, {'; '.join(hows)}).")
     lines.append(f"Hardware: {hw.get('cpu')} ({hw.get('cpu_count')} cores). Timings are wall clock on that machine.")
     return "\n".join(lines) + "\n"
+
+
+MIX_COLUMNS = ["policy", "speedup vs AR", "vs best fixed", "vs T=0 grid's choice", "vs HF generate", "vs HF lookup"]
+
+
+def mix_columns(results: dict) -> list[str]:
+    """:data:`MIX_COLUMNS`, plus ``vs HF assisted`` where HF assisted generation was timed (a draft model)."""
+    assisted = any(p.get("speedup_vs_hf_assisted") is not None for p in results["mix"]["policies"].values())
+    return MIX_COLUMNS + (["vs HF assisted"] if assisted else [])
+
+
+def mix_rows(results: dict) -> list[list[str]]:
+    """One row per policy of a temperature mix, the columns of :func:`mix_columns`: each ratio
+    weight-averaged over the classes (``results["mix"]["policies"]``; "-" where some class lacks the
+    policy or the reference)."""
+    keys = ["speedup_vs_none", "speedup_vs_best_fixed", "speedup_vs_t0_grid", "speedup_vs_hf", "speedup_vs_hf_lookup",
+            "speedup_vs_hf_assisted"][: len(mix_columns(results)) - 1]
+    return [[name, *[_x(p.get(k)) for k in keys]] for name, p in results["mix"]["policies"].items()]
+
+
+def class_title(label: str, c: dict) -> str:
+    s = c["sampling"]
+    return (f"{label}: temperature {s['temperature']:g}, top-k {s['top_k'] or 'off'}, top-p {s['top_p']:g}, "
+            f"weight {c['weight']:.2f}")
+
+
+def render_mix_report(results: dict) -> str:
+    """The markdown report of an evaluation over a temperature mix: the mix table (each ratio the
+    weight-averaged per-class ratio), then per class its table, anchors and exactness verdict (each
+    class's full report, plots included, is in ``classes/<label>/report.md``)."""
+    cfg = results["config"]
+    env = cfg["env"]
+    hw = results.get("hardware", {})
+    classes = results["classes"]
+    lines = [
+        "# draftrl evaluation: temperature mix",
+        "",
+        f"Held-out split, {len(results['prompts'])} requests, every request at every sampling class "
+        f"({', '.join(classes)}) with the same seeds; within a class every policy runs on the same requests, "
+        "interleaved per request. Speedups are throughput ratios over plain decoding (`none`) at the same class.",
+        "",
+        "## Mix",
+        "",
+        "Each ratio is the weight-averaged ratio of the classes: "
+        + " + ".join(f"{c['weight']:.2f} x {label}" for label, c in classes.items())
+        + ". `vs T=0 grid's choice`: over the fixed setting the temperature-0 grid chose (`t0-grid`), played at "
+          "every class; `vs best fixed`: over each class's own best fixed setting (`best-grid`). `-`: some class "
+          "lacks the policy (`lookahead` runs at temperature 0 only; its ratios are in that class's table).",
+        "",
+        _table(mix_columns(results), mix_rows(results)),
+        "",
+    ]
+    for label, c in classes.items():
+        best = c.get("best_grid")
+        lines += [f"## {class_title(label, c)}", "", _table(REPORT_COLUMNS, policy_rows(c, full=True)), ""]
+        if best:
+            lines += [f"`best-grid` = depth {best['depth']}, verify size {best['verify_size'] or 'all'}, width "
+                      f"{best['width']} (tune split: {_x(best['speedup_vs_none'])}).", ""]
+        if c.get("t0_grid"):
+            lines += [f"{c['t0_grid'][0].upper()}{c['t0_grid'][1:]}.", ""]
+        lines += anchor_lines(c)
+        lines += [f"### Exactness at {label}", "", *exactness_lines(c["exactness"]), "",
+                  f"Full report and plots: `classes/{label.replace(':', '_')}/report.md`.", ""]
+    ex = results["exactness"]
+    lines += [
+        f"**Exactness over the mix: {'PASSED' if ex['passed'] else 'FAILED'}** (greedy identity at temperature 0, "
+        "the streaming monitor at every class above 0).",
+        "",
+        "## Context",
+        "",
+        f"target `{env['target']}`, drafter `{env['drafter']}`, languages {_names(env['languages'])}, tasks "
+        f"{_names(env['tasks'])}, max_new_tokens {env['max_new_tokens'] or 'per prompt'}; hardware: "
+        f"{hw.get('gpu') or hw.get('cpu')}, {hw.get('threads')} torch threads. Wall time "
+        f"{results.get('wall_seconds', 0):.0f} s. Classes are timed one after the other: compare ratios within a "
+        "class; the mix's ratios combine them.",
+        "",
+    ]
+    return "\n".join(lines)

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 #: The references every policy is compared with: ``speedup_vs_<ref>`` and the ``ci_vs_<ref>`` field of results.json.
-REFERENCES: tuple[str, ...] = ("none", "best_fixed", "hf", "hf_lookup")
+REFERENCES: tuple[str, ...] = ("none", "best_fixed", "hf", "hf_lookup", "hf_assisted")
 
 
 def key_part(text: str) -> str:
@@ -58,10 +58,11 @@ GRID_COLUMNS = ["cell", "depth", "verify_size", "width", "drafter", "tokens_per_
                 "speedup_vs_hf", "speedup_vs_hf_lookup", "acceptance_length", "noise", "itl_p50_ms", "itl_p99_ms"]
 
 
-def log_grid(run: Any, result: dict, heatmap: Path | None = None) -> None:
+def log_grid(run: Any, result: dict, heatmap: Path | None = None, prefix: str = "") -> None:
     """The grid as one run: every cell in ``grid/cells`` (acceptance length = mean tokens per round,
     the bonus or recovered token included), per task in ``grid/per_task``, the heatmap, and the
-    chosen best fixed setting in the summary (``best/name``, ``best/speedup_vs_none``, ...)."""
+    chosen best fixed setting in the summary (``best/name``, ``best/speedup_vs_none``, ...).
+    ``prefix`` goes before every key (``class/T0_7/`` for one class of a temperature mix)."""
     if run is None:
         return
     drafter = (result.get("config") or {}).get("env", {}).get("drafter")
@@ -72,12 +73,12 @@ def log_grid(run: Any, result: dict, heatmap: Path | None = None) -> None:
             for name, c in cells.items()]
     task_rows = [[name, task, s["tokens_per_second"], s.get("speedup_vs_none"), s.get("mean_tokens_per_round")]
                  for name, c in cells.items() for task, s in c.get("per_task", {}).items()]
-    run.log({"grid/cells": _table(GRID_COLUMNS, rows),
-             "grid/per_task": _table(["cell", "task", "tokens_per_second", "speedup_vs_none", "acceptance_length"],
-                                     task_rows),
-             **_images({"grid/heatmap": heatmap})})
+    run.log({f"{prefix}grid/cells": _table(GRID_COLUMNS, rows),
+             f"{prefix}grid/per_task": _table(["cell", "task", "tokens_per_second", "speedup_vs_none",
+                                               "acceptance_length"], task_rows),
+             **_images({f"{prefix}grid/heatmap": heatmap})})
     best = result["best"]
-    _summary(run, {
+    _summary(run, {f"{prefix}{k}": v for k, v in {
         **{f"best/{k}": best.get(k) for k in ("name", "depth", "verify_size", "width", "tokens_per_second",
                                               "speedup_vs_none", "speedup_vs_hf", "speedup_vs_hf_lookup")},
         "best/drafter": drafter, "best/acceptance_length": cells[best["name"]]["mean_tokens_per_round"],
@@ -85,7 +86,30 @@ def log_grid(run: Any, result: dict, heatmap: Path | None = None) -> None:
         "exactness/passed": result.get("exactness", {}).get("passed"),
         **{f"anchor/{key_part(label)}/tokens_per_second": m.get("tokens_per_second")
            for label, m in ((result.get("anchors") or {}).get("methods") or {}).items()},
-    })
+    }.items()})
+
+
+def log_grid_mix(run: Any, result: dict, out: Path) -> None:
+    """A temperature mix's grid (``grid.json`` with ``classes``): each class as :func:`log_grid` under
+    ``class/<label>/`` (its heatmap ``class/<label>/grid/heatmap``), the mix in ``grid/mix`` (table:
+    ``cell``, ``speedup_vs_none`` (weighted), one column per class) and ``grid/heatmap``, and the
+    mix's best in the summary ``best/*`` (``best/<label>/speedup_vs_none`` per class)."""
+    if run is None:
+        return
+    files = result.get("files", {})
+    for label, c in result["classes"].items():
+        heatmap = files.get(f"heatmap_{label}")
+        log_grid(run, {**c, "config": result.get("config")}, out / heatmap if heatmap else None,
+                 prefix=f"class/{key_part(label)}/")
+    labels = list(result["classes"])
+    rows = [[name, c["speedup_vs_none"], *[c["per_class"].get(label) for label in labels]]
+            for name, c in result["mix"]["cells"].items()]
+    run.log({"grid/mix": _table(["cell", "speedup_vs_none", *labels], rows),
+             **_images({"grid/heatmap": out / files["heatmap"] if files.get("heatmap") else None})})
+    best = result["mix"]["best"]
+    _summary(run, {**{f"best/{k}": best.get(k) for k in ("name", "depth", "verify_size", "width", "speedup_vs_none")},
+                   **{f"best/{key_part(label)}/speedup_vs_none": v for label, v in best["per_class"].items()},
+                   "num_classes": len(labels), "exactness/passed": result["exactness"]["passed"]})
 
 
 # ----------------------------------------------------------------------------- eval
@@ -166,10 +190,12 @@ def exactness_rows(exactness: dict) -> list[list[Any]]:
     return rows
 
 
-def log_eval(run: Any, results: dict, out: Path) -> None:
+def log_eval(run: Any, results: dict, out: Path, prefix: str = "") -> None:
     """The comparison on one page: per-policy summary scalars (:func:`policy_scalars`), the best fixed
     setting it is compared with (``best_fixed/*``, from the grid), the tables, the bar chart of the
-    speedup over the best fixed setting with its intervals, the exactness verdict and its table."""
+    speedup over the best fixed setting with its intervals, the exactness verdict and its table.
+    ``prefix`` goes before every key (``class/T0_7/`` for one class of a temperature mix, whose
+    files lie in ``out``'s ``classes/<label>/``)."""
     if run is None:
         return
     policies = results["policies"]
@@ -187,17 +213,18 @@ def log_eval(run: Any, results: dict, out: Path) -> None:
     images = {"compare/speedup_vs_best_fixed": files.get("speedup_vs_best_fixed"),
               **{f"plots/{key}": value for key, value in files.items()
                  if value.endswith(".png") and key != "speedup_vs_best_fixed"}}
-    run.log({
+    logged = {
         "compare/policies": _table(POLICY_COLUMNS, rows),
         "compare/per_language": _table([c.format(group="language") for c in GROUP_COLUMNS],
                                        _group_rows(results, "per_language")),
         "compare/per_task": _table([c.format(group="task") for c in GROUP_COLUMNS], _group_rows(results, "per_task")),
         "exactness/checks": _table(["check", "policy", "passed", "detail"], exactness_rows(results["exactness"])),
         **_images({key: out / value for key, value in images.items() if value}),
-    })
+    }
+    run.log({f"{prefix}{k}": v for k, v in logged.items()})
     exactness = results["exactness"]
     best = results.get("best_grid") or {}
-    _summary(run, {
+    _summary(run, {f"{prefix}{k}": v for k, v in {
         **{k: v for name, p in policies.items() for k, v in policy_scalars(name, p).items()},
         **{f"best_fixed/{k}": best.get(k) for k in ("name", "depth", "verify_size", "width", "speedup_vs_none")},
         "policies": ",".join(policies),
@@ -205,7 +232,27 @@ def log_eval(run: Any, results: dict, out: Path) -> None:
         "exactness/passed": exactness["passed"],
         "exactness/temperature": exactness.get("temperature"),
         "exactness/monitor_overhead": (exactness.get("monitor_overhead") or {}).get("fraction"),
-    })
+    }.items()})
+
+
+def log_eval_mix(run: Any, results: dict, out: Path) -> None:
+    """An evaluation over a temperature mix: each class as :func:`log_eval` under ``class/<label>/``
+    (``class/T0_7/policy/ppo/speedup_vs_best_fixed``, ...), the mix table ``compare/mix`` (``policy``
+    and the weight-averaged ratios) and its summary ``mix/policy/<name>/<ratio>``, plus
+    ``exactness/passed`` and ``policies``."""
+    if run is None:
+        return
+    for label, c in results["classes"].items():
+        log_eval(run, c, out / "classes" / label.replace(":", "_"), prefix=f"class/{key_part(label)}/")
+    keys = ("speedup_vs_none", "speedup_vs_best_fixed", "speedup_vs_t0_grid", "speedup_vs_hf", "speedup_vs_hf_lookup",
+            "speedup_vs_hf_assisted")
+    mix = results["mix"]["policies"]
+    run.log({"compare/mix": _table(["policy", *keys], [[name, *[p.get(k) for k in keys]] for name, p in mix.items()])})
+    _summary(run, {**{f"mix/policy/{key_part(name)}/{k}": p.get(k) for name, p in mix.items() for k in keys},
+                   **{f"mix/weight/{key_part(label)}": w for label, w in results["mix"]["weights"].items()},
+                   "policies": ",".join(mix), "num_requests": len(results.get("prompts", [])),
+                   "exactness/passed": results["exactness"]["passed"],
+                   "exactness/monitor_overhead": results["exactness"]["monitor_overhead"]["fraction"]})
 
 
 # ----------------------------------------------------------------------------- serving

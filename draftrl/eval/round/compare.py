@@ -35,6 +35,7 @@ from draftrl.eval.metrics import add_speedups, grouped, median_runs, paired_spee
 from draftrl.eval.policy_names import REFERENCE
 from draftrl.eval.records import RequestRun
 from draftrl.eval.round.anchors import anchor_ngram, anchors_for, run_anchor
+from draftrl.eval.round.classes import CLASSES_DIR, class_dir, class_grid, class_specs, mix_policies, t0_grid_note
 from draftrl.eval.round.config import EvalConfig, env_for_split
 from draftrl.eval.round.rollout import run_fixed, run_policy
 from draftrl.runs import WANDB_FILE
@@ -43,29 +44,31 @@ FORMAT = "draftrl-eval/1"
 RESULTS_FILE = "results.json"
 REPORT_FILE = "report.md"
 #: what ``draftrl eval`` writes in its --out (``--overwrite`` removes these first)
-OUTPUTS: tuple[str, ...] = (RESULTS_FILE, REPORT_FILE, "*.png", "wandb", WANDB_FILE)
+OUTPUTS: tuple[str, ...] = (RESULTS_FILE, REPORT_FILE, "*.png", "classes", "wandb", WANDB_FILE)
 #: Target share of the run's time spent in the exactness monitor.
 MONITOR_OVERHEAD_TARGET = 0.03
 ADAPTIVE = ("heuristic", "threshold", "bandit", "ppo", "lookahead")
 
 
-def eval_anchors(config: EvalConfig, grid: dict | None) -> list:
+def eval_anchors(config: EvalConfig, grid: dict | None, assisted: bool = False) -> list:
     """The anchors to time: ``hf`` and, with a grid result that timed them, only its best
-    prompt-lookup gamma; else every ``eval.anchor_gammas``. None when ``eval.anchors`` is off."""
+    prompt-lookup gamma; else every ``eval.anchor_gammas``; ``hf-assisted`` with ``assisted`` (the
+    drafter is a draft model). None when ``eval.anchors`` is off."""
     if not config.eval.anchors:
         return []
     ngram = anchor_ngram(config.env.drafter)
     best = ((grid or {}).get("anchors") or {}).get("best_lookup")
     if best:
-        return anchors_for((int(best.rsplit(":", 1)[1]),), ngram)
-    return anchors_for(config.eval.anchor_gammas, ngram)
+        return anchors_for((int(best.rsplit(":", 1)[1]),), ngram, assisted)
+    return anchors_for(config.eval.anchor_gammas, ngram, assisted)
 
 
 def add_anchors(results: dict, runs: list[RequestRun], anchor_runs: list, references: dict[str, list[int]],
                 best_fixed: str | None) -> None:
     """Put the anchors' summary in ``results["anchors"]`` and, for every policy, its speedups over
     stock HF generate and HF prompt lookup at its best gamma, with paired bootstrap intervals over
-    requests (``ci_vs_none``, ``ci_vs_hf``, ``ci_vs_hf_lookup``, ``ci_vs_best_fixed``)."""
+    requests (``ci_vs_none``, ``ci_vs_hf``, ``ci_vs_hf_lookup``, ``ci_vs_best_fixed``; with a draft model
+    as the drafter also ``ci_vs_hf_assisted``, ``speedup_vs_hf_assisted``)."""
     from draftrl.eval.bootstrap import compare
     from draftrl.eval.round.anchors import median_anchor_runs, summarize_anchors
 
@@ -77,12 +80,15 @@ def add_anchors(results: dict, runs: list[RequestRun], anchor_runs: list, refere
     if anchor_runs:
         summary = summarize_anchors(anchor_runs)
         kept_anchors = grouped(median_anchor_runs(anchor_runs), lambda r: r.policy)
-        for label, items in kept_anchors.items():
-            same = sum(r.token_ids == references.get(r.prompt_id) for r in items)
-            summary["methods"][label]["identical_to_none"] = f"{same}/{len(items)}"
+        for label, items in kept_anchors.items():  # sampled (T > 0) from another generator: no identity to count
+            if results["exactness"]["temperature"] == 0:
+                same = sum(r.token_ids == references.get(r.prompt_id) for r in items)
+                summary["methods"][label]["identical_to_none"] = f"{same}/{len(items)}"
         refs["hf"] = kept_anchors.get("hf", [])
         if summary["best_lookup"]:
             refs["hf_lookup"] = kept_anchors[summary["best_lookup"]]
+        if "hf-assisted" in kept_anchors:  # HF assisted generation with the run's draft model
+            refs["hf_assisted"] = kept_anchors["hf-assisted"]
         results["anchors"] = summary
     for name, p in results["policies"].items():
         for ref, ref_runs in refs.items():
@@ -93,7 +99,7 @@ def add_anchors(results: dict, runs: list[RequestRun], anchor_runs: list, refere
                 continue
             ci = compare(by_policy.get(name, []), ref_runs)
             p[f"ci_vs_{ref}"] = ci
-            if ref in ("hf", "hf_lookup"):
+            if ref in ("hf", "hf_lookup", "hf_assisted"):
                 p[f"speedup_vs_{ref}"] = ci["ratio"]
 
 
@@ -110,34 +116,70 @@ def run_eval(config: EvalConfig, out: str | Path, *, policies: list[str] | str |
              progress: Callable[[int, int, str], None] | None = None) -> dict:
     """Evaluate ``policies`` (default ``config.eval.policies``) and write results.json, report.md, plots.
 
+    A temperature mix (``env.temperature_mix``, several classes) is evaluated class by class
+    (:func:`run_eval_mix`): every held-out request at every class, the envs seeded alike at every
+    class, so each class's table is paired and the classes share their requests.
+
     :raises ExactnessViolation / GreedyMismatch: after writing the partial results.
     """
     import torch
 
-    from draftrl.decoding.build import build_engine, load_target
-    from draftrl.decoding.monitor import ExactnessMonitor, ExactnessViolation
-    from draftrl.decoding.workload import Workload
-    from draftrl.eval.agreement import GreedyAgreement
-    from draftrl.eval.exactness import GreedyMismatch, TimedMonitor, hf_greedy
     from draftrl.eval.policy_names import parse_policies
-    from draftrl.eval.round.policies import build_policy
+    from draftrl.eval.round.classes import class_config
     from draftrl.io import read_json, write_json
-    from draftrl.signals.costs import hardware_info
 
     specs = parse_policies(policies if policies is not None else list(config.eval.policies))
     grid = read_json(grid_path, "grid result (--grid)") if grid_path else None
     if any(s.kind == "best-grid" for s in specs) and grid is None:
         raise ValueError("policy best-grid needs a grid search result: pass --grid DIR/grid.json "
                          "(written by draftrl grid --config C --out DIR).")
-    settings = config.eval
-    env_cfg = env_for_split(config.env, "heldout", settings.limit_per_group)
-    if any(s.kind == "lookahead" for s in specs) and env_cfg.temperature != 0:
-        raise ValueError(f"policy lookahead needs temperature 0 (got {env_cfg.temperature}); drop it from --policies.")
     if config.threads:
         torch.set_num_threads(config.threads)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    classes = config.env.sampling_classes
+    if len(classes) > 1:
+        return run_eval_mix(config, out, specs, grid, target=target, progress=progress)
     started = time.perf_counter()
+    one = class_config(config, classes[0]) if config.env.temperature_mix is not None else config
+    if any(s.kind == "lookahead" for s in specs) and one.env.temperature != 0:
+        raise ValueError(f"policy lookahead needs temperature 0 (got {one.env.temperature}); drop it from --policies.")
+    grid = class_grid(grid, classes[0].label)  # a mixed grid: its search at this sampling, where it has one
+    results, error = evaluate_class(one, specs, grid, target=target, progress=progress)
+    results["wall_seconds"] = time.perf_counter() - started
+    results["files"] = write_outputs(results, out, grid)
+    write_json(out / RESULTS_FILE, results)
+    log_eval_to_wandb(config, out, results)
+    if error is not None:
+        raise error
+    return results
+
+
+def identity_checked(env_cfg, agreement) -> bool:
+    """Whether every policy's output must equal plain decoding's: at temperature 0, and at temperature > 0
+    with keyed sampling in float32 (each position drawn from the same keyed stream: docs/design.md, "Keyed
+    sampling"); in bfloat16/float16 keyed runs the monitor alone judges the law."""
+    return env_cfg.temperature == 0 or (env_cfg.keyed and agreement.bitwise)
+
+
+def evaluate_class(config: EvalConfig, specs: list, grid: dict | None, *, target=None,
+                   progress: Callable[[int, int, str], None] | None = None, seed_offset: int = 0,
+                   ) -> tuple[dict, Exception | None]:
+    """One workload of one sampling class: every policy of ``specs`` (and the anchors) on the held-out
+    requests, interleaved per request, exactness throughout; the results dict (no files, no
+    ``wall_seconds``) and the exactness failure that stopped it, if any. ``seed_offset`` shifts the
+    envs' and the anchors' seeds (0: the seeds a single-class run uses)."""
+    from draftrl.decoding.build import build_engine, load_target
+    from draftrl.decoding.monitor import ExactnessMonitor, ExactnessViolation
+    from draftrl.decoding.workload import Workload
+    from draftrl.eval.agreement import GreedyAgreement
+    from draftrl.eval.exactness import GreedyMismatch, TimedMonitor, hf_greedy
+    from draftrl.eval.round.anchors import assistant_of
+    from draftrl.eval.round.policies import build_policy
+    from draftrl.signals.costs import hardware_info
+
+    settings = config.eval
+    env_cfg = env_for_split(config.env, "heldout", settings.limit_per_group)
 
     target = target if target is not None else load_target(env_cfg)
     references: dict[str, list[int]] = {}
@@ -147,8 +189,12 @@ def run_eval(config: EvalConfig, out: str | Path, *, policies: list[str] | str |
         env.unwrapped.engine.config.token_stats = settings.monitor  # the envs run no monitor: this one does
     labels = [s.label for s in specs]
     prompts = [p.id for p in built[REFERENCE][0].unwrapped.workload.prompts]
-    anchors = {a.label: a for a in eval_anchors(config, grid)} if env_cfg.temperature == 0 else {}
     reference_env = built[REFERENCE][0].unwrapped
+    sampling = reference_env.engine.config.sampling  # the anchors sample as the engine does (greedy at 0)
+    assistant = assistant_of(reference_env.engine) or next(
+        (a for a in (assistant_of(env.unwrapped.engine) for env, _ in built.values()) if a is not None), None)
+    anchors = {a.label: a for a in eval_anchors(config, grid, assisted=assistant is not None)}
+    anchor_seeds = {p: (config.seed + seed_offset) * 100_003 + i for i, p in enumerate(prompts)}
 
     # untimed warm-up of the shared model: plain and drafted rounds on a spare engine
     warm_engine, tokenizer = build_engine(env_cfg, target, token_stats=settings.monitor)
@@ -158,7 +204,8 @@ def run_eval(config: EvalConfig, out: str | Path, *, policies: list[str] | str |
         run_fixed(warm_engine, warm, depth if warm_engine.drafter is not None else 0, 0, env_cfg.width, seed=0,
                   label="warmup", device=env_cfg.device)
     for anchor in anchors.values():
-        run_anchor(target.model, anchor, warm, eos_token_ids=sorted(warm_engine.eos_token_ids), device=env_cfg.device)
+        run_anchor(target.model, anchor, warm, eos_token_ids=sorted(warm_engine.eos_token_ids), device=env_cfg.device,
+                   sampling=sampling, assistant=assistant)
 
     monitors = {label: TimedMonitor(ExactnessMonitor()) for label in labels} if settings.monitor else {}
     # temperature 0: float32 demands bitwise identity with plain decoding; bfloat16/float16 a rate with near-ties
@@ -181,7 +228,8 @@ def run_eval(config: EvalConfig, out: str | Path, *, policies: list[str] | str |
                         request = reference_env.workload.request(reference_env.workload.index_of(prompt_id))
                         anchor_runs.append(run_anchor(target.model, anchors[label], request, repeat=repeat,
                                                       eos_token_ids=sorted(reference_env.engine.eos_token_ids),
-                                                      device=env_cfg.device))
+                                                      device=env_cfg.device, sampling=sampling,
+                                                      seed=anchor_seeds[prompt_id], assistant=assistant))
                         done += 1
                         if progress:
                             progress(done, total, f"{label} {prompt_id}")
@@ -195,7 +243,8 @@ def run_eval(config: EvalConfig, out: str | Path, *, policies: list[str] | str |
                         r["tokens"].append(int(info["num_emitted"]))))
                     try:
                         run = run_policy(env, policy, prompt_id, label=label, repeat=repeat,
-                                         seed=None if label in seeded else config.seed, monitor=monitors.get(label),
+                                         seed=None if label in seeded else config.seed + seed_offset,
+                                         monitor=monitors.get(label),
                                          device=env_cfg.device, on_round=on_round)
                     except ExactnessViolation as err:  # say whose stream failed
                         err.policy, err.prompt_id = label, prompt_id
@@ -208,8 +257,9 @@ def run_eval(config: EvalConfig, out: str | Path, *, policies: list[str] | str |
                     done += 1
                     if progress:
                         progress(done, total, f"{label} {prompt_id}")
-                # every policy of this request against plain decoding (low precision: once, the rates count requests)
-                if env_cfg.temperature == 0 and (repeat == 0 or agreement.bitwise):
+                # every policy of this request against plain decoding (low precision: once, the rates count requests);
+                # at T > 0 with keyed sampling every policy draws from plain decoding's keyed stream (float32 only)
+                if identity_checked(env_cfg, agreement) and (repeat == 0 or agreement.bitwise):
                     request = reference_env.workload.request(reference_env.workload.index_of(prompt_id))
                     for run in runs[-len(labels):]:
                         if run.policy != REFERENCE:
@@ -240,13 +290,90 @@ def run_eval(config: EvalConfig, out: str | Path, *, policies: list[str] | str |
         from draftrl.eval.exactness import monitor_power
 
         results["exactness"]["power"] = monitor_power(target, settings.power_tokens, seed=config.seed)
+    if anchors and sampling.temperature > 0:
+        results["anchor_seeds"] = anchor_seeds  # torch.manual_seed of each request's sampled anchors
+    return results, error
+
+
+def run_eval_mix(config: EvalConfig, out: Path, specs: list, grid: dict | None, *, target=None,
+                 progress: Callable[[int, int, str], None] | None = None) -> dict:
+    """A temperature mix, class by class (:func:`evaluate_class` on :func:`~draftrl.eval.round.classes.class_config`):
+    every held-out request at every class with the same seeds (so every class's table is paired, and
+    the classes share requests), the policies of :func:`class_specs`, ``best-grid`` the class's own
+    search (:func:`class_grid`); then the mix (:func:`mix_policies`). Writes each class's report and
+    plots to ``DIR/classes/<label>/`` and, in ``DIR``, results.json (``classes`` {label: {``sampling``,
+    ``weight``, the single-class results}}, ``mix``, ``exactness`` over all classes) and report.md."""
+    from draftrl.config import to_dict
+    from draftrl.decoding.build import load_target
+    from draftrl.eval.round.classes import class_config
+    from draftrl.io import write_json
+    from draftrl.signals.costs import hardware_info
+
+    started = time.perf_counter()
+    env = config.env
+    target = target if target is not None else load_target(env)
+    per: dict[str, dict] = {}
+    error: Exception | None = None
+    for c in env.sampling_classes:
+        one, cgrid = class_config(config, c), class_grid(grid, c.label)
+        cspecs = class_specs(specs, c, grid)
+        results, error = evaluate_class(one, cspecs, cgrid, target=target, progress=progress)
+        results["t0_grid"] = t0_grid_note(grid, c, [s.label for s in cspecs])
+        folder = out / CLASSES_DIR / class_dir(c.label)
+        folder.mkdir(parents=True, exist_ok=True)
+        results["files"] = write_outputs(results, folder, cgrid)
+        per[c.label] = {"sampling": {"temperature": c.temperature, "top_k": c.top_k, "top_p": c.top_p},
+                        "weight": c.weight, "seed": config.seed, **results}
+        if error is not None:  # stop at the first exactness failure, the classes so far written
+            break
+    overhead = [c["exactness"]["monitor_overhead"] for c in per.values()]
+    run_seconds = sum(o["run_seconds"] for o in overhead)
+    results = {
+        "format": FORMAT,
+        "split": "heldout",
+        "config": to_dict(config),
+        "hardware": hardware_info(env.device),
+        "prompts": sorted({p for c in per.values() for p in c["prompts"]}),
+        "repeats": config.eval.repeats,
+        "reference": REFERENCE,
+        "classes": per,
+        "mix": {"weights": {label: c["weight"] for label, c in per.items()}, "policies": mix_policies(per),
+                "how": "each ratio = sum over classes of weight * the class's ratio (classes timed apart)"},
+        "exactness": {
+            "passed": error is None and all(c["exactness"]["passed"] for c in per.values()),
+            "temperature": [c["sampling"]["temperature"] for c in per.values()],
+            "sampler": config.eval.sampler,
+            "greedy_identity": next((c["exactness"]["greedy_identity"] for c in per.values()
+                                     if c["sampling"]["temperature"] == 0),
+                                    {"checked": False, "why": "no greedy class"}),
+            "hf_reference": next((c["exactness"]["hf_reference"] for c in per.values()
+                                  if c["sampling"]["temperature"] == 0), {"checked": 0}),
+            "monitor_overhead": {"fraction": sum(o["seconds"] for o in overhead) / run_seconds if run_seconds else None,
+                                 "seconds": sum(o["seconds"] for o in overhead), "run_seconds": run_seconds,
+                                 "target": MONITOR_OVERHEAD_TARGET},
+            "per_class": {label: c["exactness"] for label, c in per.items()},
+        },
+    }
+    if grid is not None:
+        results["best_grid"] = grid["best"]
     results["wall_seconds"] = time.perf_counter() - started
-    results["files"] = write_outputs(results, out, grid)
+    results["files"] = write_mix_outputs(results, out)
     write_json(out / RESULTS_FILE, results)
     log_eval_to_wandb(config, out, results)
     if error is not None:
         raise error
     return results
+
+
+def write_mix_outputs(results: dict, out: Path) -> dict[str, str]:
+    """report.md of a temperature mix (:func:`draftrl.eval.report.render_mix_report`); returns {what: file name}."""
+    from draftrl.eval.report import render_mix_report
+    from draftrl.io import atomic_write_text
+
+    files = {"report": REPORT_FILE, "results": RESULTS_FILE,
+             **{f"class_{label}": f"{CLASSES_DIR}/{class_dir(label)}" for label in results["classes"]}}
+    atomic_write_text(out / REPORT_FILE, render_mix_report(results))
+    return files
 
 
 def _results(config, specs, runs, grid, env_cfg, monitors, references, hf, failure, agreement) -> dict:
@@ -267,12 +394,14 @@ def _results(config, specs, runs, grid, env_cfg, monitors, references, hf, failu
         table[spec.label] = s
     monitor_seconds = sum(r.monitor_seconds for r in runs)
     run_seconds = sum(r.total_seconds for r in runs)
-    identity = {"checked": False, "why": "temperature > 0: the monitor checks the distribution instead"}
-    if env_cfg.temperature == 0:
+    identity = {"checked": False, "why": "temperature > 0: the monitor checks the distribution instead (env.keyed "
+                                         "in float32 checks token identity too)"}
+    if identity_checked(env_cfg, agreement):
         verdict = agreement.verdict()
         identity = {**verdict, "passed": failure is None and verdict["passed"], "requests": len(references),
                     "policies": [s.label for s in specs if s.label != REFERENCE],
-                    "reference": "plain decoding (none, depth 0) on the same requests"}
+                    "reference": "plain decoding (none, depth 0) on the same requests"
+                                 + ("" if env_cfg.temperature == 0 else ", the same keyed stream (env.keyed)")}
     verdicts = {label: monitor_verdict(m) for label, m in monitors.items()}
     exactness = {
         "passed": failure is None and all(v["passed"] for v in verdicts.values()),
@@ -354,9 +483,12 @@ def log_eval_to_wandb(config: EvalConfig, out: Path, results: dict) -> None:
     chart, per-language and per-task tables, the exactness verdict and its table
     (``draftrl.eval.wandb_log.log_eval``). A failed exactness check ends the run failed (exit code 3)."""
     from draftrl.config.wandb import EXACTNESS_FAILED, logged_run
-    from draftrl.eval.wandb_log import log_eval
+    from draftrl.eval.wandb_log import log_eval, log_eval_mix
 
     with logged_run(config.wandb, out, job_type="eval", code=0 if results["exactness"]["passed"] else EXACTNESS_FAILED,
                     config={**results["config"], "hardware": results.get("hardware"),
                             "best_grid": results.get("best_grid")}) as run:
-        log_eval(run, results, out)
+        if "classes" in results:
+            log_eval_mix(run, results, out)
+        else:
+            log_eval(run, results, out)

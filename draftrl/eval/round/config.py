@@ -38,8 +38,18 @@ class GridConfig:
     """decode a few untimed tokens with every cell first (caches, allocator, lazy init)"""
     limit_per_group: int | None = None
     """prompts per (language, task) group; None = env.limit_per_group"""
+    replay_rank: bool = False
+    """rank every cell on ``traces`` in the replay first (``draftrl.eval.round.grid.ReplayRanking``, temperature
+    0), then time only plain decoding and the ``top_cells`` best (and every cell the replay cannot play) live"""
+    traces: str | None = None
+    """a ``draftrl collect`` directory (greedy traces with their cost table) for ``replay_rank``; ``draftrl demo``
+    fills in its own (``DIR/traces``)"""
+    top_cells: int = 3
+    """with ``replay_rank``: how many of the replay's best cells are timed live"""
 
     def __post_init__(self) -> None:
+        if self.top_cells < 1:
+            raise ValueError(f"grid.top_cells={self.top_cells} must be >= 1 (the replay's best cells timed live).")
         for name in ("depths", "verify_sizes", "widths"):
             values = tuple(int(v) for v in getattr(self, name))
             if not values or any(v < 0 for v in values) or len(set(values)) != len(values):

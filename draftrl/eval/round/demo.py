@@ -276,6 +276,8 @@ def run_demo(config: DemoConfig, out: str | Path, *, overwrite: bool = False,
     end(3, ", ".join(f"{p} (log: {out / 'logs' / 'train.log'})" for p in policy_dirs.values()))
 
     begin(4)
+    if config.grid.replay_rank and not config.grid.traces:  # rank in the replay of the collect step's traces
+        config.grid = dataclasses.replace(config.grid, traces=str(out / "traces"))
     grid = run_grid(config, out / "grid", target=target, progress=progress)
     best = grid["best"]
     end(4, f"best fixed: depth {best['depth']} ({best['speedup_vs_none']:.2f}x on tune)")
@@ -295,11 +297,18 @@ def run_demo(config: DemoConfig, out: str | Path, *, overwrite: bool = False,
     summary["wall_seconds"] = time.perf_counter() - started
     summary["report"] = str(out / "eval" / "report.md")
     summary["results"] = str(out / "eval" / "results.json")
-    summary["policies"] = {name: {"speedup_vs_none": p.get("speedup_vs_none"), "speedup_vs_hf": p.get("speedup_vs_hf"),
-                                  "speedup_vs_hf_lookup": p.get("speedup_vs_hf_lookup"),
-                                  "ci_vs_best_fixed": p.get("ci_vs_best_fixed"),
-                                  "tokens_per_second": p["tokens_per_second"]}
-                           for name, p in results["policies"].items()}
+    def policy_summary(policies: dict) -> dict:
+        return {name: {"speedup_vs_none": p.get("speedup_vs_none"), "speedup_vs_hf": p.get("speedup_vs_hf"),
+                       "speedup_vs_hf_lookup": p.get("speedup_vs_hf_lookup"),
+                       "ci_vs_best_fixed": p.get("ci_vs_best_fixed"), "tokens_per_second": p["tokens_per_second"]}
+                for name, p in policies.items()}
+
+    if "classes" in results:  # a temperature mix: the mix's weighted ratios, and each class's table
+        summary["policies"] = {name: {k: v for k, v in p.items() if k != "per_class"}
+                               for name, p in results["mix"]["policies"].items()}
+        summary["classes"] = {label: policy_summary(c["policies"]) for label, c in results["classes"].items()}
+    else:
+        summary["policies"] = policy_summary(results["policies"])
     summary["exactness_passed"] = results["exactness"]["passed"]
     # temperature 0: bitwise identity (float32) or the agreement rate with near-ties (bfloat16/float16)
     summary["greedy_agreement"] = {"grid": grid["exactness"].get("greedy_identity"),

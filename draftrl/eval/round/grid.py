@@ -41,7 +41,9 @@ from draftrl.eval.agreement import raise_first_violation
 from draftrl.eval.metrics import add_speedups, grouped, median_runs, summarize_with_groups
 from draftrl.eval.records import RequestRun
 from draftrl.eval.round.anchors import run_anchor
+from draftrl.eval.round.classes import best_mix_cell, class_config, mix_cells
 from draftrl.eval.round.config import EvalConfig, GridConfig, env_for_split
+from draftrl.eval.round.ranking import RankingSource, ReplayRanking, ranked_cells
 from draftrl.eval.round.rollout import run_fixed
 from draftrl.runs import WANDB_FILE
 
@@ -50,7 +52,8 @@ GRID_FILE = "grid.json"
 SWEEP_FILE = "sweep.yaml"
 HEATMAP_FILE = "grid_heatmap.png"
 #: what ``draftrl grid`` writes in its --out (``--overwrite`` removes these first)
-OUTPUTS: tuple[str, ...] = (GRID_FILE, SWEEP_FILE, HEATMAP_FILE, "sweep_cells", "wandb", WANDB_FILE)
+OUTPUTS: tuple[str, ...] = (GRID_FILE, SWEEP_FILE, HEATMAP_FILE, "grid_heatmap_*.png", "sweep_cells", "wandb",
+                            WANDB_FILE)
 #: Keys of each cell's per-language / per-task entries.
 COMPACT_KEYS = ("tokens_per_second", "speedup_vs_none", "mean_tokens_per_round", "num_tokens", "seconds",
                 "num_requests", "time_to_first_token_mean", "itl_p50", "itl_p95", "itl_p99")
@@ -114,9 +117,11 @@ def measure_cells(config: EvalConfig, cells: list[Cell], *, target=None, split: 
                   anchor_runs: list | None = None) -> tuple[list[RequestRun], dict]:
     """Time ``cells`` (plain decoding is added if missing) on ``split``; returns (all runs, exactness).
 
-    With a list as ``anchor_runs`` (and temperature 0, ``eval.anchors`` on), stock HF ``generate``
-    and its prompt lookup at every ``eval.anchor_gammas`` are timed in the same interleaved
-    order and their :class:`~draftrl.eval.round.anchors.AnchorRun` records appended to it.
+    With a list as ``anchor_runs`` (and ``eval.anchors`` on), stock HF ``generate``, its prompt lookup
+    at every ``eval.anchor_gammas`` and, with a draft model as the drafter, its assisted generation
+    are timed in the same interleaved order (sampled at temperature > 0 with the engine's
+    temperature, top-k and top-p and each request's seed) and their
+    :class:`~draftrl.eval.round.anchors.AnchorRun` records appended to it.
 
     At temperature 0 every cell's first-repeat output is compared with plain decoding's
     (``draftrl.eval.agreement``): in float32 a difference raises
@@ -133,6 +138,10 @@ def measure_cells(config: EvalConfig, cells: list[Cell], *, target=None, split: 
     from draftrl.eval.agreement import GreedyAgreement
     from draftrl.eval.exactness import monitor_verdict
 
+    if config.env.temperature_mix is not None:  # the engine would sample with the scalar fields, not the mix
+        raise ValueError(f"measure_cells times one sampling; env.temperature_mix has "
+                         f"{[c.label for c in config.env.sampling_classes]}: time each class on "
+                         "draftrl.eval.round.classes.class_config(config, class) (run_grid does).")
     settings = config.grid
     if config.threads:
         torch.set_num_threads(config.threads)
@@ -148,10 +157,13 @@ def measure_cells(config: EvalConfig, cells: list[Cell], *, target=None, split: 
     seeds = [config.seed * 100_003 + i for i in range(len(requests))]
     greedy = env.temperature == 0
     anchors: list = []
-    if anchor_runs is not None and greedy and config.eval.anchors:
-        from draftrl.eval.round.anchors import anchor_ngram, anchors_for
+    sampling = engine.config.sampling  # the anchors sample with the engine's own params (greedy at 0)
+    assistant = None
+    if anchor_runs is not None and config.eval.anchors:
+        from draftrl.eval.round.anchors import anchor_ngram, anchors_for, assistant_of
 
-        anchors = anchors_for(config.eval.anchor_gammas, anchor_ngram(env.drafter))
+        assistant = assistant_of(engine)
+        anchors = anchors_for(config.eval.anchor_gammas, anchor_ngram(env.drafter), assisted=assistant is not None)
     methods: list = [*cells, *anchors]
 
     if settings.warmup:  # untimed: a few tokens with every cell and anchor
@@ -161,7 +173,8 @@ def measure_cells(config: EvalConfig, cells: list[Cell], *, target=None, split: 
             run_fixed(engine, short, cell.depth, cell.verify_size, cell.width, seed=0, label=cell.name,
                       device=env.device)
         for anchor in anchors:
-            run_anchor(target.model, anchor, short, eos_token_ids=sorted(engine.eos_token_ids), device=env.device)
+            run_anchor(target.model, anchor, short, eos_token_ids=sorted(engine.eos_token_ids), device=env.device,
+                       sampling=sampling, assistant=assistant)
 
     runs: list[RequestRun] = []
     first_outputs: dict[tuple[str, str], list[int]] = {}
@@ -174,7 +187,8 @@ def measure_cells(config: EvalConfig, cells: list[Cell], *, target=None, split: 
             for cell in methods[shift:] + methods[:shift]:
                 if not isinstance(cell, Cell):  # an anchor
                     anchor_runs.append(run_anchor(target.model, cell, request, repeat=repeat,
-                                                  eos_token_ids=sorted(engine.eos_token_ids), device=env.device))
+                                                  eos_token_ids=sorted(engine.eos_token_ids), device=env.device,
+                                                  sampling=sampling, seed=seeds[i], assistant=assistant))
                     done += 1
                     if progress:
                         progress(done, total, f"{cell.label} {request.prompt.id}")
@@ -192,7 +206,9 @@ def measure_cells(config: EvalConfig, cells: list[Cell], *, target=None, split: 
                 if progress:
                     progress(done, total, f"{cell.name} {request.prompt.id}")
     identity = {"checked": False}
-    if greedy:  # float32: bitwise identity (raises); bfloat16/float16: a rate, near-ties reported (after timing)
+    # float32: bitwise identity (raises); bfloat16/float16: a rate, near-ties reported (after timing); at T > 0
+    # with keyed sampling (env.keyed) every cell draws from plain decoding's keyed stream: float32 identity holds too
+    if greedy or (env.keyed and env.dtype == "float32"):
         agreement = GreedyAgreement(target.model, env.dtype, config.eval.near_tie_ulps, raise_at_once=False,
                                     tokenizer=tokenizer)
         prompt_ids = {r.prompt.id: r.prompt_ids for r in requests}
@@ -201,7 +217,8 @@ def measure_cells(config: EvalConfig, cells: list[Cell], *, target=None, split: 
                 agreement.compare(name, prompt_id, prompt_ids[prompt_id], first_outputs[REFERENCE, prompt_id], tokens,
                                   what=f"grid cell {name}")
         identity = {**agreement.verdict(), "requests": len(requests), "cells": len(cells),
-                    "reference": "plain decoding (depth 0) on the same engine"}
+                    "reference": "plain decoding (depth 0) on the same engine"
+                                 + ("" if greedy else ", the same keyed stream (env.keyed)")}
     exactness = {
         "passed": identity.get("passed", True),
         "temperature": env.temperature,
@@ -251,8 +268,9 @@ def add_grid_anchors(table: dict[str, dict], anchor_runs: list) -> dict | None:
         return None
     anchors = summarize_anchors(anchor_runs)
     methods, best = anchors["methods"], anchors["best_lookup"]
+    assisted = ("speedup_vs_hf_assisted", "hf-assisted") if "hf-assisted" in methods else None
     for cell in table.values():
-        for key, label in (("speedup_vs_hf", "hf"), ("speedup_vs_hf_lookup", best)):
+        for key, label in (("speedup_vs_hf", "hf"), ("speedup_vs_hf_lookup", best), *([assisted] if assisted else [])):
             ref = methods.get(label) if label else None
             cell[key] = (cell["tokens_per_second"] / ref["tokens_per_second"]
                          if ref and ref["tokens_per_second"] else None)
@@ -267,42 +285,111 @@ def best_cell(cells: dict[str, dict]) -> dict:
             "speedup_vs_hf": c.get("speedup_vs_hf"), "speedup_vs_hf_lookup": c.get("speedup_vs_hf_lookup")}
 
 
+def grid_result(config: EvalConfig, cells: list[Cell], *, target=None,
+                progress: Callable[[int, int, str], None] | None = None, ranking: RankingSource | None = None,
+                top_cells: int | None = None) -> dict:
+    """One workload's (one sampling class's) grid: the cells timed live (after ``ranking``), their
+    summaries, the anchors, the best cell and the exactness verdict (no files)."""
+    timed, ranked = ranked_cells(config, cells, ranking, top_cells, target=target)
+    anchor_runs: list = []
+    runs, exactness = measure_cells(config, timed, target=target, progress=progress, anchor_runs=anchor_runs)
+    table = summarize_cells(runs, timed)
+    anchors = add_grid_anchors(table, anchor_runs)
+    out = {"prompts": sorted({r.prompt_id for r in runs}), "cells": table, "best": best_cell(table),
+           "exactness": exactness, "anchors": anchors}
+    if ranked is not None:
+        out["ranking"] = ranked
+    return out
+
+
+def heatmap_caption(result: dict, what: str) -> str:
+    """The caption of a mix's heatmap (the mix's or one class's): ``what``, then the grid's context."""
+    hw = result.get("hardware", {})
+    return (f"{what}; tune split, {len(result.get('prompts', []))} prompts, median of {result.get('repeats')} "
+            f"interleaved repeats; drafter {result['config']['env'].get('drafter')}; "
+            f"{hw.get('gpu') or hw.get('cpu') or ''}, {hw.get('threads', '?')} threads. Box = best cell.")
+
+
 def run_grid(config: EvalConfig, out: str | Path, *, target=None, config_path: str | None = None,
-             progress: Callable[[int, int, str], None] | None = None) -> dict:
-    """Run the grid of ``config.grid`` and write ``grid.json``, the heatmap, ``sweep.yaml`` and wandb runs."""
+             progress: Callable[[int, int, str], None] | None = None, ranking: RankingSource | None = None,
+             top_cells: int | None = None) -> dict:
+    """Run the grid of ``config.grid`` and write ``grid.json``, the heatmap, ``sweep.yaml`` and wandb runs.
+
+    A temperature mix (``env.temperature_mix`` with several classes) is searched at each class
+    (:func:`class_config`, the same tune prompts and seeds at every class, classes one after the
+    other): ``grid.json`` then has ``classes`` {label: {``sampling``, ``weight``, ``cells``, ``best``,
+    ``anchors``, ``exactness``, ``prompts``}}, ``mix`` {``cells`` (:func:`mix_cells`), ``best``}, and
+    ``best`` is the mix's best (what ``best-grid`` plays when no class is named); the heatmap is the
+    mix's, ``grid_heatmap_<label>.png`` each class's."""
     from draftrl.eval.plots import grid_heatmap
     from draftrl.io import write_json
     from draftrl.signals.costs import hardware_info
 
+    if ranking is None and config.grid.replay_rank:
+        if not config.grid.traces:
+            raise ValueError("grid.replay_rank needs grid.traces: a draftrl collect directory (greedy traces of the "
+                             "tune prompts with their cost table), e.g. --set grid.traces=runs/demo/traces.")
+        ranking = ReplayRanking(config.grid.traces, config.env.cost_table)
+        top_cells = top_cells or config.grid.top_cells
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     cells = grid_cells(config.grid)
-    anchor_runs: list = []
-    runs, exactness = measure_cells(config, cells, target=target, progress=progress, anchor_runs=anchor_runs)
-    table = summarize_cells(runs, cells)
-    anchors = add_grid_anchors(table, anchor_runs)
+    classes = config.env.sampling_classes
     result = {
         "format": FORMAT,
         "split": "tune",
         "config": to_dict(config),
         "hardware": hardware_info(config.env.device),
-        "prompts": sorted({r.prompt_id for r in runs}),
-        "repeats": config.grid.repeats,
-        "reference": REFERENCE,
-        "cells": table,
-        "best": best_cell(table),
-        "exactness": exactness,
-        "anchors": anchors,
-        "kernels": target_kernels(config, target),
-        "files": {"heatmap": HEATMAP_FILE, "sweep": SWEEP_FILE},
-        "wall_seconds": time.perf_counter() - started,
     }
+    heatmaps = {}
+    if len(classes) == 1:
+        one = grid_result(class_config(config, classes[0]) if config.env.temperature_mix else config, cells,
+                          target=target, progress=progress, ranking=ranking, top_cells=top_cells)
+        result.update({"prompts": one["prompts"], "repeats": config.grid.repeats, "reference": REFERENCE,
+                       "cells": one["cells"], "best": one["best"], "exactness": one["exactness"],
+                       "anchors": one["anchors"]})
+        if "ranking" in one:
+            result["ranking"] = one["ranking"]
+    else:
+        per: dict[str, dict] = {}
+        for c in classes:
+            one = grid_result(class_config(config, c), cells, target=target, progress=progress, ranking=ranking,
+                              top_cells=top_cells)
+            per[c.label] = {"sampling": {"temperature": c.temperature, "top_k": c.top_k, "top_p": c.top_p},
+                            "weight": c.weight, **one}
+            heatmaps[c.label] = f"grid_heatmap_{c.label.replace(':', '_')}.png"
+        mixed = mix_cells(per, {c.label: c.weight for c in classes})
+        result.update({"prompts": sorted({p for c in per.values() for p in c["prompts"]}),
+                       "repeats": config.grid.repeats, "reference": REFERENCE, "classes": per,
+                       "mix": {"cells": mixed, "best": best_mix_cell(mixed),
+                               "how": "speedup_vs_none = sum over classes of weight * the class's speedup_vs_none"},
+                       "best": best_mix_cell(mixed),
+                       "exactness": {"passed": all(c["exactness"]["passed"] for c in per.values()),
+                                     "temperature": [c.temperature for c in classes],
+                                     "per_class": {label: c["exactness"] for label, c in per.items()}}})
+    result["kernels"] = target_kernels(config, target)
+    result["files"] = {"heatmap": HEATMAP_FILE, "sweep": SWEEP_FILE,
+                       **{f"heatmap_{label}": name for label, name in heatmaps.items()}}
+    result["wall_seconds"] = time.perf_counter() - started
     write_json(out / GRID_FILE, result)
-    grid_heatmap(result, out / HEATMAP_FILE)
+    if "classes" in result:
+        mix = " + ".join(f"{c.weight:.2f} x {c.label}" for c in classes)
+        grid_heatmap({**result, "cells": result["mix"]["cells"]}, out / HEATMAP_FILE,
+                     title=heatmap_caption(result, f"temperature mix {mix}: each cell's speedup is the weight-averaged "
+                                                   "speedup of the classes"))
+        for c in classes:
+            what = (f"{c.label} (temperature {c.temperature:g}, top-k {c.top_k or 'off'}, top-p {c.top_p:g}, "
+                    f"weight {c.weight:.2f})")
+            grid_heatmap({**result["classes"][c.label], "config": result["config"]}, out / heatmaps[c.label],
+                         title=heatmap_caption(result, what))
+    else:
+        grid_heatmap(result, out / HEATMAP_FILE)
     write_sweep(config, out, config_path)
     log_grid_to_wandb(config, out, result)
-    raise_first_violation(exactness["greedy_identity"])  # a low-precision violation, after the files
+    for verdict in ([c["exactness"] for c in result["classes"].values()] if "classes" in result
+                    else [result["exactness"]]):
+        raise_first_violation(verdict["greedy_identity"])  # a low-precision violation, after the files
     return result
 
 
@@ -342,11 +429,14 @@ def log_grid_to_wandb(config: EvalConfig, out: Path, result: dict) -> None:
     """The grid as one wandb run (``job_type`` grid) in the pipeline's group: the table of every cell,
     the heatmap and the chosen best fixed setting (``draftrl.eval.wandb_log.log_grid``)."""
     from draftrl.config.wandb import logged_run
-    from draftrl.eval.wandb_log import log_grid
+    from draftrl.eval.wandb_log import log_grid, log_grid_mix
 
     with logged_run(config.wandb, out, job_type="grid",
                     config={**result["config"], "hardware": result["hardware"]}) as run:
-        log_grid(run, result, out / HEATMAP_FILE)
+        if "classes" in result:
+            log_grid_mix(run, result, out)
+        else:
+            log_grid(run, result, out / HEATMAP_FILE)
 
 
 def run_cell(config: EvalConfig, out: str | Path, cell: Cell, *, target=None) -> dict:
@@ -355,6 +445,12 @@ def run_cell(config: EvalConfig, out: str | Path, cell: Cell, *, target=None) ->
     from draftrl.config.wandb import logged_run
     from draftrl.io import write_json
 
+    classes = config.env.sampling_classes
+    if len(classes) > 1:
+        raise ValueError(f"a sweep cell times one sampling; env.temperature_mix has {[c.label for c in classes]}: run "
+                         "one sweep per class (--set env.temperature_mix=null --set env.temperature=T).")
+    if config.env.temperature_mix is not None:
+        config = class_config(config, classes[0])
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     cells = [Cell(0)] if cell.depth == 0 else [Cell(0), cell]

@@ -161,3 +161,27 @@ def test_eval_cli_fails_loudly_on_an_exactness_violation(monkeypatch, tmp_path, 
     err = capsys.readouterr().err
     assert code == 3
     assert "EXACTNESS VIOLATION" in err and "agreement" in err and "201" in err
+
+
+@pytest.mark.parametrize("sampler, identical", [("correct", True), ("off-by-one", False)])
+def test_keyed_sampled_cells_equal_plain_decoding_token_for_token(smollm2, config, sampler, identical, monkeypatch):
+    """At T = 0.7 with ``env.keyed``, every grid cell's output equals plain decoding's on every request (float32),
+    so a sampled grid is checked like a greedy one; the off-by-one rule (control) breaks the identity."""
+    import dataclasses
+
+    import draftrl.decoding.build as build
+    from draftrl.eval.exactness import GreedyMismatch
+    from draftrl.eval.round.grid import Cell, measure_cells
+
+    real = build.build_engine
+    monkeypatch.setattr(build, "build_engine", lambda *a, **k: real(*a, **{**k, "sampler": sampler}))
+    env = dataclasses.replace(config.env, temperature=0.7, keyed=True, max_new_tokens=24)
+    keyed = dataclasses.replace(config, env=env, eval=dataclasses.replace(config.eval, monitor=False))
+    cells = [Cell(depth, 0, 1) for depth in (0, 2, 4)]
+    try:
+        _, exactness = measure_cells(keyed, cells, target=smollm2)
+    except GreedyMismatch:
+        assert not identical
+        return
+    identity = exactness["greedy_identity"]
+    assert identity["passed"] is identical and "keyed stream" in identity["reference"] and identity["requests"] == 2
