@@ -144,6 +144,35 @@ def test_proposer_never_drafts_past_the_policy_depth_or_budget(seed):
     assert drafted > 0 and any(sum(map(len, d)) == b > 0 for (_, b), d in zip(chosen, llm.drafts_per_step))
 
 
+def test_the_controller_logs_every_steps_decision_and_the_batchs_temperatures(tmp_path, monkeypatch):
+    """``DRAFTRL_CONTROL_LOG`` (how ``vllm serve`` is told): one JSON line per engine step with the
+    temperatures vLLM's batch holds, the observation the policy read and its decision."""
+    from draftrl.export import vllm_control
+
+    log = tmp_path / "control.jsonl"
+    monkeypatch.setenv(vllm_control.LOG_ENV, str(log))
+    share = FEATURE_NAMES.index("greedy_share")
+    policy = Scripted(entry_for(CONFIG), lambda obs: (4, 8) if obs[share] == 1 else (2, 3))
+    monkeypatch.setattr(vllm_control, "_policy", lambda config, proposer, what: policy)  # no .onnx needed
+    proposer = DraftrlProposer(fake_vllm_config(4))
+    proposer.set_controller(BatchPolicyControl.from_config({"policy": "policy.onnx"}, proposer))
+    llm = ScriptedLLM(proposer, Clock(), max_num_seqs=8)
+    for i in range(4):
+        llm.add_request(str(i), list(range(10 + i, 30 + i)) * 2, 12, temperature=(0.0, 1.0)[i // 2])
+    while llm.has_unfinished_requests():
+        llm.step()
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    assert len(lines) == len(policy.seen) > 5
+    assert [line["step"] for line in lines] == sorted({line["step"] for line in lines})
+    temps = {t for line in lines for t in line["temperatures"]}
+    assert temps == {0.0, 1.0}
+    for line, obs in zip(lines, policy.seen):
+        np.testing.assert_allclose(line["observation"], obs, atol=1e-5)
+        assert (line["depth"], line["budget"]) == ((4, 8) if obs[share] == 1 else (2, 3))
+        assert line["depth_cap"] == line["depth"] and 0 <= line["proposed"] <= line["budget"]
+        assert len(line["keys"]) == len(line["temperatures"])
+
+
 def test_the_driver_refuses_to_drive_a_controller_that_chooses_its_own_action():
     """VLLMEngine.step hands its action to a built-in rule only: a policy controller's action would be
     overwritten silently otherwise. The control: the same engine with the proposer's rule takes it."""
