@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import importlib.util
 import json
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -32,6 +34,7 @@ from draftrl.export.features import serving_entry
 from draftrl.export.vllm_control import BATCH_POLICY, BatchPolicyControl, RequestPolicyControl
 from draftrl.signals.serving import FEATURE_NAMES
 
+ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ServeConfig(chat_template=False, shuffle=False, seed=0, num_requests=7, concurrency=3, max_new_tokens=24,
                      depths=(0, 2, 4), budgets=(0, 3, 8, 64), max_num_seqs=16)
 
@@ -219,6 +222,16 @@ def test_export_writes_a_serving_bundle_that_runs(serve_run, tmp_path, monkeypat
     assert chosen and all(d in (0, 2, 8) and b in (0, 4, 128) for d, b in chosen)
     for (depth, budget), drafts in zip(chosen, llm.drafts_per_step):
         assert sum(map(len, drafts)) <= budget and max(map(len, drafts), default=0) <= depth
+    # the bundle's `vllm serve` line, as tools/serve_openai_mix.py starts it (through vLLM's module, loopback)
+    spec = importlib.util.spec_from_file_location("serve_openai_mix", ROOT / "tools" / "serve_openai_mix.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    command, env = tool.serve_command(bundle, "MODEL", 8123)
+    assert env == bundle["env"] and command[1:5] == ["-m", "vllm.entrypoints.openai.api_server", "--model", "MODEL"]
+    assert json.loads(command[command.index("--speculative-config") + 1]) == bundle["speculative_config"]
+    assert command[command.index("--host") + 1] == "127.0.0.1" and command[command.index("--port") + 1] == "8123"
+    with pytest.raises(ValueError, match="re-run draftrl export"):
+        tool.serve_command({"serve": "vllm serve MODEL_DIR"}, "MODEL", 8123)
 
 
 def test_a_refused_export_leaves_out_untouched(analytic_run, serve_run, tmp_path, capsys):
