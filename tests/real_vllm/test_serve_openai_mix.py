@@ -14,6 +14,7 @@ import json
 import shlex
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from draftrl.cli import main
@@ -71,6 +72,34 @@ def _plain(prompts: list[list[int]]) -> dict[int, list[int]]:
     return {i: out[str(i)] for i in range(len(prompts))}
 
 
+def _replay_depths(policy, concurrency: int = 4) -> tuple[float, float]:
+    """The policy's mean depth over a replay episode on the mix, asked about each observation with the
+    sampling entries of an all-greedy and of an all-T1 batch."""
+    from serve_recordings import COST, synthetic_mix_recordings
+
+    from draftrl.config.serve import ServeConfig
+    from draftrl.envs.serve_vllm import ServeVLLMEnv
+
+    env = ServeVLLMEnv(ServeConfig(temperature_mix={0: 0.3, 0.7: 0.4, 1.0: 0.3}, max_new_tokens=40,
+                                   concurrency=concurrency, num_requests=12, depths=(0, 2, 4, 8),
+                                   budgets=(0, 4, 16, 128)),
+                       engine="replay", recordings=synthetic_mix_recordings(12, 2, seed=0), calibration=COST)
+    obs, _ = env.reset(seed=0)
+    seen, done = [obs], False
+    while not done:
+        depth, budget = (int(v) for v in policy.act(obs))
+        obs, _, done, truncated, _ = env.step(np.array([env.depths.index(depth), env.budgets.index(budget)]))
+        done = done or truncated
+        seen.append(obs)
+    names = [policy.feature_names.index(n) for n in ("greedy_share", "temperature_mean", "temperature_max")]
+    depths = []
+    for entries in ((1.0, 0.0, 0.0), (0.0, 1.0, 1.0)):
+        swapped = np.stack(seen).astype(np.float32)
+        swapped[:, names] = entries
+        depths.append(float(np.mean([policy.act(o)[0] for o in swapped])))
+    return depths[0], depths[1]
+
+
 def test_a_policy_trained_on_the_mix_serves_mixed_temperatures_in_vllm_serve(mix_bundle, mixed_prompts, tmp_path):
     from draftrl.decoding.vllm.engine import model_path
     from draftrl.export.controller import PolicyController
@@ -107,3 +136,9 @@ def test_a_policy_trained_on_the_mix_serves_mixed_temperatures_in_vllm_serve(mix
     # (sampling entries swapped) and in the steps the server ran
     assert decided["counterfactual"]["differ"] > 0.5
     assert (greedy["depth_cap"], greedy["budget"]) != (hot["depth_cap"], hot["budget"])
+    # and the same way as in the replay: deeper (or shallower) for a greedy batch than for a T1 batch
+    replay_greedy, replay_hot = _replay_depths(PolicyController(mix_bundle / bundle["policy"]))
+    print(f"replay depth greedy / T1: {replay_greedy:.2f} / {replay_hot:.2f}; vllm serve: "
+          f"{greedy['depth_cap']:.2f} / {hot['depth_cap']:.2f}")
+    assert replay_greedy != replay_hot
+    assert np.sign(replay_greedy - replay_hot) == np.sign(greedy["depth_cap"] - hot["depth_cap"])
