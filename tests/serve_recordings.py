@@ -156,3 +156,22 @@ def accepted_law_test(a: list[list[tuple[int, int]]], b: list[list[tuple[int, in
     null = [chi2(x, total - x) for x in first]
     pvalue = (1 + sum(s >= observed - 1e-9 for s in null)) / (permutations + 1)
     return observed, pvalue, hist.shape[2] - 1
+
+
+def synthetic_mix_recordings(num: int = 12, continuations: int = 2, seed: int = 0,
+                             noise: dict[float, float] | None = None) -> Recordings:
+    """:func:`synthetic_recordings` as the greedy class plus ``continuations`` sampled ones per request
+    at each temperature of ``noise`` (default T=0.7 and 1.0): the greedy continuation with each token
+    replaced by an off-motif one with the temperature's probability, so the n-gram drafter is accepted
+    less the hotter the class (as real sampled continuations are)."""
+    noise = {0.7: 0.35, 1.0: 0.7} if noise is None else noise
+    base = synthetic_recordings(num, seed)
+    rng = np.random.default_rng(seed + 1)
+    recs = list(base.requests)
+    for t, q in noise.items():
+        for r in base.requests:
+            for k in range(continuations):
+                tokens = [int(rng.integers(60, 90)) if rng.random() < q else tok for tok in r.token_ids]
+                recs.append(Recording(r.prompt, r.prompt_ids, r.max_new_tokens, tokens, r.lookahead, t, 0, 1.0, k,
+                                      1000 * k + int(100 * t)))
+    return Recordings(recs, base.meta)

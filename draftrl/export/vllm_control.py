@@ -23,6 +23,8 @@ measured against the training budget and ``remaining_len`` is held at 1. Serving
 
 from __future__ import annotations
 
+import json
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -41,6 +43,9 @@ from draftrl.signals.serving import ServingFeatures, StepCounts
 #: the ``controller`` values ``draftrl export --format vllm`` writes into ``proposer.json``
 REQUEST_POLICY = "draftrl.export.vllm_control:RequestPolicyControl"
 BATCH_POLICY = "draftrl.export.vllm_control:BatchPolicyControl"
+#: names a JSON-lines file :class:`BatchPolicyControl` appends every step's decision to (``proposer.json``'s
+#: ``log`` key does the same, relative to the bundle); for ``vllm serve``, pass it in the server's environment
+LOG_ENV = "DRAFTRL_CONTROL_LOG"
 
 
 def _policy(config: dict[str, Any], proposer: Any, what: str) -> Any:
@@ -245,13 +250,19 @@ class BatchPolicyControl:
     :param control: the rule each request's own depth follows under the policy's action (the
         training env's ``rule``, ``match`` or ``heuristic``); None: ``match``.
     :param clock: the seconds :class:`ServingObserver` reads.
+    :param log: a JSON-lines file to append one line per engine step to (None: no log): ``step``
+        (the proposer's), ``time`` (seconds, the clock's), ``keys`` and ``temperatures`` of the requests
+        it drafts for (vLLM's request ids and each one's temperature from vLLM's batch, ``None``: not
+        known), ``observation`` (the policy's input, the env's order: ``feature_names`` of the
+        export manifest) and the decision: ``depth`` and ``budget`` (the policy's), ``depth_cap``
+        (capped at the proposer's largest depth), ``proposed`` (drafts admitted under it).
     """
 
     #: the ``proposer.json`` keys :meth:`from_config` reads (``depth``: K, vLLM's ``num_speculative_tokens``)
-    config_keys = ("policy", "depth", "rule")
+    config_keys = ("policy", "depth", "rule", "log")
 
     def __init__(self, policy: Any, control: RuleControl | None = None, *,
-                 clock: Callable[[], float] = time.perf_counter):
+                 clock: Callable[[], float] = time.perf_counter, log: str | os.PathLike | None = None):
         if policy.kind != "size":
             raise ValueError("a serving policy chooses (depth, budget) per step: export a size policy trained on "
                              "draftrl/ServeReplay-v1 or ServeVLLM-v1.")
@@ -261,11 +272,15 @@ class BatchPolicyControl:
                                                               policy.feature_names), clock)
         self.observations: list[np.ndarray] | None = None
         """when a list, every observation the policy was asked about is appended"""
+        self.log = None if log is None else open(log, "a", buffering=1)  # one line per step, flushed by line
+        self._entry: dict[str, Any] | None = None
 
     @classmethod
     def from_config(cls, config: dict[str, Any], proposer: Any) -> BatchPolicyControl:
-        """From ``proposer.json``: ``policy`` and ``rule`` (the training env's)."""
-        return cls(_policy(config, proposer, BATCH_POLICY), rule_controller(str(config.get("rule", "match"))))
+        """From ``proposer.json``: ``policy``, ``rule`` (the training env's) and ``log`` (relative to the
+        bundle), else the log file :data:`LOG_ENV` names."""
+        log = proposer.bundle_path(config["log"]) if config.get("log") else os.environ.get(LOG_ENV) or None
+        return cls(_policy(config, proposer, BATCH_POLICY), rule_controller(str(config.get("rule", "match"))), log=log)
 
     def decide(self, view: StepView) -> StepDecision:
         obs = self.observer.observe(view)
@@ -274,8 +289,18 @@ class BatchPolicyControl:
         depth, budget = (int(v) for v in self.policy.act(obs))
         self.control.action = StepAction(min(depth, view.max_depth), budget)
         self.observer.acted(view, (depth, budget))
+        if self.log is not None:
+            self._entry = {"time": round(self.observer._time, 6), "keys": list(view.keys),
+                           "temperatures": None if view.sampling is None else
+                           [round(float(t), 6) for t in view.sampling[:, 0]],
+                           "observation": [round(float(v), 6) for v in obs], "depth": depth, "budget": budget,
+                           "depth_cap": self.control.action.depth}
         return self.control.decide(view)
 
     def drafted(self, view: StepView, record: ProposeRecord) -> None:
         self.control.drafted(view, record)
         self.observer.drafted(int(record.admitted.sum()), record.acceptance, record.match_len, record.temperature)
+        if self.log is not None and self._entry is not None:
+            self.log.write(json.dumps({"step": int(record.step), **self._entry,
+                                       "proposed": int(record.admitted.sum())}) + "\n")
+            self._entry = None

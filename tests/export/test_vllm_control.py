@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import importlib.util
 import json
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -32,6 +34,7 @@ from draftrl.export.features import serving_entry
 from draftrl.export.vllm_control import BATCH_POLICY, BatchPolicyControl, RequestPolicyControl
 from draftrl.signals.serving import FEATURE_NAMES
 
+ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ServeConfig(chat_template=False, shuffle=False, seed=0, num_requests=7, concurrency=3, max_new_tokens=24,
                      depths=(0, 2, 4), budgets=(0, 3, 8, 64), max_num_seqs=16)
 
@@ -144,6 +147,35 @@ def test_proposer_never_drafts_past_the_policy_depth_or_budget(seed):
     assert drafted > 0 and any(sum(map(len, d)) == b > 0 for (_, b), d in zip(chosen, llm.drafts_per_step))
 
 
+def test_the_controller_logs_every_steps_decision_and_the_batchs_temperatures(tmp_path, monkeypatch):
+    """``DRAFTRL_CONTROL_LOG`` (how ``vllm serve`` is told): one JSON line per engine step with the
+    temperatures vLLM's batch holds, the observation the policy read and its decision."""
+    from draftrl.export import vllm_control
+
+    log = tmp_path / "control.jsonl"
+    monkeypatch.setenv(vllm_control.LOG_ENV, str(log))
+    share = FEATURE_NAMES.index("greedy_share")
+    policy = Scripted(entry_for(CONFIG), lambda obs: (4, 8) if obs[share] == 1 else (2, 3))
+    monkeypatch.setattr(vllm_control, "_policy", lambda config, proposer, what: policy)  # no .onnx needed
+    proposer = DraftrlProposer(fake_vllm_config(4))
+    proposer.set_controller(BatchPolicyControl.from_config({"policy": "policy.onnx"}, proposer))
+    llm = ScriptedLLM(proposer, Clock(), max_num_seqs=8)
+    for i in range(4):
+        llm.add_request(str(i), list(range(10 + i, 30 + i)) * 2, 12, temperature=(0.0, 1.0)[i // 2])
+    while llm.has_unfinished_requests():
+        llm.step()
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    assert len(lines) == len(policy.seen) > 5
+    assert [line["step"] for line in lines] == sorted({line["step"] for line in lines})
+    temps = {t for line in lines for t in line["temperatures"]}
+    assert temps == {0.0, 1.0}
+    for line, obs in zip(lines, policy.seen):
+        np.testing.assert_allclose(line["observation"], obs, atol=1e-5)
+        assert (line["depth"], line["budget"]) == ((4, 8) if obs[share] == 1 else (2, 3))
+        assert line["depth_cap"] == line["depth"] and 0 <= line["proposed"] <= line["budget"]
+        assert len(line["keys"]) == len(line["temperatures"])
+
+
 def test_the_driver_refuses_to_drive_a_controller_that_chooses_its_own_action():
     """VLLMEngine.step hands its action to a built-in rule only: a policy controller's action would be
     overwritten silently otherwise. The control: the same engine with the proposer's rule takes it."""
@@ -190,6 +222,16 @@ def test_export_writes_a_serving_bundle_that_runs(serve_run, tmp_path, monkeypat
     assert chosen and all(d in (0, 2, 8) and b in (0, 4, 128) for d, b in chosen)
     for (depth, budget), drafts in zip(chosen, llm.drafts_per_step):
         assert sum(map(len, drafts)) <= budget and max(map(len, drafts), default=0) <= depth
+    # the bundle's `vllm serve` line, as tools/serve_openai_mix.py starts it (through vLLM's module, loopback)
+    spec = importlib.util.spec_from_file_location("serve_openai_mix", ROOT / "tools" / "serve_openai_mix.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    command, env = tool.serve_command(bundle, "MODEL", 8123)
+    assert env == bundle["env"] and command[1:5] == ["-m", "vllm.entrypoints.openai.api_server", "--model", "MODEL"]
+    assert json.loads(command[command.index("--speculative-config") + 1]) == bundle["speculative_config"]
+    assert command[command.index("--host") + 1] == "127.0.0.1" and command[command.index("--port") + 1] == "8123"
+    with pytest.raises(ValueError, match="re-run draftrl export"):
+        tool.serve_command({"serve": "vllm serve MODEL_DIR"}, "MODEL", 8123)
 
 
 def test_a_refused_export_leaves_out_untouched(analytic_run, serve_run, tmp_path, capsys):
