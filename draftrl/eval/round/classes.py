@@ -47,14 +47,16 @@ def t0_best(grid: dict | None) -> dict | None:
     return None
 
 
-def class_specs(specs: list, sampling, grid: dict | None) -> list:
-    """The policies of one class: lookahead only at temperature 0 (the bound needs the greedy
-    reference), and at T > 0, right after ``best-grid``, ``t0-grid``: the temperature-0 grid's
-    choice, unless it is the class's own best (the same setting: ``best-grid`` stands for it, timed
-    once, so that timing noise does not read as a difference)."""
+def class_specs(specs: list, sampling, grid: dict | None, keyed: bool = False) -> list:
+    """The policies of one class: lookahead at temperature 0, or at any temperature with keyed
+    sampling (``env.keyed``: plain decoding's keyed continuation is every policy's output, so the bound
+    reads it as it reads the greedy one; otherwise the output is not known in advance); and at T > 0,
+    right after ``best-grid``, ``t0-grid``: the temperature-0 grid's choice, unless it is the class's own
+    best (the same setting: ``best-grid`` stands for it, timed once, so that timing noise does not read
+    as a difference)."""
     from draftrl.eval.policy_names import PolicyName
 
-    out = [s for s in specs if s.kind != "lookahead" or sampling.temperature == 0]
+    out = [s for s in specs if s.kind != "lookahead" or sampling.temperature == 0 or keyed]
     best = t0_best(grid)
     if sampling.temperature > 0 and best is not None and any(s.kind == "best-grid" for s in specs):
         d, v, w = int(best["depth"]), int(best["verify_size"]), int(best["width"])

@@ -142,8 +142,9 @@ def run_eval(config: EvalConfig, out: str | Path, *, policies: list[str] | str |
         return run_eval_mix(config, out, specs, grid, target=target, progress=progress)
     started = time.perf_counter()
     one = class_config(config, classes[0]) if config.env.temperature_mix is not None else config
-    if any(s.kind == "lookahead" for s in specs) and one.env.temperature != 0:
-        raise ValueError(f"policy lookahead needs temperature 0 (got {one.env.temperature}); drop it from --policies.")
+    if any(s.kind == "lookahead" for s in specs) and one.env.temperature != 0 and not one.env.keyed:
+        raise ValueError(f"policy lookahead needs temperature 0 or keyed sampling (got temperature "
+                         f"{one.env.temperature}); set env.keyed=true or drop it from --policies.")
     grid = class_grid(grid, classes[0].label)  # a mixed grid: its search at this sampling, where it has one
     results, error = evaluate_class(one, specs, grid, target=target, progress=progress)
     results["wall_seconds"] = time.perf_counter() - started
@@ -316,7 +317,7 @@ def run_eval_mix(config: EvalConfig, out: Path, specs: list, grid: dict | None, 
     error: Exception | None = None
     for c in env.sampling_classes:
         one, cgrid = class_config(config, c), class_grid(grid, c.label)
-        cspecs = class_specs(specs, c, grid)
+        cspecs = class_specs(specs, c, grid, keyed=env.keyed)
         results, error = evaluate_class(one, cspecs, cgrid, target=target, progress=progress)
         results["t0_grid"] = t0_grid_note(grid, c, [s.label for s in cspecs])
         folder = out / CLASSES_DIR / class_dir(c.label)

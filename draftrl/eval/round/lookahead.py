@@ -1,6 +1,8 @@
-"""The lookahead policy for the real engine at temperature 0: the upper bound of a comparison.
+"""The lookahead policy for the real engine at temperature 0, or at any temperature with keyed sampling: the
+upper bound of a comparison.
 
-At temperature 0 the output is the target's greedy continuation whatever the policy does, so
+At temperature 0 the output is the target's greedy continuation whatever the policy does (with keyed
+sampling, ``env.keyed``, plain decoding's keyed continuation for the request's seed: docs/design.md), so
 once plain decoding has produced it (the evaluation's reference run), the number of draft
 tokens the target *will* accept is known before verifying: propose the deepest tree, walk it
 along the reference. The lookahead then drafts exactly that deep (the largest grid depth not above
@@ -40,10 +42,10 @@ class GreedyLookAhead(Policy):
         self.verify_size = self.default_verify_size()
         self.excluded_seconds = 0.0
         engine = env.unwrapped.engine
-        if engine.config.temperature != 0:
+        if engine.config.temperature != 0 and not engine.config.keyed:
             raise ValueError(
-                f"the lookahead needs temperature 0 (the output must be known in advance); got "
-                f"temperature={engine.config.temperature}. Drop lookahead from --policies."
+                f"the lookahead needs temperature 0 or keyed sampling (the output must be known in advance); got "
+                f"temperature={engine.config.temperature}. Set env.keyed=true, or drop lookahead from --policies."
             )
 
     def accept_length(self) -> int:

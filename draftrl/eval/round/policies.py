@@ -5,8 +5,8 @@ own real-engine env (``draftrl/SpecDecode-v2``, or ``SpecDecodeDepth-v2`` for a 
 around the shared target model, so it sees exactly the observation it was trained on, built by
 the envs' feature builder, and its cost features persist over the requests as in training.
 ``threshold`` reads ``draft_top1_prob`` for model drafters and ``accept_rate_1`` (the recent
-first-position acceptance) for n-gram drafters; ``lookahead`` (temperature 0 only) looks ahead at
-plain decoding's output and drafts exactly as deep as the target will accept.
+first-position acceptance) for n-gram drafters; ``lookahead`` (temperature 0, or any with ``env.keyed``)
+looks ahead at plain decoding's output and drafts exactly as deep as the target will accept.
 """
 
 from __future__ import annotations

@@ -185,3 +185,23 @@ def test_keyed_sampled_cells_equal_plain_decoding_token_for_token(smollm2, confi
         return
     identity = exactness["greedy_identity"]
     assert identity["passed"] is identical and "keyed stream" in identity["reference"] and identity["requests"] == 2
+
+
+def test_lookahead_bound_at_temperature_with_keyed_sampling(smollm2, config, tmp_path):
+    """With ``env.keyed`` the lookahead bound is well defined at T = 0.7: plain decoding's keyed continuation is
+    every policy's output, so the lookahead drafts only what the target accepts (acceptance 1 at every position
+    it drafts) and its output equals plain decoding's; without keyed sampling it is refused in one line."""
+    import dataclasses
+
+    from draftrl.eval.round.compare import run_eval
+
+    env = dataclasses.replace(config.env, temperature=0.7, keyed=True, max_new_tokens=24)
+    keyed = dataclasses.replace(config, env=env, eval=dataclasses.replace(config.eval, anchors=False, monitor=False))
+    results = run_eval(keyed, tmp_path / "eval", policies="none,lookahead", target=smollm2)
+    identity = results["exactness"]["greedy_identity"]
+    assert identity["passed"] and "keyed stream" in identity["reference"]
+    ahead = results["policies"]["lookahead"]["acceptance_by_position"]
+    assert ahead["trials"][0] > 0 and all(rate == 1.0 for rate, n in zip(ahead["rate"], ahead["trials"]) if n)
+    plain = dataclasses.replace(keyed, env=dataclasses.replace(env, keyed=False))
+    with pytest.raises(ValueError, match="lookahead needs temperature 0 or keyed sampling"):
+        run_eval(plain, tmp_path / "eval2", policies="none,lookahead", target=smollm2)
