@@ -60,7 +60,7 @@ class EnvConfig(WorkloadConfig):
     """model drafters sample proposals from q instead of taking the top children (exact, not replayable
     from traces: train such policies on the live env)"""
     keyed: bool = False
-    """draw the token of each output position from a stream keyed by (request seed, position) (Gumbel-max):
+    """draw the token of each output position by the inverse CDF at a uniform keyed by (request seed, position):
     the same law, and then speculative decoding emits, in float32, token for token what plain decoding
     with the same seed emits, so a sampled run is checked like a greedy one (``EngineConfig.keyed``; needs
     deterministic drafts, draft_sampling off)"""

@@ -52,8 +52,8 @@ class EngineConfig:
     seed: int = 0
     """seed of the sampling generator"""
     keyed: bool = False
-    """draw the token of output position t from a stream keyed by (the request's seed, t) (Gumbel-max,
-    ``models.distribution.sample_keyed``) instead of the generator: the law is the same, and a round then
+    """draw the token of output position t by the inverse CDF at a uniform keyed by (the request's seed, t)
+    (``models.distribution.sample_keyed``) instead of the generator: the law is the same, and a round then
     emits, in float32, token for token what plain decoding with the same keyed stream emits, so a sampled
     run is checked like a greedy one. Needs deterministic drafts"""
     max_depth: int = 16

@@ -189,14 +189,17 @@ def sample(probs: Tensor, generator: torch.Generator | None = None, num_samples:
     return tokens.reshape(probs.shape[:-1] if num_samples is None else (*probs.shape[:-1], num_samples))
 
 
-def sample_rows(weights: Tensor, generator: torch.Generator | None, num_samples: int = 1) -> Tensor:
+def sample_rows(weights: Tensor, generator: torch.Generator | None, num_samples: int = 1,
+                u: Tensor | None = None) -> Tensor:
     """[N, V] float64 non-negative weights -> [N] long (one uniform per row), or [N, num_samples]
-    i.i.d. draws per row when ``num_samples`` > 1 (row-major uniforms)."""
+    i.i.d. draws per row when ``num_samples`` > 1 (row-major uniforms). ``u`` [N, num_samples] float64
+    in [0, 1): the uniforms to use instead of drawing them from ``generator`` (keyed sampling)."""
     cdf = weights.cumsum(dim=-1)
     total = cdf[:, -1:]
     _require(((total > 0) & torch.isfinite(total)).all(),
              lambda: "a probability row sums to zero or is not finite; every row needs positive finite mass.")
-    u = torch.rand((total.shape[0], num_samples), dtype=torch.float64, device=weights.device, generator=generator)
+    if u is None:
+        u = torch.rand((total.shape[0], num_samples), dtype=torch.float64, device=weights.device, generator=generator)
     # u * total < total, also after rounding; then the first cdf entry above it has positive weight
     point = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
     # (the clamp only matters for a bad row whose check is deferred: its draw stays a valid index)
@@ -218,34 +221,28 @@ def keyed_seed(seed: int, position: int) -> int:
     return (z ^ (z >> 31)) >> 1
 
 
-def keyed_gumbel(seed: int, positions: list[int], vocab: int, device: torch.device | str) -> Tensor:
-    """[len(positions), vocab] float64 standard Gumbel noise, row i a function of ``(seed, positions[i])``
-    alone (one generator per distinct position, on ``device``): the same position gets the same noise
-    in whichever forward, tree row or engine it is drawn."""
-    rows = {}
-    for position in positions:
-        if position not in rows:
-            generator = torch.Generator(device=device).manual_seed(keyed_seed(seed, position))
-            u = torch.rand(vocab, dtype=torch.float64, device=device, generator=generator)
-            rows[position] = -torch.log(-torch.log(u.clamp_(min=torch.finfo(torch.float64).tiny)))
-    return torch.stack([rows[position] for position in positions])
+def keyed_uniforms(seed: int, positions: list[int], device: torch.device | str) -> Tensor:
+    """[len(positions)] float64 uniforms in [0, 1), entry i a function of ``(seed, positions[i])`` alone
+    (the top 53 bits of :func:`keyed_seed`): the same position gets the same uniform in whichever forward,
+    tree row or engine it is drawn. Computed on the host, one upload."""
+    return torch.tensor([(keyed_seed(seed, t) >> 10) * 2.0 ** -53 for t in positions], dtype=torch.float64,
+                        device=device)
 
 
 def sample_keyed(weights: Tensor, seed: int, positions: list[int]) -> Tensor:
-    """[N, V] non-negative weights -> [N] long: row i's token is ``argmax(log w_i + G(seed, positions[i]))``
-    (Gumbel-max), an exact draw from the normalised row whose randomness is keyed by (seed, position).
+    """[N, V] non-negative weights -> [N] long: row i's token is the inverse CDF of the normalised row at the
+    uniform keyed by (seed, positions[i]) (:func:`keyed_uniforms`), drawn as :func:`sample_rows` draws: an
+    exact draw whose randomness is keyed by (seed, position), one uniform per position.
 
     Why: plain decoding that draws token t at position t from this stream, and speculative decoding
     whose every verified row at output position t draws from the same stream (a deterministic child is
     accepted iff it equals that draw), emit the same tokens whenever their rows' probabilities are
     equal (float32: bitwise), so a sampled run can be checked token for token like a greedy one. The
-    law is unchanged: each emitted position's noise is fresh, independent of everything before it.
-    Zero-weight tokens are never drawn (log 0 = -inf)."""
+    law is unchanged: each emitted position's uniform is fresh, independent of everything before it.
+    Zero-weight tokens are never drawn."""
     flat = weights.double()
-    _require(((flat >= 0).all() & (flat.sum(dim=-1) > 0).all()),
-             lambda: "keyed sampling needs non-negative rows with positive mass; pass logits_to_probs rows.")
-    noise = keyed_gumbel(seed, list(positions), flat.shape[-1], flat.device)
-    return (torch.log(flat) + noise).argmax(dim=-1)
+    _require(~(flat < 0).any(), lambda: "keyed sampling needs non-negative rows; pass logits_to_probs rows.")
+    return sample_rows(flat, None, u=keyed_uniforms(seed, list(positions), flat.device)[:, None])
 
 
 def generator_for(device: torch.device | str, seed: int) -> torch.Generator:

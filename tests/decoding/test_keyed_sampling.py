@@ -1,15 +1,15 @@
 """Keyed sampling (``EngineConfig.keyed``): a sampled run checked token for token like a greedy one.
 
-Each output position t draws its token from a random stream keyed by (request seed, t) (Gumbel-max,
-``models.distribution.sample_keyed``). With deterministic drafts, speculative decoding accepts a child
+Each output position t draws its token by the inverse CDF at a uniform keyed by (request seed, t)
+(``models.distribution.sample_keyed``). With deterministic drafts, speculative decoding accepts a child
 iff it equals that position's draw, so in float32 it must emit exactly what plain decoding with the
 same keyed stream emits, whatever the depth, width or verify size; and the law stays the target's.
 
 Tests, each with a control that the same test rejects:
 
 - ``sample_keyed`` draws the seeds' test vector p = (0.5, 0.3, 0.2): chi-square at alpha 1e-4 over
-  20,000 keys (power 0.9 against any deviation of total variation 0.027); the control adds the
-  noise to p instead of log p (a known-wrong Gumbel trick) and misses by TV 0.1;
+  20,000 keys (power 0.9 against any deviation of total variation 0.027); the control squares the
+  keyed uniform (a biased stream) and misses by far more;
 - the keyed engine (chains, trees, verify sizes, top-k, top-p, n-gram and model drafters) equals a
   plain keyed decoder written independently (full forwards, no cache) on every request; the
   off-by-one rule (one accepted token too many at the first rejection) diverges;
@@ -50,9 +50,9 @@ def test_sample_keyed_follows_the_row_and_the_wrong_trick_does_not():
     assert stats.chisquare(good, P.numpy() * n).pvalue > ALPHA
     assert worst_case_detectable_tv(n, 2, ALPHA) < 0.03
 
-    def wrong(seed):  # argmax(p + G) instead of argmax(log p + G)
-        noise = distribution.keyed_gumbel(seed, [7], 3, "cpu")
-        return (P[None] + noise).argmax(-1)[0]
+    def wrong(seed):  # the keyed uniform squared: biased toward the first tokens of the row
+        u = distribution.keyed_uniforms(seed, [7], "cpu")[:, None] ** 2
+        return distribution.sample_rows(P[None], None, u=u)[0]
 
     bad = frequencies(wrong, n)
     assert stats.chisquare(bad, P.numpy() * n).pvalue < ALPHA
