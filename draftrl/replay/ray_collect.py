@@ -1,0 +1,174 @@
+"""``draftrl collect --ray [ADDRESS]``: the prompts of one trace collection shared out over Ray workers.
+
+Each worker (a Ray actor) loads the engine once, exactly as the one-process ``draftrl collect`` does
+(``draftrl.decoding.build.build_engine`` on its own device: Ray gives an actor asking for
+``num_gpus`` its GPUs through ``CUDA_VISIBLE_DEVICES``), and records one prompt per task with
+:func:`draftrl.replay.traces.collect` over that prompt alone. A prompt's record depends on the
+prompt only (its budget, its greedy continuation, the drafter's trees from every prefix), so the
+bytes a worker sends back are the file the one-process collection keeps for it,
+``OUT/.partial/NNNNN.npz`` (NNNNN the prompt's index in the selection); this process writes each
+one atomically as it arrives. When every prompt is there, the one-process ``collect`` assembles
+the traces from those files (it decodes nothing then): the same ``trace.npz`` / ``trace.json``.
+
+A lost worker loses only the prompt it was recording: the command stops naming the prompts kept,
+and the same command (with or without ``--ray``) records only the missing ones.
+
+The local cluster (no ADDRESS) binds to 127.0.0.1 only, with no dashboard, no metrics and no usage
+reports, and stops with the command. Install: ``pip install "draftrl[ray]"``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+
+from draftrl.config.env import EnvConfig
+from draftrl.io import atomic_write_bytes
+from draftrl.replay.traces import Traces, collect, open_partial
+
+#: ``--ray`` without an address: a local cluster on this machine
+LOCAL = "local"
+
+
+def partial_state(config: EnvConfig, prompt_ids: list[str], generate_depth: int = 4) -> dict[str, Any]:
+    """What :func:`~draftrl.replay.traces.collect` records in ``.partial/collection.json`` for ``config``
+    (its default depth and width), so that a sharded and a one-process collection resume each other."""
+    from draftrl.config import to_dict
+
+    config_dict = {k: (list(v) if isinstance(v, tuple) else v) for k, v in to_dict(config).items()}
+    return {"config": config_dict, "max_depth": config.max_depth, "width": config.width,
+            "generate_depth": generate_depth, "prompts": list(prompt_ids)}
+
+
+def missing_prompts(partial: Path, count: int) -> list[int]:
+    """Indices of the selection's prompts without a kept file in ``partial``."""
+    return [i for i in range(count) if not (partial / f"{i:05d}.npz").is_file()]
+
+
+class CollectWorker:
+    """One Ray actor: the engine of ``config``, loaded once; :meth:`record` one prompt at a time."""
+
+    def __init__(self, config: dict[str, Any], threads: int = 0):
+        from draftrl.config import from_dict
+        from draftrl.decoding.build import build_engine
+        from draftrl.decoding.workload import Workload
+
+        if threads:
+            import torch
+
+            torch.set_num_threads(threads)
+        self.config = from_dict(EnvConfig, config, prefix="env.")
+        self.engine, self.tokenizer = build_engine(self.config)
+        self.prompts = Workload(self.config).prompts
+
+    def describe(self) -> dict[str, Any]:
+        from draftrl.signals.costs import hardware_info
+
+        return {"pid": os.getpid(), "hardware": hardware_info(self.config.device)}
+
+    def record(self, index: int) -> tuple[int, bytes, int]:
+        """(``index``, the kept file of prompt ``index``, this worker's pid)."""
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="draftrl-ray-") as folder:
+            collect(self.config, self.engine, self.tokenizer, prompts=[self.prompts[index]], partial_dir=folder)
+            data = (Path(folder) / "00000.npz").read_bytes()
+        return index, data, os.getpid()
+
+
+def start_ray(address: str, workers: int, gpus_per_worker: float):
+    """Connect to the cluster at ``address``, or start a local one bound to 127.0.0.1 (no dashboard,
+    metrics or usage reports) with a CPU per worker; returns the ``ray`` module."""
+    from draftrl.deps import require
+
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    if address == LOCAL:
+        # Ray 2.60 resolves the node address 127.0.0.1 to the machine's outward address, and its gRPC
+        # servers then listen on every interface; with clusters of one machine only (Ray's own switch
+        # for laptops) the node is 127.0.0.1 and every server listens there alone. Read at import by
+        # Ray, at start by its processes: both are set.
+        os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    ray = require("ray")
+    if ray.is_initialized():
+        return ray
+    if address == LOCAL:
+        from ray._private import ray_constants
+
+        ray_constants.ENABLE_RAY_CLUSTER = False
+        ray.init(address="local", include_dashboard=False, _node_ip_address="127.0.0.1", num_cpus=workers,
+                 log_to_driver=False, configure_logging=False, _system_config={"enable_metrics_collection": False})
+    else:
+        ray.init(address=address, log_to_driver=False, configure_logging=False)
+    return ray
+
+
+def collect_on_ray(config: EnvConfig, partial: str | Path, *, address: str = LOCAL, workers: int = 2,
+                   gpus_per_worker: float = 0.0, threads: int = 0,
+                   progress: Callable[[int, int, int, int], None] | None = None) -> Traces:
+    """Record ``config``'s missing prompts on ``workers`` Ray actors into ``partial``, then assemble the
+    traces exactly as the one-process collection does (module docstring).
+
+    :param gpus_per_worker: each actor's ``num_gpus`` (a tensor-parallel or ``device_map`` target: its
+        GPUs); 0 on a CPU cluster.
+    :param progress: ``(index, done, total, worker pid)`` after each prompt arrives.
+    :raises RuntimeError: a worker was lost; one line naming what is kept and the command that resumes.
+    """
+    from draftrl.decoding.workload import Workload
+
+    partial = Path(partial)
+    prompts = Workload(config).prompts
+    open_partial(partial, partial_state(config, [p.id for p in prompts]))
+    todo = missing_prompts(partial, len(prompts))
+    if todo:
+        ray = start_ray(address, workers, gpus_per_worker)
+        try:
+            _run(ray, config, partial, todo, min(workers, len(todo)), gpus_per_worker, threads, progress)
+        finally:
+            if address == LOCAL:
+                ray.shutdown()
+    stub = SimpleNamespace(config=SimpleNamespace(temperature=0.0), drafter=None)  # every prompt is kept: no decoding
+    return collect(config, stub, None, partial_dir=partial)
+
+
+def _run(ray, config: EnvConfig, partial: Path, todo: list[int], workers: int, gpus_per_worker: float,
+         threads: int, progress) -> None:
+    from dataclasses import asdict
+
+    from ray.exceptions import RayActorError, RayTaskError
+    from ray.util import ActorPool
+
+    remote = ray.remote(num_cpus=1, num_gpus=gpus_per_worker, max_restarts=0)(CollectWorker)
+    actors = [remote.remote(asdict(config), threads) for _ in range(workers)]
+    kinds = {str(h["hardware"].get("gpu", h["hardware"].get("cpu"))) for h in ray.get([a.describe.remote()
+                                                                                        for a in actors])}
+    if len(kinds) > 1:  # the traces hold no timing, but one trace set from one device kind keeps ratios paired
+        print(f"[collect] note: workers on {len(kinds)} device kinds ({', '.join(sorted(kinds))}); the traces "
+              "are greedy tokens and trees, the same on each", flush=True)
+    done = len(todo)
+    try:
+        pool = ActorPool(actors)
+        for count, (index, data, pid) in enumerate(pool.map_unordered(lambda a, i: a.record.remote(i), todo), 1):
+            atomic_write_bytes(partial / f"{index:05d}.npz", data)
+            if progress is not None:
+                progress(index, count, done, pid)
+    except (RayActorError, RayTaskError) as err:
+        kept = len(list(partial.glob("[0-9]*.npz")))
+        reason = " ".join(str(err).split())[:200]
+        raise RuntimeError(f"a Ray worker was lost ({type(err).__name__}: {reason}); {kept} finished prompt(s) are "
+                           f"kept in {partial}: run the same command again to record the rest.") from None
+
+
+def same_traces(a: Traces, b: Traces) -> bool:
+    """Whether two trace sets hold the same prompts, tokens, trees and features, bit for bit (their
+    timing and hardware aside)."""
+    names = ("prompt_tokens", "cu_num_prompt_tokens", "continuation", "cu_num_positions", "draft_features",
+             "cu_num_nodes", "node_tokens", "node_parents", "node_depths", "node_scores")
+    return ([p.id for p in a.prompts] == [p.id for p in b.prompts] and a.budgets == b.budgets
+            and a.stop_reasons == b.stop_reasons and (a.max_depth, a.width) == (b.max_depth, b.width)
+            and all(np.array_equal(getattr(a, n), getattr(b, n)) and getattr(a, n).dtype == getattr(b, n).dtype
+                    for n in names))
