@@ -121,3 +121,20 @@ def test_a_killed_worker_loses_only_its_prompt_and_the_same_command_completes(ra
     assert 1 <= len(kept) < 4, kept
     assert main(argv(out, "--ray", "--ray-workers", "2")) == 0  # the same command: the missing prompts only
     assert same_traces(Traces.load(out), Traces.load(one_process))
+
+
+def test_ray_refusals_are_one_line(tmp_path, capsys):
+    """Before any model loads: --ray with vLLM recordings, a GPU device with no GPU asked of Ray, and
+    (where Ray is missing) the install line."""
+    import importlib.util
+
+    def line(extra: list[str]) -> str:
+        code = main(argv(tmp_path / "t", *extra))
+        lines = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
+        assert code == 2 and len(lines) == 1, lines
+        return lines[0]
+
+    assert "--ray shares out --engine hf collections only" in line(["--ray", "--engine", "vllm"])
+    assert "pass --ray-gpus 1" in line(["--ray", "--device", "cuda"])
+    if importlib.util.find_spec("ray") is None:
+        assert 'pip install "draftrl[ray]"' in line(["--ray"])
