@@ -12,7 +12,7 @@ from pathlib import Path
 from types import ModuleType
 
 #: The extra of ``pyproject.toml`` that installs each optional module.
-EXTRAS: dict[str, str] = {"onnx": "export", "onnxruntime": "export"}
+EXTRAS: dict[str, str] = {"onnx": "export", "onnxruntime": "export", "ray": "ray"}
 
 
 def require(module: str) -> ModuleType:

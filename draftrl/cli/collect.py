@@ -48,6 +48,13 @@ def add_parser(subparsers) -> None:
                         "env.temperature_mix); the env section is then a ServeConfig (the same workload keys, e.g. "
                         "--set env.split=heldout)")
     _options.add_vllm_engine(p)
+    p.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
+                   help="hf: share the prompts out over Ray workers (pip install \"draftrl[ray]\"): the cluster at "
+                        "ADDRESS, or a local one on 127.0.0.1; the same files as one process")
+    p.add_argument("--ray-workers", type=int, default=2,
+                   help="--ray: workers, each loading the engine once (default 2)")
+    p.add_argument("--ray-gpus", type=float, default=0.0,
+                   help="--ray: GPUs per worker (num_gpus; a target split over GPUs: all of them; default 0, CPU)")
     _options.add_json(p)
     p.set_defaults(func=run)
 
@@ -114,10 +121,29 @@ def run_vllm(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_ray(args: argparse.Namespace, cfg, partial: Path):
+    """``--ray``: the prompts shared out over Ray workers (``draftrl.replay.ray_collect``)."""
+    from draftrl.replay.ray_collect import collect_on_ray
+
+    if args.ray_workers < 1 or args.ray_gpus < 0:
+        raise ValueError(f"--ray-workers {args.ray_workers} must be >= 1 and --ray-gpus {args.ray_gpus} >= 0.")
+    if cfg.env.device.startswith("cuda") and args.ray_gpus == 0:
+        raise ValueError(f"env.device={cfg.env.device!r} with --ray-gpus 0: Ray gives a worker GPUs only when asked; "
+                         "pass --ray-gpus 1 (or the GPUs one worker's target spans).")
+
+    def progress(index, done, total, pid):
+        print(f"[collect] {done}/{total} prompt {index} (worker {pid})", file=sys.stderr, flush=True)
+
+    return collect_on_ray(cfg.env, partial, address=args.ray, workers=args.ray_workers, gpus_per_worker=args.ray_gpus,
+                          threads=cfg.threads, progress=progress, num_continuations=args.continuations)
+
+
 def run(args: argparse.Namespace) -> int:
     from draftrl.decoding.build import build_engine
 
     if args.engine == "vllm":
+        if args.ray is not None:
+            raise ValueError("--ray shares out --engine hf collections only (vLLM batches its own requests); drop it.")
         return run_vllm(args)
     _options.refuse_vllm_engine(args, "draftrl collect")
     from draftrl.replay.traces import collect
@@ -133,14 +159,17 @@ def run(args: argparse.Namespace) -> int:
     check_out(out, args.overwrite)
     partial = out / PARTIAL_DIR
     partial.mkdir(parents=True, exist_ok=True)  # --out must be writable before any model loads
-    engine, tokenizer = build_engine(cfg.env)
 
     def progress(index, prompt, seconds, label, k):
         print(f"[collect] {index + 1} {prompt.id} {label} k={k} {seconds:.1f}s", file=sys.stderr, flush=True)
 
     try:
-        traces = collect(cfg.env, engine, tokenizer, progress=progress, partial_dir=partial,
-                         num_continuations=args.continuations)
+        if args.ray is not None:
+            traces = run_ray(args, cfg, partial)
+        else:
+            engine, tokenizer = build_engine(cfg.env)
+            traces = collect(cfg.env, engine, tokenizer, progress=progress, partial_dir=partial,
+                             num_continuations=args.continuations)
     except KeyboardInterrupt:
         kept = len(list(partial.glob("[0-9]*.npz")))
         print(f"draftrl collect: interrupted; {kept} finished prompt(s) kept in {partial}; run the same command "

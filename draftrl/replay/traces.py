@@ -79,7 +79,8 @@ _V1_ARRAYS = (
 )
 _RECORDING_ARRAYS = ("recording_prompt", "recording_class", "recording_k", "recording_seed")
 _POSITION_ARRAYS = ("p_token", "mass_before", "p_entropy", "target_top1_prob", "target_entropy")
-_ARRAYS = _V1_ARRAYS + _RECORDING_ARRAYS + _POSITION_ARRAYS + ("node_p",)
+#: every array of a trace directory (trace.npz), in the order saved
+ARRAYS = _V1_ARRAYS + _RECORDING_ARRAYS + _POSITION_ARRAYS + ("node_p",)
 
 
 @dataclass
@@ -224,7 +225,7 @@ class Traces:
         staged = Path(tempfile.mkdtemp(prefix=f".{directory.name}.saving-", dir=directory.parent))
         try:
             np.savez_compressed(staged / ARRAYS_FILE, trace_id=np.array(trace_id),
-                                **{name: getattr(self, name) for name in _ARRAYS})
+                                **{name: getattr(self, name) for name in ARRAYS})
             if cost_table is not None:
                 write_json(staged / COST_TABLE_FILE, {**cost_table.to_dict(), "trace_id": trace_id})
             header = {
@@ -280,7 +281,7 @@ class Traces:
         if header.get("draft_feature_names") != list(DRAFT_FEATURES):
             raise ValueError(f"{header_path} stores draft features {header.get('draft_feature_names')}, this draftrl "
                              f"expects {list(DRAFT_FEATURES)}; re-run draftrl collect.")
-        names = _ARRAYS if version == FORMAT else _V1_ARRAYS
+        names = ARRAYS if version == FORMAT else _V1_ARRAYS
         try:
             with np.load(arrays_path) as data:
                 arrays = {name: data[name] for name in names}
@@ -465,7 +466,7 @@ def collect(config: EnvConfig, engine, tokenizer, *, max_depth: int | None = Non
         )
     if num_continuations is not None and num_continuations < 1:
         raise ValueError(f"num_continuations={num_continuations} must be >= 1 (recordings per prompt and class).")
-    per_class = tuple(1 if c.greedy else (num_continuations or DEFAULT_CONTINUATIONS) for c in classes)
+    per_class = continuations_per_class(config, num_continuations)
     max_depth = config.max_depth if max_depth is None else max_depth
     width = config.width if width is None else width
     workload = Workload(config, tokenizer, prompts)
@@ -474,9 +475,8 @@ def collect(config: EnvConfig, engine, tokenizer, *, max_depth: int | None = Non
     partial = None
     if partial_dir is not None:
         partial = Path(partial_dir)
-        open_partial(partial, {"format": FORMAT, "config": config_dict, "max_depth": max_depth, "width": width,
-                               "generate_depth": generate_depth, "prompts": [p.id for p in workload.prompts],
-                               "classes": [c.label for c in classes], "num_continuations": list(per_class)})
+        open_partial(partial, collection_state(config, [p.id for p in workload.prompts], num_continuations,
+                                               max_depth=max_depth, width=width, generate_depth=generate_depth))
 
     saved_sampling = (engine.config.temperature, engine.config.top_k, engine.config.top_p, engine.params)
     records, budgets = [], []
@@ -486,7 +486,7 @@ def collect(config: EnvConfig, engine, tokenizer, *, max_depth: int | None = Non
             budgets.append(request.max_new_tokens)
             for class_index, sampling in enumerate(classes):
                 for k in range(per_class[class_index]):
-                    saved = partial / f"{index:05d}-c{class_index}-k{k}.npz" if partial is not None else None
+                    saved = partial / recording_file(index, class_index, k) if partial is not None else None
                     if saved is not None and saved.is_file():
                         with np.load(saved) as data:
                             records.append({name: data[name] for name in data.files})
@@ -649,6 +649,31 @@ def _target_signals(engine, ids: list[int], cont: list[int], params, torch) -> t
         p_token, mass_before, p_entropy = target_stats_batch(probs[:n], torch.tensor(cont, device=probs.device))
         return {"p_token": p_token.double().cpu().numpy(), "mass_before": mass_before.double().cpu().numpy(),
                 "p_entropy": p_entropy.double().cpu().numpy(), **raw}, probs
+
+
+def continuations_per_class(config: EnvConfig, num_continuations: int | None = None) -> tuple[int, ...]:
+    """Recordings per prompt of each of ``config.sampling_classes``: one for a greedy class (greedy decoding
+    is deterministic), ``num_continuations`` (default :data:`DEFAULT_CONTINUATIONS`) for a sampled one."""
+    return tuple(1 if c.greedy else (num_continuations or DEFAULT_CONTINUATIONS) for c in config.sampling_classes)
+
+
+def recording_file(index: int, class_index: int, k: int) -> str:
+    """The ``.partial`` file of recording k of prompt ``index`` (in the selection) at class ``class_index``."""
+    return f"{index:05d}-c{class_index}-k{k}.npz"
+
+
+def collection_state(config: EnvConfig, prompt_ids: list[str], num_continuations: int | None = None, *,
+                     max_depth: int | None = None, width: int | None = None, generate_depth: int = 4) -> dict:
+    """What a collection records in ``.partial/collection.json`` (:func:`open_partial`): a resumed or sharded
+    collection (``draftrl.replay.ray_collect``) must be this one."""
+    from draftrl.config import to_dict
+
+    config_dict = {k: (list(v) if isinstance(v, tuple) else v) for k, v in to_dict(config).items()}
+    return {"format": FORMAT, "config": config_dict,
+            "max_depth": config.max_depth if max_depth is None else max_depth,
+            "width": config.width if width is None else width, "generate_depth": generate_depth,
+            "prompts": list(prompt_ids), "classes": [c.label for c in config.sampling_classes],
+            "num_continuations": list(continuations_per_class(config, num_continuations))}
 
 
 def open_partial(partial: Path, what: dict) -> int:

@@ -357,7 +357,7 @@ def test_collect_keeps_finished_prompts_and_resumes(shared_smollm2, tmp_path):
     directory; the next run decodes only the rest and yields the same traces as one whole run."""
     import dataclasses
 
-    from draftrl.replay.traces import _ARRAYS
+    from draftrl.replay.traces import ARRAYS
 
     config = EnvConfig(**WORKLOAD, seed=0)
     engine, tokenizer = build_engine(config, shared_smollm2)
@@ -374,7 +374,7 @@ def test_collect_keeps_finished_prompts_and_resumes(shared_smollm2, tmp_path):
                       progress=lambda i, p, s, label, k: seen.append((i, label, k)))
     assert seen == [(1, "T0", 0)]  # the finished prompt was not decoded again
     whole = collect(config, engine, tokenizer)
-    for name in _ARRAYS:
+    for name in ARRAYS:
         np.testing.assert_array_equal(getattr(resumed, name), getattr(whole, name))
     assert resumed.budgets == whole.budgets and resumed.stop_reasons == whole.stop_reasons
     with pytest.raises(ValueError, match="interrupted collection of another config"):

@@ -22,7 +22,7 @@ from draftrl.decoding.engine import EngineConfig, SpeculativeDecoder
 from draftrl.drafters.ngram import NgramDrafter
 from draftrl.models.distribution import SamplingParams, logits_to_probs
 from draftrl.replay.round_engine import TraceRoundEngine
-from draftrl.replay.traces import _ARRAYS, _V1_ARRAYS, FORMAT_V1, Traces, collect, recording_seed
+from draftrl.replay.traces import _V1_ARRAYS, ARRAYS, FORMAT_V1, Traces, collect, recording_seed
 from draftrl.signals.features import TARGET_FEATURES
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -86,14 +86,14 @@ def test_collect_records_k_seeded_continuations_per_sampled_class(mixed, tmp_pat
         assert np.all(traces.target_entropy[positions] > 0)
     assert len(set(sampled)) > 1  # the seeds differ: so do the samples
     again = collect(config, new_engine(target), NumberTokenizer(), num_continuations=3)
-    for name in _ARRAYS:  # reproducible from the config's seed
+    for name in ARRAYS:  # reproducible from the config's seed
         np.testing.assert_array_equal(getattr(again, name), getattr(traces, name), err_msg=name)
 
     traces.save(tmp_path / "t")
     loaded = Traces.load(tmp_path / "t")
     assert loaded.classes == traces.classes and loaded.num_continuations == (1, 3)
     assert loaded.stop_reasons == traces.stop_reasons and loaded.budgets == [BUDGET, BUDGET]
-    for name in _ARRAYS:
+    for name in ARRAYS:
         np.testing.assert_array_equal(getattr(loaded, name), getattr(traces, name), err_msg=name)
     assert loaded.config.sampling_classes == config.sampling_classes
 
@@ -117,7 +117,7 @@ def test_collect_resumes_by_prompt_class_and_k(mixed, tmp_path):
                       progress=lambda i, prompt, s, label, k: seen.append((i, prompt.id, label, k)))
     assert seen == [(3, "p0", "T0.7", 2), (4, "p1", "T0", 0), (5, "p1", "T0.7", 0), (6, "p1", "T0.7", 1),
                     (7, "p1", "T0.7", 2)]
-    for name in _ARRAYS:
+    for name in ARRAYS:
         np.testing.assert_array_equal(getattr(resumed, name), getattr(whole, name), err_msg=name)
     with pytest.raises(ValueError, match="interrupted collection of another config"):
         collect(config, new_engine(target), NumberTokenizer(), num_continuations=4, partial_dir=partial)

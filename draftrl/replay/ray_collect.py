@@ -1,0 +1,194 @@
+"""``draftrl collect --ray [ADDRESS]``: the prompts of one trace collection shared out over Ray workers.
+
+Each worker (a Ray actor) loads the engine once, exactly as the one-process ``draftrl collect`` does
+(``draftrl.decoding.build.build_engine`` on its own device: Ray gives an actor asking for
+``num_gpus`` its GPUs through ``CUDA_VISIBLE_DEVICES``), and records one prompt per task with
+:func:`draftrl.replay.traces.collect` over that prompt alone. A prompt's recordings depend on the
+prompt only (its budget, its continuations at every sampling class, each seeded from the prompt's id,
+the drafter's trees from every prefix), so the files a worker sends back are the ones the one-process
+collection keeps for it, ``OUT/.partial/NNNNN-cC-kK.npz`` (NNNNN the prompt's index in the selection,
+:func:`~draftrl.replay.traces.recording_file`); this process writes each one atomically as it arrives.
+When every prompt is there, the one-process ``collect`` assembles the traces from those files (it
+decodes nothing then): the same ``trace.npz`` / ``trace.json``.
+
+A lost worker loses only the prompt it was recording: the command stops naming the prompts kept,
+and the same command (with or without ``--ray``) records only the missing ones.
+
+The local cluster (no ADDRESS) binds to 127.0.0.1 only, with no dashboard, no metrics and no usage
+reports, and stops with the command. Install: ``pip install "draftrl[ray]"``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+
+from draftrl.config.env import EnvConfig
+from draftrl.io import atomic_write_bytes
+from draftrl.replay.traces import (
+    ARRAYS,
+    Traces,
+    collect,
+    collection_state,
+    continuations_per_class,
+    open_partial,
+    recording_file,
+)
+
+#: ``--ray`` without an address: a local cluster on this machine
+LOCAL = "local"
+
+
+def prompt_files(config: EnvConfig, index: int, num_continuations: int | None = None) -> list[str]:
+    """The ``.partial`` files of prompt ``index``: one per class and continuation."""
+    return [recording_file(index, c, k) for c, count in enumerate(continuations_per_class(config, num_continuations))
+            for k in range(count)]
+
+
+def missing_prompts(config: EnvConfig, partial: Path, count: int, num_continuations: int | None = None) -> list[int]:
+    """Indices of the selection's prompts with a recording not yet kept in ``partial``."""
+    return [i for i in range(count)
+            if not all((partial / name).is_file() for name in prompt_files(config, i, num_continuations))]
+
+
+class CollectWorker:
+    """One Ray actor: the engine of ``config``, loaded once; :meth:`record` one prompt at a time."""
+
+    def __init__(self, config: dict[str, Any], threads: int = 0, num_continuations: int | None = None):
+        from draftrl.config import from_dict
+        from draftrl.decoding.build import build_engine
+        from draftrl.decoding.workload import Workload
+
+        if threads:
+            import torch
+
+            torch.set_num_threads(threads)
+        self.config = from_dict(EnvConfig, config, prefix="env.")
+        self.num_continuations = num_continuations
+        self.engine, self.tokenizer = build_engine(self.config)
+        self.prompts = Workload(self.config).prompts
+
+    def describe(self) -> dict[str, Any]:
+        from draftrl.signals.costs import hardware_info
+
+        return {"pid": os.getpid(), "hardware": hardware_info(self.config.device)}
+
+    def record(self, index: int) -> tuple[int, dict[str, bytes], int]:
+        """(``index``, the kept files of prompt ``index`` by name, this worker's pid)."""
+        import io
+        import tempfile
+
+        files = {}
+        with tempfile.TemporaryDirectory(prefix="draftrl-ray-") as folder:
+            collect(self.config, self.engine, self.tokenizer, prompts=[self.prompts[index]], partial_dir=folder,
+                    num_continuations=self.num_continuations)
+            for alone, name in zip(prompt_files(self.config, 0, self.num_continuations),
+                                   prompt_files(self.config, index, self.num_continuations)):
+                with np.load(Path(folder) / alone) as data:  # recorded as prompt 0 of a one-prompt selection
+                    record = {key: data[key] for key in data.files}
+                record["prompt_index"] = np.array(index)
+                buffer = io.BytesIO()
+                np.savez(buffer, **record)
+                files[name] = buffer.getvalue()
+        return index, files, os.getpid()
+
+
+def start_ray(address: str, workers: int, gpus_per_worker: float):
+    """Connect to the cluster at ``address``, or start a local one bound to 127.0.0.1 (no dashboard,
+    metrics or usage reports) with a CPU per worker; returns the ``ray`` module."""
+    from draftrl.deps import require
+
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    if address == LOCAL:
+        # Ray 2.60 resolves the node address 127.0.0.1 to the machine's outward address, and its gRPC
+        # servers then listen on every interface; with clusters of one machine only (Ray's own switch
+        # for laptops) the node is 127.0.0.1 and every server listens there alone. Read at import by
+        # Ray, at start by its processes: both are set.
+        os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    ray = require("ray")
+    if ray.is_initialized():
+        return ray
+    if address == LOCAL:
+        from ray._private import ray_constants
+
+        ray_constants.ENABLE_RAY_CLUSTER = False
+        ray.init(address="local", include_dashboard=False, _node_ip_address="127.0.0.1", num_cpus=workers,
+                 log_to_driver=False, configure_logging=False, _system_config={"enable_metrics_collection": False})
+    else:
+        ray.init(address=address, log_to_driver=False, configure_logging=False)
+    return ray
+
+
+def collect_on_ray(config: EnvConfig, partial: str | Path, *, address: str = LOCAL, workers: int = 2,
+                   gpus_per_worker: float = 0.0, threads: int = 0,
+                   progress: Callable[[int, int, int, int], None] | None = None,
+                   num_continuations: int | None = None) -> Traces:
+    """Record ``config``'s missing prompts on ``workers`` Ray actors into ``partial``, then assemble the
+    traces exactly as the one-process collection does (module docstring).
+
+    :param gpus_per_worker: each actor's ``num_gpus`` (a tensor-parallel or ``device_map`` target: its
+        GPUs); 0 on a CPU cluster.
+    :param progress: ``(index, done, total, worker pid)`` after each prompt arrives.
+    :raises RuntimeError: a worker was lost; one line naming what is kept and the command that resumes.
+    """
+    from draftrl.decoding.workload import Workload
+
+    partial = Path(partial)
+    prompts = Workload(config).prompts
+    open_partial(partial, collection_state(config, [p.id for p in prompts], num_continuations))
+    todo = missing_prompts(config, partial, len(prompts), num_continuations)
+    if todo:
+        ray = start_ray(address, workers, gpus_per_worker)
+        try:
+            _run(ray, config, partial, todo, min(workers, len(todo)), gpus_per_worker, threads, progress,
+                 num_continuations)
+        finally:
+            if address == LOCAL:
+                ray.shutdown()
+    # every recording is kept: the one-process collection assembles them and decodes nothing
+    stub = SimpleNamespace(config=SimpleNamespace(temperature=0.0, top_k=0, top_p=1.0), params=None, drafter=None)
+    return collect(config, stub, None, partial_dir=partial, num_continuations=num_continuations)
+
+
+def _run(ray, config: EnvConfig, partial: Path, todo: list[int], workers: int, gpus_per_worker: float,
+         threads: int, progress, num_continuations: int | None) -> None:
+    from dataclasses import asdict
+
+    from ray.exceptions import RayActorError, RayTaskError
+    from ray.util import ActorPool
+
+    remote = ray.remote(num_cpus=1, num_gpus=gpus_per_worker, max_restarts=0)(CollectWorker)
+    actors = [remote.remote(asdict(config), threads, num_continuations) for _ in range(workers)]
+    kinds = {str(h["hardware"].get("gpu", h["hardware"].get("cpu"))) for h in ray.get([a.describe.remote()
+                                                                                        for a in actors])}
+    if len(kinds) > 1:  # the traces hold no timing, but one trace set from one device kind keeps ratios paired
+        print(f"[collect] note: workers on {len(kinds)} device kinds ({', '.join(sorted(kinds))}); the traces "
+              "are greedy tokens and trees, the same on each", flush=True)
+    done = len(todo)
+    try:
+        pool = ActorPool(actors)
+        for count, (index, files, pid) in enumerate(pool.map_unordered(lambda a, i: a.record.remote(i), todo), 1):
+            for name, data in files.items():
+                atomic_write_bytes(partial / name, data)
+            if progress is not None:
+                progress(index, count, done, pid)
+    except (RayActorError, RayTaskError) as err:
+        kept = len(list(partial.glob("[0-9]*.npz")))  # recordings
+        reason = " ".join(str(err).split())[:200]
+        raise RuntimeError(f"a Ray worker was lost ({type(err).__name__}: {reason}); {kept} finished recording(s) are "
+                           f"kept in {partial}: run the same command again to record the rest.") from None
+
+
+def same_traces(a: Traces, b: Traces) -> bool:
+    """Whether two trace sets hold the same prompts, tokens, trees and features, bit for bit (their
+    timing and hardware aside)."""
+    names = ARRAYS
+    return ([p.id for p in a.prompts] == [p.id for p in b.prompts] and a.budgets == b.budgets
+            and a.stop_reasons == b.stop_reasons and (a.max_depth, a.width) == (b.max_depth, b.width)
+            and all(np.array_equal(getattr(a, n), getattr(b, n)) and getattr(a, n).dtype == getattr(b, n).dtype
+                    for n in names))
