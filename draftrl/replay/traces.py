@@ -452,7 +452,7 @@ def collect(config: EnvConfig, engine, tokenizer, *, max_depth: int | None = Non
     import torch
 
     from draftrl.config import to_dict
-    from draftrl.decoding.workload import Workload
+    from draftrl.decoding.workload import Workload, budget
     from draftrl.models.distribution import SamplingParams
     from draftrl.signals.costs import hardware_info
 
@@ -481,9 +481,9 @@ def collect(config: EnvConfig, engine, tokenizer, *, max_depth: int | None = Non
     saved_sampling = (engine.config.temperature, engine.config.top_k, engine.config.top_p, engine.params)
     records, budgets = [], []
     try:
-        for index in range(len(workload)):
-            request = workload.request(index)
-            budgets.append(request.max_new_tokens)
+        for index, prompt in enumerate(workload.prompts):
+            budgets.append(budget(config, prompt))
+            request = None  # tokenised only when a recording of it is not kept yet
             for class_index, sampling in enumerate(classes):
                 for k in range(per_class[class_index]):
                     saved = partial / recording_file(index, class_index, k) if partial is not None else None
@@ -491,6 +491,7 @@ def collect(config: EnvConfig, engine, tokenizer, *, max_depth: int | None = Non
                         with np.load(saved) as data:
                             records.append({name: data[name] for name in data.files})
                         continue
+                    request = request or workload.request(index)
                     seed = recording_seed(config.seed, request.prompt.id, sampling, k)
                     record = _record(engine, request, sampling, seed, max_depth, width, generate_depth, greedy, torch)
                     record.update(prompt_index=np.array(index), class_index=np.array(class_index),
