@@ -38,8 +38,9 @@ def add_parser(subparsers) -> None:
                      overwrite="replace the traces already in --out (and discard an interrupted collection there)")
     p.add_argument("--cost-table", default=None, help="cost table from draftrl calibrate, copied next to the traces")
     p.add_argument("--continuations", type=int, default=None, metavar="K",
-                   help="sampled continuations recorded per prompt at each temperature > 0 (default 4; a replayed "
-                        "request walks one of them); temperature 0 records one, greedy decoding being deterministic")
+                   help="sampled continuations recorded per prompt at each temperature > 0 (default: the config's "
+                        "continuations, else 4; a replayed request walks one of them); temperature 0 records one, "
+                        "greedy decoding being deterministic")
     p.add_argument("--engine", choices=["hf", "vllm"], default="hf",
                    help="vllm: record each request's greedy continuation in vLLM (float32, no speculation) for "
                         "draftrl/ServeReplay-v0; the env section is then a ServeConfig (the same workload keys, e.g. "
@@ -132,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         traces = collect(cfg.env, engine, tokenizer, progress=progress, partial_dir=partial,
-                         num_continuations=args.continuations)
+                         num_continuations=args.continuations or cfg.continuations)
     except KeyboardInterrupt:
         kept = len(list(partial.glob("[0-9]*.npz")))
         print(f"draftrl collect: interrupted; {kept} finished prompt(s) kept in {partial}; run the same command "

@@ -5,9 +5,12 @@ Steps, each through the owning package's public Python API, each writing under `
 1. **model**: fetch and load the embedded default target (``draftrl.models``);
 2. **calibrate**: measure verify / draft / sample costs -> ``DIR/cost_table.json``
    (``draftrl.replay.calibrate.calibrate``);
-3. **collect**: greedy traces of the tune prompts -> ``DIR/traces/`` (``draftrl.replay.traces.collect``);
-4. **train**: PPO on ``draftrl/TraceReplay-v1`` over those traces -> ``DIR/ppo_size/`` (and more
-   recipes when configured) (``draftrl.train.<recipe>.train``);
+3. **collect**: traces of the tune prompts at each temperature of ``env.temperature_mix`` (one greedy
+   recording per prompt, ``continuations`` sampled ones per prompt at each T > 0) -> ``DIR/traces/``
+   (``draftrl.replay.traces.collect``);
+4. **train**: one PPO policy on ``draftrl/TraceReplay-v1`` over those traces, each episode drawing its
+   request's sampling from the mix -> ``DIR/ppo_size/`` (and more recipes when configured)
+   (``draftrl.train.<recipe>.train``);
 5. **grid**: fixed settings on the tune split, wall clock -> ``DIR/grid/`` (``draftrl.eval.round.grid``);
 6. **eval**: plain decoding, best fixed, heuristic, threshold, bandit, PPO and the lookahead bound
    on the held-out split, exactness checks on -> ``DIR/eval/`` (``draftrl.eval.round.compare``).
@@ -77,6 +80,9 @@ def _demo_env() -> EnvConfig:
         drafter="sam:2",  # n-gram lookup on a 2-token match, else the EAGLE-3 head draftrl ships (drafters/heads/)
         depths=(0, 1, 2, 3, 4, 6),
         verify_sizes=(0,),
+        # users serve greedy requests beside 0.6-0.7 (Qwen2.5, Llama-3.1 instruct) and 1.0 (vLLM's default):
+        # one policy learns on the mix, the observation telling it each request's sampling (issue 45)
+        temperature_mix={0.0: 0.3, 0.7: 0.4, 1.0: 0.3},
     )
 
 
@@ -95,6 +101,10 @@ class DemoConfig(EvalConfig):
     train: DemoTrainConfig = field(default_factory=DemoTrainConfig)
     threads: int = 1
     """one torch thread: fastest per core for a 135M model on a shared machine"""
+    continuations: int = 2
+    """collect step: sampled continuations per tune prompt at each T > 0 of the mix (K; greedy records
+    one). Collection time grows as 1 + 2K recordings per prompt on the default mix; K = 2 keeps it
+    within the demo's budget and gives each sampled request two draws of the target's law"""
 
     @classmethod
     def quick(cls) -> DemoConfig:
@@ -132,7 +142,7 @@ def _collect(config: DemoConfig, out: Path, target) -> Path:
 
     env = collect_env(config)
     engine, tokenizer = build_engine(env, target)
-    traces = collect(env, engine, tokenizer)
+    traces = collect(env, engine, tokenizer, num_continuations=config.continuations)
     path = traces.save(out / "traces", cost_table=CostTable.load(out / "cost_table.json"))
     with logged_run(config.wandb, out, job_type="collect", config={"env": to_dict(env)}) as run:
         log_traces(run, traces)
@@ -140,7 +150,8 @@ def _collect(config: DemoConfig, out: Path, target) -> Path:
 
 
 def collect_env(config: DemoConfig) -> EnvConfig:
-    """The env the collect step decodes: the tune split (the grid's), monitor off (greedy traces)."""
+    """The env the collect step decodes: the tune split (the grid's), monitor off (the recordings' own
+    decoding is not what is checked)."""
     return dataclasses.replace(config.env, split="tune", monitor=False)
 
 
