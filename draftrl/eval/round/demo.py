@@ -63,8 +63,9 @@ class DemoTrainConfig:
     (depth, verify_size) per round; ppo_depth says CONTINUE/STOP after each draft level"""
     total_timesteps: int = 20_000
     """replayed rounds; a replayed round takes microseconds"""
-    eval_episodes: int = 16
-    """episodes of the recipe's own replayed evaluation"""
+    eval_episodes: int = 48
+    """episodes of the recipe's own replayed evaluation: three passes over the 16 tune prompts, so that
+    each class of the mix draws about a dozen (the per-class table; replayed episodes cost milliseconds)"""
     overrides: tuple[str, ...] = ("ppo.n_envs=4", "ppo.n_steps=256", "ppo.batch_size=256", "checkpoint_every=10000")
     """more TrainConfig overrides, as for draftrl train --set"""
 
@@ -114,7 +115,7 @@ class DemoConfig(EvalConfig):
         cfg.grid = GridConfig(depths=(0, 2, 4), repeats=1)
         cfg.eval = dataclasses.replace(cfg.eval, power_tokens=0, greedy_reference=1, anchor_gammas=(4,))
         cfg.calibrate = CalibrationConfig(num_tokens=(1, 3, 5), contexts=(256,), widths=(1,), repeats=2)
-        cfg.train = dataclasses.replace(cfg.train, recipes=("ppo_size",), total_timesteps=4096, eval_episodes=4)
+        cfg.train = dataclasses.replace(cfg.train, recipes=("ppo_size",), total_timesteps=4096, eval_episodes=12)
         return cfg
 
 
