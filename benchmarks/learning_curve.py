@@ -11,8 +11,9 @@ setting and the lookahead bound, on the same episodes. ``greedy`` trains and eva
 greedy recordings); ``mix`` on every class, each episode drawing its own.
 
 One line per point, ratios first: ``ppo_vs_best_fixed`` (replayed throughput over the best fixed setting's on
-the held-out episodes), ``lookahead_vs_best_fixed`` (the headroom), ``captured`` (the policy's share of it), then
-the positions, PPO steps and per-class ratios on the mix. With ``--out`` a PNG of the curve.
+the held-out episodes), ``lookahead_vs_best_fixed`` (the headroom), per-class ratios on the mix, then ``se`` (the
+paired standard error of the policy's ratio over episodes), ``captured`` (the policy's share of the headroom), the
+positions and PPO steps. With ``--out`` a PNG of the curve.
 
     python benchmarks/learning_curve.py --out runs/learning_curve          # about 10 min on 2 shared cores
     python benchmarks/learning_curve.py --quick
@@ -140,7 +141,8 @@ def main() -> None:
             per_class = {f"ppo_vs_best_fixed_{label}": part_["table"]["ppo"]["ratio_to_best_fixed"]
                          for label, part_ in (evaluation.get("per_sampling") or {}).items()}
             bench.row({"ppo_vs_best_fixed": ppo, "lookahead_vs_best_fixed": look, **per_class},
-                      {"captured": evaluation.get("lookahead_gain_captured"), "positions": num_positions,
+                      {"se": rows["ppo"].get("se", 0.0) / rows[evaluation["best_fixed"]]["throughput"],
+                       "captured": evaluation.get("lookahead_gain_captured"), "positions": num_positions,
                        "ppo_steps": steps, "train_s": time.perf_counter() - start},
                       regime=regime, prompts=len(part), drafter=args.drafter, best_fixed=evaluation["best_fixed"],
                       heldout_episodes=cfg.eval_episodes, max_new_tokens=args.max_new_tokens,
