@@ -38,10 +38,10 @@ def add_parser(subparsers) -> None:
                      overwrite="replace the traces already in --out (and discard an interrupted collection there)")
     p.add_argument("--cost-table", default=None, help="cost table from draftrl calibrate, copied next to the traces")
     p.add_argument("--continuations", type=int, default=None, metavar="K",
-                   help="sampled continuations recorded per prompt (per request with --engine vllm) in each sampling "
-                        "class at temperature > 0, seeded from env.seed (default 4 for traces, 8 for vLLM recordings; "
-                        "a replayed request walks one of them); a greedy class records one, greedy decoding being "
-                        "deterministic")
+                   help="sampled continuations recorded per prompt (per request with --engine vllm) in each "
+                        "sampling class at temperature > 0, seeded from env.seed (default: the config's continuations, "
+                        "else 4 for traces, 8 for vLLM recordings; a replayed request walks one of them); a greedy "
+                        "class records one, greedy decoding being deterministic")
     p.add_argument("--engine", choices=["hf", "vllm"], default="hf",
                    help="vllm: record each request's continuations in vLLM (float32, no speculation) for "
                         "draftrl/ServeReplay-v1, in every sampling class of the workload (env.temperature, or "
@@ -135,7 +135,8 @@ def run_ray(args: argparse.Namespace, cfg, partial: Path):
         print(f"[collect] {done}/{total} prompt {index} (worker {pid})", file=sys.stderr, flush=True)
 
     return collect_on_ray(cfg.env, partial, address=args.ray, workers=args.ray_workers, gpus_per_worker=args.ray_gpus,
-                          threads=cfg.threads, progress=progress, num_continuations=args.continuations)
+                          threads=cfg.threads, progress=progress,
+                          num_continuations=args.continuations or cfg.continuations)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -169,7 +170,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             engine, tokenizer = build_engine(cfg.env)
             traces = collect(cfg.env, engine, tokenizer, progress=progress, partial_dir=partial,
-                             num_continuations=args.continuations)
+                             num_continuations=args.continuations or cfg.continuations)
     except KeyboardInterrupt:
         kept = len(list(partial.glob("[0-9]*.npz")))
         print(f"draftrl collect: interrupted; {kept} finished prompt(s) kept in {partial}; run the same command "

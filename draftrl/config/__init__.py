@@ -164,7 +164,7 @@ SECTIONS = frozenset({
     "env", "threads", "seed", "depth", "verify_size", "sampler", "calibrate", "grid", "eval", "wandb", "train",
     "recipe", "ppo", "total_timesteps", "finetune_real_timesteps", "finetune_env", "depth_env", "cotrain_rounds",
     "frozen_size_policy", "eval_episodes", "eval_seed", "baselines", "checkpoint_every", "keep", "select_episodes",
-    "select_seed", "progress_bar",
+    "select_seed", "progress_bar", "continuations",
 })
 
 

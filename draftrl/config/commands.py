@@ -55,6 +55,14 @@ class CollectConfig:
     """workload, models and the action grid (the traces hold max(env.depths) levels of env.width nodes)"""
     threads: int = 0
     """torch intra-op threads (0 = torch's default)"""
+    continuations: int | None = None
+    """recordings per prompt of each sampled class (K; None = ``DEFAULT_CONTINUATIONS``, 4); a greedy class
+    records one. Collection time grows with K (``--continuations`` overrides)"""
+
+    def __post_init__(self) -> None:
+        if self.continuations is not None and int(self.continuations) < 1:
+            raise ValueError(f"continuations={self.continuations} must be >= 1 (recordings per prompt and "
+                             "temperature), or null for the default.")
 
 
 @dataclass

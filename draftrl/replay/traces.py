@@ -42,6 +42,7 @@ resumes where it stopped.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
@@ -209,6 +210,38 @@ class Traces:
             if c.key == key or (c.greedy and key[0] == 0):
                 return i
         return None
+
+    def select(self, keep: list[int]) -> Traces:
+        """The traces of the prompts ``keep`` (indices into ``prompts``, in the order given), every recording
+        of each, arrays re-indexed: a smaller training set cut from one collection
+        (``benchmarks/learning_curve.py``)."""
+        keep = [int(p) for p in keep]
+        new = {p: i for i, p in enumerate(keep)}
+        if len(new) != len(keep) or any(not 0 <= p < len(self.prompts) for p in keep):
+            raise ValueError(f"select({keep}) needs distinct prompt indices in [0, {len(self.prompts)}).")
+        owner = self.recording_prompt.tolist()
+        recs = [r for p in keep for r in range(self.num_recordings) if owner[r] == p]
+        cu_pos, cu_nodes, cu_tok = self.cu_num_positions, self.cu_num_nodes, self.cu_num_prompt_tokens
+
+        def spans(cu: np.ndarray, items) -> np.ndarray:
+            return np.concatenate([np.arange(cu[i], cu[i + 1]) for i in items] or [np.zeros(0, np.int64)])
+
+        def cumulative(cu: np.ndarray, items) -> np.ndarray:
+            items = np.asarray(items, dtype=np.int64)
+            return np.concatenate([[0], np.cumsum(cu[items + 1] - cu[items])]).astype(np.int64)
+
+        pos = spans(cu_pos, recs)
+        nodes = spans(cu_nodes, pos)
+        per_position = ("continuation", "draft_features", *_POSITION_ARRAYS)
+        per_node = ("node_tokens", "node_parents", "node_depths", "node_scores", "node_p")
+        return dataclasses.replace(
+            self, prompts=[self.prompts[p] for p in keep], budgets=[self.budgets[p] for p in keep],
+            stop_reasons=[self.stop_reasons[r] for r in recs], meta=dict(self.meta),
+            prompt_tokens=self.prompt_tokens[spans(cu_tok, keep)], cu_num_prompt_tokens=cumulative(cu_tok, keep),
+            cu_num_positions=cumulative(cu_pos, recs), cu_num_nodes=cumulative(cu_nodes, pos),
+            recording_prompt=np.array([new[owner[r]] for r in recs], dtype=np.int64),
+            **{n: getattr(self, n)[recs] for n in ("recording_class", "recording_k", "recording_seed")},
+            **{n: getattr(self, n)[pos] for n in per_position}, **{n: getattr(self, n)[nodes] for n in per_node})
 
     def save(self, directory: str | Path, cost_table: CostTable | None = None) -> Path:
         """Write ``trace.npz``, ``trace.json`` (and ``cost_table.json``) as one unit; returns ``directory``.

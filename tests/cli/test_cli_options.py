@@ -296,6 +296,10 @@ def test_every_step_command_reads_a_demo_config_as_the_demo_runs_that_step(tmp_p
     # the demo's, not CalibrationConfig's 1,2,4,8
     assert _config("calibrate", "--config", copy).calibrate.widths == (1,)
     assert _config("collect", "--config", copy).env.split == "tune"  # the demo collects the tune split
+    collect = _config("collect", "--config", copy)  # the demo's K and temperature mix
+    assert collect.continuations == demo.continuations == 1 and len(collect.env.sampling_classes) == 3
+    with pytest.raises(ValueError, match="continuations=0 must be >= 1"):
+        _config("collect", "--config", copy, "--set", "continuations=0")
     assert _config("collect", "--config", copy, "--set", "env.split=heldout").env.split == "heldout"
     assert _config("grid", "--config", copy).threads == 1 != EvalConfig().threads
     trained = _config("train", "--config", copy, "--traces", "runs/demo/traces")

@@ -162,6 +162,31 @@ def test_the_replay_walks_the_requested_class_and_continuation(mixed):
     assert greedy_only.sampling == SamplingParams()  # the config's one class before any request
 
 
+def test_select_cuts_a_prompt_subset_that_replays_as_the_whole(mixed, tmp_path):
+    """``Traces.select``: the chosen prompts' recordings, re-indexed, saved and loaded whole; a replayed
+    request of the subset walks what the full traces walk (benchmarks/learning_curve.py's nested sets)."""
+    _, config, traces = mixed
+    part = Traces.load(traces.select([1]).save(tmp_path / "part"))
+    assert len(part) == 1 and part.prompts == [traces.prompts[1]] and part.num_recordings == 4
+    assert part.recording_prompt.tolist() == [0] * 4 and part.num_continuations == traces.num_continuations
+    whole, cut = TraceRoundEngine(traces, config, costs(1e-4)), TraceRoundEngine(part, config, costs(1e-4))
+    for k in range(3):
+        walked = []
+        for replay in (whole, cut):
+            replay.config.max_new_tokens = BUDGET
+            replay.start(list(PROMPTS[1]), seed=k, sampling=SamplingParams(temperature=0.7))
+            rounds = []
+            while not replay.finished:
+                features = replay.features()
+                result = replay.round(3, 2, 2)
+                rounds.append((features, result.num_accepted, result.num_emitted))
+            walked.append((replay.output_ids, rounds))
+        assert walked[0] == walked[1]
+    assert np.array_equal(traces.select([1, 0]).recording_prompt, [0] * 4 + [1] * 4)
+    with pytest.raises(ValueError, match="distinct prompt indices"):
+        traces.select([0, 0])
+
+
 def test_replayed_rounds_report_the_recorded_rows(mixed):
     """``target_features`` (the contract with the observation) and ``TokenStats`` come from the stored rows:
     raw top-1/entropy where the round's last token was emitted, the mean p of its accepted drafts, and

@@ -5,9 +5,12 @@ Steps, each through the owning package's public Python API, each writing under `
 1. **model**: fetch and load the embedded default target (``draftrl.models``);
 2. **calibrate**: measure verify / draft / sample costs -> ``DIR/cost_table.json``
    (``draftrl.replay.calibrate.calibrate``);
-3. **collect**: greedy traces of the tune prompts -> ``DIR/traces/`` (``draftrl.replay.traces.collect``);
-4. **train**: PPO on ``draftrl/TraceReplay-v1`` over those traces -> ``DIR/ppo_size/`` (and more
-   recipes when configured) (``draftrl.train.<recipe>.train``);
+3. **collect**: traces of the tune prompts at each temperature of ``env.temperature_mix`` (one greedy
+   recording per prompt, ``continuations`` sampled ones per prompt at each T > 0) -> ``DIR/traces/``
+   (``draftrl.replay.traces.collect``);
+4. **train**: one PPO policy on ``draftrl/TraceReplay-v1`` over those traces, each episode drawing its
+   request's sampling from the mix -> ``DIR/ppo_size/`` (and more recipes when configured)
+   (``draftrl.train.<recipe>.train``);
 5. **grid**: fixed settings on the tune split, wall clock -> ``DIR/grid/`` (``draftrl.eval.round.grid``);
 6. **eval**: plain decoding, best fixed, heuristic, threshold, bandit, PPO and the lookahead bound
    on the held-out split, exactness checks on -> ``DIR/eval/`` (``draftrl.eval.round.compare``).
@@ -60,8 +63,9 @@ class DemoTrainConfig:
     (depth, verify_size) per round; ppo_depth says CONTINUE/STOP after each draft level"""
     total_timesteps: int = 20_000
     """replayed rounds; a replayed round takes microseconds"""
-    eval_episodes: int = 16
-    """episodes of the recipe's own replayed evaluation"""
+    eval_episodes: int = 48
+    """episodes of the recipe's own replayed evaluation: three passes over the 16 tune prompts, so that
+    each class of the mix draws about a dozen (the per-class table; replayed episodes cost milliseconds)"""
     overrides: tuple[str, ...] = ("ppo.n_envs=4", "ppo.n_steps=256", "ppo.batch_size=256", "checkpoint_every=10000")
     """more TrainConfig overrides, as for draftrl train --set"""
 
@@ -77,6 +81,9 @@ def _demo_env() -> EnvConfig:
         drafter="sam:2",  # n-gram lookup on a 2-token match, else the EAGLE-3 head draftrl ships (drafters/heads/)
         depths=(0, 1, 2, 3, 4, 6),
         verify_sizes=(0,),
+        # users serve greedy requests beside 0.6-0.7 (Qwen2.5, Llama-3.1 instruct) and 1.0 (vLLM's default):
+        # one policy learns on the mix, the observation telling it each request's sampling (issue 45)
+        temperature_mix={0.0: 0.3, 0.7: 0.4, 1.0: 0.3},
     )
 
 
@@ -95,6 +102,11 @@ class DemoConfig(EvalConfig):
     train: DemoTrainConfig = field(default_factory=DemoTrainConfig)
     threads: int = 1
     """one torch thread: fastest per core for a 135M model on a shared machine"""
+    continuations: int = 1
+    """collect step: sampled continuations per tune prompt at each T > 0 of the mix (K; greedy records
+    one). Collection time grows as 1 + 2K recordings per prompt on the default mix: K = 1 gives each
+    class as many positions as the greedy one (3x the greedy demo's data for 3x its collection time, about
+    6 minutes of the default demo on 2 quiet cores); K = 2 would make collection 5x, the longest step"""
 
     @classmethod
     def quick(cls) -> DemoConfig:
@@ -104,7 +116,7 @@ class DemoConfig(EvalConfig):
         cfg.grid = GridConfig(depths=(0, 2, 4), repeats=1)
         cfg.eval = dataclasses.replace(cfg.eval, power_tokens=0, greedy_reference=1, anchor_gammas=(4,))
         cfg.calibrate = CalibrationConfig(num_tokens=(1, 3, 5), contexts=(256,), widths=(1,), repeats=2)
-        cfg.train = dataclasses.replace(cfg.train, recipes=("ppo_size",), total_timesteps=4096, eval_episodes=4)
+        cfg.train = dataclasses.replace(cfg.train, recipes=("ppo_size",), total_timesteps=4096, eval_episodes=12)
         return cfg
 
 
@@ -132,7 +144,7 @@ def _collect(config: DemoConfig, out: Path, target) -> Path:
 
     env = collect_env(config)
     engine, tokenizer = build_engine(env, target)
-    traces = collect(env, engine, tokenizer)
+    traces = collect(env, engine, tokenizer, num_continuations=config.continuations)
     path = traces.save(out / "traces", cost_table=CostTable.load(out / "cost_table.json"))
     with logged_run(config.wandb, out, job_type="collect", config={"env": to_dict(env)}) as run:
         log_traces(run, traces)
@@ -140,7 +152,8 @@ def _collect(config: DemoConfig, out: Path, target) -> Path:
 
 
 def collect_env(config: DemoConfig) -> EnvConfig:
-    """The env the collect step decodes: the tune split (the grid's), monitor off (greedy traces)."""
+    """The env the collect step decodes: the tune split (the grid's), monitor off (the recordings' own
+    decoding is not what is checked)."""
     return dataclasses.replace(config.env, split="tune", monitor=False)
 
 
