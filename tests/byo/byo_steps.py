@@ -26,8 +26,10 @@ def byo_config(out: Path, target: Path, drafter: str, dtype: str) -> Path:
     """``configs/demo_quick_cpu.yaml`` as a user copies it for their own models (README, "Rerun one demo
     step"): the target, drafter and dtype edited, shrunk to seconds (:data:`byo_models.WORKLOAD`; depths
     1-3, so every trained policy drafts and its vLLM bundle speculates; a three-cell grid; 256 PPO steps).
-    Every step's command reads it."""
+    Every step's command reads it. Greedy: these checks are float32 identity and the bfloat16 agreement rate
+    on the user's models (the demo's temperature mix is tested on the shipped model and in test_demo_byo)."""
     data = yaml.safe_load((ROOT / "configs" / "demo_quick_cpu.yaml").read_text())
+    data["env"]["temperature_mix"] = None  # null: the demo's default mix would apply where the key is absent
     data["env"].update(target=str(target), drafter=drafter, dtype=dtype, depths=[1, 2, 3], **WORKLOAD)
     data["grid"].update(depths=[0, 2, 3], warmup=False)
     data["eval"].update(policies=["none", "best-grid"], anchors=False)

@@ -84,6 +84,9 @@ def _demo_env() -> EnvConfig:
         # users serve greedy requests beside 0.6-0.7 (Qwen2.5, Llama-3.1 instruct) and 1.0 (vLLM's default):
         # one policy learns on the mix, the observation telling it each request's sampling (issue 45)
         temperature_mix={0.0: 0.3, 0.7: 0.4, 1.0: 0.3},
+        # one keyed uniform per position: the same law, and at T > 0 every policy must then equal plain decoding
+        # token for token (checked in float32) and the lookahead bound exists at every temperature
+        keyed=True,
     )
 
 
