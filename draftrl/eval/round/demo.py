@@ -18,8 +18,9 @@ Steps, each through the owning package's public Python API, each writing under `
 Every step from calibrate on logs one wandb run (``job_type`` the step), all in one group, offline
 in ``DIR/wandb/`` (``draftrl.config.wandb``; what each holds: ``draftrl.eval.wandb_log``).
 ``DIR/demo_summary.json`` records each step's seconds, the final table and the wandb group with
-the one ``wandb sync`` command that uploads it. The default
-(``DemoConfig()``) runs in about 15 minutes on 2 quiet CPU cores; ``DemoConfig.quick()`` in a few.
+the one ``wandb sync`` command that uploads it. The default (``DemoConfig()``) ran in about 15
+minutes on 2 quiet CPU cores when greedy (its three temperatures take longer: not yet timed whole);
+``DemoConfig.quick()`` in about 6 minutes (measured on 2 loaded cores).
 """
 
 from __future__ import annotations
