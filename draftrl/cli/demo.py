@@ -154,6 +154,11 @@ def print_summary(summary: dict) -> None:
                       f"{gi['num_violations']} violation(s)")
     elif gi.get("checked"):
         checks.append(f"greedy token identity on {gi['requests']} requests")
+    keyed = [label for label, c in (results.get("classes") or {}).items()
+             if (c.get("sampling") or {}).get("temperature", 0) > 0
+             and ((c.get("exactness") or {}).get("greedy_identity") or {}).get("checked")]
+    if keyed:  # env.keyed: the sampled classes drew from plain decoding's keyed stream
+        checks.append(f"token identity with plain decoding's keyed stream at {', '.join(keyed)}")
     if (ex.get("hf_reference") or {}).get("checked"):
         checks.append(f"HF generate on {ex['hf_reference']['checked']}")
     overhead = ex["monitor_overhead"]["fraction"]
