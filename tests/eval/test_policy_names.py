@@ -32,6 +32,7 @@ def test_a_dsd_table_keeps_its_commas():
 
 def test_the_cli_parses_the_documented_serving_command(monkeypatch, tmp_path):
     """``--policies`` goes through the same splitter: the dsd table reaches the parser whole."""
+    monkeypatch.setenv("WANDB_MODE", "disabled")  # the fake run returns no results to log
     seen = {}
 
     def fake_run(out, *, policies, **kwargs):
@@ -55,6 +56,7 @@ def test_the_cli_hands_the_drafter_to_vllm_eagle3_and_refuses_it_without_a_head(
     from draftrl.drafters.packaged import packaged_head
     from draftrl.eval.serve.policies import stock_head
 
+    monkeypatch.setenv("WANDB_MODE", "disabled")  # the fake run returns no results to log
     seen = {}
 
     def fake_run(out, *, config, policies, **kwargs):

@@ -31,7 +31,6 @@ import dataclasses
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -41,6 +40,7 @@ from draftrl.eval.agreement import raise_first_violation
 from draftrl.eval.metrics import add_speedups, grouped, median_runs, summarize_with_groups
 from draftrl.eval.records import RequestRun
 from draftrl.eval.round.anchors import run_anchor
+from draftrl.eval.round.cells import Cell, cell_name
 from draftrl.eval.round.classes import best_mix_cell, class_config, mix_cells
 from draftrl.eval.round.config import EvalConfig, GridConfig, env_for_split
 from draftrl.eval.round.ranking import RankingSource, ReplayRanking, ranked_cells
@@ -57,26 +57,6 @@ OUTPUTS: tuple[str, ...] = (GRID_FILE, SWEEP_FILE, HEATMAP_FILE, "grid_heatmap_*
 #: Keys of each cell's per-language / per-task entries.
 COMPACT_KEYS = ("tokens_per_second", "speedup_vs_none", "mean_tokens_per_round", "num_tokens", "seconds",
                 "num_requests", "time_to_first_token_mean", "itl_p50", "itl_p95", "itl_p99")
-
-
-@dataclass(frozen=True)
-class Cell:
-    """One fixed setting; ``verify_size`` 0 = verify every drafted node."""
-
-    depth: int
-    verify_size: int = 0
-    width: int = 1
-
-    @property
-    def name(self) -> str:
-        return cell_name(self.depth, self.verify_size, self.width)
-
-
-def cell_name(depth: int, verify_size: int = 0, width: int = 1) -> str:
-    """``d{depth}_v{verify_size}_w{width}``; plain decoding is always ``d0_v0_w1``."""
-    if depth == 0:
-        return "d0_v0_w1"
-    return f"d{depth}_v{verify_size}_w{width}"
 
 
 REFERENCE = cell_name(0)

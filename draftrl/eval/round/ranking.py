@@ -10,9 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from draftrl.eval.round.cells import Cell
+
 if TYPE_CHECKING:
     from draftrl.eval.round.config import EvalConfig
-    from draftrl.eval.round.grid import Cell
 
 
 class RankingSource:
