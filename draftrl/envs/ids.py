@@ -17,6 +17,8 @@ Each entry also says how ``draftrl train`` makes the id from a training env sect
 - ``takes``: further ``gymnasium.make`` arguments, each read from the section by its key; a dotted
   key reads a subsection (``serve.recordings`` -> ``recordings``). Those that default to None
   (``traces``, ``serve.recordings``, ``serve.calibration``) must be set.
+- ``holds_model``: True for the live engines (a model on a device, one per process): ``draftrl train``
+  runs them in its own process only (``ppo.vec_env: dummy``), never one per subprocess.
 
 An id registered elsewhere (a test's own env) is made from a training section once
 :func:`register_id` has recorded its ``section`` and ``takes``.
@@ -41,10 +43,11 @@ ENVS: tuple[dict[str, Any], ...] = (
     # The real engine (torch + transformers, imported only when made). Rewards are wall clock, so
     # the ids are marked nondeterministic (gymnasium's checker then skips step determinism).
     dict(id="draftrl/SpecDecode-v2", entry_point="draftrl.envs.spec_decode:SpecDecodeEnv", max_episode_steps=1024,
-         nondeterministic=True, section="env"),
+         nondeterministic=True, section="env", holds_model=True),
     # One step per draft level: a round is at most max(depths) + 1 steps.
     dict(id="draftrl/SpecDecodeDepth-v2", entry_point="draftrl.envs.spec_decode_depth:SpecDecodeDepthEnv",
-         max_episode_steps=16384, nondeterministic=True, section="env", takes=("verify_size",)),
+         max_episode_steps=16384, nondeterministic=True, section="env", takes=("verify_size",),
+         holds_model=True),
     # SpecDecode-v2 over the replay of recorded greedy traces, seconds from a cost table: deterministic
     # given the seed.
     dict(id="draftrl/TraceReplay-v1", entry_point="draftrl.envs.spec_decode:SpecDecodeEnv", kwargs={"engine": "replay"},
@@ -59,7 +62,7 @@ ENVS: tuple[dict[str, Any], ...] = (
     # A serving engine under load (vLLM in-process by default): one step = one engine step over the
     # batch; wall-clock rewards.
     dict(id="draftrl/ServeVLLM-v1", entry_point="draftrl.envs.serve_vllm:ServeVLLMEnv", max_episode_steps=8192,
-         nondeterministic=True, section="serve"),
+         nondeterministic=True, section="serve", holds_model=True),
     # ServeVLLM-v1 over its replay: recorded continuations (greedy and sampled), recomputed drafts, a calibrated
     # step cost.
     dict(id="draftrl/ServeReplay-v1", entry_point="draftrl.envs.serve_vllm:ServeVLLMEnv", kwargs={"engine": "replay"},
@@ -112,9 +115,11 @@ def register_all(registry: dict[str, Any], register: Callable[..., Any]) -> None
             register(**{key: entry[key] for key in GYM_KEYS if key in entry})
 
 
-def register_id(*, id: str, section: str | None, takes: tuple[str, ...] = (), **gym_kwargs: Any) -> None:
+def register_id(*, id: str, section: str | None, takes: tuple[str, ...] = (), holds_model: bool = False,
+                **gym_kwargs: Any) -> None:
     """Register an id that is not in :data:`ENVS` (a test's own env) with gymnasium and record how a
-    training section makes it (``section``, ``takes``: as in ``ENVS``), so ``env.id`` may name it.
+    training section makes it (``section``, ``takes``, ``holds_model``: as in ``ENVS``), so ``env.id``
+    may name it.
 
     :raises ValueError: for a ``section`` that is not one of :data:`SECTIONS`, a ``takes`` that is
         not a tuple of keys, a ``gymnasium.register`` argument outside :data:`GYM_KEYS`, or a draftrl id.
@@ -130,9 +135,20 @@ def register_id(*, id: str, section: str | None, takes: tuple[str, ...] = (), **
         raise ValueError(f"register_id got {unknown}, which gymnasium.register does not take here; use {GYM_KEYS}.")
     if any(entry["id"] == id for entry in ENVS):
         raise ValueError(f"register_id(id={id!r}): draftrl registers that id itself (draftrl.envs.ids.ENVS).")
-    _REGISTERED[id] = dict(id=id, section=section, takes=takes, **gym_kwargs)
+    _REGISTERED[id] = dict(id=id, section=section, takes=takes, holds_model=bool(holds_model), **gym_kwargs)
     if id not in registry:
         register(id=id, **gym_kwargs)
+
+
+def registered_at_run_time(env_id: str) -> dict[str, Any] | None:
+    """The :func:`register_id` arguments of ``env_id`` if this process registered it (None for draftrl's
+    own ids): a subprocess that imports ``draftrl.envs`` knows only those, so it registers this one again."""
+    return _REGISTERED.get(env_id)
+
+
+def holds_model(env_id: str, where: str = "env.id") -> bool:
+    """Whether ``env_id``'s env loads a model (a live engine): then it is made in one process only."""
+    return bool(find(env_id, where).get("holds_model", False))
 
 
 def find(env_id: str, where: str = "env.id") -> dict[str, Any]:

@@ -23,6 +23,7 @@ and the ``info`` of rounds that already finished (docs/design.md, exactness cont
 
 from __future__ import annotations
 
+import functools
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
@@ -42,13 +43,24 @@ def env_grids(env: Any) -> tuple[tuple[int, ...], tuple[int, ...], tuple[str, ..
     """``(depths, verify_sizes, feature_names)`` of a (possibly wrapped) draftrl env; on the serving
     envs the second grid is their ``budgets`` (draft tokens the whole batch may verify per step).
 
+    ``env`` may also be an SB3 ``VecEnv``: its first env's, read through ``has_attr`` / ``get_attr``, so
+    an env in a subprocess (``SubprocVecEnv``) answers with these small values, never its whole self.
+
     :raises TypeError: when the env does not expose the draftrl contract.
     """
-    base = getattr(env, "unwrapped", env)
-    config = getattr(base, "config", None)  # step-level envs keep their grids in the EnvConfig
+    if hasattr(env, "get_attr") and hasattr(env, "num_envs"):  # an SB3 VecEnv
+        has, base_name = env.has_attr, "the VecEnv's first env"
+
+        def get(name: str) -> Any:
+            return env.get_attr(name, indices=[0])[0]
+    else:
+        base = getattr(env, "unwrapped", env)
+        has, get, base_name = functools.partial(hasattr, base), functools.partial(getattr, base), type(base).__name__
+
+    config = get("config") if has("config") else None  # step-level envs keep their grids in the EnvConfig
 
     def grid(name: str) -> Any:
-        return getattr(base, name, None) if hasattr(base, name) else getattr(config, name, None)
+        return get(name) if has(name) else getattr(config, name, None)
 
     values = {name: grid(name) for name in ("depths", "verify_sizes", "feature_names")}
     if values["verify_sizes"] is None:  # the serving envs' second grid: the batch's verification budgets
@@ -56,7 +68,7 @@ def env_grids(env: Any) -> tuple[tuple[int, ...], tuple[int, ...], tuple[str, ..
     missing = [name for name, value in values.items() if value is None]
     if missing:
         raise TypeError(
-            f"{type(base).__name__} lacks {', '.join(missing)}; draftrl policies need an env that exposes "
+            f"{base_name} lacks {', '.join(missing)}; draftrl policies need an env that exposes "
             "depths, verify_sizes and feature_names on env.unwrapped (e.g. draftrl/Analytic-v0)."
         )
     return tuple(values["depths"]), tuple(values["verify_sizes"]), tuple(values["feature_names"])

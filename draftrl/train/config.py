@@ -15,12 +15,15 @@ from typing import Any
 
 from draftrl.config import BASELINES
 from draftrl.config.wandb import WandbConfig
+from draftrl.envs.ids import holds_model
 from draftrl.train.env_config import DepthTrainEnvConfig, FinetuneTrainEnvConfig, TrainEnvConfig
 
 #: Recipes ``draftrl train`` can run: module ``draftrl.train.<recipe>`` with ``train(cfg, out, ...)``.
 RECIPES: tuple[str, ...] = ("ppo_size", "ppo_depth", "cotrain")
 #: Which checkpoint a run keeps as its policy (``draftrl.train.selection``).
 KEEP: tuple[str, ...] = ("last", "best")
+#: How ``ppo.n_envs`` training envs run: SB3's ``DummyVecEnv`` (this process) or ``SubprocVecEnv``.
+VEC_ENVS: tuple[str, ...] = ("dummy", "subproc")
 
 
 @dataclass
@@ -50,7 +53,10 @@ class PPOConfig:
     net_arch: list[int] = field(default_factory=lambda: [64, 64])
     """hidden layers of the policy and value MLPs."""
     n_envs: int = 4
-    """parallel envs (DummyVecEnv, one process)."""
+    """parallel envs (vec_env says where they run)."""
+    vec_env: str = "dummy"
+    """dummy: the n_envs envs step in this process (SB3's DummyVecEnv); subproc: one subprocess each
+    (SB3's SubprocVecEnv), for envs that hold no model (replay, analytic) on a machine with cores to spare."""
     normalize_obs: bool = True
     """VecNormalize observations; the statistics are saved with the policy."""
     obs_epsilon: float = 1.0e-2
@@ -155,6 +161,20 @@ class TrainConfig:
             )
         if ppo.obs_epsilon <= 0:
             raise ValueError(f"ppo.obs_epsilon={ppo.obs_epsilon} must be > 0 (a floor on the normalising variance).")
+        if ppo.vec_env not in VEC_ENVS:
+            raise ValueError(f"ppo.vec_env={ppo.vec_env!r} is unknown; choose one of {', '.join(VEC_ENVS)}.")
+        if ppo.vec_env == "subproc":
+            for section in self.trained_sections():
+                spec = getattr(self, section)
+                if holds_model(spec.id, f"{section}.id"):
+                    raise ValueError(
+                        f"ppo.vec_env=subproc with {section}.id={spec.id!r}: that env holds a model (a live engine, "
+                        "one per GPU), so n_envs subprocesses would load n_envs copies; use ppo.vec_env=dummy.")
+
+    def trained_sections(self) -> tuple[str, ...]:
+        """The env sections whose envs this run trains on: the recipe's, and finetune_env when it runs."""
+        main = "env" if self.recipe == "ppo_size" else "depth_env"
+        return (main, "finetune_env") if self.finetune_real_timesteps and self.recipe != "cotrain" else (main,)
 
 
 def _check_numbers(obj: Any, prefix: str = "") -> None:

@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import functools
 import pickle
 from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
 from stable_baselines3.common.monitor import Monitor
-from stable_baselines3.common.vec_env import DummyVecEnv, VecEnv, VecNormalize
+from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecEnv, VecNormalize
 
 import draftrl.envs  # noqa: F401  registers the draftrl/* env ids
 from draftrl.config import to_dict
-from draftrl.envs.ids import make_kwargs
+from draftrl.envs.ids import make_kwargs, register_id, registered_at_run_time
 from draftrl.train.config import TrainConfig, TrainEnvConfig
+
+#: How ``ppo.vec_env: subproc`` starts its processes: a fresh interpreter forked from a clean server
+#: (SB3's default), never a fork of this process, whose torch and OpenMP threads a fork does not copy.
+START_METHOD = "forkserver"
 
 
 def make_env(
@@ -52,14 +57,16 @@ def make_vec_env(
     wrapper: Callable[[gym.Env], gym.Env] | None = None,
     kind: str = "size",
 ) -> VecEnv:
-    """``cfg.ppo.n_envs`` copies of ``spec`` in a ``DummyVecEnv``, each under SB3's ``Monitor``.
+    """``cfg.ppo.n_envs`` copies of ``spec``, each under SB3's ``Monitor``, in a ``DummyVecEnv`` (this
+    process) or, with ``cfg.ppo.vec_env: subproc``, a ``SubprocVecEnv`` (one process each). Env ``i``
+    is seeded ``seed + i`` either way, so both give the same episodes.
 
     With ``cfg.ppo.normalize_obs`` or ``normalize_reward`` the result is a ``VecNormalize``; pass
     ``normalizer`` (detached from its venv) to continue its statistics (resume, next phase).
     """
-    venv: VecEnv = DummyVecEnv(
-        [lambda: Monitor(make_env(spec, extra_kwargs=extra_kwargs, wrapper=wrapper)) for _ in range(cfg.ppo.n_envs)]
-    )
+    make = functools.partial(monitored, spec, extra_kwargs, wrapper, registered_at_run_time(spec.id))
+    venv: VecEnv = (SubprocVecEnv([make] * cfg.ppo.n_envs, start_method=START_METHOD)
+                    if cfg.ppo.vec_env == "subproc" else DummyVecEnv([make] * cfg.ppo.n_envs))
     venv.seed(seed)
     if normalizer is not None:
         normalizer.set_venv(venv)
@@ -73,11 +80,20 @@ def make_vec_env(
     return venv
 
 
-def first_env(venv: VecEnv) -> gym.Env:
-    """The first env inside a (possibly ``VecNormalize``-wrapped) ``DummyVecEnv``, with its wrappers."""
-    while not hasattr(venv, "envs"):
-        venv = venv.venv
-    return venv.envs[0]
+def monitored(
+    spec: TrainEnvConfig,
+    extra_kwargs: dict[str, Any] | None,
+    wrapper: Callable[[gym.Env], gym.Env] | None,
+    registration: dict[str, Any] | None,
+) -> gym.Env:
+    """One training env under SB3's ``Monitor``, in whichever process calls it.
+
+    :param registration: ``spec.id``'s ``register_id`` arguments when the parent process registered it
+        at run time; a subprocess (which knows only draftrl's ids) registers it first.
+    """
+    if registration is not None and registration["id"] not in gym.registry:
+        register_id(**registration)
+    return Monitor(make_env(spec, extra_kwargs=extra_kwargs, wrapper=wrapper))
 
 
 def detached(normalizer: VecNormalize | None) -> VecNormalize | None:

@@ -9,6 +9,7 @@ every fixed setting and writes ``train_summary.json``.
 
 from __future__ import annotations
 
+import contextlib
 import pickle
 import shutil
 from collections.abc import Callable, Sequence
@@ -28,7 +29,7 @@ from draftrl.policies.ppo import write_manifest
 from draftrl.runs import CHECKPOINTS_DIR, STATE_FILE, SUMMARY_FILE, VECNORMALIZE_FILE, checkpoints, portable_config
 from draftrl.train.callbacks import RolloutCheckpoint, ThroughputCallback, log_learning_curve, make_logger
 from draftrl.train.config import TrainConfig, TrainEnvConfig
-from draftrl.train.envs import detached, first_env
+from draftrl.train.envs import detached
 from draftrl.train.evaluation import evaluate_run
 from draftrl.train.state import Stopwatch, save_policy, versions
 
@@ -153,40 +154,44 @@ def learn_phases(
             continue
         # Different env seeds per session, so a resumed run does not replay the same episodes.
         venv = phase.make_venv(cfg.seed + num_timesteps, detached(normalizer))
-        phase_grids = env_grids(first_env(venv))
-        if grids is not None and phase_grids != grids:
-            raise ValueError(
-                f"phase {phase.name!r} offers grids/features {phase_grids}, the policy was trained on {grids}; "
-                "make every phase's env with the same depths, verify_sizes and features."
-            )
-        grids = phase_grids
-        _check_kind(kind, venv, phase.name)
-        if model is None:
-            if model_path is not None:
-                model = PPO.load(model_path, env=venv, device=cfg.ppo.device)
-                if checkpoint is None:
-                    model.num_timesteps = 0  # a new phase of co-training counts its own steps
-            else:
-                model = new_model(venv)
-        else:
-            model.set_env(venv)
-        model.set_logger(make_logger(directory, model.num_timesteps, wandb_run))
-        saver = RolloutCheckpoint(cfg.checkpoint_every, directory / "checkpoints", on_save=on_save)
         try:
-            model.learn(
-                total_timesteps=phase.until - model.num_timesteps,
-                callback=[saver, ThroughputCallback(reference), *callbacks],
-                reset_num_timesteps=False,
-                progress_bar=cfg.progress_bar,
-            )
-        except KeyboardInterrupt:  # Ctrl-C: keep what was learnt, so --resume continues from here
-            raise TrainingInterrupted(directory, saver.save_interrupted()) from None
+            phase_grids = env_grids(venv)  # the first env's, in this process or in its subprocess
+            if grids is not None and phase_grids != grids:
+                raise ValueError(
+                    f"phase {phase.name!r} offers grids/features {phase_grids}, the policy was trained on {grids}; "
+                    "make every phase's env with the same depths, verify_sizes and features."
+                )
+            grids = phase_grids
+            _check_kind(kind, venv, phase.name)
+            if model is None:
+                if model_path is not None:
+                    model = PPO.load(model_path, env=venv, device=cfg.ppo.device)
+                    if checkpoint is None:
+                        model.num_timesteps = 0  # a new phase of co-training counts its own steps
+                else:
+                    model = new_model(venv)
+            else:
+                model.set_env(venv)
+            model.set_logger(make_logger(directory, model.num_timesteps, wandb_run))
+            saver = RolloutCheckpoint(cfg.checkpoint_every, directory / "checkpoints", on_save=on_save)
+            try:
+                model.learn(
+                    total_timesteps=phase.until - model.num_timesteps,
+                    callback=[saver, ThroughputCallback(reference), *callbacks],
+                    reset_num_timesteps=False,
+                    progress_bar=cfg.progress_bar,
+                )
+            except KeyboardInterrupt:  # Ctrl-C: keep what was learnt, so --resume continues from here
+                raise TrainingInterrupted(directory, saver.save_interrupted()) from None
+        finally:  # ppo.vec_env=subproc: its processes end with the phase, however it ends; Ctrl-C or a
+            # crashed env may have ended them already (a broken pipe then), which must not hide why
+            with contextlib.suppress(OSError, EOFError):
+                venv.close()
         num_timesteps = model.num_timesteps
         normalizer = model.get_vec_normalize_env()
         if num_timesteps < phase.until:  # a callback stopped the session: resume from the last checkpoint
             return None
         saver.save()  # end of phase: weights, statistics and step count agree
-        venv.close()
 
     if model is None:  # every phase was already done: the newest checkpoint is the result
         assert checkpoint is not None, "no phase ran and there is no checkpoint"
@@ -199,9 +204,8 @@ def _check_kind(kind: str, venv: VecEnv, phase: str) -> None:
     if step_level != (kind == "depth"):
         want = ("a step-level env (Discrete(2): STOP/CONTINUE)" if kind == "depth"
                 else "a round-level env (MultiDiscrete)")
-        name = type(first_env(venv).unwrapped).__name__
         raise ValueError(
-            f"phase {phase!r}: a {kind} policy needs {want}, but {name} has {venv.action_space} actions; "
+            f"phase {phase!r}: a {kind} policy needs {want}, but its env has {venv.action_space} actions; "
             "check the env id in the config section this recipe trains on (env, depth_env or finetune_env)."
         )
 

@@ -47,7 +47,7 @@ def test_every_entry_registers_only_gymnasiums_keys():
         spec = gym.spec(entry["id"])
         assert (spec.entry_point, spec.kwargs, spec.max_episode_steps) == (
             entry["entry_point"], entry.get("kwargs", {}), entry["max_episode_steps"])
-        assert set(entry) - set(GYM_KEYS) <= {"section", "takes"}
+        assert set(entry) - set(GYM_KEYS) <= {"section", "takes", "holds_model"}
 
 
 @pytest.mark.parametrize("env_id", sorted(EXPECTED))
