@@ -193,6 +193,27 @@ def median(values: list[float]) -> float:
     return statistics.median(values)
 
 
+def replay_files(config: Any, work: Path, traces: str | None = None, cost_table: str | None = None) -> tuple[str, str]:
+    """``(traces, cost_table)`` for the replay envs of ``config`` (an ``EnvConfig``): the ones given, else
+    a quick calibration (few sizes, one repeat) and greedy traces recorded now in ``work``."""
+    import dataclasses as dc
+
+    from draftrl.config.commands import CalibrationConfig
+    from draftrl.decoding.build import build_engine
+    from draftrl.replay.calibrate import calibrate
+    from draftrl.replay.traces import collect
+
+    if cost_table is None:
+        quick = CalibrationConfig(num_tokens=(1, 2, 4, 8), contexts=(128, 512), widths=(config.width,), levels=2,
+                                  repeats=1)
+        cost_table = str(work / "costs.json")
+        calibrate(quick, dc.replace(config, temperature=0.0)).save(cost_table)
+    if traces is None:
+        engine, tokenizer = build_engine(config)
+        traces = str(collect(config, engine, tokenizer).save(work / "traces"))
+    return traces, cost_table
+
+
 @dataclass
 class Request:
     id: str

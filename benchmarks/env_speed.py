@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 import gymnasium as gym
-from _bench import Bench, common_flags, median, parse_args, rotate
+from _bench import Bench, common_flags, median, parse_args, replay_files, rotate
 
 import draftrl.envs  # noqa: F401  registers the env ids
 
@@ -70,24 +70,13 @@ def main() -> None:
     args = parse_args(parser, quick=dict(seconds=1.0, repeats=2))
     bench = Bench(args, __file__)
 
-    from draftrl.config.commands import CalibrationConfig
     from draftrl.config.env import load_env_config
     from draftrl.decoding.build import build_engine
-    from draftrl.replay.calibrate import calibrate
     from draftrl.replay.traces import collect
 
     config = load_env_config(args.config)
     work = Path(tempfile.mkdtemp(prefix="env_speed_"))
-    cost_table = args.cost_table
-    if cost_table is None:
-        quick = CalibrationConfig(num_tokens=(1, 2, 4, 8), contexts=(128, 512), widths=(config.width,), levels=2,
-                                  repeats=1)
-        cost_table = str(work / "costs.json")
-        calibrate(quick, dataclasses.replace(config, temperature=0.0)).save(cost_table)
-    traces = args.traces
-    if traces is None:
-        engine, tokenizer = build_engine(config)
-        traces = str(collect(config, engine, tokenizer).save(work / "traces"))
+    traces, cost_table = replay_files(config, work, args.traces, args.cost_table)
 
     live, replay = "draftrl/SpecDecode-v2", "draftrl/TraceReplay-v1"
     kwargs = {live: dict(config=config), "draftrl/SpecDecodeDepth-v2": dict(config=config),

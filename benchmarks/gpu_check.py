@@ -34,6 +34,17 @@ ends, a failed step is recorded with its error and the next one runs (exit statu
    for :attr:`Sizes.train_rounds` rounds, then its evaluation against every fixed setting.
 6. ``eval``: ``draftrl.eval.round.compare.run_eval`` on the held-out prompts: ``none``, ``best-grid``,
    ``heuristic`` and the trained policy, with the verdict. ``OUT/eval_report.md``.
+7. ``multi_gpu`` (issue 47), when two or more GPUs are visible: (a) ``hf_split``: the grid of step 4 on
+   the target split over two GPUs by ``env.device_map`` (an explicit per-layer map, :func:`layer_map`)
+   with the draft on the second (``env.draft_device``), and its verdict; (b) ``vllm_tp2``: vLLM serving
+   the target with ``tensor_parallel_size=2`` and vLLM's own ngram speculation (draftrl's proposer
+   refuses tensor parallelism, docs/scale.md), greedy, against plain vLLM on one GPU and on two, each
+   engine in a child process; the verdict by the rule of the dtype (bfloat16: a divergence is a
+   near-tie of the target's logits, read from the Hugging Face target). (b) says it skipped, and why,
+   where vLLM is not importable (the lent image holds none). On one GPU the step does not run and says
+   why. The dry run (``--cpu``) runs (a) over the same map with both halves on the CPU, accelerate's
+   hooks forced into every module (what a split over GPUs runs), and (b) skips. On a two-GPU machine
+   within the 10 minutes: ``--steps models,multi_gpu``.
 
 What comes back (7 files, within the device tool's 8): ``gpu_check.log`` (everything printed),
 ``results.json`` (the machine, every row, each step's status, seconds and details, the versions
@@ -49,7 +60,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -68,7 +81,7 @@ import torch
 from _bench import Bench, common_flags, fmt, parse_args
 
 ROOT = Path(__file__).resolve().parents[1]
-STEPS = ("exactness_tests", "models", "syncs", "grid", "train", "eval")
+STEPS = ("exactness_tests", "models", "syncs", "grid", "train", "eval", "multi_gpu")
 #: what the script writes in --out (``--overwrite`` removes these first)
 OWNED = ("gpu_check.log", "exactness_tests.xml", "grid.json", "train_summary.json", "eval_results.json",
          "eval_report.md")
@@ -249,6 +262,8 @@ class Context:
     specs: dict[str, str] = dataclasses.field(default_factory=dict)
     policy_dir: Path | None = None
     grid_path: Path | None = None
+    deadline: float = math.inf
+    """``time.perf_counter()`` past which no step part starts (``--budget-s``)"""
 
     def env(self, **changes: Any) -> dict[str, Any]:
         """The ``env`` section every step shares: the pair, bfloat16, temperature 0, the workload."""
@@ -364,11 +379,12 @@ def step_syncs(ctx: Context) -> dict[str, Any]:
     return result
 
 
-def _eval_config(ctx: Context, **sections: Any):
+def _eval_config(ctx: Context, env: dict[str, Any] | None = None, **sections: Any):
     from draftrl.config import from_dict
     from draftrl.eval.round.config import EvalConfig
 
-    return from_dict(EvalConfig, {"env": ctx.env(split=None, shuffle=False, depths=list(ctx.sizes.grid_depths)),
+    return from_dict(EvalConfig, {"env": ctx.env(split=None, shuffle=False, depths=list(ctx.sizes.grid_depths),
+                                                 **(env or {})),
                                   "wandb": {"mode": "disabled"}, **sections})
 
 
@@ -490,11 +506,146 @@ def step_eval(ctx: Context) -> dict[str, Any]:
     return summary
 
 
+def layer_map(layers: int, devices: tuple[str, str]) -> dict[str, str]:
+    """A Llama's modules over two devices, one entry per layer: the embeddings, the rotary embedding and
+    the first half of the layers on the first; the rest, the final norm and ``lm_head`` on the second."""
+    first, second = devices
+    return {"model.embed_tokens": first, "model.rotary_emb": first,
+            **{f"model.layers.{i}": first if i < layers // 2 else second for i in range(layers)},
+            "model.norm": second, "lm_head": second}
+
+
+def step_multi_gpu(ctx: Context) -> dict[str, Any]:
+    """The target over two devices: the HF engine split by ``env.device_map``, then vLLM with
+    ``tensor_parallel_size=2`` (module docstring, step 7)."""
+    gpus = torch.cuda.device_count() if ctx.mode == "cuda" else 0
+    if ctx.mode == "cuda" and gpus < 2:
+        raise StepNotRun(f"{gpus} GPU visible; the multi-GPU step needs two (CUDA_VISIBLE_DEVICES may hide some)")
+    devices = ("cuda:0", "cuda:1") if ctx.mode == "cuda" else ("cpu", "cpu")
+    hf = _hf_split(ctx, devices)
+    vllm = _vllm_tp2(ctx)
+    result = {"gpus": gpus, "devices": list(devices), "hf_split": hf, "vllm_tp2": vllm}
+    failed = [name for name, part in (("hf_split", hf), ("vllm_tp2", vllm)) if part["status"] == "failed"]
+    if failed:
+        raise StepFailed(f"{', '.join(failed)}: " + "; ".join(result[n]["error"] for n in failed), result)
+    return result
+
+
+def _hf_split(ctx: Context, devices: tuple[str, str]) -> dict[str, Any]:
+    """``run_grid`` (step 4's cells, one repeat, no anchors) on the target split by :func:`layer_map`
+    over ``devices``, the draft's weights on the second; its verdict, and where the weights went."""
+    from draftrl.decoding.build import load_target
+    from draftrl.eval.agreement import AgreementViolation
+    from draftrl.eval.round.grid import GRID_FILE, run_grid
+    from draftrl.models.placement import model_devices
+
+    mapping = layer_map(SHAPES[ctx.mode]["target"]["num_hidden_layers"], devices)
+    config = _eval_config(ctx, env={"device": devices[0], "device_map": mapping, "draft_device": devices[1]},
+                          grid={"depths": list(ctx.sizes.grid_depths), "repeats": 1}, eval={"anchors": False})
+    split = load_target(config.env, shared=False)  # its own copy, freed at the end of the step
+    if ctx.mode == "cpu":  # one device: transformers attaches no hooks; force them, as a split over GPUs runs them
+        from accelerate import dispatch_model
+
+        dispatch_model(split.model, device_map=mapping, main_device=devices[0], force_hooks=True)
+    placed = {"weights_on": [str(d) for d in model_devices(split.model)],
+              "hooked_modules": sum(hasattr(m, "_hf_hook") for m in split.model.modules())}
+    if placed["hooked_modules"] == 0 or (ctx.mode == "cuda" and len(placed["weights_on"]) < 2):
+        return {"status": "failed", "error": f"the map did not split the target: {placed}", **placed}
+    folder = ctx.work / "grid_split"
+    error = None
+    try:
+        run_grid(config, folder, target=split)
+    except AgreementViolation as err:  # written first; reported with the verdict
+        error = err
+    result = json.loads((folder / GRID_FILE).read_text())
+    one_device = json.loads(ctx.grid_path.read_text())["cells"] if ctx.grid_path is not None else {}
+    for name, cell in result["cells"].items():
+        same = one_device.get(name)
+        ctx.bench.row({"speedup_vs_none": cell["speedup_vs_none"],
+                       "split_vs_one_device": cell["tokens_per_second"] / same["tokens_per_second"] if same else None},
+                      {"tok_s": cell["tokens_per_second"], "tokens_per_round": cell["mean_tokens_per_round"]},
+                      step="multi_gpu", engine="hf_split", cell=name, devices="+".join(devices))
+    identity = result["exactness"]["greedy_identity"]
+    _verdict(ctx, identity)
+    del split
+    if ctx.mode == "cuda":
+        torch.cuda.empty_cache()
+    return {"status": "failed" if error else "passed", **({"error": str(error)} if error else {}), **placed,
+            "device_map": mapping, "draft_device": devices[1], "best": result["best"],
+            "cells": {k: {key: v.get(key) for key in ("speedup_vs_none", "tokens_per_second", "mean_tokens_per_round")}
+                      for k, v in result["cells"].items()},
+            "greedy_identity": {k: v for k, v in identity.items() if k != "divergences"},
+            "divergences": identity.get("divergences", [])[:10]}
+
+
+#: one vLLM engine in a child process (its workers and GPU memory end with it): greedy token ids as JSON
+VLLM_CHILD = """
+import json, sys
+from vllm import LLM, SamplingParams
+a = json.loads(sys.argv[1])
+llm = LLM(model=a["model"], tensor_parallel_size=a["tp"], dtype=a["dtype"], gpu_memory_utilization=0.4, seed=0,
+          max_model_len=a["max_model_len"], speculative_config=a["spec"])
+outs = llm.generate([{"prompt_token_ids": ids} for ids in a["prompts"]],
+                    SamplingParams(temperature=0.0, max_tokens=a["max_tokens"], ignore_eos=True))
+print("TOKENS " + json.dumps([list(o.outputs[0].token_ids) for o in outs]))
+"""
+#: vLLM's own n-gram speculation (draftrl's proposer refuses tensor parallelism)
+VLLM_NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+
+
+def _vllm_tp2(ctx: Context) -> dict[str, Any]:
+    """vLLM on the target's folder: plain on one GPU, plain and ngram-speculative on two; each compared
+    with plain on one GPU under the dtype's rule (margins from the Hugging Face target)."""
+    if importlib.util.find_spec("vllm") is None:
+        return {"status": "skipped", "why": f"vLLM is not importable in {sys.executable} (the lent GPU image "
+                                            "holds none; its CPU build's tensor parallelism is checked in "
+                                            "tests/byo/test_byo_tensor_parallel.py)"}
+    if ctx.mode == "cpu":
+        return {"status": "skipped", "why": "the dry run: vLLM's tensor parallelism here needs two GPUs"}
+    from draftrl.decoding.workload import encode
+    from draftrl.eval.agreement import GreedyAgreement
+    from draftrl.prompts import load_prompts
+
+    s = ctx.sizes
+    prompts = [p for p in load_prompts() if p.language in s.languages and p.task in s.tasks][:4]
+    ids = [list(encode(ctx.target.tokenizer, p.prompt, True)) for p in prompts]
+    runs: dict[str, Any] = {}
+    for name, tp, spec in (("plain_tp1", 1, None), ("plain_tp2", 2, None), ("ngram_tp2", 2, VLLM_NGRAM)):
+        left = ctx.deadline - time.perf_counter()
+        if left < 60:
+            return {"status": "skipped", "why": f"budget: {left:.0f} s left before {name}", "runs": runs}
+        arg = json.dumps({"model": ctx.specs["target"], "tp": tp, "dtype": ctx.dtype, "spec": spec, "prompts": ids,
+                          "max_tokens": s.max_new_tokens, "max_model_len": 4096})
+        t0 = time.perf_counter()
+        try:
+            done = subprocess.run([sys.executable, "-c", VLLM_CHILD, arg], capture_output=True, text=True,
+                                  timeout=left + 60)
+        except subprocess.TimeoutExpired:
+            return {"status": "failed", "error": f"{name} ran past the budget", "runs": runs}
+        line = next((x for x in done.stdout.splitlines() if x.startswith("TOKENS ")), None)
+        if done.returncode != 0 or line is None:
+            tail = (done.stderr or done.stdout)[-1500:]
+            print(tail, flush=True)
+            return {"status": "failed", "error": f"{name} exited {done.returncode}", "runs": runs, "stderr": tail}
+        runs[name] = {"tokens": json.loads(line[len("TOKENS "):]), "seconds": time.perf_counter() - t0}
+        ctx.bench.row({}, {"seconds": runs[name]["seconds"]}, step="multi_gpu", engine="vllm", run=name, tp=tp)
+    agreement = GreedyAgreement(ctx.target.model, ctx.dtype, raise_at_once=False, tokenizer=ctx.target.tokenizer)
+    for name in ("plain_tp2", "ngram_tp2"):
+        for prompt, prompt_ids, ref, out in zip(prompts, ids, runs["plain_tp1"]["tokens"], runs[name]["tokens"]):
+            agreement.compare(name, prompt.id, prompt_ids, ref, out, what=f"vLLM {name} vs plain_tp1")
+    verdict = agreement.verdict()
+    _verdict(ctx, verdict)
+    return {"status": "passed" if verdict["passed"] else "failed",
+            **({} if verdict["passed"] else {"error": "a divergence beyond rounding (verdict)"}),
+            "speculative_config": VLLM_NGRAM, "seconds": {k: v["seconds"] for k, v in runs.items()},
+            "greedy_identity": verdict}
+
+
 STEP_FUNCTIONS: dict[str, Callable[[Context], dict[str, Any]]] = {
     "exactness_tests": step_exactness_tests, "models": step_models, "syncs": step_syncs, "grid": step_grid,
-    "train": step_train, "eval": step_eval}
+    "train": step_train, "eval": step_eval, "multi_gpu": step_multi_gpu}
 #: steps that need the models
-NEEDS_MODELS = ("syncs", "grid", "train", "eval")
+NEEDS_MODELS = ("syncs", "grid", "train", "eval", "multi_gpu")
 
 
 class StepFailed(RuntimeError):
@@ -503,6 +654,10 @@ class StepFailed(RuntimeError):
     def __init__(self, message: str, details: dict[str, Any]):
         super().__init__(message)
         self.details = details
+
+
+class StepNotRun(RuntimeError):
+    """The step does not apply to this machine (the message says why): recorded as not run, not a failure."""
 
 
 # ---------------------------------------------------------------------------------------------- main
@@ -558,9 +713,9 @@ def main() -> None:
                          "name a new one.")
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="gpu_check_"))
     work.mkdir(parents=True, exist_ok=True)
-    ctx = Context(bench, args, device, mode, sizes, work, bench.out)
-    bench.note(f"gpu check: mode={mode}  steps={','.join(steps)}  work={work}  sizes={dataclasses.asdict(sizes)}")
     started = time.perf_counter()
+    ctx = Context(bench, args, device, mode, sizes, work, bench.out, deadline=started + args.budget_s)
+    bench.note(f"gpu check: mode={mode}  steps={','.join(steps)}  work={work}  sizes={dataclasses.asdict(sizes)}")
     records: dict[str, dict[str, Any]] = {}
 
     def save() -> None:
@@ -588,6 +743,10 @@ def main() -> None:
             torch.cuda.reset_peak_memory_stats()
         try:
             details, status, error = STEP_FUNCTIONS[name](ctx), "passed", None
+        except StepNotRun as err:
+            records[name] = {"status": "not run", "why": str(err)}
+            bench.note(f"step {name}: not run ({err})")
+            continue
         except StepFailed as err:
             details, status, error = err.details, "failed", str(err)
         except Exception as err:

@@ -9,8 +9,8 @@
 #   bash benchmarks/gpu_check.sh --out DIR [--overwrite] [gpu_check.py flags]   # on the GPU machine
 #   bash benchmarks/gpu_check.sh --cpu --out DIR            # the dry run: the same steps, tiny shapes, on a CPU
 #
-# All of them, for a machine with torch and transformers alone: 62.5 MB (59.6 MiB), measured with
-# --download-wheels. A machine that holds some (this workplace's lent H100 lists all but gymnasium,
+# All of them, for a machine with torch and transformers alone: 63.0 MB (62.5 MB measured with
+# --download-wheels before accelerate and psutil joined, which add 0.54 MB). A machine that holds some (this workplace's lent H100 lists all but gymnasium,
 # Farama-Notifications, stable-baselines3 and tzdata: 1.02 MB) needs only the others: the script
 # installs each wheel of .whl/ whose distribution the machine lacks (pip --no-index --no-deps into a
 # folder of its own, $DRAFTRL_SITE, default /tmp/draftrl_site) and runs with WANDB_MODE=disabled and
@@ -26,10 +26,11 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 DRY=""  # the dry run's Python, a temporary folder
 # What the check imports beyond torch, transformers and their requirements, with what those require:
-# the RL stack, scipy (the exactness monitor), matplotlib (grid's and eval's plots), pytest; the
-# versions draftrl's tests ran with here.
+# the RL stack, scipy (the exactness monitor), accelerate (transformers' device_map: the multi-GPU
+# step's split target), matplotlib (grid's and eval's plots), pytest; the versions draftrl's tests ran
+# with here.
 WHEELS=(gymnasium==1.4.0 farama-notifications==0.0.6 cloudpickle==3.1.3 stable-baselines3==2.9.2
-        scipy==1.17.1
+        scipy==1.17.1 accelerate==1.16.0 psutil==7.2.2
         matplotlib==3.11.2 contourpy==1.3.3 cycler==0.12.1 fonttools==4.69.1 kiwisolver==1.5.1 pillow==13.0.0
         pyparsing==3.3.3 python-dateutil==4.0.0 tzdata==2026.6
         pytest==9.2.0 pluggy==1.7.0 iniconfig==2.3.1)

@@ -1,8 +1,8 @@
 """``benchmarks/gpu_check.sh``'s dry run, so that the GPU check cannot rot while no GPU runs it.
 
 The dry run runs every step of the GPU check (the CUDA tests, random-weight models saved and loaded,
-host-sync counts, the bf16 grid, PPO on the real engine, the evaluation) with tiny shapes on the
-CPU, in a Python that holds only what the GPU machine is sure to hold plus the carried wheels: an
+host-sync counts, the bf16 grid, PPO on the real engine, the evaluation, the multi-GPU step's split
+target over a per-layer map with both halves on the CPU) with tiny shapes on the CPU, in a Python that holds only what the GPU machine is sure to hold plus the carried wheels: an
 import that the wheel list misses fails it. The negative control: that Python, built without the
 carried wheels, cannot import what they carry.
 """
@@ -17,7 +17,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "gpu_check.sh"
-STEPS = ("exactness_tests", "models", "syncs", "grid", "train", "eval")
+STEPS = ("exactness_tests", "models", "syncs", "grid", "train", "eval", "multi_gpu")
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
@@ -46,6 +46,13 @@ def test_the_dry_run_runs_every_step_in_a_python_holding_what_the_gpu_machine_ho
     assert steps["train"]["num_timesteps"] >= sizes["train_rounds"]
     assert set(steps["eval"]["policies"]) == {"none", "heuristic", "best-grid", "ppo"}
     assert steps["eval"]["exactness"]["passed"]
+    split = steps["multi_gpu"]["hf_split"]  # the dry variant: the per-layer map over cpu, accelerate's hooks forced
+    assert split["status"] == "passed" and split["hooked_modules"] > 0 and split["weights_on"] == ["cpu"]
+    assert split["device_map"]["model.layers.0"] == split["device_map"]["lm_head"] == split["draft_device"] == "cpu"
+    assert set(split["cells"]) == set(steps["grid"]["cells"]) and split["greedy_identity"]["passed"]
+    assert split["greedy_identity"]["comparisons"] > 0 and split["greedy_identity"]["num_violations"] == 0
+    vllm = steps["multi_gpu"]["vllm_tp2"]
+    assert vllm["status"] == "skipped" and "vLLM is not importable" in vllm["why"]
     used = ("torch", "transformers", "gymnasium", "stable-baselines3", "scipy", "matplotlib", "pytest")
     assert all(result["versions"][name] for name in used), result["versions"]
     assert {p.name for p in out.iterdir()} == {"results.json", "gpu_check.log", "exactness_tests.xml", "grid.json",
