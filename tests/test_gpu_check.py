@@ -2,8 +2,9 @@
 
 The dry run runs every step of the GPU check (the CUDA tests, random-weight models saved and loaded,
 host-sync counts, the bf16 grid, PPO on the real engine, the evaluation, the multi-GPU step's split
-target over a per-layer map with both halves on the CPU) with tiny shapes on the CPU, in a Python that holds only what the GPU machine is sure to hold plus the carried wheels: an
-import that the wheel list misses fails it. The negative control: that Python, built without the
+target over a per-layer map with both halves on the CPU) with tiny shapes on the CPU, in a Python
+that holds only what the GPU machine is sure to hold plus the carried wheels: an import that the
+wheel list misses fails it. The negative control: that Python, built without the
 carried wheels, cannot import what they carry.
 """
 
