@@ -8,7 +8,8 @@ in a fresh random order; each arm starts its envs (``start_s``: processes, impor
 the first reset), steps them with random actions for ``--seconds`` (``steps_per_s``: env steps, all
 envs together), then trains a fresh PPO (``draftrl.train.ppo_size.new_ppo``, ``cfg.ppo``) for
 ``--timesteps`` (``ppo_s``: rollouts and updates; the start not included). Medians over repeats;
-ratios against ``dummy`` at the same ``n_envs``.
+ratios against ``dummy`` at the same ``n_envs``. One env is made in this process first, as the recipes
+do; the forkserver's own start (once per process) is in its first arm's ``start_s`` only.
 
     python benchmarks/vec_env_speed.py --quick
     python benchmarks/vec_env_speed.py --n-envs 2,4 --repeats 3
@@ -75,6 +76,11 @@ def main() -> None:
     traces, cost_table = replay_files(load_env_config(args.config), Path(tempfile.mkdtemp(prefix="vec_env_speed_")),
                                       args.traces, args.cost_table)
     methods = [m for m in args.start_methods.split(",") if m]
+    from draftrl.train.envs import make_env
+
+    probe = load_config(TrainConfig, args.config, ["env.id=draftrl/TraceReplay-v1", f"env.traces={traces}",
+                                                   f"env.cost_table={cost_table}"])
+    make_env(probe.env).close()  # as the recipes do before their training envs (what forkserver preloads)
     arms = {}
     for n in (int(v) for v in args.n_envs.split(",")):
         for vec, method in [("dummy", None), *(("subproc", m) for m in methods)]:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import functools
+import multiprocessing
 import pickle
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -16,8 +18,11 @@ from draftrl.config import to_dict
 from draftrl.envs.ids import make_kwargs, register_id, registered_at_run_time
 from draftrl.train.config import TrainConfig, TrainEnvConfig
 
-#: How ``ppo.vec_env: subproc`` starts its processes: a fresh interpreter forked from a clean server
-#: (SB3's default), never a fork of this process, whose torch and OpenMP threads a fork does not copy.
+#: How ``ppo.vec_env: subproc`` starts its processes: forked from a clean server process (SB3's
+#: default), never from this one, whose threads (torch's, wandb's, the progress bar's) a fork does not
+#: copy. The server first imports the draftrl modules this process has imported (the recipes make an
+#: env in-process first, so the env's engine, scipy, transformers, torch, SB3 are among them); without
+#: that every env imported them itself (benchmarks/README.md, ``vec_env_speed.py``).
 START_METHOD = "forkserver"
 
 
@@ -65,8 +70,13 @@ def make_vec_env(
     ``normalizer`` (detached from its venv) to continue its statistics (resume, next phase).
     """
     make = functools.partial(monitored, spec, extra_kwargs, wrapper, registered_at_run_time(spec.id))
-    venv: VecEnv = (SubprocVecEnv([make] * cfg.ppo.n_envs, start_method=START_METHOD)
-                    if cfg.ppo.vec_env == "subproc" else DummyVecEnv([make] * cfg.ppo.n_envs))
+    if cfg.ppo.vec_env == "subproc":
+        if START_METHOD == "forkserver":  # read when the server starts (the first SubprocVecEnv), then kept
+            imported = sorted(m for m in sys.modules if m.startswith("draftrl.") and m != "draftrl.__main__")
+            multiprocessing.get_context("forkserver").set_forkserver_preload(["__main__", __name__, *imported])
+        venv: VecEnv = SubprocVecEnv([make] * cfg.ppo.n_envs, start_method=START_METHOD)
+    else:
+        venv = DummyVecEnv([make] * cfg.ppo.n_envs)
     venv.seed(seed)
     if normalizer is not None:
         normalizer.set_venv(venv)
