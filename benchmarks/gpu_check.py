@@ -519,8 +519,6 @@ def step_multi_gpu(ctx: Context) -> dict[str, Any]:
     """The target over two devices: the HF engine split by ``env.device_map``, then vLLM with
     ``tensor_parallel_size=2`` (module docstring, step 7)."""
     gpus = torch.cuda.device_count() if ctx.mode == "cuda" else 0
-    if ctx.mode == "cuda" and gpus < 2:
-        raise StepNotRun(f"{gpus} GPU visible; the multi-GPU step needs two (CUDA_VISIBLE_DEVICES may hide some)")
     devices = ("cuda:0", "cuda:1") if ctx.mode == "cuda" else ("cpu", "cpu")
     hf = _hf_split(ctx, devices)
     vllm = _vllm_tp2(ctx)
@@ -656,8 +654,12 @@ class StepFailed(RuntimeError):
         self.details = details
 
 
-class StepNotRun(RuntimeError):
-    """The step does not apply to this machine (the message says why): recorded as not run, not a failure."""
+def why_not_here(name: str, mode: str) -> str | None:
+    """Why step ``name`` does not apply to this machine (recorded as not run, no failure), or None."""
+    gpus = torch.cuda.device_count() if mode == "cuda" else 0
+    if name == "multi_gpu" and mode == "cuda" and gpus < 2:
+        return f"{gpus} GPU visible; the multi-GPU step needs two (CUDA_VISIBLE_DEVICES may hide some)"
+    return None
 
 
 # ---------------------------------------------------------------------------------------------- main
@@ -727,6 +729,11 @@ def main() -> None:
         if name not in steps:
             records[name] = {"status": "not run", "why": "not in --steps"}
             continue
+        why = why_not_here(name, mode)  # before the budget: a step that cannot run here fails nothing
+        if why is not None:
+            records[name] = {"status": "not run", "why": why}
+            bench.note(f"step {name}: not run ({why})")
+            continue
         elapsed = time.perf_counter() - started
         if elapsed > args.budget_s:
             records[name] = {"status": "skipped",
@@ -743,10 +750,6 @@ def main() -> None:
             torch.cuda.reset_peak_memory_stats()
         try:
             details, status, error = STEP_FUNCTIONS[name](ctx), "passed", None
-        except StepNotRun as err:
-            records[name] = {"status": "not run", "why": str(err)}
-            bench.note(f"step {name}: not run ({err})")
-            continue
         except StepFailed as err:
             details, status, error = err.details, "failed", str(err)
         except Exception as err:

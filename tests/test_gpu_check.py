@@ -76,3 +76,19 @@ def test_the_dry_runs_python_lacks_what_the_carried_wheels_bring(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["False"] * 6
+
+
+def test_the_multi_gpu_step_does_not_run_on_one_gpu_and_says_why(monkeypatch):
+    """Checked before the time guard, so one GPU or a spent budget never fails the check through it."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import gpu_check
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert gpu_check.why_not_here("multi_gpu", "cuda").startswith("1 GPU visible; the multi-GPU step needs two")
+    assert gpu_check.why_not_here("grid", "cuda") is None and gpu_check.why_not_here("multi_gpu", "cpu") is None
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert gpu_check.why_not_here("multi_gpu", "cuda") is None
+    mapping = gpu_check.layer_map(4, ("cuda:0", "cuda:1"))
+    assert [mapping[f"model.layers.{i}"] for i in range(4)] == ["cuda:0", "cuda:0", "cuda:1", "cuda:1"]
+    assert mapping["model.embed_tokens"] == "cuda:0" and mapping["lm_head"] == mapping["model.norm"] == "cuda:1"

@@ -3,8 +3,8 @@
 Env ``i`` is seeded ``seed + i`` in both, and each env's episodes depend only on its seed, so the same
 config gives the same rollouts, the same logged episode statistics and the same weights, bit for bit.
 The negative control (another seed) shows that the comparison can fail. Runs on synthetic serving
-recordings (``ServeReplay-v1``, a replay: no model) and on an analytic id that only this process
-registered (the subprocesses register it again).
+recordings (``ServeReplay-v1``, a replay: no model), on an analytic id that only this process
+registered (the subprocesses register it again) and through co-training's two policies.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from draftrl.config import load_config
 from draftrl.envs.ids import holds_model, register_id
 from draftrl.io import write_json
 from draftrl.runs import LOGS_DIR
-from draftrl.train import ppo_size
+from draftrl.train import cotrain, ppo_size
 from draftrl.train.config import TrainConfig
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "serve_replay_cpu.yaml"
@@ -88,6 +88,19 @@ def test_subproc_registers_a_run_time_id_in_its_processes(tmp_path):
             f"ppo.vec_env={name}"])
         ppo_size.train(cfg, tmp_path / name)
     assert np.array_equal(weights(tmp_path / "dummy"), weights(tmp_path / "subproc"))
+
+
+def test_subproc_cotrains_exactly_as_dummy(tmp_path):
+    """Co-training's size phase wraps each env in ``FrozenDepthEnv`` around the frozen depth policy: the
+    wrapper (a closure holding the policy's folder) travels to the subprocesses and plays the same rounds."""
+    analytic = json.dumps({"regimes": [0.9, 0.2], "regime_switch": 0.1, "draft_cost": 0.1, "signal_noise": 0.15})
+    for name in ("dummy", "subproc"):
+        cotrain.train(load_config(TrainConfig, None, [
+            "recipe=cotrain", "depth_env.id=tests/AnalyticDepth-v0", "cotrain_rounds=1", "total_timesteps=256",
+            "ppo.n_envs=2", "ppo.n_steps=64", "checkpoint_every=256", "eval_episodes=1", "baselines=[]",
+            "progress_bar=false", f"depth_env.analytic={analytic}", f"ppo.vec_env={name}"]), tmp_path / name)
+    for policy in ("depth", "size"):
+        assert np.array_equal(weights(tmp_path / "dummy" / policy), weights(tmp_path / "subproc" / policy)), policy
 
 
 def test_vec_env_is_checked():
