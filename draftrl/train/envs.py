@@ -72,7 +72,7 @@ def make_vec_env(
     make = functools.partial(monitored, spec, extra_kwargs, wrapper, registered_at_run_time(spec.id))
     if cfg.ppo.vec_env == "subproc":
         if START_METHOD == "forkserver":  # read when the server starts (the first SubprocVecEnv), then kept
-            imported = sorted(m for m in sys.modules if m.startswith("draftrl.") and m != "draftrl.__main__")
+            imported = sorted(m for m in sys.modules if m.partition(".")[0] == "draftrl" and "__main__" not in m)
             multiprocessing.get_context("forkserver").set_forkserver_preload(["__main__", __name__, *imported])
         venv: VecEnv = SubprocVecEnv([make] * cfg.ppo.n_envs, start_method=START_METHOD)
     else:
