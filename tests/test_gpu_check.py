@@ -92,3 +92,43 @@ def test_the_multi_gpu_step_does_not_run_on_one_gpu_and_says_why(monkeypatch):
     mapping = gpu_check.layer_map(4, ("cuda:0", "cuda:1"))
     assert [mapping[f"model.layers.{i}"] for i in range(4)] == ["cuda:0", "cuda:0", "cuda:1", "cuda:1"]
     assert mapping["model.embed_tokens"] == "cuda:0" and mapping["lm_head"] == mapping["model.norm"] == "cuda:1"
+
+
+def test_the_vllm_half_compares_engines_under_the_dtype_rule(monkeypatch, tmp_path):
+    """``_vllm_tp2`` with its engines' child processes replaced by canned greedy outputs: identical
+    outputs pass; a token changed in the ngram run is a divergence whose target margin (a bfloat16
+    random model, no near-tie) makes it a violation, so the part fails."""
+    import subprocess as sp
+    from types import SimpleNamespace
+
+    import torch
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import gpu_check
+
+    tokenizer = gpu_check.build_tokenizer()
+    model = gpu_check.build_model(gpu_check.SHAPES["cpu"]["target"], "cpu", torch.bfloat16, 0)
+    notes: list[str] = []
+    ctx = SimpleNamespace(mode="cuda", dtype="bfloat16", sizes=gpu_check.SIZES["cpu"], deadline=float("inf"),
+                          specs={"target": str(tmp_path)}, target=SimpleNamespace(model=model, tokenizer=tokenizer),
+                          bench=SimpleNamespace(row=lambda *a, **k: None, note=notes.append))
+    monkeypatch.setattr(gpu_check.importlib.util, "find_spec", lambda name: object())
+
+    def engines(changed: int | None):
+        def run(command, **kwargs):
+            arg = json.loads(command[-1])
+            tokens = [[5 + i, 6, 7, 8] for i in range(len(arg["prompts"]))]
+            if changed is not None and arg["spec"] is not None:
+                tokens[0][2] = changed
+            return sp.CompletedProcess(command, 0, stdout="log line\nTOKENS " + json.dumps(tokens), stderr="")
+        return run
+
+    monkeypatch.setattr(gpu_check.subprocess, "run", engines(None))
+    same = gpu_check._vllm_tp2(ctx)
+    assert same["status"] == "passed" and same["greedy_identity"]["identical"] == same["greedy_identity"]["comparisons"]
+    assert same["greedy_identity"]["per_setting"].keys() == {"plain_tp2", "ngram_tp2"}
+    monkeypatch.setattr(gpu_check.subprocess, "run", engines(90_000))
+    changed = gpu_check._vllm_tp2(ctx)
+    divergence = changed["greedy_identity"]["divergences"][0]
+    assert changed["status"] == "failed" and divergence["setting"] == "ngram_tp2" and divergence["position"] == 2
+    assert not divergence["near_tie"] and any("VIOLATION" in line for line in notes)
