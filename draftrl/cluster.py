@@ -67,14 +67,24 @@ def start(address: str, workers: int):
 def actors(worker_class: type, args: tuple, *, address: str = LOCAL, workers: int = 2,
            gpus_per_worker: float = 0.0) -> Iterator[tuple[Any, list]]:
     """``(ray, [actor, ...])``: ``workers`` actors of ``worker_class(*args)``, each with one CPU and
-    ``gpus_per_worker`` GPUs (Ray sets its ``CUDA_VISIBLE_DEVICES``); a local cluster stops on exit."""
+    ``gpus_per_worker`` GPUs (Ray sets its ``CUDA_VISIBLE_DEVICES``). A local cluster this call started
+    stops on exit; one already running in this process (a caller's, a test module's) is left running,
+    its actors killed."""
+    import sys
+
+    running = "ray" in sys.modules and sys.modules["ray"].is_initialized()  # not imported before start() sets it up
     ray = start(address, workers)
+    pool: list = []
     try:
         remote = ray.remote(num_cpus=1, num_gpus=gpus_per_worker, max_restarts=0)(worker_class)
-        yield ray, [remote.remote(*args) for _ in range(workers)]
+        pool = [remote.remote(*args) for _ in range(workers)]
+        yield ray, pool
     finally:
-        if address == LOCAL:
+        if address == LOCAL and not running:
             ray.shutdown()
+        else:
+            for actor in pool:
+                ray.kill(actor)
 
 
 def device_kinds(ray, pool: list) -> list[str]:
