@@ -23,7 +23,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "draftrl"
 
 #: Modules below everything: any layer may import them, they import only each other.
-BASE: tuple[str, ...] = ("draftrl", "draftrl.config", "draftrl.io", "draftrl.deps", "draftrl.prompts", "draftrl.runs")
+BASE: tuple[str, ...] = ("draftrl", "draftrl.config", "draftrl.io", "draftrl.deps", "draftrl.prompts", "draftrl.runs",
+                         "draftrl.cluster")
 #: Each layer (a subpackage of draftrl) and the layers it may import besides itself and the base.
 MAY_IMPORT: dict[str, set[str]] = {
     "signals": set(),

@@ -176,6 +176,17 @@ def add_ignore_eos(parser: argparse.ArgumentParser) -> None:
           help="decode every request to its max_new_tokens past EOS, as vLLM's ignore_eos (sets env.ignore_eos)")
 
 
+def add_ray(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--ray [ADDRESS]``, ``--ray-workers N``, ``--ray-gpus G`` (``draftrl.cluster``)."""
+    parser.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
+                        help=f"{what} (pip install \"draftrl[ray]\"): the cluster at ADDRESS, or a local one on "
+                             "127.0.0.1; the same files as one process")
+    parser.add_argument("--ray-workers", type=int, default=2,
+                        help="--ray: workers, each loading the engine once (default 2)")
+    parser.add_argument("--ray-gpus", type=float, default=0.0,
+                        help="--ray: GPUs per worker (num_gpus; a target split over GPUs: all of them; default 0, CPU)")
+
+
 def add_json(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout instead of tables")
 

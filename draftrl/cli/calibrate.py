@@ -58,6 +58,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--rounds", type=int, default=SIZES.rounds,
                    help="vllm: shuffled passes over the cells (spreads load drift)")
     _options.add_vllm_engine(p)
+    _options.add_ray(p, "vllm: share the cells out over Ray workers, each with its own engine")
     _options.add_out(p, "write the cost table JSON here", required=False)
     _options.add_json(p)
     p.set_defaults(func=run)
@@ -104,9 +105,21 @@ def run_vllm(args: argparse.Namespace) -> int:
     sizes = CalibrationSizes(batch_sizes=args.batch_sizes, depths=args.depths, steps=args.steps,
                              prefill_lens=args.prefill_lens, prefill_batch_sizes=args.prefill_batch_sizes,
                              rounds=args.rounds)
-    result = calibrate_model(cfg.env.target, sizes, dtype=cfg.env.dtype, threads=cfg.threads, seed=cfg.seed,
-                             drafter=cfg.env.drafter if needs_head(cfg.env.drafter) else None,
-                             **engine, progress=lambda msg: print(f"[calibrate] {msg}", file=sys.stderr))
+    engine.update(dtype=cfg.env.dtype, threads=cfg.threads, drafter=cfg.env.drafter if needs_head(cfg.env.drafter)
+                  else None)
+
+    def progress(msg: str) -> None:
+        print(f"[calibrate] {msg}", file=sys.stderr)
+
+    if args.ray is not None:
+        from draftrl.cluster import check_request
+        from draftrl.replay.ray_calibrate import calibrate_on_ray
+
+        check_request(args.ray_workers, args.ray_gpus, "cpu")
+        result = calibrate_on_ray(cfg.env.target, sizes, address=args.ray, workers=args.ray_workers,
+                                  gpus_per_worker=args.ray_gpus, seed=cfg.seed, progress=progress, **engine)
+    else:
+        result = calibrate_model(cfg.env.target, sizes, seed=cfg.seed, progress=progress, **engine)
     if args.out:
         write_json(args.out, result)
     f = result["fit"]
@@ -129,6 +142,9 @@ def run(args: argparse.Namespace) -> int:
                          "choose another --out.")
     if args.engine == "vllm":
         return run_vllm(args)
+    if args.ray is not None:
+        raise ValueError("--ray shares out the cells of --engine vllm calibrations; the --engine hf cost table times "
+                         "every cell against its neighbours on one device (minutes): drop --ray.")
     _options.refuse_vllm_engine(args, "draftrl calibrate")
     cfg = config(args)
     _options.set_threads(cfg.threads)

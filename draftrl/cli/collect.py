@@ -48,13 +48,7 @@ def add_parser(subparsers) -> None:
                         "env.temperature_mix); the env section is then a ServeConfig (the same workload keys, e.g. "
                         "--set env.split=heldout)")
     _options.add_vllm_engine(p)
-    p.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
-                   help="hf: share the prompts out over Ray workers (pip install \"draftrl[ray]\"): the cluster at "
-                        "ADDRESS, or a local one on 127.0.0.1; the same files as one process")
-    p.add_argument("--ray-workers", type=int, default=2,
-                   help="--ray: workers, each loading the engine once (default 2)")
-    p.add_argument("--ray-gpus", type=float, default=0.0,
-                   help="--ray: GPUs per worker (num_gpus; a target split over GPUs: all of them; default 0, CPU)")
+    _options.add_ray(p, "hf: share the prompts out over Ray workers")
     _options.add_json(p)
     p.set_defaults(func=run)
 
@@ -123,13 +117,10 @@ def run_vllm(args: argparse.Namespace) -> int:
 
 def run_ray(args: argparse.Namespace, cfg, partial: Path):
     """``--ray``: the prompts shared out over Ray workers (``draftrl.replay.ray_collect``)."""
+    from draftrl.cluster import check_request
     from draftrl.replay.ray_collect import collect_on_ray
 
-    if args.ray_workers < 1 or args.ray_gpus < 0:
-        raise ValueError(f"--ray-workers {args.ray_workers} must be >= 1 and --ray-gpus {args.ray_gpus} >= 0.")
-    if cfg.env.device.startswith("cuda") and args.ray_gpus == 0:
-        raise ValueError(f"env.device={cfg.env.device!r} with --ray-gpus 0: Ray gives a worker GPUs only when asked; "
-                         "pass --ray-gpus 1 (or the GPUs one worker's target spans).")
+    check_request(args.ray_workers, args.ray_gpus, cfg.env.device)
 
     def progress(index, done, total, pid):
         print(f"[collect] {done}/{total} prompt {index} (worker {pid})", file=sys.stderr, flush=True)

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from draftrl.cli import _options
 from draftrl.cli._output import exactness_failure, progress_bar
-from draftrl.cli.grid import add_eval_options, config, print_greedy_verdict
+from draftrl.cli.grid import add_eval_options, config, print_greedy_verdict, ray_shards
 from draftrl.eval.policy_names import accepted_names
 
 #: ``--engine vllm``'s policies without ``--policies``.
@@ -71,12 +71,16 @@ def add_parser(subparsers) -> None:
     _options.add_retired(p, "--head", "the head is part of the drafter spec: --drafter eagle3:{value} (every policy "
                          "drafts with it) or one policy's @eagle3:{value} (e.g. vllm-eagle3:2@eagle3:{value})")
     _options.add_vllm_engine(p)
+    _options.add_ray(p, "hf: share the held-out requests out over Ray workers")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     _options.refuse_retired(args)
     if args.engine == "vllm":
+        if args.ray is not None:
+            raise ValueError("--ray shares out --engine hf evaluations only (vLLM batches its own requests under "
+                             "load; one engine per command); drop it.")
         return run_vllm(args)
     _options.refuse_vllm_engine(args, "draftrl eval")
     from draftrl.decoding.monitor import ExactnessViolation
@@ -103,9 +107,9 @@ def run(args: argparse.Namespace) -> int:
     prepare_out(args.out, OUTPUTS, overwrite=args.overwrite, command="eval")  # before any model loads
 
     try:
-        with progress_bar("eval", not args.quiet) as update:
+        with ray_shards(args, cfg, "eval") as shards, progress_bar("eval", not args.quiet) as update:
             results = run_eval(cfg, args.out, policies=policies, grid_path=args.grid, config_path=args.config,
-                               progress=update)
+                               progress=update, shards=shards)
     except (ExactnessViolation, GreedyMismatch) as err:
         code = exactness_failure("eval", err)
         print(f"partial results in {args.out}/results.json", file=sys.stderr)

@@ -11,6 +11,7 @@ as a wandb sweep whose agents run the ``--cell`` form) and one wandb run holding
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 
 from draftrl.cli import _options
@@ -51,13 +52,29 @@ def add_parser(subparsers) -> None:
     _options.keyed(p, "--no-monitor", key="eval.monitor", action="store_const", const=False,
                    help="skip the exactness monitor at temperature > 0")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    _options.add_ray(p, "share the tune requests out over Ray workers")
     p.set_defaults(func=run)
+
+
+def ray_shards(args: argparse.Namespace, cfg, command: str):
+    """``--ray``: the workers of ``draftrl.eval.round.ray_shards.RayShards`` (a context manager), else
+    a null context (``None``: this process plays every request)."""
+    if args.ray is None:
+        return contextlib.nullcontext()
+    from draftrl.cluster import check_request
+    from draftrl.eval.round.ray_shards import RayShards
+
+    check_request(args.ray_workers, args.ray_gpus, cfg.env.device)
+    return RayShards(cfg, command, address=args.ray, workers=args.ray_workers, gpus_per_worker=args.ray_gpus)
 
 
 def run(args: argparse.Namespace) -> int:
     from draftrl.decoding.monitor import ExactnessViolation
     from draftrl.eval.exactness import GreedyMismatch
 
+    if args.ray is not None and args.cell:
+        raise ValueError("--ray shares out a whole grid; a sweep cell (--cell) is one wandb agent's work: drop --ray "
+                         "or --cell.")
     cfg = config(args)
     try:
         if args.cell:
@@ -81,8 +98,8 @@ def run(args: argparse.Namespace) -> int:
         from draftrl.io import prepare_out
 
         prepare_out(args.out, OUTPUTS, overwrite=args.overwrite, command="grid")
-        with progress_bar("grid", not args.quiet) as update:
-            result = run_grid(cfg, args.out, config_path=args.config, progress=update)
+        with ray_shards(args, cfg, "grid") as shards, progress_bar("grid", not args.quiet) as update:
+            result = run_grid(cfg, args.out, config_path=args.config, progress=update, shards=shards)
     except (ExactnessViolation, GreedyMismatch) as err:
         return exactness_failure("grid", err)
     if args.json:

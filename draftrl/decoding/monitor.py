@@ -119,6 +119,15 @@ class MonitorConfig:
             raise ValueError(f"MonitorConfig.check_every={self.check_every} must be at least 1.")
 
 
+def restore_error(cls: type, args: tuple, state: dict) -> Exception:
+    """An exception rebuilt from its message and fields: the ``__reduce__`` of draftrl's exactness errors,
+    whose constructors take evidence, not a message (so a Ray worker's failure reaches the driver whole)."""
+    err = cls.__new__(cls)
+    err.args = args
+    err.__dict__.update(state)
+    return err
+
+
 class ExactnessViolation(RuntimeError):
     """The output is not drawn from the target's distribution; the message carries the evidence.
 
@@ -142,6 +151,9 @@ class ExactnessViolation(RuntimeError):
                 f"{f['num_informative']} informative): {f['hint']}"
             )
         super().__init__("\n".join(lines))
+
+    def __reduce__(self):
+        return restore_error, (type(self), self.args, self.__dict__)
 
 
 class ExactnessMonitor:

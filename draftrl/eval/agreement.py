@@ -117,6 +117,7 @@ class _Counts:
 
     def rates(self) -> dict:
         return {"comparisons": self.comparisons, "identical": self.identical,
+                "reference_tokens": self.reference_tokens, "tokens_before_divergence": self.tokens_before_divergence,
                 "agreement_rate": self.identical / self.comparisons if self.comparisons else None,
                 "token_agreement": (self.tokens_before_divergence / self.reference_tokens
                                     if self.reference_tokens else None)}
@@ -220,6 +221,39 @@ class GreedyAgreement:
                 "divergences": (violations + near)[:MAX_DIVERGENCES],
             })
         return out
+
+
+def merge_verdicts(verdicts: list[dict]) -> dict:
+    """One :meth:`GreedyAgreement.verdict` from the verdicts of disjoint request shards (Ray workers,
+    each comparing its own requests against its own plain decoding): counts add up, rates are
+    recomputed from them, divergences are pooled, and it passes only when every shard passed."""
+    checked = [v for v in verdicts if v.get("checked")]
+    if not checked:
+        return verdicts[0]
+
+    def total(parts: list[dict]) -> dict:
+        c = _Counts()
+        for part in parts:
+            c.comparisons += part["comparisons"]
+            c.identical += part["identical"]
+            c.reference_tokens += part["reference_tokens"]
+            c.tokens_before_divergence += part["tokens_before_divergence"]
+        return c.rates()
+
+    settings = list(dict.fromkeys(name for v in checked for name in v["per_setting"]))
+    out = {**checked[0], **total(checked), "passed": all(v["passed"] for v in checked),
+           "per_setting": {n: total([v["per_setting"][n] for v in checked if n in v["per_setting"]]) for n in settings}}
+    if "requests" in out:
+        out["requests"] = sum(v["requests"] for v in checked)
+    if out["mode"] != "bitwise":
+        pooled = [d for v in checked for d in v["divergences"]]
+        for key in ("num_divergences", "num_near_ties", "num_violations"):
+            out[key] = sum(v[key] for v in checked)
+        out["max_near_tie_margin_ulps"] = max((v["max_near_tie_margin_ulps"] for v in checked
+                                               if v["max_near_tie_margin_ulps"] is not None), default=None)
+        out["divergences"] = ([d for d in pooled if not d["near_tie"]] + [d for d in pooled if d["near_tie"]])[
+            :MAX_DIVERGENCES]
+    return out
 
 
 def raise_first_violation(verdict: dict) -> None:

@@ -43,6 +43,11 @@ class GreedyMismatch(RuntimeError):
             f"{len(reference)} vs {len(output)}){text}"
         )
 
+    def __reduce__(self):
+        from draftrl.decoding.monitor import restore_error
+
+        return restore_error, (type(self), self.args, self.__dict__)
+
 
 def check_identity(what: str, prompt_id: str, reference: list[int], output: list[int], tokenizer=None) -> None:
     if list(reference) != list(output):
@@ -84,6 +89,26 @@ def monitor_verdict(monitor) -> dict:
                   for name, test in rep["tests"].items()},
         "pit_histogram": rep["pit_histogram"],
         "failures": rep["failures"],
+    }
+
+
+def merge_monitor_verdicts(shards: list[dict]) -> dict:
+    """One policy's :func:`monitor_verdict` over Ray shards. Each shard's monitor tested its own
+    requests' stream (each at ``MonitorConfig.alpha``, so the family-wise false-alarm rate is at most
+    the number of shards times it): the merged verdict passes only when every shard passed, counts and
+    the PIT histogram add up, each test keeps its shards' entries, the failures are pooled."""
+    failed = [v for v in shards if not v["passed"]]
+    first = failed[0] if failed else shards[0]
+    return {
+        "passed": not failed,
+        "verdict": first["verdict"],
+        "verdict_reason": f"{first['verdict_reason']} ({len(failed)} of {len(shards)} Ray shards failed; each "
+                          "tested its own requests)",
+        **{key: sum(v[key] for v in shards) for key in ("num_tokens", "num_informative", "num_drafted_positions")},
+        "tests": {name: {"passed": all(v["tests"][name]["passed"] for v in shards),
+                         "shards": [v["tests"][name] for v in shards]} for name in first["tests"]},
+        "pit_histogram": [sum(column) for column in zip(*(v["pit_histogram"] for v in shards))],
+        "failures": [f for v in shards for f in v["failures"]],
     }
 
 

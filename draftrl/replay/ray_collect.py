@@ -14,8 +14,8 @@ decodes nothing then): the same ``trace.npz`` / ``trace.json``.
 A lost worker loses only the prompt it was recording: the command stops naming the prompts kept,
 and the same command (with or without ``--ray``) records only the missing ones.
 
-The local cluster (no ADDRESS) binds to 127.0.0.1 only, with no dashboard, no metrics and no usage
-reports, and stops with the command. Install: ``pip install "draftrl[ray]"``.
+The cluster (a local one bound to 127.0.0.1, or ADDRESS) and the actors: :mod:`draftrl.cluster`.
+Install: ``pip install "draftrl[ray]"``.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from draftrl.cluster import LOCAL, WorkerLost, actors, device_kinds, map_unordered
 from draftrl.config.env import EnvConfig
 from draftrl.io import atomic_write_bytes
 from draftrl.replay.traces import (
@@ -39,9 +40,6 @@ from draftrl.replay.traces import (
     open_partial,
     recording_file,
 )
-
-#: ``--ray`` without an address: a local cluster on this machine
-LOCAL = "local"
 
 
 def prompt_files(config: EnvConfig, index: int, num_continuations: int | None = None) -> list[str]:
@@ -73,10 +71,10 @@ class CollectWorker:
         self.engine, self.tokenizer = build_engine(self.config)
         self.prompts = Workload(self.config).prompts
 
-    def describe(self) -> dict[str, Any]:
-        from draftrl.signals.costs import hardware_info
+    def device_kind(self) -> str:
+        from draftrl.signals.costs import hardware_info, hardware_name
 
-        return {"pid": os.getpid(), "hardware": hardware_info(self.config.device)}
+        return hardware_name(hardware_info(self.config.device))
 
     def record(self, index: int) -> tuple[int, dict[str, bytes], int]:
         """(``index``, the kept files of prompt ``index`` by name, this worker's pid)."""
@@ -98,32 +96,6 @@ class CollectWorker:
         return index, files, os.getpid()
 
 
-def start_ray(address: str, workers: int, gpus_per_worker: float):
-    """Connect to the cluster at ``address``, or start a local one bound to 127.0.0.1 (no dashboard,
-    metrics or usage reports) with a CPU per worker; returns the ``ray`` module."""
-    from draftrl.deps import require
-
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    if address == LOCAL:
-        # Ray 2.60 resolves the node address 127.0.0.1 to the machine's outward address, and its gRPC
-        # servers then listen on every interface; with clusters of one machine only (Ray's own switch
-        # for laptops) the node is 127.0.0.1 and every server listens there alone. Read at import by
-        # Ray, at start by its processes: both are set.
-        os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-    ray = require("ray")
-    if ray.is_initialized():
-        return ray
-    if address == LOCAL:
-        from ray._private import ray_constants
-
-        ray_constants.ENABLE_RAY_CLUSTER = False
-        ray.init(address="local", include_dashboard=False, _node_ip_address="127.0.0.1", num_cpus=workers,
-                 log_to_driver=False, configure_logging=False, _system_config={"enable_metrics_collection": False})
-    else:
-        ray.init(address=address, log_to_driver=False, configure_logging=False)
-    return ray
-
-
 def collect_on_ray(config: EnvConfig, partial: str | Path, *, address: str = LOCAL, workers: int = 2,
                    gpus_per_worker: float = 0.0, threads: int = 0,
                    progress: Callable[[int, int, int, int], None] | None = None,
@@ -143,44 +115,33 @@ def collect_on_ray(config: EnvConfig, partial: str | Path, *, address: str = LOC
     open_partial(partial, collection_state(config, [p.id for p in prompts], num_continuations))
     todo = missing_prompts(config, partial, len(prompts), num_continuations)
     if todo:
-        ray = start_ray(address, workers, gpus_per_worker)
-        try:
-            _run(ray, config, partial, todo, min(workers, len(todo)), gpus_per_worker, threads, progress,
-                 num_continuations)
-        finally:
-            if address == LOCAL:
-                ray.shutdown()
+        _run(config, partial, todo, address, min(workers, len(todo)), gpus_per_worker, threads, progress,
+             num_continuations)
     # every recording is kept: the one-process collection assembles them and decodes nothing
     stub = SimpleNamespace(config=SimpleNamespace(temperature=0.0, top_k=0, top_p=1.0), params=None, drafter=None)
     return collect(config, stub, None, partial_dir=partial, num_continuations=num_continuations)
 
 
-def _run(ray, config: EnvConfig, partial: Path, todo: list[int], workers: int, gpus_per_worker: float,
+def _run(config: EnvConfig, partial: Path, todo: list[int], address: str, workers: int, gpus_per_worker: float,
          threads: int, progress, num_continuations: int | None) -> None:
     from dataclasses import asdict
 
-    from ray.exceptions import RayActorError, RayTaskError
-    from ray.util import ActorPool
-
-    remote = ray.remote(num_cpus=1, num_gpus=gpus_per_worker, max_restarts=0)(CollectWorker)
-    actors = [remote.remote(asdict(config), threads, num_continuations) for _ in range(workers)]
-    kinds = {str(h["hardware"].get("gpu", h["hardware"].get("cpu"))) for h in ray.get([a.describe.remote()
-                                                                                        for a in actors])}
-    if len(kinds) > 1:  # the traces hold no timing, but one trace set from one device kind keeps ratios paired
-        print(f"[collect] note: workers on {len(kinds)} device kinds ({', '.join(sorted(kinds))}); the traces "
-              "are greedy tokens and trees, the same on each", flush=True)
-    done = len(todo)
     try:
-        pool = ActorPool(actors)
-        for count, (index, files, pid) in enumerate(pool.map_unordered(lambda a, i: a.record.remote(i), todo), 1):
-            for name, data in files.items():
-                atomic_write_bytes(partial / name, data)
-            if progress is not None:
-                progress(index, count, done, pid)
-    except (RayActorError, RayTaskError) as err:
+        with actors(CollectWorker, (asdict(config), threads, num_continuations), address=address, workers=workers,
+                    gpus_per_worker=gpus_per_worker) as (ray, pool):
+            kinds = sorted(set(device_kinds(ray, pool)))
+            if len(kinds) > 1:  # the traces hold no timing, but one trace set from one device kind keeps ratios paired
+                print(f"[collect] note: workers on {len(kinds)} device kinds ({', '.join(kinds)}); the traces "
+                      "are greedy tokens and trees, the same on each", flush=True)
+            records = map_unordered(ray, pool, lambda a, i: a.record.remote(i), todo)
+            for count, (index, files, pid) in enumerate(records, 1):
+                for name, data in files.items():
+                    atomic_write_bytes(partial / name, data)
+                if progress is not None:
+                    progress(index, count, len(todo), pid)
+    except WorkerLost as err:
         kept = len(list(partial.glob("[0-9]*.npz")))  # recordings
-        reason = " ".join(str(err).split())[:200]
-        raise RuntimeError(f"a Ray worker was lost ({type(err).__name__}: {reason}); {kept} finished recording(s) are "
+        raise RuntimeError(f"a Ray worker was lost ({err.reason}); {kept} finished recording(s) are "
                            f"kept in {partial}: run the same command again to record the rest.") from None
 
 

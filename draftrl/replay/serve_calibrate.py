@@ -65,24 +65,27 @@ class CalibrationSizes:
     """shuffled passes over the cells (spreads load drift)"""
 
 
-def calibrate_model(model: str, sizes: CalibrationSizes, *, dtype: str = "float32", threads: int = 1, seed: int = 0,
-                    drafter: str | None = None, gpu_memory_utilization: float | None = None,
-                    enforce_eager: bool | None = None, tensor_parallel_size: int = 1,
-                    progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """:func:`calibrate` the process's shared engine for ``model`` with draftrl's proposer, deep and
-    wide enough for ``sizes``; ``drafter`` a head spec (``eagle3[:PATH]``) adds the head's cells.
-    ``enforce_eager`` None measures what production runs (CUDA graphs on a GPU; eager on CPU, and
-    wherever the proposer runs a head: ``VLLMEngineConfig.enforce_eager``)."""
+def calibration_engine(model: str, sizes: CalibrationSizes, *, dtype: str = "float32", threads: int = 1,
+                       drafter: str | None = None, gpu_memory_utilization: float | None = None,
+                       enforce_eager: bool | None = None, tensor_parallel_size: int = 1):
+    """The process's shared engine for ``model`` with draftrl's proposer, deep and wide enough for
+    ``sizes``; ``drafter`` a head spec (``eagle3[:PATH]``) adds the head's cells. ``enforce_eager``
+    None measures what production runs (CUDA graphs on a GPU; eager on CPU, and wherever the proposer
+    runs a head: ``VLLMEngineConfig.enforce_eager``)."""
     from draftrl.decoding.vllm.engine import VLLMEngineConfig, shared_engine
 
     extra = {"drafter": drafter} if drafter else {}
-    engine = shared_engine(VLLMEngineConfig(model=model, method="draftrl", num_speculative_tokens=max(sizes.depths),
-                                            dtype=dtype,
-                                            max_num_seqs=max(sizes.batch_sizes + sizes.prefill_batch_sizes),
-                                            threads=threads, gpu_memory_utilization=gpu_memory_utilization,
-                                            enforce_eager=enforce_eager, tensor_parallel_size=tensor_parallel_size,
-                                            **extra), max_engines=1)
-    return calibrate(engine, **asdict(sizes), seed=seed, progress=progress)
+    return shared_engine(VLLMEngineConfig(model=model, method="draftrl", num_speculative_tokens=max(sizes.depths),
+                                          dtype=dtype, max_num_seqs=max(sizes.batch_sizes + sizes.prefill_batch_sizes),
+                                          threads=threads, gpu_memory_utilization=gpu_memory_utilization,
+                                          enforce_eager=enforce_eager, tensor_parallel_size=tensor_parallel_size,
+                                          **extra), max_engines=1)
+
+
+def calibrate_model(model: str, sizes: CalibrationSizes, *, seed: int = 0,
+                    progress: Callable[[str], None] | None = None, **engine: Any) -> dict[str, Any]:
+    """:func:`calibrate` the engine of :func:`calibration_engine` (``engine``: its keywords)."""
+    return calibrate(calibration_engine(model, sizes, **engine), **asdict(sizes), seed=seed, progress=progress)
 
 
 def calibrate(engine, *, batch_sizes: tuple[int, ...] = CalibrationSizes.batch_sizes,
@@ -90,9 +93,13 @@ def calibrate(engine, *, batch_sizes: tuple[int, ...] = CalibrationSizes.batch_s
               prompt_ids: list[int] | None = None, prefill_lens: tuple[int, ...] = CalibrationSizes.prefill_lens,
               prefill_batch_sizes: tuple[int, ...] = CalibrationSizes.prefill_batch_sizes,
               rounds: int = CalibrationSizes.rounds, seed: int = 0,
-              progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+              progress: Callable[[str], None] | None = None, shard: tuple[int, int] = (0, 1)) -> dict[str, Any]:
     """Step seconds of ``engine`` (a ``VLLMEngine`` with draftrl's proposer) per decode cell
-    (B, d) and per prefill cell (B, P) (module docstring); ``steps`` samples per cell in all."""
+    (B, d) and per prefill cell (B, P) (module docstring); ``steps`` samples per cell in all.
+
+    ``shard=(w, W)``: only the ``w``-th of every ``W`` (B, d) or (B, P) pairs (a Ray worker's,
+    ``draftrl.replay.ray_calibrate``; a decode cell and its head cell stay together, measured side by
+    side); :func:`merge_calibrations` joins the shards."""
     if engine.proposer is None:
         raise ValueError("calibration needs the engine built with method='draftrl' (its proposer sets the drafts).")
     if max(batch_sizes) > engine.max_num_seqs or max(prefill_batch_sizes, default=1) > engine.max_num_seqs:
@@ -114,6 +121,9 @@ def calibrate(engine, *, batch_sizes: tuple[int, ...] = CalibrationSizes.batch_s
     if has_head:
         cells += [("head", b, d) for b in batch_sizes for d in depths if d >= 1]
         samples.update({c: [] for c in cells if c[0] == "head"})
+    pairs = list(dict.fromkeys((kind == "prefill", b, x) for kind, b, x in cells))
+    mine = set(pairs[shard[0]::shard[1]])
+    cells = [c for c in cells if (c[0] == "prefill", c[1], c[2]) in mine]
     previous, fill = proposer.controller, FillRule()
     engine.set_controller(fill)
     try:
@@ -143,6 +153,24 @@ def calibrate(engine, *, batch_sizes: tuple[int, ...] = CalibrationSizes.batch_s
             progress(f"B={b} {what}: {np.median(s) * 1e3:.1f} ms")
     result = {"format": FORMAT, "engine": engine.describe(), "points": points, "fit": fit(points)}
     if has_head:
+        result["head"] = {str(b): dict(zip(["levels", "seconds"], row)) for b, row in head_table(points).items()}
+    return {**result, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
+def merge_calibrations(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """One calibration from the shards of :func:`calibrate` (``shard``), measured by engines on one
+    device kind: the points in the one-engine order, each cell exactly once (else a one-line
+    ``RuntimeError``), the fit and the head's table over all of them."""
+    kinds = ("decode", "prefill", "head")
+    points = sorted((p for part in parts for p in part["points"]),
+                    key=lambda p: (kinds.index(p["kind"]), p["num_seqs"], p.get("depth", p.get("prompt_len"))))
+    cells = [(p["kind"], p["num_seqs"], p.get("depth", p.get("prompt_len"))) for p in points]
+    if len(cells) != len(set(cells)):
+        raise RuntimeError(f"calibration shards measured a cell twice ({len(cells) - len(set(cells))} repeated): "
+                           "run the command again.")
+    result = {"format": FORMAT, "engine": {**parts[0]["engine"], "ray_workers": len(parts)}, "points": points,
+              "fit": fit(points)}
+    if any(p["kind"] == "head" for p in points):
         result["head"] = {str(b): dict(zip(["levels", "seconds"], row)) for b, row in head_table(points).items()}
     return {**result, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 

@@ -511,8 +511,8 @@ def collect(config: EnvConfig, engine, tokenizer, *, max_depth: int | None = Non
         open_partial(partial, collection_state(config, [p.id for p in workload.prompts], num_continuations,
                                                max_depth=max_depth, width=width, generate_depth=generate_depth))
 
-    saved_sampling = (engine.config.temperature, engine.config.top_k, engine.config.top_p, engine.params)
     records, budgets = [], []
+    saved_budget = engine.config.max_new_tokens
     try:
         for index, prompt in enumerate(workload.prompts):
             budgets.append(budget(config, prompt))
@@ -537,9 +537,7 @@ def collect(config: EnvConfig, engine, tokenizer, *, max_depth: int | None = Non
                     if progress is not None:
                         progress(len(records) - 1, request.prompt, float(record["seconds"]), sampling.label, k)
     finally:
-        temperature, top_k, top_p, params = saved_sampling
-        engine.config.temperature, engine.config.top_k, engine.config.top_p = temperature, top_k, top_p
-        engine.params = params
+        engine.config.max_new_tokens = saved_budget
 
     def joined(name: str, dtype) -> np.ndarray:
         return np.concatenate([r[name] for r in records]).astype(dtype) if records else np.zeros(0, dtype=dtype)
@@ -594,10 +592,8 @@ def _record(engine, request, sampling: SamplingClass, seed: int, max_depth: int,
     drafter = engine.drafter
     ids = list(request.prompt_ids)
     params = sampling.params()
-    engine.config.temperature, engine.config.top_k, engine.config.top_p = params.temperature, params.top_k, params.top_p
-    engine.params = params
     engine.config.max_new_tokens = request.max_new_tokens
-    engine.start(ids, seed=seed)
+    engine.start(ids, seed=seed, sampling=params)  # the request's own sampling, as a mixed workload's request
     depth = generate_depth if drafter is not None else 0
     stop = None
     while not engine.finished:

@@ -23,7 +23,7 @@ def drafter_spec(name: str, folder: Path) -> str:
 
 
 def byo_config(out: Path, target: Path, drafter: str, dtype: str) -> Path:
-    """``configs/demo_quick_cpu.yaml`` as a user copies it for their own models (README, "Rerun one demo
+    """``configs/demo_quick_cpu.yaml`` as a user copies it for their own models (docs/own-model.md, "Rerun one demo
     step"): the target, drafter and dtype edited, shrunk to seconds (:data:`byo_models.WORKLOAD`; depths
     1-3, so every trained policy drafts and its vLLM bundle speculates; a three-cell grid; 256 PPO steps).
     Every step's command reads it. Greedy: these checks are float32 identity and the bfloat16 agreement rate

@@ -25,7 +25,8 @@ verdict}, ``monitor_overhead``, ``power``}, ``trajectories``, ``files``, ``wall_
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -113,12 +114,15 @@ def _order(labels: list[str], shift: int) -> list[str]:
 
 def run_eval(config: EvalConfig, out: str | Path, *, policies: list[str] | str | None = None,
              grid_path: str | Path | None = None, target=None, config_path: str | None = None,
-             progress: Callable[[int, int, str], None] | None = None) -> dict:
+             progress: Callable[[int, int, str], None] | None = None, shards=None) -> dict:
     """Evaluate ``policies`` (default ``config.eval.policies``) and write results.json, report.md, plots.
 
     A temperature mix (``env.temperature_mix``, several classes) is evaluated class by class
     (:func:`run_eval_mix`): every held-out request at every class, the envs seeded alike at every
     class, so each class's table is paired and the classes share their requests.
+
+    ``shards`` (``draftrl.eval.round.ray_shards.RayShards``): the requests played on Ray workers (each
+    loads the target once), merged into the files this process would write.
 
     :raises ExactnessViolation / GreedyMismatch: after writing the partial results.
     """
@@ -139,14 +143,14 @@ def run_eval(config: EvalConfig, out: str | Path, *, policies: list[str] | str |
     out.mkdir(parents=True, exist_ok=True)
     classes = config.env.sampling_classes
     if len(classes) > 1:
-        return run_eval_mix(config, out, specs, grid, target=target, progress=progress)
+        return run_eval_mix(config, out, specs, grid, target=target, progress=progress, shards=shards)
     started = time.perf_counter()
     one = class_config(config, classes[0]) if config.env.temperature_mix is not None else config
     if any(s.kind == "lookahead" for s in specs) and one.env.temperature != 0 and not one.env.keyed:
         raise ValueError(f"policy lookahead needs temperature 0 or keyed sampling (got temperature "
                          f"{one.env.temperature}); set env.keyed=true or drop it from --policies.")
     grid = class_grid(grid, classes[0].label)  # a mixed grid: its search at this sampling, where it has one
-    results, error = evaluate_class(one, specs, grid, target=target, progress=progress)
+    results, error = evaluate_class(one, specs, grid, target=target, progress=progress, shards=shards)
     results["wall_seconds"] = time.perf_counter() - started
     results["files"] = write_outputs(results, out, grid)
     write_json(out / RESULTS_FILE, results)
@@ -156,31 +160,83 @@ def run_eval(config: EvalConfig, out: str | Path, *, policies: list[str] | str |
     return results
 
 
-def identity_checked(env_cfg, agreement) -> bool:
+def identity_checked(env_cfg, bitwise: bool) -> bool:
     """Whether every policy's output must equal plain decoding's: at temperature 0, and at temperature > 0
-    with keyed sampling in float32 (each position drawn from the same keyed stream: docs/design.md, "Keyed
-    sampling"); in bfloat16/float16 keyed runs the monitor alone judges the law."""
-    return env_cfg.temperature == 0 or (env_cfg.keyed and agreement.bitwise)
+    with keyed sampling in float32 (``bitwise``: each position drawn from the same keyed stream:
+    docs/design.md, "Keyed sampling"); in bfloat16/float16 keyed runs the monitor alone judges the law."""
+    return env_cfg.temperature == 0 or (env_cfg.keyed and bitwise)
+
+
+@dataclass
+class Played:
+    """What :func:`play_class` measured of one sampling class (in one process, or one Ray worker's
+    shard of the requests): the runs and the verdicts, before any summary."""
+
+    runs: list[RequestRun]
+    anchor_runs: list
+    references: dict[str, list[int]]
+    """plain decoding's first-pass output per request id"""
+    trajectories: dict[str, dict]
+    traj_prompt: str
+    monitor: dict[str, dict]
+    """``monitor_verdict`` per policy label ({} with the monitor off)"""
+    identity: dict
+    """``GreedyAgreement.verdict()`` of the policies against plain decoding"""
+    bitwise: bool
+    hf: dict
+    failure: dict | None
+    error: Exception | None
+    kernels: dict | None
+    power: dict | None = None
+    anchor_seeds: dict[str, int] | None = None
 
 
 def evaluate_class(config: EvalConfig, specs: list, grid: dict | None, *, target=None,
                    progress: Callable[[int, int, str], None] | None = None, seed_offset: int = 0,
-                   ) -> tuple[dict, Exception | None]:
+                   shards=None) -> tuple[dict, Exception | None]:
     """One workload of one sampling class: every policy of ``specs`` (and the anchors) on the held-out
     requests, interleaved per request, exactness throughout; the results dict (no files, no
     ``wall_seconds``) and the exactness failure that stopped it, if any. ``seed_offset`` shifts the
-    envs' and the anchors' seeds (0: the seeds a single-class run uses)."""
+    envs' and the anchors' seeds (0: the seeds a single-class run uses). ``shards``
+    (``draftrl.eval.round.ray_shards.RayShards``): the requests played on Ray workers, merged."""
+    from draftrl.signals.costs import hardware_info
+
+    env_cfg = env_for_split(config.env, "heldout", config.eval.limit_per_group)
+    if shards is not None:
+        played = shards.play(config, specs, grid, seed_offset=seed_offset, progress=progress)
+    else:
+        played = play_class(config, specs, grid, target=target, progress=progress, seed_offset=seed_offset)
+    results = _results(config, specs, played.runs, grid, env_cfg, played.monitor, played.references, played.hf,
+                       played.failure, played.identity, played.bitwise)
+    labels = [s.label for s in specs]
+    add_anchors(results, played.runs, played.anchor_runs, played.references,
+                best_fixed="best-grid" if "best-grid" in labels else None)
+    results["hardware"] = shards.hardware if shards is not None else hardware_info(env_cfg.device)
+    results["kernels"] = played.kernels
+    results["trajectories"] = {"prompt_id": played.traj_prompt, "policies": played.trajectories}
+    if played.power is not None:
+        results["exactness"]["power"] = played.power
+    if played.anchor_seeds is not None:
+        results["anchor_seeds"] = played.anchor_seeds  # torch.manual_seed of each request's sampled anchors
+    return results, played.error
+
+
+def play_class(config: EvalConfig, specs: list, grid: dict | None, *, target=None,
+               progress: Callable[[int, int, str], None] | None = None, seed_offset: int = 0,
+               prompt_ids: Sequence[str] | None = None) -> Played:
+    """Play :func:`evaluate_class`'s requests (default all held-out requests; ``prompt_ids``: a Ray
+    worker's shard, anchors seeded by each request's index in the whole split) and check exactness."""
     from draftrl.decoding.build import build_engine, load_target
     from draftrl.decoding.monitor import ExactnessMonitor, ExactnessViolation
     from draftrl.decoding.workload import Workload
     from draftrl.eval.agreement import GreedyAgreement
-    from draftrl.eval.exactness import GreedyMismatch, TimedMonitor, hf_greedy
+    from draftrl.eval.exactness import GreedyMismatch, TimedMonitor, hf_greedy, monitor_verdict
     from draftrl.eval.round.anchors import assistant_of
     from draftrl.eval.round.policies import build_policy
-    from draftrl.signals.costs import hardware_info
 
     settings = config.eval
     env_cfg = env_for_split(config.env, "heldout", settings.limit_per_group)
+    mine = set(prompt_ids) if prompt_ids is not None else None
 
     target = target if target is not None else load_target(env_cfg)
     references: dict[str, list[int]] = {}
@@ -196,6 +252,11 @@ def evaluate_class(config: EvalConfig, specs: list, grid: dict | None, *, target
         (a for a in (assistant_of(env.unwrapped.engine) for env, _ in built.values()) if a is not None), None)
     anchors = {a.label: a for a in eval_anchors(config, grid, assisted=assistant is not None)}
     anchor_seeds = {p: (config.seed + seed_offset) * 100_003 + i for i, p in enumerate(prompts)}
+    traj_prompt = prompts[0]
+    greedy_checked = prompts[: settings.greedy_reference]
+    position = {p: i for i, p in enumerate(prompts)}  # the order of the policies follows the whole split's
+    if mine is not None:
+        prompts = [p for p in prompts if p in mine]
 
     # untimed warm-up of the shared model: plain and drafted rounds on a spare engine
     warm_engine, tokenizer = build_engine(env_cfg, target, token_stats=settings.monitor)
@@ -213,7 +274,6 @@ def evaluate_class(config: EvalConfig, specs: list, grid: dict | None, *, target
     agreement = GreedyAgreement(target.model, env_cfg.dtype, settings.near_tie_ulps, tokenizer=tokenizer)
     hf_agreement = GreedyAgreement(target.model, env_cfg.dtype, settings.near_tie_ulps, tokenizer=tokenizer)
     trajectories: dict[str, dict] = {}
-    traj_prompt = prompts[0]
     adaptive = {s.label for s in specs if s.kind in ADAPTIVE}
     runs: list[RequestRun] = []
     anchor_runs: list = []
@@ -223,8 +283,8 @@ def evaluate_class(config: EvalConfig, specs: list, grid: dict | None, *, target
     total, done = settings.repeats * len(prompts) * (len(labels) + len(anchors)), 0
     try:
         for repeat in range(settings.repeats):
-            for i, prompt_id in enumerate(prompts):
-                for label in _order(labels + list(anchors), i + repeat * len(prompts)):
+            for prompt_id in prompts:
+                for label in _order(labels + list(anchors), position[prompt_id] + repeat * len(position)):
                     if label in anchors:
                         request = reference_env.workload.request(reference_env.workload.index_of(prompt_id))
                         anchor_runs.append(run_anchor(target.model, anchors[label], request, repeat=repeat,
@@ -260,7 +320,7 @@ def evaluate_class(config: EvalConfig, specs: list, grid: dict | None, *, target
                         progress(done, total, f"{label} {prompt_id}")
                 # every policy of this request against plain decoding (low precision: once, the rates count requests);
                 # at T > 0 with keyed sampling every policy draws from plain decoding's keyed stream (float32 only)
-                if identity_checked(env_cfg, agreement) and (repeat == 0 or agreement.bitwise):
+                if identity_checked(env_cfg, agreement.bitwise) and (repeat == 0 or agreement.bitwise):
                     request = reference_env.workload.request(reference_env.workload.index_of(prompt_id))
                     for run in runs[-len(labels):]:
                         if run.policy != REFERENCE:
@@ -268,7 +328,7 @@ def evaluate_class(config: EvalConfig, specs: list, grid: dict | None, *, target
                                               run.token_ids, what=f"policy {run.policy}")
         hf = {"checked": 0}
         if env_cfg.temperature == 0 and settings.greedy_reference:
-            for prompt_id in prompts[: settings.greedy_reference]:
+            for prompt_id in [p for p in greedy_checked if p in prompts]:
                 request = reference_env.workload.request(reference_env.workload.index_of(prompt_id))
                 ref = hf_greedy(target.model, request.prompt_ids, request.max_new_tokens,
                                 sorted(reference_env.engine.eos_token_ids))
@@ -282,22 +342,20 @@ def evaluate_class(config: EvalConfig, specs: list, grid: dict | None, *, target
                    "evidence": getattr(err, "evidence", None) or getattr(err, "failures", None)}
         hf = {"checked": 0, "skipped": "stopped at the first exactness failure"}
 
-    results = _results(config, specs, runs, grid, env_cfg, monitors, references, hf, failure, agreement)
-    add_anchors(results, runs, anchor_runs, references, best_fixed="best-grid" if "best-grid" in labels else None)
-    results["hardware"] = hardware_info(env_cfg.device)
-    results["kernels"] = target.kernels.to_dict() if target.kernels is not None else None
-    results["trajectories"] = {"prompt_id": traj_prompt, "policies": trajectories}
-    if settings.power_tokens and failure is None:
+    power = None
+    if settings.power_tokens and failure is None and (mine is None or traj_prompt in mine):  # once: the first shard
         from draftrl.eval.exactness import monitor_power
 
-        results["exactness"]["power"] = monitor_power(target, settings.power_tokens, seed=config.seed)
-    if anchors and sampling.temperature > 0:
-        results["anchor_seeds"] = anchor_seeds  # torch.manual_seed of each request's sampled anchors
-    return results, error
+        power = monitor_power(target, settings.power_tokens, seed=config.seed)
+    return Played(runs=runs, anchor_runs=anchor_runs, references=references, trajectories=trajectories,
+                  traj_prompt=traj_prompt, monitor={label: monitor_verdict(m) for label, m in monitors.items()},
+                  identity=agreement.verdict(), bitwise=agreement.bitwise, hf=hf, failure=failure, error=error,
+                  kernels=target.kernels.to_dict() if target.kernels is not None else None, power=power,
+                  anchor_seeds=anchor_seeds if anchors and sampling.temperature > 0 else None)
 
 
 def run_eval_mix(config: EvalConfig, out: Path, specs: list, grid: dict | None, *, target=None,
-                 progress: Callable[[int, int, str], None] | None = None) -> dict:
+                 progress: Callable[[int, int, str], None] | None = None, shards=None) -> dict:
     """A temperature mix, class by class (:func:`evaluate_class` on :func:`~draftrl.eval.round.classes.class_config`):
     every held-out request at every class with the same seeds (so every class's table is paired, and
     the classes share requests), the policies of :func:`class_specs`, ``best-grid`` the class's own
@@ -312,13 +370,14 @@ def run_eval_mix(config: EvalConfig, out: Path, specs: list, grid: dict | None, 
 
     started = time.perf_counter()
     env = config.env
-    target = target if target is not None else load_target(env)
+    if shards is None:
+        target = target if target is not None else load_target(env)
     per: dict[str, dict] = {}
     error: Exception | None = None
     for c in env.sampling_classes:
         one, cgrid = class_config(config, c), class_grid(grid, c.label)
         cspecs = class_specs(specs, c, grid, keyed=env.keyed)
-        results, error = evaluate_class(one, cspecs, cgrid, target=target, progress=progress)
+        results, error = evaluate_class(one, cspecs, cgrid, target=target, progress=progress, shards=shards)
         results["t0_grid"] = t0_grid_note(grid, c, [s.label for s in cspecs])
         folder = out / CLASSES_DIR / class_dir(c.label)
         folder.mkdir(parents=True, exist_ok=True)
@@ -333,7 +392,7 @@ def run_eval_mix(config: EvalConfig, out: Path, specs: list, grid: dict | None, 
         "format": FORMAT,
         "split": "heldout",
         "config": to_dict(config),
-        "hardware": hardware_info(env.device),
+        "hardware": shards.hardware if shards is not None else hardware_info(env.device),
         "prompts": sorted({p for c in per.values() for p in c["prompts"]}),
         "repeats": config.eval.repeats,
         "reference": REFERENCE,
@@ -377,9 +436,8 @@ def write_mix_outputs(results: dict, out: Path) -> dict[str, str]:
     return files
 
 
-def _results(config, specs, runs, grid, env_cfg, monitors, references, hf, failure, agreement) -> dict:
-    from draftrl.eval.exactness import monitor_verdict
-
+def _results(config, specs, runs, grid, env_cfg, verdicts, references, hf, failure, identity_verdict,
+             bitwise) -> dict:
     kept = median_runs(runs)
     by_policy = grouped(kept, lambda r: r.policy)
     reference = summarize_with_groups(by_policy[REFERENCE]) if REFERENCE in by_policy else None
@@ -397,20 +455,19 @@ def _results(config, specs, runs, grid, env_cfg, monitors, references, hf, failu
     run_seconds = sum(r.total_seconds for r in runs)
     identity = {"checked": False, "why": "temperature > 0: the monitor checks the distribution instead (env.keyed "
                                          "in float32 checks token identity too)"}
-    if identity_checked(env_cfg, agreement):
-        verdict = agreement.verdict()
+    if identity_checked(env_cfg, bitwise):
+        verdict = identity_verdict
         identity = {**verdict, "passed": failure is None and verdict["passed"], "requests": len(references),
                     "policies": [s.label for s in specs if s.label != REFERENCE],
                     "reference": "plain decoding (none, depth 0) on the same requests"
                                  + ("" if env_cfg.temperature == 0 else ", the same keyed stream (env.keyed)")}
-    verdicts = {label: monitor_verdict(m) for label, m in monitors.items()}
     exactness = {
         "passed": failure is None and all(v["passed"] for v in verdicts.values()),
         "temperature": env_cfg.temperature,
         "sampler": config.eval.sampler,
         "greedy_identity": identity,
         "hf_reference": hf,
-        "monitor": verdicts if monitors else {"enabled": False},
+        "monitor": verdicts if verdicts else {"enabled": False},
         "monitor_overhead": {
             "fraction": monitor_seconds / run_seconds if run_seconds > 0 else None,
             "seconds": monitor_seconds,

@@ -30,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -94,8 +94,13 @@ def _noise(runs: list[RequestRun]) -> float | None:
 
 def measure_cells(config: EvalConfig, cells: list[Cell], *, target=None, split: str = "tune",
                   progress: Callable[[int, int, str], None] | None = None,
-                  anchor_runs: list | None = None) -> tuple[list[RequestRun], dict]:
+                  anchor_runs: list | None = None, indices: Sequence[int] | None = None,
+                  ) -> tuple[list[RequestRun], dict]:
     """Time ``cells`` (plain decoding is added if missing) on ``split``; returns (all runs, exactness).
+
+    ``indices``: the split's requests to time (default all; a Ray worker's shard,
+    ``draftrl.eval.round.ray_shards``). Seeds and the order of the cells follow each request's index
+    in the whole split, so a shard's outputs are the one-process run's.
 
     With a list as ``anchor_runs`` (and ``eval.anchors`` on), stock HF ``generate``, its prompt lookup
     at every ``eval.anchor_gammas`` and, with a draft model as the drafter, its assisted generation
@@ -133,8 +138,9 @@ def measure_cells(config: EvalConfig, cells: list[Cell], *, target=None, split: 
     target = target if target is not None else load_target(env)
     engine, tokenizer = build_engine(env, target)
     workload = Workload(env, tokenizer)
-    requests = [workload.request(i) for i in range(len(workload))]
-    seeds = [config.seed * 100_003 + i for i in range(len(requests))]
+    indices = list(range(len(workload)) if indices is None else indices)
+    requests = [workload.request(i) for i in indices]
+    seeds = {i: config.seed * 100_003 + i for i in indices}
     greedy = env.temperature == 0
     anchors: list = []
     sampling = engine.config.sampling  # the anchors sample with the engine's own params (greedy at 0)
@@ -162,8 +168,8 @@ def measure_cells(config: EvalConfig, cells: list[Cell], *, target=None, split: 
     engine.config.token_stats = bool(monitors)  # the statistics' float64 passes only when a monitor reads them
     total, done = settings.repeats * len(requests) * len(methods), 0
     for repeat in range(settings.repeats):
-        for i, request in enumerate(requests):
-            shift = (i + repeat * len(requests)) % len(methods)
+        for i, request in zip(indices, requests):
+            shift = (i + repeat * len(workload)) % len(methods)
             for cell in methods[shift:] + methods[:shift]:
                 if not isinstance(cell, Cell):  # an anchor
                     anchor_runs.append(run_anchor(target.model, cell, request, repeat=repeat,
@@ -267,12 +273,16 @@ def best_cell(cells: dict[str, dict]) -> dict:
 
 def grid_result(config: EvalConfig, cells: list[Cell], *, target=None,
                 progress: Callable[[int, int, str], None] | None = None, ranking: RankingSource | None = None,
-                top_cells: int | None = None) -> dict:
+                top_cells: int | None = None, shards=None) -> dict:
     """One workload's (one sampling class's) grid: the cells timed live (after ``ranking``), their
-    summaries, the anchors, the best cell and the exactness verdict (no files)."""
+    summaries, the anchors, the best cell and the exactness verdict (no files). ``shards``: Ray workers
+    timing the requests (``draftrl.eval.round.ray_shards.RayShards``), else this process."""
     timed, ranked = ranked_cells(config, cells, ranking, top_cells, target=target)
     anchor_runs: list = []
-    runs, exactness = measure_cells(config, timed, target=target, progress=progress, anchor_runs=anchor_runs)
+    if shards is not None:
+        runs, exactness = shards.measure(config, timed, progress=progress, anchor_runs=anchor_runs)
+    else:
+        runs, exactness = measure_cells(config, timed, target=target, progress=progress, anchor_runs=anchor_runs)
     table = summarize_cells(runs, timed)
     anchors = add_grid_anchors(table, anchor_runs)
     out = {"prompts": sorted({r.prompt_id for r in runs}), "cells": table, "best": best_cell(table),
@@ -292,8 +302,12 @@ def heatmap_caption(result: dict, what: str) -> str:
 
 def run_grid(config: EvalConfig, out: str | Path, *, target=None, config_path: str | None = None,
              progress: Callable[[int, int, str], None] | None = None, ranking: RankingSource | None = None,
-             top_cells: int | None = None) -> dict:
+             top_cells: int | None = None, shards=None) -> dict:
     """Run the grid of ``config.grid`` and write ``grid.json``, the heatmap, ``sweep.yaml`` and wandb runs.
+
+    ``shards`` (``draftrl.eval.round.ray_shards.RayShards``): the tune requests timed on Ray workers,
+    each loading the target once; the files are the ones this process would write, ``hardware``
+    the workers' (one device kind).
 
     A temperature mix (``env.temperature_mix`` with several classes) is searched at each class
     (:func:`class_config`, the same tune prompts and seeds at every class, classes one after the
@@ -320,12 +334,12 @@ def run_grid(config: EvalConfig, out: str | Path, *, target=None, config_path: s
         "format": FORMAT,
         "split": "tune",
         "config": to_dict(config),
-        "hardware": hardware_info(config.env.device),
+        "hardware": shards.hardware if shards is not None else hardware_info(config.env.device),
     }
     heatmaps = {}
     if len(classes) == 1:
         one = grid_result(class_config(config, classes[0]) if config.env.temperature_mix else config, cells,
-                          target=target, progress=progress, ranking=ranking, top_cells=top_cells)
+                          target=target, progress=progress, ranking=ranking, top_cells=top_cells, shards=shards)
         result.update({"prompts": one["prompts"], "repeats": config.grid.repeats, "reference": REFERENCE,
                        "cells": one["cells"], "best": one["best"], "exactness": one["exactness"],
                        "anchors": one["anchors"]})
@@ -335,7 +349,7 @@ def run_grid(config: EvalConfig, out: str | Path, *, target=None, config_path: s
         per: dict[str, dict] = {}
         for c in classes:
             one = grid_result(class_config(config, c), cells, target=target, progress=progress, ranking=ranking,
-                              top_cells=top_cells)
+                              top_cells=top_cells, shards=shards)
             per[c.label] = {"sampling": {"temperature": c.temperature, "top_k": c.top_k, "top_p": c.top_p},
                             "weight": c.weight, **one}
             heatmaps[c.label] = f"grid_heatmap_{c.label.replace(':', '_')}.png"
@@ -348,7 +362,7 @@ def run_grid(config: EvalConfig, out: str | Path, *, target=None, config_path: s
                        "exactness": {"passed": all(c["exactness"]["passed"] for c in per.values()),
                                      "temperature": [c.temperature for c in classes],
                                      "per_class": {label: c["exactness"] for label, c in per.items()}}})
-    result["kernels"] = target_kernels(config, target)
+    result["kernels"] = shards.kernels if shards is not None else target_kernels(config, target)
     result["files"] = {"heatmap": HEATMAP_FILE, "sweep": SWEEP_FILE,
                        **{f"heatmap_{label}": name for label, name in heatmaps.items()}}
     result["wall_seconds"] = time.perf_counter() - started
