@@ -9,8 +9,8 @@ one step before it is verified). Prefill is timed too: ``B`` fresh requests of `
 prompt tokens each (never seen before, so no cached prefix) admitted together, and the seconds of
 the one step that runs their prompts. The cells are measured in ``rounds`` passes over a shuffled
 order, so a burst of load on a shared machine spreads over many cells instead of bending one. The
-result is a table of step seconds (median, p10, p90 per cell) and a least-squares fit over every
-sample
+result is a table of step seconds (median, p10, p90 per cell) and a non-negative least-squares fit
+over the cells' medians (:func:`fit`; a physically impossible ordinary fit is named in its ``problem``)
 
     seconds = base + per_seq * B + per_token * B * (d + 1) + per_prefill_token * B * P
 
@@ -142,6 +142,8 @@ def calibrate(engine, *, batch_sizes: tuple[int, ...] = CalibrationSizes.batch_s
             what = {"decode": f"d={x}", "head": f"head d={x}"}.get(kind, f"prefill P={x}")
             progress(f"B={b} {what}: {np.median(s) * 1e3:.1f} ms")
     result = {"format": FORMAT, "engine": engine.describe(), "points": points, "fit": fit(points)}
+    if progress and result["fit"]["problem"]:
+        progress(f"warning: {result['fit']['problem']}")
     if has_head:
         result["head"] = {str(b): dict(zip(["levels", "seconds"], row)) for b, row in head_table(points).items()}
     return {**result, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
@@ -182,34 +184,66 @@ def _is_decode(point: dict) -> bool:
     return not point.get("prompt_tokens", 0) and point.get("kind") != "head"
 
 
-def fit(points: list[dict]) -> dict[str, float]:
-    """Least squares ``seconds = base + per_seq * B + per_token * tokens`` over every decode sample
-    (``residual_std``: their residuals), then ``per_prefill_token`` over the prefill samples'
-    seconds beyond ``base + per_seq * B``. Decode first and alone: prefill steps last seconds and
-    vary by hundreds of milliseconds, and fitted together they bent the decode terms (measured here:
-    a plain batch-1 step predicted 40% too slow). A calibration without prefill points (older
-    files) gets ``per_prefill_token = 0`` and ``prefill_calibrated = False``: a prompt then costs
-    one sequence."""
-    rows, y, pre_rows, pre_y = [], [], [], []
+#: the fit's decode terms, in order (every one is >= 0 on a real machine)
+TERMS: tuple[str, ...] = ("base", "per_seq", "per_token")
+
+
+def fit(points: list[dict]) -> dict[str, Any]:
+    """Non-negative least squares ``seconds = base + per_seq * B + per_token * tokens`` over the
+    decode cells' medians (``residual_std``: every decode sample's residual), then
+    ``per_prefill_token`` (>= 0) over the prefill samples' seconds beyond ``base + per_seq * B``.
+
+    Why medians and non-negative: the cells are measured in interleaved rounds, so a burst of load
+    bends a few samples of many cells; their medians drop it, where a fit over every sample
+    followed it (a calibration taken at load average 8 fitted a negative per-step base and the
+    replay then ranked policies against vLLM at Kendall tau -0.46). No coefficient of a step's cost
+    is negative on a real machine, so the ordinary fit is kept beside (``unconstrained``) and a
+    negative one named in ``problem`` (:func:`fit_problem`), the fitted terms held at >= 0.
+    Decode first and alone: prefill steps last seconds and vary by hundreds of milliseconds, and
+    fitted together they bent the decode terms (measured here: a plain batch-1 step predicted 40%
+    too slow). A calibration without prefill points (older files) gets ``per_prefill_token = 0``
+    and ``prefill_calibrated = False``: a prompt then costs one sequence."""
+    from scipy.optimize import nnls
+
+    decode = [p for p in points if _is_decode(p)]
+    if not decode:
+        raise ValueError("the step-cost calibration has no decode cells; run draftrl calibrate --engine vllm with "
+                         "--depths.")
+    x = np.asarray([[1.0, p["num_seqs"], p["tokens_verified"]] for p in decode], dtype=float)
+    medians = np.asarray([float(np.median(p["seconds"])) for p in decode])
+    unconstrained, *_ = np.linalg.lstsq(x, medians, rcond=None)
+    coef, _ = nnls(x, medians)
+    residual = np.concatenate([np.asarray(p["seconds"], dtype=float) - row @ coef for p, row in zip(decode, x)])
+    pre_rows, pre_y = [], []
     for p in points:
-        for s in p["seconds"]:
-            if _is_decode(p):
-                rows.append([1.0, p["num_seqs"], p["tokens_verified"]])
-                y.append(s)
-            elif p.get("prompt_tokens", 0):
-                pre_rows.append((p["num_seqs"], p["prompt_tokens"]))
-                pre_y.append(s)
-    x, y = np.asarray(rows, dtype=float), np.asarray(y)
-    coef, *_ = np.linalg.lstsq(x, y, rcond=None)
-    residual = y - x @ coef
+        if p.get("prompt_tokens", 0):
+            pre_rows += [(p["num_seqs"], p["prompt_tokens"])] * len(p["seconds"])
+            pre_y += list(p["seconds"])
     per_prefill = 0.0
     if pre_rows:
         seqs, prompt = np.asarray(pre_rows, dtype=float).T
         beyond = np.asarray(pre_y) - coef[0] - coef[1] * seqs
-        per_prefill = float(beyond @ prompt / (prompt @ prompt))
-    return {"base": float(coef[0]), "per_seq": float(coef[1]), "per_token": float(coef[2]),
-            "per_prefill_token": per_prefill, "prefill_calibrated": bool(pre_rows),
-            "residual_std": float(residual.std()), "num_samples": int(len(y) + len(pre_y))}
+        per_prefill = max(0.0, float(beyond @ prompt / (prompt @ prompt)))
+    result: dict[str, Any] = {**{t: float(c) for t, c in zip(TERMS, coef)}, "per_prefill_token": per_prefill,
+                              "prefill_calibrated": bool(pre_rows), "residual_std": float(residual.std()),
+                              "num_samples": int(len(residual) + len(pre_y)),
+                              "unconstrained": {t: float(c) for t, c in zip(TERMS, unconstrained)}}
+    result["problem"] = fit_problem(result)
+    return result
+
+
+def fit_problem(fit_: dict[str, Any]) -> str | None:
+    """One line naming the physically impossible coefficients of ``fit_``'s ordinary least squares
+    (``unconstrained``: a negative base, per-sequence or per-token cost) and the fix, or None.
+    Such a fit means the measurement noise (load from other processes) exceeds what the cells
+    resolve; the held non-negative fit is then a guess, not a measurement."""
+    negative = {t: v for t, v in fit_.get("unconstrained", {}).items() if v < 0}
+    if not negative:
+        return None
+    terms = ", ".join(f"{t} {v * 1e3:.2f} ms" for t, v in negative.items())
+    return (f"the step-cost fit is physically impossible ({terms} < 0; residual sd "
+            f"{fit_['residual_std'] * 1e3:.1f} ms): calibrate again on an idle machine (uptime's load average "
+            "below the cores) or with more steps (--steps, --rounds).")
 
 
 def decode_table(points: list[dict]) -> dict[int, tuple[list[int], list[float]]]:

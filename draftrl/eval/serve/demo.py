@@ -215,7 +215,8 @@ def run_demo(config: ServeDemoConfig, out: str | Path, *, overwrite: bool = Fals
         with logged_run(wb, out, job_type="calibrate", config={"calibrate": to_dict(config.calibrate)}) as run:
             wandb_log.log_vllm_calibration(run, result)
         f = result["fit"]
-        return f"{f['base'] * 1e3:.0f} ms + {f['per_seq'] * 1e3:.1f} ms/seq + {f['per_token'] * 1e3:.1f} ms/token"
+        line = f"{f['base'] * 1e3:.0f} ms + {f['per_seq'] * 1e3:.1f} ms/seq + {f['per_token'] * 1e3:.1f} ms/token"
+        return f"{line}; WARNING: {f['problem']}" if f.get("problem") else line
 
     def collect() -> str:
         from draftrl.replay.recordings import record_workload
