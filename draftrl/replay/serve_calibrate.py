@@ -61,8 +61,9 @@ class CalibrationSizes:
     """prompt tokens per prefill cell"""
     prefill_batch_sizes: tuple[int, ...] = (1, 4)
     """prompts prefilled together"""
-    rounds: int = 2
-    """shuffled passes over the cells (spreads load drift)"""
+    rounds: int = 4
+    """shuffled passes over the cells: a burst of load then bends one sample of many cells, which
+    their medians drop, instead of one cell (4 x 2 steps costs what 2 x 4 did)"""
 
 
 def calibrate_model(model: str, sizes: CalibrationSizes, *, dtype: str = "float32", threads: int = 1, seed: int = 0,
