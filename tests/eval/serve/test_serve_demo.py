@@ -60,6 +60,19 @@ def test_sweep_summary_gives_per_class_rows_the_best_fixed_ratio_and_the_ceiling
     assert sweep_summary(_results({"2": {"none": 1.0}}), _results({"2": {"none": 1.0}}))["classes"] == {}
 
 
+def test_the_sweep_runs_the_searched_fixed_ks_and_table_once_each(tmp_path):
+    """The sweep's policies: the configured ones, the best fixed K on the mix, each class's best K
+    (a K already named runs once), the best DSD table and PPO."""
+    from draftrl.eval.serve.demo import _policies
+
+    write_json(tmp_path / "dsd_grid.json", {"best": "dsd:1-1:4,2-16:2", "fixed": {
+        "best": "fixed:2", "per_class": {"T0": {"best": "fixed:6"}, "T0.7": {"best": "fixed:2"},
+                                         "T1": {"best": "fixed:1"}}}})
+    config = ServeDemoConfig(policies=("none", "heuristic", "vllm-ngram:4", "fixed:1"))
+    assert _policies(config, tmp_path) == ["none", "heuristic", "vllm-ngram:4", "fixed:1", "fixed:2", "fixed:6",
+                                           "dsd:1-1:4,2-16:2", f"ppo:{tmp_path / 'ppo_replay'}"]
+
+
 def test_a_run_with_other_settings_is_refused_before_any_work(tmp_path):
     write_json(tmp_path / "serve_demo_config.json", plain(to_dict(ServeDemoConfig.quick())))
     with pytest.raises(ValueError, match="other settings.*--overwrite"):
