@@ -189,9 +189,10 @@ def _is_decode(point: dict) -> bool:
 TERMS: tuple[str, ...] = ("base", "per_seq", "per_token")
 
 
-def fit(points: list[dict]) -> dict[str, Any]:
+def fit(points: list[dict], quantile: float = 0.5) -> dict[str, Any]:
     """Non-negative least squares ``seconds = base + per_seq * B + per_token * tokens`` over the
-    decode cells' medians (``residual_std``: every decode sample's residual), then
+    decode cells' medians (``quantile`` of each cell's samples; ``residual_std``: every decode sample's
+    residual), then
     ``per_prefill_token`` (>= 0) over the prefill samples' seconds beyond ``base + per_seq * B``.
 
     Why medians and non-negative: the cells are measured in interleaved rounds, so a burst of load
@@ -211,7 +212,7 @@ def fit(points: list[dict]) -> dict[str, Any]:
         raise ValueError("the step-cost calibration has no decode cells; run draftrl calibrate --engine vllm with "
                          "--depths.")
     x = np.asarray([[1.0, p["num_seqs"], p["tokens_verified"]] for p in decode], dtype=float)
-    medians = np.asarray([float(np.median(p["seconds"])) for p in decode])
+    medians = np.asarray([cell_seconds(p, quantile) for p in decode])
     unconstrained, *_ = np.linalg.lstsq(x, medians, rcond=None)
     coef, _ = nnls(x, medians)
     residual = np.concatenate([np.asarray(p["seconds"], dtype=float) - row @ coef for p, row in zip(decode, x)])
@@ -247,8 +248,21 @@ def fit_problem(fit_: dict[str, Any]) -> str | None:
             "below the cores) or with more steps (--steps, --rounds).")
 
 
-def decode_table(points: list[dict]) -> dict[int, tuple[list[int], list[float]]]:
-    """Batch size -> (tokens verified, median seconds) of the decode cells, as measured. Why not
+def cell_seconds(point: dict, quantile: float = 0.5) -> float:
+    """One cell's step seconds: the ``quantile`` of its samples (0.5: the median). Why a lower one
+    on a loaded machine: other jobs only ever add time to a step, so the fast end of a cell's
+    samples keeps the cost's shape where the median follows the load (a calibration at load
+    average 9.7 on 2 cores: medians of 89 ms plain vs 45 ms verifying 4 tokens at batch 1, and
+    141 ms plain vs 81 ms verifying 16 at batch 8; their 10% quantiles grow with tokens at batch
+    4, 8 and 16 cell by cell)."""
+    if not 0.0 <= quantile <= 1.0:
+        raise ValueError(f"quantile={quantile} must be in [0, 1] (0.5: each cell's median).")
+    return float(np.quantile(point["seconds"], quantile))
+
+
+def decode_table(points: list[dict], quantile: float = 0.5) -> dict[int, tuple[list[int], list[float]]]:
+    """Batch size -> (tokens verified, seconds) of the decode cells, as measured (each cell's
+    :func:`cell_seconds` at ``quantile``, the median by default). Why not
     made non-decreasing in tokens: on vLLM 0.32's CPU runner more tokens do cost less at small
     batches, reproducibly (a 2-core AMD EPYC, two calibrations: 1 request verifying 2 tokens 53 and
     57 ms, 3-5 tokens 38-41 ms, 1 token 46-49 ms), and the running maximum that flattened it priced
@@ -257,7 +271,7 @@ def decode_table(points: list[dict]) -> dict[int, tuple[list[int], list[float]]]
     rows: dict[int, list[tuple[int, float]]] = {}
     for p in points:
         if _is_decode(p):
-            rows.setdefault(int(p["num_seqs"]), []).append((int(p["tokens_verified"]), float(np.median(p["seconds"]))))
+            rows.setdefault(int(p["num_seqs"]), []).append((int(p["tokens_verified"]), cell_seconds(p, quantile)))
     return {b: ([t for t, _ in sorted(cells)], [s for _, s in sorted(cells)]) for b, cells in sorted(rows.items())}
 
 
@@ -314,14 +328,15 @@ class StepCostModel:
         self._decode_cache: dict[tuple[int, int], float] = {}
 
     @classmethod
-    def from_calibration(cls, calibration: dict[str, Any] | str | Path) -> StepCostModel:
+    def from_calibration(cls, calibration: dict[str, Any] | str | Path, quantile: float = 0.5) -> StepCostModel:
         """Refit on a calibration's points (``draftrl calibrate --engine vllm --out FILE``; a dict or
-        the file): the fit, the decode table, the noise as the decode samples' spread around it, and
-        the head's table when the calibration has head cells (``--drafter eagle3``)."""
+        the file): the fit, the decode table (each cell at ``quantile``: :func:`cell_seconds`), the
+        noise as the decode samples' spread around it, and the head's table when the calibration
+        has head cells (``--drafter eagle3``)."""
         points = _calibration_points(calibration)
-        f = fit(points)
+        f = fit(points, quantile)
         model = cls(f["base"], f["per_seq"], f["per_token"], per_prefill_token=f["per_prefill_token"],
-                    table=decode_table(points), head=head_table(points) or None)
+                    table=decode_table(points, quantile), head=head_table(points) or None)
         spread = [s - model.decode_seconds(p["num_seqs"], p["tokens_verified"]) for p in points
                   if _is_decode(p) for s in p["seconds"]]
         model.residual_std = float(np.std(spread))

@@ -77,6 +77,29 @@ def test_a_negative_base_is_flagged_and_held_at_zero():
     assert model.base >= 0 and all(model.mean(b, b) > 0 for b in (1, 3, 32))
 
 
+def test_a_low_quantile_keeps_the_costs_shape_under_sustained_load():
+    """Other jobs add time to a step, never take it away: cells whose samples carry a load that
+    differs cell by cell (as at load average 9 on 2 cores) bend the medians' table, while each
+    cell's 10% quantile stays near the truth; the quantile is refused outside [0, 1]."""
+    rng = np.random.default_rng(5)
+
+    def truth(b, tokens):
+        return 0.04 + 0.002 * b + 0.003 * tokens
+
+    points = [{"kind": "decode", "num_seqs": b, "depth": d, "tokens_verified": b * (d + 1), "prompt_tokens": 0,
+               "seconds": (truth(b, b * (d + 1)) + rng.exponential(rng.uniform(0.0, 0.06), 8)).tolist()}
+              for b in (1, 4, 16) for d in (0, 1, 2, 4, 8)]
+    calibration = {"format": FORMAT, "points": points}
+    errors = {}
+    for q in (0.5, 0.1):
+        model = StepCostModel.from_calibration(calibration, quantile=q)
+        errors[q] = np.mean([abs(model.mean(b, t) - truth(b, t))
+                             for b, t in ((p["num_seqs"], p["tokens_verified"]) for p in points)])
+    assert errors[0.1] < 0.5 * errors[0.5] and errors[0.1] < 0.01
+    with pytest.raises(ValueError, match="quantile=1.5"):
+        StepCostModel.from_calibration(calibration, quantile=1.5)
+
+
 def head_cells(calibration, added, sd=0.0, seed=1):
     """The calibration plus ``head`` cells: each decode cell with d >= 1 costing ``added(b, d)`` more."""
     rng = np.random.default_rng(seed)
