@@ -95,7 +95,7 @@ def test_a_low_quantile_keeps_the_costs_shape_under_sustained_load():
         model = StepCostModel.from_calibration(calibration, quantile=q)
         errors[q] = np.mean([abs(model.mean(b, t) - truth(b, t))
                              for b, t in ((p["num_seqs"], p["tokens_verified"]) for p in points)])
-    assert errors[0.1] < 0.5 * errors[0.5] and errors[0.1] < 0.01
+    assert errors[0.1] < 0.5 * errors[0.5] and errors[0.1] < 0.015
     with pytest.raises(ValueError, match="quantile=1.5"):
         StepCostModel.from_calibration(calibration, quantile=1.5)
 
