@@ -101,19 +101,23 @@ def search_fixed(make_env: Callable[[Any, PolicyName], Any], config, loads: list
 
 def hindsight_bound(make_env: Callable[[Any, PolicyName], Any], config,
                     loads: list[dict[str, Any]]) -> dict[str, float]:
-    """Per load, the replay's ceiling over no speculation: every request drafts, at the deepest
-    depth, just the tokens its continuation will accept (rule ``hindsight``; the drafter's proposals,
-    no budget). Why: a policy short of a goal at a load is short of this ceiling or the ceiling is
-    short of the goal; the two say which."""
+    """Per load, the replay's ceiling over no speculation: every request drafts just the tokens its
+    continuation will accept (rule ``hindsight``, the drafter's proposals), at the best depth cap
+    and budget of the serving grid (at high load the deepest cap without a budget verifies so many
+    rows that a smaller one is faster: ``benchmarks/serve_headroom.py``'s ``hindsight``). Why: a
+    policy short of a goal at a load is short of this ceiling, or the ceiling is short of the goal;
+    the two say which."""
     out = {}
+    seed = config.seed if config.seed is not None else 0
     for load in loads:
         cfg = dataclasses.replace(config, **load)
         reference = make_env(cfg, PolicyName(REFERENCE, REFERENCE))
         bound = make_env(dataclasses.replace(cfg, rule="hindsight"), PolicyName("fixed", "hindsight"))
-        ids = [[p.id for p in env.workload.prompts][: config.num_requests or None] for env in (reference, bound)]
-        seed = config.seed if config.seed is not None else 0
+        ids = [p.id for p in reference.workload.prompts][: config.num_requests or None]
         plain = episode_throughput(reference, build_serving_policy(PolicyName(REFERENCE, REFERENCE), reference),
-                                   ids[0], seed=seed)
-        ceiling = build_serving_policy(PolicyName("heuristic", "hindsight"), bound)  # the deepest depth, no budget
-        out[_load_name(load)] = episode_throughput(bound, ceiling, ids[1], seed=seed) / plain
+                                   ids, seed=seed)
+        out[_load_name(load)] = max(
+            episode_throughput(bound, build_serving_policy(PolicyName("fixed", f"hindsight:{d}:{b}", depth=d,
+                                                                      verify_size=b), bound), ids, seed=seed)
+            for d in config.depths if d > 0 for b in config.budgets if b > 0) / plain
     return out
