@@ -10,7 +10,7 @@ verdict, and where the report and plots are. Exits 3 when an exactness check fai
 
 Learning under load in real vLLM (needs vLLM installed; ``draftrl.eval.serve.demo``)::
 
-    draftrl demo --engine vllm             # about 15 minutes on 2 CPU cores -> runs/serve_demo
+    draftrl demo --engine vllm             # about 20 minutes on 2 CPU cores -> runs/serve_demo
     draftrl demo --engine vllm --quick     # a few minutes
     draftrl demo --engine vllm --set rates=[1,4,16] --out runs/serve_demo2
 

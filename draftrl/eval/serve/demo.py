@@ -21,7 +21,7 @@ step) in one group, offline in ``DIR/wandb/``: the sweep's speedup against the a
 policy and its per-rate tables beside the calibration, training and DSD search they came from. A step whose
 output is already in ``DIR``
 (from an interrupted run with the same settings, ``DIR/serve_demo_config.json``) is skipped.
-The default (``ServeDemoConfig()``) is sized for about 15 minutes on 2 quiet CPU cores;
+The default (``ServeDemoConfig()``, the temperature mix) took about 20 minutes on 2 shared CPU cores;
 ``ServeDemoConfig.quick()`` runs in a few.
 """
 
@@ -51,7 +51,7 @@ OUTPUTS: tuple[str, ...] = ("serve_demo_config.json", "vllm_costs.json", "rec_tu
 
 @dataclass
 class ServeDemoConfig:
-    """Sizes of ``draftrl demo --engine vllm`` (defaults: about 15 minutes on 2 CPU cores)."""
+    """Sizes of ``draftrl demo --engine vllm`` (defaults: about 20 minutes on 2 shared CPU cores, the mix)."""
 
     calibrate: CalibrationSizes = field(default_factory=CalibrationSizes)
     """the step-cost measurement (``draftrl calibrate --engine vllm``'s cells)"""
