@@ -126,6 +126,8 @@ def run_vllm(args: argparse.Namespace) -> int:
     print(f"step_seconds = {f['base'] * 1e3:.2f} ms + {f['per_seq'] * 1e3:.2f} ms x seqs + "
           f"{f['per_token'] * 1e3:.3f} ms x tokens_verified + {f['per_prefill_token'] * 1e3:.3f} ms x prompt_tokens  "
           f"(residual sd {f['residual_std'] * 1e3:.2f} ms)")
+    if f.get("problem"):
+        print(f"warning: {f['problem']}", file=sys.stderr)
     for b, row in result.get("head", {}).items():
         cells = "  ".join(f"d={d}: {s * 1e3:.1f}" for d, s in zip(row["levels"], row["seconds"]))
         print(f"head drafting adds, B={b}: {cells} ms")

@@ -10,7 +10,7 @@ verdict, and where the report and plots are. Exits 3 when an exactness check fai
 
 Learning under load in real vLLM (needs vLLM installed; ``draftrl.eval.serve.demo``)::
 
-    draftrl demo --engine vllm             # about 15 minutes on 2 CPU cores -> runs/serve_demo
+    draftrl demo --engine vllm             # about 20 minutes on 2 CPU cores -> runs/serve_demo
     draftrl demo --engine vllm --quick     # a few minutes
     draftrl demo --engine vllm --set rates=[1,4,16] --out runs/serve_demo2
 
@@ -250,18 +250,45 @@ def print_serve_summary(summary: dict) -> None:
     for rate, rows in summary["rates"].items():
         table = Table(title=f"Poisson {rate} requests/s, held-out requests, {hardware_name(summary['hardware'])}; "
                             "policies interleaved, ratios from one run")
-        for i, col in enumerate(("policy", "vs none (vLLM)", "vs none (replay)", "tokens/s", "TTFT p50 s",
-                                 "ITL p50 ms", "ITL p95 ms")):
+        ceiling = summary.get("hindsight_vs_none", {}).get(rate)
+        if ceiling:
+            table.caption = f"the replay's hindsight ceiling: {ceiling:.2f}x none"
+        for i, col in enumerate(("policy", "vs none (vLLM)", "vs none (replay)", "vs best fixed", "tokens/s",
+                                 "TTFT p50 s", "ITL p50 ms", "ITL p95 ms")):
             table.add_column(col, justify="left" if i == 0 else "right")
         for name, r in sorted(rows.items(), key=lambda kv: -kv[1]["speedup_vs_none"]):
             table.add_row(escape(name), f"{r['speedup_vs_none']:.2f}x",
                           fmt(r["replay_speedup_vs_none"], spec="{:.2f}x"),
+                          fmt(r.get("speedup_vs_best_fixed"), spec="{:.2f}x"),
                           f"{r['tokens_per_second']:.1f}", fmt(r["ttft_p50"]), fmt(r["itl_p50"], 1e3, "{:.0f}"),
                           fmt(r["itl_p95"], 1e3, "{:.0f}"))
+        console.print(table)
+    for rate, classes in summary.get("classes", {}).items():
+        table = Table(title=f"Poisson {rate} requests/s per sampling class: tokens / request latency over none's "
+                            f"(vLLM / replay) and over the best fixed K's ({escape(str(summary.get('best_fixed')))})")
+        table.add_column("policy")
+        for cls in classes:
+            table.add_column(f"{cls} vs none", justify="right")
+            table.add_column(f"{cls} vs best fixed", justify="right")
+        names = list(dict.fromkeys(n for rows in classes.values() for n in rows))
+        for name in names:
+            cells = []
+            for rows in classes.values():
+                r = rows.get(name, {})
+                cells += [f"{fmt(r.get('speedup_vs_none'), spec='{:.2f}x')} / "
+                          f"{fmt(r.get('replay_speedup_vs_none'), spec='{:.2f}x')}",
+                          fmt(r.get("speedup_vs_best_fixed"), spec="{:.2f}x")]
+            table.add_row(escape(name), *cells)
         console.print(table)
     geo = "  ".join(f"{escape(k)} {v:.2f}x" for k, v in sorted(summary["geomean_speedup_vs_none"].items(),
                                                                  key=lambda kv: -kv[1]))
     console.print(f"geometric mean over rates, vs none: {geo}")
+    if summary.get("geomean_speedup_vs_best_fixed"):
+        geo = "  ".join(f"{escape(k)} {v:.2f}x" for k, v in sorted(summary["geomean_speedup_vs_best_fixed"].items(),
+                                                                     key=lambda kv: -kv[1]))
+        console.print(f"geometric mean over rates, vs the best fixed K ({escape(summary['best_fixed'])}): {geo}")
+    if summary.get("calibration_problem"):
+        console.print(f"[bold red]calibration:[/] {escape(summary['calibration_problem'])}")
     tau = summary["kendall_tau"]
     console.print(f"replay vs vLLM ranking: Kendall tau {fmt(tau)} over every (rate, policy)")
     ex = summary["exactness"]

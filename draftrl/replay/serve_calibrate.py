@@ -9,8 +9,8 @@ one step before it is verified). Prefill is timed too: ``B`` fresh requests of `
 prompt tokens each (never seen before, so no cached prefix) admitted together, and the seconds of
 the one step that runs their prompts. The cells are measured in ``rounds`` passes over a shuffled
 order, so a burst of load on a shared machine spreads over many cells instead of bending one. The
-result is a table of step seconds (median, p10, p90 per cell) and a least-squares fit over every
-sample
+result is a table of step seconds (median, p10, p90 per cell) and a non-negative least-squares fit
+over the cells' medians (:func:`fit`; a physically impossible ordinary fit is named in its ``problem``)
 
     seconds = base + per_seq * B + per_token * B * (d + 1) + per_prefill_token * B * P
 
@@ -61,8 +61,9 @@ class CalibrationSizes:
     """prompt tokens per prefill cell"""
     prefill_batch_sizes: tuple[int, ...] = (1, 4)
     """prompts prefilled together"""
-    rounds: int = 2
-    """shuffled passes over the cells (spreads load drift)"""
+    rounds: int = 4
+    """shuffled passes over the cells: a burst of load then bends one sample of many cells, which
+    their medians drop, instead of one cell (4 x 2 steps costs what 2 x 4 did)"""
 
 
 def calibration_engine(model: str, sizes: CalibrationSizes, *, dtype: str = "float32", threads: int = 1,
@@ -152,6 +153,8 @@ def calibrate(engine, *, batch_sizes: tuple[int, ...] = CalibrationSizes.batch_s
             what = {"decode": f"d={x}", "head": f"head d={x}"}.get(kind, f"prefill P={x}")
             progress(f"B={b} {what}: {np.median(s) * 1e3:.1f} ms")
     result = {"format": FORMAT, "engine": engine.describe(), "points": points, "fit": fit(points)}
+    if progress and result["fit"]["problem"]:
+        progress(f"warning: {result['fit']['problem']}")
     if has_head:
         result["head"] = {str(b): dict(zip(["levels", "seconds"], row)) for b, row in head_table(points).items()}
     return {**result, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
@@ -210,38 +213,84 @@ def _is_decode(point: dict) -> bool:
     return not point.get("prompt_tokens", 0) and point.get("kind") != "head"
 
 
-def fit(points: list[dict]) -> dict[str, float]:
-    """Least squares ``seconds = base + per_seq * B + per_token * tokens`` over every decode sample
-    (``residual_std``: their residuals), then ``per_prefill_token`` over the prefill samples'
-    seconds beyond ``base + per_seq * B``. Decode first and alone: prefill steps last seconds and
-    vary by hundreds of milliseconds, and fitted together they bent the decode terms (measured here:
-    a plain batch-1 step predicted 40% too slow). A calibration without prefill points (older
-    files) gets ``per_prefill_token = 0`` and ``prefill_calibrated = False``: a prompt then costs
-    one sequence."""
-    rows, y, pre_rows, pre_y = [], [], [], []
+#: the fit's decode terms, in order (every one is >= 0 on a real machine)
+TERMS: tuple[str, ...] = ("base", "per_seq", "per_token")
+
+
+def fit(points: list[dict], quantile: float = 0.5) -> dict[str, Any]:
+    """Non-negative least squares ``seconds = base + per_seq * B + per_token * tokens`` over the
+    decode cells' medians (``quantile`` of each cell's samples; ``residual_std``: every decode sample's
+    residual), then
+    ``per_prefill_token`` (>= 0) over the prefill samples' seconds beyond ``base + per_seq * B``.
+
+    Why medians and non-negative: the cells are measured in interleaved rounds, so a burst of load
+    bends a few samples of many cells; their medians drop it, where a fit over every sample
+    followed it (a calibration taken at load average 8 fitted a negative per-step base and the
+    replay then ranked policies against vLLM at Kendall tau -0.46). No coefficient of a step's cost
+    is negative on a real machine, so the ordinary fit is kept beside (``unconstrained``) and a
+    negative one named in ``problem`` (:func:`fit_problem`), the fitted terms held at >= 0.
+    Decode first and alone: prefill steps last seconds and vary by hundreds of milliseconds, and
+    fitted together they bent the decode terms (measured here: a plain batch-1 step predicted 40%
+    too slow). A calibration without prefill points (older files) gets ``per_prefill_token = 0``
+    and ``prefill_calibrated = False``: a prompt then costs one sequence."""
+    from scipy.optimize import nnls
+
+    decode = [p for p in points if _is_decode(p)]
+    if not decode:
+        raise ValueError("the step-cost calibration has no decode cells; run draftrl calibrate --engine vllm with "
+                         "--depths.")
+    x = np.asarray([[1.0, p["num_seqs"], p["tokens_verified"]] for p in decode], dtype=float)
+    medians = np.asarray([cell_seconds(p, quantile) for p in decode])
+    unconstrained, *_ = np.linalg.lstsq(x, medians, rcond=None)
+    coef, _ = nnls(x, medians)
+    residual = np.concatenate([np.asarray(p["seconds"], dtype=float) - row @ coef for p, row in zip(decode, x)])
+    pre_rows, pre_y = [], []
     for p in points:
-        for s in p["seconds"]:
-            if _is_decode(p):
-                rows.append([1.0, p["num_seqs"], p["tokens_verified"]])
-                y.append(s)
-            elif p.get("prompt_tokens", 0):
-                pre_rows.append((p["num_seqs"], p["prompt_tokens"]))
-                pre_y.append(s)
-    x, y = np.asarray(rows, dtype=float), np.asarray(y)
-    coef, *_ = np.linalg.lstsq(x, y, rcond=None)
-    residual = y - x @ coef
+        if p.get("prompt_tokens", 0):
+            pre_rows += [(p["num_seqs"], p["prompt_tokens"])] * len(p["seconds"])
+            pre_y += list(p["seconds"])
     per_prefill = 0.0
     if pre_rows:
         seqs, prompt = np.asarray(pre_rows, dtype=float).T
         beyond = np.asarray(pre_y) - coef[0] - coef[1] * seqs
-        per_prefill = float(beyond @ prompt / (prompt @ prompt))
-    return {"base": float(coef[0]), "per_seq": float(coef[1]), "per_token": float(coef[2]),
-            "per_prefill_token": per_prefill, "prefill_calibrated": bool(pre_rows),
-            "residual_std": float(residual.std()), "num_samples": int(len(y) + len(pre_y))}
+        per_prefill = max(0.0, float(beyond @ prompt / (prompt @ prompt)))
+    result: dict[str, Any] = {**{t: float(c) for t, c in zip(TERMS, coef)}, "per_prefill_token": per_prefill,
+                              "prefill_calibrated": bool(pre_rows), "residual_std": float(residual.std()),
+                              "num_samples": int(len(residual) + len(pre_y)),
+                              "unconstrained": {t: float(c) for t, c in zip(TERMS, unconstrained)}}
+    result["problem"] = fit_problem(result)
+    return result
 
 
-def decode_table(points: list[dict]) -> dict[int, tuple[list[int], list[float]]]:
-    """Batch size -> (tokens verified, median seconds) of the decode cells, as measured. Why not
+def fit_problem(fit_: dict[str, Any]) -> str | None:
+    """One line naming the physically impossible coefficients of ``fit_``'s ordinary least squares
+    (``unconstrained``: a negative base, per-sequence or per-token cost) and the fix, or None.
+    Such a fit means the measurement noise (load from other processes) exceeds what the cells
+    resolve; the held non-negative fit is then a guess, not a measurement."""
+    negative = {t: v for t, v in fit_.get("unconstrained", {}).items() if v < 0}
+    if not negative:
+        return None
+    terms = ", ".join(f"{t} {v * 1e3:.2f} ms" for t, v in negative.items())
+    return (f"the step-cost fit is physically impossible ({terms} < 0; residual sd "
+            f"{fit_['residual_std'] * 1e3:.1f} ms): calibrate again on an idle machine (uptime's load average "
+            "below the cores) or with more steps (--steps, --rounds).")
+
+
+def cell_seconds(point: dict, quantile: float = 0.5) -> float:
+    """One cell's step seconds: the ``quantile`` of its samples (0.5: the median). Why a lower one
+    on a loaded machine: other jobs only ever add time to a step, so the fast end of a cell's
+    samples keeps the cost's shape where the median follows the load (a calibration at load
+    average 9.7 on 2 cores: medians of 89 ms plain vs 45 ms verifying 4 tokens at batch 1, and
+    141 ms plain vs 81 ms verifying 16 at batch 8; their 10% quantiles grow with tokens at batch
+    4, 8 and 16 cell by cell)."""
+    if not 0.0 <= quantile <= 1.0:
+        raise ValueError(f"quantile={quantile} must be in [0, 1] (0.5: each cell's median).")
+    return float(np.quantile(point["seconds"], quantile))
+
+
+def decode_table(points: list[dict], quantile: float = 0.5) -> dict[int, tuple[list[int], list[float]]]:
+    """Batch size -> (tokens verified, seconds) of the decode cells, as measured (each cell's
+    :func:`cell_seconds` at ``quantile``, the median by default). Why not
     made non-decreasing in tokens: on vLLM 0.32's CPU runner more tokens do cost less at small
     batches, reproducibly (a 2-core AMD EPYC, two calibrations: 1 request verifying 2 tokens 53 and
     57 ms, 3-5 tokens 38-41 ms, 1 token 46-49 ms), and the running maximum that flattened it priced
@@ -250,7 +299,7 @@ def decode_table(points: list[dict]) -> dict[int, tuple[list[int], list[float]]]
     rows: dict[int, list[tuple[int, float]]] = {}
     for p in points:
         if _is_decode(p):
-            rows.setdefault(int(p["num_seqs"]), []).append((int(p["tokens_verified"]), float(np.median(p["seconds"]))))
+            rows.setdefault(int(p["num_seqs"]), []).append((int(p["tokens_verified"]), cell_seconds(p, quantile)))
     return {b: ([t for t, _ in sorted(cells)], [s for _, s in sorted(cells)]) for b, cells in sorted(rows.items())}
 
 
@@ -307,14 +356,15 @@ class StepCostModel:
         self._decode_cache: dict[tuple[int, int], float] = {}
 
     @classmethod
-    def from_calibration(cls, calibration: dict[str, Any] | str | Path) -> StepCostModel:
+    def from_calibration(cls, calibration: dict[str, Any] | str | Path, quantile: float = 0.5) -> StepCostModel:
         """Refit on a calibration's points (``draftrl calibrate --engine vllm --out FILE``; a dict or
-        the file): the fit, the decode table, the noise as the decode samples' spread around it, and
-        the head's table when the calibration has head cells (``--drafter eagle3``)."""
+        the file): the fit, the decode table (each cell at ``quantile``: :func:`cell_seconds`), the
+        noise as the decode samples' spread around it, and the head's table when the calibration
+        has head cells (``--drafter eagle3``)."""
         points = _calibration_points(calibration)
-        f = fit(points)
+        f = fit(points, quantile)
         model = cls(f["base"], f["per_seq"], f["per_token"], per_prefill_token=f["per_prefill_token"],
-                    table=decode_table(points), head=head_table(points) or None)
+                    table=decode_table(points, quantile), head=head_table(points) or None)
         spread = [s - model.decode_seconds(p["num_seqs"], p["tokens_verified"]) for p in points
                   if _is_decode(p) for s in p["seconds"]]
         model.residual_std = float(np.std(spread))

@@ -29,6 +29,10 @@ def test_quick_serve_demo_runs_end_to_end_and_resumes(tmp_path, monkeypatch, cap
     assert rows["none"]["speedup_vs_none"] == 1.0 and all(r["tokens_per_second"] > 0 for r in rows.values())
     assert all(r["replay_speedup_vs_none"] is not None for name, r in rows.items())
     assert (out / "sweep" / "sweep.png").stat().st_size > 0 and (out / "sweep" / "report.md").exists()
+    # on the default mix: the searched fixed K is swept, per-class rows, the replay's ceiling per rate
+    assert summary["best_fixed"] in rows and rows[summary["best_fixed"]]["speedup_vs_best_fixed"] == 1.0
+    assert set(summary["hindsight_vs_none"]) == {"2"} and summary["hindsight_vs_none"]["2"] > 0
+    assert summary["classes"]["2"] and all(set(c) <= set(rows) for c in summary["classes"]["2"].values())
     printed = capsys.readouterr().out
     assert "vs none (vLLM)" in printed and "Poisson 2 requests/s" in printed
     assert f"wandb sync {out / 'wandb'}" in printed

@@ -112,3 +112,24 @@ def test_closing_an_engine_takes_the_shared_ones_along_and_they_rebuild(referenc
     after = shared_engine(VLLMEngineConfig(method="none"))
     assert after is not before
     assert run(after, mixed_prompts)[0] == reference[0]
+
+
+def test_seeded_sampled_prompts_beyond_one_step_budget_are_never_split():
+    """vLLM 0.32 rewinds a seeded request's generator after a partial prefill, which a CPU generator
+    refuses ("CPU Generator does not use offset"): 16 seeded T=0.7 prompts of 300 tokens added at once
+    (4800 tokens, above vLLM's 2048-token step) crashed vLLM's ngram engine. On CPU the engine
+    schedules whole prompts only: they all finish, and no step prefills more than fits."""
+    from draftrl.decoding.vllm.engine import on_gpu, whole_prompts
+
+    config = VLLMEngineConfig(method="ngram", num_speculative_tokens=4)
+    if not on_gpu():
+        assert whole_prompts(config) == {"enable_chunked_prefill": False, "max_num_batched_tokens": 2048}
+    engine = shared_engine(config)
+    for i in range(16):
+        engine.add_request(f"seeded{i}", [(7 * i + j) % 5000 + 100 for j in range(300)], 8, temperature=0.7, seed=i)
+    finished, steps = set(), 0
+    while engine.has_unfinished_requests() and steps < 200:
+        result = engine.step(StepAction(0))
+        finished |= {r.request_id for r in result.requests if r.finished}
+        steps += 1
+    assert finished == {f"seeded{i}" for i in range(16)}

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from serve_recordings import synthetic_calibration
 
-from draftrl.replay.serve_calibrate import FORMAT, StepCostModel
+from draftrl.replay.serve_calibrate import FORMAT, StepCostModel, fit
 
 
 @pytest.mark.parametrize("coef,prefill", [((0.040, 0.0015, 0.0006), None), ((0.012, 0.004, 0.0002), None),
@@ -46,6 +46,58 @@ def test_cost_table_follows_the_measured_medians():
     assert model.mean(16, 200) - model.mean(16, 144) == pytest.approx(56 * model.per_token)  # past the grid
     assert model.mean(32, 32) - model.mean(16, 32) == pytest.approx(16 * model.per_seq)
     assert model.residual_std == pytest.approx(np.std([-0.005, 0.0, 0.005] + [0.0] * 42))  # spread around the cells
+
+
+def test_a_burst_of_load_in_one_round_leaves_the_fit_alone():
+    """One sample of every cell taken during a burst (another job's 200 ms): the medians drop it,
+    so the known coefficients come back and nothing is flagged."""
+    calibration = synthetic_calibration((0.040, 0.0015, 0.0006), sd=0.001)
+    for p in calibration["points"]:
+        p["seconds"][3] += 0.2
+    f = fit(calibration["points"])
+    for term, want, tol in (("base", 0.040, 1.5e-3), ("per_seq", 0.0015, 2e-4), ("per_token", 0.0006, 2e-5)):
+        assert abs(f[term] - want) < tol
+    assert f["problem"] is None
+
+
+def test_a_negative_base_is_flagged_and_held_at_zero():
+    """Negative control: cells measured under load whose ordinary fit has a negative per-step base
+    (the small batches ran fast, the large ones slow) are flagged in one line naming the fix, and the
+    cost model the replay uses keeps every term >= 0 and every step's cost positive."""
+    rng = np.random.default_rng(3)
+    points = [{"kind": "decode", "num_seqs": b, "depth": d, "tokens_verified": b * (d + 1), "prompt_tokens": 0,
+               "seconds": (-0.005 + 0.008 * b + 0.0005 * b * (d + 1) + 0.0005 * rng.standard_normal(4)).tolist()}
+              for b in (1, 2, 4, 8, 16) for d in (0, 1, 2, 4)]
+    f = fit(points)
+    assert f["unconstrained"]["base"] < -0.003
+    assert "base" in f["problem"] and "idle machine" in f["problem"] and "--steps" in f["problem"]
+    assert "per_seq" not in f["problem"]
+    assert min(f["base"], f["per_seq"], f["per_token"]) >= 0
+    model = StepCostModel.from_calibration({"format": FORMAT, "points": points})
+    assert model.base >= 0 and all(model.mean(b, b) > 0 for b in (1, 3, 32))
+
+
+def test_a_low_quantile_keeps_the_costs_shape_under_sustained_load():
+    """Other jobs add time to a step, never take it away: cells whose samples carry a load that
+    differs cell by cell (as at load average 9 on 2 cores) bend the medians' table, while each
+    cell's 10% quantile stays near the truth; the quantile is refused outside [0, 1]."""
+    rng = np.random.default_rng(5)
+
+    def truth(b, tokens):
+        return 0.04 + 0.002 * b + 0.003 * tokens
+
+    points = [{"kind": "decode", "num_seqs": b, "depth": d, "tokens_verified": b * (d + 1), "prompt_tokens": 0,
+               "seconds": (truth(b, b * (d + 1)) + rng.exponential(rng.uniform(0.0, 0.06), 8)).tolist()}
+              for b in (1, 4, 16) for d in (0, 1, 2, 4, 8)]
+    calibration = {"format": FORMAT, "points": points}
+    errors = {}
+    for q in (0.5, 0.1):
+        model = StepCostModel.from_calibration(calibration, quantile=q)
+        errors[q] = np.mean([abs(model.mean(b, t) - truth(b, t))
+                             for b, t in ((p["num_seqs"], p["tokens_verified"]) for p in points)])
+    assert errors[0.1] < 0.5 * errors[0.5] and errors[0.1] < 0.015
+    with pytest.raises(ValueError, match="quantile=1.5"):
+        StepCostModel.from_calibration(calibration, quantile=1.5)
 
 
 def head_cells(calibration, added, sd=0.0, seed=1):

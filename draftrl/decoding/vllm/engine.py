@@ -379,6 +379,17 @@ def set_cpu_defaults(config: VLLMEngineConfig) -> None:
     torch.set_num_threads(config.threads)
 
 
+def whole_prompts(config: VLLMEngineConfig) -> dict[str, Any]:
+    """On CPU, vLLM scheduler settings that never split a prompt over steps (no chunked prefill, a
+    step budget of at least one whole prompt). Why: vLLM 0.32 rewinds a seeded request's generator
+    after a partial prefill (``gen.set_offset``), which a CPU generator refuses ("CPU Generator does
+    not use offset"): a sampled, seeded workload under Poisson load crashed mid-sweep. The serving
+    replay prefills each prompt in one step too (it does not model chunking)."""
+    if on_gpu():
+        return {}
+    return {"enable_chunked_prefill": False, "max_num_batched_tokens": max(config.max_model_len, 2048)}
+
+
 def guard_llvmlite() -> None:
     """Work around a vLLM 0.32 CPU crash when an engine is built after a ``method: ngram`` engine.
 
@@ -437,6 +448,7 @@ class VLLMEngine:
             max_model_len=config.max_model_len, max_num_seqs=config.max_num_seqs, seed=config.seed,
             speculative_config=_readable_heads(config.speculative_config()),
             logprobs_mode="raw_logprobs", max_logprobs=config.max_logprobs, **memory, **config.parallel_args,
+            **whole_prompts(config),
         ), stat_loggers=[stat_logger(self.spec_counts)])
         self.load_seconds = time.perf_counter() - t0
         self.max_depth = config.num_speculative_tokens if config.method == "draftrl" else 0

@@ -21,7 +21,7 @@ step) in one group, offline in ``DIR/wandb/``: the sweep's speedup against the a
 policy and its per-rate tables beside the calibration, training and DSD search they came from. A step whose
 output is already in ``DIR``
 (from an interrupted run with the same settings, ``DIR/serve_demo_config.json``) is skipped.
-The default (``ServeDemoConfig()``) is sized for about 15 minutes on 2 quiet CPU cores;
+The default (``ServeDemoConfig()``, the temperature mix) took about 20 minutes on 2 shared CPU cores;
 ``ServeDemoConfig.quick()`` runs in a few.
 """
 
@@ -51,15 +51,17 @@ OUTPUTS: tuple[str, ...] = ("serve_demo_config.json", "vllm_costs.json", "rec_tu
 
 @dataclass
 class ServeDemoConfig:
-    """Sizes of ``draftrl demo --engine vllm`` (defaults: about 15 minutes on 2 CPU cores)."""
+    """Sizes of ``draftrl demo --engine vllm`` (defaults: about 20 minutes on 2 shared CPU cores, the mix)."""
 
     calibrate: CalibrationSizes = field(default_factory=CalibrationSizes)
     """the step-cost measurement (``draftrl calibrate --engine vllm``'s cells)"""
     max_new_tokens: int = 32
     """tokens per request in the recordings, the replay and the sweep"""
-    temperature_mix: Any = None
+    temperature_mix: Any = field(default_factory=lambda: {0.0: 0.3, 0.7: 0.4, 1.0: 0.3})
     """each request's sampling class in the recordings, the training replay and the sweep
-    (``WorkloadConfig.temperature_mix``, e.g. ``{0: 0.3, 0.7: 0.4, 1.0: 0.3}``); null: every request greedy"""
+    (``WorkloadConfig.temperature_mix``): greedy tool calls beside chat at 0.7 and vLLM's default 1.0,
+    as a served batch mixes them (the round demo's mix); null (``--set temperature_mix=null``): every
+    request greedy"""
     continuations: int = 4
     """sampled continuations recorded per request and sampled class (``draftrl collect --engine vllm
     --continuations``); a greedy class records one"""
@@ -70,9 +72,11 @@ class ServeDemoConfig:
     train_overrides: tuple[str, ...] = ()
     """more TrainConfig overrides, as for draftrl train --set"""
     dsd_ks: tuple[int, ...] = (0, 1, 2, 3, 4, 6, 8)
-    """depths each batch-size range of the Dynamic SD table may take"""
-    policies: tuple[str, ...] = ("none", "fixed:2", "fixed:4", "heuristic", "vllm-ngram:4")
-    """serving policies of the sweep besides the searched DSD table and PPO (``draftrl eval --engine vllm`` names)"""
+    """depths each batch-size range of the Dynamic SD table may take, and (those above 0) the fixed
+    depths searched on the mix and per sampling class"""
+    policies: tuple[str, ...] = ("none", "heuristic", "vllm-ngram:4")
+    """serving policies of the sweep besides the searched ones (the best fixed K on the mix and per
+    sampling class, the DSD table) and PPO (``draftrl eval --engine vllm`` names)"""
     rates: tuple[float, ...] = (0.5, 1.0, 2.0, 8.0)
     """Poisson arrival rates of the sweep, requests per second, light to saturating"""
     num_requests: int = 16
@@ -106,10 +110,11 @@ class ServeDemoConfig:
 
     @classmethod
     def quick(cls) -> ServeDemoConfig:
-        """A few minutes: a small calibration, 12 tokens, 2048 training steps, one rate, 2 requests."""
+        """A few minutes: a small calibration, 12 tokens, 2 continuations, 2048 training steps, one rate,
+        2 requests."""
         return cls(calibrate=CalibrationSizes(batch_sizes=(1, 4), depths=(0, 2), steps=2, prefill_lens=(32,),
                                               prefill_batch_sizes=(1,), rounds=1),
-                   max_new_tokens=12, total_timesteps=2048, dsd_ks=(0, 2, 4),
+                   max_new_tokens=12, total_timesteps=2048, dsd_ks=(0, 2, 4), continuations=2,
                    train_overrides=("eval_episodes=2", "ppo.n_steps=256", "ppo.batch_size=64", "checkpoint_every=2048"),
                    policies=("none", "fixed:2"), rates=(2.0,), num_requests=2)
 
@@ -215,7 +220,8 @@ def run_demo(config: ServeDemoConfig, out: str | Path, *, overwrite: bool = Fals
         with logged_run(wb, out, job_type="calibrate", config={"calibrate": to_dict(config.calibrate)}) as run:
             wandb_log.log_vllm_calibration(run, result)
         f = result["fit"]
-        return f"{f['base'] * 1e3:.0f} ms + {f['per_seq'] * 1e3:.1f} ms/seq + {f['per_token'] * 1e3:.1f} ms/token"
+        line = f"{f['base'] * 1e3:.0f} ms + {f['per_seq'] * 1e3:.1f} ms/seq + {f['per_token'] * 1e3:.1f} ms/token"
+        return f"{line}; WARNING: {f['problem']}" if f.get("problem") else line
 
     def collect() -> str:
         from draftrl.replay.recordings import record_workload
@@ -240,19 +246,23 @@ def run_demo(config: ServeDemoConfig, out: str | Path, *, overwrite: bool = Fals
         return f"PPO {table['ppo']['throughput'] / table[best]['throughput']:.3f}x the best fixed {best} (replay)"
 
     def dsd() -> str:
-        from draftrl.eval.serve.dsd_search import search_dsd
+        from draftrl.eval.serve.dsd_search import search_dsd, search_fixed
 
-        replay_env = _replay_env(out, "rec_tune")
-        scored = search_dsd(replay_env, _serve_config(config, split="tune"), list(train_cfg.env.serve.loads),
-                            ks=config.dsd_ks)
-        write_json(out / "dsd_grid.json", {"best": scored[0]["label"], "tables": scored})
+        replay_env, tune, loads = _replay_env(out, "rec_tune"), _serve_config(config, split="tune"), \
+            list(train_cfg.env.serve.loads)
+        fixed = search_fixed(replay_env, tune, loads, ks=tuple(k for k in config.dsd_ks if k > 0))
+        scored = search_dsd(replay_env, tune, loads, ks=config.dsd_ks)
+        write_json(out / "dsd_grid.json", {"best": scored[0]["label"], "tables": scored, "fixed": fixed})
         with logged_run(wb, out, job_type="dsd", config={"ks": list(config.dsd_ks)}) as run:
             wandb_log.log_dsd(run, scored)
-        return f"{scored[0]['label']} ({scored[0]['score']:.3f}x over no speculation, {len(scored)} tables)"
+        per_class = ", ".join(f"{c} {v['best']}" for c, v in fixed["per_class"].items())
+        return (f"{scored[0]['label']} ({scored[0]['score']:.3f}x over no speculation, {len(scored)} tables); "
+                f"best fixed {fixed['best']} ({fixed['score']:.3f}x), per class {per_class}")
 
     def sweep() -> str:
         from draftrl.eval.plots import load_sweep
         from draftrl.eval.serve.compare import ServingMismatch, run_eval
+        from draftrl.eval.serve.dsd_search import hindsight_bound
 
         policies = _policies(config, out)
         serve = _serve_config(config, split="heldout")
@@ -260,6 +270,10 @@ def run_demo(config: ServeDemoConfig, out: str | Path, *, overwrite: bool = Fals
         replayed = [p for p in policies if not p.startswith("vllm-")]
         replay = run_eval(out / "sweep" / "replay", policies=replayed, concurrency=(), rates=config.rates,
                                   repeats=config.repeats, config=serve, make_env=_replay_env(out, "rec_heldout"))
+        bound = hindsight_bound(_replay_env(out, "rec_heldout"), serve,
+                                [{"arrival": "poisson", "rate": float(r)} for r in config.rates])
+        write_json(out / "sweep" / "replay" / "hindsight.json",
+                   {f"{r:g}": x for r, x in zip(config.rates, bound.values())})
         try:
             real = run_eval(out / "sweep", policies=policies, concurrency=(), rates=config.rates,
                                     repeats=config.repeats, config=serve, progress=progress)
@@ -281,8 +295,12 @@ def run_demo(config: ServeDemoConfig, out: str | Path, *, overwrite: bool = Fals
     step(3, out / "dsd_grid.json", dsd)
     step(4, out / "sweep" / "results.json", sweep)
     summary["wall_seconds"] = time.perf_counter() - started
+    hindsight = out / "sweep" / "replay" / "hindsight.json"
     summary.update(sweep_summary(read_json(out / "sweep" / "results.json", "sweep results"),
-                                 read_json(out / "sweep" / "replay" / "results.json", "replayed sweep results")))
+                                 read_json(out / "sweep" / "replay" / "results.json", "replayed sweep results"),
+                                 best_fixed=read_json(out / "dsd_grid.json", "DSD grid")["fixed"]["best"],
+                                 hindsight=read_json(hindsight, "hindsight bound") if hindsight.exists() else None))
+    summary["calibration_problem"] = read_json(out / "vllm_costs.json", "calibration")["fit"].get("problem")
     summary["plot"] = str(out / "sweep" / "sweep.png")
     summary["report"] = str(out / "sweep" / "report.md")
     summary["wandb"] = {"group": wb.group, "sync": sync_command(wb, out)}
@@ -301,7 +319,10 @@ def _serve_config(config: ServeDemoConfig, *, split: str):
 
 
 def _replay_env(out: Path, recordings: str):
-    """``make_env`` for :func:`run_eval`: ``draftrl/ServeReplay-v1`` on ``out/recordings``."""
+    """``make_env`` for :func:`run_eval` and the searches: ``draftrl/ServeReplay-v1`` on
+    ``out/recordings``, each step its expected cost (no ``cost_noise``: the noise is for training; a
+    calibration under load measures a residual sd of 70 ms on 50-500 ms steps, which reorders
+    policies a few percent apart)."""
     from draftrl.envs.serve_vllm import ServeVLLMEnv
     from draftrl.replay.recordings import Proposals, Recordings
     from draftrl.replay.serve_calibrate import StepCostModel
@@ -313,39 +334,74 @@ def _replay_env(out: Path, recordings: str):
     def make_env(cfg, spec):
         if cfg.max_depth not in proposals:
             proposals[cfg.max_depth] = Proposals(loaded, cfg.max_depth)
-        return ServeVLLMEnv(cfg, engine="replay", recordings=loaded, calibration=cost,
+        return ServeVLLMEnv(cfg, engine="replay", recordings=loaded, calibration=cost, cost_noise=False,
                             proposals=proposals[cfg.max_depth])
     return make_env
 
 
 def _policies(config: ServeDemoConfig, out: Path) -> list[str]:
+    """``config.policies``, the best fixed K searched on the mix and per sampling class, the best DSD
+    table and PPO, each once."""
     from draftrl.io import read_json
 
-    best_dsd = read_json(out / "dsd_grid.json", "DSD grid")["best"]
-    return [*config.policies, best_dsd, f"ppo:{out / 'ppo_replay'}"]
+    grid = read_json(out / "dsd_grid.json", "DSD grid")
+    fixed = grid["fixed"]
+    searched = [fixed["best"], *(v["best"] for v in fixed["per_class"].values()), grid["best"]]
+    return list(dict.fromkeys([*config.policies, *searched, f"ppo:{out / 'ppo_replay'}"]))
 
 
-def sweep_summary(real: dict, replay: dict) -> dict:
-    """Per rate and policy the speedup over no speculation in vLLM and in the replay, the
-    geometric mean over rates, and Kendall's tau between the two rankings over every (rate, policy)."""
+def sweep_summary(real: dict, replay: dict, *, best_fixed: str | None = None,
+                  hindsight: dict[str, float] | None = None) -> dict:
+    """Per rate and policy the speedup over no speculation in vLLM and in the replay and over
+    ``best_fixed`` (the fixed K searched on the mix) in vLLM; the same per rate and sampling class
+    (each class's tokens / request latency in the mixed episodes, ``classes``); the geometric mean
+    over rates; the replay's ``hindsight`` ceiling per rate (a goal missed at a rate is the policy's
+    shortfall when the ceiling is above it, the headroom's when not); and Kendall's tau between the
+    two rankings over every (rate, policy)."""
     from draftrl.eval.metrics import kendall_tau
 
+    def ratio(a, b):
+        return a / b if a and b else None
+
     rates: dict[str, dict] = {}
+    classes: dict[str, dict] = {}
     pairs_real, pairs_replay = [], []
     for rate, entry in real.get("rates", {}).items():
+        table = entry["policies"]
         replay_table = replay.get("rates", {}).get(rate, {}).get("policies", {})
+        fixed = table.get(best_fixed, {}).get("tokens_per_second")
         rows = {}
-        for name, p in entry["policies"].items():
+        for name, p in table.items():
             s = replay_table.get(name)
             rows[name] = {"speedup_vs_none": p["speedup_vs_none"], "replay_speedup_vs_none": s and s["speedup_vs_none"],
+                          "speedup_vs_best_fixed": ratio(p["tokens_per_second"], fixed),
                           "tokens_per_second": p["tokens_per_second"], "ttft_p50": p["time_to_first_token_p50"],
                           "itl_p50": p["itl_p50"], "itl_p95": p["itl_p95"]}
             if s:
                 pairs_real.append(p["speedup_vs_none"])
                 pairs_replay.append(s["speedup_vs_none"])
         rates[rate] = rows
+        classes[rate] = {cls: {name: {"speedup_vs_none": ratio(_class_rate(table, name, cls),
+                                                              _class_rate(table, "none", cls)),
+                                      "speedup_vs_best_fixed": ratio(_class_rate(table, name, cls),
+                                                                     _class_rate(table, best_fixed, cls)),
+                                      "replay_speedup_vs_none": ratio(_class_rate(replay_table, name, cls),
+                                                                      _class_rate(replay_table, "none", cls))}
+                               for name in table if _class_rate(table, name, cls)}
+                         for cls in table.get("none", {}).get("per_sampling") or {}}
     names = list(real.get("policies", []))
-    geomean = {name: math.exp(sum(math.log(rates[r][name]["speedup_vs_none"]) for r in rates) / len(rates))
-               for name in names if rates and all(name in rates[r] for r in rates)}
-    return {"rates": rates, "geomean_speedup_vs_none": geomean, "kendall_tau": kendall_tau(pairs_real, pairs_replay),
+
+    def geomean(key: str) -> dict[str, float]:
+        return {name: math.exp(sum(math.log(rates[r][name][key]) for r in rates) / len(rates))
+                for name in names if rates and all(rates[r].get(name, {}).get(key) for r in rates)}
+
+    return {"rates": rates, "classes": {r: c for r, c in classes.items() if c},
+            "geomean_speedup_vs_none": geomean("speedup_vs_none"),
+            "geomean_speedup_vs_best_fixed": geomean("speedup_vs_best_fixed"), "best_fixed": best_fixed,
+            "hindsight_vs_none": hindsight or {}, "kendall_tau": kendall_tau(pairs_real, pairs_replay),
             "exactness": real["exactness"], "hardware": real.get("hardware", {})}
+
+
+def _class_rate(table: dict, name: str | None, cls: str) -> float | None:
+    """Tokens / request latency of sampling class ``cls`` under policy ``name`` in one rate's table."""
+    return ((table.get(name) or {}).get("per_sampling") or {}).get(cls, {}).get("tokens_per_second")

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from draftrl.config import to_dict
+from draftrl.config import load_config, to_dict
 from draftrl.eval.metrics import kendall_tau
 from draftrl.eval.serve.demo import ServeDemoConfig, run_demo, sweep_summary
 from draftrl.io import plain, write_json
@@ -36,6 +36,41 @@ def test_sweep_summary_gives_ratios_geomean_and_tau():
     assert out["kendall_tau"] == pytest.approx(kendall_tau([1.0, 1.6, 1.4, 1.0, 0.9, 1.1],
                                                            [1.0, 1.5, 1.3, 1.0, 1.2, 1.0]))
     assert out["kendall_tau"] < 1.0  # the replay puts fixed:4 above ppo at rate 8, vLLM below
+
+
+def test_sweep_summary_gives_per_class_rows_the_best_fixed_ratio_and_the_ceiling():
+    """Per rate and class: each policy's class rate over none's and over the best fixed K's; per rate
+    the ratio over the best fixed K and its geometric mean; the hindsight ceiling passed through."""
+    real = _results({"2": {"none": 1.0, "fixed:4": 1.5, "ppo:x": 1.2},
+                     "8": {"none": 1.0, "fixed:4": 1.0, "ppo:x": 1.1}})
+    replay = _results({"2": {"none": 1.0, "fixed:4": 1.4, "ppo:x": 1.3},
+                       "8": {"none": 1.0, "fixed:4": 1.1, "ppo:x": 1.2}})
+    for results in (real, replay):
+        for entry in results["rates"].values():
+            for name, p in entry["policies"].items():  # the greedy class gains 2x what the T1 class does
+                p["per_sampling"] = {"T0": {"tokens_per_second": 10 * p["speedup_vs_none"] ** 2},
+                                     "T1": {"tokens_per_second": 10 * p["speedup_vs_none"] ** 0.5}}
+    out = sweep_summary(real, replay, best_fixed="fixed:4", hindsight={"2": 1.8, "8": 1.3})
+    assert out["rates"]["8"]["ppo:x"]["speedup_vs_best_fixed"] == pytest.approx(1.1)
+    assert out["geomean_speedup_vs_best_fixed"]["ppo:x"] == pytest.approx(math.sqrt(1.2 / 1.5 * 1.1))
+    assert out["classes"]["2"]["T0"]["fixed:4"]["speedup_vs_none"] == pytest.approx(2.25)
+    assert out["classes"]["2"]["T1"]["ppo:x"]["speedup_vs_best_fixed"] == pytest.approx((1.2 / 1.5) ** 0.5)
+    assert out["classes"]["8"]["T0"]["ppo:x"]["replay_speedup_vs_none"] == pytest.approx(1.44)
+    assert out["hindsight_vs_none"] == {"2": 1.8, "8": 1.3} and out["best_fixed"] == "fixed:4"
+    assert sweep_summary(_results({"2": {"none": 1.0}}), _results({"2": {"none": 1.0}}))["classes"] == {}
+
+
+def test_the_sweep_runs_the_searched_fixed_ks_and_table_once_each(tmp_path):
+    """The sweep's policies: the configured ones, the best fixed K on the mix, each class's best K
+    (a K already named runs once), the best DSD table and PPO."""
+    from draftrl.eval.serve.demo import _policies
+
+    write_json(tmp_path / "dsd_grid.json", {"best": "dsd:1-1:4,2-16:2", "fixed": {
+        "best": "fixed:2", "per_class": {"T0": {"best": "fixed:6"}, "T0.7": {"best": "fixed:2"},
+                                         "T1": {"best": "fixed:1"}}}})
+    config = ServeDemoConfig(policies=("none", "heuristic", "vllm-ngram:4", "fixed:1"))
+    assert _policies(config, tmp_path) == ["none", "heuristic", "vllm-ngram:4", "fixed:1", "fixed:2", "fixed:6",
+                                           "dsd:1-1:4,2-16:2", f"ppo:{tmp_path / 'ppo_replay'}"]
 
 
 def test_a_run_with_other_settings_is_refused_before_any_work(tmp_path):
@@ -142,7 +177,11 @@ def test_a_demo_on_a_temperature_mix_records_trains_and_sweeps_it(tmp_path):
     train = _train_config(config, tmp_path)
     assert [(c.label, c.weight) for c in train.env.serve.sampling_classes] == [("T0", 0.3), ("T0.7", 0.4),
                                                                               ("T1", 0.3)]
-    assert not ServeDemoConfig().temperature_mix and not _train_config(ServeDemoConfig(), tmp_path).env.serve.mixed
+    # the mix is the default; --set temperature_mix=null keeps a greedy demo
+    assert _train_config(ServeDemoConfig(), tmp_path).env.serve.mixed
+    greedy = load_config(ServeDemoConfig, None, ["temperature_mix=null"])
+    assert greedy.temperature_mix is None and not _train_config(greedy, tmp_path).env.serve.mixed
+    assert [c.label for c in _serve_config(greedy, split="heldout").sampling_classes] == ["T0"]
     with pytest.raises(ValueError, match="temperature_mix"):
         ServeDemoConfig(temperature_mix={"hot": 1.0})
     with pytest.raises(ValueError, match="continuations=0"):

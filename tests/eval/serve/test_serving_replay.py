@@ -142,3 +142,30 @@ def test_the_replay_drafts_with_the_policys_drafter_or_refuses_it(tmp_path):
         run_eval(tmp_path, policies="none,fixed:2,fixed:2@eagle3", concurrency=[1],
                          config=config, make_env=make_env)
     assert ("fixed:2", "ngram:1:3:latest") in seen and seen[-1] == ("fixed:2@eagle3", "eagle3")
+
+
+def test_fixed_k_is_searched_on_the_mix_and_per_class_under_the_hindsight_ceiling():
+    """On a mix whose hotter classes accept the n-gram drafts less: the search scores every K on the
+    mix (best first) and per class, a greedy request gains more from deep drafts than a T=1 one, and
+    the replay's hindsight ceiling is above every fixed K at every load."""
+    from serve_recordings import synthetic_mix_recordings
+
+    from draftrl.eval.serve.dsd_search import hindsight_bound, search_fixed
+
+    config = ServeConfig(temperature_mix={0: 0.4, 0.7: 0.3, 1.0: 0.3}, max_new_tokens=TOKENS, shuffle=False, seed=0,
+                         num_requests=12)
+    make_env = replay_env(synthetic_mix_recordings(12, 2))
+    loads = [{"concurrency": 1}, {"concurrency": 8}]
+    found = search_fixed(make_env, config, loads, ks=(1, 2, 8))
+    assert sorted(r["label"] for r in found["scores"]) == ["fixed:1", "fixed:2", "fixed:8"]
+    assert [r["score"] for r in found["scores"]] == sorted((r["score"] for r in found["scores"]), reverse=True)
+    assert found["best"] == found["scores"][0]["label"]
+    assert set(found["per_class"]) == {"T0", "T0.7", "T1"}
+    for cls, best in found["per_class"].items():
+        assert best["score"] == max(r["class_scores"][cls] for r in found["scores"])
+    deep = next(r for r in found["scores"] if r["label"] == "fixed:8")["class_scores"]
+    assert deep["T0"] > deep["T1"]
+    bound = hindsight_bound(make_env, config, loads)
+    assert list(bound) == ["concurrency=1", "concurrency=8"]
+    for name, ceiling in bound.items():
+        assert ceiling > max(r["speedups"][name] for r in found["scores"])
