@@ -55,7 +55,7 @@ def _steps(engine, requests, sampling: SamplingClass, seeds) -> dict[str, list[t
     return out
 
 
-@pytest.mark.parametrize("temperature", [0.7, 1.0])
+@pytest.mark.parametrize("temperature", [pytest.param(0.7, marks=pytest.mark.slow), 1.0])  # T0.7: pytest -m slow
 def test_replayed_acceptance_follows_vllms_law_at_temperature(recordings, temperature):
     sampling = SamplingClass(temperature)
     requests = _requests(recordings)

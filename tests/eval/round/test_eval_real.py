@@ -163,6 +163,7 @@ def test_eval_cli_fails_loudly_on_an_exactness_violation(monkeypatch, tmp_path, 
     assert "EXACTNESS VIOLATION" in err and "agreement" in err and "201" in err
 
 
+@pytest.mark.slow  # ~1 minute a case on SmolLM2; the keyed identity's fast tests: tests/decoding/test_keyed_sampling.py
 @pytest.mark.parametrize("sampler, identical", [("correct", True), ("off-by-one", False)])
 def test_keyed_sampled_cells_equal_plain_decoding_token_for_token(smollm2, config, sampler, identical, monkeypatch):
     """At T = 0.7 with ``env.keyed``, every grid cell's output equals plain decoding's on every request (float32),
@@ -187,6 +188,7 @@ def test_keyed_sampled_cells_equal_plain_decoding_token_for_token(smollm2, confi
     assert identity["passed"] is identical and "keyed stream" in identity["reference"] and identity["requests"] == 2
 
 
+@pytest.mark.slow  # a SmolLM2 eval at T = 0.7
 def test_lookahead_bound_at_temperature_with_keyed_sampling(smollm2, config, tmp_path):
     """With ``env.keyed`` the lookahead bound is well defined at T = 0.7: plain decoding's keyed continuation is
     every policy's output, so the lookahead drafts only what the target accepts (acceptance 1 at every position
