@@ -103,6 +103,14 @@ def refuse_mixed_kinds(kinds: list[str], command: str) -> str:
     return distinct[0]
 
 
+def note_mixed_kinds(kinds: list[str], command: str, holds: str) -> None:
+    """Print a one-line note when ``kinds`` span several device kinds, for a command whose output
+    holds no timing (``holds``: what it holds instead, the same on each kind)."""
+    distinct = sorted(set(kinds))
+    if len(distinct) > 1:
+        print(f"[{command}] note: workers on {len(distinct)} device kinds ({', '.join(distinct)}); {holds}", flush=True)
+
+
 def map_unordered(ray, pool: list, call: Callable[[Any, Any], Any], items: Iterable) -> Iterator:
     """``call(actor, item)`` (an actor method's ``.remote(...)``) over ``items``, results as they
     finish; a dead worker or a failed task raises :class:`WorkerLost`."""

@@ -48,7 +48,8 @@ def add_parser(subparsers) -> None:
                         "env.temperature_mix); the env section is then a ServeConfig (the same workload keys, e.g. "
                         "--set env.split=heldout)")
     _options.add_vllm_engine(p)
-    _options.add_ray(p, "hf: share the prompts out over Ray workers")
+    _options.add_ray(p, "share the prompts (hf) or the workload's requests (vllm, an engine per worker) out over Ray "
+                        "workers")
     _options.add_json(p)
     p.set_defaults(func=run)
 
@@ -103,9 +104,28 @@ def run_vllm(args: argparse.Namespace) -> int:
                          "speculation, so "
                          "no drafter is read; name the drafter where the recordings are replayed (ServeReplay-v1's "
                          "drafter, draftrl eval).")
+
+    def progress(msg: str) -> None:
+        print(f"[collect] {msg}", file=sys.stderr, flush=True)
+
+    continuations = getattr(args, "continuations", None) or CONTINUATIONS
+    on_ray = getattr(args, "ray", None) is not None
+    if on_ray:
+        from draftrl.cluster import check_request
+
+        check_request(args.ray_workers, args.ray_gpus, "cpu")
+        spans = config.tensor_parallel_size * config.pipeline_parallel_size
+        if 0 < args.ray_gpus < spans:
+            raise ValueError(f"--ray-gpus {args.ray_gpus:g} with a target split over {spans} GPUs: each worker's "
+                             f"engine needs all of them; pass --ray-gpus {spans}.")
     prepare_out(args.out, (RECORDINGS_FILE,), overwrite=args.overwrite, command="collect")  # before vLLM loads
-    recordings = record_workload(config, progress=lambda msg: print(f"[collect] {msg}", file=sys.stderr, flush=True),
-                                 continuations=getattr(args, "continuations", None) or CONTINUATIONS)
+    if on_ray:
+        from draftrl.replay.ray_record import record_on_ray
+
+        recordings = record_on_ray(config, continuations=continuations, address=args.ray, workers=args.ray_workers,
+                                   gpus_per_worker=args.ray_gpus, progress=progress)
+    else:
+        recordings = record_workload(config, progress=progress, continuations=continuations)
     path = recordings.save(args.out)
     summary = {"requests": len(recordings.prompts), "continuations": len(recordings),
                "sampling": ",".join(c.label for c in config.sampling_classes),
@@ -134,8 +154,6 @@ def run(args: argparse.Namespace) -> int:
     from draftrl.decoding.build import build_engine
 
     if args.engine == "vllm":
-        if args.ray is not None:
-            raise ValueError("--ray shares out --engine hf collections only (vLLM batches its own requests); drop it.")
         return run_vllm(args)
     _options.refuse_vllm_engine(args, "draftrl collect")
     from draftrl.replay.traces import collect

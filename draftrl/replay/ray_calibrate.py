@@ -22,6 +22,15 @@ from draftrl.cluster import LOCAL, actors, device_kinds, map_unordered, refuse_m
 from draftrl.replay.serve_calibrate import CalibrationSizes, calibrate, calibration_engine, merge_calibrations
 
 
+def vllm_device_kind() -> str:
+    """The device kind a vLLM engine in this process runs on: the GPU's name, else the CPU model."""
+    import torch
+
+    from draftrl.signals.costs import hardware_info, hardware_name
+
+    return hardware_name(hardware_info("cuda" if torch.cuda.is_available() else "cpu"))
+
+
 class CalibrateWorker:
     """One Ray actor: the calibration engine of ``model``, built once; :meth:`measure` a shard."""
 
@@ -30,11 +39,7 @@ class CalibrateWorker:
         self.engine = calibration_engine(model, sizes, **engine)
 
     def device_kind(self) -> str:
-        import torch
-
-        from draftrl.signals.costs import hardware_info, hardware_name
-
-        return hardware_name(hardware_info("cuda" if torch.cuda.is_available() else "cpu"))
+        return vllm_device_kind()
 
     def measure(self, shard: tuple[int, int], seed: int) -> tuple[dict[str, Any], int]:
         return calibrate(self.engine, **asdict(self.sizes), seed=seed, shard=shard), os.getpid()

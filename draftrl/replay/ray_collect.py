@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from draftrl.cluster import LOCAL, WorkerLost, actors, device_kinds, map_unordered
+from draftrl.cluster import LOCAL, WorkerLost, actors, device_kinds, map_unordered, note_mixed_kinds
 from draftrl.config.env import EnvConfig
 from draftrl.io import atomic_write_bytes
 from draftrl.replay.traces import (
@@ -129,10 +129,8 @@ def _run(config: EnvConfig, partial: Path, todo: list[int], address: str, worker
     try:
         with actors(CollectWorker, (asdict(config), threads, num_continuations), address=address, workers=workers,
                     gpus_per_worker=gpus_per_worker) as (ray, pool):
-            kinds = sorted(set(device_kinds(ray, pool)))
-            if len(kinds) > 1:  # the traces hold no timing, but one trace set from one device kind keeps ratios paired
-                print(f"[collect] note: workers on {len(kinds)} device kinds ({', '.join(kinds)}); the traces "
-                      "are greedy tokens and trees, the same on each", flush=True)
+            note_mixed_kinds(device_kinds(ray, pool), "collect",  # the traces hold no timing
+                             "the traces are greedy tokens and trees, the same on each")
             records = map_unordered(ray, pool, lambda a, i: a.record.remote(i), todo)
             for count, (index, files, pid) in enumerate(records, 1):
                 for name, data in files.items():

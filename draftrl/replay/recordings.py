@@ -344,7 +344,7 @@ def parse_replay_drafter(spec: str) -> int | None:
 
 
 def record_workload(config: ServeConfig, engine=None, tokenizer=None, progress=None,
-                    continuations: int = 1) -> Recordings:
+                    continuations: int = 1, indices: list[int] | None = None) -> Recordings:
     """Record every request of a :class:`~draftrl.config.serve.ServeConfig`'s workload, in every
     sampling class of it (``continuations`` sampled continuations per request in each class at
     temperature > 0, seeded from ``config.seed``).
@@ -352,6 +352,10 @@ def record_workload(config: ServeConfig, engine=None, tokenizer=None, progress=N
     Default engine: vLLM without speculation in ``config.dtype`` (float32 by default: there vLLM
     with draftrl's proposer is token-identical to it, so the recording is what ``ServeVLLM-v1``
     emits under every policy; a Hugging Face greedy decode may break float ties differently).
+
+    :param indices: the workload's requests to record, by index (None: all, in order); a shard of
+        :func:`draftrl.replay.ray_record.record_on_ray`. A request's seeds depend on its prompt, class
+        and continuation number only (:func:`continuation_seed`), not on which others share its engine.
     """
     if engine is None:
         from draftrl.decoding.vllm.engine import VLLMEngineConfig, shared_engine
@@ -364,7 +368,41 @@ def record_workload(config: ServeConfig, engine=None, tokenizer=None, progress=N
 
         tokenizer = AutoTokenizer.from_pretrained(model_path(config.target))
     workload = Workload(config, tokenizer)
-    requests = [(r.prompt, r.prompt_ids, r.max_new_tokens) for r in map(workload.request, range(len(workload)))]
+    chosen = range(len(workload)) if indices is None else indices
+    requests = [(r.prompt, r.prompt_ids, r.max_new_tokens) for r in map(workload.request, chosen)]
     describe = engine.describe() if hasattr(engine, "describe") else {"engine": type(engine).__name__}
     return record(engine, requests, meta={"config": dataclasses.asdict(config), "engine": describe}, progress=progress,
                   sampling=config.sampling_classes, continuations=continuations, seed=config.seed)
+
+
+def merge_recordings(shards: list[tuple[list[int], Recordings]], count: int) -> Recordings:
+    """One :class:`Recordings` from shards of one workload (``(request indices, their recordings)``, as
+    :func:`record_workload` with ``indices`` returns them): requests in workload order, each exactly
+    once, meta of the first shard (its ``record_seconds`` / ``record_steps``: the shards' longest and
+    summed). A request missing, recorded twice or outside ``0..count-1``, or shards of different
+    configs or sampling, is refused in one line."""
+    groups: dict[int, list[Recording]] = {}
+    twice: list[int] = []
+    for indices, recs in shards:
+        if len(recs.requests) % max(1, len(indices)) or (recs.requests and not indices):
+            raise RuntimeError(f"a shard of {len(indices)} request(s) holds {len(recs.requests)} recordings, not a "
+                               "whole number per request; record it again.")
+        size = len(recs.requests) // max(1, len(indices))
+        for n, index in enumerate(indices):
+            if index in groups:
+                twice.append(index)
+            groups[index] = recs.requests[n * size:(n + 1) * size]
+    missing = [i for i in range(count) if i not in groups]
+    outside = sorted(i for i in groups if not 0 <= i < count)
+    if twice or missing or outside:
+        problems = [f"{what} {', '.join(map(str, found[:8]))}" for what, found in
+                    (("recorded twice:", sorted(set(twice))), ("missing:", missing), ("outside the workload:", outside))
+                    if found]
+        raise RuntimeError(f"the shards do not hold each of the {count} requests exactly once ({'; '.join(problems)}); "
+                           "nothing was saved.")
+    metas = [recs.meta for _, recs in shards if recs.requests]
+    if any((m["config"], m["sampling"]) != (metas[0]["config"], metas[0]["sampling"]) for m in metas):
+        raise RuntimeError("the shards were recorded with different configs or sampling classes; nothing was saved.")
+    meta = {**metas[0], "record_seconds": max(m["record_seconds"] for m in metas),
+            "record_steps": sum(m["record_steps"] for m in metas)} if metas else {}
+    return Recordings([r for i in range(count) for r in groups[i]], meta)

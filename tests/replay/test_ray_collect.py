@@ -107,8 +107,8 @@ def test_a_killed_worker_loses_only_its_prompt_and_the_same_command_completes(ra
 
 
 def test_ray_refusals_are_one_line(tmp_path, capsys):
-    """Before any model loads: --ray with vLLM recordings, a GPU device with no GPU asked of Ray, and
-    (where Ray is missing) the install line."""
+    """Before any model loads: vLLM recordings whose split target needs more GPUs than a worker asks, a
+    GPU device with no GPU asked of Ray, and (where Ray is missing) the install line."""
     import importlib.util
 
     def line(extra: list[str]) -> str:
@@ -117,7 +117,7 @@ def test_ray_refusals_are_one_line(tmp_path, capsys):
         assert code == 2 and len(lines) == 1, lines
         return lines[0]
 
-    assert "--ray shares out --engine hf collections only" in line(["--ray", "--engine", "vllm"])
+    assert "pass --ray-gpus 2" in line(["--ray", "--engine", "vllm", "--tensor-parallel-size", "2", "--ray-gpus", "1"])
     assert "pass --ray-gpus 1" in line(["--ray", "--device", "cuda"])
     if importlib.util.find_spec("ray") is None:
         assert 'pip install "draftrl[ray]"' in line(["--ray"])
