@@ -111,13 +111,14 @@ def test_ray_refusals_are_one_line(tmp_path, capsys):
     GPU device with no GPU asked of Ray, and (where Ray is missing) the install line."""
     import importlib.util
 
-    def line(extra: list[str]) -> str:
-        code = main(argv(tmp_path / "t", *extra))
+    def line(extra: list[str], command: list[str] | None = None) -> str:
+        code = main(command or argv(tmp_path / "t", *extra))
         lines = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
         assert code == 2 and len(lines) == 1, lines
         return lines[0]
 
-    assert "pass --ray-gpus 2" in line(["--ray", "--engine", "vllm", "--tensor-parallel-size", "2", "--ray-gpus", "1"])
+    assert "pass --ray-gpus 2" in line([], ["collect", "--engine", "vllm", "--out", str(tmp_path / "r"), "--ray",
+                                            "--tensor-parallel-size", "2", "--ray-gpus", "1"])
     assert "pass --ray-gpus 1" in line(["--ray", "--device", "cuda"])
     if importlib.util.find_spec("ray") is None:
         assert 'pip install "draftrl[ray]"' in line(["--ray"])
