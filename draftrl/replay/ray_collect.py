@@ -118,7 +118,9 @@ def collect_on_ray(config: EnvConfig, partial: str | Path, *, address: str = LOC
         _run(config, partial, todo, address, min(workers, len(todo)), gpus_per_worker, threads, progress,
              num_continuations)
     # every recording is kept: the one-process collection assembles them and decodes nothing
-    stub = SimpleNamespace(config=SimpleNamespace(temperature=0.0, top_k=0, top_p=1.0), params=None, drafter=None)
+    # (collect reads and puts back the engine's token budget, config.max_new_tokens)
+    stub = SimpleNamespace(config=SimpleNamespace(temperature=0.0, top_k=0, top_p=1.0, max_new_tokens=None),
+                           params=None, drafter=None)
     return collect(config, stub, None, partial_dir=partial, num_continuations=num_continuations)
 
 
