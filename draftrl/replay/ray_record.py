@@ -10,9 +10,10 @@ continuation, each continuation seeded from its prompt, class and number
 exactly once (else refused), and ``meta`` gains ``ray_workers`` and ``device_kinds``. Recordings
 hold tokens, no timing: workers on different device kinds are noted, not refused.
 
-Greedy continuations equal one process's token for token (float32). Sampled ones equal it too
-where vLLM's seeded sampling does not depend on the batch (each seeded request draws from its own
-generator) and the logits do not either (``tests/replay/test_ray_record.py``).
+Greedy continuations equal one process's token for token (float32). Sampled ones do too on vLLM's
+CPU build: its sampler draws each seeded request's Gumbel noise from that request's own generator,
+and its float32 logits did not move with the batch (``tests/replay/test_ray_record.py``: two
+workers, and a request recorded alone). A lost worker stops the command; nothing is saved.
 """
 
 from __future__ import annotations

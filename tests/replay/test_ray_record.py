@@ -3,10 +3,11 @@ to 127.0.0.1, each with its own vLLM engine (SmolLM2-135M, float32, CPU, no spec
 workload's requests dealt out between them; the merged ``recordings.json`` holds every request exactly
 once, in workload order, with the one-process recording's tokens: greedy and sampled continuations
 alike (each sampled one seeded from its prompt, class and number; vLLM's CPU sampler draws a seeded
-request's Gumbel noise from its own generator, so the batch it shares does not move it).
+request's Gumbel noise from its own generator, so the batch it shares does not move it: a request
+recorded alone gets the same tokens too).
 
 Four requests of 10 tokens (+ the lookahead), T0 and T0.7 with two continuations each. ``slow`` and
-``vllm`` (a cluster start and three vLLM engine loads: about 2 minutes here): ``pytest -m slow
+``vllm`` (a cluster start and three vLLM engine loads: about 1.5 minutes here): ``pytest -m slow
 tests/replay/test_ray_record.py``. The merge's negative controls run without either.
 """
 
@@ -19,7 +20,7 @@ import pytest
 from serve_recordings import synthetic_recordings
 
 from draftrl.cli import main
-from draftrl.replay.recordings import Recordings, merge_recordings
+from draftrl.replay.recordings import Recordings, merge_recordings, record_workload
 
 SETS = ["--set", "env.split=heldout", "--set", "env.languages=[en,it]", "--set", "env.tasks=[code_edit,summarize]",
         "--set", "env.limit_per_group=1", "--set", "env.max_new_tokens=10",
@@ -66,10 +67,20 @@ def test_two_workers_record_what_one_process_records(cluster, tmp_path, capsys):
     assert [t for t in tokens(two) if t[3] == 0] == greedy and all(len(t[-1]) > 10 for t in greedy)
     assert tokens(two) == tokens(one)  # the sampled continuations too: seeded per request, batch-invariant on CPU
     assert len({tuple(t[-1]) for t in tokens(one) if t[3] > 0}) == 8  # and they are sampled: all differ
-    assert {k: v for k, v in two.meta.items() if k not in ("record_seconds", "record_steps", "engine", "ray_workers",
-                                                           "device_kinds")} \
-        == {k: v for k, v in one.meta.items() if k not in ("record_seconds", "record_steps", "engine")}
+    timing = ("record_seconds", "record_steps", "ray_workers", "device_kinds")
+    assert {k: v for k, v in two.meta.items() if k not in timing} | {"engine": None} \
+        == {k: v for k, v in one.meta.items() if k not in timing} | {"engine": None}
+    assert {k: v for k, v in two.meta["engine"].items() if k != "load_seconds"} \
+        == {k: v for k, v in one.meta["engine"].items() if k != "load_seconds"}
     assert two.meta["ray_workers"] == 2 and len(two.meta["device_kinds"]) == 1
+
+    # what holds it: a request recorded alone (a batch of 3, not 12) gets the same tokens, sampled ones too
+    from draftrl.cli import build_parser
+    from draftrl.cli.collect import serving_config
+
+    alone = record_workload(serving_config(build_parser().parse_args(argv(tmp_path / "unused"))), continuations=2,
+                            indices=[2])
+    assert tokens(alone) == tokens(one)[6:9]
 
 
 def shard(recs: Recordings, indices: list[int]) -> tuple[list[int], Recordings]:
