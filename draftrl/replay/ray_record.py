@@ -22,7 +22,7 @@ import os
 import time
 from collections.abc import Callable
 
-from draftrl.cluster import LOCAL, actors, device_kinds, map_unordered, note_mixed_kinds
+from draftrl.cluster import LOCAL, WorkerLost, actors, device_kinds, map_unordered, note_mixed_kinds
 from draftrl.config.serve import ServeConfig
 from draftrl.decoding.workload import Workload
 from draftrl.replay.ray_calibrate import vllm_device_kind
@@ -55,16 +55,20 @@ def record_on_ray(config: ServeConfig, *, continuations: int, address: str = LOC
     count = len(Workload(config).prompts)
     workers = max(1, min(workers, count))
     t0 = time.perf_counter()
-    with actors(RecordWorker, (config, continuations), address=address, workers=workers,
-                gpus_per_worker=gpus_per_worker) as (ray, pool):
-        kinds = device_kinds(ray, pool)
-        note_mixed_kinds(kinds, "collect", "recordings hold tokens, no timing")
-        shards = []
-        for indices, recs, pid in map_unordered(ray, pool, lambda a, shard: a.record.remote(shard),
-                                                [list(range(w, count, workers)) for w in range(workers)]):
-            shards.append((indices, recs))
-            if progress is not None:
-                progress(f"{len(indices)} requests, {len(recs)} continuations recorded (worker {pid})")
+    shards = []
+    try:
+        with actors(RecordWorker, (config, continuations), address=address, workers=workers,
+                    gpus_per_worker=gpus_per_worker) as (ray, pool):
+            kinds = device_kinds(ray, pool)
+            note_mixed_kinds(kinds, "collect", "recordings hold tokens, no timing")
+            for indices, recs, pid in map_unordered(ray, pool, lambda a, shard: a.record.remote(shard),
+                                                    [list(range(w, count, workers)) for w in range(workers)]):
+                shards.append((indices, recs))
+                if progress is not None:
+                    progress(f"{len(indices)} requests, {len(recs)} continuations recorded (worker {pid})")
+    except WorkerLost as err:
+        raise RuntimeError(f"a Ray worker was lost ({err.reason}); nothing was saved (recordings keep no partial "
+                           "files): run the same command again.") from None
     merged = merge_recordings(shards, count)
     merged.meta.update(record_seconds=time.perf_counter() - t0, ray_workers=workers, device_kinds=sorted(set(kinds)))
     return merged

@@ -99,3 +99,17 @@ def test_the_merge_keeps_workload_order_and_refuses_a_request_missing_or_twice()
         merge_recordings([shard(recs, [1, 3]), shard(recs, [0, 2, 3, 4])], 5)
     with pytest.raises(RuntimeError, match="not a whole number per request"):
         merge_recordings([(shard(recs, [0, 1, 2])[0], shard(recs, [0, 1])[1])], 3)
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_a_lost_worker_stops_the_command_saving_nothing(cluster, tmp_path):
+    """Workers whose engines cannot load (a missing target): Ray reports them dead, the command stops in one line."""
+    from draftrl.config.serve import ServeConfig
+    from draftrl.replay.ray_record import record_on_ray
+
+    config = ServeConfig(split="heldout", languages=("en",), tasks=("code_edit", "summarize"), limit_per_group=1,
+                         max_new_tokens=4, target=str(tmp_path / "no-such-model"))
+    with pytest.raises(RuntimeError, match=r"^a Ray worker was lost \(ActorDiedError.*nothing was saved") as err:
+        record_on_ray(config, continuations=1, workers=2)
+    assert "\n" not in str(err.value)
