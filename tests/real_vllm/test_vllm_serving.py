@@ -129,7 +129,7 @@ def test_calibrate_fill_rule_verifies_exactly_the_depth():
     finally:
         engine.abort_all()
         engine.set_controller(rule_controller("match"))
-    result = calibrate(engine, batch_sizes=(1, 2), depths=(0, 2), steps=3, warmup=1, prefill_lens=(16,),
+    result = calibrate(engine, batch_sizes=(1, 2), depths=(0, 2), steps=3, warmup=1, prefill_lens=(16,), rounds=2,
                        prefill_batch_sizes=(2,))
     decode = [p for p in result["points"] if p["kind"] == "decode"]
     assert [(p["num_seqs"], p["depth"], p["tokens_verified"]) for p in decode] == \
