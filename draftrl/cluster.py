@@ -120,7 +120,7 @@ def map_unordered(ray, pool: list, call: Callable[[Any, Any], Any], items: Itera
     try:
         yield from ActorPool(pool).map_unordered(call, list(items))
     except (RayActorError, RayTaskError) as err:
-        raise WorkerLost(f"{type(err).__name__}: {' '.join(str(err).split())[:200]}") from None
+        raise _lost(err) from None
 
 
 def _get(ray, refs: list) -> list:
@@ -129,4 +129,9 @@ def _get(ray, refs: list) -> list:
     try:
         return ray.get(refs)
     except (RayActorError, RayTaskError) as err:
-        raise WorkerLost(f"{type(err).__name__}: {' '.join(str(err).split())[:200]}") from None
+        raise _lost(err) from None
+
+
+def _lost(err: Exception) -> WorkerLost:
+    """Ray's error about a dead worker or a failed task, in one line."""
+    return WorkerLost(f"{type(err).__name__}: {' '.join(str(err).split())[:200]}")
