@@ -152,12 +152,10 @@ def calibrate(engine, *, batch_sizes: tuple[int, ...] = CalibrationSizes.batch_s
         if progress:
             what = {"decode": f"d={x}", "head": f"head d={x}"}.get(kind, f"prefill P={x}")
             progress(f"B={b} {what}: {np.median(s) * 1e3:.1f} ms")
-    result = {"format": FORMAT, "engine": engine.describe(), "points": points, "fit": fit(points)}
+    result = _calibration(engine.describe(), points, head=has_head)
     if progress and result["fit"]["problem"]:
         progress(f"warning: {result['fit']['problem']}")
-    if has_head:
-        result["head"] = {str(b): dict(zip(["levels", "seconds"], row)) for b, row in head_table(points).items()}
-    return {**result, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    return result
 
 
 def merge_calibrations(parts: list[dict[str, Any]]) -> dict[str, Any]:
@@ -171,9 +169,15 @@ def merge_calibrations(parts: list[dict[str, Any]]) -> dict[str, Any]:
     if len(cells) != len(set(cells)):
         raise RuntimeError(f"calibration shards measured a cell twice ({len(cells) - len(set(cells))} repeated): "
                            "run the command again.")
-    result = {"format": FORMAT, "engine": {**parts[0]["engine"], "ray_workers": len(parts)}, "points": points,
-              "fit": fit(points)}
-    if any(p["kind"] == "head" for p in points):
+    return _calibration({**parts[0]["engine"], "ray_workers": len(parts)}, points,
+                        head=any(p["kind"] == "head" for p in points))
+
+
+def _calibration(engine: dict[str, Any], points: list[dict], *, head: bool) -> dict[str, Any]:
+    """The calibration file's content from its points: the fit over all of them, the head's table
+    (``head``: an engine whose proposer drafts with a head), the time."""
+    result = {"format": FORMAT, "engine": engine, "points": points, "fit": fit(points)}
+    if head:
         result["head"] = {str(b): dict(zip(["levels", "seconds"], row)) for b, row in head_table(points).items()}
     return {**result, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
