@@ -39,14 +39,12 @@ def search_dsd(make_env: Callable[[Any, PolicyName], Any], config, loads: list[d
         return episode_throughput(envs[i], build_serving_policy(spec, envs[i]), prompt_ids[i], seed=seed)
 
     plain = [throughput(PolicyName(REFERENCE, REFERENCE), i) for i in range(len(envs))]
-    names = [",".join(f"{k}={v}" for k, v in load.items()) for load in loads]
     scored = []
     for n, table in enumerate(tables):
         spec = PolicyName("dsd", dsd_label(table), dsd=table)
         speedups = [throughput(spec, i) / plain[i] for i in range(len(envs))]
-        scored.append({"label": spec.label, "table": [list(t) for t in table],
-                       "score": float(np.exp(np.mean(np.log(speedups)))),
-                       "speedups": dict(zip(names, map(float, speedups)))})
+        scored.append({"label": spec.label, "table": [list(t) for t in table], "score": _geomean(speedups),
+                       "speedups": dict(zip(map(_load_name, loads), map(float, speedups)))})
         if progress:
             progress(n + 1, len(tables))
     return sorted(scored, key=lambda r: -r["score"])
